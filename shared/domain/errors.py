@@ -1,0 +1,81 @@
+"""Errors every layer shares, and the small readers that raise them with a field path."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class MtcError(Exception):
+    """Base of mtc's own errors."""
+
+
+class PermanentError(MtcError):
+    """Retrying cannot help: the event goes to the dead-letter topic, the request gets a 4xx."""
+
+
+class TransientError(MtcError):
+    """Retrying may help: the function answers 500 so the message is redelivered."""
+
+
+class ValidationError(PermanentError):
+    """Bad input: names the field path and the reason."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def nested(self, prefix: str) -> ValidationError:
+        return ValidationError(f"{prefix}.{self.path}" if self.path else prefix, self.reason)
+
+
+class InvalidTransition(PermanentError):
+    def __init__(self, entity: str, entity_id: str, current: str, target: str) -> None:
+        super().__init__(f"{entity} {entity_id}: cannot go from {current} to {target}")
+        self.entity = entity
+        self.entity_id = entity_id
+        self.current = current
+        self.target = target
+
+
+class NotFound(PermanentError):
+    def __init__(self, entity: str, entity_id: str) -> None:
+        super().__init__(f"{entity} {entity_id} not found")
+        self.entity = entity
+        self.entity_id = entity_id
+
+
+class Conflict(PermanentError):
+    """The request contradicts current state (e.g. a cluster id already taken)."""
+
+
+def require(data: Mapping[str, Any], key: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ValidationError("", "must be an object")
+    if key not in data or data[key] is None:
+        raise ValidationError(key, "is required")
+    return data[key]
+
+
+def require_str(data: Mapping[str, Any], key: str) -> str:
+    value = require(data, key)
+    if not isinstance(value, str) or not value:
+        raise ValidationError(key, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def require_number(data: Mapping[str, Any], key: str) -> float:
+    value = require(data, key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(key, f"must be a number, got {value!r}")
+    return float(value)
+
+
+def require_int(data: Mapping[str, Any], key: str, *, minimum: int | None = None) -> int:
+    value = require(data, key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(key, f"must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValidationError(key, f"must be at least {minimum}, got {value}")
+    return value

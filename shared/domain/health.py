@@ -1,0 +1,127 @@
+"""Health vocabulary shared by the node agent, triage, repair and the simulator.
+
+Conditions follow node-problem-detector: each names a *problem*; status ``true`` means the
+problem is present, ``false`` means the check ran and found nothing, ``unknown`` means the
+check could not run (never read as healthy).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.domain.errors import ValidationError, require_number, require_str
+
+
+class ConditionStatus(enum.StrEnum):
+    TRUE = "true"
+    FALSE = "false"
+    UNKNOWN = "unknown"
+
+
+class ConditionType(enum.StrEnum):
+    """Problem conditions a node agent reports. Details carry the numbers triage reads."""
+
+    XID_ERROR = "XidError"  # details: {"xids": [int, ...], "gpus": [pci bus ids]}
+    ECC_UNCORRECTABLE = "EccUncorrectable"  # details: {"volatile_dbe": int, "aggregate_dbe": int}
+    ROW_REMAP_FAILURE = "RowRemapFailure"  # details: {"failure": bool, "pending": bool}
+    DCGM_DIAG_FAILED = "DcgmDiagFailed"  # details: {"level": int, "failed_tests": [str]}
+    THERMAL_THROTTLING = "ThermalThrottling"  # details: {"temperature_c": float, "reasons": [str]}
+    DISK_PRESSURE = "DiskPressure"  # details: {"mount": str, "used_fraction": float}
+    SLOW_SPEED_CHECK = "SlowSpeedCheck"  # details: {"ratio_to_baseline": float}
+    HEARTBEAT_LOST = "HeartbeatLost"  # details: {"silent_for_s": float}
+
+
+class Severity(enum.StrEnum):
+    OK = "ok"
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class RepairAction(enum.StrEnum):
+    """What to do about a diagnosis, ordered from cheapest to most disruptive."""
+
+    NONE = "none"
+    RESTART_JOB = "restart_job"  # the application must restart; the node stays in service
+    RESET_GPU = "reset_gpu"
+    REBOOT = "reboot"
+    REIMAGE = "reimage"
+    REPLACE = "replace"
+    MANUAL = "manual"  # a person must look; the node is drained and held
+
+    @property
+    def takes_node_out(self) -> bool:
+        return self not in (RepairAction.NONE, RepairAction.RESTART_JOB)
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: ConditionStatus
+    reason: str
+    since: float  # epoch seconds when the status last changed (or was first seen)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "status": self.status.value,
+            "reason": self.reason,
+            "since": self.since,
+            "details": dict(self.details),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Condition:
+        status = require_str(data, "status")
+        try:
+            parsed_status = ConditionStatus(status.lower())
+        except ValueError as exc:
+            raise ValidationError("status", f"must be true, false or unknown, got {status!r}") from exc
+        details = data.get("details") or {}
+        if not isinstance(details, Mapping):
+            raise ValidationError("details", "must be an object")
+        return cls(
+            type=require_str(data, "type"),
+            status=parsed_status,
+            reason=str(data.get("reason", "")),
+            since=require_number(data, "since"),
+            details=dict(details),
+        )
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    node_id: str
+    observed_at: float
+    conditions: tuple[Condition, ...]
+    source: str = "agent"  # agent | post-repair-check | heartbeat-monitor | operator
+
+    def condition(self, ctype: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == ctype), None)
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One diagnosed failure in a node's history; the repair ladder climbs on these."""
+
+    at: float
+    failure_mode: str
+    action: RepairAction
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    failure_mode: str  # "healthy" when nothing is wrong
+    severity: Severity
+    action: RepairAction
+    reasons: tuple[str, ...] = ()
+    unmapped_xids: tuple[int, ...] = ()
+    unknown_checks: tuple[str, ...] = ()  # condition types that could not be checked
+
+    @property
+    def healthy(self) -> bool:
+        return self.action is RepairAction.NONE and self.severity in (Severity.OK, Severity.INFO)

@@ -1,0 +1,152 @@
+"""Checkpoint-resume: tell jobs to checkpoint, record checkpoints, requeue interrupted jobs.
+
+Worker events carry the attempt number: results of an older attempt are stale and ignored,
+so a late exit of a killed attempt cannot end the attempt that replaced it.
+"""
+
+from __future__ import annotations
+
+from shared.domain.errors import NotFound
+from shared.domain.events import (
+    JobCheckpointSaved,
+    JobFinished,
+    JobInterruptRequested,
+    JobRequeued,
+    JobWorkersExited,
+    NodeDrained,
+    NodeDraining,
+)
+from shared.domain.model import Checkpoint, Job, JobState, NodeState
+from shared.handling import Deps
+from shared.ports import UnitOfWork
+
+SERVICE = "checkpoint_resume"
+KEEP_CHECKPOINTS = 20
+
+
+def on_node_draining(event: NodeDraining, uow: UnitOfWork, deps: Deps) -> None:
+    job = uow.jobs.get(event.job_id)
+    if job is None or job.state is not JobState.RUNNING or event.node_id not in job.node_ids:
+        _release_orphan(event.node_id, uow, deps)
+        return
+    _interrupt(job, event.reason, deps)
+
+
+def on_interrupt_requested(event: JobInterruptRequested, uow: UnitOfWork, deps: Deps) -> None:
+    job = uow.jobs.get(event.job_id)
+    if job is None:
+        raise NotFound("job", event.job_id)
+    if job.state is not JobState.RUNNING or job.attempt != event.attempt:
+        return
+    _interrupt(job, event.reason, deps)
+
+
+def _interrupt(job: Job, reason: str, deps: Deps) -> None:
+    if job.interrupt_requested_at is not None:
+        return  # already told to checkpoint; a second SIGTERM would only cut its grace short
+    job.interrupt_requested_at = deps.clock.now()
+    job.interrupt_reason = reason
+    deps.compute.signal_workers(job.job_id, job.attempt, deps.config.grace_period_s)
+
+
+def on_checkpoint_saved(event: JobCheckpointSaved, uow: UnitOfWork, deps: Deps) -> None:
+    job = uow.jobs.get(event.job_id)
+    if job is None:
+        raise NotFound("job", event.job_id)
+    if any(c.step == event.step for c in job.checkpoints):
+        return
+    job.checkpoints.append(Checkpoint(event.step, event.path, event.saved_at, event.attempt))
+    job.checkpoints.sort(key=lambda c: c.step)
+    del job.checkpoints[:-KEEP_CHECKPOINTS]
+
+
+def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> None:
+    job = uow.jobs.get(event.job_id)
+    if job is None:
+        raise NotFound("job", event.job_id)
+    if event.attempt != job.attempt or job.state not in (JobState.RUNNING, JobState.CANCELLING):
+        return
+    now = deps.clock.now()
+    infrastructure = _lost_a_node(job, uow)
+    _release_nodes(job, uow, deps)
+    if job.state is JobState.CANCELLING:
+        job.transition(JobState.CANCELLED, now)
+        _finished(job, uow, "cancelled by the user")
+        return
+    interrupted = job.interrupt_requested_at is not None or infrastructure
+    if event.exit_code == 0 and not interrupted:
+        job.transition(JobState.SUCCEEDED, now)
+        _finished(job, uow, "all workers exited 0")
+        return
+    if not interrupted and not job.spec.scheduling.restart_job_on_worker_restart:
+        job.error = f"worker exited with code {event.exit_code}: {event.detail}"
+        job.transition(JobState.FAILED, now)
+        _finished(job, uow, job.error)
+        return
+    if job.restart_count >= job.spec.scheduling.max_restarts:
+        job.error = f"gave up after {job.restart_count} restarts"
+        job.transition(JobState.FAILED, now)
+        _finished(job, uow, job.error)
+        return
+    reason = job.interrupt_reason or f"workers exited with code {event.exit_code}"
+    job.transition(JobState.PENDING, now)
+    job.restart_count += 1
+    job.previous_node_ids = list(job.node_ids)
+    job.node_ids = []
+    job.interrupt_requested_at = None
+    job.interrupt_reason = ""
+    uow.emit(JobRequeued(job_id=job.job_id, cluster_id=job.cluster_id,
+                         restart_count=job.restart_count, reason=reason))
+
+
+def _lost_a_node(job: Job, uow: UnitOfWork) -> bool:
+    for node_id in job.node_ids:
+        node = uow.nodes.get(node_id)
+        if node is None or node.state not in (NodeState.ALLOCATED,):
+            return True
+    return False
+
+
+def _release_nodes(job: Job, uow: UnitOfWork, deps: Deps) -> None:
+    now = deps.clock.now()
+    for node_id in job.node_ids:
+        node = uow.nodes.get(node_id)
+        if node is None or node.job_id != job.job_id:
+            continue
+        node.job_id = None
+        if node.state is NodeState.ALLOCATED:
+            node.transition(NodeState.IDLE, now, "job left")
+        elif node.state is NodeState.SUSPECT:
+            node.reason = f"{node.reason} (job left)"
+        elif node.state is NodeState.DRAINING:
+            reason = node.reason
+            node.transition(NodeState.DRAINED, now, reason)
+            uow.emit(NodeDrained(node_id=node.node_id, reason=reason))
+
+
+def _release_orphan(node_id: str, uow: UnitOfWork, deps: Deps) -> None:
+    """A draining node whose job is already gone must not wait forever."""
+    node = uow.nodes.get(node_id)
+    if node is None or node.state is not NodeState.DRAINING:
+        return
+    job = uow.jobs.get(node.job_id) if node.job_id else None
+    if job is not None and job.state in (JobState.RUNNING, JobState.CANCELLING) \
+            and node_id in job.node_ids:
+        return
+    node.job_id = None
+    reason = node.reason
+    node.transition(NodeState.DRAINED, deps.clock.now(), reason)
+    uow.emit(NodeDrained(node_id=node.node_id, reason=reason))
+
+
+def _finished(job: Job, uow: UnitOfWork, detail: str) -> None:
+    uow.emit(JobFinished(job_id=job.job_id, cluster_id=job.cluster_id, state=job.state.value,
+                         restart_count=job.restart_count, detail=detail))
+
+
+SUBSCRIPTIONS = {
+    NodeDraining: on_node_draining,
+    JobInterruptRequested: on_interrupt_requested,
+    JobCheckpointSaved: on_checkpoint_saved,
+    JobWorkersExited: on_workers_exited,
+}

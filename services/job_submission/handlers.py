@@ -1,0 +1,292 @@
+"""Job submission: the user API (clusters and jobs) and gang scheduling onto idle nodes.
+
+API calls validate, write the desired state and emit an event in one transaction; the other
+services converge on it. Scheduling runs whenever capacity or demand may have changed.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import uuid
+from typing import Any
+
+from shared.domain.errors import Conflict, NotFound, ValidationError
+from shared.domain.events import (
+    ClusterCreateRequested,
+    ClusterDeleteRequested,
+    ClusterReady,
+    ClusterUpdateRequested,
+    FleetTicked,
+    JobCancelRequested,
+    JobRequeued,
+    JobStarted,
+    JobSubmitted,
+    NodeReturnedToService,
+)
+from shared.domain.model import Cluster, ClusterState, Job, JobState, NodeRole, NodeState
+from shared.domain.specs import ID_PATTERN, ClusterSpec, CustomJobSpec, WorkerPoolSpec
+from shared.handling import Deps
+from shared.policies.scheduling import JobRequest, NodeSlot, ReplicaGroup, place_jobs
+from shared.ports import UnitOfWork, WorkerSpec
+
+SERVICE = "job_submission"
+
+
+# ---------------------------------------------------------------- cluster API
+
+
+def create_cluster(body: Any, uow: UnitOfWork, deps: Deps) -> Cluster:
+    spec = ClusterSpec.parse(body)
+    now = deps.clock.now()
+    existing = uow.clusters.get(spec.cluster_id)
+    if existing is not None and existing.state is not ClusterState.DELETED:
+        if existing.spec == spec:
+            return existing  # a retried create with the same spec: same answer
+        raise Conflict(f"cluster {spec.cluster_id} already exists")
+    generation = existing.generation + 1 if existing else 1
+    cluster = Cluster(spec.cluster_id, spec, ClusterState.PROVISIONING, now, now, generation)
+    uow.clusters.add(cluster)
+    uow.emit(ClusterCreateRequested(cluster_id=spec.cluster_id, generation=generation))
+    return cluster
+
+
+def get_cluster(cluster_id: str, uow: UnitOfWork) -> Cluster:
+    cluster = uow.clusters.get(cluster_id)
+    if cluster is None or cluster.state is ClusterState.DELETED:
+        raise NotFound("cluster", cluster_id)
+    return cluster
+
+
+def list_clusters(uow: UnitOfWork) -> list[Cluster]:
+    return sorted((c for c in uow.clusters.list() if c.state is not ClusterState.DELETED),
+                  key=lambda c: c.cluster_id)
+
+
+def update_cluster(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps) -> Cluster:
+    cluster = get_cluster(cluster_id, uow)
+    if isinstance(body, dict) and "clusterId" not in body:
+        body = {**body, "clusterId": cluster_id}
+    spec = ClusterSpec.parse(body)
+    if spec.cluster_id != cluster_id:
+        raise ValidationError("clusterId", f"cannot change the cluster id ({cluster_id})")
+    if spec == cluster.spec:
+        return cluster
+    for pool in cluster.spec.node_pools:
+        new = next((p for p in spec.node_pools if p.pool_id == pool.pool_id), None)
+        if new is not None and new.machine_spec != pool.machine_spec:
+            i = spec.node_pools.index(new)
+            raise ValidationError(f"nodePools[{i}].machineSpec",
+                                  "cannot change the machine of an existing pool; add a pool")
+    cluster.transition(ClusterState.UPDATING, deps.clock.now(), "update requested")
+    cluster.spec = spec
+    cluster.generation += 1
+    uow.emit(ClusterUpdateRequested(cluster_id=cluster_id, generation=cluster.generation))
+    return cluster
+
+
+def delete_cluster(cluster_id: str, uow: UnitOfWork, deps: Deps) -> Cluster:
+    cluster = get_cluster(cluster_id, uow)
+    if cluster.state is not ClusterState.DELETING:
+        cluster.transition(ClusterState.DELETING, deps.clock.now(), "delete requested")
+        uow.emit(ClusterDeleteRequested(cluster_id=cluster_id))
+    return cluster
+
+
+# ---------------------------------------------------------------- job API
+
+
+def submit_job(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps,
+               job_id: str | None = None) -> Job:
+    cluster = get_cluster(cluster_id, uow)
+    if cluster.state in (ClusterState.DELETING, ClusterState.FAILED):
+        raise Conflict(f"cluster {cluster_id} is {cluster.state.value}: it takes no jobs")
+    spec = CustomJobSpec.parse(body)
+    if job_id is not None and not ID_PATTERN.match(job_id):
+        raise ValidationError("jobId", "must be lowercase letters, digits and hyphens")
+    _check_fits(cluster, spec)
+    job_id = job_id or f"job-{uuid.uuid4().hex[:10]}"
+    existing = uow.jobs.get(job_id)
+    if existing is not None:
+        if existing.spec == spec and existing.cluster_id == cluster_id:
+            return existing
+        raise Conflict(f"job {job_id} already exists")
+    now = deps.clock.now()
+    job = Job(job_id, cluster_id, spec, JobState.QUEUED, now, now,
+              priority=spec.scheduling.priority)
+    uow.jobs.add(job)
+    uow.emit(JobSubmitted(job_id=job_id, cluster_id=cluster_id))
+    return job
+
+
+def _check_fits(cluster: Cluster, spec: CustomJobSpec) -> None:
+    """Reject at submit time what could never run, instead of leaving it pending forever."""
+    partitions = {p.name: p for p in cluster.spec.partitions}
+    wanted = spec.scheduling.partition
+    if wanted is not None and wanted not in partitions:
+        raise ValidationError("jobSpec.scheduling.partition",
+                              f"cluster {cluster.cluster_id} has no partition {wanted!r}; "
+                              f"it has {sorted(partitions)}")
+    for i, pool_spec in enumerate(spec.worker_pool_specs):
+        pools = [p for p in cluster.spec.node_pools if p.machine_spec == pool_spec.machine_spec
+                 and (wanted is None or p.pool_id in partitions[wanted].node_pool_ids)]
+        path = f"jobSpec.workerPoolSpecs[{i}]"
+        if not pools:
+            raise ValidationError(f"{path}.machineSpec",
+                                  f"no node pool of cluster {cluster.cluster_id} matches "
+                                  f"{pool_spec.machine_spec.to_dict()}")
+        capacity = sum(p.node_count for p in pools)
+        if pool_spec.replica_count > capacity:
+            raise ValidationError(f"{path}.replicaCount",
+                                  f"needs {pool_spec.replica_count} nodes; matching pools "
+                                  f"have {capacity}")
+
+
+def get_job(job_id: str, uow: UnitOfWork) -> Job:
+    job = uow.jobs.get(job_id)
+    if job is None:
+        raise NotFound("job", job_id)
+    return job
+
+
+def list_jobs(uow: UnitOfWork, cluster_id: str | None = None) -> list[Job]:
+    return sorted(uow.jobs.list(cluster_id), key=lambda j: (j.created_at, j.job_id))
+
+
+def cancel_job(job_id: str, uow: UnitOfWork, deps: Deps) -> Job:
+    job = get_job(job_id, uow)
+    now = deps.clock.now()
+    if job.terminal or job.state is JobState.CANCELLING:
+        return job
+    if job.state is JobState.RUNNING:
+        job.transition(JobState.CANCELLING, now)
+        deps.compute.signal_workers(job.job_id, job.attempt, deps.config.grace_period_s)
+    else:
+        job.transition(JobState.CANCELLED, now)
+    uow.emit(JobCancelRequested(job_id=job_id))
+    return job
+
+
+# ---------------------------------------------------------------- scheduling
+
+
+def on_job_submitted(event: JobSubmitted, uow: UnitOfWork, deps: Deps) -> None:
+    job = uow.jobs.get(event.job_id)
+    if job is None:
+        raise NotFound("job", event.job_id)
+    if job.state is JobState.QUEUED:
+        job.transition(JobState.PENDING, deps.clock.now())
+    schedule(event.cluster_id, uow, deps)
+
+
+def on_job_requeued(event: JobRequeued, uow: UnitOfWork, deps: Deps) -> None:
+    schedule(event.cluster_id, uow, deps)
+
+
+def on_node_returned(event: NodeReturnedToService, uow: UnitOfWork, deps: Deps) -> None:
+    schedule(event.cluster_id, uow, deps)
+
+
+def on_cluster_ready(event: ClusterReady, uow: UnitOfWork, deps: Deps) -> None:
+    schedule(event.cluster_id, uow, deps)
+
+
+def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> None:
+    schedule(event.cluster_id, uow, deps)
+
+
+def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
+    """Gang-place pending jobs on idle worker nodes and start their workers."""
+    pending = uow.jobs.list(cluster_id, state=JobState.PENDING)
+    if not pending:
+        return
+    idle = [n for n in uow.nodes.list(cluster_id, state=NodeState.IDLE)
+            if n.role is NodeRole.WORKER]
+    if not idle:
+        return
+    requests = [_request(job) for job in pending]
+    slots = [NodeSlot(n.node_id, n.partition, n.machine_type, n.accelerator_type,
+                      n.accelerator_count, n.is_spare) for n in idle]
+    placements = place_jobs(requests, slots, deps.clock.now(), backfill=deps.config.backfill)
+    by_id = {j.job_id: j for j in pending}
+    nodes = {n.node_id: n for n in idle}
+    for placement in placements:
+        _start(by_id[placement.job_id], list(placement.node_ids), nodes, uow, deps)
+
+
+def _request(job: Job) -> JobRequest:
+    groups = tuple(
+        ReplicaGroup(p.machine_spec.machine_type, p.machine_spec.accelerator_type,
+                     p.machine_spec.accelerator_count, p.replica_count)
+        for p in job.spec.worker_pool_specs
+    )
+    return JobRequest(job.job_id, job.spec.scheduling.partition, groups, job.priority,
+                      job.created_at, job.restart_count > 0, tuple(job.previous_node_ids))
+
+
+def _start(job: Job, node_ids: list[str], nodes: dict[str, Any], uow: UnitOfWork,
+           deps: Deps) -> None:
+    now = deps.clock.now()
+    job.transition(JobState.RUNNING, now)
+    job.attempt += 1
+    job.node_ids = node_ids
+    job.started_at = job.started_at or now
+    for node_id in node_ids:
+        node = nodes[node_id]
+        node.transition(NodeState.ALLOCATED, now, f"running {job.job_id}")
+        node.job_id = job.job_id
+    deps.compute.start_workers(worker_specs(job, deps))
+    latest = job.latest_checkpoint
+    uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=tuple(node_ids),
+                        resume_step=latest.step if latest else -1))
+
+
+def output_dirs(job: Job, deps: Deps) -> tuple[str, str, str]:
+    """The managed-training layout under baseOutputDirectory: checkpoints/, model/, logs/."""
+    base = job.spec.base_output_directory or str(deps.config.output_root / job.job_id)
+    base = base.removeprefix("file://").rstrip("/")
+    return f"{base}/checkpoints", f"{base}/model", f"{base}/logs"
+
+
+def worker_specs(job: Job, deps: Deps) -> list[WorkerSpec]:
+    ckpt, model, logs = output_dirs(job, deps)
+    world = job.spec.replica_count
+    specs = []
+    rank = 0
+    node_iter = iter(job.node_ids)
+    for pool in job.spec.worker_pool_specs:
+        command, env = _command(pool, deps)
+        for _ in range(pool.replica_count):
+            specs.append(WorkerSpec(job.job_id, job.attempt, rank, world, next(node_iter),
+                                    command, env, ckpt, model, logs))
+            rank += 1
+    return specs
+
+
+def _command(pool: WorkerPoolSpec, deps: Deps) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """Locally a container's command runs as a process on this machine, without the image."""
+    if pool.container_spec is not None:
+        c = pool.container_spec
+        command = c.command + c.args
+        if not command:
+            raise ValidationError("containerSpec.command", "is required to run without an image")
+        return command, c.env
+    assert pool.python_package_spec is not None
+    p = pool.python_package_spec
+    return (deps.config.python, "-m", p.python_module, *p.args), p.env
+
+
+def describe_command(job: Job) -> str:
+    pool = job.spec.worker_pool_specs[0]
+    if pool.container_spec:
+        return shlex.join(pool.container_spec.command + pool.container_spec.args)
+    return json.dumps(pool.to_dict())
+
+
+SUBSCRIPTIONS = {
+    JobSubmitted: on_job_submitted,
+    JobRequeued: on_job_requeued,
+    NodeReturnedToService: on_node_returned,
+    ClusterReady: on_cluster_ready,
+    FleetTicked: on_fleet_ticked,
+}

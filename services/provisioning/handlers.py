@@ -1,0 +1,279 @@
+"""Provisioning: turn a cluster's desired spec into node records and machines.
+
+The steps are idempotent functions of (cluster, generation). The event handlers call them
+one after another; the Cloud Workflow calls the same steps over HTTP and polls between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.domain.errors import NotFound
+from shared.domain.events import (
+    ClusterCreateRequested,
+    ClusterDeleted,
+    ClusterDeleteRequested,
+    ClusterReady,
+    ClusterUpdateRequested,
+    NodeDrained,
+    NodeDraining,
+    NodeProvisioned,
+    NodeRetired,
+    NodeReturnedToService,
+)
+from shared.domain.model import (
+    Cluster,
+    ClusterState,
+    JobState,
+    Node,
+    NodeRole,
+    NodeState,
+    Partition,
+)
+from shared.handling import Deps
+from shared.ports import UnitOfWork
+
+SERVICE = "provisioning"
+SETTLING = frozenset({NodeState.PROVISIONING, NodeState.VERIFYING})
+
+
+def node_name(cluster_id: str, pool_id: str, index: int) -> str:
+    return f"{cluster_id}-{pool_id}-{index:03d}"
+
+
+def login_name(cluster_id: str) -> str:
+    return f"{cluster_id}-login"
+
+
+# ---------------------------------------------------------------- steps
+
+
+def step_create_nodes(cluster_id: str, generation: int, uow: UnitOfWork, deps: Deps) -> int:
+    """Create the node records the spec asks for and request their machines. Returns how many
+    nodes were requested by this call (0 when a retry finds everything already there)."""
+    cluster = _cluster(cluster_id, uow)
+    if cluster.generation != generation:
+        return 0  # a newer spec superseded this request
+    now = deps.clock.now()
+    spec = cluster.spec
+    existing = {n.node_id: n for n in uow.nodes.list(cluster_id)}
+    requested = 0
+    login = login_name(cluster_id)
+    if login not in existing:
+        node = Node(login, cluster_id, "login", "", NodeRole.LOGIN, spec.login_machine_type,
+                    None, 0, NodeState.PROVISIONING, now, generation=generation)
+        uow.nodes.add(node)
+        deps.compute.provision_node(node)
+        requested += 1
+    for pool in spec.node_pools:
+        partition_name = spec.partition_of(pool.pool_id)
+        active = sorted((n for n in existing.values()
+                         if n.pool == pool.pool_id and n.state is not NodeState.RETIRED
+                         and not n.retire_when_drained), key=lambda n: n.node_id)
+        for node in active:  # partitions may have been re-drawn by an update
+            node.partition = partition_name
+        taken = {n.node_id for n in existing.values()}
+        index = 0
+        while len(active) < pool.node_count:
+            name = node_name(cluster_id, pool.pool_id, index)
+            index += 1
+            if name in taken:
+                continue
+            workers = sum(1 for n in active if not n.is_spare)
+            node = Node(name, cluster_id, pool.pool_id, partition_name, NodeRole.WORKER,
+                        pool.machine_spec.machine_type, pool.machine_spec.accelerator_type,
+                        pool.machine_spec.accelerator_count, NodeState.PROVISIONING, now,
+                        is_spare=workers >= pool.node_count - pool.spare_count,
+                        generation=generation)
+            uow.nodes.add(node)
+            deps.compute.provision_node(node)
+            active.append(node)
+            requested += 1
+        requested += _shrink(pool.node_count, active, uow, deps)
+    _sync_partitions(cluster, uow)
+    return requested
+
+
+def _shrink(target: int, active: list[Node], uow: UnitOfWork, deps: Deps) -> int:
+    """Scale down: idle nodes leave at once, busy ones drain first (their jobs checkpoint)."""
+    surplus = len(active) - target
+    if surplus <= 0:
+        return 0
+    now = deps.clock.now()
+    order = sorted(active, key=lambda n: (n.state is NodeState.ALLOCATED, not n.is_spare,
+                                          n.node_id), reverse=False)
+    for node in order[:surplus]:
+        node.retire_when_drained = True
+        if node.state is NodeState.ALLOCATED and node.job_id:
+            node.transition(NodeState.DRAINING, now, "scale-down")
+            uow.emit(NodeDraining(node_id=node.node_id, job_id=node.job_id, reason="scale-down"))
+        elif node.state is not NodeState.DRAINING:
+            _retire(node, uow, deps, "scale-down")
+    return 0
+
+
+def _retire(node: Node, uow: UnitOfWork, deps: Deps, reason: str) -> None:
+    if node.state is NodeState.RETIRED:
+        return
+    if node.state is NodeState.ALLOCATED:  # delete: the job goes with the cluster
+        node.job_id = None
+        node.transition(NodeState.DRAINING, deps.clock.now(), reason)
+        node.transition(NodeState.DRAINED, deps.clock.now(), reason)
+    if node.state is NodeState.DRAINING:
+        node.transition(NodeState.DRAINED, deps.clock.now(), reason)
+    node.transition(NodeState.RETIRED, deps.clock.now(), reason)
+    deps.compute.delete_node(node.node_id)
+    uow.emit(NodeRetired(node_id=node.node_id, reason=reason))
+
+
+def _sync_partitions(cluster: Cluster, uow: UnitOfWork) -> None:
+    nodes = [n for n in uow.nodes.list(cluster.cluster_id)
+             if n.role is NodeRole.WORKER and n.state is not NodeState.RETIRED]
+    for part in cluster.spec.partitions:
+        record = uow.partitions.get(cluster.cluster_id, part.name)
+        if record is None:
+            record = Partition(cluster.cluster_id, part.name)
+            uow.partitions.add(record)
+        members = [n for n in nodes if n.partition == part.name]
+        record.total_nodes = len(members)
+        record.out_of_service = {n.node_id for n in members if not n.in_service}
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What the workflow polls: are all nodes of this generation settled, and how."""
+
+    cluster_id: str
+    state: str
+    generation: int
+    settling: int
+    in_service: int
+    failed: int
+
+    @property
+    def done(self) -> bool:
+        return self.settling == 0
+
+
+def step_status(cluster_id: str, uow: UnitOfWork) -> ClusterStatus:
+    cluster = _cluster(cluster_id, uow)
+    nodes = [n for n in uow.nodes.list(cluster_id) if n.state is not NodeState.RETIRED]
+    return ClusterStatus(
+        cluster_id, cluster.state.value, cluster.generation,
+        settling=sum(n.state in SETTLING for n in nodes),
+        in_service=sum(n.in_service for n in nodes),
+        failed=sum(n.state is NodeState.FAILED for n in nodes),
+    )
+
+
+def step_mark_ready(cluster_id: str, generation: int, uow: UnitOfWork, deps: Deps) -> bool:
+    cluster = _cluster(cluster_id, uow)
+    if cluster.generation != generation or cluster.state not in (ClusterState.PROVISIONING,
+                                                                 ClusterState.UPDATING):
+        return cluster.state is ClusterState.READY
+    if not step_status(cluster_id, uow).done:
+        return False
+    cluster.transition(ClusterState.READY, deps.clock.now(), "all nodes in service")
+    uow.emit(ClusterReady(cluster_id=cluster_id, generation=generation))
+    return True
+
+
+def step_rollback(cluster_id: str, generation: int, reason: str, uow: UnitOfWork,
+                  deps: Deps) -> None:
+    """Undo what this generation created and mark the cluster failed."""
+    cluster = _cluster(cluster_id, uow)
+    if cluster.generation != generation or cluster.state is ClusterState.FAILED:
+        return
+    for node in uow.nodes.list(cluster_id):
+        if node.generation == generation and node.state in SETTLING | {NodeState.FAILED}:
+            _retire(node, uow, deps, f"rollback: {reason}")
+    _sync_partitions(cluster, uow)
+    cluster.transition(ClusterState.FAILED, deps.clock.now(), reason)
+
+
+# ---------------------------------------------------------------- event handlers
+
+
+def on_create_requested(event: ClusterCreateRequested, uow: UnitOfWork, deps: Deps) -> None:
+    step_create_nodes(event.cluster_id, event.generation, uow, deps)
+    step_mark_ready(event.cluster_id, event.generation, uow, deps)
+
+
+def on_update_requested(event: ClusterUpdateRequested, uow: UnitOfWork, deps: Deps) -> None:
+    step_create_nodes(event.cluster_id, event.generation, uow, deps)
+    step_mark_ready(event.cluster_id, event.generation, uow, deps)
+
+
+def on_node_provisioned(event: NodeProvisioned, uow: UnitOfWork, deps: Deps) -> None:
+    node = uow.nodes.get(event.node_id)
+    if node is None:
+        raise NotFound("node", event.node_id)
+    if node.state is not NodeState.PROVISIONING:
+        return
+    now = deps.clock.now()
+    if not event.ok:
+        node.transition(NodeState.FAILED, now, f"provisioning failed: {event.detail}")
+        return
+    if node.role is NodeRole.LOGIN:
+        node.transition(NodeState.IDLE, now, "login node up")
+        _maybe_ready(node.cluster_id, uow, deps)
+        return
+    node.transition(NodeState.VERIFYING, now, "up; running its first checks")
+
+
+def on_node_returned(event: NodeReturnedToService, uow: UnitOfWork, deps: Deps) -> None:
+    _maybe_ready(event.cluster_id, uow, deps)
+
+
+def _maybe_ready(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
+    cluster = uow.clusters.get(cluster_id)
+    if cluster is not None:
+        step_mark_ready(cluster_id, cluster.generation, uow, deps)
+
+
+def on_node_drained(event: NodeDrained, uow: UnitOfWork, deps: Deps) -> None:
+    node = uow.nodes.get(event.node_id)
+    if node is None:
+        raise NotFound("node", event.node_id)
+    if node.retire_when_drained and node.state is NodeState.DRAINED:
+        _retire(node, uow, deps, "scale-down")
+        cluster = _cluster(node.cluster_id, uow)
+        _sync_partitions(cluster, uow)
+        step_mark_ready(cluster.cluster_id, cluster.generation, uow, deps)
+
+
+def on_delete_requested(event: ClusterDeleteRequested, uow: UnitOfWork, deps: Deps) -> None:
+    cluster = _cluster(event.cluster_id, uow)
+    if cluster.state is not ClusterState.DELETING:
+        return
+    now = deps.clock.now()
+    for job in uow.jobs.list(event.cluster_id):
+        if job.terminal:
+            continue
+        if job.state in (JobState.RUNNING, JobState.CANCELLING):
+            deps.compute.stop_workers(job.job_id, job.attempt)
+            if job.state is JobState.RUNNING:
+                job.transition(JobState.CANCELLING, now)
+        job.transition(JobState.CANCELLED, now)
+        job.error = "cluster deleted"
+    for node in uow.nodes.list(event.cluster_id):
+        _retire(node, uow, deps, "cluster deleted")
+    cluster.transition(ClusterState.DELETED, now, "deleted")
+    uow.emit(ClusterDeleted(cluster_id=event.cluster_id))
+
+
+def _cluster(cluster_id: str, uow: UnitOfWork) -> Cluster:
+    cluster = uow.clusters.get(cluster_id)
+    if cluster is None:
+        raise NotFound("cluster", cluster_id)
+    return cluster
+
+
+SUBSCRIPTIONS = {
+    ClusterCreateRequested: on_create_requested,
+    ClusterUpdateRequested: on_update_requested,
+    ClusterDeleteRequested: on_delete_requested,
+    NodeProvisioned: on_node_provisioned,
+    NodeReturnedToService: on_node_returned,
+    NodeDrained: on_node_drained,
+}

@@ -1,0 +1,180 @@
+"""Repair: a diagnosis in, drain / reset / reboot / reimage / replace out.
+
+The ladder, lemon detection and the blast-radius guard are policy (shared/policies/repair);
+this module only applies the decision to the node, its partition and compute.
+"""
+
+from __future__ import annotations
+
+from shared.domain.errors import NotFound
+from shared.domain.events import (
+    JobInterruptRequested,
+    NodeDiagnosed,
+    NodeDrained,
+    NodeDraining,
+    NodeRepairCompleted,
+    NodeRepairHeld,
+    NodeRepairStarted,
+    NodeRetired,
+)
+from shared.domain.health import Diagnosis, FailureRecord, RepairAction, Severity
+from shared.domain.model import Node, NodeState, Partition
+from shared.handling import Deps
+from shared.policies.repair import (
+    DecisionKind,
+    PartitionView,
+    next_rung_after_failure,
+    plan_repair,
+)
+from shared.ports import UnitOfWork
+
+SERVICE = "repair"
+MAX_HISTORY = 50
+
+
+def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
+    node = uow.nodes.get(event.node_id)
+    if node is None:
+        raise NotFound("node", event.node_id)
+    if node.state not in (NodeState.IDLE, NodeState.ALLOCATED, NodeState.SUSPECT,
+                          NodeState.VERIFYING):
+        return  # already out of service: the decision was taken
+    now = deps.clock.now()
+    diagnosis = Diagnosis(event.failure_mode, Severity(event.severity),
+                          RepairAction(event.action), event.reasons, event.unmapped_xids)
+    partition = _partition(uow, node)
+    view = PartitionView(partition.name, partition.total_nodes,
+                         frozenset(partition.out_of_service), tuple(partition.removed_at))
+    decision = plan_repair(diagnosis, node.history, view, node.node_id, now, deps.config.repair)
+    reason = f"{event.failure_mode}: {decision.reason}"
+    if decision.kind is DecisionKind.NO_ACTION:
+        return
+    if decision.kind is DecisionKind.HOLD:
+        if node.state in (NodeState.IDLE, NodeState.ALLOCATED):
+            node.transition(NodeState.SUSPECT, now, reason)
+        uow.emit(NodeRepairHeld(node_id=node.node_id, action=decision.action.value,
+                                reason=decision.reason))
+        return
+    _remember(node, FailureRecord(now, event.failure_mode, decision.action))
+    if decision.kind is DecisionKind.RESTART_JOB:
+        if node.job_id:
+            job = uow.jobs.get(node.job_id)
+            if job is not None:
+                uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt,
+                                               node_id=node.node_id, reason=reason))
+        return
+    partition.take_out(node.node_id, now, deps.config.repair.blast_window_s)
+    if node.job_id and node.state in (NodeState.ALLOCATED, NodeState.SUSPECT):
+        node.transition(NodeState.DRAINING, now, reason)
+        node.repair_action = decision.action
+        uow.emit(NodeDraining(node_id=node.node_id, job_id=node.job_id, reason=reason))
+        return
+    node.transition(NodeState.DRAINED, now, reason)
+    node.repair_action = decision.action
+    _start(node, decision.action, uow, deps, reason)
+
+
+def on_drained(event: NodeDrained, uow: UnitOfWork, deps: Deps) -> None:
+    node = uow.nodes.get(event.node_id)
+    if node is None:
+        raise NotFound("node", event.node_id)
+    if node.state is not NodeState.DRAINED or node.retire_when_drained:
+        return
+    _start(node, node.repair_action or RepairAction.REBOOT, uow, deps, node.reason)
+
+
+def on_repair_completed(event: NodeRepairCompleted, uow: UnitOfWork, deps: Deps) -> None:
+    node = uow.nodes.get(event.node_id)
+    if node is None:
+        raise NotFound("node", event.node_id)
+    if node.state is not NodeState.REPAIRING or event.attempt != node.repair_attempt:
+        return  # a late result of an older attempt
+    now = deps.clock.now()
+    if event.ok:
+        node.transition(NodeState.VERIFYING, now, f"{event.action} done; verifying")
+        node.repair_action = RepairAction(event.action)
+        return
+    escalated = next_rung_after_failure(RepairAction(event.action), deps.config.repair)
+    node.transition(NodeState.REPAIRING, now, f"{event.action} failed: {event.detail}")
+    _launch(node, escalated, uow, deps, f"{event.action} failed, escalating")
+
+
+def _start(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reason: str) -> None:
+    now = deps.clock.now()
+    if action is RepairAction.MANUAL:
+        node.transition(NodeState.FAILED, now, f"needs a person: {reason}")
+        node.repair_action = action
+        uow.emit(NodeRepairHeld(node_id=node.node_id, action=action.value, reason=reason))
+        return
+    node.transition(NodeState.REPAIRING, now, reason)
+    _launch(node, action, uow, deps, reason)
+
+
+def _launch(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reason: str) -> None:
+    now = deps.clock.now()
+    if action is RepairAction.MANUAL:
+        node.transition(NodeState.FAILED, now, f"repair ladder exhausted: {reason}")
+        node.repair_action = action
+        uow.emit(NodeRepairHeld(node_id=node.node_id, action=action.value, reason=reason))
+        return
+    if action is RepairAction.REPLACE:
+        _replace(node, uow, deps, reason)
+        return
+    node.repair_action = action
+    node.repair_attempt += 1
+    deps.compute.start_repair(node.node_id, action, node.repair_attempt)
+    uow.emit(NodeRepairStarted(node_id=node.node_id, action=action.value,
+                               attempt=node.repair_attempt, reason=reason))
+
+
+def _replace(node: Node, uow: UnitOfWork, deps: Deps, reason: str) -> None:
+    """Retire the bad node and provision a fresh one in its place (same pool, same role)."""
+    now = deps.clock.now()
+    replacement_id = replacement_name(node.node_id)
+    node.transition(NodeState.RETIRED, now, f"replaced: {reason}")
+    partition = _partition(uow, node)
+    partition.put_back(node.node_id)
+    if uow.nodes.get(replacement_id) is None:
+        fresh = Node(
+            node_id=replacement_id, cluster_id=node.cluster_id, pool=node.pool,
+            partition=node.partition, role=node.role, machine_type=node.machine_type,
+            accelerator_type=node.accelerator_type, accelerator_count=node.accelerator_count,
+            state=NodeState.PROVISIONING, since=now, is_spare=node.is_spare,
+            reason=f"replacing {node.node_id}", replaces=node.node_id,
+            generation=node.generation,
+        )
+        uow.nodes.add(fresh)
+        partition.take_out(fresh.node_id, now, deps.config.repair.blast_window_s)
+        deps.compute.provision_node(fresh)
+    deps.compute.delete_node(node.node_id)
+    uow.emit(NodeRetired(node_id=node.node_id, reason=reason, replacement_id=replacement_id))
+
+
+def replacement_name(node_id: str) -> str:
+    """n-007 -> n-007-r1 -> n-007-r2: the lineage stays readable in `mtc node list`."""
+    base, sep, gen = node_id.rpartition("-r")
+    if sep and gen.isdigit():
+        return f"{base}-r{int(gen) + 1}"
+    return f"{node_id}-r1"
+
+
+def _partition(uow: UnitOfWork, node: Node) -> Partition:
+    partition = uow.partitions.get(node.cluster_id, node.partition)
+    if partition is None:  # tolerate records created before partitions were tracked
+        partition = Partition(node.cluster_id, node.partition,
+                              total_nodes=len(uow.nodes.list(node.cluster_id,
+                                                             partition=node.partition)))
+        uow.partitions.add(partition)
+    return partition
+
+
+def _remember(node: Node, record: FailureRecord) -> None:
+    node.history.append(record)
+    del node.history[:-MAX_HISTORY]
+
+
+SUBSCRIPTIONS = {
+    NodeDiagnosed: on_diagnosed,
+    NodeDrained: on_drained,
+    NodeRepairCompleted: on_repair_completed,
+}

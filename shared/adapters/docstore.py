@@ -1,0 +1,290 @@
+"""A unit of work over any transactional document store.
+
+Firestore, sqlite and a dict all offer the same primitive: read documents, write documents,
+commit atomically. The repositories, identity map, idempotency record and outbox are written
+once here on top of that primitive, so every backend gets the same semantics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
+
+from shared.domain.events import Envelope, Event, event_class
+from shared.domain.model import Cluster, Job, Node, Partition, partition_key
+
+CLUSTERS = "clusters"
+NODES = "nodes"
+JOBS = "jobs"
+PARTITIONS = "partitions"
+PROCESSED = "processed_events"
+OUTBOX = "outbox"
+EVENTS = "events"
+
+
+class DocTransaction(Protocol):
+    def get(self, collection: str, doc_id: str) -> dict[str, Any] | None: ...
+    def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]: ...
+    def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
+    def delete(self, collection: str, doc_id: str) -> None: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+
+
+class DocStore(Protocol):
+    def begin(self) -> DocTransaction: ...
+    def read(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
+        """A read outside any transaction (listings, the outbox sweeper, the timeline)."""
+        ...
+    def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
+    def remove(self, collection: str, doc_id: str) -> None: ...
+
+
+T = TypeVar("T")
+
+
+class _Repo:
+    def __init__(self, uow: DocUnitOfWork, collection: str, id_of: Callable[[Any], str],
+                 load: Callable[[dict[str, Any]], Any]) -> None:
+        self._uow = uow
+        self._collection = collection
+        self._id_of = id_of
+        self._load = load
+
+    def _get(self, doc_id: str) -> Any:
+        return self._uow._load(self._collection, doc_id, self._load)
+
+    def add(self, entity: Any) -> None:
+        self._uow._track(self._collection, self._id_of(entity), entity, loaded=None)
+
+    def _list(self, equals: dict[str, Any]) -> list[Any]:
+        return self._uow._query(self._collection, equals, self._id_of, self._load)
+
+
+class ClusterRepository(_Repo):
+    def get(self, cluster_id: str) -> Cluster | None:
+        return self._get(cluster_id)  # type: ignore[no-any-return]
+
+    def list(self) -> list[Cluster]:
+        return self._list({})
+
+
+class NodeRepository(_Repo):
+    def get(self, node_id: str) -> Node | None:
+        return self._get(node_id)  # type: ignore[no-any-return]
+
+    def list(self, cluster_id: str, **equals: Any) -> list[Node]:
+        return self._list({"cluster_id": cluster_id, **equals})
+
+
+class JobRepository(_Repo):
+    def get(self, job_id: str) -> Job | None:
+        return self._get(job_id)  # type: ignore[no-any-return]
+
+    def list(self, cluster_id: str | None = None, **equals: Any) -> list[Job]:
+        query = dict(equals)
+        if cluster_id is not None:
+            query["cluster_id"] = cluster_id
+        return self._list(query)
+
+
+class PartitionRepository(_Repo):
+    def get(self, cluster_id: str, name: str) -> Partition | None:
+        return self._get(partition_key(cluster_id, name))  # type: ignore[no-any-return]
+
+    def list(self, cluster_id: str) -> list[Partition]:
+        return self._list({"cluster_id": cluster_id})
+
+
+def _enum_plain(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+class DocUnitOfWork:
+    """Identity map + change tracking: only documents that changed are written at commit."""
+
+    def __init__(self, store: DocStore, *, source: str = "//mtc/control-plane",
+                 clock: Callable[[], float] | None = None) -> None:
+        self._store = store
+        self._source = source
+        self._clock = clock
+        self.clusters = ClusterRepository(self, CLUSTERS, lambda c: c.cluster_id, Cluster.from_dict)
+        self.nodes = NodeRepository(self, NODES, lambda n: n.node_id, Node.from_dict)
+        self.jobs = JobRepository(self, JOBS, lambda j: j.job_id, Job.from_dict)
+        self.partitions = PartitionRepository(self, PARTITIONS, lambda p: p.key,
+                                              Partition.from_dict)
+        self._txn: DocTransaction | None = None
+        self._tracked: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}
+        self._processed: list[tuple[str, float]] = []
+        self._emitted: list[Event] = []
+        self._cause_key = ""
+        self.committed: list[Envelope] = []
+
+    # -- context
+    def __enter__(self) -> DocUnitOfWork:
+        self._txn = self._store.begin()
+        self._tracked.clear()
+        self._processed.clear()
+        self._emitted.clear()
+        self.committed = []
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._txn is not None:
+            self.rollback()
+
+    def caused_by(self, key: str) -> None:
+        """Derive outbox ids from the triggering event, so a re-run emits the same ids."""
+        self._cause_key = key
+
+    # -- tracking
+    def _require_txn(self) -> DocTransaction:
+        if self._txn is None:
+            raise RuntimeError("unit of work used outside 'with'")
+        return self._txn
+
+    def _load(self, collection: str, doc_id: str, load: Callable[[dict[str, Any]], Any]) -> Any:
+        key = (collection, doc_id)
+        if key in self._tracked:
+            return self._tracked[key][0]
+        doc = self._require_txn().get(collection, doc_id)
+        if doc is None:
+            return None
+        entity = load(doc)
+        self._tracked[key] = (entity, doc)
+        return entity
+
+    def _query(self, collection: str, equals: dict[str, Any], id_of: Callable[[Any], str],
+               load: Callable[[dict[str, Any]], Any]) -> list[Any]:
+        plain = {k: _enum_plain(v) for k, v in equals.items()}
+        out = []
+        seen = set()
+        for doc in self._require_txn().query(collection, plain):
+            entity = load(doc)
+            key = (collection, id_of(entity))
+            if key in self._tracked:
+                entity = self._tracked[key][0]
+            else:
+                self._tracked[key] = (entity, doc)
+            seen.add(key)
+            out.append(entity)
+        # entities added or changed in this transaction must be visible to its own queries
+        for key, (entity, _) in self._tracked.items():
+            if key[0] != collection or key in seen:
+                continue
+            doc = entity.to_dict()
+            if all(doc.get(k) == v for k, v in plain.items()):
+                out.append(entity)
+        return out
+
+    def _track(self, collection: str, doc_id: str, entity: Any, loaded: dict[str, Any] | None
+               ) -> None:
+        self._tracked[(collection, doc_id)] = (entity, loaded)
+
+    # -- idempotency and outbox
+    def already_processed(self, key: str) -> bool:
+        return self._require_txn().get(PROCESSED, _doc_id(key)) is not None
+
+    def mark_processed(self, key: str, now: float) -> None:
+        self._processed.append((key, now))
+
+    def emit(self, event: Event) -> None:
+        self._emitted.append(event)
+
+    # -- commit
+    def commit(self) -> None:
+        txn = self._require_txn()
+        for (collection, doc_id), (entity, loaded) in self._tracked.items():
+            doc = entity.to_dict()
+            if doc != loaded:
+                txn.put(collection, doc_id, doc)
+        for key, at in self._processed:
+            txn.put(PROCESSED, _doc_id(key), {"key": key, "at": at})
+        envelopes = []
+        now = self._clock() if self._clock else (self._processed[0][1] if self._processed else 0.0)
+        for i, event in enumerate(self._emitted):
+            seed = f"{self._cause_key}|{i}|{event.TYPE}|{event.subject}" if self._cause_key else None
+            env = make_envelope(event, self._source, now, seed=seed)
+            txn.put(OUTBOX, env.id, envelope_to_doc(env))
+            envelopes.append(env)
+        txn.commit()
+        self._txn = None
+        self.committed = envelopes
+
+    def rollback(self) -> None:
+        if self._txn is not None:
+            self._txn.rollback()
+            self._txn = None
+        self._tracked.clear()
+        self._processed.clear()
+        self._emitted.clear()
+
+
+def _doc_id(key: str) -> str:
+    """Firestore ids cannot contain '/', so keys are hashed."""
+    return hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+_counter = iter(range(1, 1 << 62))
+
+
+def make_envelope(event: Event, source: str, now: float, *, seed: str | None = None) -> Envelope:
+    import uuid
+
+    event_id = _doc_id(seed) if seed else uuid.uuid4().hex
+    return Envelope(event=event, id=event_id, source=source, time=now)
+
+
+def envelope_to_doc(env: Envelope) -> dict[str, Any]:
+    return {
+        "id": env.id,
+        "source": env.source,
+        "type": env.type,
+        "time": env.time,
+        "subject": env.event.subject,
+        "data": env.event.to_dict(),
+        "seq": next(_counter),
+    }
+
+
+def envelope_from_doc(doc: dict[str, Any]) -> Envelope:
+    cls = event_class(doc["type"])
+    return Envelope(event=cls.from_dict(doc["data"]), id=doc["id"], source=doc["source"],
+                    time=doc["time"])
+
+
+class DocOutbox:
+    def __init__(self, store: DocStore) -> None:
+        self._store = store
+
+    def pending(self, limit: int = 100) -> list[Envelope]:
+        docs = sorted(self._store.read(OUTBOX, {}), key=lambda d: (d["time"], d.get("seq", 0)))
+        return [envelope_from_doc(d) for d in docs[:limit]]
+
+    def mark_published(self, ids: list[str]) -> None:
+        for event_id in ids:
+            self._store.remove(OUTBOX, event_id)
+
+
+class DocEventLog:
+    def __init__(self, store: DocStore) -> None:
+        self._store = store
+        self._seq = 0
+
+    def append(self, envelope: Envelope, outcome: str, detail: str = "") -> None:
+        self._seq += 1
+        doc = envelope_to_doc(envelope)
+        doc.update(outcome=outcome, detail=detail)
+        key = f"{envelope.key}|{outcome}|{detail}"
+        self._store.write(EVENTS, _doc_id(key), doc)
+
+    def read(self, since: float = 0.0) -> Iterator[dict[str, Any]]:
+        docs = self._store.read(EVENTS, {})
+        yield from sorted((d for d in docs if d["time"] >= since),
+                          key=lambda d: (d["time"], d.get("seq", 0)))
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,130 @@
+"""sqlite document store: the embedded default, shared by CLI processes that run in turn.
+
+One table of JSON documents; a transaction is ``BEGIN IMMEDIATE`` so two processes never
+interleave their read-modify-write cycles.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS docs (
+    collection TEXT NOT NULL,
+    id TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (collection, id)
+);
+"""
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def _where(equals: dict[str, Any]) -> tuple[str, list[Any]]:
+    clauses, params = [], []
+    for key, value in equals.items():
+        if not key.replace("_", "").isalnum():
+            raise ValueError(f"bad field name {key!r}")
+        if value is None:
+            clauses.append(f"json_extract(data, '$.{key}') IS NULL")
+        else:
+            clauses.append(f"json_extract(data, '$.{key}') = ?")
+            params.append(int(value) if isinstance(value, bool) else value)
+    return "".join(f" AND {c}" for c in clauses), params
+
+
+class SqliteTransaction:
+    def __init__(self, conn: sqlite3.Connection, lock: threading.RLock) -> None:
+        self._conn = conn
+        self._lock = lock
+        lock.acquire()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            lock.release()
+            raise
+        self._open = True
+
+    def get(self, collection: str, doc_id: str) -> dict[str, Any] | None:
+        row = self._conn.execute(
+            "SELECT data FROM docs WHERE collection=? AND id=?", (collection, doc_id)
+        ).fetchone()
+        return None if row is None else json.loads(row[0])  # type: ignore[no-any-return]
+
+    def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
+        where, params = _where(equals)
+        rows = self._conn.execute(
+            f"SELECT data FROM docs WHERE collection=?{where} ORDER BY id", [collection, *params]
+        ).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO docs (collection, id, data) VALUES (?, ?, ?)",
+            (collection, doc_id, _dumps(doc)),
+        )
+
+    def delete(self, collection: str, doc_id: str) -> None:
+        self._conn.execute("DELETE FROM docs WHERE collection=? AND id=?", (collection, doc_id))
+
+    def commit(self) -> None:
+        try:
+            self._conn.execute("COMMIT")
+        finally:
+            self._release()
+
+    def rollback(self) -> None:
+        try:
+            self._conn.execute("ROLLBACK")
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._open:
+            self._open = False
+            self._lock.release()
+
+
+class SqliteDocStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None,
+                                     check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(SCHEMA)
+        self._lock = threading.RLock()
+
+    def begin(self) -> SqliteTransaction:
+        return SqliteTransaction(self._conn, self._lock)
+
+    def read(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
+        where, params = _where(equals)
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT data FROM docs WHERE collection=?{where} ORDER BY id",
+                [collection, *params],
+            ).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO docs (collection, id, data) VALUES (?, ?, ?)",
+                (collection, doc_id, _dumps(doc)),
+            )
+
+    def remove(self, collection: str, doc_id: str) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM docs WHERE collection=? AND id=?",
+                               (collection, doc_id))
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1,0 +1,393 @@
+"""Entities and their state machines: clusters, partitions, nodes, jobs.
+
+Entities are plain mutable objects owned by a unit of work; every state change goes through
+``transition`` so an edge the table does not list raises instead of overwriting.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.domain.health import FailureRecord, RepairAction
+from shared.domain.specs import ClusterSpec, CustomJobSpec
+from shared.domain.statemachine import TransitionTable
+
+
+def _fs(*states: Any) -> frozenset[Any]:
+    return frozenset(states)
+
+
+# ---------------------------------------------------------------- clusters
+
+
+class ClusterState(enum.StrEnum):
+    PROVISIONING = "PROVISIONING"
+    READY = "READY"
+    UPDATING = "UPDATING"
+    DELETING = "DELETING"
+    DELETED = "DELETED"
+    FAILED = "FAILED"
+
+
+CS = ClusterState
+CLUSTER_TRANSITIONS: TransitionTable[ClusterState] = TransitionTable(
+    "cluster",
+    {
+        CS.PROVISIONING: _fs(CS.READY, CS.FAILED, CS.DELETING),
+        CS.READY: _fs(CS.UPDATING, CS.DELETING),
+        CS.UPDATING: _fs(CS.READY, CS.FAILED, CS.DELETING),
+        CS.DELETING: _fs(CS.DELETED),
+        CS.DELETED: _fs(),
+        CS.FAILED: _fs(CS.DELETING, CS.UPDATING),
+    },
+)
+
+
+@dataclass
+class Cluster:
+    cluster_id: str
+    spec: ClusterSpec
+    state: ClusterState
+    created_at: float
+    updated_at: float
+    generation: int = 1  # bumped by every accepted update; steps of older generations are stale
+    message: str = ""
+
+    def transition(self, target: ClusterState, now: float, message: str = "") -> None:
+        CLUSTER_TRANSITIONS.check(self.cluster_id, self.state, target)
+        self.state = target
+        self.updated_at = now
+        self.message = message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.cluster_id,
+            "spec": self.spec.to_dict(),
+            "state": self.state.value,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "generation": self.generation,
+            "message": self.message,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Cluster:
+        return cls(
+            cluster_id=d["cluster_id"],
+            spec=ClusterSpec.from_dict(d["spec"]),
+            state=ClusterState(d["state"]),
+            created_at=d["created_at"],
+            updated_at=d["updated_at"],
+            generation=d.get("generation", 1),
+            message=d.get("message", ""),
+        )
+
+
+# ---------------------------------------------------------------- partitions
+
+
+@dataclass
+class Partition:
+    """Per-partition aggregate the blast-radius guard reads without scanning every node."""
+
+    cluster_id: str
+    name: str
+    total_nodes: int = 0
+    out_of_service: set[str] = field(default_factory=set)
+    removed_at: list[float] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return partition_key(self.cluster_id, self.name)
+
+    def take_out(self, node_id: str, now: float, window_s: float) -> None:
+        if node_id not in self.out_of_service:
+            self.out_of_service.add(node_id)
+            self.removed_at = [t for t in self.removed_at if t >= now - window_s] + [now]
+
+    def put_back(self, node_id: str) -> None:
+        self.out_of_service.discard(node_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.cluster_id,
+            "name": self.name,
+            "total_nodes": self.total_nodes,
+            "out_of_service": sorted(self.out_of_service),
+            "removed_at": list(self.removed_at),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Partition:
+        return cls(
+            cluster_id=d["cluster_id"],
+            name=d["name"],
+            total_nodes=d.get("total_nodes", 0),
+            out_of_service=set(d.get("out_of_service", [])),
+            removed_at=list(d.get("removed_at", [])),
+        )
+
+
+def partition_key(cluster_id: str, name: str) -> str:
+    return f"{cluster_id}:{name}"
+
+
+# ---------------------------------------------------------------- nodes
+
+
+class NodeState(enum.StrEnum):
+    PROVISIONING = "provisioning"
+    IDLE = "idle"
+    ALLOCATED = "allocated"
+    SUSPECT = "suspect"  # sick but held in service by the blast-radius guard
+    DRAINING = "draining"  # no new work; waiting for its job to checkpoint and leave
+    DRAINED = "drained"
+    REPAIRING = "repairing"  # Node.repair_action says which rung is under way
+    VERIFYING = "verifying"  # repaired; must pass its checks again before it returns
+    FAILED = "failed"  # repair ladder exhausted or manual action needed
+    RETIRED = "retired"  # gone for good (replaced or deleted)
+
+
+NS = NodeState
+NODE_TRANSITIONS: TransitionTable[NodeState] = TransitionTable(
+    "node",
+    {
+        NS.PROVISIONING: _fs(NS.VERIFYING, NS.IDLE, NS.FAILED, NS.RETIRED),
+        NS.IDLE: _fs(NS.ALLOCATED, NS.SUSPECT, NS.DRAINED, NS.RETIRED),
+        NS.ALLOCATED: _fs(NS.IDLE, NS.SUSPECT, NS.DRAINING),
+        NS.SUSPECT: _fs(NS.IDLE, NS.ALLOCATED, NS.DRAINING, NS.DRAINED, NS.RETIRED),
+        NS.DRAINING: _fs(NS.DRAINED),
+        NS.DRAINED: _fs(NS.REPAIRING, NS.FAILED, NS.RETIRED),
+        NS.REPAIRING: _fs(NS.VERIFYING, NS.REPAIRING, NS.FAILED, NS.RETIRED),
+        NS.VERIFYING: _fs(NS.IDLE, NS.DRAINED, NS.FAILED, NS.RETIRED),
+        NS.FAILED: _fs(NS.REPAIRING, NS.RETIRED),
+        NS.RETIRED: _fs(),
+    },
+)
+
+IN_SERVICE = frozenset({NS.IDLE, NS.ALLOCATED, NS.SUSPECT})
+SCHEDULABLE = frozenset({NS.IDLE})
+
+
+class NodeRole(enum.StrEnum):
+    LOGIN = "login"
+    WORKER = "worker"
+
+
+@dataclass
+class Node:
+    node_id: str
+    cluster_id: str
+    pool: str
+    partition: str
+    role: NodeRole
+    machine_type: str
+    accelerator_type: str | None
+    accelerator_count: int
+    state: NodeState
+    since: float
+    is_spare: bool = False
+    reason: str = ""
+    job_id: str | None = None
+    repair_action: RepairAction | None = None
+    repair_attempt: int = 0  # increases with every repair started: the compute idempotency key
+    history: list[FailureRecord] = field(default_factory=list)
+    passes: int = 0  # consecutive healthy checks while VERIFYING (hysteresis)
+    first_pass_at: float | None = None
+    last_report_at: float | None = None
+    last_diagnosis: str = ""
+    replaces: str | None = None  # the node this one replaced
+    retire_when_drained: bool = False  # scale-down: leave for good instead of being repaired
+    generation: int = 1  # cluster generation that created the node
+
+    def transition(self, target: NodeState, now: float, reason: str = "") -> None:
+        if target is self.state and target is not NodeState.REPAIRING:
+            return  # desired state already reached: applying it again is a no-op
+        NODE_TRANSITIONS.check(self.node_id, self.state, target)
+        self.state = target
+        self.since = now
+        self.reason = reason
+        if target is not NodeState.VERIFYING:
+            self.passes = 0
+            self.first_pass_at = None
+        if target in (NodeState.IDLE, NodeState.ALLOCATED, NodeState.RETIRED):
+            self.repair_action = None
+
+    @property
+    def in_service(self) -> bool:
+        return self.state in IN_SERVICE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "cluster_id": self.cluster_id,
+            "pool": self.pool,
+            "partition": self.partition,
+            "role": self.role.value,
+            "machine_type": self.machine_type,
+            "accelerator_type": self.accelerator_type,
+            "accelerator_count": self.accelerator_count,
+            "state": self.state.value,
+            "since": self.since,
+            "is_spare": self.is_spare,
+            "reason": self.reason,
+            "job_id": self.job_id,
+            "repair_action": self.repair_action.value if self.repair_action else None,
+            "repair_attempt": self.repair_attempt,
+            "history": [[r.at, r.failure_mode, r.action.value] for r in self.history],
+            "passes": self.passes,
+            "first_pass_at": self.first_pass_at,
+            "last_report_at": self.last_report_at,
+            "last_diagnosis": self.last_diagnosis,
+            "replaces": self.replaces,
+            "retire_when_drained": self.retire_when_drained,
+            "generation": self.generation,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Node:
+        return cls(
+            node_id=d["node_id"],
+            cluster_id=d["cluster_id"],
+            pool=d["pool"],
+            partition=d["partition"],
+            role=NodeRole(d["role"]),
+            machine_type=d["machine_type"],
+            accelerator_type=d.get("accelerator_type"),
+            accelerator_count=d.get("accelerator_count", 0),
+            state=NodeState(d["state"]),
+            since=d["since"],
+            is_spare=d.get("is_spare", False),
+            reason=d.get("reason", ""),
+            job_id=d.get("job_id"),
+            repair_action=RepairAction(d["repair_action"]) if d.get("repair_action") else None,
+            repair_attempt=d.get("repair_attempt", 0),
+            history=[FailureRecord(h[0], h[1], RepairAction(h[2])) for h in d.get("history", [])],
+            passes=d.get("passes", 0),
+            first_pass_at=d.get("first_pass_at"),
+            last_report_at=d.get("last_report_at"),
+            last_diagnosis=d.get("last_diagnosis", ""),
+            replaces=d.get("replaces"),
+            retire_when_drained=d.get("retire_when_drained", False),
+            generation=d.get("generation", 1),
+        )
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class JobState(enum.StrEnum):
+    """The states users know from managed training (JOB_STATE_*)."""
+
+    QUEUED = "JOB_STATE_QUEUED"
+    PENDING = "JOB_STATE_PENDING"
+    RUNNING = "JOB_STATE_RUNNING"
+    SUCCEEDED = "JOB_STATE_SUCCEEDED"
+    FAILED = "JOB_STATE_FAILED"
+    CANCELLING = "JOB_STATE_CANCELLING"
+    CANCELLED = "JOB_STATE_CANCELLED"
+
+
+JS = JobState
+JOB_TRANSITIONS: TransitionTable[JobState] = TransitionTable(
+    "job",
+    {
+        JS.QUEUED: _fs(JS.PENDING, JS.CANCELLED, JS.FAILED),
+        JS.PENDING: _fs(JS.RUNNING, JS.CANCELLED, JS.FAILED),
+        JS.RUNNING: _fs(JS.PENDING, JS.SUCCEEDED, JS.FAILED, JS.CANCELLING),
+        JS.SUCCEEDED: _fs(),
+        JS.FAILED: _fs(),
+        JS.CANCELLING: _fs(JS.CANCELLED),
+        JS.CANCELLED: _fs(),
+    },
+)
+TERMINAL_JOB_STATES = frozenset({JS.SUCCEEDED, JS.FAILED, JS.CANCELLED})
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: str
+    at: float
+    attempt: int
+
+
+@dataclass
+class Job:
+    job_id: str
+    cluster_id: str
+    spec: CustomJobSpec
+    state: JobState
+    created_at: float
+    updated_at: float
+    priority: int = 0
+    attempt: int = 0  # increases with every start: worker events of older attempts are stale
+    restart_count: int = 0
+    node_ids: list[str] = field(default_factory=list)
+    previous_node_ids: list[str] = field(default_factory=list)
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    interrupt_reason: str = ""
+    interrupt_requested_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    error: str = ""
+
+    def transition(self, target: JobState, now: float) -> None:
+        JOB_TRANSITIONS.check(self.job_id, self.state, target)
+        self.state = target
+        self.updated_at = now
+        if target in TERMINAL_JOB_STATES:
+            self.ended_at = now
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_JOB_STATES
+
+    @property
+    def latest_checkpoint(self) -> Checkpoint | None:
+        return max(self.checkpoints, key=lambda c: c.step, default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "cluster_id": self.cluster_id,
+            "spec": self.spec.to_dict(),
+            "state": self.state.value,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "priority": self.priority,
+            "attempt": self.attempt,
+            "restart_count": self.restart_count,
+            "node_ids": list(self.node_ids),
+            "previous_node_ids": list(self.previous_node_ids),
+            "checkpoints": [[c.step, c.path, c.at, c.attempt] for c in self.checkpoints],
+            "interrupt_reason": self.interrupt_reason,
+            "interrupt_requested_at": self.interrupt_requested_at,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Job:
+        return cls(
+            job_id=d["job_id"],
+            cluster_id=d["cluster_id"],
+            spec=CustomJobSpec.from_dict(d["spec"]),
+            state=JobState(d["state"]),
+            created_at=d["created_at"],
+            updated_at=d["updated_at"],
+            priority=d.get("priority", 0),
+            attempt=d.get("attempt", 0),
+            restart_count=d.get("restart_count", 0),
+            node_ids=list(d.get("node_ids", [])),
+            previous_node_ids=list(d.get("previous_node_ids", [])),
+            checkpoints=[Checkpoint(c[0], c[1], c[2], c[3]) for c in d.get("checkpoints", [])],
+            interrupt_reason=d.get("interrupt_reason", ""),
+            interrupt_requested_at=d.get("interrupt_requested_at"),
+            started_at=d.get("started_at"),
+            ended_at=d.get("ended_at"),
+            error=d.get("error", ""),
+        )

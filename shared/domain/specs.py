@@ -1,0 +1,434 @@
+"""The user-facing API shapes: the cluster spec and the CustomJob spec.
+
+Parsing is validation: every rejection is a ValidationError naming the field path
+(``jobSpec.workerPoolSpecs[0].machineSpec.acceleratorCount``) and the reason. The parsed
+objects serialize back to the same camelCase JSON users wrote.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from shared.domain.errors import ValidationError
+
+T = TypeVar("T")
+
+ID_PATTERN = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
+DURATION_PATTERN = re.compile(r"^(\d+(\.\d+)?)s$")
+MAX_NODES_PER_POOL = 100_000
+
+
+def _obj(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValidationError(path or "(body)", f"must be an object, got {type(value).__name__}")
+    return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _get(
+    data: Mapping[str, Any], key: str, path: str, kind: type | tuple[type, ...], *, required: bool
+) -> Any:
+    full = _join(path, key)
+    if key not in data or data[key] is None:
+        if required:
+            raise ValidationError(full, "is required")
+        return None
+    value = data[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise ValidationError(full, f"must be {_kind_name(kinds)}, got a boolean")
+    if not isinstance(value, kinds):
+        raise ValidationError(full, f"must be {_kind_name(kinds)}, got {type(value).__name__}")
+    return value
+
+
+def _kind_name(kinds: tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
+             list: "a list", dict: "an object"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _str(data: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> str | None:
+    value = _get(data, key, path, str, required=required)
+    if value is not None and not value.strip():
+        raise ValidationError(_join(path, key), "must not be empty")
+    return value  # type: ignore[no-any-return]
+
+
+def _int(
+    data: Mapping[str, Any], key: str, path: str, *, required: bool = True, minimum: int = 0,
+    maximum: int | None = None, default: int = 0,
+) -> int:
+    value = _get(data, key, path, int, required=required)
+    if value is None:
+        return default
+    if value < minimum:
+        raise ValidationError(_join(path, key), f"must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValidationError(_join(path, key), f"must be at most {maximum}, got {value}")
+    return int(value)
+
+
+def _list(
+    data: Mapping[str, Any], key: str, path: str, parse: Callable[[Any, str], T], *,
+    required: bool = True, non_empty: bool = True,
+) -> tuple[T, ...]:
+    value = _get(data, key, path, list, required=required)
+    if value is None:
+        return ()
+    full = _join(path, key)
+    if non_empty and not value:
+        raise ValidationError(full, "must not be empty")
+    return tuple(parse(item, f"{full}[{i}]") for i, item in enumerate(value))
+
+
+def _id(data: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> str | None:
+    value = _str(data, key, path, required=required)
+    if value is not None and not ID_PATTERN.match(value):
+        raise ValidationError(
+            _join(path, key),
+            f"must be lowercase letters, digits and hyphens, start with a letter, "
+            f"at most 63 characters; got {value!r}",
+        )
+    return value
+
+
+def _duration_s(value: str, path: str) -> float:
+    match = DURATION_PATTERN.match(value)
+    if not match:
+        raise ValidationError(path, f"must be a duration like '3600s', got {value!r}")
+    return float(match.group(1))
+
+
+# ---------------------------------------------------------------- machine spec
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    machine_type: str
+    accelerator_type: str | None = None
+    accelerator_count: int = 0
+
+    @classmethod
+    def parse(cls, value: Any, path: str) -> MachineSpec:
+        data = _obj(value, path)
+        machine_type = _str(data, "machineType", path)
+        accelerator_type = _str(data, "acceleratorType", path, required=False)
+        count = _int(data, "acceleratorCount", path, required=False, minimum=0, maximum=16)
+        if accelerator_type and count == 0:
+            raise ValidationError(
+                _join(path, "acceleratorCount"), "must be at least 1 when acceleratorType is set"
+            )
+        if count and not accelerator_type:
+            raise ValidationError(
+                _join(path, "acceleratorType"), "is required when acceleratorCount is set"
+            )
+        assert machine_type is not None
+        return cls(machine_type, accelerator_type, count)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"machineType": self.machine_type}
+        if self.accelerator_type:
+            out["acceleratorType"] = self.accelerator_type
+            out["acceleratorCount"] = self.accelerator_count
+        return out
+
+
+# ---------------------------------------------------------------- cluster spec
+
+
+@dataclass(frozen=True)
+class NodePoolSpec:
+    pool_id: str
+    machine_spec: MachineSpec
+    node_count: int
+    spare_count: int = 0
+
+    @classmethod
+    def parse(cls, value: Any, path: str) -> NodePoolSpec:
+        data = _obj(value, path)
+        pool_id = _id(data, "id", path)
+        machine = MachineSpec.parse(_get(data, "machineSpec", path, dict, required=True),
+                                    _join(path, "machineSpec"))
+        nodes = _int(data, "nodeCount", path, minimum=0, maximum=MAX_NODES_PER_POOL)
+        spares = _int(data, "spareCount", path, required=False, minimum=0,
+                      maximum=MAX_NODES_PER_POOL)
+        if spares > nodes:
+            raise ValidationError(_join(path, "spareCount"),
+                                  f"must not exceed nodeCount ({nodes}), got {spares}")
+        assert pool_id is not None
+        return cls(pool_id, machine, nodes, spares)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.pool_id, "machineSpec": self.machine_spec.to_dict(),
+                "nodeCount": self.node_count, "spareCount": self.spare_count}
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    name: str
+    node_pool_ids: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, value: Any, path: str) -> PartitionSpec:
+        data = _obj(value, path)
+        name = _id(data, "name", path)
+        pools = _list(data, "nodePoolIds", path, _parse_pool_ref)
+        assert name is not None
+        return cls(name, pools)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "nodePoolIds": list(self.node_pool_ids)}
+
+
+def _parse_pool_ref(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValidationError(path, "must be a node pool id")
+    return value
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    cluster_id: str
+    display_name: str
+    login_machine_type: str
+    node_pools: tuple[NodePoolSpec, ...]
+    partitions: tuple[PartitionSpec, ...]
+
+    @classmethod
+    def parse(cls, value: Any) -> ClusterSpec:
+        data = _obj(value, "")
+        cluster_id = _id(data, "clusterId", "")
+        display_name = _str(data, "displayName", "", required=False) or cluster_id
+        login = _get(data, "loginNode", "", dict, required=False) or {"machineType": "n2-standard-8"}
+        login_type = _str(_obj(login, "loginNode"), "machineType", "loginNode")
+        pools = _list(data, "nodePools", "", NodePoolSpec.parse)
+        partitions = _list(data, "partitions", "", PartitionSpec.parse, required=False,
+                           non_empty=False)
+        pool_ids = [p.pool_id for p in pools]
+        for i, pid in enumerate(pool_ids):
+            if pid in pool_ids[:i]:
+                raise ValidationError(f"nodePools[{i}].id", f"duplicate node pool id {pid!r}")
+        if not partitions:  # one partition per pool, named after it, as Slurm users expect
+            partitions = tuple(PartitionSpec(p.pool_id, (p.pool_id,)) for p in pools)
+        owner: dict[str, str] = {}
+        for i, part in enumerate(partitions):
+            if part.name in [p.name for p in partitions[:i]]:
+                raise ValidationError(f"partitions[{i}].name", f"duplicate partition {part.name!r}")
+            for j, pid in enumerate(part.node_pool_ids):
+                where = f"partitions[{i}].nodePoolIds[{j}]"
+                if pid not in pool_ids:
+                    raise ValidationError(where, f"unknown node pool {pid!r}")
+                if pid in owner:
+                    raise ValidationError(
+                        where, f"node pool {pid!r} is already in partition {owner[pid]!r}")
+                owner[pid] = part.name
+        for i, pid in enumerate(pool_ids):
+            if pid not in owner:
+                raise ValidationError(f"nodePools[{i}].id", f"node pool {pid!r} is in no partition")
+        assert cluster_id is not None and login_type is not None
+        return cls(cluster_id, display_name, login_type, pools, partitions)
+
+    def partition_of(self, pool_id: str) -> str:
+        return next(p.name for p in self.partitions if pool_id in p.node_pool_ids)
+
+    def pool(self, pool_id: str) -> NodePoolSpec:
+        return next(p for p in self.node_pools if p.pool_id == pool_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "clusterId": self.cluster_id,
+            "displayName": self.display_name,
+            "loginNode": {"machineType": self.login_machine_type},
+            "nodePools": [p.to_dict() for p in self.node_pools],
+            "partitions": [p.to_dict() for p in self.partitions],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ClusterSpec:
+        return cls.parse(d)
+
+
+# ---------------------------------------------------------------- custom job spec
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    image_uri: str
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, value: Any, path: str) -> ContainerSpec:
+        data = _obj(value, path)
+        image = _str(data, "imageUri", path)
+        command = _list(data, "command", path, _parse_arg, required=False, non_empty=False)
+        args = _list(data, "args", path, _parse_arg, required=False, non_empty=False)
+        env = _list(data, "env", path, _parse_env, required=False, non_empty=False)
+        assert image is not None
+        return cls(image, command, args, env)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"imageUri": self.image_uri}
+        if self.command:
+            out["command"] = list(self.command)
+        if self.args:
+            out["args"] = list(self.args)
+        if self.env:
+            out["env"] = [{"name": k, "value": v} for k, v in self.env]
+        return out
+
+
+@dataclass(frozen=True)
+class PythonPackageSpec:
+    executor_image_uri: str
+    package_uris: tuple[str, ...]
+    python_module: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, value: Any, path: str) -> PythonPackageSpec:
+        data = _obj(value, path)
+        image = _str(data, "executorImageUri", path)
+        uris = _list(data, "packageUris", path, _parse_arg, required=False, non_empty=False)
+        module = _str(data, "pythonModule", path)
+        args = _list(data, "args", path, _parse_arg, required=False, non_empty=False)
+        env = _list(data, "env", path, _parse_env, required=False, non_empty=False)
+        assert image is not None and module is not None
+        return cls(image, uris, module, args, env)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"executorImageUri": self.executor_image_uri,
+                               "packageUris": list(self.package_uris),
+                               "pythonModule": self.python_module}
+        if self.args:
+            out["args"] = list(self.args)
+        if self.env:
+            out["env"] = [{"name": k, "value": v} for k, v in self.env]
+        return out
+
+
+def _parse_arg(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(path, f"must be a string, got {type(value).__name__}")
+    return value
+
+
+def _parse_env(value: Any, path: str) -> tuple[str, str]:
+    data = _obj(value, path)
+    name = _str(data, "name", path)
+    val = _get(data, "value", path, str, required=False) or ""
+    assert name is not None
+    return (name, val)
+
+
+@dataclass(frozen=True)
+class WorkerPoolSpec:
+    machine_spec: MachineSpec
+    replica_count: int
+    container_spec: ContainerSpec | None = None
+    python_package_spec: PythonPackageSpec | None = None
+
+    @classmethod
+    def parse(cls, value: Any, path: str) -> WorkerPoolSpec:
+        data = _obj(value, path)
+        machine = MachineSpec.parse(_get(data, "machineSpec", path, dict, required=True),
+                                    _join(path, "machineSpec"))
+        replicas = _int(data, "replicaCount", path, required=False, minimum=1, maximum=100_000,
+                        default=1)
+        container = _get(data, "containerSpec", path, dict, required=False)
+        package = _get(data, "pythonPackageSpec", path, dict, required=False)
+        if (container is None) == (package is None):
+            raise ValidationError(path, "needs exactly one of containerSpec or pythonPackageSpec")
+        return cls(
+            machine,
+            replicas,
+            ContainerSpec.parse(container, _join(path, "containerSpec")) if container else None,
+            PythonPackageSpec.parse(package, _join(path, "pythonPackageSpec")) if package else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"machineSpec": self.machine_spec.to_dict(),
+                               "replicaCount": self.replica_count}
+        if self.container_spec:
+            out["containerSpec"] = self.container_spec.to_dict()
+        if self.python_package_spec:
+            out["pythonPackageSpec"] = self.python_package_spec.to_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    timeout_s: float | None = None
+    restart_job_on_worker_restart: bool = False
+    partition: str | None = None  # mtc extension: which cluster partition to run in
+    priority: int = 0  # mtc extension: higher runs first
+    max_restarts: int = 100  # mtc extension: give up after this many interruptions
+
+    @classmethod
+    def parse(cls, value: Any, path: str) -> Scheduling:
+        data = _obj(value, path)
+        timeout = _str(data, "timeout", path, required=False)
+        restart = _get(data, "restartJobOnWorkerRestart", path, bool, required=False)
+        partition = _id(data, "partition", path, required=False)
+        priority = _int(data, "priority", path, required=False, minimum=-1000, maximum=1000)
+        max_restarts = _int(data, "maxRestarts", path, required=False, minimum=0, default=100)
+        return cls(
+            _duration_s(timeout, _join(path, "timeout")) if timeout else None,
+            bool(restart), partition, priority, max_restarts,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"restartJobOnWorkerRestart": self.restart_job_on_worker_restart,
+                               "priority": self.priority, "maxRestarts": self.max_restarts}
+        if self.timeout_s is not None:
+            out["timeout"] = f"{self.timeout_s:g}s"
+        if self.partition:
+            out["partition"] = self.partition
+        return out
+
+
+@dataclass(frozen=True)
+class CustomJobSpec:
+    display_name: str
+    worker_pool_specs: tuple[WorkerPoolSpec, ...]
+    scheduling: Scheduling = Scheduling()
+    base_output_directory: str | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> CustomJobSpec:
+        data = _obj(value, "")
+        name = _str(data, "displayName", "")
+        job_spec = _obj(_get(data, "jobSpec", "", dict, required=True), "jobSpec")
+        pools = _list(job_spec, "workerPoolSpecs", "jobSpec", WorkerPoolSpec.parse)
+        sched_raw = _get(job_spec, "scheduling", "jobSpec", dict, required=False)
+        scheduling = Scheduling.parse(sched_raw, "jobSpec.scheduling") if sched_raw else Scheduling()
+        out_dir = _get(job_spec, "baseOutputDirectory", "jobSpec", dict, required=False)
+        uri = _str(out_dir, "outputUriPrefix", "jobSpec.baseOutputDirectory") if out_dir else None
+        assert name is not None
+        return cls(name, pools, scheduling, uri)
+
+    @property
+    def replica_count(self) -> int:
+        return sum(p.replica_count for p in self.worker_pool_specs)
+
+    def to_dict(self) -> dict[str, Any]:
+        job_spec: dict[str, Any] = {
+            "workerPoolSpecs": [p.to_dict() for p in self.worker_pool_specs],
+            "scheduling": self.scheduling.to_dict(),
+        }
+        if self.base_output_directory:
+            job_spec["baseOutputDirectory"] = {"outputUriPrefix": self.base_output_directory}
+        return {"displayName": self.display_name, "jobSpec": job_spec}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CustomJobSpec:
+        return cls.parse(d)

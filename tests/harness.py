@@ -1,0 +1,179 @@
+"""An in-memory control plane for handler tests: real handlers, real bus, fake compute."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.adapters.docstore import DocUnitOfWork, make_envelope
+from shared.adapters.memory_store import MemoryDocStore
+from shared.adapters.outbox_bus import OutboxBus
+from shared.bootstrap import build_deps
+from shared.config import ControlPlaneConfig
+from shared.domain.events import (
+    Envelope,
+    Event,
+    JobWorkersExited,
+    NodeHealthReported,
+    NodeProvisioned,
+    NodeRepairCompleted,
+)
+from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
+from shared.domain.model import Node
+from shared.handling import Deps
+from shared.ports import WorkerSpec
+
+
+class ManualClock:
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class FakeCompute:
+    """Records what the control plane asked of the machines; tests play the machines."""
+
+    provisioned: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    repairs: list[tuple[str, RepairAction, int]] = field(default_factory=list)
+    started: list[WorkerSpec] = field(default_factory=list)
+    signalled: list[tuple[str, int]] = field(default_factory=list)
+    stopped: list[tuple[str, int]] = field(default_factory=list)
+
+    def provision_node(self, node: Node) -> None:
+        if node.node_id not in self.provisioned:
+            self.provisioned.append(node.node_id)
+
+    def delete_node(self, node_id: str) -> None:
+        if node_id not in self.deleted:
+            self.deleted.append(node_id)
+
+    def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
+        if (node_id, action, attempt) not in self.repairs:
+            self.repairs.append((node_id, action, attempt))
+
+    def start_workers(self, workers: Any) -> None:
+        for w in workers:
+            if all((s.job_id, s.attempt, s.rank) != (w.job_id, w.attempt, w.rank)
+                   for s in self.started):
+                self.started.append(w)
+
+    def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
+        if (job_id, attempt) not in self.signalled:
+            self.signalled.append((job_id, attempt))
+
+    def stop_workers(self, job_id: str, attempt: int) -> None:
+        self.stopped.append((job_id, attempt))
+
+
+def healthy(observed_at: float) -> tuple[dict[str, Any], ...]:
+    return tuple(
+        Condition(t.value, ConditionStatus.FALSE, "checked", observed_at).to_dict()
+        for t in ConditionType if t is not ConditionType.HEARTBEAT_LOST
+    )
+
+
+def xid(code: int, observed_at: float) -> tuple[dict[str, Any], ...]:
+    return (Condition(ConditionType.XID_ERROR.value, ConditionStatus.TRUE, f"Xid {code}",
+                      observed_at, {"xids": [code]}).to_dict(),)
+
+
+class Plane:
+    """Real handlers over an in-memory store; `deliver` runs the bus until it is quiet."""
+
+    def __init__(self, config: ControlPlaneConfig | None = None) -> None:
+        self.store = MemoryDocStore()
+        self.clock = ManualClock()
+        self.compute = FakeCompute()
+        self.bus = OutboxBus(self.store)
+        self.deps: Deps = build_deps(self.store, clock=self.clock, compute=self.compute,
+                                     publisher=self.bus, config=config)
+        self.delivered: list[Envelope] = []
+        self.bus.listeners.append(lambda env, _: self.delivered.append(env))
+
+    def uow(self) -> DocUnitOfWork:
+        return self.deps.uow()  # type: ignore[no-any-return]
+
+    def api(self, fn: Any, *args: Any) -> Any:
+        with self.uow() as uow:
+            result = fn(*args, uow, self.deps)
+            uow.commit()
+        return result
+
+    def inject(self, event: Event, source: str = "//test") -> Envelope:
+        env = make_envelope(event, source, self.clock.now())
+        self.bus.inject(env)
+        return env
+
+    def deliver(self) -> int:
+        return self.bus.pump(self.deps)
+
+    def node(self, node_id: str) -> Node:
+        with self.uow() as uow:
+            node = uow.nodes.get(node_id)
+        assert node is not None, node_id
+        return node
+
+    def job(self, job_id: str) -> Any:
+        with self.uow() as uow:
+            return uow.jobs.get(job_id)
+
+    def nodes(self, cluster_id: str) -> list[Node]:
+        with self.uow() as uow:
+            return sorted(uow.nodes.list(cluster_id), key=lambda n: n.node_id)
+
+    # -- playing the machines
+    def bring_up(self) -> None:
+        """Every provisioned node comes up and passes enough checks to enter service."""
+        for node_id in list(self.compute.provisioned):
+            self.inject(NodeProvisioned(node_id=node_id))
+        self.deliver()
+        for _ in range(self.deps.config.repair.return_after_passes):
+            self.clock.advance(1)
+            for node_id in list(self.compute.provisioned):
+                self.report(node_id, healthy(self.clock.now()))
+            self.deliver()
+
+    def report(self, node_id: str, conditions: tuple[dict[str, Any], ...],
+               source: str = "agent") -> Envelope:
+        return self.inject(NodeHealthReported(node_id=node_id, observed_at=self.clock.now(),
+                                              conditions=conditions, source=source))
+
+    def finish_repairs(self, ok: bool = True) -> None:
+        for node_id, action, attempt in list(self.compute.repairs):
+            self.inject(NodeRepairCompleted(node_id=node_id, action=action.value,
+                                            attempt=attempt, ok=ok))
+        self.compute.repairs.clear()
+        self.deliver()
+
+    def exit_workers(self, job_id: str, attempt: int, code: int) -> None:
+        self.inject(JobWorkersExited(job_id=job_id, attempt=attempt, exit_code=code))
+        self.deliver()
+
+
+CLUSTER = {
+    "clusterId": "c1",
+    "nodePools": [{"id": "gpu", "nodeCount": 4, "spareCount": 1,
+                   "machineSpec": {"machineType": "a3-highgpu-8g",
+                                   "acceleratorType": "NVIDIA_H100_80GB",
+                                   "acceleratorCount": 8}}],
+    "partitions": [{"name": "train", "nodePoolIds": ["gpu"]}],
+}
+
+
+def job_body(replicas: int = 2) -> dict[str, Any]:
+    return {
+        "displayName": "train",
+        "jobSpec": {"workerPoolSpecs": [{
+            "machineSpec": {"machineType": "a3-highgpu-8g",
+                            "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
+            "replicaCount": replicas,
+            "containerSpec": {"imageUri": "local", "command": ["python3", "train.py"]},
+        }]},
+    }

@@ -1,0 +1,104 @@
+"""The self-healing story through the real handlers on the in-memory plane."""
+
+from __future__ import annotations
+
+from services.job_submission import handlers as api
+from shared.domain.health import RepairAction
+from shared.domain.model import ClusterState, JobState, NodeState
+from tests.harness import CLUSTER, Plane, healthy, job_body, xid
+
+
+def ready_plane() -> Plane:
+    plane = Plane()
+    plane.api(api.create_cluster, CLUSTER)
+    plane.deliver()
+    plane.bring_up()
+    return plane
+
+
+def test_cluster_comes_up_with_login_workers_and_a_spare() -> None:
+    plane = ready_plane()
+    nodes = plane.nodes("c1")
+    assert [n.node_id for n in nodes] == ["c1-gpu-000", "c1-gpu-001", "c1-gpu-002",
+                                          "c1-gpu-003", "c1-login"]
+    assert all(n.state is NodeState.IDLE for n in nodes)
+    assert [n.node_id for n in nodes if n.is_spare] == ["c1-gpu-003"]
+    with plane.uow() as uow:
+        cluster = uow.clusters.get("c1")
+    assert cluster is not None and cluster.state is ClusterState.READY
+
+
+def test_xid79_drains_checkpoints_requeues_on_spare_and_repairs() -> None:
+    plane = ready_plane()
+    job = plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    job = plane.job("j1")
+    assert job.state is JobState.RUNNING and job.attempt == 1
+    bad, good = job.node_ids
+    assert "c1-gpu-003" not in job.node_ids  # fresh jobs leave the spare alone
+
+    plane.clock.advance(5)
+    plane.report(bad, xid(79, plane.clock.now()))
+    plane.deliver()
+    assert plane.node(bad).state is NodeState.DRAINING
+    assert plane.compute.signalled == [("j1", 1)]
+
+    plane.exit_workers("j1", 1, 75)  # checkpointed on SIGTERM
+    job = plane.job("j1")
+    assert job.restart_count == 1 and job.state is JobState.RUNNING and job.attempt == 2
+    assert bad not in job.node_ids and good in job.node_ids
+    assert "c1-gpu-003" in job.node_ids  # the resumed job took the spare
+    assert plane.node(bad).state is NodeState.REPAIRING
+    assert plane.compute.repairs == [(bad, RepairAction.REBOOT, 1)]
+
+    plane.finish_repairs()
+    assert plane.node(bad).state is NodeState.VERIFYING
+    for _ in range(2):
+        plane.clock.advance(1)
+        plane.report(bad, healthy(plane.clock.now()))
+        plane.deliver()
+    assert plane.node(bad).state is NodeState.IDLE
+
+    plane.exit_workers("j1", 2, 0)
+    assert plane.job("j1").state is JobState.SUCCEEDED
+    assert all(n.state is NodeState.IDLE for n in plane.nodes("c1"))
+
+
+def test_duplicate_report_changes_nothing() -> None:
+    plane = ready_plane()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    bad = plane.job("j1").node_ids[0]
+    env = plane.report(bad, xid(79, plane.clock.now()))
+    plane.deliver()
+    before = plane.store.snapshot()["nodes"]
+    plane.bus.inject(env)
+    plane.deliver()
+    assert plane.store.snapshot()["nodes"] == before
+    assert plane.compute.signalled == [("j1", 1)]
+
+
+def test_failed_post_repair_check_climbs_the_ladder() -> None:
+    plane = ready_plane()
+    node = "c1-gpu-001"
+    plane.report(node, xid(79, plane.clock.now()))
+    plane.deliver()
+    assert plane.compute.repairs == [(node, RepairAction.REBOOT, 1)]
+    plane.finish_repairs()
+    plane.clock.advance(2)
+    plane.report(node, xid(79, plane.clock.now()))
+    plane.deliver()
+    assert plane.node(node).state is NodeState.REPAIRING
+    assert plane.compute.repairs == [(node, RepairAction.REIMAGE, 2)]
+
+
+def test_stale_repair_result_is_ignored() -> None:
+    plane = ready_plane()
+    node = "c1-gpu-001"
+    plane.report(node, xid(79, plane.clock.now()))
+    plane.deliver()
+    from shared.domain.events import NodeRepairCompleted
+
+    plane.inject(NodeRepairCompleted(node_id=node, action="reboot", attempt=7, ok=True))
+    plane.deliver()
+    assert plane.node(node).state is NodeState.REPAIRING

@@ -1,0 +1,20 @@
+"""Cloud Function entry points for job_submission: events (scheduling) and the HTTP API."""
+
+from __future__ import annotations
+
+import functions_framework
+import flask
+from cloudevents.http import CloudEvent
+
+from services.job_submission.api import dispatch
+from services.runtime import handle_cloud_event, runtime
+
+
+@functions_framework.cloud_event
+def handle(cloud_event: CloudEvent) -> None:
+    handle_cloud_event("job_submission", cloud_event)
+
+
+@functions_framework.http
+def api(request: flask.Request) -> flask.Response:
+    return dispatch(request, runtime())

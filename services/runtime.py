@@ -1,0 +1,89 @@
+"""What every functions-framework entry point shares: lazy wiring and event dispatch.
+
+Nothing is built at import time; the first request builds the app from the environment
+(``MTC_BACKEND=embedded`` by default, ``gcp`` on Google Cloud or against the emulators).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from cloudevents.http import CloudEvent
+
+from shared.codec import decode
+from shared.domain.errors import PermanentError
+from shared.handling import Deps, Outcome, run_handler
+from shared.routing import subscriptions
+
+log = logging.getLogger("mtc.runtime")
+
+
+class Runtime(Protocol):
+    deps: Deps
+
+    def after_request(self) -> None: ...
+
+
+class EmbeddedRuntime:
+    def __init__(self, state_dir: Path) -> None:
+        from shared.bootstrap import embedded
+
+        self.app = embedded(state_dir)
+        self.deps = self.app.deps
+
+    def after_request(self) -> None:
+        self.app.pump()
+
+
+_installed: list[Runtime] = []
+
+
+def install(rt: Runtime | None) -> None:
+    """Tests and tools hand the entry points a runtime of their own (None restores the default)."""
+    _installed.clear()
+    if rt is not None:
+        _installed.append(rt)
+
+
+def runtime() -> Runtime:
+    return _installed[0] if _installed else _default_runtime()
+
+
+@functools.cache
+def _default_runtime() -> Runtime:
+    backend = os.environ.get("MTC_BACKEND", "embedded")
+    if backend == "embedded":
+        return EmbeddedRuntime(Path(os.environ.get("MTC_STATE_DIR", "var/mtc")))
+    if backend == "gcp":
+        from shared.bootstrap_gcp import gcp_runtime  # type: ignore[import-not-found]
+
+        return gcp_runtime()  # type: ignore[no-any-return]
+    raise RuntimeError(f"MTC_BACKEND must be embedded or gcp, got {backend!r}")
+
+
+def handle_cloud_event(service: str, event: CloudEvent, rt: Runtime | None = None) -> str:
+    """Decode, run the service's handler, answer. Raising means 500: Pub/Sub redelivers."""
+    rt = rt or runtime()
+    try:
+        envelope = decode(event)
+    except PermanentError as exc:
+        log.warning("%s: undecodable event dead-lettered: %s", service, exc)
+        rt.deps.dead_letters.dead_letter(None, service, str(exc), raw=event.get_attributes())
+        return Outcome.DEAD_LETTERED.value
+    handler = subscriptions(service).get(envelope.type)
+    if handler is None:
+        return "ignored"  # a topic carries types other services care about
+    outcome = run_handler(service, handler, envelope, rt.deps)
+    rt.after_request()
+    return outcome.value
+
+
+def handle_raw(service: str, body: Any, rt: Runtime | None = None) -> str:
+    """For tests and tools: a structured-mode JSON body as a dict."""
+    from cloudevents.http import from_dict
+
+    return handle_cloud_event(service, from_dict(body), rt)

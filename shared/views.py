@@ -1,0 +1,65 @@
+"""How entities look to users (API responses, CLI tables): one place, camelCase JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from shared.domain.model import Cluster, Job, Node
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def cluster_view(c: Cluster) -> dict[str, Any]:
+    return {
+        "name": f"clusters/{c.cluster_id}",
+        "clusterId": c.cluster_id,
+        "state": c.state.value,
+        "generation": c.generation,
+        "message": c.message,
+        "createTime": iso(c.created_at),
+        "updateTime": iso(c.updated_at),
+        "spec": c.spec.to_dict(),
+    }
+
+
+def node_view(n: Node) -> dict[str, Any]:
+    return {
+        "nodeId": n.node_id,
+        "partition": n.partition or "-",
+        "pool": n.pool,
+        "role": n.role.value,
+        "state": n.state.value,
+        "reason": n.reason,
+        "since": iso(n.since),
+        "spare": n.is_spare,
+        "job": n.job_id,
+        "repairAction": n.repair_action.value if n.repair_action else None,
+        "failures": len(n.history),
+    }
+
+
+def job_view(j: Job) -> dict[str, Any]:
+    latest = j.latest_checkpoint
+    return {
+        "name": f"customJobs/{j.job_id}",
+        "jobId": j.job_id,
+        "clusterId": j.cluster_id,
+        "displayName": j.spec.display_name,
+        "state": j.state.value,
+        "attempt": j.attempt,
+        "restartCount": j.restart_count,
+        "nodes": list(j.node_ids),
+        "latestCheckpoint": None if latest is None else
+        {"step": latest.step, "path": latest.path, "time": iso(latest.at)},
+        "createTime": iso(j.created_at),
+        "startTime": iso(j.started_at),
+        "endTime": iso(j.ended_at),
+        "updateTime": iso(j.updated_at),
+        "error": j.error or None,
+        "jobSpec": j.spec.to_dict()["jobSpec"],
+    }

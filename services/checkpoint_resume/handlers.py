@@ -12,6 +12,7 @@ from shared.domain.events import (
     JobFinished,
     JobInterruptRequested,
     JobRequeued,
+    JobSignalled,
     JobWorkersExited,
     NodeDrained,
     NodeDraining,
@@ -29,7 +30,7 @@ def on_node_draining(event: NodeDraining, uow: UnitOfWork, deps: Deps) -> None:
     if job is None or job.state is not JobState.RUNNING or event.node_id not in job.node_ids:
         _release_orphan(event.node_id, uow, deps)
         return
-    _interrupt(job, event.reason, deps)
+    _interrupt(job, event.reason, uow, deps)
 
 
 def on_interrupt_requested(event: JobInterruptRequested, uow: UnitOfWork, deps: Deps) -> None:
@@ -38,15 +39,17 @@ def on_interrupt_requested(event: JobInterruptRequested, uow: UnitOfWork, deps: 
         raise NotFound("job", event.job_id)
     if job.state is not JobState.RUNNING or job.attempt != event.attempt:
         return
-    _interrupt(job, event.reason, deps)
+    _interrupt(job, event.reason, uow, deps)
 
 
-def _interrupt(job: Job, reason: str, deps: Deps) -> None:
+def _interrupt(job: Job, reason: str, uow: UnitOfWork, deps: Deps) -> None:
     if job.interrupt_requested_at is not None:
         return  # already told to checkpoint; a second SIGTERM would only cut its grace short
     job.interrupt_requested_at = deps.clock.now()
     job.interrupt_reason = reason
     deps.compute.signal_workers(job.job_id, job.attempt, deps.config.grace_period_s)
+    uow.emit(JobSignalled(job_id=job.job_id, attempt=job.attempt,
+                          grace_s=deps.config.grace_period_s, reason=reason))
 
 
 def on_checkpoint_saved(event: JobCheckpointSaved, uow: UnitOfWork, deps: Deps) -> None:

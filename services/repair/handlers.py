@@ -46,7 +46,7 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
     view = PartitionView(partition.name, partition.total_nodes,
                          frozenset(partition.out_of_service), tuple(partition.removed_at))
     decision = plan_repair(diagnosis, node.history, view, node.node_id, now, deps.config.repair)
-    reason = f"{event.failure_mode}: {decision.reason}"
+    reason = decision.reason
     if decision.kind is DecisionKind.NO_ACTION:
         return
     if decision.kind is DecisionKind.HOLD:

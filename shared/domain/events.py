@@ -320,6 +320,19 @@ class JobInterruptRequested(Event):
 
 @register
 @dataclass(frozen=True)
+class JobSignalled(Event):
+    """Workers were sent SIGTERM: they have grace_s to checkpoint before SIGKILL."""
+
+    TYPE: ClassVar[str] = "mtc.job.signalled.v1"
+    SUBJECT_FIELD: ClassVar[str] = "job_id"
+    job_id: str
+    attempt: int
+    grace_s: float
+    reason: str
+
+
+@register
+@dataclass(frozen=True)
 class JobCheckpointSaved(Event):
     TYPE: ClassVar[str] = "mtc.job.checkpoint_saved.v1"
     SUBJECT_FIELD: ClassVar[str] = "job_id"

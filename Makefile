@@ -1,0 +1,32 @@
+# The two commands that matter: `make demo` and `make test`. Both set up what they need.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
+
+.PHONY: demo test test-fast lint bench clean stack demo-slurm
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+demo: $(STAMP)
+	$(BIN)/mtc demo
+
+test: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not integration and not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check shared simulator services tests examples
+	$(BIN)/mypy shared simulator
+
+bench: $(STAMP)
+	$(BIN)/python bench/handler_bench.py
+
+clean:
+	rm -rf var .pytest_cache .mypy_cache .ruff_cache

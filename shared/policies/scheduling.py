@@ -1,0 +1,170 @@
+"""Gang placement of pending jobs onto idle nodes. Pure and deterministic.
+
+- Gang: a job gets one node for every replica of every group, or nothing.
+- Order: priority (higher first), then submitted_at (older first), then job_id.
+- A node fits a group when machine type, accelerator type and accelerator count are equal, and
+  its partition equals the job's partition when the job names one.
+- Spares are kept for recovery: fresh jobs never take them. A resumed job takes back its
+  previous nodes first (same rank where possible, so the rest of its allocation is kept), then
+  spares, then other idle nodes. Within each preference, ties go to the lower node_id.
+- Without backfill a job that cannot be placed blocks every lower-ranked job competing for the
+  same partition (a job without a partition competes for all), so big jobs are not starved by
+  a stream of small ones. With backfill lower-ranked jobs may take what is left; run times are
+  unknown here, so this backfill does not protect the blocked job's start time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["JobRequest", "NodeSlot", "Placement", "ReplicaGroup", "place_jobs"]
+
+
+@dataclass(frozen=True)
+class NodeSlot:
+    node_id: str
+    partition: str
+    machine_type: str
+    accelerator_type: str | None
+    accelerator_count: int
+    is_spare: bool = False
+
+
+@dataclass(frozen=True)
+class ReplicaGroup:
+    """One worker pool: ``replica_count`` nodes of one shape (one node per replica)."""
+
+    machine_type: str
+    accelerator_type: str | None
+    accelerator_count: int
+    replica_count: int
+
+    def __post_init__(self) -> None:
+        if self.replica_count < 1:
+            raise ValueError(f"replica_count must be at least 1, got {self.replica_count}")
+        if self.accelerator_count < 0:
+            raise ValueError(
+                f"accelerator_count must not be negative, got {self.accelerator_count}"
+            )
+
+    def fits(self, node: NodeSlot) -> bool:
+        return (
+            node.machine_type == self.machine_type
+            and node.accelerator_type == self.accelerator_type
+            and node.accelerator_count == self.accelerator_count
+        )
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    job_id: str
+    partition: str | None
+    groups: tuple[ReplicaGroup, ...]
+    priority: int
+    submitted_at: float
+    is_resume: bool = False
+    previous_node_ids: tuple[str, ...] = ()  # the job's last placement, in rank order
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ValueError(f"job {self.job_id}: needs at least one replica group")
+
+    @property
+    def size(self) -> int:
+        return sum(g.replica_count for g in self.groups)
+
+    def rank_key(self) -> tuple[int, float, str]:
+        return (-self.priority, self.submitted_at, self.job_id)
+
+
+@dataclass(frozen=True)
+class Placement:
+    job_id: str
+    node_ids: tuple[str, ...]  # group 0's replicas first, in rank order
+
+
+def place_jobs(
+    pending: Sequence[JobRequest],
+    idle: Sequence[NodeSlot],
+    now: float,
+    *,
+    backfill: bool = False,
+) -> tuple[Placement, ...]:
+    """Place what fits, in rank order; returns placements in that order.
+
+    ``now`` is accepted for interface stability (aging policies); placement does not use it.
+    """
+    del now
+    _check_unique([j.job_id for j in pending], "job_id")
+    _check_unique([n.node_id for n in idle], "node_id")
+    free = {n.node_id: n for n in idle}
+    blocked: set[str] = set()  # partitions held for a blocked job
+    blocked_all = False  # a blocked job without a partition holds every partition
+    placements: list[Placement] = []
+    for job in sorted(pending, key=JobRequest.rank_key):
+        if not backfill and (blocked_all or (job.partition is None and blocked)):
+            continue
+        if not backfill and job.partition is not None and job.partition in blocked:
+            continue
+        chosen = _assign(job, free)
+        if chosen is None:
+            if job.partition is None:
+                blocked_all = True
+            else:
+                blocked.add(job.partition)
+            continue
+        for node_id in chosen:
+            del free[node_id]
+        placements.append(Placement(job.job_id, chosen))
+    return tuple(placements)
+
+
+def _check_unique(ids: Sequence[str], what: str) -> None:
+    seen: set[str] = set()
+    for item in ids:
+        if item in seen:
+            raise ValueError(f"duplicate {what} {item!r}")
+        seen.add(item)
+
+
+def _assign(job: JobRequest, free: dict[str, NodeSlot]) -> tuple[str, ...] | None:
+    """All nodes for ``job`` in rank order, or None when any replica cannot be served."""
+    eligible = {
+        node_id: node
+        for node_id, node in free.items()
+        if job.partition is None or node.partition == job.partition
+    }
+    if not job.is_resume:
+        eligible = {node_id: node for node_id, node in eligible.items() if not node.is_spare}
+
+    slots = [group for group in job.groups for _ in range(group.replica_count)]
+    chosen: list[str | None] = [None] * len(slots)
+    taken: set[str] = set()
+
+    # 1. A resumed job keeps each previous node in its old rank when it still fits there.
+    if job.is_resume:
+        for rank, node_id in enumerate(job.previous_node_ids[: len(slots)]):
+            node = eligible.get(node_id)
+            if node is not None and node_id not in taken and slots[rank].fits(node):
+                chosen[rank] = node_id
+                taken.add(node_id)
+
+    # 2. Fill the remaining ranks: other previous nodes, then spares, then the rest.
+    previous_order = {node_id: i for i, node_id in enumerate(job.previous_node_ids)}
+
+    def preference(node: NodeSlot) -> tuple[int, int, str]:
+        if node.node_id in previous_order:
+            return (0, previous_order[node.node_id], node.node_id)
+        return (1 if node.is_spare else 2, 0, node.node_id)
+
+    candidates = sorted(eligible.values(), key=preference)
+    for rank, group in enumerate(slots):
+        if chosen[rank] is not None:
+            continue
+        pick = next((n for n in candidates if n.node_id not in taken and group.fits(n)), None)
+        if pick is None:
+            return None
+        chosen[rank] = pick.node_id
+        taken.add(pick.node_id)
+    return tuple(node_id for node_id in chosen if node_id is not None)

@@ -1,0 +1,91 @@
+"""One readable line per event, for `mtc events`, the demo and `make stack`."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+QUIET_SOURCES = frozenset({"agent"})  # routine heartbeats: shown only when they find a problem
+
+
+def _problems(conditions: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for c in conditions:
+        if c.get("status") != "true":
+            continue
+        details = c.get("details") or {}
+        if c.get("type") == "XidError" and details.get("xids"):
+            out.append("XID " + ",".join(str(x) for x in details["xids"]))
+        else:
+            out.append(f"{c.get('type')} ({c.get('reason', '')})")
+    return out
+
+
+def is_routine(doc: dict[str, Any]) -> bool:
+    """A healthy heartbeat from an agent: true of almost every event on a healthy fleet."""
+    if doc["type"] != "mtc.node.health_reported.v1":
+        return doc["type"] == "mtc.fleet.ticked.v1"
+    data = doc["data"]
+    return data.get("source") in QUIET_SOURCES and not _problems(data.get("conditions", []))
+
+
+def describe(doc: dict[str, Any]) -> str:
+    """doc: an envelope document (type, time, data)."""
+    d = doc["data"]
+    t = doc["type"].split(".")
+    entity, verb = t[1], t[2]
+    match doc["type"]:
+        case "mtc.node.health_reported.v1":
+            problems = _problems(d.get("conditions", []))
+            status = "; ".join(problems) if problems else "all checks pass"
+            return f"node {d['node_id']}: health report [{d.get('source')}]: {status}"
+        case "mtc.node.diagnosed.v1":
+            return (f"node {d['node_id']}: diagnosed {d['failure_mode']} "
+                    f"({d['severity']}) -> {d['action']}")
+        case "mtc.node.draining.v1":
+            return f"node {d['node_id']}: draining, job {d['job_id']} must checkpoint and leave"
+        case "mtc.node.drained.v1":
+            return f"node {d['node_id']}: drained"
+        case "mtc.node.repair_started.v1":
+            return f"node {d['node_id']}: repair started: {d['action']} (attempt {d['attempt']})"
+        case "mtc.node.repair_completed.v1":
+            ok = "done" if d["ok"] else f"FAILED {d.get('detail', '')}"
+            return f"node {d['node_id']}: {d['action']} {ok}"
+        case "mtc.node.repair_held.v1":
+            return f"node {d['node_id']}: ALERT repair held ({d['action']}): {d['reason']}"
+        case "mtc.node.returned_to_service.v1":
+            return f"node {d['node_id']}: passed its checks, back in service"
+        case "mtc.node.retired.v1":
+            extra = f", replaced by {d['replacement_id']}" if d.get("replacement_id") else ""
+            return f"node {d['node_id']}: retired ({d.get('reason', '')}){extra}"
+        case "mtc.node.provisioned.v1":
+            return f"node {d['node_id']}: provisioned" + ("" if d.get("ok", True) else " FAILED")
+        case "mtc.job.started.v1":
+            resume = (f"resuming from checkpoint step {d['resume_step']}"
+                      if d.get("resume_step", -1) >= 0 else "from scratch")
+            return (f"job {d['job_id']}: attempt {d['attempt']} started on "
+                    f"{', '.join(d['node_ids'])}, {resume}")
+        case "mtc.job.interrupt_requested.v1":
+            return f"job {d['job_id']}: SIGTERM requested ({d['reason']})"
+        case "mtc.job.signalled.v1":
+            return (f"job {d['job_id']}: SIGTERM to attempt {d['attempt']}: checkpoint and exit "
+                    f"within {d['grace_s']:g} s")
+        case "mtc.job.checkpoint_saved.v1":
+            return f"job {d['job_id']}: checkpoint step {d['step']} saved (attempt {d['attempt']})"
+        case "mtc.job.workers_exited.v1":
+            return f"job {d['job_id']}: attempt {d['attempt']} workers exited, code {d['exit_code']}"
+        case "mtc.job.requeued.v1":
+            return f"job {d['job_id']}: requeued (restart {d['restart_count']}): {d['reason']}"
+        case "mtc.job.finished.v1":
+            return f"job {d['job_id']}: {d['state']} after {d['restart_count']} restart(s)"
+        case "mtc.job.submitted.v1":
+            return f"job {d['job_id']}: submitted to cluster {d['cluster_id']}"
+        case "mtc.job.cancel_requested.v1":
+            return f"job {d['job_id']}: cancel requested"
+        case _:
+            subject = doc.get("subject") or ""
+            return f"{entity} {subject}: {verb.replace('_', ' ')}"
+
+
+def clock(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]

@@ -1,0 +1,110 @@
+"""The launcher: runs a command, relays SIGTERM once, leaves the exit code in a file."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from shared.adapters import worker_launcher
+from shared.adapters.worker_launcher import exit_code_of
+
+LAUNCHER = Path(worker_launcher.__file__)
+PY = sys.executable
+
+
+def launch(exit_file: Path, *command: str, new_session: bool = True) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [PY, str(LAUNCHER), "--exit-file", str(exit_file), "--", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=new_session,
+    )
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_exit_code_is_written_and_returned(tmp_path: Path, code: int) -> None:
+    exit_file = tmp_path / "x" / "rank-0.exit"
+    proc = launch(exit_file, PY, "-c", f"import sys; sys.exit({code})")
+    assert proc.wait(timeout=10) == code
+    assert exit_file.read_text() == f"{code}\n"
+    assert [p.name for p in exit_file.parent.iterdir()] == ["rank-0.exit"]  # no temp left
+
+
+def test_runs_as_a_module_too(tmp_path: Path) -> None:
+    exit_file = tmp_path / "e"
+    cmd = [PY, "-m", "shared.adapters.worker_launcher", "--exit-file", str(exit_file), "--"]
+    done = subprocess.run([*cmd, PY, "-c", "print('hi')"], capture_output=True, timeout=10)
+    assert done.returncode == 0 and done.stdout == b"hi\n" and exit_file.read_text() == "0\n"
+
+
+def test_a_child_killed_by_a_signal_is_128_plus_n(tmp_path: Path) -> None:
+    exit_file = tmp_path / "e"
+    proc = launch(exit_file, PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert proc.wait(timeout=10) == 137
+    assert exit_file.read_text() == "137\n"
+    assert exit_code_of(-15) == 143 and exit_code_of(2) == 2
+
+
+def test_a_missing_command_is_127(tmp_path: Path) -> None:
+    exit_file = tmp_path / "e"
+    proc = launch(exit_file, "no-such-program-xyz")
+    assert proc.wait(timeout=10) == 127
+    assert exit_file.read_text() == "127\n"
+
+
+@pytest.mark.parametrize("new_session", [True, False])
+def test_sigterm_is_relayed_once_to_the_child_and_its_children(
+    tmp_path: Path, new_session: bool
+) -> None:
+    """Leading its group, the launcher relays to the whole group; else to its child."""
+    child = textwrap.dedent(
+        """
+        import signal, subprocess, sys, time
+        seen = []
+        signal.signal(signal.SIGTERM, lambda *a: seen.append(1))
+        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        print("ready", flush=True)
+        while not seen:
+            time.sleep(0.01)
+        time.sleep(0.3)  # a second, duplicate SIGTERM would arrive by now
+        gone = grandchild.poll() is not None or grandchild.wait(timeout=1) is not None
+        if not gone:
+            grandchild.kill()
+        print(f"sigterms={len(seen)} grandchild_got_it={gone}", flush=True)
+        sys.exit(75)
+        """
+    )
+    exit_file = tmp_path / "e"
+    proc = launch(exit_file, PY, "-c", child, new_session=new_session)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 75 and exit_file.read_text() == "75\n"
+    if new_session:
+        assert "sigterms=1 grandchild_got_it=True" in out
+    else:
+        assert "sigterms=1 grandchild_got_it=" in out
+
+
+def test_a_signal_during_start_up_is_not_lost(tmp_path: Path) -> None:
+    exit_file = tmp_path / "e"
+    proc = launch(exit_file, PY, "-c", "import time; time.sleep(60)")
+    time.sleep(0.05)  # probably before the child exists; never before the handler is set?
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=10)
+    # Either the launcher relayed it (child died of SIGTERM: 143) or the signal came so early
+    # that the interpreter had not started yet (the launcher itself died, no exit file).
+    assert code == 143 and exit_file.read_text() == "143\n" or code == -15
+
+
+def test_usage_errors() -> None:
+    done = subprocess.run([PY, str(LAUNCHER), "--exit-file", "x"], capture_output=True)
+    assert done.returncode == 2 and b"no command" in done.stderr

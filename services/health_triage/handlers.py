@@ -14,15 +14,22 @@ from shared.domain.events import (
     NodeHealthReported,
     NodeReturnedToService,
 )
-from shared.domain.health import Condition, ConditionStatus, ConditionType, HealthReport
+from shared.domain.health import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    HealthReport,
+    RepairAction,
+)
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.handling import Deps
 from shared.policies.repair import ready_to_return
-from shared.policies.triage import triage
+from shared.policies.triage import triage, unconfirmed_sightings
 from shared.ports import UnitOfWork
 
 SERVICE = "health_triage"
 SYNTHETIC_SOURCES = frozenset({"heartbeat-monitor"})
+MAX_HISTORY = 50
 # states in which a fresh diagnosis can still change what happens to the node
 ACTIONABLE = frozenset({NodeState.IDLE, NodeState.ALLOCATED, NodeState.SUSPECT,
                         NodeState.VERIFYING})
@@ -46,12 +53,17 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> Non
             return  # reordered: a newer report was already assessed
         node.last_report_at = report.observed_at
     now = deps.clock.now()
-    diagnosis = triage(report, node.history, now, deps.config.triage_table)
+    table = deps.config.triage_table
+    diagnosis = triage(report, node.history, now, table)
+    # first sightings of faults that act only when confirmed (slow, hot): remembered so the
+    # next report can confirm them; their action is NONE, so the repair ladder ignores them
+    node.history.extend(unconfirmed_sightings(report, node.history, now, table))
+    del node.history[:-MAX_HISTORY]
     node.last_diagnosis = diagnosis.failure_mode
     if diagnosis.healthy:
         _count_pass(node, report, uow, deps)
         return
-    if not diagnosis.action.takes_node_out and diagnosis.action.value == "none":
+    if diagnosis.action is RepairAction.NONE:
         return  # a warning or an unknown check: noted, nothing to do
     if node.state not in ACTIONABLE:
         return  # already being drained or repaired: the same fault must not act twice

@@ -8,6 +8,7 @@ the direct child and then waits for pipes that a grandchild may hold open foreve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -89,12 +90,8 @@ def run_command(argv: Sequence[str], timeout_s: float) -> CommandResult:
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     """SIGKILL the process group; give up waiting if it is stuck in the kernel (D state)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
+    # A process in uninterruptible sleep cannot be reaped now; do not hang the agent on it.
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.communicate(timeout=2.0)
-    except subprocess.TimeoutExpired:
-        # A process in uninterruptible sleep cannot be reaped now; do not hang the agent.
-        pass

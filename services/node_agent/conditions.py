@@ -1,6 +1,6 @@
 """Small constructors so every probe builds conditions the same way.
 
-``since`` is set to the observation time here; the agent's ``SinceTracker`` later keeps the
+``since`` defaults to the observation time; the agent's ``SinceTracker`` later keeps the
 earlier ``since`` while a condition's status stays the same (node-problem-detector semantics).
 """
 
@@ -11,14 +11,28 @@ from typing import Any
 
 from shared.domain.health import Condition, ConditionStatus
 
-
-def problem(ctype: str, now: float, reason: str, details: Mapping[str, Any] | None = None) -> Condition:
-    return Condition(ctype, ConditionStatus.TRUE, reason, now, dict(details or {}))
+Details = Mapping[str, Any] | None
 
 
-def healthy(ctype: str, now: float, reason: str, details: Mapping[str, Any] | None = None) -> Condition:
-    return Condition(ctype, ConditionStatus.FALSE, reason, now, dict(details or {}))
+def problem(
+    ctype: str, now: float, reason: str, details: Details = None, *, since: float | None = None
+) -> Condition:
+    return Condition(
+        ctype, ConditionStatus.TRUE, reason, now if since is None else since, dict(details or {})
+    )
 
 
-def unknown(ctype: str, now: float, reason: str, details: Mapping[str, Any] | None = None) -> Condition:
-    return Condition(ctype, ConditionStatus.UNKNOWN, reason, now, dict(details or {}))
+def healthy(
+    ctype: str, now: float, reason: str, details: Details = None, *, since: float | None = None
+) -> Condition:
+    return Condition(
+        ctype, ConditionStatus.FALSE, reason, now if since is None else since, dict(details or {})
+    )
+
+
+def unknown(
+    ctype: str, now: float, reason: str, details: Details = None, *, since: float | None = None
+) -> Condition:
+    return Condition(
+        ctype, ConditionStatus.UNKNOWN, reason, now if since is None else since, dict(details or {})
+    )

@@ -136,7 +136,9 @@ def diag_condition(result: DiagResult, level: int, now: float) -> Condition:
     return healthy(CTYPE, now, f"dcgmi diag -r {level} passed {result.tests_run} tests", details)
 
 
-def probe(runner: Runner, now: float, *, tool: str = "dcgmi", level: int = 1, timeout_s: float = 120.0) -> Condition:
+def probe(
+    runner: Runner, now: float, *, tool: str = "dcgmi", level: int = 1, timeout_s: float = 120.0
+) -> Condition:
     """Run the diagnostic. Timeout: failed (true). Missing tool or garbage: ProbeError."""
     try:
         result = runner([tool, "diag", "-r", str(level), "-j"], timeout_s)

@@ -199,7 +199,9 @@ def _ecc(readings: Sequence[GpuReading], now: float, limits: NvidiaSmiThresholds
         ],
     }
     if bad:
-        return problem(ctype, now, f"{volatile} uncorrectable ECC errors on {', '.join(bad)}", details)
+        return problem(
+            ctype, now, f"{volatile} uncorrectable ECC errors on {', '.join(bad)}", details
+        )
     return healthy(ctype, now, "no uncorrectable ECC errors since driver load", details)
 
 
@@ -210,11 +212,17 @@ def _remap(readings: Sequence[GpuReading], now: float) -> Condition:
         return unknown(ctype, now, "row remapping not reported (unsupported before Ampere)")
     failed = [r.gpu for r in reporting if r.remap_failure]
     pending = [r.gpu for r in reporting if r.remap_pending]
-    details = {"failure": bool(failed), "pending": bool(pending), "gpus": sorted({*failed, *pending})}
+    details = {
+        "failure": bool(failed),
+        "pending": bool(pending),
+        "gpus": sorted({*failed, *pending}),
+    }
     if failed:
         return problem(ctype, now, f"row remapping failed on {', '.join(failed)}", details)
     if pending:
-        return problem(ctype, now, f"row remap pending (reset needed) on {', '.join(pending)}", details)
+        return problem(
+            ctype, now, f"row remap pending (reset needed) on {', '.join(pending)}", details
+        )
     return healthy(ctype, now, "no row remap failure or pending remap", details)
 
 
@@ -236,7 +244,11 @@ def _thermal(readings: Sequence[GpuReading], now: float) -> Condition:
             reasons.add("temperature_over_slowdown_threshold")
         if r.active_throttle_reasons or over:
             hot.append(r.gpu)
-    details = {"temperature_c": max(temps) if temps else None, "reasons": sorted(reasons), "gpus": hot}
+    details = {
+        "temperature_c": max(temps) if temps else None,
+        "reasons": sorted(reasons),
+        "gpus": hot,
+    }
     if hot:
         return problem(ctype, now, f"thermal/hardware slowdown on {', '.join(hot)}", details)
     return healthy(ctype, now, "no thermal or hardware slowdown", details)

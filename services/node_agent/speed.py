@@ -33,7 +33,14 @@ def time_matmul(size: int = 512, repeats: int = 3, seed: int = 0) -> float:
     return best
 
 
-def speed_condition(elapsed_s: float, baseline_s: float | None, now: float, *, slow_ratio: float = 1.5, node_type: str = "") -> Condition:
+def speed_condition(
+    elapsed_s: float,
+    baseline_s: float | None,
+    now: float,
+    *,
+    slow_ratio: float = 1.5,
+    node_type: str = "",
+) -> Condition:
     """ratio_to_baseline = elapsed / baseline (2.0 means twice as slow)."""
     if baseline_s is None or baseline_s <= 0:
         label = f" for node type {node_type!r}" if node_type else ""

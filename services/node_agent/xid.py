@@ -20,9 +20,9 @@ from services.node_agent.commands import ProbeError, Runner
 from services.node_agent.conditions import healthy, problem
 from shared.domain.health import Condition, ConditionType
 
+_PCI = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-9A-Fa-f])?"
 _XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-9A-Fa-f])?)\):"
-    r"\s*(?P<code>\d+)\s*(?:,\s*(?P<rest>.*))?$"
+    rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\):\s*(?P<code>\d+)\s*(?:,\s*(?P<rest>.*))?$"
 )
 _PID_RE = re.compile(r"^pid=(?P<pid>\d+|'<unknown>'|<unknown>)\s*,\s*")
 _NAME_RE = re.compile(r"^name=(?P<name>.*?)(?:\s*,\s*|$)")

@@ -107,6 +107,7 @@ def cmd_job(args: argparse.Namespace, app: EmbeddedApp) -> None:
                 out = [job_view(j) for j in api.list_jobs(uow, args.cluster)]
             case "cancel":
                 out = job_view(api.cancel_job(args.job_id, uow, deps))
+    _crash_point()
     app.pump()
 
     def table() -> Table:
@@ -120,6 +121,13 @@ def cmd_job(args: argparse.Namespace, app: EmbeddedApp) -> None:
         return t
 
     _print(out, args.json, table)
+
+
+def _crash_point() -> None:
+    """Fault injection for tests: pause between commit and delivery, so a test can kill us."""
+    pause = os.environ.get("MTC_TEST_PAUSE_BEFORE_PUMP")
+    if pause:
+        time.sleep(float(pause))
 
 
 def cmd_node(args: argparse.Namespace, app: EmbeddedApp) -> None:

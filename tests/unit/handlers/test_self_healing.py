@@ -102,3 +102,47 @@ def test_stale_repair_result_is_ignored() -> None:
     plane.inject(NodeRepairCompleted(node_id=node, action="reboot", attempt=7, ok=True))
     plane.deliver()
     assert plane.node(node).state is NodeState.REPAIRING
+
+
+def test_slow_node_acts_only_when_confirmed() -> None:
+    from shared.domain.health import Condition, ConditionStatus, ConditionType
+
+    plane = ready_plane()
+    node = "c1-gpu-002"
+    slow = (Condition(ConditionType.SLOW_SPEED_CHECK.value, ConditionStatus.TRUE, "0.7x",
+                      plane.clock.now(), {"ratio_to_baseline": 0.7}).to_dict(),)
+    plane.report(node, slow)
+    plane.deliver()
+    assert plane.node(node).state is NodeState.IDLE  # one slow run could be noise
+    plane.clock.advance(60)
+    plane.report(node, slow)
+    plane.deliver()
+    assert plane.node(node).state is NodeState.REPAIRING
+    assert plane.compute.repairs == [(node, RepairAction.REBOOT, 1)]
+
+
+def test_blast_radius_guard_holds_the_second_node() -> None:
+    plane = ready_plane()  # 4 workers, 25%: one node may be out at a time
+    plane.report("c1-gpu-000", xid(79, plane.clock.now()))
+    plane.report("c1-gpu-001", xid(79, plane.clock.now()))
+    plane.deliver()
+    assert plane.node("c1-gpu-000").state is NodeState.REPAIRING
+    assert plane.node("c1-gpu-001").state is NodeState.SUSPECT
+    held = [e for e in plane.delivered if e.type == "mtc.node.repair_held.v1"]
+    assert [e.event.subject for e in held] == ["c1-gpu-001"]
+
+
+def test_unmapped_xid_restarts_the_job_but_keeps_the_node() -> None:
+    plane = ready_plane()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    node = plane.job("j1").node_ids[0]
+    plane.report(node, xid(999, plane.clock.now()))
+    plane.deliver()
+    assert plane.node(node).state is NodeState.ALLOCATED
+    assert plane.compute.signalled == [("j1", 1)]
+    diagnosed = [e for e in plane.delivered if e.type == "mtc.node.diagnosed.v1"]
+    assert diagnosed[-1].event.unmapped_xids == (999,)
+    plane.exit_workers("j1", 1, 75)
+    job = plane.job("j1")
+    assert job.state is JobState.RUNNING and job.restart_count == 1 and node in job.node_ids

@@ -61,7 +61,7 @@ def py(code: str) -> tuple[str, ...]:
 
 
 def exits(recorder: Recorder) -> list[JobWorkersExited]:
-    return recorder.of(JobWorkersExited)
+    return [e for e in recorder.events if isinstance(e, JobWorkersExited)]
 
 
 def wait_for_log(compute: LocalCompute, job_id: str, attempt: int, text: str) -> None:
@@ -77,9 +77,7 @@ def test_workers_get_the_managed_environment(
 ) -> None:
     compute = make_compute()
     dump = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {MANAGED!r}}}))"
-    workers = specs(
-        tmp_path, py(dump), world_size=2, env=(("USER_VAR", "x"), ("RANK", "99"))
-    )
+    workers = specs(tmp_path, py(dump), world_size=2, env=(("USER_VAR", "x"), ("RANK", "99")))
     compute.start_workers(workers)
     poll_until(compute, lambda: bool(exits(recorder)))
     port = master_port("job-1", 1)
@@ -263,8 +261,8 @@ def test_another_process_sees_workers_this_one_started(
     )
     subprocess.run([PY, "-c", starter], cwd=REPO, check=True, timeout=30)
     compute = make_compute()
-    (first, second) = compute.workers("bg")
-    assert second.exit_code is None
+    first, second = compute.workers("bg")
+    assert (first.rank, second.rank, second.exit_code) == (0, 1, None)
     os.killpg(second.pid, signal.SIGKILL)  # dies without an exit file: counts as killed
     poll_until(compute, lambda: bool(exits(recorder)))
     assert exits(recorder) == [JobWorkersExited("bg", 1, 137, "exit codes rank 0: 0, rank 1: 137")]

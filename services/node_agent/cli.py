@@ -1,0 +1,190 @@
+"""``mtc-agent``: run the node agent once, periodically, or as Slurm's HealthCheckProgram.
+
+    mtc-agent --once [--publish-url URL]         print (and publish) one report
+    mtc-agent --interval 30 --publish-url URL    report every 30 s until killed
+    mtc-agent --slurm-healthcheck [--drain-on-fault]
+        one check for the node in $SLURMD_NODENAME; with --drain-on-fault a node with any
+        problem condition drains itself through scontrol (the "plain drain" baseline the
+        control plane is compared against). Always exits 0: a non-zero exit would only make
+        slurmd log noise, and an unknown check must not drain a node.
+
+Console script entry point: ``services.node_agent.cli:main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TextIO
+
+from services.node_agent.agent import AgentState, collect
+from services.node_agent.commands import Runner, run_command
+from services.node_agent.config import ALL_PROBES, AgentConfig
+from services.node_agent.publish import Publish, http_publisher, report_data, report_to_cloudevent
+from shared.adapters.slurm_cli import SlurmCli
+from shared.domain.errors import ValidationError
+from shared.domain.health import ConditionStatus, HealthReport
+
+log = logging.getLogger("mtc.node_agent")
+
+
+class Drainer(Protocol):
+    def drain(self, node: str, reason: str) -> None: ...
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mtc-agent", description="mtc node health agent")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--once", action="store_true", help="collect one report and print it")
+    mode.add_argument("--interval", type=float, metavar="S", help="collect every S seconds")
+    mode.add_argument(
+        "--slurm-healthcheck",
+        action="store_true",
+        help="run once as Slurm's HealthCheckProgram for $SLURMD_NODENAME",
+    )
+    parser.add_argument("--config", metavar="FILE", help="JSON file with AgentConfig fields")
+    parser.add_argument("--node-id", help="node id (default: config, $SLURMD_NODENAME, hostname)")
+    parser.add_argument("--node-type", help="node type, selects the speed baseline")
+    parser.add_argument("--xid-source", help="'dmesg' or a kernel log file")
+    parser.add_argument("--xid-cursor", help="file that persists the XID cursor")
+    parser.add_argument("--mount", action="append", help="mount to check (repeatable)")
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="PROBE",
+        help=f"probe(s) to skip, comma separated: {','.join(ALL_PROBES)}",
+    )
+    parser.add_argument("--publish-url", help="POST each report there as a binary CloudEvent")
+    parser.add_argument(
+        "--drain-on-fault",
+        action="store_true",
+        help="with --slurm-healthcheck: drain the node when a condition is true",
+    )
+    parser.add_argument("--slurm-conf", help="SLURM_CONF for the drain command")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser
+
+
+def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentConfig:
+    skip = {p.strip() for chunk in args.skip for p in chunk.split(",") if p.strip()}
+    overrides: dict[str, Any] = {
+        "node_type": args.node_type,
+        "xid_source": args.xid_source,
+        "xid_cursor_path": args.xid_cursor,
+        "mounts": tuple(args.mount) if args.mount else None,
+    }
+    node_id = args.node_id
+    if args.slurm_healthcheck:
+        node_id = node_id or environ.get("SLURMD_NODENAME")
+        if not node_id:
+            raise ValidationError("SLURMD_NODENAME", "is not set (not run by slurmd?)")
+    overrides["node_id"] = node_id
+    if args.config:
+        config = AgentConfig.load(args.config, **overrides)
+    else:
+        overrides["node_id"] = node_id or os.uname().nodename
+        config = AgentConfig(**{k: v for k, v in overrides.items() if v is not None})
+    unknown = skip - set(ALL_PROBES)
+    if unknown:
+        raise ValidationError("--skip", f"unknown probes {sorted(unknown)}")
+    if skip:
+        config = config.with_overrides(probes=tuple(p for p in config.probes if p not in skip))
+    return config
+
+
+def faults(report: HealthReport) -> list[str]:
+    """Short text per problem condition, for a Slurm drain reason."""
+    return [
+        f"{c.type}: {c.reason}" for c in report.conditions if c.status is ConditionStatus.TRUE
+    ]
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    publish_factory: Callable[[str], Publish] = http_publisher,
+    drainer_factory: Callable[[str | None], Drainer] | None = None,
+    runner: Runner = run_command,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    environ: Mapping[str, str] | None = None,
+    stdout: TextIO | None = None,
+    max_iterations: int | None = None,
+) -> int:
+    """Entry point; every collaborator with I/O is injectable so tests need no network/Slurm."""
+    args = build_parser().parse_args(argv)
+    env = os.environ if environ is None else environ
+    out = stdout or sys.stdout
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = load_config(args, env)
+    except (ValidationError, OSError, ValueError, TypeError) as exc:
+        log.error("bad configuration: %s", exc)
+        return 0 if args.slurm_healthcheck else 2
+    publish = publish_factory(args.publish_url) if args.publish_url else None
+    state = AgentState()
+
+    def once() -> HealthReport:
+        report = collect(config, clock(), runner=runner, state=state)
+        out.write(json.dumps(report_data(report), sort_keys=True) + "\n")
+        out.flush()
+        if publish is not None:
+            try:
+                publish(report_to_cloudevent(report))
+            except Exception as exc:  # the next report supersedes this one: log, carry on
+                log.warning("publishing to %s failed: %s", args.publish_url, exc)
+        return report
+
+    if args.once:
+        once()
+        return 0
+    if args.slurm_healthcheck:
+        return _healthcheck(once, config, args, drainer_factory)
+    iterations = 0
+    while max_iterations is None or iterations < max_iterations:
+        started = clock()
+        try:
+            once()
+        except Exception:  # keep the agent alive: a dead agent reads as a lost heartbeat
+            log.exception("collection failed")
+        iterations += 1
+        if max_iterations is None or iterations < max_iterations:
+            sleep(max(0.0, args.interval - (clock() - started)))
+    return 0
+
+
+def _healthcheck(
+    once: Callable[[], HealthReport],
+    config: AgentConfig,
+    args: argparse.Namespace,
+    drainer_factory: Callable[[str | None], Drainer] | None,
+) -> int:
+    try:
+        report = once()
+        found = faults(report)
+        if found and args.drain_on_fault:
+            reason = ("mtc-agent " + "; ".join(found))[:250]
+            factory = drainer_factory or _default_drainer
+            factory(args.slurm_conf).drain(config.node_id, reason)
+            log.warning("drained %s: %s", config.node_id, reason)
+    except Exception:
+        log.exception("slurm health check failed")
+    return 0
+
+
+def _default_drainer(slurm_conf: str | None) -> Drainer:
+    return SlurmCli(timeout_s=15.0, slurm_conf=slurm_conf)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""The event registry and payload validation: bad events are permanent errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.domain.errors import PermanentError, ValidationError
+from shared.domain.events import REGISTRY, NodeDiagnosed, NodeHealthReported, event_class
+
+
+def test_every_type_is_versioned_and_named_after_its_entity() -> None:
+    for type_, cls in REGISTRY.items():
+        parts = type_.split(".")
+        assert parts[0] == "mtc" and parts[-1] == "v1" and len(parts) == 4, type_
+        assert cls.TYPE == type_
+
+
+def test_round_trip_and_unknown_fields_are_ignored() -> None:
+    event = NodeDiagnosed(node_id="n", observed_at=1.0, failure_mode="m", severity="critical",
+                          action="reboot", reasons=("a",), unmapped_xids=(999,))
+    data = {**event.to_dict(), "added_in_a_later_minor": 1}
+    assert NodeDiagnosed.from_dict(data) == event
+
+
+@pytest.mark.parametrize(("data", "field"), [
+    ({"observed_at": 1.0, "conditions": []}, "data.node_id"),
+    ({"node_id": "n", "observed_at": "yesterday", "conditions": []}, "data.observed_at"),
+    ({"node_id": "n", "observed_at": 1.0, "conditions": {}}, "data.conditions"),
+    ({"node_id": "n", "observed_at": 1.0, "conditions": [3]}, "data.conditions[0]"),
+    ({"node_id": 5, "observed_at": 1.0, "conditions": []}, "data.node_id"),
+])
+def test_bad_payloads_name_the_field(data: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        NodeHealthReported.from_dict(data)
+    assert err.value.path == field
+    assert isinstance(err.value, PermanentError)
+
+
+def test_unknown_type_is_a_permanent_error() -> None:
+    with pytest.raises(ValidationError, match="unknown event type"):
+        event_class("mtc.node.exploded.v1")

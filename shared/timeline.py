@@ -24,9 +24,10 @@ def _problems(conditions: list[dict[str, Any]]) -> list[str]:
 def is_routine(doc: dict[str, Any]) -> bool:
     """A healthy heartbeat from an agent: true of almost every event on a healthy fleet."""
     if doc["type"] != "mtc.node.health_reported.v1":
-        return doc["type"] == "mtc.fleet.ticked.v1"
+        return bool(doc["type"] == "mtc.fleet.ticked.v1")
     data = doc["data"]
-    return data.get("source") in QUIET_SOURCES and not _problems(data.get("conditions", []))
+    quiet = data.get("source") in QUIET_SOURCES
+    return bool(quiet and not _problems(data.get("conditions", [])))
 
 
 def describe(doc: dict[str, Any]) -> str:

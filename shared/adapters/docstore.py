@@ -40,6 +40,9 @@ class DocStore(Protocol):
         ...
     def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
     def remove(self, collection: str, doc_id: str) -> None: ...
+    def oldest(self, collection: str, limit: int) -> list[dict[str, Any]]:
+        """The ``limit`` documents with the smallest (time, seq): the outbox's next batch."""
+        ...
 
 
 T = TypeVar("T")
@@ -260,8 +263,7 @@ class DocOutbox:
         self._store = store
 
     def pending(self, limit: int = 100) -> list[Envelope]:
-        docs = sorted(self._store.read(OUTBOX, {}), key=lambda d: (d["time"], d.get("seq", 0)))
-        return [envelope_from_doc(d) for d in docs[:limit]]
+        return [envelope_from_doc(d) for d in self._store.oldest(OUTBOX, limit)]
 
     def mark_published(self, ids: list[str]) -> None:
         for event_id in ids:

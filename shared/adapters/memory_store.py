@@ -7,6 +7,7 @@ nothing behind, as in the real stores.
 from __future__ import annotations
 
 import copy
+import heapq
 import threading
 from collections import defaultdict
 from typing import Any
@@ -81,6 +82,12 @@ class MemoryDocStore:
     def remove(self, collection: str, doc_id: str) -> None:
         with self.lock:
             self.data[collection].pop(doc_id, None)
+
+    def oldest(self, collection: str, limit: int) -> list[dict[str, Any]]:
+        with self.lock:
+            docs = heapq.nsmallest(limit, self.data[collection].values(),
+                                   key=lambda d: (d["time"], d.get("seq", 0)))
+            return [copy.deepcopy(d) for d in docs]
 
     def snapshot(self) -> dict[str, dict[str, dict[str, Any]]]:
         """A deep copy of everything except bookkeeping, for convergence tests."""

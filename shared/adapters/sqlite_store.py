@@ -19,6 +19,8 @@ CREATE TABLE IF NOT EXISTS docs (
     data TEXT NOT NULL,
     PRIMARY KEY (collection, id)
 );
+CREATE INDEX IF NOT EXISTS docs_by_time
+    ON docs (collection, json_extract(data, '$.time'), json_extract(data, '$.seq'));
 """
 
 
@@ -55,7 +57,7 @@ class SqliteTransaction:
         row = self._conn.execute(
             "SELECT data FROM docs WHERE collection=? AND id=?", (collection, doc_id)
         ).fetchone()
-        return None if row is None else json.loads(row[0])  # type: ignore[no-any-return]
+        return None if row is None else json.loads(row[0])
 
     def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
         where, params = _where(equals)
@@ -125,6 +127,14 @@ class SqliteDocStore:
         with self._lock:
             self._conn.execute("DELETE FROM docs WHERE collection=? AND id=?",
                                (collection, doc_id))
+
+    def oldest(self, collection: str, limit: int) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT data FROM docs WHERE collection=? ORDER BY json_extract(data, '$.time'),"
+                " json_extract(data, '$.seq') LIMIT ?", (collection, limit),
+            ).fetchall()
+        return [json.loads(r[0]) for r in rows]
 
     def close(self) -> None:
         self._conn.close()

@@ -8,6 +8,7 @@ half-way leaves its events in the outbox; the next command delivers them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -218,10 +219,8 @@ def cmd_events(args: argparse.Namespace, app: EmbeddedApp) -> None:
 def cmd_controller(args: argparse.Namespace, app: EmbeddedApp) -> None:
     """Keep the embedded control plane moving: pump, poll the machines, tick."""
     console.print(f"controller on {app.state_dir}; Ctrl-C to stop")
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         app.run(lambda: False, timeout_s=args.duration or float("inf"))
-    except KeyboardInterrupt:
-        pass
 
 
 def cmd_demo(args: argparse.Namespace, app: EmbeddedApp) -> None:
@@ -328,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _demo_options() -> dict[str, Any]:
-    from shared.cli.demo import demo_config, demo_compute_options
+    from shared.cli.demo import demo_compute_options, demo_config
 
     return {"config": demo_config(), "compute_options": demo_compute_options()}
 

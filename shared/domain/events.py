@@ -41,7 +41,7 @@ class Event:
         if not isinstance(data, Mapping):
             raise ValidationError("data", f"must be an object, got {type(data).__name__}")
         kwargs: dict[str, Any] = {}
-        for name, (kind, required) in _field_kinds(cls).items():
+        for name, (kind, required) in _field_kinds(cls).items():  # type: ignore[arg-type]
             if name not in data or data[name] is None:
                 if required:
                     raise ValidationError(f"data.{name}", "is required")

@@ -233,7 +233,7 @@ class ClusterSpec:
             if pid not in owner:
                 raise ValidationError(f"nodePools[{i}].id", f"node pool {pid!r} is in no partition")
         assert cluster_id is not None and login_type is not None
-        return cls(cluster_id, display_name, login_type, pools, partitions)
+        return cls(cluster_id, display_name or cluster_id, login_type, pools, partitions)
 
     def partition_of(self, pool_id: str) -> str:
         return next(p.name for p in self.partitions if pool_id in p.node_pool_ids)

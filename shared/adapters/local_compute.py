@@ -521,15 +521,17 @@ class LocalCompute:
                 continue
             if node["deleted"]:
                 continue
-            faults = db.execute(
-                "SELECT id, condition, needs FROM faults WHERE node_id = ?", (node_id,)
-            ).fetchall()
-            fixed = [f for f in faults if clears(action, RA(f["needs"]))]
-            remaining_types = {json.loads(f["condition"])["type"] for f in faults if f not in fixed}
+            faults = [
+                (f["id"], json.loads(f["condition"])["type"], clears(action, RA(f["needs"])))
+                for f in db.execute(
+                    "SELECT id, condition, needs FROM faults WHERE node_id = ?", (node_id,)
+                )
+            ]
+            fixed = [(fid, ctype) for fid, ctype, fixes in faults if fixes]
+            remaining_types = {ctype for _, ctype, fixes in faults if not fixes}
             cleared = json.loads(node["cleared"])
-            for f in fixed:
-                db.execute("DELETE FROM faults WHERE id = ?", (f["id"],))
-                ctype = json.loads(f["condition"])["type"]
+            for fid, ctype in fixed:
+                db.execute("DELETE FROM faults WHERE id = ?", (fid,))
                 if ctype not in remaining_types:
                     cleared[ctype] = [now, f"cleared by {action.value}"]
             db.execute(
@@ -895,5 +897,5 @@ def _signal_rank(worker: sqlite3.Row, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if sig == signal.SIGTERM and _launcher_alive(pid, worker["start_ticks"]):
             os.kill(pid, sig)
-        elif _launcher_alive(pid, worker["start_ticks"]) or _group_alive(pid):
+        elif _rank_running(worker):
             os.killpg(pid, sig)

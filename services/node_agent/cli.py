@@ -100,9 +100,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentCo
 
 def faults(report: HealthReport) -> list[str]:
     """Short text per problem condition, for a Slurm drain reason."""
-    return [
-        f"{c.type}: {c.reason}" for c in report.conditions if c.status is ConditionStatus.TRUE
-    ]
+    return [f"{c.type}: {c.reason}" for c in report.conditions if c.status is ConditionStatus.TRUE]
 
 
 def main(

@@ -47,9 +47,7 @@ class AgentConfig:
         for name in ("command_timeout_s", "dcgm_timeout_s", "speed_slow_ratio"):
             if getattr(self, name) <= 0:
                 raise ValidationError(name, "must be positive")
-        object.__setattr__(
-            self, "speed_baselines_s", types.MappingProxyType(dict(self.speed_baselines_s))
-        )
+        object.__setattr__(self, "speed_baselines_s", types.MappingProxyType(dict(self.speed_baselines_s)))
 
     @property
     def speed_baseline_s(self) -> float | None:

@@ -194,14 +194,10 @@ def _ecc(readings: Sequence[GpuReading], now: float, limits: NvidiaSmiThresholds
         "aggregate_dbe": aggregate,
         "volatile_sbe": sum(r.volatile_sbe or 0 for r in reporting),
         "gpus": bad,
-        "unreported_gpus": [
-            r.gpu for r in readings if r.volatile_dbe is None and r.aggregate_dbe is None
-        ],
+        "unreported_gpus": [r.gpu for r in readings if r.volatile_dbe is None and r.aggregate_dbe is None],
     }
     if bad:
-        return problem(
-            ctype, now, f"{volatile} uncorrectable ECC errors on {', '.join(bad)}", details
-        )
+        return problem(ctype, now, f"{volatile} uncorrectable ECC errors on {', '.join(bad)}", details)
     return healthy(ctype, now, "no uncorrectable ECC errors since driver load", details)
 
 
@@ -220,9 +216,7 @@ def _remap(readings: Sequence[GpuReading], now: float) -> Condition:
     if failed:
         return problem(ctype, now, f"row remapping failed on {', '.join(failed)}", details)
     if pending:
-        return problem(
-            ctype, now, f"row remap pending (reset needed) on {', '.join(pending)}", details
-        )
+        return problem(ctype, now, f"row remap pending (reset needed) on {', '.join(pending)}", details)
     return healthy(ctype, now, "no row remap failure or pending remap", details)
 
 

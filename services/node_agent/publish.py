@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import requests
-from cloudevents.http import CloudEvent, to_binary
+from cloudevents.conversion import to_binary
+from cloudevents.http import CloudEvent
 
 from shared.domain.health import HealthReport
 
@@ -49,9 +50,7 @@ def report_to_cloudevent(report: HealthReport, *, event_id: str | None = None) -
     return CloudEvent(attributes, report_data(report))
 
 
-def http_publisher(
-    url: str, *, timeout_s: float = 10.0, session: requests.Session | None = None
-) -> Publish:
+def http_publisher(url: str, *, timeout_s: float = 10.0, session: requests.Session | None = None) -> Publish:
     """POST each event in binary mode; raises on a non-2xx answer so the caller can log it."""
     http = session or requests.Session()
 

@@ -67,6 +67,8 @@ def probe(
     timer: Callable[[int], float] | None = None,
 ) -> Condition:
     if baseline_s is None or baseline_s <= 0:
-        return speed_condition(0.0, None, now, node_type=node_type)  # do not burn CPU for nothing
+        # Nothing to compare against: do not burn CPU on a measurement nobody can judge.
+        label = f" for node type {node_type!r}" if node_type else ""
+        return unknown(CTYPE, now, f"no speed baseline{label}")
     elapsed = (timer or time_matmul)(size)
     return speed_condition(elapsed, baseline_s, now, slow_ratio=slow_ratio, node_type=node_type)

@@ -21,9 +21,7 @@ from services.node_agent.conditions import healthy, problem
 from shared.domain.health import Condition, ConditionType
 
 _PCI = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-9A-Fa-f])?"
-_XID_RE = re.compile(
-    rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\):\s*(?P<code>\d+)\s*(?:,\s*(?P<rest>.*))?$"
-)
+_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\):\s*(?P<code>\d+)\s*(?:,\s*(?P<rest>.*))?$")
 _PID_RE = re.compile(r"^pid=(?P<pid>\d+|'<unknown>'|<unknown>)\s*,\s*")
 _NAME_RE = re.compile(r"^name=(?P<name>.*?)(?:\s*,\s*|$)")
 _RECOVERY_RE = re.compile(
@@ -64,7 +62,8 @@ def parse_xid_line(line: str) -> XidEvent | None:
         rest = rest[pid_match.end() :]
         name_match = _NAME_RE.match(rest)
         if name_match:
-            name = name_match.group("name").strip() or None
+            name = name_match.group("name").strip().strip("'")
+            name = None if name in ("", "<unknown>") else name
             rest = rest[name_match.end() :]
     recovery = _RECOVERY_RE.search(rest)
     return XidEvent(

@@ -202,9 +202,7 @@ def _check_json_errors(doc: Mapping[str, Any], argv: Sequence[str], raw: str) ->
     for err in errors:
         if isinstance(err, Mapping):
             texts.append(
-                " ".join(
-                    str(err.get(k, "")) for k in ("source", "description", "error") if err.get(k)
-                )
+                " ".join(str(err.get(k, "")) for k in ("source", "description", "error") if err.get(k))
             )
         else:
             texts.append(str(err))
@@ -233,9 +231,7 @@ def parse_nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
                 state=state,
                 state_flags=flags,
                 reason=str(item.get("reason") or ""),
-                partitions=tuple(str(p) for p in partitions)
-                if isinstance(partitions, list)
-                else (),
+                partitions=tuple(str(p) for p in partitions) if isinstance(partitions, list) else (),
             )
         )
     return nodes
@@ -284,9 +280,7 @@ Runner = Callable[[Sequence[str], float, Mapping[str, str] | None], CommandOutpu
 def subprocess_runner(slurm_conf: str | None = None) -> Runner:
     """The default runner: subprocess.run with a timeout; SLURM_CONF pinned if given."""
 
-    def run(
-        argv: Sequence[str], timeout_s: float, extra_env: Mapping[str, str] | None
-    ) -> CommandOutput:
+    def run(argv: Sequence[str], timeout_s: float, extra_env: Mapping[str, str] | None) -> CommandOutput:
         env = dict(os.environ)
         if slurm_conf:
             env["SLURM_CONF"] = slurm_conf
@@ -378,6 +372,10 @@ class SlurmCli:
             argv.append("--full")
         self._check([*argv, str(int(job_id))])
 
+    def cancel(self, job_id: int) -> None:
+        """Cancel the job outright (no requeue)."""
+        self._check(["scancel", str(int(job_id))])
+
     def submit(
         self,
         script_path: str,
@@ -424,9 +422,7 @@ class SlurmCli:
         try:
             return self._run(argv, self.timeout_s, env)
         except subprocess.TimeoutExpired as exc:
-            raise SlurmTransientError(
-                f"{argv[0]} timed out after {self.timeout_s:g}s", argv=argv
-            ) from exc
+            raise SlurmTransientError(f"{argv[0]} timed out after {self.timeout_s:g}s", argv=argv) from exc
         except FileNotFoundError as exc:
             raise SlurmPermanentError(
                 f"{argv[0]} not found on PATH (is slurm-client installed?)", argv=argv
@@ -438,12 +434,8 @@ class SlurmCli:
         result = self._invoke(argv, env)
         if result.returncode != 0:
             text = " ".join(s for s in (result.stderr.strip(), result.stdout.strip()) if s)
-            message = (
-                f"{' '.join(argv[:2])} failed ({result.returncode}): {text[-500:] or 'no output'}"
-            )
-            raise classify(text)(
-                message, argv=argv, returncode=result.returncode, output=text[-2000:]
-            )
+            message = f"{' '.join(argv[:2])} failed ({result.returncode}): {text[-500:] or 'no output'}"
+            raise classify(text)(message, argv=argv, returncode=result.returncode, output=text[-2000:])
         return result.stdout
 
     def _json(self, argv: Sequence[str]) -> Mapping[str, Any]:

@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""`make stack`: the self-healing story through the Google Cloud stack, run locally for real.
+
+    .venv/bin/python scripts/stack.py [--state-dir var/stack] [--steps 120] [--keep]
+
+Starts the Pub/Sub and Firestore emulators (scripts/emulators.sh), every function under
+functions-framework as its own HTTP server (five CloudEvent services, the job_submission
+HTTP API, the provisioning steps), creates the topics and one push subscription per
+(service, family) with a dead-letter policy, and runs the same scenario as `make demo`:
+a cluster comes up, the example training job runs on two nodes, an XID 79 hits one of them,
+and the node is drained, the job checkpoints on SIGTERM, is requeued on the spare, resumes,
+the node is rebooted, passes its checks and returns to service, and the job succeeds.
+Every event is read off Pub/Sub (a tap subscription per topic) and printed as it flows.
+
+The machines are LocalCompute (simulated nodes, real subprocess workers): the functions
+call it, and a "machines" loop here polls it and publishes what happened to Pub/Sub. A
+tick (POST /tick on the steps function, as Cloud Scheduler would) runs every few seconds.
+
+Everything started here is stopped by PID on exit, on Ctrl-C and on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import requests  # noqa: E402
+
+from shared.adapters import pubsub as ps  # noqa: E402
+from shared.adapters.docstore import DocEventLog, DocUnitOfWork, envelope_to_doc  # noqa: E402
+from shared.adapters.firestore_store import FirestoreDocStore  # noqa: E402
+from shared.codec import from_pubsub_message  # noqa: E402
+from shared.domain.events import Envelope  # noqa: E402
+from shared.routing import SERVICES  # noqa: E402
+
+PROJECT = "mtc-local"
+EMULATORS = ROOT / "scripts" / "emulators.sh"
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    source: str
+    target: str
+    signature: str
+
+
+FUNCTIONS = [
+    *(Function(s, f"services/{s}/main.py", "handle", "cloudevent") for s in SERVICES),
+    Function("api", "services/job_submission/main.py", "api", "http"),
+    Function("steps", "services/provisioning/steps_main.py", "steps", "http"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], name: str, timeout_s: float = 90
+              ) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"function {name} exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"function {name} did not listen on {port} within {timeout_s} s")
+
+
+@dataclass
+class Stack:
+    """Emulators, functions, topology, tap and machines; ``stop`` undoes all of it."""
+
+    state_dir: Path
+    project: str = PROJECT
+    agent_interval_s: float = 1.0
+    grace_period_s: float = 10.0
+    heartbeat_timeout_s: float = 30.0
+    tick_s: float = 5.0
+    delivery: ps.DeliverySettings = field(default_factory=lambda: ps.DeliverySettings(
+        ack_deadline_s=60, max_delivery_attempts=5, min_backoff_s=0.5, max_backoff_s=10))
+    log: Callable[[str], None] = print
+    env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    urls: dict[str, str] = field(default_factory=dict)
+    started_emulators: bool = False
+    store: FirestoreDocStore | None = None
+    publisher: ps.PubSubPublisher | None = None
+    compute: Any = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _pulls: list[Any] = field(default_factory=list)
+
+    # ------------------------------------------------------------ start
+    def start(self, on_event: Callable[[Envelope], None] | None = None) -> None:
+        if self.state_dir.exists():
+            shutil.rmtree(self.state_dir)
+        (self.state_dir / "logs").mkdir(parents=True)
+        self._start_emulators()
+        self._start_functions()
+        self.store = FirestoreDocStore.connect(self.project)
+        self.publisher = ps.PubSubPublisher(self.project)
+        endpoints = {f.name: self.urls[f.name] + "/" for f in FUNCTIONS if f.name in SERVICES}
+        plans = ps.ensure_topology(self.project, endpoints, settings=self.delivery)
+        self.log(f"pubsub: {len(ps.topics())} topics + {ps.dead_letter_topic_id()}, "
+                 f"{len(plans)} push subscriptions (ack {self.delivery.ack_deadline_s} s, "
+                 f"dead letter after {self.delivery.max_delivery_attempts} attempts)")
+        if on_event is not None:
+            self._start_tap(on_event)
+        self._start_machines()
+
+    def _start_emulators(self) -> None:
+        env = {**os.environ, "MTC_EMULATORS_DIR": str(self.state_dir / "emulators"),
+               "GOOGLE_CLOUD_PROJECT": self.project}
+        proc = subprocess.run([str(EMULATORS), "start"], env=env, capture_output=True,
+                              text=True, timeout=180)
+        if proc.returncode != 0:
+            raise SystemExit(f"stack: emulators did not start:\n{proc.stderr.strip()}")
+        self.started_emulators = True
+        self.log(proc.stdout.strip().splitlines()[0])
+        for line in (self.state_dir / "emulators" / "emulators.env").read_text().splitlines():
+            key, _, value = line.removeprefix("export ").partition("=")
+            self.env[key] = value
+        os.environ.update(self.env)
+
+    def _function_env(self, fn: Function) -> dict[str, str]:
+        return {
+            **os.environ, **self.env,
+            "MTC_BACKEND": "gcp",
+            "MTC_COMPUTE": "local",
+            "MTC_STATE_DIR": str(self.state_dir),
+            "MTC_AGENT_INTERVAL_S": str(self.agent_interval_s),
+            "MTC_GRACE_PERIOD_S": str(self.grace_period_s),
+            "MTC_HEARTBEAT_TIMEOUT_S": str(self.heartbeat_timeout_s),
+            "K_SERVICE": ps.function_name(fn.name),
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "WORKERS": "1",
+            "THREADS": "8",
+        }
+
+    def _start_functions(self) -> None:
+        ports = {}
+        for fn in FUNCTIONS:
+            port = free_port()
+            log = open(self.state_dir / "logs" / f"{fn.name}.log", "wb")  # noqa: SIM115
+            cmd = [sys.executable, "-m", "functions_framework", "--target", fn.target,
+                   "--source", str(ROOT / fn.source), "--signature-type", fn.signature,
+                   "--host", "127.0.0.1", "--port", str(port)]
+            self.procs[fn.name] = subprocess.Popen(
+                cmd, cwd=ROOT, env=self._function_env(fn), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+            log.close()
+            ports[fn.name] = port
+            self.urls[fn.name] = f"http://127.0.0.1:{port}"
+        for fn in FUNCTIONS:
+            wait_port(ports[fn.name], self.procs[fn.name], fn.name)
+        self.log("functions: " + ", ".join(
+            f"{fn.name}={self.urls[fn.name]} (pid {self.procs[fn.name].pid})" for fn in FUNCTIONS))
+
+    def _start_tap(self, on_event: Callable[[Envelope], None]) -> None:
+        sub = ps.subscriber_client()
+        for path in ps.tap(self.project, "stack", subscriber=sub):
+            def callback(message: Any) -> None:
+                message.ack()
+                try:
+                    env = from_pubsub_message({"attributes": dict(message.attributes),
+                                               "data": message.data})
+                except Exception:  # noqa: BLE001 - a malformed message is not ours to judge
+                    return
+                on_event(env)
+            self._pulls.append(sub.subscribe(path, callback=callback))
+
+    def _start_machines(self) -> None:
+        from shared.adapters.local_compute import LocalCompute
+        from shared.bootstrap import SystemClock
+        from shared.cli.demo import REPAIR_DURATIONS_S
+
+        assert self.publisher is not None
+        publisher = self.publisher
+        clock = SystemClock()
+
+        def emit(event: Any) -> None:
+            from shared.adapters.docstore import make_envelope
+
+            publisher.publish(make_envelope(event, "//mtc/compute/local", clock.now()))
+
+        self.compute = LocalCompute(self.state_dir / "compute", emit, clock,
+                                    repair_durations_s=REPAIR_DURATIONS_S,
+                                    agent_interval_s=self.agent_interval_s)
+        self._threads.append(threading.Thread(target=self._machines, name="machines",
+                                              daemon=True))
+        self._threads.append(threading.Thread(target=self._ticks, name="ticks", daemon=True))
+        for t in self._threads:
+            t.start()
+
+    def _machines(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                self.compute.poll()
+            except Exception as exc:  # noqa: BLE001 - keep the machines running
+                self.log(f"machines: poll failed: {exc}")
+
+    def _ticks(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            with contextlib.suppress(requests.RequestException):
+                requests.post(self.urls["steps"] + "/tick", json={}, timeout=30)
+
+    # ------------------------------------------------------------ use
+    def uow(self) -> DocUnitOfWork:
+        assert self.store is not None
+        return DocUnitOfWork(self.store)
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        resp = requests.request(method, self.urls["api"] + path, json=body, timeout=60)
+        if resp.status_code >= 400:
+            raise RuntimeError(f"{method} {path}: {resp.status_code} {resp.text}")
+        return resp.json()
+
+    # ------------------------------------------------------------ stop
+    def stop(self) -> None:
+        self._stop.set()
+        for pull in self._pulls:
+            with contextlib.suppress(Exception):
+                pull.cancel()
+        for t in self._threads:
+            t.join(timeout=10)
+        if self.compute is not None:
+            with contextlib.suppress(Exception):
+                self.compute.kill_all()
+            with contextlib.suppress(Exception):
+                self.compute.close()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for name, proc in self.procs.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.log(f"stack: {name} (pid {proc.pid}) ignored SIGTERM; killing it")
+                proc.kill()
+                proc.wait(timeout=5)
+        if self.procs:
+            self.log("stack: stopped functions " + ", ".join(
+                f"{n} (pid {p.pid})" for n, p in self.procs.items()))
+        self.procs.clear()
+        if self.started_emulators:
+            env = {**os.environ, "MTC_EMULATORS_DIR": str(self.state_dir / "emulators")}
+            proc = subprocess.run([str(EMULATORS), "stop"], env=env, capture_output=True,
+                                  text=True, timeout=60)
+            for line in proc.stdout.strip().splitlines():
+                self.log(f"stack: {line}")
+            self.started_emulators = False
+
+
+@contextlib.contextmanager
+def running(stack: Stack, on_event: Callable[[Envelope], None] | None = None
+            ) -> Iterator[Stack]:
+    """Start the stack; stop it on exit, on Ctrl-C and on SIGTERM."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        stack.start(on_event)
+        yield stack
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stack.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+# ---------------------------------------------------------------- the story
+
+
+def story(stack: Stack, steps: int, console: Any, t0: float) -> bool:
+    from shared.cli.demo import CHECKPOINT_EVERY_STEPS, CLUSTER_SPEC, STEP_TIME_S, job_spec
+    from shared.domain.health import Condition, ConditionStatus, ConditionType
+    from shared.domain.model import ClusterState, JobState, NodeState
+
+    def job() -> Any:
+        with stack.uow() as uow:
+            return uow.jobs.get("train-1")
+
+    def node_state(node_id: str) -> NodeState | None:
+        with stack.uow() as uow:
+            node = uow.nodes.get(node_id)
+            return node.state if node else None
+
+    def cluster_ready() -> bool:
+        with stack.uow() as uow:
+            cluster = uow.clusters.get("demo")
+            return cluster is not None and cluster.state is ClusterState.READY
+
+    def wait(what: str, until: Callable[[], bool], timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not until():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"stack: timed out waiting for {what}")
+            time.sleep(0.1)
+
+    stack.api("POST", "/v1/clusters", CLUSTER_SPEC)
+    wait("cluster READY", cluster_ready)
+    stack.api("POST", "/v1/clusters/demo/customJobs?customJobId=train-1", job_spec(steps))
+    wait("a first checkpoint", lambda: (j := job()) is not None and j.latest_checkpoint is not None)
+    time.sleep(CHECKPOINT_EVERY_STEPS * STEP_TIME_S / 2)  # mid-interval: the SIGTERM save counts
+    victim = job().node_ids[0]
+    console.print(f"[bold magenta]>>> injecting XID 79 (GPU fell off the bus) on {victim}")
+    now = time.time()
+    stack.compute.inject_fault(victim, [Condition(ConditionType.XID_ERROR.value,
+                                                  ConditionStatus.TRUE, "NVRM: Xid 79", now,
+                                                  {"xids": [79]})])
+    wait("the job to finish and the node to return",
+         lambda: job().terminal and node_state(victim) is NodeState.IDLE, timeout_s=180)
+    return bool(job().state is JobState.SUCCEEDED)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from shared.cli.demo import _node_table, _style
+    from shared.goodput_live import job_accounting
+    from shared.timeline import describe, is_routine
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--state-dir", type=Path, default=ROOT / "var" / "stack")
+    parser.add_argument("--steps", type=int, default=120, help="training steps of the job")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep everything running after the story until Ctrl-C")
+    args = parser.parse_args(argv)
+
+    console = Console(highlight=False)
+    t0 = time.time()
+    seen: list[Envelope] = []
+    lock = threading.Lock()
+    stack = Stack(args.state_dir.resolve(), log=lambda m: console.print(f"[dim]{escape(m)}"))
+
+    def on_event(env: Envelope) -> None:
+        doc = envelope_to_doc(env)
+        with lock:
+            seen.append(env)
+        if is_routine(doc):
+            return
+        if stack.store is not None:
+            with contextlib.suppress(Exception):
+                DocEventLog(stack.store).append(env, "published")
+        lag = max(0.0, time.time() - env.time)
+        style = _style(env.type)
+        console.print(f"[dim]{env.time - t0:7.2f}s[/dim]  [{style}]{escape(describe(doc))}"
+                      f"[/{style}] [dim](+{lag * 1000:.0f} ms via pubsub)[/dim]")
+
+    console.rule("[bold]mtc self-healing on the emulator stack (Firestore, Pub/Sub push, "
+                 "functions-framework)")
+    ok = False
+    try:
+        with running(stack, on_event):
+            ok = story(stack, args.steps, console, t0)
+            time.sleep(1.0)  # let the last events reach the tap
+            console.rule("[bold]result")
+            job_state = stack.uow()
+            with job_state as uow:
+                job = uow.jobs.get("train-1")
+            with lock:
+                docs = [envelope_to_doc(e) for e in seen]
+            acct = job_accounting(docs, "train-1")
+            colour = "green" if ok else "red"
+            console.print(f"job train-1: [bold {colour}]{job.state.value}[/]  restarts: "
+                          f"{job.restart_count}  attempts: {job.attempt}")
+            console.print(f"lost work: {acct.lost_steps} step(s) recomputed; goodput: "
+                          f"runtime {acct.runtime_goodput:.1%} (recovery {acct.recovery_s:.1f} s "
+                          f"of {acct.wall_s:.1f} s)")
+            console.print(f"events through Pub/Sub: {len(docs)} "
+                          f"({sum(1 for d in docs if is_routine(d))} routine heartbeats/ticks)")
+            console.print(_node_table(_FirestoreApp(stack)))
+            console.print(f"stack wall time: {time.time() - t0:.1f} s")
+            if args.keep:
+                console.print("[bold]running; Ctrl-C stops everything")
+                while True:
+                    time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("[bold]interrupted: stopping everything")
+    return 0 if ok else 1
+
+
+class _FirestoreApp:
+    """Just enough of EmbeddedApp for the demo's node table."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[DocUnitOfWork]:
+        with self._stack.uow() as uow:
+            yield uow
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,531 @@
+"""The failure model: what breaks, how often, what the node agent then reports, what fixes it.
+
+Calibration. Rates are counts per node-day, taken from the Llama 3 405B pretraining table in
+``shared/reference/failures-and-goodput.md`` (419 unexpected interruptions on 2,048 nodes of 8
+H100 over 54 days, about 3.8 per 1,000 node-days; 47 planned ones). A scenario lists each cause
+with its published ``count`` and the ``reference`` node-days it was observed over; the rate of a
+cause is ``count / (nodes x days) x rate_scale``.
+
+Each cause produces *health signals*, never a decision: an XID code, ECC counts, a row-remap
+failure, a failed DCGM level, disk pressure, a thermal reading, a slow speed check or a lost
+heartbeat. The twin turns them into ``NodeHealthReported`` conditions, so the real triage table
+decides what they mean. Each cause also has a *true fix*: the cheapest repair that really clears
+it (``none`` for a software crash that a job restart survives). A cheaper repair does not fix it:
+the node fails its post-repair check (or does not come back at all when the node is down) and
+the real repair ladder has to climb.
+
+Options: exponential or Weibull node lifetimes (renewed when a repair clears a fault), lemon
+nodes (a fraction with a multiplied rate, normalised so the fleet average keeps the calibrated
+rate), planned maintenance (job-level checkpoint-and-restart), a diurnal program slowdown and
+stragglers (a node that runs slow for a while, reported by the speed check).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
+from shared.policies.ranking import action_rank
+from simulator.scenario import (
+    Dist,
+    ScenarioError,
+    _join,
+    dist,
+    get,
+    integer,
+    mapping,
+    number,
+    only_keys,
+    text,
+)
+
+# ---------------------------------------------------------------- published Llama 3 figures
+
+LLAMA3_NODES = 2048
+LLAMA3_GPUS_PER_NODE = 8
+LLAMA3_DAYS = 54.0
+LLAMA3_PLANNED = 47
+LLAMA3_EFFECTIVE_TRAINING_TIME = 0.90  # "more than 90% effective training time"
+# cause key -> (paper label, category, unexpected interruptions)
+LLAMA3_UNEXPECTED: dict[str, tuple[str, str, int]] = {
+    "faulty_gpu": ("faulty GPU", "GPU", 148),
+    "gpu_hbm3": ("GPU HBM3 memory", "GPU", 72),
+    "software_bug": ("software bug", "dependency", 54),
+    "network": ("network switch/cable", "network", 35),
+    "host_maintenance": ("host maintenance (unplanned)", "maintenance", 32),
+    "gpu_sram": ("GPU SRAM memory", "GPU", 19),
+    "gpu_system_processor": ("GPU system processor", "GPU", 17),
+    "nic": ("NIC", "host", 7),
+    "nccl_watchdog": ("NCCL watchdog timeouts", "unknown", 7),
+    "silent_data_corruption": ("silent data corruption", "GPU", 6),
+    "gpu_thermal": ("GPU thermal interface + sensor", "GPU", 6),
+    "ssd": ("SSD", "host", 3),
+    "power_supply": ("power supply", "host", 3),
+    "server_chassis": ("server chassis", "host", 2),
+    "io_expansion_board": ("IO expansion board", "host", 2),
+    "dependency": ("dependency", "dependency", 2),
+    "cpu": ("CPU", "host", 2),
+    "system_memory": ("system memory", "host", 2),
+}
+LLAMA3_UNEXPECTED_TOTAL = sum(c for _, _, c in LLAMA3_UNEXPECTED.values())  # 419
+
+FIXES = ("none", "reset_gpu", "reboot", "reimage", "replace")
+
+
+# ---------------------------------------------------------------- signals
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What the node agent (or the heartbeat monitor) sees when a fault happens."""
+
+    xids: tuple[int, ...] = ()
+    ecc_dbe: int = 0
+    row_remap_failure: bool = False
+    dcgm_level: int = 0
+    disk_used: float = 0.0
+    thermal_c: float = 0.0
+    speed_ratio: float = 0.0
+    heartbeat: bool = False  # the node went silent: the heartbeat monitor reports it
+
+    @property
+    def empty(self) -> bool:
+        return self == Signal()
+
+    @property
+    def node_down(self) -> bool:
+        """A dead or unreachable node: it cannot run a cheaper repair, nor a job."""
+        return self.heartbeat
+
+    @property
+    def blocks_launch(self) -> bool:
+        """Workers started on the node fail (a missing GPU, a DBE, a read-only disk); a node
+        with silent corruption or a slow clock runs them."""
+        return bool(self.heartbeat or self.xids or self.ecc_dbe or self.row_remap_failure
+                    or self.disk_used >= 0.98)
+
+    @property
+    def detection(self) -> str:
+        """Which detection delay applies (``scenario.detection`` key)."""
+        if self.heartbeat:
+            return "heartbeat"
+        if self.xids:
+            return "xid"
+        if self.ecc_dbe or self.row_remap_failure:
+            return "ecc"
+        if self.dcgm_level:
+            return "dcgm"
+        if self.disk_used:
+            return "disk"
+        if self.thermal_c:
+            return "thermal"
+        return "speed"
+
+
+SIGNAL_KEYS = ("xid", "ecc_dbe", "row_remap_failure", "dcgm_level", "disk_used", "thermal_c",
+               "speed_ratio", "heartbeat_lost")
+
+
+def parse_signal(value: Any, path: str) -> Signal:
+    if value is None or value == "none":
+        return Signal()
+    data = mapping(value, path)
+    only_keys(data, path, SIGNAL_KEYS)
+    xids = data.get("xid", [])
+    if isinstance(xids, int) and not isinstance(xids, bool):
+        xids = [xids]
+    if not isinstance(xids, list):
+        raise ScenarioError(_join(path, "xid"), "must be an XID code or a list of them")
+    flag = data.get("row_remap_failure", False)
+    beat = data.get("heartbeat_lost", False)
+    for key, val in (("row_remap_failure", flag), ("heartbeat_lost", beat)):
+        if not isinstance(val, bool):
+            raise ScenarioError(_join(path, key), f"must be true or false, got {val!r}")
+    return Signal(
+        xids=tuple(integer(x, _join(_join(path, "xid"), i), low=1) for i, x in enumerate(xids)),
+        ecc_dbe=integer(get(data, "ecc_dbe", 0), _join(path, "ecc_dbe"), low=0),
+        row_remap_failure=flag,
+        dcgm_level=integer(get(data, "dcgm_level", 0), _join(path, "dcgm_level"), low=0),
+        disk_used=number(get(data, "disk_used", 0.0), _join(path, "disk_used"), low=0, high=1),
+        thermal_c=number(get(data, "thermal_c", 0.0), _join(path, "thermal_c"), low=0),
+        speed_ratio=number(get(data, "speed_ratio", 0.0), _join(path, "speed_ratio"), low=0),
+        heartbeat=beat,
+    )
+
+
+def fault_conditions(signal: Signal, fault_at: float, observed_at: float,
+                     cause: str) -> tuple[dict[str, Any], ...]:
+    """The TRUE conditions a report carries for ``signal``. ``since`` is when the fault
+    happened (the kernel log timestamp, the last heartbeat); ``details.cause`` names the
+    simulated root cause for the goodput accounting (triage ignores unknown detail keys)."""
+    out: list[Condition] = []
+    t = ConditionStatus.TRUE
+    if signal.xids:
+        codes = list(signal.xids)
+        out.append(Condition(ConditionType.XID_ERROR.value, t,
+                             "Xid " + ", ".join(map(str, codes)), fault_at,
+                             {"xids": codes, "gpus": ["0000:1b:00.0"], "cause": cause}))
+    if signal.ecc_dbe:
+        out.append(Condition(ConditionType.ECC_UNCORRECTABLE.value, t, "uncorrectable ECC",
+                             fault_at, {"volatile_dbe": signal.ecc_dbe,
+                                        "aggregate_dbe": signal.ecc_dbe, "cause": cause}))
+    if signal.row_remap_failure:
+        out.append(Condition(ConditionType.ROW_REMAP_FAILURE.value, t, "row remapping failed",
+                             fault_at, {"failure": True, "pending": False, "cause": cause}))
+    if signal.dcgm_level:
+        out.append(Condition(ConditionType.DCGM_DIAG_FAILED.value, t,
+                             f"dcgmi diag -r {signal.dcgm_level} failed", fault_at,
+                             {"level": signal.dcgm_level, "failed_tests": ["memtest"],
+                              "cause": cause}))
+    if signal.disk_used:
+        out.append(Condition(ConditionType.DISK_PRESSURE.value, t, "disk nearly full",
+                             fault_at, {"mount": "/", "used_fraction": signal.disk_used,
+                                        "cause": cause}))
+    if signal.thermal_c:
+        out.append(Condition(ConditionType.THERMAL_THROTTLING.value, t, "HW thermal slowdown",
+                             fault_at, {"temperature_c": signal.thermal_c,
+                                        "reasons": ["HW Thermal Slowdown"], "cause": cause}))
+    if signal.speed_ratio:
+        out.append(Condition(ConditionType.SLOW_SPEED_CHECK.value, t, "slow speed check",
+                             fault_at, {"ratio_to_baseline": signal.speed_ratio,
+                                        "cause": cause}))
+    if signal.heartbeat:
+        silent = max(0.0, observed_at - fault_at)
+        out.append(Condition(ConditionType.HEARTBEAT_LOST.value, t,
+                             f"no report for {silent:.0f} s", observed_at,
+                             {"silent_for_s": silent, "cause": cause}))
+    return tuple(c.to_dict() for c in out)
+
+
+_HEALTHY_TYPES = tuple(t.value for t in ConditionType if t is not ConditionType.HEARTBEAT_LOST)
+
+
+def healthy_conditions(observed_at: float) -> tuple[dict[str, Any], ...]:
+    """A full agent report in which every check ran and found nothing."""
+    return tuple({"type": t, "status": "false", "reason": "checked", "since": observed_at,
+                  "details": {}} for t in _HEALTHY_TYPES)
+
+
+# ---------------------------------------------------------------- causes
+
+
+@dataclass(frozen=True)
+class Variant:
+    weight: float
+    signal: Signal
+    fix: tuple[tuple[str, float], ...]  # (true fix, probability)
+    group: int  # nodes that fail together (a leaf switch, a rack PDU)
+
+
+@dataclass(frozen=True)
+class Cause:
+    name: str
+    label: str
+    category: str
+    rate_per_node_day: float
+    variants: tuple[Variant, ...]
+    kills_job: bool  # the running attempt dies at once (progress since the checkpoint is lost)
+    hang: bool  # ranks hang until the NCCL watchdog instead of crashing at once
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    kind: str  # exponential | weibull
+    shape: float  # Weibull shape k (k < 1: infant mortality, k > 1: wear-out)
+
+
+@dataclass(frozen=True)
+class Lemons:
+    fraction: float
+    multiplier: float
+
+
+@dataclass(frozen=True)
+class Planned:
+    rate_per_day: float  # job-level planned restarts (checkpoint, stop, resume)
+    periodic: bool
+
+
+@dataclass(frozen=True)
+class Diurnal:
+    amplitude: float  # peak-to-trough loss of speed (0.015: 1.5% slower at the hottest hour)
+    peak_hour: float
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    rate_per_node_day: float
+    ratio: Dist  # speed relative to nominal while slow (0.7: 30% slower)
+    duration: Dist  # how long it stays slow unless a repair clears it
+    report_interval_s: float
+
+
+@dataclass(frozen=True)
+class FailureCfg:
+    causes: tuple[Cause, ...]
+    lifetime: Lifetime
+    lemons: Lemons
+    planned: Planned
+    diurnal: Diurnal
+    stragglers: Stragglers
+    rate_scale: float
+    reference_node_days: float
+
+    @property
+    def rate_per_node_day(self) -> float:
+        return sum(c.rate_per_node_day for c in self.causes)
+
+
+def parse_failures(value: Any, path: str) -> FailureCfg:
+    data = mapping(value, path)
+    only_keys(data, path, ("reference", "rate_scale", "causes", "lifetime", "lemons", "planned",
+                           "diurnal", "stragglers"))
+    ref_path = _join(path, "reference")
+    ref = mapping(get(data, "reference", {}), ref_path)
+    only_keys(ref, ref_path, ("nodes", "days"))
+    ref_nodes = number(get(ref, "nodes", LLAMA3_NODES), _join(ref_path, "nodes"), low=1)
+    ref_days = number(get(ref, "days", LLAMA3_DAYS), _join(ref_path, "days"), low=1e-9)
+    node_days = ref_nodes * ref_days
+    scale = number(get(data, "rate_scale", 1.0), _join(path, "rate_scale"), low=0.0)
+
+    causes_path = _join(path, "causes")
+    raw_causes = mapping(get(data, "causes", {}), causes_path)
+    causes = tuple(_parse_cause(str(name), body, _join(causes_path, str(name)), node_days, scale)
+                   for name, body in raw_causes.items())
+
+    lpath = _join(path, "lifetime")
+    life = mapping(get(data, "lifetime", {}), lpath)
+    only_keys(life, lpath, ("distribution", "shape"))
+    kind = get(life, "distribution", "exponential")
+    if kind not in ("exponential", "weibull"):
+        raise ScenarioError(_join(lpath, "distribution"),
+                            f"must be exponential or weibull, got {kind!r}")
+    shape = number(get(life, "shape", 1.0), _join(lpath, "shape"), low=0.05)
+
+    mpath = _join(path, "lemons")
+    lem = mapping(get(data, "lemons", {}), mpath)
+    only_keys(lem, mpath, ("fraction", "multiplier"))
+
+    ppath = _join(path, "planned")
+    plan = mapping(get(data, "planned", {}), ppath)
+    only_keys(plan, ppath, ("count", "per_day", "periodic"))
+    if "count" in plan and "per_day" in plan:
+        raise ScenarioError(ppath, "give either count (over the reference days) or per_day")
+    if "per_day" in plan:
+        planned_rate = number(plan["per_day"], _join(ppath, "per_day"), low=0.0)
+    else:
+        planned_rate = number(get(plan, "count", 0), _join(ppath, "count"), low=0.0) / ref_days
+    periodic = get(plan, "periodic", False)
+    if not isinstance(periodic, bool):
+        raise ScenarioError(_join(ppath, "periodic"), "must be true or false")
+
+    dpath = _join(path, "diurnal")
+    diu = mapping(get(data, "diurnal", {}), dpath)
+    only_keys(diu, dpath, ("amplitude", "peak_hour"))
+
+    spath = _join(path, "stragglers")
+    strag = mapping(get(data, "stragglers", {}), spath)
+    only_keys(strag, spath, ("per_1000_node_days", "ratio", "duration", "report_interval"))
+    from simulator.scenario import DEFAULT_SPEED_CHECK_INTERVAL_S, duration
+
+    return FailureCfg(
+        causes=causes,
+        lifetime=Lifetime(kind, shape),
+        lemons=Lemons(number(get(lem, "fraction", 0.0), _join(mpath, "fraction"), low=0, high=1),
+                      number(get(lem, "multiplier", 1.0), _join(mpath, "multiplier"), low=1.0)),
+        planned=Planned(planned_rate, periodic),
+        diurnal=Diurnal(number(get(diu, "amplitude", 0.0), _join(dpath, "amplitude"), low=0,
+                               high=0.9),
+                        number(get(diu, "peak_hour", 15.0), _join(dpath, "peak_hour"), low=0,
+                               high=24)),
+        stragglers=Stragglers(
+            number(get(strag, "per_1000_node_days", 0.0), _join(spath, "per_1000_node_days"),
+                   low=0) / 1000.0 * scale,
+            dist(get(strag, "ratio", {"low": 0.55, "high": 0.85}), _join(spath, "ratio"),
+                 as_duration=False),
+            dist(get(strag, "duration", {"median": 6 * 3600.0, "sigma": 0.7}),
+                 _join(spath, "duration")),
+            duration(get(strag, "report_interval", DEFAULT_SPEED_CHECK_INTERVAL_S),
+                     _join(spath, "report_interval")),
+        ),
+        rate_scale=scale,
+        reference_node_days=node_days,
+    )
+
+
+CAUSE_KEYS = ("label", "category", "count", "per_1000_node_days", "kills_job", "hang",
+              "signal", "fix", "group", "variants")
+
+
+def _parse_cause(name: str, value: Any, path: str, node_days: float, scale: float) -> Cause:
+    data = mapping(value, path)
+    only_keys(data, path, CAUSE_KEYS)
+    if "count" in data and "per_1000_node_days" in data:
+        raise ScenarioError(path, "give either count (over the reference) or per_1000_node_days")
+    if "per_1000_node_days" in data:
+        rate = number(data["per_1000_node_days"], _join(path, "per_1000_node_days"), low=0) / 1e3
+    else:
+        rate = number(get(data, "count", 0), _join(path, "count"), low=0) / node_days
+    kills = get(data, "kills_job", True)
+    hang = get(data, "hang", False)
+    for key, val in (("kills_job", kills), ("hang", hang)):
+        if not isinstance(val, bool):
+            raise ScenarioError(_join(path, key), f"must be true or false, got {val!r}")
+    if "variants" in data:
+        for key in ("signal", "fix", "group"):
+            if key in data:
+                raise ScenarioError(_join(path, key), "give it per variant when variants are set")
+        vpath = _join(path, "variants")
+        raw = data["variants"]
+        if not isinstance(raw, list) or not raw:
+            raise ScenarioError(vpath, "must be a non-empty list")
+        variants = tuple(_parse_variant(v, _join(vpath, i), with_weight=True)
+                         for i, v in enumerate(raw))
+    else:
+        variants = (_parse_variant({k: data[k] for k in ("signal", "fix", "group") if k in data},
+                                   path, with_weight=False),)
+    total = sum(v.weight for v in variants)
+    if total <= 0:
+        raise ScenarioError(path, "variant weights must add up to more than 0")
+    label = get(data, "label", LLAMA3_UNEXPECTED.get(name, (name, "", 0))[0])
+    category = get(data, "category", LLAMA3_UNEXPECTED.get(name, ("", "other", 0))[1])
+    return Cause(name, text(label, _join(path, "label")), text(category, _join(path, "category")),
+                 rate * scale, tuple(Variant(v.weight / total, v.signal, v.fix, v.group)
+                                     for v in variants), kills, hang)
+
+
+def _parse_variant(value: Any, path: str, *, with_weight: bool) -> Variant:
+    data = mapping(value, path)
+    only_keys(data, path, ("weight", "signal", "fix", "group") if with_weight
+              else ("signal", "fix", "group"))
+    weight = number(get(data, "weight", 1.0), _join(path, "weight"), low=0) if with_weight else 1.0
+    fpath = _join(path, "fix")
+    raw_fix = get(data, "fix", "reboot")
+    if isinstance(raw_fix, str):
+        raw_fix = {raw_fix: 1.0}
+    fix = mapping(raw_fix, fpath)
+    only_keys(fix, fpath, FIXES)
+    pairs = tuple((k, number(v, _join(fpath, k), low=0)) for k, v in fix.items())
+    total = sum(p for _, p in pairs)
+    if total <= 0:
+        raise ScenarioError(fpath, "probabilities must add up to more than 0")
+    signal = parse_signal(data.get("signal"), _join(path, "signal"))
+    return Variant(weight, signal, tuple((k, p / total) for k, p in pairs),
+                   integer(get(data, "group", 1), _join(path, "group"), low=1))
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def fix_rank(fix: str) -> int:
+    """How disruptive the cheapest sufficient repair is, on the control plane's own scale."""
+    return -1 if fix == "none" else action_rank(RepairAction(fix))
+
+
+def repair_fixes(action: RepairAction, fix: str) -> bool:
+    return fix == "none" or action_rank(action) >= fix_rank(fix)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One occurrence of a cause on one node."""
+
+    cause: Cause
+    signal: Signal
+    fix: str
+    at: float  # simulated seconds
+    group: int = 1
+
+
+class FailureModel:
+    """Samples lifetimes, causes and true fixes; owns nothing about the control plane."""
+
+    def __init__(self, cfg: FailureCfg, rng: np.random.Generator) -> None:
+        self.cfg = cfg
+        self.rng = rng
+        rates = np.array([c.rate_per_node_day for c in cfg.causes], dtype=float)
+        self.total_rate = float(rates.sum())  # per node-day, fleet average
+        self._cum = np.cumsum(rates / self.total_rate) if self.total_rate > 0 else np.array([])
+        lem = cfg.lemons
+        # normalise so that the fleet average stays the calibrated rate
+        self._base = 1.0 / (1.0 - lem.fraction + lem.fraction * lem.multiplier)
+
+    def node_multiplier(self, *, replacement: bool) -> float:
+        lem = self.cfg.lemons
+        lemon = not replacement and lem.fraction > 0 and self.rng.random() < lem.fraction
+        return self._base * (lem.multiplier if lemon else 1.0)
+
+    def lifetime_s(self, multiplier: float) -> float:
+        """Seconds until the next fault of a node whose rate is ``multiplier`` x average."""
+        rate_per_s = self.total_rate * multiplier / 86_400.0
+        if rate_per_s <= 0:
+            return math.inf
+        mean = 1.0 / rate_per_s
+        if self.cfg.lifetime.kind == "weibull":
+            k = self.cfg.lifetime.shape
+            return float(mean / math.gamma(1.0 + 1.0 / k) * self.rng.weibull(k))
+        return float(self.rng.exponential(mean))
+
+    def fault(self, at: float) -> Fault:
+        index = int(np.searchsorted(self._cum, self.rng.random(), side="right"))
+        cause = self.cfg.causes[min(index, len(self.cfg.causes) - 1)]
+        variant = _pick(cause.variants, [v.weight for v in cause.variants], self.rng)
+        fix = _pick([f for f, _ in variant.fix], [p for _, p in variant.fix], self.rng)
+        return Fault(cause, variant.signal, fix, at, variant.group)
+
+
+def _pick(items: Sequence[Any], weights: Sequence[float], rng: np.random.Generator) -> Any:
+    if len(items) == 1:
+        return items[0]
+    u = rng.random() * sum(weights)
+    acc = 0.0
+    for item, w in zip(items, weights, strict=True):
+        acc += w
+        if u < acc:
+            return item
+    return items[-1]
+
+
+# ---------------------------------------------------------------- program speed
+
+DAY_S = 86_400.0
+_OMEGA = 2.0 * math.pi / DAY_S
+
+
+def diurnal_speed(cfg: Diurnal, t: float, epoch_s: float) -> float:
+    """Relative speed at simulated time ``t``: 1 - A at the peak hour, 1 at the coolest."""
+    if cfg.amplitude == 0:
+        return 1.0
+    phase = (t + epoch_s) - cfg.peak_hour * 3600.0
+    return 1.0 - cfg.amplitude * (1.0 + math.cos(_OMEGA * phase)) / 2.0
+
+
+def diurnal_integral(cfg: Diurnal, t0: float, t1: float, epoch_s: float) -> float:
+    """Integral of :func:`diurnal_speed` over [t0, t1] (closed form)."""
+    if t1 <= t0:
+        return 0.0
+    if cfg.amplitude == 0:
+        return t1 - t0
+    a = cfg.amplitude
+    p0 = (t0 + epoch_s) - cfg.peak_hour * 3600.0
+    p1 = (t1 + epoch_s) - cfg.peak_hour * 3600.0
+    return (1.0 - a / 2.0) * (t1 - t0) - a / 2.0 * (math.sin(_OMEGA * p1)
+                                                   - math.sin(_OMEGA * p0)) / _OMEGA
+
+
+def rates_table(cfg: FailureCfg) -> list[tuple[str, str, float]]:
+    """(cause, category, failures per 1,000 node-days) for reports."""
+    return [(c.name, c.category, c.rate_per_node_day * 1000.0) for c in cfg.causes]
+
+
+def by_category(counts: Mapping[str, float], cfg: FailureCfg) -> dict[str, float]:
+    cat = {c.name: c.category for c in cfg.causes}
+    out: dict[str, float] = {}
+    for name, n in counts.items():
+        out[cat.get(name, "other")] = out.get(cat.get(name, "other"), 0.0) + n
+    return out

@@ -1,0 +1,330 @@
+"""The digital twin: the real control plane, wired by ``shared.bootstrap.build_deps`` to the
+simulation adapters, driving a simulated fleet for a simulated horizon.
+
+How one run goes (all on SimPy time; nothing sleeps):
+
+1. ``create_cluster`` is called through the real job-submission API in a unit of work; the
+   provisioning handlers ask :class:`~simulator.adapters.SimCompute` for every node, which
+   answers ``NodeProvisioned`` after a sampled boot time and then reports healthy checks until
+   health triage returns the node to service. The cluster becomes READY through the real
+   ``step_mark_ready``.
+2. The scenario's jobs are submitted through the real API when the cluster is ready (plus
+   their ``submit_at``); the scheduler gang-places them and calls ``start_workers``.
+3. Node faults, stragglers and planned restarts arrive from the failure model; each produces
+   health reports (or a job crash, or an operator's interrupt request) and the real handlers
+   decide: triage, drain, checkpoint-and-requeue, the repair ladder, the blast-radius guard.
+4. At the horizon (the cluster's ready time + ``duration``) the run stops; the goodput is
+   accounted from the event log (``simulator.goodput``) and checked against the job model's
+   own ledger.
+
+``run(scenario, seed=...)`` returns a :class:`RunResult`; the same scenario and seed give the
+same ``summary()`` on any machine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import simpy
+
+from shared.adapters.docstore import DocOutbox
+from shared.adapters.memory_store import MemoryDocStore
+from shared.bootstrap import build_deps
+from shared.config import ControlPlaneConfig
+from shared.domain.events import ClusterReady, Envelope, JobFinished
+from shared.handling import Deps
+from shared.policies.repair import load_repair_config
+from shared.policies.triage import load_triage_table
+from simulator import goodput
+from simulator.adapters import EPOCH_S, SimBus, SimClock, SimCompute, call_later
+from simulator.failures import FailureModel
+from simulator.scenario import Scenario
+
+SIM_SOURCE = "//mtc/sim/control-plane"
+MAX_BRINGUP_S = 30 * 86_400.0  # a cluster that is not ready after this is a failed run
+
+
+class TwinError(RuntimeError):
+    """The simulated control plane did not get where it had to (e.g. the cluster never
+    became ready)."""
+
+
+def control_plane_config(scenario: Scenario, base: ControlPlaneConfig | None = None
+                         ) -> ControlPlaneConfig:
+    """The ControlPlaneConfig the scenario asks for (``base`` for what it does not set)."""
+    cp = scenario.control_plane
+    config = base or ControlPlaneConfig()
+    if cp.triage_table is not None:
+        config = replace(config, triage_table=load_triage_table(Path(cp.triage_table)))
+    if cp.repair:
+        config = replace(config, repair=load_repair_config(cp.repair))
+    return replace(config, grace_period_s=cp.grace_period_s,
+                   heartbeat_timeout_s=cp.heartbeat_timeout_s,
+                   max_event_age_s=cp.max_event_age_s, backfill=cp.backfill)
+
+
+def cluster_body(scenario: Scenario) -> dict[str, Any]:
+    c = scenario.cluster
+    machine = {"machineType": c.machine_type, "acceleratorType": c.accelerator,
+               "acceleratorCount": c.gpus_per_node}
+    return {
+        "clusterId": c.cluster_id,
+        "nodePools": [{"id": p.name, "machineSpec": machine, "nodeCount": p.nodes,
+                       "spareCount": p.spares} for p in c.partitions],
+        "partitions": [{"name": p.name, "nodePoolIds": [p.name]} for p in c.partitions],
+    }
+
+
+def job_body(scenario: Scenario, index: int) -> dict[str, Any]:
+    c = scenario.cluster
+    j = scenario.jobs[index]
+    return {
+        "displayName": j.name,
+        "jobSpec": {
+            "workerPoolSpecs": [{
+                "machineSpec": {"machineType": c.machine_type, "acceleratorType": c.accelerator,
+                                "acceleratorCount": c.gpus_per_node},
+                "replicaCount": j.nodes,
+                "containerSpec": {"imageUri": "sim", "command": ["train"]},
+            }],
+            "scheduling": {"restartJobOnWorkerRestart": True, "partition": j.partition,
+                           "priority": j.priority, "maxRestarts": j.max_restarts},
+            "baseOutputDirectory": {"outputUriPrefix": f"sim://{j.name}"},
+        },
+    }
+
+
+@dataclass
+class Timings:
+    wall_s: float = 0.0
+    bringup_s: float = 0.0
+    handlers_s: float = 0.0
+    accounting_s: float = 0.0
+    by_service: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def twin_s(self) -> float:
+        """Everything but the handlers and the accounting: SimPy, compute, bus, failures."""
+        return max(0.0, self.wall_s - self.handlers_s - self.accounting_s)
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    seed: int
+    ready_at: float  # simulated seconds from the create request to READY
+    horizon: float  # simulated seconds at the end of the run
+    accounting: goodput.Accounting
+    truth: dict[str, Any]
+    failures: dict[str, int]
+    interruptions: dict[str, int]
+    repairs: dict[str, int]
+    restarts: dict[str, int]
+    job_states: dict[str, str]
+    bus: dict[str, Any]
+    dead_letters: int
+    timings: Timings
+    timeline: list[tuple[float, str, str, str]]
+    rows: list[dict[str, Any]] = field(repr=False)
+
+    @property
+    def events(self) -> int:
+        return int(self.bus["delivered"])
+
+    def job(self, name: str | None = None) -> goodput.JobGoodput:
+        return self.accounting.jobs[name or self.scenario.jobs[0].name]
+
+    def summary(self) -> dict[str, Any]:
+        """Everything a run measured, without wall-clock timings: equal for equal seeds."""
+        out: dict[str, Any] = {
+            "scenario": self.scenario.name,
+            "seed": self.seed,
+            "ready_at_s": round(self.ready_at, 6),
+            "events": self.events,
+            "failures": dict(sorted(self.failures.items())),
+            "interruptions": dict(sorted(self.interruptions.items())),
+            "repairs": dict(sorted(self.repairs.items())),
+            "restarts": dict(sorted(self.restarts.items())),
+            "job_states": dict(sorted(self.job_states.items())),
+            "dead_letters": self.dead_letters,
+            "fleet": _rounded(self.accounting.fleet.as_dict()),
+        }
+        for name, jg in sorted(self.accounting.jobs.items()):
+            out[f"job:{name}"] = _rounded(jg.as_dict())
+        return out
+
+
+def _rounded(data: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, float):
+            out[key] = round(value, 6)
+        elif isinstance(value, Mapping):
+            out[key] = _rounded(value)
+        else:
+            out[key] = value
+    return out
+
+
+class Twin:
+    """One simulated world: SimPy environment, adapters, the real control plane."""
+
+    def __init__(self, scenario: Scenario, *, seed: int | None = None,
+                 config: ControlPlaneConfig | None = None, store: Any = None,
+                 record: bool = False) -> None:
+        self.scenario = scenario
+        self.seed = scenario.seed if seed is None else seed
+        self.env = simpy.Environment()
+        streams = np.random.SeedSequence(self.seed).spawn(4)
+        rng_fail, rng_compute, rng_bus, _spare = (np.random.default_rng(s) for s in streams)
+        self.clock = SimClock(self.env, EPOCH_S)
+        self.bus = SimBus(self.env, scenario.bus, rng_bus, self.clock, record=record)
+        self.config = config if config is not None else control_plane_config(scenario)
+        self.model = FailureModel(scenario.failures, rng_fail)
+        self.compute = SimCompute(self.env, scenario, self.bus, self.model, rng_compute,
+                                  return_after_passes=self.config.repair.return_after_passes,
+                                  heartbeat_timeout_s=self.config.heartbeat_timeout_s)
+        self.store = store if store is not None else MemoryDocStore()
+        self.deps: Deps = build_deps(self.store, clock=self.clock, compute=self.compute,
+                                     publisher=self.bus, config=self.config, source=SIM_SOURCE,
+                                     with_event_log=False, outbox=DocOutbox(self.store))
+        self.bus.deps = self.deps
+        self.api_calls: list[tuple[float, Callable[[Any, Deps], Any]]] = []
+        self.ready_at: float | None = None
+        self._ready = self.env.event()
+        self._api_seq = 0
+        self.bus.listeners.append(self._observe)
+        for cfg in scenario.jobs:
+            self.compute.add_job(cfg)
+
+    # -- the API, as a user would call it
+    def api(self, fn: Callable[[Any, Deps], Any]) -> Any:
+        """One API call: a transaction through the real handlers' unit of work, whose
+        emitted events go onto the simulated bus."""
+        self._api_seq += 1
+        self.api_calls.append((float(self.env.now), fn))
+        return apply_api(self.deps, fn, self._api_seq, self.bus.publish)
+
+    def _observe(self, envelope: Envelope) -> None:
+        if isinstance(envelope.event, ClusterReady) and self.ready_at is None:
+            self.ready_at = float(self.env.now)
+            self._ready.succeed()
+
+    def _submit(self, index: int) -> None:
+        from services.job_submission import handlers as api
+
+        name = self.scenario.jobs[index].name
+        body = job_body(self.scenario, index)
+        self.api(lambda uow, deps: api.submit_job(self.scenario.cluster.cluster_id, body, uow,
+                                                  deps, name))
+
+    # -- running
+    def run(self) -> RunResult:
+        from services.job_submission import handlers as api
+
+        started = time.perf_counter()
+        body = cluster_body(self.scenario)
+        self.api(lambda uow, deps: api.create_cluster(body, uow, deps))
+        self.env.run(until=self.env.any_of([self._ready, self.env.timeout(MAX_BRINGUP_S)]))
+        if self.ready_at is None:
+            raise TwinError(f"cluster not ready after {MAX_BRINGUP_S / 86400:g} simulated days")
+        bringup_wall = time.perf_counter() - started
+        horizon = self.ready_at + self.scenario.duration_s
+        self.compute.horizon = horizon
+        for i, job in enumerate(self.scenario.jobs):
+            call_later(self.env, job.submit_at_s, self._submit, i)
+        self.compute.start_stragglers()
+        self.compute.start_planned()
+        self.env.run(until=horizon)
+        self.compute.finish()
+        handlers_s = sum(self.bus.stats.handler_s.values())
+        t_acc = time.perf_counter()
+        acc = goodput.account(self.bus.rows, params=self.job_params(),
+                              start=EPOCH_S + self.ready_at, end=EPOCH_S + horizon,
+                              fleet_gpus=self.scenario.cluster.gpus,
+                              gpus_per_node=self.scenario.cluster.gpus_per_node)
+        accounting_s = time.perf_counter() - t_acc
+        wall = time.perf_counter() - started
+        return self._result(acc, horizon, Timings(
+            wall_s=wall, bringup_s=bringup_wall, handlers_s=handlers_s,
+            accounting_s=accounting_s, by_service=dict(self.bus.stats.handler_s)))
+
+    def job_params(self) -> dict[str, goodput.JobParams]:
+        return {j.name: goodput.JobParams(
+            step_time_s=j.step_time_s, checkpoint_save_s=j.checkpoint_save_s,
+            checkpoint_restore_s=j.checkpoint_restore_s, startup_s=j.startup_s, mfu=j.mfu,
+            checkpoint_interval_s=j.checkpoint_interval_s, nodes=j.nodes,
+            all_checkpoints=self.scenario.checkpoint_events == "all")
+            for j in self.scenario.jobs}
+
+    def _result(self, acc: goodput.Accounting, horizon: float, timings: Timings) -> RunResult:
+        assert self.ready_at is not None
+        with self.deps.uow() as uow:
+            jobs = {j.job_id: j for j in uow.jobs.list()}
+        interruptions: dict[str, int] = defaultdict(int)
+        truth: dict[str, Any] = {}
+        for name, sj in self.compute.jobs.items():
+            for cause, n in sj.truth.interruptions.items():
+                interruptions[cause] += n
+            t = sj.truth
+            truth[name] = {
+                "kept_compute_s": t.kept_compute_s, "kept_work_s": t.kept_work_s,
+                "wasted_s": t.wasted_s, "save_s": t.save_s, "startup_s": t.startup_s,
+                "restore_s": t.restore_s, "attempts": t.attempts,
+                "failed_launches": t.failed_launches, "steps": sj.steps_done,
+                "slowdown_s": dict(t.slowdown_s),
+            }
+        repairs: dict[str, int] = defaultdict(int)
+        held = 0
+        for row in self.bus.rows:
+            if row["type"] == "mtc.node.repair_started.v1":
+                repairs[row["data"]["action"]] += 1
+            elif row["type"] == "mtc.node.retired.v1" and row["data"].get("replacement_id"):
+                repairs["replace"] += 1
+            elif row["type"] == "mtc.node.repair_held.v1":
+                held += 1
+        repairs["held"] = held
+        finished = {r["data"]["job_id"]: r["data"]["state"] for r in self.bus.rows
+                    if r["type"] == JobFinished.TYPE}
+        dead = len(self.store.read("dead_letters", {}))
+        stats = self.bus.stats
+        return RunResult(
+            scenario=self.scenario, seed=self.seed, ready_at=self.ready_at,
+            horizon=horizon, accounting=acc, truth=truth,
+            failures=dict(self.compute.failures), interruptions=dict(interruptions),
+            repairs=dict(repairs),
+            restarts={name: jobs[name].restart_count for name in jobs},
+            job_states={name: finished.get(name, jobs[name].state.value) for name in jobs},
+            bus={"published": stats.published, "delivered": stats.delivered,
+                 "duplicates": stats.duplicates, "reordered": stats.reordered,
+                 "retries": stats.retries, "gave_up": stats.gave_up,
+                 "outcomes": dict(stats.outcomes), "by_type": dict(stats.by_type)},
+            dead_letters=dead, timings=timings, timeline=list(self.compute.timeline),
+            rows=self.bus.rows)
+
+
+def apply_api(deps: Deps, fn: Callable[[Any, Deps], Any], seq: int,
+              publish: Callable[[Envelope], None]) -> Any:
+    uow = deps.uow()
+    with uow:
+        uow.caused_by(f"//mtc/sim/api#{seq}")
+        result = fn(uow, deps)
+        uow.commit()
+        committed = list(uow.committed)
+    for envelope in committed:
+        publish(envelope)
+        if deps.outbox is not None:
+            deps.outbox.mark_published([envelope.id])
+    return result
+
+
+def run(scenario: Scenario, *, seed: int | None = None,
+        config: ControlPlaneConfig | None = None, store: Any = None) -> RunResult:
+    """Simulate ``scenario`` once with the real control plane in the loop."""
+    return Twin(scenario, seed=seed, config=config, store=store).run()

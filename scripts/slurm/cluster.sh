@@ -52,10 +52,10 @@ install_packages() {
     export DEBIAN_FRONTEND=noninteractive
     # Refresh the package lists only when an install from the current ones fails (or none exist).
     if ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 ||
-        ! apt-get install -y -q --no-install-recommends "${pkgs[@]}" >"$STATE/log/apt.log" 2>&1; then
+        ! apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends "${pkgs[@]}" >"$STATE/log/apt.log" 2>&1; then
         log "apt-get install failed or no package lists: running apt-get update first"
-        apt-get update -q >>"$STATE/log/apt.log" 2>&1 || die "apt-get update failed, see $STATE/log/apt.log"
-        apt-get install -y -q --no-install-recommends "${pkgs[@]}" >>"$STATE/log/apt.log" 2>&1 ||
+        apt-get update -q -o DPkg::Lock::Timeout=300 >>"$STATE/log/apt.log" 2>&1 || die "apt-get update failed, see $STATE/log/apt.log"
+        apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends "${pkgs[@]}" >>"$STATE/log/apt.log" 2>&1 ||
             die "apt-get install failed, see $STATE/log/apt.log"
     fi
     have_binaries || die "slurm binaries still missing after install"
@@ -103,6 +103,11 @@ EOF
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export SLURM_CONF=$CONF
 node=\$1; shift
+# A "boot" (-b) must register at least a second after slurmctld asked for the reboot or power
+# up: slurmctld compares whole-second boot times and ignores a node that seems to have booted
+# before the request, which then times out (ResumeTimeout) and goes DOWN. Also a fair
+# stand-in for boot time.
+[[ " \$* " == *" -b "* ]] && sleep 2
 mkdir -p $STATE/spool/\$node
 rm -f $STATE/run/slurmd-\$node.pid
 /usr/bin/env -i PATH=\$PATH SLURM_CONF=$CONF /usr/bin/perl $STATE/bin/unblock-exec /usr/sbin/slurmd -f $CONF -N "\$node" "\$@" </dev/null >>$STATE/log/slurmd-\$node.out 2>&1
@@ -305,12 +310,13 @@ all_running() {
 }
 
 cmd_start() {
-    local t0=$SECONDS t_start
+    local t_start
     t_start=$(date +%s.%N)
     mkdir -p "$STATE"/{log,run,pids,ctld,spool,etc}
+    chmod 0755 "$STATE"  # munged runs as user munge and must reach its socket dir below
     if all_running; then
+        # A no-op: nodes may be drained or busy on purpose, so do not wait for idle here.
         log "already running"
-        wait_idle || die "cluster running but not idle"
         return 0
     fi
     install_packages
@@ -323,23 +329,34 @@ cmd_start() {
     start_slurmds
     wait_idle || die "cluster did not come up; logs in $STATE/log"
     log "up: 4 static nodes idle after $(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b-a}')s (SLURM_CONF=$CONF)"
-    : "$t0"
 }
 
-kill_recorded() {  # kill_recorded NAME
-    local name=$1 pid file=$PIDS/$1.pid
-    [[ -r $file ]] || return 0
-    pid=$(<"$file")
-    if pid_alive "$pid" "${name%%-*}"; then
-        kill -TERM "$pid" 2>/dev/null || true
-        local deadline=$((SECONDS + 10))
-        while [[ -e /proc/$pid ]] && ((SECONDS < deadline)); do sleep 0.05; done
-        if [[ -e /proc/$pid ]]; then
-            log "$name ($pid) ignored SIGTERM: SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
+kill_recorded() {  # kill_recorded NAME...: SIGTERM them all at once, wait, SIGKILL stragglers
+    local name pid file pids=() names=()
+    for name in "$@"; do
+        file=$PIDS/$name.pid
+        [[ -r $file ]] || continue
+        pid=$(<"$file")
+        if pid_alive "$pid" "${name%%-*}"; then
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
+            names+=("$name")
         fi
-    fi
-    rm -f "$file"
+        rm -f "$file"
+    done
+    local deadline=$((SECONDS + 10)) i alive
+    while ((SECONDS < deadline)); do
+        alive=0
+        for pid in "${pids[@]}"; do [[ -e /proc/$pid ]] && alive=1; done
+        ((alive)) || return 0
+        sleep 0.1
+    done
+    for i in "${!pids[@]}"; do
+        if [[ -e /proc/${pids[$i]} ]]; then
+            log "${names[$i]} (${pids[$i]}) ignored SIGTERM: SIGKILL"
+            kill -KILL "${pids[$i]}" 2>/dev/null || true
+        fi
+    done
 }
 
 cmd_stop() {
@@ -353,19 +370,17 @@ cmd_stop() {
             # shellcheck disable=SC2086
             timeout 10 scancel $jobs 2>/dev/null || true
             local deadline=$((SECONDS + 15))
-            while ((SECONDS < deadline)) && [[ -n $(timeout 5 squeue -h -t all -o '%i %t' 2>/dev/null | grep -v -E ' (CA|CD|F|TO|NF|PR|OOM|BF|DL)$' || true) ]]; do
+            while ((SECONDS < deadline)) && [[ -n $(timeout 5 squeue -h -o %i 2>/dev/null || true) ]]; do
                 sleep 0.2
             done
         fi
     fi
-    local f name
+    local f daemons=()
     for f in "$PIDS"/slurmd-*.pid; do
-        [[ -e $f ]] || continue
-        name=$(basename "$f" .pid)
-        kill_recorded "$name"
+        [[ -e $f ]] && daemons+=("$(basename "$f" .pid)")
     done
-    kill_recorded slurmctld
-    kill_recorded munged
+    kill_recorded "${daemons[@]}" slurmctld
+    kill_recorded munged  # last: the others authenticate through it while shutting down
     log "stopped"
 }
 

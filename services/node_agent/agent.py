@@ -15,10 +15,12 @@ from services.node_agent import dcgm, disk, nvidia_smi, speed
 from services.node_agent.commands import ProbeError, Runner, run_command
 from services.node_agent.conditions import unknown
 from services.node_agent.config import AgentConfig
-from services.node_agent.xid import XidSource, xid_condition
+from services.node_agent.xid import XidEvent, XidSource, xid_condition
 from shared.domain.health import Condition, ConditionType, HealthReport
 
 log = logging.getLogger(__name__)
+
+MAX_PENDING_XIDS = 200  # an XID storm while the sink is down must not grow without bound
 
 PROBE_CONDITIONS: dict[str, tuple[str, ...]] = {
     "xid": (ConditionType.XID_ERROR.value,),
@@ -48,10 +50,28 @@ class SinceTracker:
 
 @dataclass
 class AgentState:
-    """What survives between collections: the XID cursor and each condition's ``since``."""
+    """What survives between collections: the XID cursor, XIDs not yet delivered, and each
+    condition's ``since``.
+
+    XIDs are reported until ``acknowledge()`` says the report was delivered (published, or
+    acted on by a Slurm health check): only then is the cursor persisted and the pending
+    events dropped. A failed publish or drain therefore repeats the XID next time instead of
+    losing the one signal that says the node is broken.
+    """
 
     since: SinceTracker = field(default_factory=SinceTracker)
     xid_source: XidSource | None = None
+    pending_xids: list[XidEvent] = field(default_factory=list)
+
+    def acknowledge(self) -> None:
+        self.pending_xids = []
+        if self.xid_source is not None:
+            self.xid_source.commit()
+
+    def read_xids(self, config: AgentConfig, runner: Runner) -> list[XidEvent]:
+        new = self.xid(config).read_new(runner, commit=False)
+        self.pending_xids = [*self.pending_xids, *new][-MAX_PENDING_XIDS:]
+        return list(self.pending_xids)
 
     def xid(self, config: AgentConfig) -> XidSource:
         if self.xid_source is None or self.xid_source.source != config.xid_source:
@@ -72,10 +92,11 @@ def collect(
     state: AgentState | None = None,
     speed_timer: Callable[[int], float] | None = None,
 ) -> HealthReport:
-    """One observation of the node. Pass the same ``state`` each time in a long-running agent."""
+    """One observation of the node. Pass the same ``state`` each time in a long-running agent,
+    and call ``state.acknowledge()`` once the report has been delivered."""
     state = state if state is not None else AgentState()
     probes: dict[str, Callable[[], list[Condition]]] = {
-        "xid": lambda: [xid_condition(state.xid(config).read_new(runner), now)],
+        "xid": lambda: [xid_condition(state.read_xids(config, runner), now)],
         "nvidia_smi": lambda: nvidia_smi.probe(
             runner,
             now,
@@ -97,7 +118,7 @@ def collect(
             speed.probe(
                 now,
                 baseline_s=config.speed_baseline_s,
-                slow_ratio=config.speed_slow_ratio,
+                min_ratio=config.speed_min_ratio,
                 size=config.speed_matrix_size,
                 node_type=config.node_type,
                 timer=speed_timer,

@@ -132,22 +132,25 @@ def main(
     publish = publish_factory(args.publish_url) if args.publish_url else None
     state = AgentState()
 
-    def once() -> HealthReport:
+    def once(acknowledge: bool = True) -> HealthReport:
         report = collect(config, clock(), runner=runner, state=state)
         out.write(json.dumps(report_data(report), sort_keys=True) + "\n")
         out.flush()
         if publish is not None:
             try:
                 publish(report_to_cloudevent(report))
-            except Exception as exc:  # the next report supersedes this one: log, carry on
+            except Exception as exc:  # keep the XIDs pending: the next report repeats them
                 log.warning("publishing to %s failed: %s", args.publish_url, exc)
+                return report
+        if acknowledge:
+            state.acknowledge()
         return report
 
     if args.once:
         once()
         return 0
     if args.slurm_healthcheck:
-        return _healthcheck(once, config, args, drainer_factory)
+        return _healthcheck(once, state, config, args, drainer_factory)
     iterations = 0
     while max_iterations is None or iterations < max_iterations:
         started = clock()
@@ -162,19 +165,23 @@ def main(
 
 
 def _healthcheck(
-    once: Callable[[], HealthReport],
+    once: Callable[[bool], HealthReport],
+    state: AgentState,
     config: AgentConfig,
     args: argparse.Namespace,
     drainer_factory: Callable[[str | None], Drainer] | None,
 ) -> int:
+    """One check; drain on a fault. The XID cursor is committed only once the fault was acted
+    on, so a drain that failed (controller down) is retried by the next health check."""
     try:
-        report = once()
+        report = once(False)
         found = faults(report)
         if found and args.drain_on_fault:
             reason = ("mtc-agent " + "; ".join(found))[:250]
             factory = drainer_factory or _default_drainer
             factory(args.slurm_conf).drain(config.node_id, reason)
             log.warning("drained %s: %s", config.node_id, reason)
+        state.acknowledge()
     except Exception:
         log.exception("slurm health check failed")
     return 0

@@ -31,7 +31,7 @@ class AgentConfig:
     dcgm_timeout_s: float = 120.0
     volatile_dbe_max: int = 0
     speed_baselines_s: Mapping[str, float] = field(default_factory=dict)  # node_type -> seconds
-    speed_slow_ratio: float = 1.5
+    speed_min_ratio: float = 0.8  # slower than 0.8x of the baseline speed is a problem
     speed_matrix_size: int = 512
 
     def __post_init__(self) -> None:
@@ -44,7 +44,7 @@ class AgentConfig:
             raise ValidationError("disk_threshold", "must be in (0, 1]")
         if self.dcgm_level not in (1, 2, 3, 4):
             raise ValidationError("dcgm_level", "must be 1, 2, 3 or 4")
-        for name in ("command_timeout_s", "dcgm_timeout_s", "speed_slow_ratio"):
+        for name in ("command_timeout_s", "dcgm_timeout_s", "speed_min_ratio"):
             if getattr(self, name) <= 0:
                 raise ValidationError(name, "must be positive")
         object.__setattr__(self, "speed_baselines_s", types.MappingProxyType(dict(self.speed_baselines_s)))

@@ -143,7 +143,9 @@ def probe(
     try:
         result = runner([tool, "diag", "-r", str(level), "-j"], timeout_s)
     except CommandTimedOut:
-        details = {"level": level, "failed_tests": [], "timeout_s": timeout_s}
+        # No "level": the run never reported which tests fail, and triage reads a missing level
+        # as "diagnostic hung" (cheapest node action) rather than as a level-N test failure.
+        details = {"requested_level": level, "failed_tests": [], "timeout_s": timeout_s, "timed_out": True}
         return problem(CTYPE, now, "timeout", details)
     # dcgmi exits non-zero when a test fails but still prints the JSON: parse first.
     try:

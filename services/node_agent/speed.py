@@ -38,37 +38,43 @@ def speed_condition(
     baseline_s: float | None,
     now: float,
     *,
-    slow_ratio: float = 1.5,
+    min_ratio: float = 0.8,
     node_type: str = "",
 ) -> Condition:
-    """ratio_to_baseline = elapsed / baseline (2.0 means twice as slow)."""
+    """ratio_to_baseline is speed relative to the baseline, baseline / elapsed: 1.0 is as fast
+    as the node type should be, 0.5 is half speed (the scale triage's tiers use)."""
     if baseline_s is None or baseline_s <= 0:
-        label = f" for node type {node_type!r}" if node_type else ""
-        return unknown(CTYPE, now, f"no speed baseline{label}", {"elapsed_s": elapsed_s})
-    ratio = round(elapsed_s / baseline_s, 3)
+        return _no_baseline(now, node_type)
+    if elapsed_s <= 0:
+        return unknown(CTYPE, now, f"speed check measured {elapsed_s:g}s, cannot compare")
+    ratio = round(baseline_s / elapsed_s, 3)
     details = {
         "ratio_to_baseline": ratio,
         "elapsed_s": elapsed_s,
         "baseline_s": baseline_s,
-        "slow_ratio": slow_ratio,
+        "min_ratio": min_ratio,
     }
-    if ratio > slow_ratio:
-        return problem(CTYPE, now, f"speed check {ratio:.2f}x slower than baseline", details)
-    return healthy(CTYPE, now, f"speed check at {ratio:.2f}x of baseline", details)
+    if ratio < min_ratio:
+        return problem(CTYPE, now, f"speed check at {ratio:.2f}x of baseline speed", details)
+    return healthy(CTYPE, now, f"speed check at {ratio:.2f}x of baseline speed", details)
+
+
+def _no_baseline(now: float, node_type: str) -> Condition:
+    label = f" for node type {node_type!r}" if node_type else ""
+    return unknown(CTYPE, now, f"no speed baseline{label}")
 
 
 def probe(
     now: float,
     *,
     baseline_s: float | None,
-    slow_ratio: float = 1.5,
+    min_ratio: float = 0.8,
     size: int = 512,
     node_type: str = "",
     timer: Callable[[int], float] | None = None,
 ) -> Condition:
     if baseline_s is None or baseline_s <= 0:
         # Nothing to compare against: do not burn CPU on a measurement nobody can judge.
-        label = f" for node type {node_type!r}" if node_type else ""
-        return unknown(CTYPE, now, f"no speed baseline{label}")
+        return _no_baseline(now, node_type)
     elapsed = (timer or time_matmul)(size)
-    return speed_condition(elapsed, baseline_s, now, slow_ratio=slow_ratio, node_type=node_type)
+    return speed_condition(elapsed, baseline_s, now, min_ratio=min_ratio, node_type=node_type)

@@ -187,7 +187,10 @@ class XidSource:
     def __post_init__(self) -> None:
         self._load()
 
-    def read_new(self, runner: Runner) -> list[XidEvent]:
+    def read_new(self, runner: Runner, *, commit: bool = True) -> list[XidEvent]:
+        """New events since the cursor. With ``commit=False`` the cursor moves in memory only and
+        is persisted by ``commit()`` once the events were delivered, so a crash or a failed
+        delivery re-reads them instead of losing them."""
         if self.source == "dmesg":
             result = runner([self.dmesg_path], self.timeout_s)
             if result.returncode != 0:
@@ -198,8 +201,12 @@ class XidSource:
         else:
             assert self.file_cursor is not None
             lines = self.file_cursor.read_new_lines()
-        self._save()
+        if commit:
+            self.commit()
         return parse_xid_lines(lines)
+
+    def commit(self) -> None:
+        self._save()
 
     def _load(self) -> None:
         state: dict[str, Any] = {}

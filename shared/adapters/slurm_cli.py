@@ -120,7 +120,8 @@ class SlurmNode:
 
     @property
     def available(self) -> bool:
-        """Can take new work: up, not drained, not powered down, no reboot pending."""
+        """In service: up and schedulable, i.e. not drained, powered down, rebooting or silent
+        (it may still be busy: ``allocated`` counts)."""
         blocked = {
             "DRAIN",
             "POWERED_DOWN",

@@ -132,6 +132,7 @@ def test_since_is_kept_while_status_is_unchanged(tmp_path: Path) -> None:
     runner = gpu_runner()
     first = collect(cfg, NOW, runner=runner, state=state)
     assert first.condition("XidError").status is T  # type: ignore[union-attr]
+    state.acknowledge()  # delivered: the XIDs are not repeated
     second = collect(cfg, NOW + 60, runner=runner, state=state)
     xid = second.condition("XidError")
     assert xid is not None and xid.status is F and xid.since == NOW + 60  # changed: new since
@@ -148,6 +149,7 @@ def test_xid_log_file_source(tmp_path: Path) -> None:
     (cond,) = collect(cfg, NOW, runner=FakeRunner({}), state=state).conditions
     assert cond.details["xids"] == [74, 95, 154]
     assert cond.details["recovery_action"] == "GPU Reset Required"
+    state.acknowledge()
     (again,) = collect(cfg, NOW + 5, runner=FakeRunner({}), state=state).conditions
     assert again.status is F
     missing = config(tmp_path, probes=("xid",), xid_source=str(tmp_path / "gone.log"))
@@ -184,3 +186,23 @@ def test_config_from_dict_and_file(tmp_path: Path) -> None:
         AgentConfig.from_dict({"node_id": "x", "mountz": ["/"]})
     with pytest.raises(ValidationError, match="list of strings"):
         AgentConfig.from_dict({"node_id": "x", "mounts": "/"})
+
+
+def test_undelivered_xids_are_repeated_and_the_cursor_waits(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(fixture_text("kernel_log/kern_log_xid.log"))
+    cursor = tmp_path / "cursor.json"
+    cfg = config(tmp_path, probes=("xid",), xid_source=str(log), xid_cursor_path=str(cursor))
+    state = AgentState()
+    collect(cfg, NOW, runner=FakeRunner({}), state=state)
+    with log.open("a") as handle:
+        handle.write("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=a, GPU has fallen off the bus.\n")
+    (cond,) = collect(cfg, NOW + 5, runner=FakeRunner({}), state=state).conditions
+    assert cond.details["xids"] == [74, 79, 95, 154]  # not delivered yet: still reported
+    assert not cursor.exists()  # a restarted agent would read them again
+    state.acknowledge()
+    assert cursor.exists()
+    (after,) = collect(cfg, NOW + 10, runner=FakeRunner({}), state=state).conditions
+    assert after.status is F
+    (fresh,) = collect(cfg, NOW + 15, runner=FakeRunner({}), state=AgentState()).conditions
+    assert fresh.status is F  # the persisted cursor is honoured by a new agent

@@ -105,7 +105,7 @@ def test_timeout_is_a_failed_check(sleeper: str) -> None:
     assert time.monotonic() - start < 3.0
     assert cond.status is ConditionStatus.TRUE
     assert cond.reason == "timeout"
-    assert cond.details == {"level": 3, "failed_tests": [], "timeout_s": 0.2}
+    assert cond.details == {"requested_level": 3, "failed_tests": [], "timeout_s": 0.2, "timed_out": True}
 
 
 def test_missing_dcgmi() -> None:

@@ -68,11 +68,14 @@ def test_speed_without_baseline_is_unknown_and_runs_nothing() -> None:
     assert cond.reason == "no speed baseline for node type 'a3-highgpu-8g'"
 
 
-def test_speed_ratio_to_baseline() -> None:
-    cond = speed.probe(NOW, baseline_s=0.010, slow_ratio=1.5, timer=lambda size: 0.012)
-    assert cond.status is F and cond.details["ratio_to_baseline"] == 1.2
-    slow = speed.probe(NOW, baseline_s=0.010, slow_ratio=1.5, timer=lambda size: 0.030)
-    assert slow.status is T and slow.details["ratio_to_baseline"] == 3.0
+def test_speed_ratio_to_baseline_is_relative_speed() -> None:
+    cond = speed.probe(NOW, baseline_s=0.010, min_ratio=0.8, timer=lambda size: 0.0125)
+    assert cond.status is F and cond.details["ratio_to_baseline"] == 0.8
+    slow = speed.probe(NOW, baseline_s=0.010, min_ratio=0.8, timer=lambda size: 0.040)
+    assert slow.status is T and slow.details["ratio_to_baseline"] == 0.25  # a quarter speed
+    fast = speed.probe(NOW, baseline_s=0.010, timer=lambda size: 0.005)
+    assert fast.status is F and fast.details["ratio_to_baseline"] == 2.0
+    assert speed.speed_condition(0.0, 0.01, NOW).status is U
 
 
 def test_real_matmul_is_timed() -> None:

@@ -214,6 +214,30 @@ def test_healthcheck_without_drain_flag_or_fault_does_not_drain(tmp_path: Path) 
     assert drainer.drained == []
 
 
+def test_a_failed_drain_is_retried_by_the_next_health_check(tmp_path: Path) -> None:
+    assert healthcheck(tmp_path, XID_79, FakeDrainer(fail=True), "--drain-on-fault") == 0
+    drainer = FakeDrainer()
+    assert healthcheck(tmp_path, XID_79, drainer, "--drain-on-fault") == 0
+    assert [node for node, _ in drainer.drained] == ["n3"]
+
+
+def test_a_failed_publish_repeats_the_xid(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(XID_79)
+    calls: list[CloudEvent] = []
+
+    def flaky(event: CloudEvent) -> None:
+        calls.append(event)
+        if len(calls) == 1:
+            raise ConnectionError("sink down")
+
+    argv = ["--interval", "5", "--node-id", "n1", "--skip", "nvidia_smi,dcgm,speed,disk"]
+    argv += ["--xid-source", str(log), "--publish-url", "http://sink"]
+    code, printed = run_cli(argv, publish_factory=lambda url: flaky, sleep=lambda s: None, max_iterations=3)
+    assert code == 0
+    assert [d["conditions"][0]["status"] for d in printed] == ["true", "true", "false"]
+
+
 def test_healthcheck_always_exits_0(tmp_path: Path) -> None:
     assert healthcheck(tmp_path, XID_79, FakeDrainer(fail=True), "--drain-on-fault") == 0
     no_env = FakeDrainer()

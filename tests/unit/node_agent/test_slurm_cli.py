@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from shared.adapters.slurm_cli import (
     SlurmCli,
+    SlurmError,
     SlurmPermanentError,
     SlurmTransientError,
     classify,
@@ -208,7 +209,7 @@ def test_submit() -> None:
 def test_recorded_errors_are_classified(case: str, expected: type[Exception]) -> None:
     recorded = ERRORS[case]
     client, _ = cli(Recorded(recorded["returncode"], recorded["stdout"], recorded["stderr"]))
-    actions = {
+    actions: dict[str, Callable[[], object]] = {
         "drain": lambda: client.drain("n1", "x"),
         "resume": lambda: client.resume("n1"),
         "requeue": lambda: client.requeue(3),
@@ -220,9 +221,10 @@ def test_recorded_errors_are_classified(case: str, expected: type[Exception]) ->
     with pytest.raises(expected) as info:
         actions[case.split("_")[0]]()
     err = info.value
+    assert isinstance(err, SlurmError)
     assert isinstance(err, PermanentError if expected is SlurmPermanentError else TransientError)
     assert recorded["stderr"].strip() in str(err)
-    assert err.returncode == 1  # type: ignore[attr-defined]
+    assert err.returncode == 1
 
 
 def test_timeouts_and_missing_binaries() -> None:

@@ -50,6 +50,14 @@ class FakeCompute:
         if node.node_id not in self.provisioned:
             self.provisioned.append(node.node_id)
 
+    cordoned: set[str] = field(default_factory=set)
+
+    def cordon(self, node_id: str, reason: str) -> None:
+        self.cordoned.add(node_id)
+
+    def uncordon(self, node_id: str) -> None:
+        self.cordoned.discard(node_id)
+
     def delete_node(self, node_id: str) -> None:
         if node_id not in self.deleted:
             self.deleted.append(node_id)

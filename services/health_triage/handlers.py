@@ -95,6 +95,7 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
     if not ready_to_return(node.passes, node.first_pass_at, now, deps.config.repair):
         return
     node.transition(NodeState.IDLE, now, "passed its checks")
+    deps.compute.uncordon(node.node_id)
     partition = uow.partitions.get(node.cluster_id, node.partition)
     if partition is not None:
         partition.put_back(node.node_id)

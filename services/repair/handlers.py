@@ -64,6 +64,7 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
                                                node_id=node.node_id, reason=reason))
         return
     partition.take_out(node.node_id, now, deps.config.repair.blast_window_s)
+    deps.compute.cordon(node.node_id, reason)
     if node.job_id and node.state in (NodeState.ALLOCATED, NodeState.SUSPECT):
         node.transition(NodeState.DRAINING, now, reason)
         node.repair_action = decision.action

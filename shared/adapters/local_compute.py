@@ -423,6 +423,12 @@ class LocalCompute:
                 (node.node_id, json.dumps(node.to_dict()), now, now + self._provision_s, now),
             )
 
+    def cordon(self, node_id: str, reason: str) -> None:
+        """Local nodes take work only as the control plane assigns it: nothing to fence."""
+
+    def uncordon(self, node_id: str) -> None:
+        """See cordon."""
+
     def delete_node(self, node_id: str) -> None:
         """Forget the node: no more heartbeats, repairs or reports."""
         with self._tx() as db:

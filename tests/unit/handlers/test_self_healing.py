@@ -42,6 +42,7 @@ def test_xid79_drains_checkpoints_requeues_on_spare_and_repairs() -> None:
     plane.deliver()
     assert plane.node(bad).state is NodeState.DRAINING
     assert plane.compute.signalled == [("j1", 1)]
+    assert plane.compute.cordoned == {bad}
 
     plane.exit_workers("j1", 1, 75)  # checkpointed on SIGTERM
     job = plane.job("j1")
@@ -58,6 +59,7 @@ def test_xid79_drains_checkpoints_requeues_on_spare_and_repairs() -> None:
         plane.report(bad, healthy(plane.clock.now()))
         plane.deliver()
     assert plane.node(bad).state is NodeState.IDLE
+    assert plane.compute.cordoned == set()
 
     plane.exit_workers("j1", 2, 0)
     assert plane.job("j1").state is JobState.SUCCEEDED

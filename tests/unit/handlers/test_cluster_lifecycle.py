@@ -1,0 +1,115 @@
+"""Cluster update (resize, partitions), delete, and job cancel through the real handlers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from services.job_submission import handlers as api
+from shared.domain.errors import ValidationError
+from shared.domain.model import ClusterState, JobState, NodeState
+from tests.harness import CLUSTER, Plane, job_body
+
+
+def ready_plane() -> Plane:
+    plane = Plane()
+    plane.api(api.create_cluster, CLUSTER)
+    plane.deliver()
+    plane.bring_up()
+    return plane
+
+
+def resized(count: int, spares: int = 1) -> dict[str, object]:
+    spec = copy.deepcopy(CLUSTER)
+    spec["nodePools"][0].update(nodeCount=count, spareCount=spares)  # type: ignore[index]
+    return spec
+
+
+def cluster_state(plane: Plane) -> ClusterState:
+    with plane.uow() as uow:
+        cluster = uow.clusters.get("c1")
+    assert cluster is not None
+    return cluster.state
+
+
+def test_scale_up_provisions_new_nodes_through_the_same_path() -> None:
+    plane = ready_plane()
+    plane.api(lambda u, d: api.update_cluster("c1", resized(6), u, d))
+    plane.deliver()
+    assert cluster_state(plane) is ClusterState.UPDATING
+    assert plane.node("c1-gpu-005").state is NodeState.PROVISIONING
+    plane.bring_up()
+    assert cluster_state(plane) is ClusterState.READY
+    workers = [n for n in plane.nodes("c1") if n.role.value == "worker"]
+    assert len(workers) == 6 and all(n.state is NodeState.IDLE for n in workers)
+    with plane.uow() as uow:
+        partition = uow.partitions.get("c1", "train")
+    assert partition is not None and partition.total_nodes == 6
+
+
+def test_scale_down_retires_idle_nodes_and_drains_busy_ones() -> None:
+    plane = ready_plane()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(3), u, d, "j1"))
+    plane.deliver()
+    busy = set(plane.job("j1").node_ids)
+    plane.api(lambda u, d: api.update_cluster("c1", resized(1, 0), u, d))
+    plane.deliver()
+    states = {n.node_id: n.state for n in plane.nodes("c1") if n.role.value == "worker"}
+    assert [s for s in states.values() if s is NodeState.RETIRED] == [NodeState.RETIRED]
+    draining = {n for n, s in states.items() if s is NodeState.DRAINING}
+    assert draining and draining <= busy and len(draining) == 2
+    assert plane.compute.signalled == [("j1", 1)]  # the job checkpoints before nodes leave
+    plane.exit_workers("j1", 1, 75)
+    states = {n.node_id: n.state for n in plane.nodes("c1") if n.role.value == "worker"}
+    assert sorted(s.value for s in states.values()) == ["idle", "retired", "retired", "retired"]
+    # three replicas no longer fit one node: the job waits for capacity, like a pending
+    # Slurm job, rather than failing (the user may scale up again)
+    assert plane.job("j1").state is JobState.PENDING and plane.job("j1").restart_count == 1
+    assert cluster_state(plane) is ClusterState.READY
+    assert not plane.compute.repairs  # scale-down is not a repair
+
+
+def test_update_cannot_change_a_pools_machine() -> None:
+    plane = ready_plane()
+    spec = resized(4)
+    spec["nodePools"][0]["machineSpec"]["acceleratorCount"] = 4  # type: ignore[index]
+    with pytest.raises(ValidationError) as err:
+        plane.api(lambda u, d: api.update_cluster("c1", spec, u, d))
+    assert err.value.path == "nodePools[0].machineSpec"
+    assert cluster_state(plane) is ClusterState.READY
+
+
+def test_cancel_signals_then_cancels_and_frees_nodes() -> None:
+    plane = ready_plane()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    plane.api(lambda u, d: api.cancel_job("j1", u, d))
+    plane.deliver()
+    assert plane.job("j1").state is JobState.CANCELLING
+    assert plane.compute.signalled == [("j1", 1)]
+    plane.exit_workers("j1", 1, 75)
+    assert plane.job("j1").state is JobState.CANCELLED
+    assert plane.job("j1").restart_count == 0
+    assert all(n.state is NodeState.IDLE for n in plane.nodes("c1"))
+
+
+def test_delete_cancels_jobs_and_retires_every_node() -> None:
+    plane = ready_plane()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    plane.api(lambda u, d: api.delete_cluster("c1", u, d))
+    plane.deliver()
+    assert cluster_state(plane) is ClusterState.DELETED
+    assert plane.job("j1").state is JobState.CANCELLED
+    assert all(n.state is NodeState.RETIRED for n in plane.nodes("c1"))
+    assert sorted(plane.compute.deleted) == sorted(n.node_id for n in plane.nodes("c1"))
+
+
+def test_a_crashing_job_fails_without_restart() -> None:
+    plane = ready_plane()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    plane.exit_workers("j1", 1, 1)
+    job = plane.job("j1")
+    assert job.state is JobState.FAILED and "code 1" in job.error

@@ -101,20 +101,15 @@ def on_repair_completed(event: NodeRepairCompleted, uow: UnitOfWork, deps: Deps)
 
 
 def _start(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reason: str) -> None:
-    now = deps.clock.now()
-    if action is RepairAction.MANUAL:
-        node.transition(NodeState.FAILED, now, f"needs a person: {reason}")
-        node.repair_action = action
-        uow.emit(NodeRepairHeld(node_id=node.node_id, action=action.value, reason=reason))
-        return
-    node.transition(NodeState.REPAIRING, now, reason)
+    if action is not RepairAction.MANUAL:  # MANUAL goes from DRAINED straight to FAILED
+        node.transition(NodeState.REPAIRING, deps.clock.now(), reason)
     _launch(node, action, uow, deps, reason)
 
 
 def _launch(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reason: str) -> None:
     now = deps.clock.now()
     if action is RepairAction.MANUAL:
-        node.transition(NodeState.FAILED, now, f"repair ladder exhausted: {reason}")
+        node.transition(NodeState.FAILED, now, f"needs a person: {reason}")
         node.repair_action = action
         uow.emit(NodeRepairHeld(node_id=node.node_id, action=action.value, reason=reason))
         return

@@ -148,3 +148,28 @@ def test_unmapped_xid_restarts_the_job_but_keeps_the_node() -> None:
     plane.exit_workers("j1", 1, 75)
     job = plane.job("j1")
     assert job.state is JobState.RUNNING and job.restart_count == 1 and node in job.node_ids
+
+
+def test_manual_xid_drains_and_holds_the_node_for_a_person() -> None:
+    plane = ready_plane()
+    node = "c1-gpu-002"
+    plane.report(node, xid(54, plane.clock.now()))  # "check mechanicals"
+    plane.deliver()
+    assert plane.node(node).state is NodeState.FAILED
+    assert plane.node(node).reason.startswith("needs a person")
+    assert plane.compute.repairs == []
+    assert any(e.type == "mtc.node.repair_held.v1" for e in plane.delivered)
+
+
+def test_a_failed_repair_escalates_to_the_next_rung() -> None:
+    plane = ready_plane()
+    node = "c1-gpu-001"
+    plane.report(node, xid(79, plane.clock.now()))
+    plane.deliver()
+    plane.finish_repairs(ok=False)
+    assert plane.node(node).state is NodeState.REPAIRING
+    assert plane.compute.repairs == [(node, RepairAction.REIMAGE, 2)]
+    plane.finish_repairs(ok=False)
+    assert plane.node(node).state is NodeState.RETIRED  # reimage failed too: replace
+    assert plane.node("c1-gpu-001-r1").state is NodeState.PROVISIONING
+    assert "c1-gpu-001-r1" in plane.compute.provisioned and node in plane.compute.deleted

@@ -22,6 +22,7 @@ from shared.handling import Deps
 from shared.ports import UnitOfWork
 
 SERVICE = "checkpoint_resume"
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL: the program checkpointed on SIGTERM and asks to resume
 KEEP_CHECKPOINTS = 20
 
 
@@ -76,7 +77,8 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         job.transition(JobState.CANCELLED, now)
         _finished(job, uow, "cancelled by the user")
         return
-    interrupted = job.interrupt_requested_at is not None or infrastructure
+    interrupted = (job.interrupt_requested_at is not None or infrastructure
+                   or _killed_from_outside(event.exit_code))
     if event.exit_code == 0 and not interrupted:
         job.transition(JobState.SUCCEEDED, now)
         _finished(job, uow, "all workers exited 0")
@@ -100,6 +102,11 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
     job.interrupt_reason = ""
     uow.emit(JobRequeued(job_id=job.job_id, cluster_id=job.cluster_id,
                          restart_count=job.restart_count, reason=reason))
+
+
+def _killed_from_outside(exit_code: int) -> bool:
+    """Preempted, or killed by a signal (OOM killer, a lost host): not the program's bug."""
+    return exit_code == PREEMPTED_EXIT or exit_code >= 128 or exit_code < 0
 
 
 def _lost_a_node(job: Job, uow: UnitOfWork) -> bool:

@@ -117,3 +117,34 @@ def test_a_killed_command_loses_nothing(cluster: Path, tmp_path: Path) -> None:
     done = wait_for(cluster, lambda: mtc_json(cluster, "job", "get", "k1")["state"]
                     == "JOB_STATE_SUCCEEDED")
     assert done
+
+
+def test_a_killed_worker_loses_no_job(cluster: Path, tmp_path: Path) -> None:
+    """SIGKILL one rank's training process: the attempt ends, the job resumes and succeeds."""
+    from shared.bootstrap import embedded
+
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps(job_spec(300)))
+    mtc(cluster, "job", "submit", "--cluster", "demo", "-f", str(spec), "--job-id", "w1")
+    wait_for(cluster, lambda: mtc_json(cluster, "job", "get", "w1")["latestCheckpoint"])
+    app = embedded(cluster)
+    try:
+        launcher = next(w for w in app.compute.workers("w1") if w.rank == 1).pid
+    finally:
+        app.close()
+    children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                and _parent(p) == launcher]
+    assert children, "the launcher has no training process to kill"
+    os.kill(children[0], signal.SIGKILL)
+    done = wait_for(cluster, lambda: (j := mtc_json(cluster, "job", "get", "w1"))["state"]
+                    == "JOB_STATE_SUCCEEDED" and j, timeout=60)
+    assert done["restartCount"] == 1
+    assert all(n["state"] == "idle" for n in mtc_json(cluster, "node", "list"))
+
+
+def _parent(proc: Path) -> int:
+    try:
+        stat = (proc / "stat").read_text()
+    except OSError:
+        return -1
+    return int(stat.rsplit(")", 1)[1].split()[1])

@@ -113,3 +113,13 @@ def test_a_crashing_job_fails_without_restart() -> None:
     plane.exit_workers("j1", 1, 1)
     job = plane.job("j1")
     assert job.state is JobState.FAILED and "code 1" in job.error
+
+
+@pytest.mark.parametrize("code", [75, 137, -9])
+def test_a_worker_killed_from_outside_is_requeued(code: int) -> None:
+    plane = ready_plane()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    plane.exit_workers("j1", 1, code)
+    job = plane.job("j1")
+    assert job.state is JobState.RUNNING and job.attempt == 2 and job.restart_count == 1

@@ -12,7 +12,7 @@ def test_every_type_is_versioned_and_named_after_its_entity() -> None:
     for type_, cls in REGISTRY.items():
         parts = type_.split(".")
         assert parts[0] == "mtc" and parts[-1] == "v1" and len(parts) == 4, type_
-        assert cls.TYPE == type_
+        assert type_ == cls.TYPE
 
 
 def test_round_trip_and_unknown_fields_are_ignored() -> None:

@@ -80,7 +80,7 @@ def test_partitions_default_to_one_per_pool_and_round_trip() -> None:
     ([*WPS, "containerSpec"], DELETE, "jobSpec.workerPoolSpecs[0]", "exactly one of"),
     ([*WPS, "containerSpec", "imageUri"], DELETE,
      "jobSpec.workerPoolSpecs[0].containerSpec.imageUri", "is required"),
-    ([*WPS, "containerSpec", "command"], "python", 
+    ([*WPS, "containerSpec", "command"], "python",
      "jobSpec.workerPoolSpecs[0].containerSpec.command", "must be a list"),
     ([*WPS, "containerSpec", "command"], ["python", 3],
      "jobSpec.workerPoolSpecs[0].containerSpec.command[1]", "must be a string"),

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import functions_framework
 import flask
+import functions_framework
 from cloudevents.http import CloudEvent
 
 from services.job_submission.api import dispatch

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -96,9 +97,14 @@ class Stack:
     grace_period_s: float = 10.0
     heartbeat_timeout_s: float = 30.0
     tick_s: float = 5.0
+    # Simulated machines take this long: a result must not come back before the transaction
+    # that asked for it commits (the emulator can hold a contended commit about 2 s).
+    provision_duration_s: float = 3.0
+    repair_duration_s: float = 3.0
     delivery: ps.DeliverySettings = field(default_factory=lambda: ps.DeliverySettings(
         ack_deadline_s=60, max_delivery_attempts=5, min_backoff_s=0.5, max_backoff_s=10))
     log: Callable[[str], None] = print
+    extra_env: dict[str, str] = field(default_factory=dict)  # for every function
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
@@ -151,11 +157,16 @@ class Stack:
             "MTC_AGENT_INTERVAL_S": str(self.agent_interval_s),
             "MTC_GRACE_PERIOD_S": str(self.grace_period_s),
             "MTC_HEARTBEAT_TIMEOUT_S": str(self.heartbeat_timeout_s),
+            "MTC_LOCAL_COMPUTE": json.dumps({
+                "provision_duration_s": self.provision_duration_s,
+                "repair_durations_s": {a: self.repair_duration_s
+                                       for a in ("reset_gpu", "reboot", "reimage", "replace")}}),
             "K_SERVICE": ps.function_name(fn.name),
             "PYTHONPATH": str(ROOT),
             "PYTHONUNBUFFERED": "1",
             "WORKERS": "1",
             "THREADS": "8",
+            **self.extra_env,
         }
 
     def _start_functions(self) -> None:
@@ -185,7 +196,7 @@ class Stack:
                 try:
                     env = from_pubsub_message({"attributes": dict(message.attributes),
                                                "data": message.data})
-                except Exception:  # noqa: BLE001 - a malformed message is not ours to judge
+                except Exception:
                     return
                 on_event(env)
             self._pulls.append(sub.subscribe(path, callback=callback))
@@ -193,7 +204,6 @@ class Stack:
     def _start_machines(self) -> None:
         from shared.adapters.local_compute import LocalCompute
         from shared.bootstrap import SystemClock
-        from shared.cli.demo import REPAIR_DURATIONS_S
 
         assert self.publisher is not None
         publisher = self.publisher
@@ -204,8 +214,9 @@ class Stack:
 
             publisher.publish(make_envelope(event, "//mtc/compute/local", clock.now()))
 
+        # repairs complete by the durations of the LocalCompute that started them (the
+        # repair function's); this one polls, injects faults and heartbeats
         self.compute = LocalCompute(self.state_dir / "compute", emit, clock,
-                                    repair_durations_s=REPAIR_DURATIONS_S,
                                     agent_interval_s=self.agent_interval_s)
         self._threads.append(threading.Thread(target=self._machines, name="machines",
                                               daemon=True))
@@ -217,7 +228,7 @@ class Stack:
         while not self._stop.wait(0.2):
             try:
                 self.compute.poll()
-            except Exception as exc:  # noqa: BLE001 - keep the machines running
+            except Exception as exc:
                 self.log(f"machines: poll failed: {exc}")
 
     def _ticks(self) -> None:
@@ -266,9 +277,9 @@ class Stack:
         self.procs.clear()
         if self.started_emulators:
             env = {**os.environ, "MTC_EMULATORS_DIR": str(self.state_dir / "emulators")}
-            proc = subprocess.run([str(EMULATORS), "stop"], env=env, capture_output=True,
-                                  text=True, timeout=60)
-            for line in proc.stdout.strip().splitlines():
+            stopped = subprocess.run([str(EMULATORS), "stop"], env=env, capture_output=True,
+                                     text=True, timeout=60)
+            for line in stopped.stdout.strip().splitlines():
                 self.log(f"stack: {line}")
             self.started_emulators = False
 
@@ -380,9 +391,9 @@ def main(argv: list[str] | None = None) -> int:
             ok = story(stack, args.steps, console, t0)
             time.sleep(1.0)  # let the last events reach the tap
             console.rule("[bold]result")
-            job_state = stack.uow()
-            with job_state as uow:
+            with stack.uow() as uow:
                 job = uow.jobs.get("train-1")
+            assert job is not None
             with lock:
                 docs = [envelope_to_doc(e) for e in seen]
             acct = job_accounting(docs, "train-1")
@@ -394,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"of {acct.wall_s:.1f} s)")
             console.print(f"events through Pub/Sub: {len(docs)} "
                           f"({sum(1 for d in docs if is_routine(d))} routine heartbeats/ticks)")
-            console.print(_node_table(_FirestoreApp(stack)))
+            app: Any = _FirestoreApp(stack)  # what _node_table uses of an EmbeddedApp
+            console.print(_node_table(app))
             console.print(f"stack wall time: {time.time() - t0:.1f} s")
             if args.keep:
                 console.print("[bold]running; Ctrl-C stops everything")

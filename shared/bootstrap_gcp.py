@@ -14,12 +14,16 @@ Environment:
   MTC_AGENT_INTERVAL_S     LocalCompute's heartbeat period                (default 1.0)
   MTC_GRACE_PERIOD_S       SIGTERM-to-SIGKILL grace given to jobs          (default config)
   MTC_HEARTBEAT_TIMEOUT_S  silence after which a node is reported lost     (default config)
+  MTC_REPAIR_CONFIG        JSON repair policy knobs (load_repair_config)   (default config)
+  MTC_LOCAL_COMPUTE        JSON LocalCompute timings: provision_duration_s,
+                           repair_durations_s {action: s}                 (LocalCompute's)
   K_SERVICE                the function's name (set by Cloud Run): the CloudEvent source
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -27,9 +31,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from shared.adapters.docstore import DocOutbox, DocUnitOfWork, make_envelope
+from shared.adapters.docstore import DocOutbox, DocStore, DocUnitOfWork, make_envelope
 from shared.adapters.firestore_store import FirestoreDocStore
 from shared.adapters.pubsub import PREFIX, PubSubDeadLetters, PubSubPublisher
 from shared.bootstrap import SystemClock
@@ -38,7 +42,7 @@ from shared.domain.events import Envelope, Event
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
 from shared.handling import Deps, publish_all
-from shared.ports import Clock, Compute, Publisher, WorkerSpec
+from shared.ports import Clock, Compute, Outbox, Publisher, WorkerSpec
 
 log = logging.getLogger("mtc.gcp")
 
@@ -56,6 +60,8 @@ class GcpSettings:
     agent_interval_s: float = 1.0
     grace_period_s: float | None = None
     heartbeat_timeout_s: float | None = None
+    repair_config: str = ""  # JSON for shared.policies.repair.load_repair_config
+    local_compute: str = ""  # JSON: LocalCompute options (provision_duration_s, ...)
     source: str = "//mtc/control-plane"
 
     @classmethod
@@ -80,6 +86,8 @@ class GcpSettings:
             agent_interval_s=float(env.get("MTC_AGENT_INTERVAL_S", "1.0")),
             grace_period_s=float(grace) if grace else None,
             heartbeat_timeout_s=float(heartbeat) if heartbeat else None,
+            repair_config=env.get("MTC_REPAIR_CONFIG", ""),
+            local_compute=env.get("MTC_LOCAL_COMPUTE", ""),
             source=f"//mtc/{service}" if service else "//mtc/control-plane",
         )
 
@@ -89,6 +97,12 @@ class NullCompute:
 
     def provision_node(self, node: Node) -> None:
         log.info("compute: provision %s (no compute backend)", node.node_id)
+
+    def cordon(self, node_id: str, reason: str) -> None:
+        log.info("compute: cordon %s (%s)", node_id, reason)
+
+    def uncordon(self, node_id: str) -> None:
+        log.info("compute: uncordon %s", node_id)
 
     def delete_node(self, node_id: str) -> None:
         log.info("compute: delete %s", node_id)
@@ -132,13 +146,13 @@ class GcpRuntime:
     publishes whatever this thread committed and has not published yet. What a crash
     leaves in the outbox, the sweeper (``POST /tick`` on the steps function) publishes."""
 
-    def __init__(self, settings: GcpSettings, *, store: FirestoreDocStore | None = None,
+    def __init__(self, settings: GcpSettings, *, store: DocStore | None = None,
                  publisher: PubSubPublisher | None = None, compute: Compute | None = None,
                  clock: Clock | None = None, config: ControlPlaneConfig | None = None) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
-        self.store = store or FirestoreDocStore.connect(settings.project,
-                                                        prefix=settings.collection_prefix)
+        self.store: DocStore = store or FirestoreDocStore.connect(
+            settings.project, prefix=settings.collection_prefix)
         self.publisher = publisher or PubSubPublisher(settings.project,
                                                       prefix=settings.topic_prefix)
         self.outbox = DocOutbox(self.store)
@@ -152,6 +166,11 @@ class GcpRuntime:
             if settings.heartbeat_timeout_s is not None:
                 config = dataclasses.replace(config,
                                              heartbeat_timeout_s=settings.heartbeat_timeout_s)
+            if settings.repair_config:
+                from shared.policies.repair import load_repair_config
+
+                repair = load_repair_config(json.loads(settings.repair_config))
+                config = dataclasses.replace(config, repair=repair)
         self.deps = Deps(
             uow=self._new_uow,
             clock=self.clock,
@@ -160,7 +179,7 @@ class GcpRuntime:
             config=config,
             dead_letters=PubSubDeadLetters(self.store, self.publisher),
             event_log=None,
-            outbox=self.outbox,
+            outbox=cast(Outbox, self.outbox),  # DocOutbox takes list[str]: compatible
         )
 
     def _make_compute(self) -> Compute:
@@ -168,8 +187,9 @@ class GcpRuntime:
             return NullCompute()
         from shared.adapters.local_compute import LocalCompute
 
+        options = local_compute_options(self.settings.local_compute)
         return LocalCompute(self.settings.state_dir / "compute", self.emit_compute, self.clock,
-                            agent_interval_s=self.settings.agent_interval_s)
+                            agent_interval_s=self.settings.agent_interval_s, **options)
 
     def _new_uow(self) -> DocUnitOfWork:
         uow = DocUnitOfWork(self.store, source=self.settings.source, clock=self.clock.now)
@@ -199,6 +219,25 @@ class GcpRuntime:
         close = getattr(self.compute, "close", None)
         if close is not None:
             close()
+
+
+def local_compute_options(text: str) -> dict[str, Any]:
+    """``{"provision_duration_s": 2, "repair_durations_s": {"reboot": 2}}`` -> LocalCompute
+    keyword arguments. Machines that answer at once can report a result before the
+    transaction that asked for it has committed; real ones take minutes."""
+    if not text:
+        return {}
+    raw = json.loads(text)
+    if not isinstance(raw, dict) or not set(raw) <= {"provision_duration_s",
+                                                     "repair_durations_s"}:
+        raise RuntimeError(f"MTC_LOCAL_COMPUTE: unexpected {text!r}")
+    options: dict[str, Any] = {}
+    if "provision_duration_s" in raw:
+        options["provision_duration_s"] = float(raw["provision_duration_s"])
+    if "repair_durations_s" in raw:
+        options["repair_durations_s"] = {RepairAction(k): float(v)
+                                         for k, v in raw["repair_durations_s"].items()}
+    return options
 
 
 def gcp_runtime(**overrides: Any) -> GcpRuntime:

@@ -21,6 +21,7 @@ Nothing here creates a client at import time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -122,16 +123,16 @@ def topics(prefix: str = PREFIX) -> list[str]:
 
 def publisher_client() -> Any:
     """PUBSUB_EMULATOR_HOST, when set, selects the emulator."""
-    from google.cloud import pubsub_v1
+    from google.cloud.pubsub_v1 import PublisherClient, types
 
-    batch = pubsub_v1.types.BatchSettings(max_messages=100, max_latency=0.001)
-    return pubsub_v1.PublisherClient(batch_settings=batch)
+    batch = types.BatchSettings(max_messages=100, max_latency=0.001)
+    return PublisherClient(batch_settings=batch)
 
 
 def subscriber_client() -> Any:
-    from google.cloud import pubsub_v1
+    from google.cloud.pubsub_v1 import SubscriberClient
 
-    return pubsub_v1.SubscriberClient()
+    return SubscriberClient()
 
 
 class PubSubPublisher:
@@ -242,10 +243,8 @@ def leave_in_outbox(store: DocStore, envelope: Envelope) -> None:
 
 
 def _create_topic(pub: Any, path: str) -> None:
-    try:
+    with contextlib.suppress(gexc.AlreadyExists):
         pub.create_topic(request={"name": path})
-    except gexc.AlreadyExists:
-        pass
 
 
 def ensure_topology(project: str, endpoints: Mapping[str, str], *,
@@ -254,7 +253,7 @@ def ensure_topology(project: str, endpoints: Mapping[str, str], *,
     """Topics, the dead-letter topic and its pull subscription, and one push subscription per
     (service, family) to ``endpoints[service]``. Idempotent: existing subscriptions get the
     endpoint and policies of this call."""
-    from google.cloud import pubsub_v1
+    from google.cloud.pubsub_v1 import types
     from google.protobuf import duration_pb2, field_mask_pb2
 
     settings = settings or DeliverySettings()
@@ -264,29 +263,27 @@ def ensure_topology(project: str, endpoints: Mapping[str, str], *,
         _create_topic(pub, pub.topic_path(project, topic))
     dead_topic = pub.topic_path(project, dead_letter_topic_id(prefix))
     _create_topic(pub, dead_topic)
-    try:
+    with contextlib.suppress(gexc.AlreadyExists):
         sub.create_subscription(request={
             "name": sub.subscription_path(project, dead_letter_subscription_id(prefix)),
             "topic": dead_topic, "ack_deadline_seconds": 60,
             "message_retention_duration": duration_pb2.Duration(seconds=settings.retention_s),
         })
-    except gexc.AlreadyExists:
-        pass
 
     def seconds(value: float) -> duration_pb2.Duration:
         return duration_pb2.Duration(seconds=int(value), nanos=int(value % 1 * 1e9))
 
     plans = [p for p in plan_subscriptions(prefix) if p.service in endpoints]
     for plan in plans:
-        subscription = pubsub_v1.types.Subscription(
+        subscription = types.Subscription(
             name=sub.subscription_path(project, plan.name),
             topic=pub.topic_path(project, plan.topic),
-            push_config=pubsub_v1.types.PushConfig(push_endpoint=endpoints[plan.service]),
+            push_config=types.PushConfig(push_endpoint=endpoints[plan.service]),
             ack_deadline_seconds=settings.ack_deadline_s,
-            retry_policy=pubsub_v1.types.RetryPolicy(
+            retry_policy=types.RetryPolicy(
                 minimum_backoff=seconds(settings.min_backoff_s),
                 maximum_backoff=seconds(settings.max_backoff_s)),
-            dead_letter_policy=pubsub_v1.types.DeadLetterPolicy(
+            dead_letter_policy=types.DeadLetterPolicy(
                 dead_letter_topic=dead_topic,
                 max_delivery_attempts=settings.max_delivery_attempts),
             filter=plan.filter,
@@ -310,12 +307,10 @@ def tap(project: str, name: str, *, prefix: str = PREFIX, subscriber: Any = None
     for topic in topics(prefix):
         family = topic[len(prefix):]
         path = sub.subscription_path(project, f"{prefix}tap-{name}-{family}")
-        try:
+        with contextlib.suppress(gexc.AlreadyExists):
             sub.create_subscription(request={
                 "name": path, "topic": f"projects/{project}/topics/{topic}",
                 "ack_deadline_seconds": 60})
-        except gexc.AlreadyExists:
-            pass
         paths.append(path)
     return paths
 

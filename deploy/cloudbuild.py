@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""Generate ``cloudbuild.yaml`` from the code's own tables, so the deployment cannot drift
+from them: functions from ``shared.routing.SERVICES`` (+ the API and the workflow steps),
+topics from ``shared.routing.families()``, push subscriptions from
+``shared.adapters.pubsub.plan_subscriptions()``, workflows from ``workflows/``, indexes from
+``deploy/firestore.indexes.json``.
+
+    .venv/bin/python deploy/cloudbuild.py          # rewrite cloudbuild.yaml
+    .venv/bin/python deploy/cloudbuild.py --check  # exit 1 if it is out of date
+
+Deploy with ``gcloud builds submit --config cloudbuild.yaml --substitutions=_REGION=...``
+(the project is the build's project unless ``_PROJECT`` says otherwise).
+
+Security model: one runtime service account per function (Firestore user on the project,
+publisher on the mtc topics only), one push identity allowed to invoke only the event
+functions, a workflow identity and a scheduler identity allowed to invoke only the steps
+function; no function allows unauthenticated calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from shared.adapters import pubsub as ps  # noqa: E402
+from shared.routing import SERVICES  # noqa: E402
+
+OUT = ROOT / "cloudbuild.yaml"
+INDEXES = ROOT / "deploy" / "firestore.indexes.json"
+PROJECT = "${_PROJECT}"
+REGION = "${_REGION}"
+SA_DOMAIN = f"{PROJECT}.iam.gserviceaccount.com"
+PUBSUB_AGENT = "service-${PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
+PUSH_SA = "mtc-push"
+WORKFLOW_SA = "mtc-workflow"
+SCHEDULER_SA = "mtc-scheduler"
+GCLOUD_IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli:slim"
+EMULATORS_IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli:emulators"
+PYTHON_IMAGE = "python:3.11-slim"
+APIS = ("cloudfunctions.googleapis.com", "run.googleapis.com", "cloudbuild.googleapis.com",
+        "artifactregistry.googleapis.com", "pubsub.googleapis.com", "firestore.googleapis.com",
+        "workflows.googleapis.com", "cloudscheduler.googleapis.com", "iam.googleapis.com",
+        "logging.googleapis.com")
+
+SUBSTITUTIONS = {
+    "_PROJECT": "${PROJECT_ID}",
+    "_REGION": "us-central1",
+    "_RUNTIME": "python311",
+    "_FIRESTORE_DATABASE": "(default)",
+    "_ACK_DEADLINE": "60",
+    "_MIN_RETRY_DELAY": "10s",
+    "_MAX_RETRY_DELAY": "600s",
+    "_MAX_DELIVERY_ATTEMPTS": "5",
+    "_FUNCTION_TIMEOUT": "60s",
+    "_MAX_INSTANCES": "20",
+    "_TICK_SCHEDULE": "* * * * *",
+}
+
+
+def functions() -> list[tuple[str, str]]:
+    """(deployed name, entry point in the root main.py) for every function."""
+    return [*((ps.function_name(s), s) for s in SERVICES),
+            (ps.function_name("api"), "api"), (ps.function_name("steps"), "steps")]
+
+
+def workflows() -> list[Path]:
+    return sorted((ROOT / "workflows").glob("*.workflows.yaml"))
+
+
+def workflow_name(path: Path) -> str:
+    return "mtc-" + path.name.removesuffix(".workflows.yaml").replace("_", "-")
+
+
+def sa_email(account: str) -> str:
+    return f"{account}@{SA_DOMAIN}"
+
+
+def q(token: str) -> str:
+    """Quote for bash. Tokens with substitutions (``${_X}``: Cloud Build replaces them before
+    bash runs, and a value may hold spaces or parentheses) or shell variables (``$$X``) are
+    double-quoted so the variable still expands; others are single-quoted when needed."""
+    if "$" in token:
+        return '"' + token.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", token):
+        return token
+    return shlex.quote(token)
+
+
+def cmd(*argv: str) -> str:
+    return " ".join(q(a) for a in argv)
+
+
+def ensure(describe: list[str], create: list[str]) -> str:
+    return f"{cmd(*describe)} >/dev/null 2>&1 || {cmd(*create)}"
+
+
+def upsert(describe: list[str], update: list[str], create: list[str]) -> str:
+    return (f"if {cmd(*describe)} >/dev/null 2>&1; then {cmd(*update)}; "
+            f"else {cmd(*create)}; fi")
+
+
+def bash_step(step_id: str, lines: list[str], *, wait_for: list[str], image: str = GCLOUD_IMAGE
+              ) -> dict[str, Any]:
+    return {"id": step_id, "name": image, "entrypoint": "bash",
+            "args": ["-ceu", "\n".join(lines) + "\n"], "waitFor": wait_for}
+
+
+def function_url(name: str) -> str:
+    return "$$(" + cmd("gcloud", "functions", "describe", name, "--gen2", f"--region={REGION}",
+                       f"--project={PROJECT}", "--format=value(serviceConfig.uri)") + ")"
+
+
+def build() -> dict[str, Any]:
+    steps: list[dict[str, Any]] = []
+    fns = functions()
+
+    steps.append(bash_step("unit-tests", [
+        "pip install --quiet -c constraints.txt -e '.[dev]'",
+        "ruff check shared services tests",
+        "mypy shared",
+        "pytest -q -m 'not integration'",
+    ], wait_for=["-"], image=PYTHON_IMAGE))
+    steps.append(bash_step("integration-tests", [
+        "python3 -m venv .venv || (apt-get update -qq && apt-get install -y -qq python3-venv"
+        " && python3 -m venv .venv)",
+        ".venv/bin/pip install --quiet -c constraints.txt -e '.[dev]'",
+        ".venv/bin/pytest -q -m integration tests/integration/gcp",
+    ], wait_for=["-"], image=EMULATORS_IMAGE))
+    steps.append(bash_step("prepare-source", [
+        "python3 -c \"import tomllib; d = tomllib.load(open('pyproject.toml', 'rb'));"
+        " print('-c constraints.txt'); print(*d['project']['dependencies'], sep=chr(10))\""
+        " > requirements.txt",
+        "printf '#!include:.gitignore\\ntests/\\nbench/\\n.venv-wf/\\nvar/\\n'"
+        " > .gcloudignore",
+    ], wait_for=["unit-tests", "integration-tests"], image=PYTHON_IMAGE))
+
+    steps.append(bash_step("enable-apis", [
+        cmd("gcloud", "services", "enable", *APIS, f"--project={PROJECT}"),
+    ], wait_for=["unit-tests", "integration-tests"]))
+
+    accounts = [name for name, _ in fns] + [PUSH_SA, WORKFLOW_SA, SCHEDULER_SA]
+    lines = []
+    for account in accounts:
+        lines.append(ensure(
+            ["gcloud", "iam", "service-accounts", "describe", sa_email(account),
+             f"--project={PROJECT}"],
+            ["gcloud", "iam", "service-accounts", "create", account, f"--project={PROJECT}",
+             f"--display-name=mtc {account}"]))
+    for name, _ in fns:  # Firestore has no finer grant than the database's project
+        lines.append(cmd("gcloud", "projects", "add-iam-policy-binding", PROJECT,
+                         f"--member=serviceAccount:{sa_email(name)}",
+                         "--role=roles/datastore.user", "--condition=None"))
+    lines.append(cmd("gcloud", "projects", "add-iam-policy-binding", PROJECT,
+                     f"--member=serviceAccount:{sa_email(WORKFLOW_SA)}",
+                     "--role=roles/logging.logWriter", "--condition=None"))
+    steps.append(bash_step("service-accounts", lines, wait_for=["enable-apis"]))
+
+    topic_ids = [*ps.topics(), ps.dead_letter_topic_id()]
+    lines = []
+    for topic in topic_ids:
+        lines.append(ensure(["gcloud", "pubsub", "topics", "describe", topic,
+                             f"--project={PROJECT}"],
+                            ["gcloud", "pubsub", "topics", "create", topic,
+                             f"--project={PROJECT}"]))
+        for name, _ in fns:  # every function may emit events of any family
+            lines.append(cmd("gcloud", "pubsub", "topics", "add-iam-policy-binding", topic,
+                             f"--project={PROJECT}",
+                             f"--member=serviceAccount:{sa_email(name)}",
+                             "--role=roles/pubsub.publisher"))
+    dead = ps.dead_letter_topic_id()
+    lines.append(cmd("gcloud", "pubsub", "topics", "add-iam-policy-binding", dead,
+                     f"--project={PROJECT}", f"--member=serviceAccount:{PUBSUB_AGENT}",
+                     "--role=roles/pubsub.publisher"))
+    lines.append(ensure(
+        ["gcloud", "pubsub", "subscriptions", "describe", ps.dead_letter_subscription_id(),
+         f"--project={PROJECT}"],
+        ["gcloud", "pubsub", "subscriptions", "create", ps.dead_letter_subscription_id(),
+         f"--project={PROJECT}", f"--topic={dead}", "--message-retention-duration=7d",
+         "--expiration-period=never"]))
+    steps.append(bash_step("topics", lines, wait_for=["service-accounts"]))
+
+    deploy_ids = []
+    for name, entry in fns:
+        env = "MTC_BACKEND=gcp,GOOGLE_CLOUD_PROJECT=" + PROJECT + ",MTC_COMPUTE=none"
+        step_id = f"deploy-{name}"
+        deploy_ids.append(step_id)
+        steps.append(bash_step(step_id, [cmd(
+            "gcloud", "functions", "deploy", name, "--gen2", f"--region={REGION}",
+            f"--project={PROJECT}", "--runtime=${_RUNTIME}", "--source=.",
+            f"--entry-point={entry}", "--trigger-http", "--no-allow-unauthenticated",
+            f"--service-account={sa_email(name)}", f"--set-env-vars={env}",
+            "--timeout=${_FUNCTION_TIMEOUT}", "--max-instances=${_MAX_INSTANCES}",
+            "--memory=512Mi")], wait_for=["prepare-source", "topics"]))
+
+    lines = []
+    services = sorted({p.service for p in ps.plan_subscriptions()})
+    for service in services:
+        name = ps.function_name(service)
+        lines.append(cmd("gcloud", "functions", "add-invoker-policy-binding", name,
+                         f"--region={REGION}", f"--project={PROJECT}",
+                         f"--member=serviceAccount:{sa_email(PUSH_SA)}"))
+    for plan in ps.plan_subscriptions():
+        var = "URL_" + re.sub(r"\W", "_", plan.service).upper()
+        lines.append(f"{var}={function_url(ps.function_name(plan.service))}")
+        common = [f"--project={PROJECT}", f"--push-endpoint=$${var}",
+                  f"--push-auth-service-account={sa_email(PUSH_SA)}",
+                  "--ack-deadline=${_ACK_DEADLINE}", "--min-retry-delay=${_MIN_RETRY_DELAY}",
+                  "--max-retry-delay=${_MAX_RETRY_DELAY}", f"--dead-letter-topic={dead}",
+                  "--max-delivery-attempts=${_MAX_DELIVERY_ATTEMPTS}"]
+        create = ["gcloud", "pubsub", "subscriptions", "create", plan.name,
+                  f"--topic={plan.topic}", *common, "--expiration-period=never"]
+        if plan.filter:  # immutable once created; the functions ignore other types anyway
+            create.append(f"--message-filter={plan.filter}")
+        lines.append(upsert(
+            ["gcloud", "pubsub", "subscriptions", "describe", plan.name, f"--project={PROJECT}"],
+            ["gcloud", "pubsub", "subscriptions", "update", plan.name, *common], create))
+        lines.append(cmd("gcloud", "pubsub", "subscriptions", "add-iam-policy-binding",
+                         plan.name, f"--project={PROJECT}",
+                         f"--member=serviceAccount:{PUBSUB_AGENT}",
+                         "--role=roles/pubsub.subscriber"))
+    steps.append(bash_step("subscriptions", lines, wait_for=deploy_ids))
+
+    steps_fn = ps.function_name("steps")
+    lines = [f"STEPS_URL={function_url(steps_fn)}"]
+    for account in (WORKFLOW_SA, SCHEDULER_SA):
+        lines.append(cmd("gcloud", "functions", "add-invoker-policy-binding", steps_fn,
+                         f"--region={REGION}", f"--project={PROJECT}",
+                         f"--member=serviceAccount:{sa_email(account)}"))
+    for path in workflows():
+        lines.append(cmd("gcloud", "workflows", "deploy", workflow_name(path),
+                         f"--source={path.relative_to(ROOT)}", f"--location={REGION}",
+                         f"--project={PROJECT}", f"--service-account={sa_email(WORKFLOW_SA)}",
+                         "--set-env-vars=MTC_STEPS_URL=$$STEPS_URL"))
+    steps.append(bash_step("workflows", lines, wait_for=deploy_ids))
+
+    tick = ["--location=" + REGION, f"--project={PROJECT}", "--schedule=${_TICK_SCHEDULE}",
+            "--uri=$$STEPS_URL/tick", "--http-method=POST",
+            f"--oidc-service-account-email={sa_email(SCHEDULER_SA)}", "--message-body={}",
+            "--headers=Content-Type=application/json"]
+    steps.append(bash_step("scheduler", [
+        f"STEPS_URL={function_url(steps_fn)}",
+        upsert(["gcloud", "scheduler", "jobs", "describe", "mtc-tick", f"--location={REGION}",
+                f"--project={PROJECT}"],
+               ["gcloud", "scheduler", "jobs", "update", "http", "mtc-tick", *tick],
+               ["gcloud", "scheduler", "jobs", "create", "http", "mtc-tick", *tick]),
+    ], wait_for=["workflows"]))
+
+    index_lines = []
+    for index in json.loads(INDEXES.read_text())["indexes"]:
+        fields = [f"--field-config=field-path={f['fieldPath']},order={f['order'].lower()}"
+                  for f in index["fields"]]
+        create_index = cmd("gcloud", "firestore", "indexes", "composite", "create",
+                     f"--collection-group={index['collectionGroup']}",
+                     f"--query-scope={index.get('queryScope', 'COLLECTION')}",
+                     "--database=${_FIRESTORE_DATABASE}", f"--project={PROJECT}", *fields,
+                     "--async")
+        # an index that exists already is fine; any other failure fails the build
+        index_lines.append(
+            f'OUT=$$({create_index} 2>&1) || {{ echo "$$OUT"; grep -q ALREADY_EXISTS <<<"$$OUT"; }}')
+    steps.append(bash_step("firestore-indexes", index_lines, wait_for=["enable-apis"]))
+
+    return {
+        "substitutions": SUBSTITUTIONS,
+        "options": {"dynamicSubstitutions": True, "logging": "CLOUD_LOGGING_ONLY"},
+        "timeout": "3600s",
+        "steps": steps,
+    }
+
+
+HEADER = """\
+# Generated by deploy/cloudbuild.py from the code's own tables; do not edit by hand.
+# Tests (unit, then integration against the Pub/Sub and Firestore emulators), then deploys
+# every function (gen2, HTTP, invoked by Pub/Sub push), the topics, one push subscription per
+# (service, event family) with a dead-letter policy, the workflows, the tick schedule and the
+# Firestore indexes to the project in _PROJECT (default: the build's project):
+#   gcloud builds submit --config cloudbuild.yaml --substitutions=_REGION=europe-west1
+"""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render() -> str:
+    return HEADER + yaml.dump(build(), Dumper=_Dumper, sort_keys=False, width=4096,
+                              allow_unicode=True)
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if OUT.read_text() != text:
+            print("cloudbuild.yaml is out of date: run deploy/cloudbuild.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

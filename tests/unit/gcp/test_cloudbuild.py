@@ -1,0 +1,336 @@
+"""cloudbuild.yaml deploys every function, topic, subscription, workflow and index in the
+repository, with well-formed gcloud commands, after the tests."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shared.adapters import pubsub as ps
+from shared.routing import SERVICES, families
+
+ROOT = Path(__file__).resolve().parents[3]
+CLOUDBUILD = ROOT / "cloudbuild.yaml"
+
+# The flags each gcloud command may take here (from the gcloud reference), so a typo or a
+# flag of another command fails the test instead of the deployment.
+ALLOWED: dict[tuple[str, ...], set[str]] = {
+    ("services", "enable"): {"--project"},
+    ("iam", "service-accounts", "describe"): {"--project"},
+    ("iam", "service-accounts", "create"): {"--project", "--display-name", "--description"},
+    ("projects", "add-iam-policy-binding"): {"--member", "--role", "--condition"},
+    ("pubsub", "topics", "describe"): {"--project"},
+    ("pubsub", "topics", "create"): {"--project", "--message-retention-duration"},
+    ("pubsub", "topics", "add-iam-policy-binding"): {"--project", "--member", "--role"},
+    ("pubsub", "subscriptions", "describe"): {"--project"},
+    ("pubsub", "subscriptions", "create"): {
+        "--project", "--topic", "--push-endpoint", "--push-auth-service-account",
+        "--ack-deadline", "--min-retry-delay", "--max-retry-delay", "--dead-letter-topic",
+        "--max-delivery-attempts", "--message-filter", "--expiration-period",
+        "--message-retention-duration"},
+    ("pubsub", "subscriptions", "update"): {
+        "--project", "--push-endpoint", "--push-auth-service-account", "--ack-deadline",
+        "--min-retry-delay", "--max-retry-delay", "--dead-letter-topic",
+        "--max-delivery-attempts", "--expiration-period", "--message-retention-duration"},
+    ("pubsub", "subscriptions", "add-iam-policy-binding"): {"--project", "--member", "--role"},
+    ("functions", "deploy"): {
+        "--gen2", "--region", "--project", "--runtime", "--source", "--entry-point",
+        "--trigger-http", "--no-allow-unauthenticated", "--service-account",
+        "--set-env-vars", "--timeout", "--max-instances", "--min-instances", "--memory",
+        "--cpu", "--concurrency", "--ingress-settings"},
+    ("functions", "describe"): {"--gen2", "--region", "--project", "--format"},
+    ("functions", "add-invoker-policy-binding"): {"--region", "--project", "--member"},
+    ("workflows", "deploy"): {"--source", "--location", "--project", "--service-account",
+                              "--set-env-vars", "--description"},
+    ("scheduler", "jobs", "describe"): {"--location", "--project"},
+    ("scheduler", "jobs", "create", "http"): {
+        "--location", "--project", "--schedule", "--uri", "--http-method",
+        "--oidc-service-account-email", "--oidc-token-audience", "--message-body", "--headers",
+        "--time-zone"},
+    ("scheduler", "jobs", "update", "http"): {
+        "--location", "--project", "--schedule", "--uri", "--http-method",
+        "--oidc-service-account-email", "--oidc-token-audience", "--message-body",
+        "--update-headers", "--headers", "--time-zone"},
+    ("firestore", "indexes", "composite", "create"): {
+        "--collection-group", "--query-scope", "--database", "--project", "--field-config",
+        "--async"},
+}
+VALUELESS = {"--gen2", "--trigger-http", "--no-allow-unauthenticated", "--async"}
+
+
+def load() -> dict[str, Any]:
+    return yaml.safe_load(CLOUDBUILD.read_text())  # type: ignore[no-any-return]
+
+
+def scripts(build: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for step in build["steps"]:
+        assert step["entrypoint"] == "bash" and step["args"][0] == "-ceu", step["id"]
+        out[step["id"]] = step["args"][1]
+    return out
+
+
+def commands(script: str) -> list[list[str]]:
+    """Every gcloud invocation in a bash script (inside $(...), after ||, in if/then...)."""
+    found = []
+    for line in script.splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+        i = 0
+        while i < len(tokens):
+            assigned = (tokens[i].endswith("=$$") and i + 2 < len(tokens)
+                        and tokens[i + 2] == "gcloud")  # X=$$(gcloud ...)
+            if tokens[i] == "gcloud" or assigned:
+                start = i if tokens[i] == "gcloud" else i + 2
+                j = start + 1
+                while j < len(tokens) and not re.fullmatch(r"[();<>|&]+", tokens[j]):
+                    j += 1
+                argv = tokens[start:j]
+                if argv and argv[-1].isdigit():  # the 2 of 2>&1
+                    argv = argv[:-1]
+                found.append(argv[1:])
+                i = j
+            else:
+                i += 1
+    return found
+
+
+def split(argv: list[str]) -> tuple[tuple[str, ...], list[str], list[str]]:
+    """(command path, positionals, flags) of one gcloud invocation."""
+    for n in (4, 3, 2):
+        if tuple(argv[:n]) in ALLOWED:
+            rest = argv[n:]
+            return tuple(argv[:n]), [a for a in rest if not a.startswith("--")], \
+                [a for a in rest if a.startswith("--")]
+    raise AssertionError(f"unexpected gcloud command: gcloud {' '.join(argv)}")
+
+
+@pytest.fixture(scope="module")
+def build() -> dict[str, Any]:
+    return load()
+
+
+@pytest.fixture(scope="module")
+def gcloud(build: dict[str, Any]) -> list[tuple[str, tuple[str, ...], list[str], list[str]]]:
+    out = []
+    for step_id, script in scripts(build).items():
+        for argv in commands(script):
+            path, positionals, flags = split(argv)
+            out.append((step_id, path, positionals, flags))
+    return out
+
+
+def flag(flags: list[str], name: str) -> str | None:
+    values = [f.split("=", 1)[1] for f in flags if f.startswith(name + "=")]
+    return values[0] if values else None
+
+
+def test_cloudbuild_is_generated_from_the_code() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "deploy" / "cloudbuild.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_gcloud_command_is_well_formed(gcloud: Any) -> None:
+    assert gcloud
+    for step_id, path, positionals, flags in gcloud:
+        allowed = ALLOWED[path]
+        for f in flags:
+            name, eq, value = f.partition("=")
+            assert name in allowed, f"{step_id}: gcloud {' '.join(path)} does not take {name}"
+            if name in VALUELESS:
+                assert not eq, f"{step_id}: {name} takes no value"
+            else:
+                assert eq and value, f"{step_id}: {name} needs a value (--flag=value)"
+        expected = 0 if path == ("firestore", "indexes", "composite", "create") else 1
+        if path == ("services", "enable"):
+            assert all(p.endswith(".googleapis.com") for p in positionals)
+        else:
+            assert len(positionals) == expected, f"{step_id}: gcloud {' '.join(path)} " \
+                                                 f"{positionals}"
+        if path[0] != "projects":
+            assert flag(flags, "--project") == "${_PROJECT}", f"{step_id}: {path} project"
+
+
+def test_scripts_are_valid_bash_after_substitution(build: dict[str, Any]) -> None:
+    values = {**build["substitutions"], "_PROJECT": "my-project", "PROJECT_NUMBER": "123"}
+    for step_id, script in scripts(build).items():
+        for key, value in values.items():
+            script = script.replace("${" + key + "}", value)
+        leftover = re.findall(r"\$\{_?[A-Z_]+\}", script)
+        assert not leftover, f"{step_id}: undefined substitutions {leftover}"
+        script = script.replace("$$", "$")
+        proc = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{step_id}: {proc.stderr}"
+
+
+def test_tests_run_before_anything_is_deployed(build: dict[str, Any]) -> None:
+    ids = [s["id"] for s in build["steps"]]
+    assert ids[:2] == ["unit-tests", "integration-tests"]
+    done: set[str] = set()
+    for step in build["steps"]:
+        waits = step.get("waitFor", [])
+        assert all(w == "-" or w in done for w in waits), f"{step['id']} waits on a later step"
+        if step["id"] not in ("unit-tests", "integration-tests"):
+            closure = _ancestors(build, step["id"])
+            assert {"unit-tests", "integration-tests"} <= closure, step["id"]
+        done.add(step["id"])
+    assert "pytest" in scripts(build)["unit-tests"]
+    assert "-m integration" in scripts(build)["integration-tests"]
+
+
+def _ancestors(build: dict[str, Any], step_id: str) -> set[str]:
+    by_id = {s["id"]: s for s in build["steps"]}
+    out: set[str] = set()
+    todo = [w for w in by_id[step_id].get("waitFor", []) if w != "-"]
+    while todo:
+        w = todo.pop()
+        if w not in out:
+            out.add(w)
+            todo.extend(x for x in by_id[w].get("waitFor", []) if x != "-")
+    return out
+
+
+def test_every_function_is_deployed_gen2_private_with_its_own_account(gcloud: Any) -> None:
+    from tests.unit.gcp.test_gcp_adapters import root_main
+
+    entry = root_main()
+
+    deploys = {p[0]: f for _, path, p, f in gcloud if path == ("functions", "deploy")}
+    expected = {ps.function_name(s): s for s in (*SERVICES, "api", "steps")}
+    assert set(deploys) == set(expected)
+    accounts = set()
+    for name, flags in deploys.items():
+        entry_point = flag(flags, "--entry-point")
+        assert entry_point == expected[name]
+        assert entry_point in entry.ENTRY_POINTS and callable(getattr(entry, entry_point))
+        assert "--gen2" in flags and "--trigger-http" in flags
+        assert "--no-allow-unauthenticated" in flags
+        assert flag(flags, "--source") == "."
+        assert flag(flags, "--region") == "${_REGION}"
+        assert flag(flags, "--runtime") == "${_RUNTIME}"
+        env = dict(kv.split("=", 1) for kv in (flag(flags, "--set-env-vars") or "").split(","))
+        assert env["MTC_BACKEND"] == "gcp" and env["GOOGLE_CLOUD_PROJECT"] == "${_PROJECT}"
+        account = flag(flags, "--service-account")
+        assert account == f"{name}@${{_PROJECT}}.iam.gserviceaccount.com"
+        accounts.add(account)
+    assert len(accounts) == len(deploys)  # one service account per function
+
+
+def test_service_accounts_are_created_and_least_privilege(gcloud: Any) -> None:
+    created = {p[0] for _, path, p, _ in gcloud if path == ("iam", "service-accounts", "create")}
+    for s in (*SERVICES, "api", "steps"):
+        assert ps.function_name(s) in created
+    project_roles = {flag(f, "--role") for _, path, _, f in gcloud
+                     if path == ("projects", "add-iam-policy-binding")}
+    assert project_roles <= {"roles/datastore.user", "roles/logging.logWriter"}
+    assert not any("admin" in (r or "") or r in ("roles/owner", "roles/editor")
+                   for _, _, _, f in gcloud for r in [flag(f, "--role")])
+    invokers = {(p[0], flag(f, "--member")) for _, path, p, f in gcloud
+                if path == ("functions", "add-invoker-policy-binding")}
+    push = "serviceAccount:mtc-push@${_PROJECT}.iam.gserviceaccount.com"
+    for s in SERVICES:
+        if any(p.service == s for p in ps.plan_subscriptions()):
+            assert (ps.function_name(s), push) in invokers
+    assert (ps.function_name("api"), push) not in invokers
+    steps_invokers = {m for fn, m in invokers if fn == ps.function_name("steps")}
+    assert steps_invokers == {
+        "serviceAccount:mtc-workflow@${_PROJECT}.iam.gserviceaccount.com",
+        "serviceAccount:mtc-scheduler@${_PROJECT}.iam.gserviceaccount.com"}
+
+
+def test_every_topic_and_the_dead_letter_topic_are_created(gcloud: Any) -> None:
+    created = {p[0] for _, path, p, _ in gcloud if path == ("pubsub", "topics", "create")}
+    assert created == {ps.topic_id(f) for f in families()} | {ps.dead_letter_topic_id()}
+
+
+def test_every_subscription_pushes_to_its_function_with_a_dead_letter_policy(
+        gcloud: Any) -> None:
+    creates = {p[0]: f for _, path, p, f in gcloud
+               if path == ("pubsub", "subscriptions", "create")}
+    updates = {p[0]: f for _, path, p, f in gcloud
+               if path == ("pubsub", "subscriptions", "update")}
+    plans = ps.plan_subscriptions()
+    assert {p.service for p in plans} == set(SERVICES)
+    assert {(p.service, p.family) for p in plans} == {
+        (s, f) for f, services in families().items() for s in services}
+    for plan in plans:
+        for flags in (creates[plan.name], updates[plan.name]):
+            assert flag(flags, "--dead-letter-topic") == ps.dead_letter_topic_id()
+            assert flag(flags, "--max-delivery-attempts") == "${_MAX_DELIVERY_ATTEMPTS}"
+            assert flag(flags, "--ack-deadline") == "${_ACK_DEADLINE}"
+            assert flag(flags, "--min-retry-delay") and flag(flags, "--max-retry-delay")
+            endpoint = flag(flags, "--push-endpoint") or ""
+            assert endpoint.startswith("$$URL_" + plan.service.upper())
+        assert flag(creates[plan.name], "--topic") == plan.topic
+        if plan.filter:
+            assert flag(creates[plan.name], "--message-filter") == plan.filter
+    assert ps.dead_letter_subscription_id() in creates
+
+
+def test_push_urls_are_the_functions_urls(build: dict[str, Any]) -> None:
+    script = scripts(build)["subscriptions"]
+    for service in SERVICES:
+        var = "URL_" + service.upper()
+        line = next(x for x in script.splitlines() if x.startswith(var + "="))
+        assert f"gcloud functions describe {ps.function_name(service)} --gen2" in line
+
+
+def test_dead_letter_forwarding_has_its_permissions(gcloud: Any) -> None:
+    agent = "serviceAccount:service-${PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
+    topic_grants = {(p[0], flag(f, "--member"), flag(f, "--role")) for _, path, p, f in gcloud
+                    if path == ("pubsub", "topics", "add-iam-policy-binding")}
+    assert (ps.dead_letter_topic_id(), agent, "roles/pubsub.publisher") in topic_grants
+    sub_grants = {(p[0], flag(f, "--member"), flag(f, "--role")) for _, path, p, f in gcloud
+                  if path == ("pubsub", "subscriptions", "add-iam-policy-binding")}
+    for plan in ps.plan_subscriptions():
+        assert (plan.name, agent, "roles/pubsub.subscriber") in sub_grants
+
+
+def test_every_workflow_in_the_repo_is_deployed(gcloud: Any) -> None:
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "workflows").glob("*.yaml")
+                   if p.name.endswith(".workflows.yaml"))
+    assert files
+    deployed = {flag(f, "--source") or "": (p[0], f) for _, path, p, f in gcloud
+                if path == ("workflows", "deploy")}
+    assert sorted(deployed) == files
+    for name, flags in deployed.values():
+        assert re.fullmatch(r"[a-z][a-z0-9-]{0,62}", name)
+        assert flag(flags, "--location") == "${_REGION}"
+        assert flag(flags, "--service-account") == \
+            "mtc-workflow@${_PROJECT}.iam.gserviceaccount.com"
+        assert flag(flags, "--set-env-vars") == "MTC_STEPS_URL=$$STEPS_URL"
+
+
+def test_firestore_indexes_are_deployed(gcloud: Any) -> None:
+    indexes = json.loads((ROOT / "deploy" / "firestore.indexes.json").read_text())["indexes"]
+    created = [(flag(f, "--collection-group"),
+                [x.split("=", 1)[1] for x in f if x.startswith("--field-config=")])
+               for _, path, _, f in gcloud if path == ("firestore", "indexes", "composite",
+                                                       "create")]
+    expected = [(i["collectionGroup"],
+                 [f"field-path={x['fieldPath']},order={x['order'].lower()}" for x in i["fields"]])
+                for i in indexes]
+    assert created == expected
+    assert ("outbox", ["field-path=time,order=ascending", "field-path=seq,order=ascending"]) \
+        in created  # the outbox sweeper's ordered read needs it
+
+
+def test_the_tick_is_scheduled_against_the_steps_function(gcloud: Any) -> None:
+    jobs = [(path, f) for _, path, p, f in gcloud if path[:2] == ("scheduler", "jobs")
+            and path[2] in ("create", "update")]
+    assert len(jobs) == 2
+    for _, flags in jobs:
+        assert flag(flags, "--uri") == "$$STEPS_URL/tick"
+        assert flag(flags, "--http-method") == "POST"
+        assert flag(flags, "--oidc-service-account-email") == \
+            "mtc-scheduler@${_PROJECT}.iam.gserviceaccount.com"

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-fast lint bench clean stack demo-slurm
+.PHONY: demo test test-fast lint bench bench-stack bench-slurm clean stack demo-slurm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,21 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/handler_bench.py
+
+# The self-healing story on a real Slurm cluster on this host (scripts/slurm/cluster.sh; root).
+demo-slurm: $(STAMP)
+	$(BIN)/python -m shared.cli.demo_slurm
+
+bench-slurm: $(STAMP)
+	$(BIN)/python bench/slurm_drain_bench.py
+
+# The Google Cloud stack run locally: Pub/Sub + Firestore emulators, every function over HTTP,
+# the self-healing story; stops everything it started (by PID) on exit or Ctrl-C.
+stack: $(STAMP)
+	$(BIN)/python scripts/stack.py
+
+bench-stack: $(STAMP)
+	$(BIN)/python bench/stack_bench.py
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache

@@ -59,9 +59,9 @@ def _default_runtime() -> Runtime:
     if backend == "embedded":
         return EmbeddedRuntime(Path(os.environ.get("MTC_STATE_DIR", "var/mtc")))
     if backend == "gcp":
-        from shared.bootstrap_gcp import gcp_runtime  # type: ignore[import-not-found]
+        from shared.bootstrap_gcp import gcp_runtime
 
-        return gcp_runtime()  # type: ignore[no-any-return]
+        return gcp_runtime()
     raise RuntimeError(f"MTC_BACKEND must be embedded or gcp, got {backend!r}")
 
 

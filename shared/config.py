@@ -25,3 +25,6 @@ class ControlPlaneConfig:
     heartbeat_timeout_s: float = 60.0
     output_root: Path = Path("var/jobs")
     python: str = "python3"
+    # who drives provisioning: "events" (the handlers, step after step: the embedded default)
+    # or "workflow" (Cloud Workflows calls the same steps and owns polling and rollback)
+    provisioning: str = "events"

@@ -107,7 +107,11 @@ node=\$1; shift
 # up: slurmctld compares whole-second boot times and ignores a node that seems to have booted
 # before the request, which then times out (ResumeTimeout) and goes DOWN. Also a fair
 # stand-in for boot time.
+echo \$\$ >$PIDS/starting-\$node.pid  # cluster.sh stop waits for us (a reboot in flight)
+trap 'rm -f $PIDS/starting-\$node.pid' EXIT
 [[ " \$* " == *" -b "* ]] && sleep 2
+# cluster.sh stop is under way: a reboot or power-up must not bring a slurmd back after it
+[[ -e $STATE/run/stopping ]] && exit 0
 mkdir -p $STATE/spool/\$node
 rm -f $STATE/run/slurmd-\$node.pid
 /usr/bin/env -i PATH=\$PATH SLURM_CONF=$CONF /usr/bin/perl $STATE/bin/unblock-exec /usr/sbin/slurmd -f $CONF -N "\$node" "\$@" </dev/null >>$STATE/log/slurmd-\$node.out 2>&1
@@ -313,6 +317,7 @@ cmd_start() {
     local t_start
     t_start=$(date +%s.%N)
     mkdir -p "$STATE"/{log,run,pids,ctld,spool,etc}
+    rm -f "$STATE/run/stopping"
     chmod 0755 "$STATE"  # munged runs as user munge and must reach its socket dir below
     if all_running; then
         # A no-op: nodes may be drained or busy on purpose, so do not wait for idle here.
@@ -361,6 +366,7 @@ kill_recorded() {  # kill_recorded NAME...: SIGTERM them all at once, wait, SIGK
 
 cmd_stop() {
     [[ -d $PIDS ]] || { log "nothing recorded in $PIDS"; return 0; }
+    touch "$STATE/run/stopping"
     # Cancel this cluster's jobs first so no slurmstepd or job process outlives the cluster.
     if recorded_alive slurmctld; then
         local jobs
@@ -375,7 +381,14 @@ cmd_stop() {
             done
         fi
     fi
-    local f daemons=()
+    local f daemons=() deadline=$((SECONDS + 15))
+    # A reboot or power-up in flight starts its slurmd a few seconds late: wait for those
+    # helpers to finish (they see the stopping marker) so their slurmd is recorded or never started.
+    for f in "$PIDS"/starting-*.pid; do
+        [[ -e $f ]] || continue
+        while ((SECONDS < deadline)) && [[ -e $f ]] && pid_alive "$(<"$f")" start-slurmd; do sleep 0.1; done
+        rm -f "$f"
+    done
     for f in "$PIDS"/slurmd-*.pid; do
         [[ -e $f ]] && daemons+=("$(basename "$f" .pid)")
     done

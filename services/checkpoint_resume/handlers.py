@@ -6,7 +6,7 @@ so a late exit of a killed attempt cannot end the attempt that replaced it.
 
 from __future__ import annotations
 
-from shared.domain.errors import NotFound
+from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
     JobCheckpointSaved,
     JobFinished,
@@ -68,6 +68,8 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
     job = uow.jobs.get(event.job_id)
     if job is None:
         raise NotFound("job", event.job_id)
+    if event.attempt > job.attempt:  # the start of that attempt is not visible yet: retry
+        raise TransientError(f"job {job.job_id}: attempt {event.attempt} not recorded yet")
     if event.attempt != job.attempt or job.state not in (JobState.RUNNING, JobState.CANCELLING):
         return
     now = deps.clock.now()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.domain.errors import NotFound
+from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
     ClusterCreateRequested,
     ClusterDeleted,
@@ -162,7 +162,8 @@ def step_status(cluster_id: str, uow: UnitOfWork) -> ClusterStatus:
         cluster_id, cluster.state.value, cluster.generation,
         settling=sum(n.state in SETTLING for n in nodes),
         in_service=sum(n.in_service for n in nodes),
-        failed=sum(n.state is NodeState.FAILED for n in nodes),
+        failed=sum(n.state is NodeState.FAILED and n.generation == cluster.generation
+                   for n in nodes),
     )
 
 
@@ -171,8 +172,9 @@ def step_mark_ready(cluster_id: str, generation: int, uow: UnitOfWork, deps: Dep
     if cluster.generation != generation or cluster.state not in (ClusterState.PROVISIONING,
                                                                  ClusterState.UPDATING):
         return cluster.state is ClusterState.READY
-    if not step_status(cluster_id, uow).done:
-        return False
+    status = step_status(cluster_id, uow)
+    if not status.done or status.failed:
+        return False  # a node of this generation failed: the workflow (or event path) rolls back
     cluster.transition(ClusterState.READY, deps.clock.now(), "all nodes in service")
     uow.emit(ClusterReady(cluster_id=cluster_id, generation=generation))
     return True
@@ -182,10 +184,11 @@ def step_rollback(cluster_id: str, generation: int, reason: str, uow: UnitOfWork
                   deps: Deps) -> None:
     """Undo what this generation created and mark the cluster failed."""
     cluster = _cluster(cluster_id, uow)
-    if cluster.generation != generation or cluster.state is ClusterState.FAILED:
-        return
+    if cluster.generation != generation or cluster.state not in (ClusterState.PROVISIONING,
+                                                                 ClusterState.UPDATING):
+        return  # superseded, already failed, or already ready: nothing of ours to undo
     for node in uow.nodes.list(cluster_id):
-        if node.generation == generation and node.state in SETTLING | {NodeState.FAILED}:
+        if node.generation == generation:  # login node included: everything this step made
             _retire(node, uow, deps, f"rollback: {reason}")
     _sync_partitions(cluster, uow)
     cluster.transition(ClusterState.FAILED, deps.clock.now(), reason)
@@ -195,11 +198,15 @@ def step_rollback(cluster_id: str, generation: int, reason: str, uow: UnitOfWork
 
 
 def on_create_requested(event: ClusterCreateRequested, uow: UnitOfWork, deps: Deps) -> None:
+    if deps.config.provisioning == "workflow":
+        return  # the workflow runs these steps
     step_create_nodes(event.cluster_id, event.generation, uow, deps)
     step_mark_ready(event.cluster_id, event.generation, uow, deps)
 
 
 def on_update_requested(event: ClusterUpdateRequested, uow: UnitOfWork, deps: Deps) -> None:
+    if deps.config.provisioning == "workflow":
+        return
     step_create_nodes(event.cluster_id, event.generation, uow, deps)
     step_mark_ready(event.cluster_id, event.generation, uow, deps)
 
@@ -207,12 +214,19 @@ def on_update_requested(event: ClusterUpdateRequested, uow: UnitOfWork, deps: De
 def on_node_provisioned(event: NodeProvisioned, uow: UnitOfWork, deps: Deps) -> None:
     node = uow.nodes.get(event.node_id)
     if node is None:
-        raise NotFound("node", event.node_id)
+        # compute can answer before the transaction that asked for the node is visible:
+        # retry; an id that never appears is dead-lettered after the delivery attempts
+        raise TransientError(f"node {event.node_id} is not recorded (yet)")
     if node.state is not NodeState.PROVISIONING:
         return
     now = deps.clock.now()
     if not event.ok:
         node.transition(NodeState.FAILED, now, f"provisioning failed: {event.detail}")
+        if deps.config.provisioning == "workflow":
+            return  # its health check sees the failed node and rolls back
+        cluster = _cluster(node.cluster_id, uow)
+        step_rollback(cluster.cluster_id, cluster.generation, f"{node.node_id}: {event.detail}",
+                      uow, deps)
         return
     if node.role is NodeRole.LOGIN:
         node.transition(NodeState.IDLE, now, "login node up")

@@ -6,7 +6,7 @@ this module only applies the decision to the node, its partition and compute.
 
 from __future__ import annotations
 
-from shared.domain.errors import NotFound
+from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
     JobInterruptRequested,
     NodeDiagnosed,
@@ -88,6 +88,8 @@ def on_repair_completed(event: NodeRepairCompleted, uow: UnitOfWork, deps: Deps)
     node = uow.nodes.get(event.node_id)
     if node is None:
         raise NotFound("node", event.node_id)
+    if event.attempt > node.repair_attempt:  # its start is not visible yet: retry
+        raise TransientError(f"{node.node_id}: repair attempt {event.attempt} not recorded yet")
     if node.state is not NodeState.REPAIRING or event.attempt != node.repair_attempt:
         return  # a late result of an older attempt
     now = deps.clock.now()

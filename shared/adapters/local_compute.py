@@ -192,7 +192,39 @@ def master_port(job_id: str, attempt: int) -> int:
     return MASTER_PORT_BASE + zlib.crc32(f"{job_id}/{attempt}".encode()) % MASTER_PORT_SPAN
 
 
-def _safe(name: str) -> str:
+def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1") -> dict[str, str]:
+    """What a managed service adds to a replica's environment (the spec's env cannot
+    override the service's own variables). Shared by LocalCompute and SlurmCompute."""
+    port = master_port(spec.job_id, spec.attempt)
+    cluster_spec = {
+        "cluster": {"workerpool0": [f"{master_addr}:{port + r}" for r in range(spec.world_size)]},
+        "environment": "cloud",
+        "task": {"type": "workerpool0", "index": spec.rank, "node_id": spec.node_id},
+        "job": {
+            "job_id": spec.job_id,
+            "attempt": spec.attempt,
+            "world_size": spec.world_size,
+            "base_output_directory": str(Path(spec.model_dir).parent),
+        },
+    }
+    env = {"PYTHONUNBUFFERED": "1", **dict(spec.env)}
+    env.update(
+        CLOUD_ML_JOB_ID=spec.job_id,
+        CLUSTER_SPEC=json.dumps(cluster_spec),
+        RANK=str(spec.rank),
+        WORLD_SIZE=str(spec.world_size),
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(port),
+        AIP_CHECKPOINT_DIR=str(spec.checkpoint_dir),
+        AIP_MODEL_DIR=str(spec.model_dir),
+        AIP_TENSORBOARD_LOG_DIR=str(spec.tensorboard_dir),
+        MTC_NODE_ID=spec.node_id,
+        MTC_JOB_ATTEMPT=str(spec.attempt),
+    )
+    return env
+
+
+def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
 
 
@@ -250,7 +282,7 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _checkpoint_steps(directory: Path) -> dict[int, Path]:
+def checkpoint_steps(directory: Path) -> dict[int, Path]:
     """Complete checkpoints in ``directory`` by step (see the module docstring)."""
     found: dict[int, Path] = {}
     try:
@@ -591,36 +623,10 @@ class LocalCompute:
     def worker_env(self, spec: WorkerSpec) -> dict[str, str]:
         """The environment a managed service gives a replica (the spec's env cannot
         override the service's own variables)."""
-        port = master_port(spec.job_id, spec.attempt)
-        cluster_spec = {
-            "cluster": {"workerpool0": [f"127.0.0.1:{port + r}" for r in range(spec.world_size)]},
-            "environment": "cloud",
-            "task": {"type": "workerpool0", "index": spec.rank, "node_id": spec.node_id},
-            "job": {
-                "job_id": spec.job_id,
-                "attempt": spec.attempt,
-                "world_size": spec.world_size,
-                "base_output_directory": str(Path(spec.model_dir).parent),
-            },
-        }
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **dict(spec.env)}
-        env.update(
-            CLOUD_ML_JOB_ID=spec.job_id,
-            CLUSTER_SPEC=json.dumps(cluster_spec),
-            RANK=str(spec.rank),
-            WORLD_SIZE=str(spec.world_size),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            AIP_CHECKPOINT_DIR=str(spec.checkpoint_dir),
-            AIP_MODEL_DIR=str(spec.model_dir),
-            AIP_TENSORBOARD_LOG_DIR=str(spec.tensorboard_dir),
-            MTC_NODE_ID=spec.node_id,
-            MTC_JOB_ATTEMPT=str(spec.attempt),
-        )
-        return env
+        return {**os.environ, **managed_env(spec)}
 
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
-        return self.state_dir / "logs" / _safe(job_id) / f"attempt-{attempt}-rank-{rank}.log"
+        return self.state_dir / "logs" / safe_name(job_id) / f"attempt-{attempt}-rank-{rank}.log"
 
     def _launch(self, spec: WorkerSpec) -> tuple[int, str, str]:
         """Start the launcher in a new session: it survives us and records the exit code."""
@@ -628,7 +634,7 @@ class LocalCompute:
             Path(d).mkdir(parents=True, exist_ok=True)
         log = self.log_path(spec.job_id, spec.attempt, spec.rank)
         log.parent.mkdir(parents=True, exist_ok=True)
-        run_dir = self.state_dir / "run" / _safe(spec.job_id)
+        run_dir = self.state_dir / "run" / safe_name(spec.job_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         exit_file = run_dir / f"attempt-{spec.attempt}-rank-{spec.rank}.exit"
         exit_file.unlink(missing_ok=True)
@@ -795,7 +801,7 @@ class LocalCompute:
                 "SELECT step FROM checkpoints WHERE checkpoint_dir = ?", (directory,)
             )
         }
-        for step, path in sorted(_checkpoint_steps(Path(directory)).items()):
+        for step, path in sorted(checkpoint_steps(Path(directory)).items()):
             if step in seen:
                 continue
             db.execute(
@@ -871,12 +877,12 @@ def _exit_code(worker: sqlite3.Row) -> int | None:
     """The rank's exit code once it is over, else None. The launcher leads its own group, so
     the rank is over when the exit file exists, or when launcher and group are both gone."""
     path = Path(worker["exit_file"])
-    code = _read_exit_file(path)
+    code = read_exit_file(path)
     if code is not None:
         return code
     if _rank_running(worker):
         return None
-    code = _read_exit_file(path)  # it may have written the file just before going
+    code = read_exit_file(path)  # it may have written the file just before going
     return EXIT_KILLED if code is None else code
 
 
@@ -884,7 +890,7 @@ def _rank_running(worker: sqlite3.Row) -> bool:
     return _launcher_alive(worker["pid"], worker["start_ticks"]) or _group_alive(worker["pid"])
 
 
-def _read_exit_file(path: Path) -> int | None:
+def read_exit_file(path: Path) -> int | None:
     try:
         text = path.read_text().strip()
     except FileNotFoundError:

@@ -20,6 +20,7 @@ from shared.routing import subscribers
 log = logging.getLogger("mtc.bus")
 
 DEAD_LETTERS = "dead_letters"
+MAX_DELIVERY_ATTEMPTS = 10
 
 
 class OutboxBus:
@@ -36,14 +37,22 @@ class OutboxBus:
         self._store.write("outbox", envelope.id, envelope_to_doc(envelope))
 
     def pump(self, deps: Deps, *, max_events: int = 10_000) -> int:
+        """Deliver queued events to every subscriber. A subscriber that raises (a transient
+        error) leaves the event queued for the next pump, as Pub/Sub redelivers a nack; after
+        MAX_DELIVERY_ATTEMPTS the event is dead-lettered, so nothing crash-loops."""
         delivered = 0
+        deferred: set[str] = set()
         while delivered < max_events:
-            batch = self.outbox.pending(limit=100)
+            batch = [e for e in self.outbox.pending(limit=100 + len(deferred))
+                     if e.id not in deferred]
             if not batch:
                 break
             for envelope in batch:
-                outcomes = {service: run_handler(service, handler, envelope, deps)
-                            for service, handler in subscribers(envelope.type)}
+                outcomes, failure = self._deliver(envelope, deps)
+                if failure is not None:
+                    deferred.add(envelope.id)
+                    self._retry_later(envelope, deps, failure)
+                    continue
                 if deps.event_log is not None:
                     deps.event_log.append(envelope, "delivered", _summary(outcomes))
                 for listener in self.listeners:
@@ -51,6 +60,32 @@ class OutboxBus:
                 self.outbox.mark_published([envelope.id])
                 delivered += 1
         return delivered
+
+    @staticmethod
+    def _deliver(envelope: Envelope, deps: Deps) -> tuple[dict[str, Outcome], str | None]:
+        outcomes: dict[str, Outcome] = {}
+        failure = None
+        for service, handler in subscribers(envelope.type):
+            try:
+                outcomes[service] = run_handler(service, handler, envelope, deps)
+            except Exception as exc:  # transient: the others still get it, this one retries
+                log.warning("%s: %s %s failed, will retry: %s", service, envelope.type,
+                            envelope.id, exc)
+                failure = f"{service}: {exc}"
+        return outcomes, failure
+
+    def _retry_later(self, envelope: Envelope, deps: Deps, failure: str) -> None:
+        doc = envelope_to_doc(envelope)
+        stored = self._store.read("outbox", {"id": envelope.id})
+        attempts = (stored[0].get("attempts", 0) if stored else 0) + 1
+        if attempts >= MAX_DELIVERY_ATTEMPTS:
+            deps.dead_letters.dead_letter(envelope, "bus", f"{attempts} attempts: {failure}")
+            self.outbox.mark_published([envelope.id])
+            return
+        doc.update(attempts=attempts, last_error=failure)
+        if stored:
+            doc["seq"] = stored[0].get("seq", doc["seq"])
+        self._store.write("outbox", envelope.id, doc)
 
 
 def _summary(outcomes: dict[str, Outcome]) -> str:

@@ -108,6 +108,7 @@ class SlurmNode:
     state_flags: tuple[str, ...] = ()  # upper case: DRAIN, REBOOT_REQUESTED, CLOUD, POWERED_DOWN...
     reason: str = ""
     partitions: tuple[str, ...] = ()
+    slurmd_start_time: int = 0  # epoch seconds; a reboot (or slurmd restart) changes it
 
     @property
     def drained(self) -> bool:
@@ -233,6 +234,7 @@ def parse_nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
                 state_flags=flags,
                 reason=str(item.get("reason") or ""),
                 partitions=tuple(str(p) for p in partitions) if isinstance(partitions, list) else (),
+                slurmd_start_time=_number(item.get("slurmd_start_time")) or 0,
             )
         )
     return nodes
@@ -351,15 +353,32 @@ class SlurmCli:
         """Undrain. Slurm answers 'Invalid node state specified' if the node is not drained."""
         self._check(["scontrol", "update", f"nodename={node}", "state=resume"])
 
-    def reboot(self, node: str, reason: str) -> None:
-        """Reboot once idle (ASAP drains it meanwhile), then return it to service."""
-        self._check(["scontrol", "reboot", "ASAP", "nextstate=resume", f"reason={reason}", node])
+    def reboot(self, node: str, reason: str, *, keep_drained: bool = False) -> None:
+        """Reboot once idle (ASAP drains it meanwhile), then return it to service.
+        ``keep_drained``: a plain reboot (no ASAP/nextstate) of a node the caller drained:
+        it still waits for running jobs, and the node stays DRAINED afterwards (Slurm 22.05
+        clears DRAIN after an ASAP or nextstate=resume reboot)."""
+        if keep_drained:
+            self._check(["scontrol", "reboot", f"reason={reason}", node])
+        else:
+            self._check(["scontrol", "reboot", "ASAP", "nextstate=resume", f"reason={reason}", node])
 
     def power_down(self, node: str) -> None:
         self._check(["scontrol", "update", f"nodename={node}", "state=power_down"])
 
     def power_up(self, node: str) -> None:
         self._check(["scontrol", "update", f"nodename={node}", "state=power_up"])
+
+    def ensure_partition(self, name: str, nodes: str = "ALL") -> None:
+        """Create (or update) a non-default partition over ``nodes`` (not persisted across a
+        ``slurmctld -c`` start)."""
+        try:
+            self._check(["scontrol", "update", f"partitionname={name}", f"nodes={nodes}", "state=up"])
+        except SlurmPermanentError as exc:
+            if "invalid partition" not in str(exc).lower():
+                raise
+            self._check(["scontrol", "create", f"partitionname={name}", f"nodes={nodes}", "state=up",
+                         "maxtime=infinite", "default=no"])
 
     # ------------------------------------------------------------------ job actions
 

@@ -13,7 +13,7 @@ import json
 import subprocess
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,7 @@ class Env:
 @pytest.fixture
 def env() -> Iterator[Env]:
     plane = StorePlane(MemoryDocStore())
+    plane.deps = replace(plane.deps, config=replace(plane.deps.config, provisioning="workflow"))
     rt_mod.install(PlaneRuntime(plane))
     server = Server(function_app("provisioning", "steps", "http", "steps_main.py"))
     try:

@@ -123,3 +123,52 @@ def test_a_worker_killed_from_outside_is_requeued(code: int) -> None:
     plane.exit_workers("j1", 1, code)
     job = plane.job("j1")
     assert job.state is JobState.RUNNING and job.attempt == 2 and job.restart_count == 1
+
+
+def test_a_node_that_cannot_be_had_rolls_the_cluster_back() -> None:
+    from shared.domain.events import NodeProvisioned
+
+    plane = Plane()
+    plane.api(api.create_cluster, CLUSTER)
+    plane.deliver()
+    plane.inject(NodeProvisioned(node_id="c1-gpu-002", ok=False, detail="quota exceeded"))
+    plane.deliver()
+    assert cluster_state(plane) is ClusterState.FAILED
+    assert all(n.state is NodeState.RETIRED for n in plane.nodes("c1"))  # login node too
+    plane.bring_up()  # late answers for retired nodes change nothing
+    assert cluster_state(plane) is ClusterState.FAILED
+
+
+def test_results_that_outrun_their_commit_are_retried_not_lost() -> None:
+    """Across processes compute can answer before the asking transaction is visible."""
+    from shared.domain.events import JobWorkersExited, NodeProvisioned
+
+    plane = Plane()
+    plane.inject(NodeProvisioned(node_id="c1-gpu-000"))  # before the cluster even exists
+    plane.deliver()
+    plane.api(api.create_cluster, CLUSTER)
+    plane.deliver()  # creates the node; the early answer was tried first and deferred
+    plane.deliver()  # the redelivery finds it
+    assert plane.node("c1-gpu-000").state is NodeState.VERIFYING
+    plane.bring_up()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.inject(JobWorkersExited(job_id="j1", attempt=2, exit_code=0))  # attempt 2 not yet
+    plane.deliver()
+    assert plane.job("j1").state is JobState.RUNNING and plane.job("j1").attempt == 1
+    plane.exit_workers("j1", 1, 75)  # attempt 2 starts; the early exit now applies
+    plane.deliver()
+    plane.deliver()
+    assert plane.job("j1").state is JobState.SUCCEEDED
+
+
+def test_an_answer_for_a_node_that_never_exists_is_dead_lettered() -> None:
+    from shared.adapters.outbox_bus import MAX_DELIVERY_ATTEMPTS
+    from shared.domain.events import NodeProvisioned
+
+    plane = Plane()
+    plane.inject(NodeProvisioned(node_id="ghost"))
+    for _ in range(MAX_DELIVERY_ATTEMPTS):
+        plane.deliver()
+    dead = plane.deps.dead_letters.list()  # type: ignore[attr-defined]
+    assert [d["subject"] for d in dead] == ["ghost"]
+    assert plane.bus.outbox.pending() == []

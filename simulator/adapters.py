@@ -19,6 +19,7 @@ act on the same nodes and attempts; they only *emit events*, never touch the sto
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
@@ -50,8 +51,8 @@ from shared.handling import Deps, Outcome, run_handler
 from shared.ports import WorkerSpec
 from shared.routing import subscribers
 from simulator.failures import (
-    Fault,
     FailureModel,
+    Fault,
     diurnal_integral,
     fault_conditions,
     healthy_conditions,
@@ -59,6 +60,7 @@ from simulator.failures import (
 )
 from simulator.scenario import BusCfg, JobCfg, Scenario
 
+log = logging.getLogger("mtc.sim")
 EPOCH_S = 1_767_225_600.0  # 2026-01-01T00:00:00Z: simulated time zero
 EXIT_OK = 0
 EXIT_CRASH = 1
@@ -118,9 +120,11 @@ class SimBus:
         self.listeners: list[Listener] = []
         self.rows: list[dict[str, Any]] = []  # the event log: type, time, data (+ id, source)
         self.stats = BusStats()
-        self.record: list[tuple[float, Envelope, tuple[str, ...] | None]] | None = (
+        # (time, envelope, services, api call): what was delivered, for replays (bench)
+        self.record: list[tuple[float, Envelope | None, tuple[str, ...] | None, Any]] | None = (
             [] if record else None)
         self._seen: set[str] = set()
+        self.errors: dict[str, int] = defaultdict(int)  # handler exceptions, by message
         self._fixed_latency = cfg.latency.kind == "fixed"
 
     def publish(self, envelope: Envelope) -> None:
@@ -146,7 +150,7 @@ class SimBus:
         deps = self.deps
         assert deps is not None, "SimBus.deps must be set before the simulation runs"
         if self.record is not None:
-            self.record.append((float(self.env.now), envelope, services))
+            self.record.append((float(self.env.now), envelope, services, None))
         stats = self.stats
         failed: list[str] = []
         for service, handler in subscribers(envelope.type):
@@ -157,9 +161,10 @@ class SimBus:
                 outcome = run_handler(service, handler, envelope, deps)
             except PermanentError:  # pragma: no cover - run_handler dead-letters these
                 outcome = Outcome.DEAD_LETTERED
-            except Exception:  # transient: Pub/Sub redelivers to this subscription only
+            except Exception as exc:  # transient: Pub/Sub redelivers to this subscription
                 failed.append(service)
                 outcome = None
+                self.errors[f"{service}: {type(exc).__name__}: {exc}"[:200]] += 1
             stats.handler_s[service] += time.perf_counter() - t0
             if outcome is not None:
                 stats.outcomes[outcome.value] += 1
@@ -170,6 +175,8 @@ class SimBus:
                            envelope, tuple(failed), n + 1)
             else:
                 stats.gave_up += 1
+                log.warning("gave up delivering %s to %s after %d attempts", envelope.type,
+                            ",".join(failed), n)
         if services is not None or envelope.id in self._seen:
             return
         self._seen.add(envelope.id)
@@ -269,12 +276,14 @@ class SimCompute:
         self._provisioning: set[str] = set()
         self._repairs: set[tuple[str, int]] = set()
         self._attempts: set[tuple[str, int]] = set()
+        self.cordoned: set[str] = set()
         self.failures: dict[str, int] = defaultdict(int)  # root faults by cause (every node)
         self.repairs_done: dict[str, int] = defaultdict(int)
         self.planned = 0
         self.timeline: list[tuple[float, str, str, str]] = []  # (t, kind, node/job, detail)
         self.calls = 0
         self.horizon = math.inf
+        self.failing = False  # node faults start with the run, not during bring-up
         bus.listeners.append(self._observe)
 
     # -- helpers
@@ -289,11 +298,7 @@ class SimCompute:
     def _observe(self, envelope: Envelope) -> None:
         """The agent stops its post-repair checks once the control plane has decided."""
         event = envelope.event
-        if isinstance(event, NodeReturnedToService | NodeRepairStarted):
-            node = self.nodes.get(event.node_id)
-            if node is not None:
-                node.verify_token += 1
-        elif isinstance(event, NodeRetired):
+        if isinstance(event, NodeReturnedToService | NodeRepairStarted | NodeRetired):
             node = self.nodes.get(event.node_id)
             if node is not None:
                 node.verify_token += 1
@@ -326,8 +331,18 @@ class SimCompute:
         if replacement:
             self.repairs_done["replace"] += 1
             self.timeline.append((float(self.env.now), "replaced", node_id, ""))
-        self._renew_life(node)
+        if self.failing:
+            self._renew_life(node)
         self._verify(node)
+
+    def cordon(self, node_id: str, reason: str) -> None:
+        """No new work on the node: the control plane's own state already says so."""
+        self.calls += 1
+        self.cordoned.add(node_id)
+
+    def uncordon(self, node_id: str) -> None:
+        self.calls += 1
+        self.cordoned.discard(node_id)
 
     def delete_node(self, node_id: str) -> None:
         self.calls += 1
@@ -373,7 +388,8 @@ class SimCompute:
                 node.fault = None
                 if self.stragglers.pop(node.node_id, None) is not None:
                     node.straggle = 1.0
-                self._renew_life(node)
+                if self.failing:
+                    self._renew_life(node)
         self.emit(NodeRepairCompleted(node_id=node.node_id, action=action.value,
                                       attempt=attempt, ok=ok, detail=detail))
         if ok:
@@ -401,7 +417,7 @@ class SimCompute:
                       max(job.ckpt_step, 0))
         job.attempt = att
         job.truth.attempts += 1
-        broken = []
+        broken: list[tuple[str, Fault | None]] = []
         for nid in node_ids:
             node = self.nodes.get(nid)
             if node is None or node.deleted or not node.up:
@@ -718,7 +734,8 @@ class SimCompute:
             att.job.truth.interruptions[cause.name] += 1
             self._kill(att, now, cause.name, hang=cause.hang or fault.signal.node_down)
         if fault.fix == "none":
-            self._renew_life(node)  # transient: nothing on the node to repair
+            if self.failing:
+                self._renew_life(node)  # transient: nothing on the node to repair
         else:
             node.fault = fault
         if not fault.signal.empty:
@@ -732,7 +749,7 @@ class SimCompute:
         call_later(self.env, delay, self._send_fault_report, node, fault, now)
 
     def _send_fault_report(self, node: SimNode, fault: Fault, fault_at: float) -> None:
-        if node.deleted or node.fault is not fault and fault.fix != "none":
+        if node.deleted or (node.fault is not fault and fault.fix != "none"):
             return  # repaired (or replaced) before anyone noticed
         observed = EPOCH_S + float(self.env.now)
         source = "heartbeat-monitor" if fault.signal.heartbeat else "agent"
@@ -768,6 +785,13 @@ class SimCompute:
         if n < self.return_after_passes + 3:
             call_later(self.env, self.sc.repair.verify_interval_s, self._verify_report, node,
                        token, n + 1)
+
+    def start_failures(self) -> None:
+        """Start every node's failure clock (bring-up is taken as failure-free)."""
+        self.failing = True
+        for node in self.nodes.values():
+            if node.up and not node.deleted and node.partition:
+                self._renew_life(node)
 
     # -- stragglers
     def start_stragglers(self) -> None:

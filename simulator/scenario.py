@@ -304,7 +304,7 @@ def parse_cluster(value: Any, path: str) -> ClusterCfg:
     raw_parts = get(data, "partitions", [{"name": "train", "nodes": 64, "spares": 4}])
     if not isinstance(raw_parts, list) or not raw_parts:
         raise ScenarioError(_join(path, "partitions"), "must be a non-empty list")
-    parts = []
+    parts: list[PartitionCfg] = []
     for i, item in enumerate(raw_parts):
         ppath = _join(_join(path, "partitions"), i)
         pdata = mapping(item, ppath)

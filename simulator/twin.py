@@ -23,9 +23,11 @@ same ``summary()`` on any machine.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -153,6 +155,7 @@ class RunResult:
             "restarts": dict(sorted(self.restarts.items())),
             "job_states": dict(sorted(self.job_states.items())),
             "dead_letters": self.dead_letters,
+            "handler_errors": dict(sorted(self.bus.get("errors", {}).items())),
             "fleet": _rounded(self.accounting.fleet.as_dict()),
         }
         for name, jg in sorted(self.accounting.jobs.items()):
@@ -209,6 +212,8 @@ class Twin:
         emitted events go onto the simulated bus."""
         self._api_seq += 1
         self.api_calls.append((float(self.env.now), fn))
+        if self.bus.record is not None:
+            self.bus.record.append((float(self.env.now), None, None, fn))
         return apply_api(self.deps, fn, self._api_seq, self.bus.publish)
 
     def _observe(self, envelope: Envelope) -> None:
@@ -226,6 +231,10 @@ class Twin:
 
     # -- running
     def run(self) -> RunResult:
+        with _gc_tuned():
+            return self._run()
+
+    def _run(self) -> RunResult:
         from services.job_submission import handlers as api
 
         started = time.perf_counter()
@@ -235,10 +244,12 @@ class Twin:
         if self.ready_at is None:
             raise TwinError(f"cluster not ready after {MAX_BRINGUP_S / 86400:g} simulated days")
         bringup_wall = time.perf_counter() - started
+        gc.freeze()  # the fleet's long-lived objects: out of every later collection
         horizon = self.ready_at + self.scenario.duration_s
         self.compute.horizon = horizon
         for i, job in enumerate(self.scenario.jobs):
             call_later(self.env, job.submit_at_s, self._submit, i)
+        self.compute.start_failures()
         self.compute.start_stragglers()
         self.compute.start_planned()
         self.env.run(until=horizon)
@@ -304,9 +315,28 @@ class Twin:
             bus={"published": stats.published, "delivered": stats.delivered,
                  "duplicates": stats.duplicates, "reordered": stats.reordered,
                  "retries": stats.retries, "gave_up": stats.gave_up,
-                 "outcomes": dict(stats.outcomes), "by_type": dict(stats.by_type)},
+                 "outcomes": dict(stats.outcomes), "by_type": dict(stats.by_type),
+                 "errors": dict(self.bus.errors)},
             dead_letters=dead, timings=timings, timeline=list(self.compute.timeline),
             rows=self.bus.rows)
+
+
+GC_THRESHOLD = (100_000, 50, 100)  # the handlers allocate many short-lived documents
+
+
+@contextmanager
+def _gc_tuned() -> Iterator[None]:
+    """Fewer garbage-collector passes while the twin runs: a run allocates millions of
+    short-lived documents and few cycles; with the default thresholds the collector scans
+    the whole (large, long-lived) fleet state again and again, which made a Llama 3 run
+    about 2x slower (docs/simulator.md). Everything is restored afterwards."""
+    before = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
 
 
 def apply_api(deps: Deps, fn: Callable[[Any, Deps], Any], seq: int,

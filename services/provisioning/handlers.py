@@ -236,13 +236,42 @@ def on_node_provisioned(event: NodeProvisioned, uow: UnitOfWork, deps: Deps) -> 
 
 
 def on_node_returned(event: NodeReturnedToService, uow: UnitOfWork, deps: Deps) -> None:
-    _maybe_ready(event.cluster_id, uow, deps)
+    _maybe_ready(event.cluster_id, uow, deps, near=event.node_id)
 
 
-def _maybe_ready(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
+def _maybe_ready(cluster_id: str, uow: UnitOfWork, deps: Deps, near: str | None = None) -> None:
     cluster = uow.clusters.get(cluster_id)
-    if cluster is not None:
-        step_mark_ready(cluster_id, cluster.generation, uow, deps)
+    if cluster is None or cluster.state not in (ClusterState.PROVISIONING,
+                                                ClusterState.UPDATING):
+        return  # step_mark_ready would only report the state
+    if _still_settling(cluster_id, uow, near):
+        return  # cheap proof that step_status would say "not done"
+    step_mark_ready(cluster_id, cluster.generation, uow, deps)
+
+
+def _still_settling(cluster_id: str, uow: UnitOfWork, near: str | None = None) -> bool:
+    """True when a node the partition aggregates list as out of service is still settling.
+
+    Reads a handful of nodes instead of every node of the cluster: while a cluster comes up
+    almost every out-of-service node is settling, so the first one read answers. The
+    partition of ``near`` (the node that just returned) is looked at first, so a cluster of
+    many partitions loads one of them per event. False proves nothing (a settling node outside
+    any partition, e.g. the login node): the caller then runs the full check."""
+    if near is not None:
+        node = uow.nodes.get(near)
+        if node is not None and node.partition:
+            own = uow.partitions.get(cluster_id, node.partition)
+            if own is not None and _settling_in(own, uow):
+                return True
+    return any(_settling_in(p, uow) for p in uow.partitions.list(cluster_id))
+
+
+def _settling_in(partition: Partition, uow: UnitOfWork) -> bool:
+    for node_id in partition.out_of_service:
+        node = uow.nodes.get(node_id)
+        if node is not None and node.state in SETTLING:
+            return True
+    return False
 
 
 def on_node_drained(event: NodeDrained, uow: UnitOfWork, deps: Deps) -> None:

@@ -1,0 +1,232 @@
+"""Simulator benchmark: one Llama 3 replication, where the time goes, the twin's overhead over
+calling the same handlers directly, and wall time vs fleet size and duration.
+
+    .venv/bin/python bench/sim_bench.py llama3 [--proposed] [--duration 54d]
+    .venv/bin/python bench/sim_bench.py overhead [--scenario small.yaml] [--proposed]
+    .venv/bin/python bench/sim_bench.py scale [--proposed] [--max-gpus 131072]
+
+``llama3``: the default scenario (2,048 nodes x 8 GPUs + 32 spares, 54 days), once, on one core:
+wall time split into bring-up and training, handler time per service, the twin itself (SimPy's
+loop, SimCompute, the bus, the failure processes) and the goodput accounting.
+
+``overhead``: the same run recorded, then replayed without SimPy: a fresh store, a clock set to
+each recorded delivery time, a compute that does nothing, and every recorded delivery handed to
+``run_handler`` for its subscribers in the recorded order. The replay must end in the same
+node and job documents; twin wall time / replay wall time is the twin's overhead.
+
+``scale``: fleets of 1,024-node partitions (+16 spares) running 128-node jobs, from 2,048 to
+``--max-gpus`` GPUs, for 54 days and a year: events, wall time, and wall time per event.
+
+``--proposed`` applies the handler changes proposed in docs/simulator.md (bench/sim_proposed.py)
+by monkeypatching, to measure them; without it the repository's handlers run as they are.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path as _Path
+
+sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))
+
+import argparse
+import contextlib
+import cProfile
+import gc
+import json
+import pstats
+import time
+from typing import Any
+
+from shared.adapters.docstore import DocOutbox
+from shared.adapters.memory_store import MemoryDocStore
+from shared.bootstrap import build_deps
+from shared.handling import run_handler
+from shared.routing import subscribers
+from simulator import twin
+from simulator.adapters import EPOCH_S
+from simulator.scenario import Scenario, load_scenario, parse_scenario
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = EPOCH_S
+
+    def now(self) -> float:
+        return self.t
+
+
+class _NullCompute:
+    def provision_node(self, node: Any) -> None: ...
+    def cordon(self, node_id: str, reason: str) -> None: ...
+    def uncordon(self, node_id: str) -> None: ...
+    def delete_node(self, node_id: str) -> None: ...
+    def start_repair(self, node_id: str, action: Any, attempt: int) -> None: ...
+    def start_workers(self, workers: Any) -> None: ...
+    def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None: ...
+    def stop_workers(self, job_id: str, attempt: int) -> None: ...
+
+
+class _NullBus:
+    def publish(self, envelope: Any) -> None: ...
+
+
+def replay(tw: twin.Twin) -> tuple[float, MemoryDocStore]:
+    """Deliver the twin's recorded stream straight to the handlers; returns (wall s, store)."""
+    assert tw.bus.record is not None
+    store = MemoryDocStore()
+    clock = _Clock()
+    bus = _NullBus()
+    deps = build_deps(store, clock=clock, compute=_NullCompute(), publisher=bus,
+                      config=tw.config, source=twin.SIM_SOURCE, with_event_log=False,
+                      outbox=DocOutbox(store))
+    seq = 0
+    started = time.perf_counter()
+    for t, envelope, services, fn in tw.bus.record:
+        clock.t = EPOCH_S + t
+        if fn is not None:
+            seq += 1
+            twin.apply_api(deps, fn, seq, bus.publish)
+            continue
+        assert envelope is not None
+        for service, handler in subscribers(envelope.type):
+            if services is None or service in services:
+                with contextlib.suppress(Exception):  # the twin retried these too
+                    run_handler(service, handler, envelope, deps)
+    return time.perf_counter() - started, store
+
+
+def _docs(store: MemoryDocStore, collection: str) -> dict[str, Any]:
+    return {k: v for k, v in store.data[collection].items()}
+
+
+def cmd_llama3(args: argparse.Namespace) -> dict[str, Any]:
+    scenario = load_scenario(None, {"duration": args.duration} if args.duration else None)
+    prof = cProfile.Profile() if args.profile else None
+    if prof:
+        prof.enable()
+    result = twin.run(scenario)
+    if prof:
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumtime").print_stats(25)
+    t = result.timings
+    out = {
+        "scenario": scenario.name, "gpus": scenario.cluster.gpus,
+        "days": scenario.duration_s / 86400, "proposed": args.proposed,
+        "wall_s": t.wall_s, "bringup_wall_s": t.bringup_s,
+        "training_wall_s": t.wall_s - t.bringup_s - t.accounting_s,
+        "handlers_s": t.handlers_s, "by_service_s": t.by_service,
+        "twin_s": t.twin_s, "accounting_s": t.accounting_s, "events": result.events,
+        "restarts": sum(result.restarts.values()),
+        "interruptions": sum(result.interruptions.values()),
+        "ettr": result.job().ettr, "goodput": result.job().goodput,
+    }
+    return out
+
+
+def cmd_overhead(args: argparse.Namespace) -> dict[str, Any]:
+    scenario = load_scenario(args.scenario, {"duration": args.duration} if args.duration
+                             else None)
+    tw = twin.Twin(scenario, record=True)
+    result = tw.run()
+    t = result.timings
+    nodes, jobs = _docs(tw.store, "nodes"), _docs(tw.store, "jobs")
+    # the replay must not pay for the twin's heap in the garbage collector: drop what it
+    # does not need and freeze the rest (the recorded stream) out of the collector's sight
+    tw.store = MemoryDocStore()
+    tw.bus.rows = []
+    del result
+    gc.collect()
+    gc.freeze()
+    replay_s, store = replay(tw)
+    gc.unfreeze()
+    same_nodes = _docs(store, "nodes") == nodes
+    same_jobs = _docs(store, "jobs") == jobs
+    sim_s = t.wall_s - t.accounting_s
+    return {
+        "scenario": scenario.name, "gpus": scenario.cluster.gpus,
+        "days": scenario.duration_s / 86400, "proposed": args.proposed,
+        "deliveries": len(tw.bus.record or []), "events": tw.bus.stats.delivered,
+        "twin_wall_s": sim_s, "twin_handlers_s": t.handlers_s,
+        "replay_wall_s": replay_s, "overhead_x": sim_s / replay_s if replay_s else None,
+        "accounting_s": t.accounting_s, "same_final_nodes": same_nodes,
+        "same_final_jobs": same_jobs,
+    }
+
+
+def scale_scenario(gpus: int, days: float) -> Scenario:
+    raw: dict[str, Any] = {
+        "name": f"scale-{gpus}-{days:g}d",
+        "seed": 1,
+        "duration": days * 86400,
+        "cluster": {"cluster_id": "scale", "partitions": []},
+        "jobs": [],
+        "failures": {"causes": {}},
+    }
+    base = load_scenario()
+    raw["failures"] = dict(base.raw["failures"])
+    raw["failures"]["planned"] = {"count": 0}  # fleet-wide restarts would hit every job
+    raw["repair"] = base.raw["repair"]
+    raw["detection"] = base.raw["detection"]
+    nodes = gpus // 8
+    per_partition = min(1024, nodes)
+    for p in range(max(1, nodes // per_partition)):
+        name = f"p{p}"
+        raw["cluster"]["partitions"].append({"name": name, "nodes": per_partition,
+                                             "spares": 16})
+        for j in range(per_partition // 128):
+            raw["jobs"].append({"name": f"{name}-j{j}", "partition": name, "nodes": 128,
+                                "step_time": "10s", "checkpoint_interval": "30m"})
+    return parse_scenario(raw)
+
+
+def cmd_scale(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    sizes = [int(g) for g in args.sizes.split(",") if int(g) <= args.max_gpus]
+    for gpus in sizes:
+        for days in (float(d) for d in args.days.split(",")):
+            if gpus * days > args.max_gpu_days:
+                rows.append({"gpus": gpus, "days": days, "skipped": "over --max-gpu-days"})
+                continue
+            sc = scale_scenario(gpus, days)
+            result = twin.run(sc)
+            t = result.timings
+            row: dict[str, Any] = {"gpus": gpus, "nodes": sc.cluster.nodes, "days": days,
+                   "jobs": len(sc.jobs), "events": result.events,
+                   "interruptions": sum(result.interruptions.values()),
+                   "wall_s": round(t.wall_s, 2), "bringup_s": round(t.bringup_s, 2),
+                   "handlers_s": round(t.handlers_s, 2),
+                   "us_per_event": round(1e6 * t.wall_s / max(1, result.events), 1),
+                   "node_days": sc.cluster.nodes * days}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("llama3")
+    p.add_argument("--duration", default=None)
+    p.add_argument("--profile", action="store_true")
+    p = sub.add_parser("overhead")
+    p.add_argument("--scenario", default=None)
+    p.add_argument("--duration", default=None)
+    p = sub.add_parser("scale")
+    p.add_argument("--max-gpus", type=int, default=131072)
+    p.add_argument("--max-gpu-days", type=float, default=131072 * 365)
+    p.add_argument("--sizes", default="2048,16384,131072", help="GPU counts")
+    p.add_argument("--days", default="54,365", help="durations in days")
+    for p in sub.choices.values():
+        p.add_argument("--proposed", action="store_true",
+                       help="apply the proposed handler changes (bench/sim_proposed.py)")
+    args = parser.parse_args()
+    if args.proposed:
+        import sim_proposed
+
+        sim_proposed.apply()
+    out = {"llama3": cmd_llama3, "overhead": cmd_overhead, "scale": cmd_scale}[args.cmd](args)
+    print(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

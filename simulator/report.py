@@ -1,0 +1,197 @@
+"""What a run prints and draws: rich tables and a matplotlib timeline."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from simulator.adapters import EPOCH_S
+from simulator.failures import LLAMA3_DAYS, LLAMA3_NODES, LLAMA3_UNEXPECTED
+from simulator.goodput import Badput
+from simulator.twin import RunResult
+
+HOUR = 3600.0
+DAY = 86_400.0
+
+
+def _pct(x: float) -> str:
+    return f"{100.0 * x:.1f}%"
+
+
+def print_run(result: RunResult, console: Console | None = None) -> None:
+    console = console or Console()
+    sc = result.scenario
+    console.print(f"[bold]{sc.name}[/bold]: {sc.description}")
+    console.print(f"seed {result.seed}; {sc.cluster.nodes} nodes x {sc.cluster.gpus_per_node} "
+                  f"GPUs ({sc.cluster.gpus} GPUs); {sc.duration_s / DAY:g} days after the "
+                  f"cluster was ready (bring-up took {result.ready_at / 60:.0f} simulated min)")
+
+    table = Table(title="Goodput per job", title_justify="left")
+    for col in ("job", "nodes", "sched", "runtime", "program", "goodput",
+                "ETTR", "restarts", "state"):
+        table.add_column(col, justify="right" if col != "job" else "left", no_wrap=True)
+    for name, jg in sorted(result.accounting.jobs.items()):
+        table.add_row(name, str(jg.params.nodes), _pct(jg.scheduling_goodput),
+                      _pct(jg.runtime_goodput), _pct(jg.program_goodput), _pct(jg.goodput),
+                      _pct(jg.ettr), str(result.restarts.get(name, 0)),
+                      result.job_states.get(name, "").removeprefix("JOB_STATE_"))
+    fleet = result.accounting.fleet
+    table.add_row("fleet", str(sc.cluster.nodes), "", "", "", _pct(fleet.goodput),
+                  _pct(fleet.utilization), "", "")
+    console.print(table)
+
+    bad = Table(title="Badput by category (job hours, share of job time)", title_justify="left")
+    bad.add_column("category")
+    bad.add_column("hours", justify="right")
+    bad.add_column("share", justify="right")
+    for name, jg in sorted(result.accounting.jobs.items()):
+        total = jg.total_s or 1.0
+        for cat, secs in jg.by_category().items():
+            if secs > 0:
+                bad.add_row(f"{name}: {cat}", f"{secs / HOUR:.1f}", _pct(secs / total))
+    console.print(bad)
+
+    causes = Table(title="Lost job hours by the cause that started them", title_justify="left")
+    causes.add_column("cause")
+    causes.add_column("interruptions", justify="right")
+    causes.add_column("hours lost", justify="right")
+    per_cause: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for jg in result.accounting.jobs.values():
+        for (cat, cause), secs in jg.badput.items():
+            if cat is not Badput.PROGRAM_SLOWDOWN:
+                per_cause[cause] += secs
+        for cause, n in jg.interruptions().items():
+            counts[cause] += n
+    for cause, secs in sorted(per_cause.items(), key=lambda kv: -kv[1]):
+        causes.add_row(cause, str(counts.get(cause, "")), f"{secs / HOUR:.1f}")
+    console.print(causes)
+
+    inter = Table(title="Interruptions by root cause (simulated truth)", title_justify="left")
+    inter.add_column("cause")
+    inter.add_column("simulated", justify="right")
+    scale = (sc.cluster.nodes - sum(p.spares for p in sc.cluster.partitions)) \
+        * (sc.duration_s / DAY) / (LLAMA3_NODES * LLAMA3_DAYS) * sc.failures.rate_scale
+    inter.add_column(f"Llama 3 x {scale:.3g}", justify="right")
+    for cause, n in sorted(result.interruptions.items(), key=lambda kv: -kv[1]):
+        published = LLAMA3_UNEXPECTED.get(cause)
+        ref = f"{published[2] * scale:.1f}" if published else ""
+        inter.add_row(cause, str(n), ref)
+    console.print(inter)
+
+    other = Table(title="Repairs and the run", title_justify="left")
+    other.add_column("what")
+    other.add_column("count", justify="right")
+    for action, n in sorted(result.repairs.items()):
+        other.add_row(f"repair: {action}", str(n))
+    other.add_row("events delivered", str(result.events))
+    other.add_row("duplicates / reordered", f"{result.bus['duplicates']} / "
+                                            f"{result.bus['reordered']}")
+    other.add_row("dead letters", str(result.dead_letters))
+    t = result.timings
+    other.add_row("wall time (s)", f"{t.wall_s:.2f} (handlers {t.handlers_s:.2f}, "
+                                   f"accounting {t.accounting_s:.2f}, twin {t.twin_s:.2f})")
+    console.print(other)
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _out_of_service(rows: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[int]]:
+    out: set[str] = set()
+    times: list[float] = []
+    counts: list[int] = []
+    for row in rows:
+        type_ = row["type"]
+        data = row["data"]
+        changed = True
+        if type_ in ("mtc.node.draining.v1", "mtc.node.repair_started.v1",
+                     "mtc.node.drained.v1"):
+            out.add(data["node_id"])
+        elif type_ == "mtc.node.returned_to_service.v1":
+            out.discard(data["node_id"])
+        elif type_ == "mtc.node.retired.v1":
+            out.discard(data["node_id"])
+            if data.get("replacement_id"):
+                out.add(data["replacement_id"])
+        else:
+            changed = False
+        if changed:
+            times.append(float(row["time"]))
+            counts.append(len(out))
+    return times, counts
+
+
+def plot_timeline(result: RunResult, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = EPOCH_S + result.ready_at
+    days = result.scenario.duration_s / DAY
+    fig, axes = plt.subplots(3, 1, figsize=(12, 8), sharex=True,
+                             gridspec_kw={"height_ratios": [2, 2, 1.3]})
+    ax = axes[0]
+    for job in result.scenario.jobs:
+        pts = sorted((float(r["data"]["saved_at"]), int(r["data"]["step"]))
+                     for r in result.rows if r["type"] == "mtc.job.checkpoint_saved.v1"
+                     and r["data"]["job_id"] == job.name)
+        if pts:
+            xs = [(t - t0) / DAY for t, _ in pts]
+            ys = [s * job.step_time_s / DAY for _, s in pts]
+            ax.step(xs, ys, where="post", label=f"{job.name}: checkpointed progress")
+        ax.plot([0, days], [0, days], ls=":", color="grey", lw=1)
+        spans = _attempt_spans(result, job.name, t0)
+        ax.broken_barh([(a, b - a) for a, b in spans], (-0.06 * days, 0.04 * days),
+                       color="tab:green", alpha=0.6)
+    ax.set_ylabel("training days kept")
+    ax.set_title(f"{result.scenario.name}: progress (green bars: attempts running)")
+    ax.legend(loc="upper left", fontsize=8)
+
+    ax = axes[1]
+    cats: dict[str, list[float]] = defaultdict(list)
+    label = {c.name: c.category for c in result.scenario.failures.causes}
+    for t, kind, _, detail in result.timeline:
+        if kind == "fault":
+            cats[label.get(detail, detail)].append(t / DAY - result.ready_at / DAY)
+        elif kind in ("straggler", "planned"):
+            cats[kind].append(t / DAY - result.ready_at / DAY)
+    names = sorted(cats)
+    for i, name in enumerate(names):
+        ax.scatter(cats[name], [i] * len(cats[name]), s=10, label=name)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_title("faults by category (every node, spares included)")
+
+    ax = axes[2]
+    times, counts = _out_of_service(result.rows)
+    if times:
+        ax.step([(t - t0) / DAY for t in times], counts, where="post", color="tab:red")
+    ax.set_ylabel("nodes out")
+    ax.set_xlabel("days since the cluster was ready")
+    ax.set_xlim(0, days)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _attempt_spans(result: RunResult, job: str, t0: float) -> list[tuple[float, float]]:
+    starts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    for r in result.rows:
+        data = r["data"]
+        if data.get("job_id") != job:
+            continue
+        if r["type"] == "mtc.job.started.v1":
+            starts[int(data["attempt"])] = float(r["time"])
+        elif r["type"] == "mtc.job.workers_exited.v1":
+            ends.setdefault(int(data["attempt"]), float(r["time"]))
+    end = EPOCH_S + result.horizon
+    return [((s - t0) / DAY, (ends.get(a, end) - t0) / DAY) for a, s in sorted(starts.items())]

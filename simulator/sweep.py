@@ -1,0 +1,232 @@
+"""What-if sweeps: a grid of scenario overrides x replications, on every core.
+
+Replication ``r`` of every grid point uses seed ``base + r``: the grid points see the same
+random failures (common random numbers), so their differences are not sampling noise.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import multiprocessing
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulator.goodput import Badput, mean_ci
+from simulator.scenario import ScenarioError, duration, load_scenario, parse_value
+
+METRICS = ("goodput", "ettr", "scheduling_goodput", "runtime_goodput", "program_goodput",
+           "interruptions", "restarts", "waiting_h", "recovery_h", "wasted_h", "save_h",
+           "startup_restore_h", "replacements", "events", "wall_s")
+
+
+@dataclass(frozen=True)
+class Task:
+    scenario: str | None
+    overrides: tuple[tuple[str, Any], ...]
+    point: tuple[tuple[str, str], ...]  # the varied values, as written
+    replication: int
+    seed: int
+
+
+def parse_vary(specs: Sequence[str]) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise ScenarioError(f"--vary {spec}", "must look like key=v1,v2,...")
+        out.append((key.strip(), [v.strip() for v in values.split(",") if v.strip()]))
+    return out
+
+
+def grid(vary: Sequence[tuple[str, list[str]]]) -> list[tuple[tuple[str, str], ...]]:
+    keys = [k for k, _ in vary]
+    return [tuple(zip(keys, combo, strict=True))
+            for combo in itertools.product(*[v for _, v in vary])]
+
+
+def tasks(scenario: str | None, vary: Sequence[tuple[str, list[str]]], replications: int,
+          base_seed: int, fixed: Mapping[str, Any] | None = None) -> list[Task]:
+    out = []
+    for point in grid(vary):
+        overrides = tuple((fixed or {}).items()) + tuple((k, parse_value(v)) for k, v in point)
+        for r in range(replications):
+            out.append(Task(scenario, overrides, point, r, base_seed + r))
+    return out
+
+
+def validate(task: Task) -> None:
+    """Parse the scenario of one task in this process, so a bad key fails before the pool."""
+    load_scenario(task.scenario, dict(task.overrides))
+
+
+def run_task(task: Task) -> dict[str, Any]:
+    from simulator import twin
+
+    scenario = load_scenario(task.scenario, dict(task.overrides))
+    t0 = time.perf_counter()
+    result = twin.run(scenario, seed=task.seed)
+    wall = time.perf_counter() - t0
+    jobs = list(result.accounting.jobs.values())
+    total = sum(j.total_s for j in jobs) or 1.0
+
+    def weighted(attr: str) -> float:
+        return float(sum(getattr(j, attr) * j.total_s for j in jobs) / total)
+
+    def lost(*cats: Badput) -> float:
+        return sum(j.lost(c) for j in jobs for c in cats) / 3600.0
+
+    row: dict[str, Any] = {k: v for k, v in task.point}
+    row.update(replication=task.replication, seed=task.seed,
+               goodput=weighted("goodput"), ettr=weighted("ettr"),
+               scheduling_goodput=weighted("scheduling_goodput"),
+               runtime_goodput=weighted("runtime_goodput"),
+               program_goodput=weighted("program_goodput"),
+               interruptions=sum(result.interruptions.values()),
+               restarts=sum(result.restarts.values()),
+               waiting_h=lost(Badput.WAITING_FOR_CAPACITY),
+               recovery_h=lost(Badput.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION),
+               wasted_h=lost(Badput.WASTED_PROGRESS_FROM_DISRUPTION),
+               save_h=lost(Badput.UNPRODUCTIVE_CHECKPOINT_SAVE_TIME),
+               startup_restore_h=lost(Badput.PROGRAM_STARTUP,
+                                      Badput.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME),
+               replacements=result.repairs.get("replace", 0), events=result.events,
+               wall_s=wall)
+    return row
+
+
+def run_sweep(all_tasks: Sequence[Task], *, processes: int | None = None,
+              progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    if not all_tasks:
+        return []
+    validate(all_tasks[0])
+    processes = max(1, min(processes or os.cpu_count() or 1, len(all_tasks)))
+    rows: list[dict[str, Any]] = []
+    if processes == 1:
+        for i, task in enumerate(all_tasks):
+            rows.append(run_task(task))
+            if progress:
+                progress(i + 1, len(all_tasks))
+        return rows
+    ctx = multiprocessing.get_context("fork" if "fork" in
+                                      multiprocessing.get_all_start_methods() else "spawn")
+    with ctx.Pool(processes) as pool:
+        for i, row in enumerate(pool.imap_unordered(run_task, all_tasks)):
+            rows.append(row)
+            if progress:
+                progress(i + 1, len(all_tasks))
+    keys = [k for k, _ in all_tasks[0].point]
+    rows.sort(key=lambda r: ([str(r[k]) for k in keys], r["replication"]))
+    return rows
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+              confidence: float = 0.95) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, ...], list[Mapping[str, Any]]] = defaultdict(list)
+    order: list[tuple[str, ...]] = []
+    for row in rows:
+        key = tuple(str(row[k]) for k in keys)
+        if key not in groups:
+            order.append(key)
+        groups[key].append(row)
+    out = []
+    for key in order:
+        group = groups[key]
+        agg: dict[str, Any] = dict(zip(keys, key, strict=True))
+        agg["n"] = len(group)
+        for metric in METRICS:
+            mean, half, sd = mean_ci((r[metric] for r in group), confidence)
+            agg[metric] = mean
+            agg[f"{metric}_ci"] = half
+            agg[f"{metric}_sd"] = sd
+        out.append(agg)
+    return out
+
+
+def write_results(out_dir: Path, rows: Sequence[Mapping[str, Any]],
+                  summary: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, data in (("runs.csv", rows), ("summary.csv", summary)):
+        path = out_dir / name
+        with path.open("w", newline="") as fh:
+            if data:
+                writer = csv.DictWriter(fh, fieldnames=list(data[0].keys()))
+                writer.writeheader()
+                writer.writerows(data)
+        paths.append(path)
+    path = out_dir / "summary.json"
+    path.write_text(json.dumps({"meta": meta, "summary": list(summary), "runs": list(rows)},
+                               indent=1, default=str))
+    paths.append(path)
+    return paths
+
+
+def _numeric(values: Sequence[str]) -> list[float] | None:
+    try:
+        return [float(v) for v in values]
+    except ValueError:
+        pass
+    try:
+        return [duration(v, "value") / 60.0 for v in values]
+    except ScenarioError:
+        return None
+
+
+def plot_sweep(out_dir: Path, summary: Sequence[Mapping[str, Any]],
+               vary: Sequence[tuple[str, list[str]]],
+               metrics: Sequence[str] = ("goodput", "ettr")) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    keys = [k for k, _ in vary]
+    for key, values in vary:
+        others = [k for k in keys if k != key]
+        xs_num = _numeric(values)
+        is_duration = xs_num is not None and any(not _is_number(v) for v in values)
+        fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4),
+                                 squeeze=False)
+        series: dict[tuple[str, ...], list[Mapping[str, Any]]] = defaultdict(list)
+        for row in summary:
+            series[tuple(str(row[k]) for k in others)].append(row)
+        for ax, metric in zip(axes[0], metrics, strict=True):
+            for label, group in series.items():
+                by_value = {str(r[key]): r for r in group}
+                pts = [(i, v) for i, v in enumerate(values) if v in by_value]
+                x = [xs_num[i] if xs_num is not None else i for i, _ in pts]
+                y = [by_value[v][metric] for _, v in pts]
+                err = [by_value[v][f"{metric}_ci"] for _, v in pts]
+                err = [0.0 if e != e else e for e in err]  # NaN (one replication) -> no bar
+                name = ", ".join(f"{k}={v}" for k, v in zip(others, label, strict=True))
+                ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=name or metric)
+            if xs_num is None:
+                ax.set_xticks(range(len(values)), values)
+            ax.set_xlabel(f"{key} (minutes)" if is_duration else key)
+            ax.set_ylabel(metric)
+            ax.grid(alpha=0.3)
+            if others:
+                ax.legend(fontsize=7)
+        fig.suptitle(f"{', '.join(metrics)} vs {key} (mean, 95% CI)")
+        fig.tight_layout()
+        path = out_dir / f"sweep_{key.replace('.', '_')}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True

@@ -53,7 +53,7 @@ def job_view(j: Job) -> dict[str, Any]:
         "state": j.state.value,
         "attempt": j.attempt,
         "restartCount": j.restart_count,
-        "nodes": list(j.node_ids),
+        "nodes": [n for n in j.node_ids if n],
         "latestCheckpoint": None if latest is None else
         {"step": latest.step, "path": latest.path, "time": iso(latest.at)},
         "createTime": iso(j.created_at),

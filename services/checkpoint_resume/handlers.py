@@ -73,37 +73,54 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
     if event.attempt != job.attempt or job.state not in (JobState.RUNNING, JobState.CANCELLING):
         return
     now = deps.clock.now()
-    infrastructure = _lost_a_node(job, uow)
-    _release_nodes(job, uow, deps)
     if job.state is JobState.CANCELLING:
+        _release_nodes(job, uow, deps)
         job.transition(JobState.CANCELLED, now)
         _finished(job, uow, "cancelled by the user")
         return
-    interrupted = (job.interrupt_requested_at is not None or infrastructure
-                   or _killed_from_outside(event.exit_code))
+    interrupted = job.interrupt_requested_at is not None or _killed_from_outside(event.exit_code)
+    if event.exit_code != 0 and not interrupted:  # a crash: the program's, or a dead node's?
+        interrupted = _lost_a_node(job, uow)
     if event.exit_code == 0 and not interrupted:
-        job.transition(JobState.SUCCEEDED, now)
-        _finished(job, uow, "all workers exited 0")
+        _finish(job, JobState.SUCCEEDED, "all workers exited 0", uow, deps)
         return
     if not interrupted and not job.spec.scheduling.restart_job_on_worker_restart:
         job.error = f"worker exited with code {event.exit_code}: {event.detail}"
-        job.transition(JobState.FAILED, now)
-        _finished(job, uow, job.error)
+        _finish(job, JobState.FAILED, job.error, uow, deps)
         return
     if job.restart_count >= job.spec.scheduling.max_restarts:
         job.error = f"gave up after {job.restart_count} restarts"
-        job.transition(JobState.FAILED, now)
-        _finished(job, uow, job.error)
+        _finish(job, JobState.FAILED, job.error, uow, deps)
         return
-    reason = job.interrupt_reason or f"workers exited with code {event.exit_code}"
-    job.transition(JobState.PENDING, now)
+    _requeue(job, job.interrupt_reason or f"workers exited with code {event.exit_code}", uow,
+             deps)
+
+
+def _finish(job: Job, state: JobState, detail: str, uow: UnitOfWork, deps: Deps) -> None:
+    _release_nodes(job, uow, deps)
+    job.transition(state, deps.clock.now())
+    _finished(job, uow, detail)
+
+
+def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps) -> None:
+    """Replace only what failed: nodes taken out of service leave the allocation, the healthy
+    rest stay allocated to the job, and scheduling fills the holes (spares first)."""
+    out = _out_of_service(job.cluster_id, uow)
+    lost = [n for n in job.node_ids if n and n in out]
+    _release(lost, job.job_id, uow, deps)
+    job.transition(JobState.PENDING, deps.clock.now())
     job.restart_count += 1
-    job.previous_node_ids = list(job.node_ids)
-    job.node_ids = []
+    job.previous_node_ids = [n for n in job.node_ids if n]
+    job.node_ids = ["" if n in lost else n for n in job.node_ids]
     job.interrupt_requested_at = None
     job.interrupt_reason = ""
     uow.emit(JobRequeued(job_id=job.job_id, cluster_id=job.cluster_id,
                          restart_count=job.restart_count, reason=reason))
+
+
+def _out_of_service(cluster_id: str, uow: UnitOfWork) -> set[str]:
+    """From the partition aggregates: no need to read every node of a 2,048-node job."""
+    return {n for p in uow.partitions.list(cluster_id) for n in p.out_of_service}
 
 
 def _killed_from_outside(exit_code: int) -> bool:
@@ -112,18 +129,24 @@ def _killed_from_outside(exit_code: int) -> bool:
 
 
 def _lost_a_node(job: Job, uow: UnitOfWork) -> bool:
+    if _out_of_service(job.cluster_id, uow) & set(job.node_ids):
+        return True  # cheap: already known from the partition aggregates
     for node_id in job.node_ids:
-        node = uow.nodes.get(node_id)
-        if node is None or node.state not in (NodeState.ALLOCATED,):
+        node = uow.nodes.get(node_id) if node_id else None
+        if node is None or node.state is not NodeState.ALLOCATED:
             return True
     return False
 
 
 def _release_nodes(job: Job, uow: UnitOfWork, deps: Deps) -> None:
+    _release([n for n in job.node_ids if n], job.job_id, uow, deps)
+
+
+def _release(node_ids: list[str], job_id: str, uow: UnitOfWork, deps: Deps) -> None:
     now = deps.clock.now()
-    for node_id in job.node_ids:
+    for node_id in node_ids:
         node = uow.nodes.get(node_id)
-        if node is None or node.job_id != job.job_id:
+        if node is None or node.job_id != job_id:
             continue
         node.job_id = None
         if node.state is NodeState.ALLOCATED:
@@ -145,6 +168,8 @@ def _release_orphan(node_id: str, uow: UnitOfWork, deps: Deps) -> None:
     if job is not None and job.state in (JobState.RUNNING, JobState.CANCELLING) \
             and node_id in job.node_ids:
         return
+    if job is not None and job.state is JobState.PENDING and node_id in job.node_ids:
+        job.node_ids = ["" if n == node_id else n for n in job.node_ids]  # held, now lost
     node.job_id = None
     reason = node.reason
     node.transition(NodeState.DRAINED, deps.clock.now(), reason)

@@ -119,6 +119,17 @@ def submit_job(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps,
     return job
 
 
+def _free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps) -> None:
+    """A pending resumed job holds its healthy nodes; giving up the job gives them back."""
+    for node_id in filter(None, job.node_ids):
+        node = uow.nodes.get(node_id)
+        if node is not None and node.job_id == job.job_id:
+            node.job_id = None
+            if node.state is NodeState.ALLOCATED:
+                node.transition(NodeState.IDLE, deps.clock.now(), "job cancelled")
+    job.node_ids = []
+
+
 def _check_fits(cluster: Cluster, spec: CustomJobSpec) -> None:
     """Reject at submit time what could never run, instead of leaving it pending forever."""
     partitions = {p.name: p for p in cluster.spec.partitions}
@@ -162,6 +173,7 @@ def cancel_job(job_id: str, uow: UnitOfWork, deps: Deps) -> Job:
         job.transition(JobState.CANCELLING, now)
         deps.compute.signal_workers(job.job_id, job.attempt, deps.config.grace_period_s)
     else:
+        _free_held_nodes(job, uow, deps)
         job.transition(JobState.CANCELLED, now)
     uow.emit(JobCancelRequested(job_id=job_id))
     return job
@@ -196,48 +208,65 @@ def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> None:
 
 
 def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
-    """Gang-place pending jobs on idle worker nodes and start their workers."""
+    """Gang-place pending jobs on idle worker nodes and start their workers. A resumed job
+    still holds its healthy nodes: only the holes its lost nodes left are placed."""
     pending = uow.jobs.list(cluster_id, state=JobState.PENDING)
     if not pending:
         return
+    ready = [j for j in pending if j.node_ids and all(j.node_ids)]
+    for job in ready:  # nothing was lost (e.g. a preempted program): start again at once
+        _start(job, [], {}, uow, deps)
+    waiting = [j for j in pending if j not in ready]
     idle = [n for n in uow.nodes.list(cluster_id, state=NodeState.IDLE)
             if n.role is NodeRole.WORKER]
-    if not idle:
+    if not waiting or not idle:
         return
-    requests = [_request(job) for job in pending]
+    requests = [_request(job) for job in waiting]
     slots = [NodeSlot(n.node_id, n.partition, n.machine_type, n.accelerator_type,
                       n.accelerator_count, n.is_spare) for n in idle]
     placements = place_jobs(requests, slots, deps.clock.now(), backfill=deps.config.backfill)
-    by_id = {j.job_id: j for j in pending}
+    by_id = {j.job_id: j for j in waiting}
     nodes = {n.node_id: n for n in idle}
     for placement in placements:
         _start(by_id[placement.job_id], list(placement.node_ids), nodes, uow, deps)
 
 
+def _ranks(job: Job) -> list[str]:
+    """The job's node per rank; '' where a rank has no node (yet)."""
+    return list(job.node_ids) if job.node_ids else [""] * job.spec.replica_count
+
+
 def _request(job: Job) -> JobRequest:
-    groups = tuple(
-        ReplicaGroup(p.machine_spec.machine_type, p.machine_spec.accelerator_type,
-                     p.machine_spec.accelerator_count, p.replica_count)
-        for p in job.spec.worker_pool_specs
-    )
-    return JobRequest(job.job_id, job.spec.scheduling.partition, groups, job.priority,
+    """Ask only for the holes, pool by pool (ranks are numbered pool after pool)."""
+    ranks = _ranks(job)
+    groups = []
+    first = 0
+    for pool in job.spec.worker_pool_specs:
+        missing = sum(1 for n in ranks[first:first + pool.replica_count] if not n)
+        first += pool.replica_count
+        if missing:
+            groups.append(ReplicaGroup(pool.machine_spec.machine_type,
+                                       pool.machine_spec.accelerator_type,
+                                       pool.machine_spec.accelerator_count, missing))
+    return JobRequest(job.job_id, job.spec.scheduling.partition, tuple(groups), job.priority,
                       job.created_at, job.restart_count > 0, tuple(job.previous_node_ids))
 
 
-def _start(job: Job, node_ids: list[str], nodes: dict[str, Any], uow: UnitOfWork,
+def _start(job: Job, placed: list[str], nodes: dict[str, Any], uow: UnitOfWork,
            deps: Deps) -> None:
     now = deps.clock.now()
+    fill = iter(placed)
+    job.node_ids = [n or next(fill) for n in _ranks(job)]
     job.transition(JobState.RUNNING, now)
     job.attempt += 1
-    job.node_ids = node_ids
     job.started_at = job.started_at or now
-    for node_id in node_ids:
+    for node_id in placed:
         node = nodes[node_id]
         node.transition(NodeState.ALLOCATED, now, f"running {job.job_id}")
         node.job_id = job.job_id
     deps.compute.start_workers(worker_specs(job, deps))
     latest = job.latest_checkpoint
-    uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=tuple(node_ids),
+    uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=tuple(job.node_ids),
                         resume_step=latest.step if latest else -1))
 
 

@@ -62,10 +62,20 @@ def test_scale_down_retires_idle_nodes_and_drains_busy_ones() -> None:
     assert plane.compute.signalled == [("j1", 1)]  # the job checkpoints before nodes leave
     plane.exit_workers("j1", 1, 75)
     states = {n.node_id: n.state for n in plane.nodes("c1") if n.role.value == "worker"}
-    assert sorted(s.value for s in states.values()) == ["idle", "retired", "retired", "retired"]
+    assert sorted(s.value for s in states.values()) == ["allocated", "retired", "retired",
+                                                        "retired"]
     # three replicas no longer fit one node: the job waits for capacity, like a pending
-    # Slurm job, rather than failing (the user may scale up again)
-    assert plane.job("j1").state is JobState.PENDING and plane.job("j1").restart_count == 1
+    # Slurm job, rather than failing (the user may scale up again), and keeps the healthy
+    # node it has; cancelling it gives the node back
+    job = plane.job("j1")
+    assert job.state is JobState.PENDING and job.restart_count == 1
+    assert [n for n in job.node_ids if n] == [n for n, s in states.items()
+                                              if s is NodeState.ALLOCATED]
+    plane.api(lambda u, d: api.cancel_job("j1", u, d))
+    plane.deliver()
+    assert plane.job("j1").state is JobState.CANCELLED
+    assert sorted(n.state.value for n in plane.nodes("c1") if n.role.value == "worker") == [
+        "idle", "retired", "retired", "retired"]
     assert cluster_state(plane) is ClusterState.READY
     assert not plane.compute.repairs  # scale-down is not a repair
 

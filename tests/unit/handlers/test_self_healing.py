@@ -173,3 +173,29 @@ def test_a_failed_repair_escalates_to_the_next_rung() -> None:
     assert plane.node(node).state is NodeState.RETIRED  # reimage failed too: replace
     assert plane.node("c1-gpu-001-r1").state is NodeState.PROVISIONING
     assert "c1-gpu-001-r1" in plane.compute.provisioned and node in plane.compute.deleted
+
+
+def test_only_the_failed_node_is_replaced_and_ranks_are_kept() -> None:
+    plane = ready_plane()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(3), u, d, "j1"))
+    plane.deliver()
+    first = plane.job("j1").node_ids
+    plane.report(first[1], xid(79, plane.clock.now()))
+    plane.deliver()
+    plane.exit_workers("j1", 1, 75)
+    job = plane.job("j1")
+    assert job.attempt == 2
+    assert job.node_ids[0] == first[0] and job.node_ids[2] == first[2]  # kept, same ranks
+    assert job.node_ids[1] == "c1-gpu-003"  # the hole went to the spare
+    ranks = {w.rank: w.node_id for w in plane.compute.started if w.attempt == 2}
+    assert ranks == dict(enumerate(job.node_ids))
+
+
+def test_a_preempted_program_restarts_on_the_same_nodes() -> None:
+    plane = ready_plane()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    first = plane.job("j1").node_ids
+    plane.exit_workers("j1", 1, 75)  # no node lost
+    job = plane.job("j1")
+    assert (job.state, job.attempt, job.node_ids) == (JobState.RUNNING, 2, first)

@@ -79,12 +79,13 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         _finished(job, uow, "cancelled by the user")
         return
     interrupted = job.interrupt_requested_at is not None or _killed_from_outside(event.exit_code)
-    if event.exit_code != 0 and not interrupted:  # a crash: the program's, or a dead node's?
-        interrupted = _lost_a_node(job, uow)
+    restart_anyway = job.spec.scheduling.restart_job_on_worker_restart
+    if event.exit_code != 0 and not interrupted and not restart_anyway:
+        interrupted = _lost_a_node(job, uow)  # a crash: the program's, or a dead node's?
     if event.exit_code == 0 and not interrupted:
         _finish(job, JobState.SUCCEEDED, "all workers exited 0", uow, deps)
         return
-    if not interrupted and not job.spec.scheduling.restart_job_on_worker_restart:
+    if not interrupted and not restart_anyway:
         job.error = f"worker exited with code {event.exit_code}: {event.detail}"
         _finish(job, JobState.FAILED, job.error, uow, deps)
         return

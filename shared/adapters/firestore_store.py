@@ -104,7 +104,7 @@ class FirestoreTransaction:
         try:
             snapshots = list(self._txn.get(ref))
         except RETRYABLE as exc:
-            raise Contention(f"read {collection}/{doc_id}: {exc}") from exc
+            raise Contention(f"concurrent transaction held {collection}/{doc_id}: {exc}") from exc
         snap = snapshots[0] if snapshots else None
         if snap is None or not snap.exists:
             return None
@@ -115,7 +115,7 @@ class FirestoreTransaction:
         try:
             return [decode(s.to_dict()) for s in query.stream(transaction=self._txn)]
         except RETRYABLE as exc:
-            raise Contention(f"query {collection} {equals}: {exc}") from exc
+            raise Contention(f"concurrent transaction held {collection} {equals}: {exc}") from exc
 
     def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
         self._writes[(collection, doc_id)] = doc

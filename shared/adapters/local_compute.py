@@ -59,11 +59,12 @@ import threading
 import time
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.adapters.fact_state import FactState
 from shared.domain.events import (
     Event,
     JobCheckpointSaved,
@@ -71,7 +72,6 @@ from shared.domain.events import (
     NodeHealthReported,
     NodeProvisioned,
     NodeRepairCompleted,
-    event_class,
 )
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
 from shared.domain.model import Node
@@ -81,7 +81,6 @@ LAUNCHER = Path(__file__).with_name("worker_launcher.py")
 EXIT_KILLED = 137  # a worker that vanished without an exit file was killed (128 + SIGKILL)
 HEALTHY_REASON = "simulated local node: no fault injected"
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 40000
-OUTBOX_LEASE_S = 30.0  # a claimed event not emitted by then (its poller died) is emitted again
 
 RA = RepairAction
 DEFAULT_REPAIR_DURATIONS_S: Mapping[RepairAction, float] = {
@@ -345,8 +344,10 @@ CREATE TABLE IF NOT EXISTS outbox (
 """
 
 
-class LocalCompute:
+class LocalCompute(FactState):
     """The ``Compute`` port on one machine: simulated nodes, subprocess workers."""
+
+    DB_FILE = "compute.sqlite3"
 
     def __init__(
         self,
@@ -376,72 +377,6 @@ class LocalCompute:
             self._connect().executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
 
     # ------------------------------------------------------------ plumbing
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._db is None:
-            db = sqlite3.connect(
-                self.state_dir / "compute.sqlite3",
-                timeout=30.0,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            db.execute("PRAGMA busy_timeout = 30000")
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            db.row_factory = sqlite3.Row
-            self._db = db
-        return self._db
-
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; BEGIN IMMEDIATE so processes taking turns never interleave."""
-        with self._lock:
-            db = self._connect()
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-
-    @staticmethod
-    def _queue(db: sqlite3.Connection, event: Event) -> None:
-        db.execute(
-            "INSERT INTO outbox (type, data) VALUES (?, ?)",
-            (event.TYPE, json.dumps(event.to_dict())),
-        )
-
-    def _drain(self) -> None:
-        """Emit queued events in order, outside any transaction; delete each once emitted."""
-        while True:
-            now = self._clock.now()
-            with self._tx() as db:
-                row = db.execute(
-                    "SELECT id, type, data FROM outbox WHERE claimed_at IS NULL OR claimed_at <= ?"
-                    " ORDER BY id LIMIT 1",
-                    (now - OUTBOX_LEASE_S,),
-                ).fetchone()
-                if row is not None:
-                    db.execute("UPDATE outbox SET claimed_at = ? WHERE id = ?", (now, row["id"]))
-            if row is None:
-                return
-            event = event_class(row["type"]).from_dict(json.loads(row["data"]))
-            try:
-                self._emit(event)
-            except BaseException:
-                with self._tx() as db:
-                    db.execute("UPDATE outbox SET claimed_at = NULL WHERE id = ?", (row["id"],))
-                raise
-            with self._tx() as db:
-                db.execute("DELETE FROM outbox WHERE id = ?", (row["id"],))
-
-    def close(self) -> None:
-        """Close the state file. Workers keep running: they outlive this object by design."""
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
 
     # ------------------------------------------------------------ nodes
 

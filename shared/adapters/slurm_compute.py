@@ -82,7 +82,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -91,6 +91,7 @@ from services.node_agent.agent import AgentState, collect
 from services.node_agent.commands import Runner as ProbeRunner
 from services.node_agent.commands import run_command
 from services.node_agent.config import ALL_PROBES, AgentConfig
+from shared.adapters.fact_state import FactState
 from shared.adapters.local_compute import (
     EXIT_KILLED,
     LAUNCHER,
@@ -114,7 +115,6 @@ from shared.domain.events import (
     NodeHealthReported,
     NodeProvisioned,
     NodeRepairCompleted,
-    event_class,
 )
 from shared.domain.health import HealthReport, RepairAction
 from shared.domain.model import Node, NodeRole
@@ -146,7 +146,6 @@ NOT_UP_FLAGS = frozenset(
 )
 NOT_UP_STATES = frozenset({"down", "unknown", "future", "error"})
 OP_LEASE_S = 60.0  # an operation claimed by a process that died is run again after this
-OUTBOX_LEASE_S = 30.0
 JOB_GONE_SETTLE_S = 1.0  # exit files land before the task ends; allow for a slow file system
 DEFAULT_XID_LINE = "NVRM: Xid (PCI:{pci}): {xid}, pid={pid}, name={name}, {text}"
 XID_TEXT = {
@@ -304,8 +303,10 @@ class Alert:
     detail: str
 
 
-class SlurmCompute:
+class SlurmCompute(FactState):
     """The ``Compute`` port over a real Slurm cluster (see the module docstring)."""
+
+    DB_FILE = "slurm_compute.sqlite3"
 
     def __init__(
         self,
@@ -369,61 +370,6 @@ class SlurmCompute:
 
     # ------------------------------------------------------------ plumbing
 
-    def _connect(self) -> sqlite3.Connection:
-        if self._db is None:
-            db = sqlite3.connect(
-                self.state_dir / "slurm_compute.sqlite3",
-                timeout=30.0,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            db.execute("PRAGMA busy_timeout = 30000")
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            db.row_factory = sqlite3.Row
-            self._db = db
-        return self._db
-
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            db = self._connect()
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-
-    @staticmethod
-    def _queue(db: sqlite3.Connection, event: Event) -> None:
-        db.execute("INSERT INTO outbox (type, data) VALUES (?, ?)", (event.TYPE, json.dumps(event.to_dict())))
-
-    def _drain(self) -> None:
-        """Emit queued facts in order, outside any transaction; delete each once emitted."""
-        while True:
-            now = self._clock.now()
-            with self._tx() as db:
-                row = db.execute(
-                    "SELECT id, type, data FROM outbox WHERE claimed_at IS NULL OR claimed_at <= ?"
-                    " ORDER BY id LIMIT 1",
-                    (now - OUTBOX_LEASE_S,),
-                ).fetchone()
-                if row is not None:
-                    db.execute("UPDATE outbox SET claimed_at = ? WHERE id = ?", (now, row["id"]))
-            if row is None:
-                return
-            event = event_class(row["type"]).from_dict(json.loads(row["data"]))
-            try:
-                self._emit(event)
-            except BaseException:
-                with self._tx() as db:
-                    db.execute("UPDATE outbox SET claimed_at = NULL WHERE id = ?", (row["id"],))
-                raise
-            with self._tx() as db:
-                db.execute("DELETE FROM outbox WHERE id = ?", (row["id"],))
-
     def _alert(self, db: sqlite3.Connection, kind: str, subject: str, detail: str) -> None:
         log.warning("ALERT %s %s: %s", kind, subject, detail)
         db.execute(
@@ -436,13 +382,6 @@ class SlurmCompute:
         with self._tx() as db:
             rows = db.execute("SELECT * FROM alerts ORDER BY id").fetchall()
         return [Alert(r["at"], r["kind"], r["subject"], r["detail"]) for r in rows]
-
-    def close(self) -> None:
-        """Close the state file. Slurm jobs keep running: they outlive this object."""
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
 
     # ------------------------------------------------------------ paths
 

@@ -22,21 +22,20 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dataclasses import replace
-
 from services.job_submission import handlers as api
-from shared.config import ControlPlaneConfig
-from shared.policies.repair import RepairConfig
 from shared.adapters.docstore import DocStore, make_envelope
 from shared.adapters.memory_store import MemoryDocStore
 from shared.adapters.outbox_bus import OutboxBus
 from shared.adapters.sqlite_store import SqliteDocStore
 from shared.bootstrap import SystemClock, build_deps
+from shared.config import ControlPlaneConfig
 from shared.domain.events import NodeHealthReported, NodeProvisioned
 from shared.domain.model import NodeState
+from shared.policies.repair import RepairConfig
 from tests.harness import FakeCompute, healthy, job_body, xid
 
 

@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
-from services.node_agent.agent import AgentState, collect
-from services.node_agent.commands import Runner, run_command
-from services.node_agent.config import ALL_PROBES, AgentConfig
 from services.node_agent.publish import Publish, http_publisher, report_data, report_to_cloudevent
 from shared.adapters.slurm_cli import SlurmCli
 from shared.domain.errors import ValidationError
 from shared.domain.health import ConditionStatus, HealthReport
+from shared.probes.agent import AgentState, collect
+from shared.probes.commands import Runner, run_command
+from shared.probes.config import ALL_PROBES, AgentConfig
 
 log = logging.getLogger("mtc.node_agent")
 

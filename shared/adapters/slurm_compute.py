@@ -28,7 +28,7 @@ instead) powers the bad node down and powers a cloud node up under the same mtc 
 ``delete_node`` releases a healthy node (resumed if mtc drained it), and powers down a node
 that mtc cordoned for a fault (it leaves the fleet) or that mtc powered up.
 
-The node agent. Each node's agent is ``services.node_agent.agent.collect`` run every
+The node agent. Each node's agent is ``shared.probes.agent.collect`` run every
 ``agent_interval_s`` by ``poll()`` for that node (the same probes and HealthReport that
 ``mtc-agent --interval N --publish-url URL`` would post from the node; on this one-host cluster
 every "node" is this host, so running them in the controller saves a process per node). Its
@@ -87,10 +87,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from services.node_agent.agent import AgentState, collect
-from services.node_agent.commands import Runner as ProbeRunner
-from services.node_agent.commands import run_command
-from services.node_agent.config import ALL_PROBES, AgentConfig
 from shared.adapters.fact_state import FactState
 from shared.adapters.local_compute import (
     EXIT_KILLED,
@@ -119,6 +115,10 @@ from shared.domain.events import (
 from shared.domain.health import HealthReport, RepairAction
 from shared.domain.model import Node, NodeRole
 from shared.ports import Clock, WorkerSpec
+from shared.probes.agent import AgentState, collect
+from shared.probes.commands import Runner as ProbeRunner
+from shared.probes.commands import run_command
+from shared.probes.config import ALL_PROBES, AgentConfig
 
 log = logging.getLogger("mtc.compute.slurm")
 

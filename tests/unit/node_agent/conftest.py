@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.node_agent.commands import CommandResult, ToolNotFound
+from shared.probes.commands import CommandResult, ToolNotFound
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from services.node_agent.agent import AgentState, collect
-from services.node_agent.commands import run_command
-from services.node_agent.config import AgentConfig
 from shared.domain.errors import ValidationError
 from shared.domain.health import ConditionStatus, HealthReport
+from shared.probes.agent import AgentState, collect
+from shared.probes.commands import run_command
+from shared.probes.config import AgentConfig
 
 from .conftest import FakeRunner, fixture_text, ok
 

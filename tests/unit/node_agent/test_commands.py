@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from services.node_agent.commands import CommandTimedOut, ToolNotFound, run_command
+from shared.probes.commands import CommandTimedOut, ToolNotFound, run_command
 
 
 def test_runs_and_captures() -> None:

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from services.node_agent.commands import ProbeError, run_command
-from services.node_agent.dcgm import DcgmParseError, diag_condition, parse_dcgm_diag_json, probe
 from shared.domain.health import ConditionStatus
+from shared.probes.commands import ProbeError, run_command
+from shared.probes.dcgm import DcgmParseError, diag_condition, parse_dcgm_diag_json, probe
 
 from .conftest import FakeRunner, fixture_text, ok
 

@@ -4,14 +4,14 @@ import time
 
 import pytest
 
-from services.node_agent.commands import CommandTimedOut, ProbeError, run_command
-from services.node_agent.nvidia_smi import (
+from shared.domain.health import Condition, ConditionStatus
+from shared.probes.commands import CommandTimedOut, ProbeError, run_command
+from shared.probes.nvidia_smi import (
     NvidiaSmiParseError,
     conditions_from_readings,
     parse_nvidia_smi_xml,
     probe,
 )
-from shared.domain.health import Condition, ConditionStatus
 
 from .conftest import FakeRunner, fixture_text, ok
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.node_agent import disk, speed
-from services.node_agent.heartbeat import heartbeat_condition
 from shared.domain.health import ConditionStatus
+from shared.probes import disk, speed
+from shared.probes.heartbeat import heartbeat_condition
 
 NOW = 1_796_000_000.0
 T, F, U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from services.node_agent.commands import ProbeError
-from services.node_agent.xid import (
+from shared.domain.health import ConditionStatus
+from shared.probes.commands import ProbeError
+from shared.probes.xid import (
     DmesgCursor,
     FileCursor,
     XidSource,
@@ -13,7 +14,6 @@ from services.node_agent.xid import (
     parse_xid_lines,
     xid_condition,
 )
-from shared.domain.health import ConditionStatus
 
 from .conftest import FakeRunner, fixture_text, ok
 

@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 
 import pytest
 
-from services.node_agent.commands import CommandResult, ToolNotFound
 from shared.adapters.slurm_compute import SlurmCompute, job_name, xid_line
 from shared.domain.events import (
     Event,
@@ -26,6 +25,7 @@ from shared.domain.events import (
 from shared.domain.health import RepairAction
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.ports import WorkerSpec
+from shared.probes.commands import CommandResult, ToolNotFound
 
 from .fake_slurm import FakeJob, FakeSlurm
 

@@ -10,8 +10,8 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from services.node_agent.conditions import healthy, problem, unknown
 from shared.domain.health import Condition, ConditionType
+from shared.probes.conditions import healthy, problem, unknown
 
 CTYPE = ConditionType.DISK_PRESSURE.value
 

@@ -11,12 +11,12 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from services.node_agent import dcgm, disk, nvidia_smi, speed
-from services.node_agent.commands import ProbeError, Runner, run_command
-from services.node_agent.conditions import unknown
-from services.node_agent.config import AgentConfig
-from services.node_agent.xid import XidEvent, XidSource, xid_condition
 from shared.domain.health import Condition, ConditionType, HealthReport
+from shared.probes import dcgm, disk, nvidia_smi, speed
+from shared.probes.commands import ProbeError, Runner, run_command
+from shared.probes.conditions import unknown
+from shared.probes.config import AgentConfig
+from shared.probes.xid import XidEvent, XidSource, xid_condition
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from services.node_agent.commands import ProbeError, Runner
-from services.node_agent.conditions import healthy, problem
 from shared.domain.health import Condition, ConditionType
+from shared.probes.commands import ProbeError, Runner
+from shared.probes.conditions import healthy, problem
 
 _PCI = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-9A-Fa-f])?"
 _XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\):\s*(?P<code>\d+)\s*(?:,\s*(?P<rest>.*))?$")

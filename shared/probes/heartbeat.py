@@ -3,8 +3,8 @@ cannot say so itself, so its liveness is implied by its reports arriving."""
 
 from __future__ import annotations
 
-from services.node_agent.conditions import healthy, problem, unknown
 from shared.domain.health import Condition, ConditionType
+from shared.probes.conditions import healthy, problem, unknown
 
 CTYPE = ConditionType.HEARTBEAT_LOST.value
 

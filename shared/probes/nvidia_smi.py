@@ -14,9 +14,9 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.node_agent.commands import ProbeError, Runner
-from services.node_agent.conditions import healthy, problem, unknown
 from shared.domain.health import Condition, ConditionType
+from shared.probes.commands import ProbeError, Runner
+from shared.probes.conditions import healthy, problem, unknown
 
 THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown")
 _NUMBER_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")

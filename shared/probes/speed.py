@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from services.node_agent.conditions import healthy, problem, unknown
 from shared.domain.health import Condition, ConditionType
+from shared.probes.conditions import healthy, problem, unknown
 
 CTYPE = ConditionType.SLOW_SPEED_CHECK.value
 

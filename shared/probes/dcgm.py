@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.node_agent.commands import CommandTimedOut, ProbeError, Runner
-from services.node_agent.conditions import healthy, problem
 from shared.domain.health import Condition, ConditionType
+from shared.probes.commands import CommandTimedOut, ProbeError, Runner
+from shared.probes.conditions import healthy, problem
 
 CTYPE = ConditionType.DCGM_DIAG_FAILED.value
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from shared.adapters.docstore import DocUnitOfWork, make_envelope
 from shared.adapters.memory_store import MemoryDocStore
@@ -22,6 +22,21 @@ from shared.domain.health import Condition, ConditionStatus, ConditionType, Repa
 from shared.domain.model import Node
 from shared.handling import Deps
 from shared.ports import WorkerSpec
+
+E = TypeVar("E", bound=Event)
+
+
+@dataclass
+class Recorder:
+    """An ``emit`` callback for compute adapters: keeps what they reported."""
+
+    events: list[Event] = field(default_factory=list)
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, cls: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, cls)]
 
 
 class ManualClock:

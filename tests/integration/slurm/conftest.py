@@ -14,9 +14,7 @@ so a test can inject an XID by appending a line and watch the node drain itself 
 from __future__ import annotations
 
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,11 +26,11 @@ from pathlib import Path
 import pytest
 
 from shared.adapters.slurm_cli import SlurmCli
+from shared.cli.demo_slurm import free_port_base
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "slurm" / "cluster.sh"
 STATIC_NODES = ("n1", "n2", "n3", "n4")
-PORT_OFFSETS = (0, 1, 2, 3, 4, 11, 12)  # slurmctld, n1-n4, c1-c2 (see cluster.sh)
 
 
 @dataclass(frozen=True)
@@ -73,21 +71,6 @@ def timing(name: str, seconds: float) -> None:
     print(f"\n[timing] {name}: {seconds:.1f}s", file=sys.stderr)
 
 
-def _free_port_base() -> int:
-    """A port base whose cluster ports are all free."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 30000, 100)
-        try:
-            for offset in PORT_OFFSETS:
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                    probe.bind(("0.0.0.0", base + offset))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range for the test cluster")
-
-
 def _write_healthcheck(state_dir: Path, faults: Path) -> Path:
     """slurmd runs this with an almost empty environment (no SLURM_CONF either): absolute
     paths only, and the agent is told where slurm.conf is for its scontrol drain."""
@@ -118,7 +101,7 @@ def cluster() -> Iterator[Cluster]:
     env = dict(os.environ)
     env.update(
         MTC_SLURM_DIR=str(state_dir),
-        MTC_SLURM_PORT_BASE=os.environ.get("MTC_SLURM_TEST_PORT_BASE") or str(_free_port_base()),
+        MTC_SLURM_PORT_BASE=os.environ.get("MTC_SLURM_TEST_PORT_BASE") or str(free_port_base()),
         MTC_SLURM_HEALTHCHECK_PROGRAM=str(_write_healthcheck(state_dir, faults)),
         MTC_SLURM_HEALTHCHECK_INTERVAL="5",
     )

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from local_compute_support import FakeClock, Recorder
+from local_compute_support import FakeClock
 
 from shared.adapters.local_compute import LocalCompute
+from tests.harness import Recorder
 
 
 @pytest.fixture

@@ -1,38 +1,17 @@
-"""Helpers for the LocalCompute tests: a fake clock, an event recorder, real-time polling."""
+"""Helpers for the LocalCompute tests: a fake clock and real-time polling."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TypeVar
 
 from shared.adapters.local_compute import LocalCompute
-from shared.domain.events import Event
-
-E = TypeVar("E", bound=Event)
+from tests.harness import ManualClock
 
 
-@dataclass
-class FakeClock:
-    t: float = 1000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-@dataclass
-class Recorder:
-    events: list[Event] = field(default_factory=list)
-
-    def __call__(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of(self, cls: type[E]) -> list[E]:
-        return [e for e in self.events if isinstance(e, cls)]
+class FakeClock(ManualClock):
+    def __init__(self, t: float = 1000.0) -> None:
+        super().__init__(t)
 
 
 def poll_until(compute: LocalCompute, done: Callable[[], bool], timeout_s: float = 10.0) -> None:

@@ -6,12 +6,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from local_compute_support import FakeClock, Recorder
+from local_compute_support import FakeClock
 
 from shared.adapters.local_compute import HEALTHY_REASON, LocalCompute, clears, required_action
 from shared.domain.events import NodeHealthReported, NodeProvisioned, NodeRepairCompleted
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
 from shared.domain.model import Node, NodeRole, NodeState
+from tests.harness import Recorder
 
 RA = RepairAction
 CT = ConditionType

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from local_compute_support import FakeClock, Recorder, poll_until
+from local_compute_support import FakeClock, poll_until
 
 from shared.adapters.local_compute import EXIT_KILLED, LocalCompute, master_port
 from shared.domain.events import JobCheckpointSaved, JobWorkersExited
 from shared.ports import WorkerSpec
+from tests.harness import Recorder
 
 REPO = Path(__file__).resolve().parents[3]
 TRAIN = REPO / "examples" / "train.py"

@@ -7,15 +7,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from shared.adapters.slurm_compute import SlurmCompute, job_name, xid_line
 from shared.domain.events import (
-    Event,
     JobCheckpointSaved,
     JobWorkersExited,
     NodeHealthReported,
@@ -26,32 +24,17 @@ from shared.domain.health import RepairAction
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.ports import WorkerSpec
 from shared.probes.commands import CommandResult, ToolNotFound
+from tests.harness import ManualClock, Recorder
 
 from .fake_slurm import FakeJob, FakeSlurm
 
-E = TypeVar("E", bound=Event)
+
+class Clock(ManualClock):
+    def __init__(self, t: float = 1000.0) -> None:
+        super().__init__(t)
 
 
-@dataclass
-class Clock:
-    t: float = 1000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-@dataclass
-class Events:
-    items: list[Event] = field(default_factory=list)
-
-    def __call__(self, event: Event) -> None:
-        self.items.append(event)
-
-    def of(self, cls: type[E]) -> list[E]:
-        return [e for e in self.items if isinstance(e, cls)]
+Events = Recorder
 
 
 @pytest.fixture
@@ -337,7 +320,7 @@ def test_exit_files_give_one_workers_exited_after_the_checkpoints(
     assert [e.step for e in events.of(JobCheckpointSaved)] == [40]
     [exited] = events.of(JobWorkersExited)
     assert exited.exit_code == 75 and "rank 0: 75, rank 1: 75" in exited.detail
-    kinds = [type(e).__name__ for e in events.items if isinstance(e, JobCheckpointSaved | JobWorkersExited)]
+    kinds = [type(e).__name__ for e in events.events if isinstance(e, JobCheckpointSaved | JobWorkersExited)]
     assert kinds == ["JobCheckpointSaved", "JobWorkersExited"]
 
 

@@ -37,13 +37,13 @@ import pstats
 import time
 from typing import Any
 
-from shared.adapters.docstore import DocOutbox
+from shared.adapters.outbox import DocOutbox
 from shared.adapters.memory_store import MemoryDocStore
-from shared.bootstrap import build_deps
+from services.wiring.embedded import build_deps
 from shared.handling import run_handler
-from shared.routing import subscribers
+from services.wiring.routes import subscribers
 from simulator import twin
-from simulator.adapters import EPOCH_S
+from simulator.clock import EPOCH_S
 from simulator.scenario import Scenario, load_scenario, parse_scenario
 
 

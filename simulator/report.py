@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from simulator.adapters import EPOCH_S
+from simulator.clock import EPOCH_S
 from simulator.failures import LLAMA3_DAYS, LLAMA3_NODES, LLAMA3_UNEXPECTED
 from simulator.goodput import Badput
 from simulator.twin import RunResult

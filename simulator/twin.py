@@ -1,10 +1,10 @@
-"""The digital twin: the real control plane, wired by ``shared.bootstrap.build_deps`` to the
+"""The digital twin: the real control plane, wired by ``services.wiring.embedded.build_deps`` to the
 simulation adapters, driving a simulated fleet for a simulated horizon.
 
 How one run goes (all on SimPy time; nothing sleeps):
 
 1. ``create_cluster`` is called through the real job-submission API in a unit of work; the
-   provisioning handlers ask :class:`~simulator.adapters.SimCompute` for every node, which
+   provisioning handlers ask :class:`~simulator.compute.SimCompute` for every node, which
    answers ``NodeProvisioned`` after a sampled boot time and then reports healthy checks until
    health triage returns the node to service. The cluster becomes READY through the real
    ``step_mark_ready``.
@@ -35,16 +35,18 @@ from typing import Any
 import numpy as np
 import simpy
 
-from shared.adapters.docstore import DocOutbox
+from shared.adapters.outbox import DocOutbox
 from shared.adapters.memory_store import MemoryDocStore
-from shared.bootstrap import build_deps
+from services.wiring.embedded import build_deps
 from shared.config import ControlPlaneConfig
 from shared.domain.events import ClusterReady, Envelope, JobFinished
 from shared.handling import Deps
 from shared.policies.repair import load_repair_config
 from shared.policies.triage import load_triage_table
 from simulator import goodput
-from simulator.adapters import EPOCH_S, SimBus, SimClock, SimCompute, call_later
+from simulator.bus import SimBus
+from simulator.clock import EPOCH_S, SimClock, call_later
+from simulator.compute import SimCompute
 from simulator.failures import FailureModel
 from simulator.scenario import Scenario
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from shared.bootstrap import build_deps
+from services.wiring.embedded import build_deps
 from shared.domain.health import RepairAction, Severity
 from shared.policies.triage import load_triage_table
 from simulator import twin
-from simulator.adapters import EXIT_PREEMPTED
 from simulator.goodput import Badput
+from simulator.jobs import EXIT_PREEMPTED
 from simulator.scenario import Scenario, load_scenario
 from tests.sim.conftest import scenario, xid79_raw
 

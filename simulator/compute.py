@@ -1,0 +1,293 @@
+"""The simulated Compute port: the fleet, provisioning and repairs on SimPy time.
+
+:class:`SimCompute` implements ``shared.ports.Compute`` over a simulated fleet. Provisioning and
+reset / reboot / reimage complete after sampled durations and answer with ``NodeProvisioned`` /
+``NodeRepairCompleted`` and post-repair ``NodeHealthReported`` events that tell the truth: a
+repair cheaper than the fault's true fix does not clear it. A request repeated for the same key
+(node; node and repair attempt; job and attempt) is a no-op. Its workers are the analytic job
+model (:mod:`simulator.jobs`), and the failure processes (:mod:`simulator.failure_processes`)
+act on its nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+import simpy
+
+from shared.domain.events import (
+    Envelope,
+    NodeHealthReported,
+    NodeProvisioned,
+    NodeRepairCompleted,
+    NodeRepairStarted,
+    NodeRetired,
+    NodeReturnedToService,
+)
+from shared.domain.health import RepairAction
+from shared.domain.model import Node, NodeRole
+from shared.ports import WorkerSpec
+from simulator.bus import SimBus
+from simulator.clock import EPOCH_S, call_later
+from simulator.failure_processes import FailureProcesses
+from simulator.failures import FailureModel, Fault, fault_conditions, healthy_conditions, repair_fixes
+from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
+from simulator.scenario import Scenario
+from simulator.world import AGENT_SOURCE, Attempt, SimJob, SimNode
+
+
+class SimCompute(FailureProcesses):
+    """The Compute port over a simulated fleet (see the module docstring)."""
+
+    def __init__(self, env: simpy.Environment, scenario: Scenario, bus: SimBus,
+                 model: FailureModel, rng: np.random.Generator, *,
+                 return_after_passes: int, heartbeat_timeout_s: float) -> None:
+        self.env = env
+        self.sc = scenario
+        self.bus = bus
+        self.model = model
+        self.rng = rng
+        self.return_after_passes = return_after_passes
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.nodes: dict[str, SimNode] = {}
+        self.by_partition: dict[str, list[str]] = defaultdict(list)
+        self.jobs: dict[str, SimJob] = {}
+        self.stragglers: dict[str, float] = {}
+        self._provisioning: set[str] = set()
+        self._repairs: set[tuple[str, int]] = set()
+        self._attempts: set[tuple[str, int]] = set()
+        self.cordoned: set[str] = set()
+        self.failures: dict[str, int] = defaultdict(int)  # root faults by cause (every node)
+        self.repairs_done: dict[str, int] = defaultdict(int)
+        self.planned = 0
+        self.timeline: list[tuple[float, str, str, str]] = []  # (t, kind, node/job, detail)
+        self.calls = 0
+        self.horizon = math.inf
+        self.failing = False  # node faults start with the run, not during bring-up
+        bus.listeners.append(self._observe)
+
+    def _observe(self, envelope: Envelope) -> None:
+        """The agent stops its post-repair checks once the control plane has decided."""
+        event = envelope.event
+        if isinstance(event, NodeReturnedToService | NodeRepairStarted | NodeRetired):
+            node = self.nodes.get(event.node_id)
+            if node is not None:
+                node.verify_token += 1
+
+    def provision_node(self, node: Node) -> None:
+        self.calls += 1
+        if node.node_id in self._provisioning or node.node_id in self.nodes:
+            return
+        self._provisioning.add(node.node_id)
+        replacement = node.replaces is not None
+        if replacement:
+            took = self.sc.repair.durations["replace"].sample(self.rng)
+        else:
+            took = self.sc.cluster.provision.sample(self.rng)
+        call_later(self.env, took, self._provisioned, node.node_id, node.partition,
+                   node.role is NodeRole.WORKER, replacement)
+
+    def _provisioned(self, node_id: str, partition: str, worker: bool, replacement: bool) -> None:
+        index = len(self.by_partition[partition])
+        node = SimNode(node_id, partition, index,
+                       self.model.node_multiplier(replacement=replacement), up=True,
+                       replacement=replacement)
+        self.nodes[node_id] = node
+        self._provisioning.discard(node_id)
+        self.emit(NodeProvisioned(node_id=node_id))
+        if not worker:
+            return
+        self.by_partition[partition].append(node_id)
+        if replacement:
+            self.repairs_done["replace"] += 1
+            self.timeline.append((float(self.env.now), "replaced", node_id, ""))
+        if self.failing:
+            self._renew_life(node)
+        self._verify(node)
+
+    def cordon(self, node_id: str, reason: str) -> None:
+        """No new work on the node: the control plane's own state already says so."""
+        self.calls += 1
+        self.cordoned.add(node_id)
+
+    def uncordon(self, node_id: str) -> None:
+        self.calls += 1
+        self.cordoned.discard(node_id)
+
+    def delete_node(self, node_id: str) -> None:
+        self.calls += 1
+        node = self.nodes.get(node_id)
+        if node is None or node.deleted:
+            return
+        node.deleted = True
+        node.up = False
+        node.life_token += 1
+        node.verify_token += 1
+        self.stragglers.pop(node_id, None)
+        if node.attempt is not None and node.attempt.alive:
+            self._kill(node.attempt, float(self.env.now), "node deleted", hang=False)
+
+    def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
+        self.calls += 1
+        key = (node_id, attempt)
+        if key in self._repairs:
+            return
+        self._repairs.add(key)
+        node = self.nodes.get(node_id)
+        if node is None:
+            return
+        node.verify_token += 1
+        took = self.sc.repair.durations[action.value].sample(self.rng)
+        self.timeline.append((float(self.env.now), "repair", node_id, action.value))
+        call_later(self.env, took, self._repaired, node, action, attempt)
+
+    def _repaired(self, node: SimNode, action: RepairAction, attempt: int) -> None:
+        if node.deleted:
+            return
+        mech_ok = self.rng.random() >= self.sc.repair.mechanical_failure.get(action.value, 0.0)
+        fault = node.fault
+        fixes = fault is None or repair_fixes(action, fault.fix)
+        if fault is not None and fault.signal.node_down and not fixes:
+            ok, detail = False, f"node did not come back after {action.value}"
+        elif not mech_ok:
+            ok, detail = False, f"{action.value} failed"
+        else:
+            ok, detail = True, ""
+            self.repairs_done[action.value] += 1
+            if fixes:
+                node.fault = None
+                if self.stragglers.pop(node.node_id, None) is not None:
+                    node.straggle = 1.0
+                if self.failing:
+                    self._renew_life(node)
+        self.emit(NodeRepairCompleted(node_id=node.node_id, action=action.value,
+                                      attempt=attempt, ok=ok, detail=detail))
+        if ok:
+            self._verify(node)
+
+    def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
+        self.calls += 1
+        if not workers:
+            return
+        first = workers[0]
+        key = (first.job_id, first.attempt)
+        if key in self._attempts:
+            return
+        self._attempts.add(key)
+        job = self.jobs.get(first.job_id)
+        if job is None:
+            return
+        now = float(self.env.now)
+        cfg = job.cfg
+        node_ids = tuple(w.node_id for w in sorted(workers, key=lambda w: w.rank))
+        resume = job.ckpt_step >= 0
+        startup = cfg.startup_s
+        restore = cfg.checkpoint_restore_s if resume else 0.0
+        att = Attempt(job, first.attempt, node_ids, now, now + startup + restore,
+                      max(job.ckpt_step, 0))
+        job.attempt = att
+        job.truth.attempts += 1
+        broken: list[tuple[str, Fault | None]] = []
+        for nid in node_ids:
+            node = self.nodes.get(nid)
+            if node is None or node.deleted or not node.up:
+                broken.append((nid, None))
+                continue
+            if node.attempt is not None and node.attempt.alive and node.attempt is not att:
+                self._kill(node.attempt, now, "node taken by another attempt", hang=False)
+            node.attempt = att
+            if node.fault is not None and node.fault.signal.blocks_launch:
+                broken.append((nid, node.fault))
+        factor = 1.0
+        if self.stragglers:
+            members = set(node_ids)
+            factor = min((r for n, r in self.stragglers.items() if n in members), default=1.0)
+        att.factors.append((now, factor))
+        if broken:
+            job.truth.failed_launches += 1
+            fail_at = min(cfg.launch_fail_s, startup)
+            att.cause = broken[0][1].cause.name if broken[0][1] is not None else "node_missing"
+            call_later(self.env, fail_at, self._launch_failed, att, broken)
+            return
+        if cfg.work_s is not None:
+            self._plan_completion(att)
+        if self.sc.checkpoint_events == "all":
+            call_later(self.env, att.ready + cfg.checkpoint_interval_s + cfg.checkpoint_save_s
+                       - now, self._periodic_checkpoint, att, att.token)
+
+    def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
+        self.calls += 1
+        job = self.jobs.get(job_id)
+        att = job.attempt if job is not None else None
+        if att is None or att.number != attempt or att.exited:
+            return
+        now = float(self.env.now)
+        if not att.alive:  # crashed already: nothing to save, exit at once
+            self._exit(att, EXIT_CRASH, f"cause={att.cause} crashed_at="
+                                        f"{EPOCH_S + (att.stopped_at or now):.3f}")
+            return
+        if att.stopped_at is not None:
+            return  # already saving on an earlier SIGTERM
+        cfg = att.job.cfg
+        att.stopped_at = now
+        att.token += 1
+        if now < att.ready:  # nothing new since the checkpoint it resumes from
+            att.alive = False
+            self._settle(att, now, saved=False)
+            self._exit(att, EXIT_PREEMPTED, "stopped during startup")
+            return
+        cycle = cfg.checkpoint_interval_s + cfg.checkpoint_save_s
+        into = (now - att.ready) % cycle
+        if into >= cfg.checkpoint_interval_s:  # a periodic save is under way: let it finish
+            done_at = now + (cycle - into)
+            if done_at - now <= grace_s:
+                att.stopped_at = done_at
+                call_later(self.env, done_at - now, self._graceful, att, done_at, False)
+                return
+        elif cfg.checkpoint_save_s <= grace_s:
+            call_later(self.env, cfg.checkpoint_save_s, self._graceful, att, now, True)
+            return
+        call_later(self.env, grace_s, self._sigkill, att)
+
+    def stop_workers(self, job_id: str, attempt: int) -> None:
+        self.calls += 1
+        job = self.jobs.get(job_id)
+        att = job.attempt if job is not None else None
+        if att is None or att.number != attempt or att.exited:
+            return
+        now = float(self.env.now)
+        if att.alive:
+            att.alive = False
+            att.stopped_at = att.stopped_at if att.stopped_at is not None else now
+            self._settle(att, att.stopped_at, saved=False)
+        self._exit(att, EXIT_KILLED, "stopped")
+
+    def _verify(self, node: SimNode) -> None:
+        """Post-provision / post-repair checks: the agent reports until the node is back."""
+        node.verify_token += 1
+        call_later(self.env, self.sc.repair.verify_interval_s, self._verify_report, node,
+                   node.verify_token, 1)
+
+    def _verify_report(self, node: SimNode, token: int, n: int) -> None:
+        if token != node.verify_token or node.deleted:
+            return
+        now = float(self.env.now)
+        observed = EPOCH_S + now
+        fault = node.fault
+        if fault is not None:
+            if not fault.signal.empty and not fault.signal.node_down:
+                self.emit(NodeHealthReported(
+                    node_id=node.node_id, observed_at=observed,
+                    conditions=fault_conditions(fault.signal, observed, observed,
+                                                fault.cause.name),
+                    source="post-repair-check"), AGENT_SOURCE)
+            return
+        self.emit(NodeHealthReported(node_id=node.node_id, observed_at=observed,
+                                     conditions=healthy_conditions(observed),
+                                     source="post-repair-check"), AGENT_SOURCE)
+        if n < self.return_after_passes + 3:
+            call_later(self.env, self.sc.repair.verify_interval_s, self._verify_report, node,
+                       token, n + 1)

@@ -1,0 +1,186 @@
+"""The failure processes: node faults, stragglers and planned restarts over the simulated fleet.
+
+They act on the same nodes and attempts as the job model, and they only *emit events* (health
+reports as the node agent or the heartbeat monitor would send them, an operator's interrupt
+request), never touch the control plane's store. What a fault is, how often it happens and how
+it shows comes from :mod:`simulator.failures`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shared.domain.events import JobInterruptRequested, NodeHealthReported
+from simulator.clock import EPOCH_S, call_later
+from simulator.failures import FailureModel, Fault, fault_conditions
+from simulator.jobs import JobModel
+from simulator.world import AGENT_SOURCE, OPERATOR_SOURCE, SimNode
+
+
+class FailureProcesses(JobModel):
+    """Node faults (with their detection delays), stragglers and planned restarts."""
+
+    model: FailureModel
+    rng: np.random.Generator
+    heartbeat_timeout_s: float
+    by_partition: dict[str, list[str]]
+    stragglers: dict[str, float]
+    failures: dict[str, int]
+    timeline: list[tuple[float, str, str, str]]
+    failing: bool
+    planned: int
+
+    def start_failures(self) -> None:
+        """Start every node's failure clock (bring-up is taken as failure-free)."""
+        self.failing = True
+        for node in self.nodes.values():
+            if node.up and not node.deleted and node.partition:
+                self._renew_life(node)
+
+    def _renew_life(self, node: SimNode) -> None:
+        node.life_token += 1
+        life = self.model.lifetime_s(node.multiplier)
+        if math.isfinite(life) and float(self.env.now) + life < self.horizon:
+            call_later(self.env, life, self._fail, node, node.life_token)
+
+    def _fail(self, node: SimNode, token: int) -> None:
+        if token != node.life_token or node.deleted or not node.up or node.fault is not None:
+            return
+        now = float(self.env.now)
+        fault = self.model.fault(now)
+        victims = [node]
+        if fault.group > 1:
+            peers = self.by_partition[node.partition]
+            start = (node.index // fault.group) * fault.group
+            for nid in peers[start:start + fault.group]:
+                peer = self.nodes[nid]
+                if peer is not node and peer.up and not peer.deleted and peer.fault is None:
+                    victims.append(peer)
+        for victim in victims:
+            self.apply_fault(victim, fault)
+
+    def apply_fault(self, node: SimNode, fault: Fault) -> None:
+        now = float(self.env.now)
+        cause = fault.cause
+        self.failures[cause.name] += 1
+        self.timeline.append((now, "fault", node.node_id, cause.name))
+        node.life_token += 1
+        att = node.attempt
+        if att is not None and att.alive and not att.exited and cause.kills_job:
+            att.job.truth.interruptions[cause.name] += 1
+            self._kill(att, now, cause.name, hang=cause.hang or fault.signal.node_down)
+        if fault.fix == "none":
+            if self.failing:
+                self._renew_life(node)  # transient: nothing on the node to repair
+        else:
+            node.fault = fault
+        if not fault.signal.empty:
+            self._report_fault(node, fault, now)
+
+    def _report_fault(self, node: SimNode, fault: Fault, now: float) -> None:
+        signal = fault.signal
+        delay = self.sc.detection[signal.detection].sample(self.rng)
+        if signal.heartbeat:
+            delay += self.heartbeat_timeout_s
+        call_later(self.env, delay, self._send_fault_report, node, fault, now)
+
+    def _send_fault_report(self, node: SimNode, fault: Fault, fault_at: float) -> None:
+        if node.deleted or (node.fault is not fault and fault.fix != "none"):
+            return  # repaired (or replaced) before anyone noticed
+        observed = EPOCH_S + float(self.env.now)
+        source = "heartbeat-monitor" if fault.signal.heartbeat else "agent"
+        self.emit(NodeHealthReported(
+            node_id=node.node_id, observed_at=observed,
+            conditions=fault_conditions(fault.signal, EPOCH_S + fault_at, observed,
+                                        fault.cause.name),
+            source=source), AGENT_SOURCE)
+
+    def start_stragglers(self) -> None:
+        cfg = self.sc.failures.stragglers
+        if cfg.rate_per_node_day > 0:
+            self._next_straggler()
+
+    def _next_straggler(self) -> None:
+        cfg = self.sc.failures.stragglers
+        up = max(1, len(self.nodes))
+        rate_per_s = cfg.rate_per_node_day * up / 86_400.0
+        call_later(self.env, float(self.rng.exponential(1.0 / rate_per_s)), self._straggle)
+
+    def _straggle(self) -> None:
+        cfg = self.sc.failures.stragglers
+        self._next_straggler()
+        candidates = [n for n in self.nodes.values()
+                      if n.up and not n.deleted and n.node_id not in self.stragglers
+                      and n.partition]
+        if not candidates:
+            return
+        node = candidates[int(self.rng.integers(len(candidates)))]
+        ratio = min(0.99, cfg.ratio.sample(self.rng))
+        self.stragglers[node.node_id] = ratio
+        node.straggle = ratio
+        self.timeline.append((float(self.env.now), "straggler", node.node_id, f"{ratio:.2f}"))
+        self._refactor(node)
+        until = float(self.env.now) + cfg.duration.sample(self.rng)
+        delay = self.sc.detection["speed"].sample(self.rng)
+        call_later(self.env, delay, self._straggle_report, node, ratio, until)
+        call_later(self.env, until - float(self.env.now), self._straggle_end, node, ratio)
+
+    def _straggle_report(self, node: SimNode, ratio: float, until: float) -> None:
+        if self.stragglers.get(node.node_id) != ratio or node.deleted:
+            return
+        observed = EPOCH_S + float(self.env.now)
+        cond = {"type": "SlowSpeedCheck", "status": "true", "reason": "slow speed check",
+                "since": observed, "details": {"ratio_to_baseline": ratio,
+                                               "cause": "straggler"}}
+        self.emit(NodeHealthReported(node_id=node.node_id, observed_at=observed,
+                                     conditions=(cond,)), AGENT_SOURCE)
+        nxt = self.sc.failures.stragglers.report_interval_s
+        if float(self.env.now) + nxt < until:
+            call_later(self.env, nxt, self._straggle_report, node, ratio, until)
+
+    def _straggle_end(self, node: SimNode, ratio: float) -> None:
+        if self.stragglers.get(node.node_id) == ratio:
+            del self.stragglers[node.node_id]
+            node.straggle = 1.0
+            self._refactor(node)
+
+    def _refactor(self, node: SimNode) -> None:
+        att = node.attempt
+        if att is None or not att.alive or att.stopped_at is not None:
+            return
+        members = set(att.node_ids)
+        factor = min((r for n, r in self.stragglers.items() if n in members), default=1.0)
+        if att.factors and att.factors[-1][1] == factor:
+            return
+        att.factors.append((float(self.env.now), factor))
+        if att.job.cfg.work_s is not None:
+            att.token += 1
+            self._plan_completion(att)
+            if self.sc.checkpoint_events == "all":
+                self._rearm_checkpoints(att)
+
+    def start_planned(self) -> None:
+        if self.sc.failures.planned.rate_per_day > 0:
+            self._next_planned()
+
+    def _next_planned(self) -> None:
+        cfg = self.sc.failures.planned
+        mean = 86_400.0 / cfg.rate_per_day
+        gap = mean if cfg.periodic else float(self.rng.exponential(mean))
+        call_later(self.env, gap, self._planned)
+
+    def _planned(self) -> None:
+        self._next_planned()
+        for job in self.jobs.values():
+            att = job.attempt
+            if att is None or not att.alive or att.exited or att.stopped_at is not None:
+                continue
+            self.planned += 1
+            job.truth.interruptions["planned_maintenance"] += 1
+            self.timeline.append((float(self.env.now), "planned", job.job_id, ""))
+            self.emit(JobInterruptRequested(job_id=job.job_id, attempt=att.number,
+                                            node_id=att.node_ids[0],
+                                            reason="planned_maintenance: scheduled restart"),
+                      OPERATOR_SOURCE)

@@ -1,0 +1,82 @@
+"""The simulated world's true state: nodes, jobs and their attempts (plain dataclasses), and the
+sources the world's events come from.
+
+The control plane never reads these: it sees only the events the simulated compute, agents and
+operators emit. They are what really happened, against which the accounting is checked.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from simulator.failures import Fault
+from simulator.scenario import JobCfg
+
+COMPUTE_SOURCE = "//mtc/sim/compute"
+AGENT_SOURCE = "//mtc/sim/agent"
+OPERATOR_SOURCE = "//mtc/sim/operator"
+
+
+@dataclass
+class SimNode:
+    node_id: str
+    partition: str
+    index: int
+    multiplier: float
+    up: bool = False
+    deleted: bool = False
+    fault: Fault | None = None
+    straggle: float = 1.0  # speed ratio while straggling
+    life_token: int = 0
+    verify_token: int = 0
+    attempt: Attempt | None = None
+    replacement: bool = False
+
+
+@dataclass
+class JobTruth:
+    """What really happened to one job, second by second (the analytic model's ledger)."""
+
+    kept_compute_s: float = 0.0  # compute wall time whose progress was kept
+    kept_work_s: float = 0.0  # the same at nominal speed (steps x step time)
+    wasted_s: float = 0.0  # compute since the last checkpoint, lost (partial saves included)
+    save_s: float = 0.0  # blocking checkpoint saves that completed
+    startup_s: float = 0.0
+    restore_s: float = 0.0
+    attempts: int = 0
+    failed_launches: int = 0
+    interruptions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    slowdown_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+
+@dataclass
+class SimJob:
+    cfg: JobCfg
+    job_id: str
+    ckpt_step: int = -1  # newest complete checkpoint (the program's own storage)
+    ckpt_at: float = 0.0
+    emitted_step: int = -1
+    steps_done: int = 0
+    finished: bool = False
+    attempt: Attempt | None = None
+    truth: JobTruth = field(default_factory=JobTruth)
+
+
+@dataclass
+class Attempt:
+    job: SimJob
+    number: int
+    node_ids: tuple[str, ...]
+    start: float
+    ready: float
+    base_step: int  # steps already in the checkpoint it resumed from (0 from scratch)
+    alive: bool = True
+    stopped_at: float | None = None  # progress stopped here (death, SIGTERM, exit)
+    exited: bool = False
+    token: int = 0
+    factors: list[tuple[float, float]] = field(default_factory=list)  # (from t, straggle)
+    counted: int = 0  # periodic checkpoints already accounted
+    work_at_ckpt: float = 0.0  # nominal work in the counted checkpoints
+    plain_at_ckpt: float = 0.0  # the same without straggler slowdown
+    cause: str = ""

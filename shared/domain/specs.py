@@ -8,13 +8,12 @@ objects serialize back to the same camelCase JSON users wrote.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
+from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
-
-T = TypeVar("T")
 
 ID_PATTERN = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
 DURATION_PATTERN = re.compile(r"^(\d+(\.\d+)?)s$")
@@ -22,77 +21,15 @@ MAX_NODES_PER_POOL = 100_000
 
 
 def _obj(value: Any, path: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ValidationError(path or "(body)", f"must be an object, got {type(value).__name__}")
-    return value
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _get(
-    data: Mapping[str, Any], key: str, path: str, kind: type | tuple[type, ...], *, required: bool
-) -> Any:
-    full = _join(path, key)
-    if key not in data or data[key] is None:
-        if required:
-            raise ValidationError(full, "is required")
-        return None
-    value = data[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        raise ValidationError(full, f"must be {_kind_name(kinds)}, got a boolean")
-    if not isinstance(value, kinds):
-        raise ValidationError(full, f"must be {_kind_name(kinds)}, got {type(value).__name__}")
-    return value
-
-
-def _kind_name(kinds: tuple[type, ...]) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
-             list: "a list", dict: "an object"}
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def _str(data: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> str | None:
-    value = _get(data, key, path, str, required=required)
-    if value is not None and not value.strip():
-        raise ValidationError(_join(path, key), "must not be empty")
-    return value  # type: ignore[no-any-return]
-
-
-def _int(
-    data: Mapping[str, Any], key: str, path: str, *, required: bool = True, minimum: int = 0,
-    maximum: int | None = None, default: int = 0,
-) -> int:
-    value = _get(data, key, path, int, required=required)
-    if value is None:
-        return default
-    if value < minimum:
-        raise ValidationError(_join(path, key), f"must be at least {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ValidationError(_join(path, key), f"must be at most {maximum}, got {value}")
-    return int(value)
-
-
-def _list(
-    data: Mapping[str, Any], key: str, path: str, parse: Callable[[Any, str], T], *,
-    required: bool = True, non_empty: bool = True,
-) -> tuple[T, ...]:
-    value = _get(data, key, path, list, required=required)
-    if value is None:
-        return ()
-    full = _join(path, key)
-    if non_empty and not value:
-        raise ValidationError(full, "must not be empty")
-    return tuple(parse(item, f"{full}[{i}]") for i, item in enumerate(value))
+    """A JSON object; the request body itself is named ``(body)``."""
+    return kit.mapping(value, path or "(body)", noun="an object")
 
 
 def _id(data: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> str | None:
-    value = _str(data, key, path, required=required)
+    value = kit.string(data, key, path, required=required)
     if value is not None and not ID_PATTERN.match(value):
         raise ValidationError(
-            _join(path, key),
+            kit.join(path, key),
             f"must be lowercase letters, digits and hyphens, start with a letter, "
             f"at most 63 characters; got {value!r}",
         )
@@ -118,16 +55,16 @@ class MachineSpec:
     @classmethod
     def parse(cls, value: Any, path: str) -> MachineSpec:
         data = _obj(value, path)
-        machine_type = _str(data, "machineType", path)
-        accelerator_type = _str(data, "acceleratorType", path, required=False)
-        count = _int(data, "acceleratorCount", path, required=False, minimum=0, maximum=16)
+        machine_type = kit.string(data, "machineType", path)
+        accelerator_type = kit.string(data, "acceleratorType", path, required=False)
+        count = kit.int_field(data, "acceleratorCount", path, required=False, minimum=0, maximum=16)
         if accelerator_type and count == 0:
             raise ValidationError(
-                _join(path, "acceleratorCount"), "must be at least 1 when acceleratorType is set"
+                kit.join(path, "acceleratorCount"), "must be at least 1 when acceleratorType is set"
             )
         if count and not accelerator_type:
             raise ValidationError(
-                _join(path, "acceleratorType"), "is required when acceleratorCount is set"
+                kit.join(path, "acceleratorType"), "is required when acceleratorCount is set"
             )
         assert machine_type is not None
         return cls(machine_type, accelerator_type, count)
@@ -154,13 +91,13 @@ class NodePoolSpec:
     def parse(cls, value: Any, path: str) -> NodePoolSpec:
         data = _obj(value, path)
         pool_id = _id(data, "id", path)
-        machine = MachineSpec.parse(_get(data, "machineSpec", path, dict, required=True),
-                                    _join(path, "machineSpec"))
-        nodes = _int(data, "nodeCount", path, minimum=0, maximum=MAX_NODES_PER_POOL)
-        spares = _int(data, "spareCount", path, required=False, minimum=0,
+        machine = MachineSpec.parse(kit.field(data, "machineSpec", path, dict, required=True),
+                                    kit.join(path, "machineSpec"))
+        nodes = kit.int_field(data, "nodeCount", path, minimum=0, maximum=MAX_NODES_PER_POOL)
+        spares = kit.int_field(data, "spareCount", path, required=False, minimum=0,
                       maximum=MAX_NODES_PER_POOL)
         if spares > nodes:
-            raise ValidationError(_join(path, "spareCount"),
+            raise ValidationError(kit.join(path, "spareCount"),
                                   f"must not exceed nodeCount ({nodes}), got {spares}")
         assert pool_id is not None
         return cls(pool_id, machine, nodes, spares)
@@ -179,7 +116,7 @@ class PartitionSpec:
     def parse(cls, value: Any, path: str) -> PartitionSpec:
         data = _obj(value, path)
         name = _id(data, "name", path)
-        pools = _list(data, "nodePoolIds", path, _parse_pool_ref)
+        pools = kit.list_field(data, "nodePoolIds", path, _parse_pool_ref)
         assert name is not None
         return cls(name, pools)
 
@@ -205,11 +142,11 @@ class ClusterSpec:
     def parse(cls, value: Any) -> ClusterSpec:
         data = _obj(value, "")
         cluster_id = _id(data, "clusterId", "")
-        display_name = _str(data, "displayName", "", required=False) or cluster_id
-        login = _get(data, "loginNode", "", dict, required=False) or {"machineType": "n2-standard-8"}
-        login_type = _str(_obj(login, "loginNode"), "machineType", "loginNode")
-        pools = _list(data, "nodePools", "", NodePoolSpec.parse)
-        partitions = _list(data, "partitions", "", PartitionSpec.parse, required=False,
+        display_name = kit.string(data, "displayName", "", required=False) or cluster_id
+        login = kit.field(data, "loginNode", "", dict, required=False) or {"machineType": "n2-standard-8"}
+        login_type = kit.string(_obj(login, "loginNode"), "machineType", "loginNode")
+        pools = kit.list_field(data, "nodePools", "", NodePoolSpec.parse)
+        partitions = kit.list_field(data, "partitions", "", PartitionSpec.parse, required=False,
                            non_empty=False)
         pool_ids = [p.pool_id for p in pools]
         for i, pid in enumerate(pool_ids):
@@ -268,10 +205,10 @@ class ContainerSpec:
     @classmethod
     def parse(cls, value: Any, path: str) -> ContainerSpec:
         data = _obj(value, path)
-        image = _str(data, "imageUri", path)
-        command = _list(data, "command", path, _parse_arg, required=False, non_empty=False)
-        args = _list(data, "args", path, _parse_arg, required=False, non_empty=False)
-        env = _list(data, "env", path, _parse_env, required=False, non_empty=False)
+        image = kit.string(data, "imageUri", path)
+        command = kit.list_field(data, "command", path, _parse_arg, required=False, non_empty=False)
+        args = kit.list_field(data, "args", path, _parse_arg, required=False, non_empty=False)
+        env = kit.list_field(data, "env", path, _parse_env, required=False, non_empty=False)
         assert image is not None
         return cls(image, command, args, env)
 
@@ -297,11 +234,11 @@ class PythonPackageSpec:
     @classmethod
     def parse(cls, value: Any, path: str) -> PythonPackageSpec:
         data = _obj(value, path)
-        image = _str(data, "executorImageUri", path)
-        uris = _list(data, "packageUris", path, _parse_arg, required=False, non_empty=False)
-        module = _str(data, "pythonModule", path)
-        args = _list(data, "args", path, _parse_arg, required=False, non_empty=False)
-        env = _list(data, "env", path, _parse_env, required=False, non_empty=False)
+        image = kit.string(data, "executorImageUri", path)
+        uris = kit.list_field(data, "packageUris", path, _parse_arg, required=False, non_empty=False)
+        module = kit.string(data, "pythonModule", path)
+        args = kit.list_field(data, "args", path, _parse_arg, required=False, non_empty=False)
+        env = kit.list_field(data, "env", path, _parse_env, required=False, non_empty=False)
         assert image is not None and module is not None
         return cls(image, uris, module, args, env)
 
@@ -324,8 +261,8 @@ def _parse_arg(value: Any, path: str) -> str:
 
 def _parse_env(value: Any, path: str) -> tuple[str, str]:
     data = _obj(value, path)
-    name = _str(data, "name", path)
-    val = _get(data, "value", path, str, required=False) or ""
+    name = kit.string(data, "name", path)
+    val = kit.field(data, "value", path, str, required=False) or ""
     assert name is not None
     return (name, val)
 
@@ -340,19 +277,19 @@ class WorkerPoolSpec:
     @classmethod
     def parse(cls, value: Any, path: str) -> WorkerPoolSpec:
         data = _obj(value, path)
-        machine = MachineSpec.parse(_get(data, "machineSpec", path, dict, required=True),
-                                    _join(path, "machineSpec"))
-        replicas = _int(data, "replicaCount", path, required=False, minimum=1, maximum=100_000,
+        machine = MachineSpec.parse(kit.field(data, "machineSpec", path, dict, required=True),
+                                    kit.join(path, "machineSpec"))
+        replicas = kit.int_field(data, "replicaCount", path, required=False, minimum=1, maximum=100_000,
                         default=1)
-        container = _get(data, "containerSpec", path, dict, required=False)
-        package = _get(data, "pythonPackageSpec", path, dict, required=False)
+        container = kit.field(data, "containerSpec", path, dict, required=False)
+        package = kit.field(data, "pythonPackageSpec", path, dict, required=False)
         if (container is None) == (package is None):
             raise ValidationError(path, "needs exactly one of containerSpec or pythonPackageSpec")
         return cls(
             machine,
             replicas,
-            ContainerSpec.parse(container, _join(path, "containerSpec")) if container else None,
-            PythonPackageSpec.parse(package, _join(path, "pythonPackageSpec")) if package else None,
+            ContainerSpec.parse(container, kit.join(path, "containerSpec")) if container else None,
+            PythonPackageSpec.parse(package, kit.join(path, "pythonPackageSpec")) if package else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -376,13 +313,13 @@ class Scheduling:
     @classmethod
     def parse(cls, value: Any, path: str) -> Scheduling:
         data = _obj(value, path)
-        timeout = _str(data, "timeout", path, required=False)
-        restart = _get(data, "restartJobOnWorkerRestart", path, bool, required=False)
+        timeout = kit.string(data, "timeout", path, required=False)
+        restart = kit.field(data, "restartJobOnWorkerRestart", path, bool, required=False)
         partition = _id(data, "partition", path, required=False)
-        priority = _int(data, "priority", path, required=False, minimum=-1000, maximum=1000)
-        max_restarts = _int(data, "maxRestarts", path, required=False, minimum=0, default=100)
+        priority = kit.int_field(data, "priority", path, required=False, minimum=-1000, maximum=1000)
+        max_restarts = kit.int_field(data, "maxRestarts", path, required=False, minimum=0, default=100)
         return cls(
-            _duration_s(timeout, _join(path, "timeout")) if timeout else None,
+            _duration_s(timeout, kit.join(path, "timeout")) if timeout else None,
             bool(restart), partition, priority, max_restarts,
         )
 
@@ -406,13 +343,13 @@ class CustomJobSpec:
     @classmethod
     def parse(cls, value: Any) -> CustomJobSpec:
         data = _obj(value, "")
-        name = _str(data, "displayName", "")
-        job_spec = _obj(_get(data, "jobSpec", "", dict, required=True), "jobSpec")
-        pools = _list(job_spec, "workerPoolSpecs", "jobSpec", WorkerPoolSpec.parse)
-        sched_raw = _get(job_spec, "scheduling", "jobSpec", dict, required=False)
+        name = kit.string(data, "displayName", "")
+        job_spec = _obj(kit.field(data, "jobSpec", "", dict, required=True), "jobSpec")
+        pools = kit.list_field(job_spec, "workerPoolSpecs", "jobSpec", WorkerPoolSpec.parse)
+        sched_raw = kit.field(job_spec, "scheduling", "jobSpec", dict, required=False)
         scheduling = Scheduling.parse(sched_raw, "jobSpec.scheduling") if sched_raw else Scheduling()
-        out_dir = _get(job_spec, "baseOutputDirectory", "jobSpec", dict, required=False)
-        uri = _str(out_dir, "outputUriPrefix", "jobSpec.baseOutputDirectory") if out_dir else None
+        out_dir = kit.field(job_spec, "baseOutputDirectory", "jobSpec", dict, required=False)
+        uri = kit.string(out_dir, "outputUriPrefix", "jobSpec.baseOutputDirectory") if out_dir else None
         assert name is not None
         return cls(name, pools, scheduling, uri)
 

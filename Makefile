@@ -30,7 +30,7 @@ bench: $(STAMP)
 
 # The self-healing story on a real Slurm cluster on this host (scripts/slurm/cluster.sh; root).
 demo-slurm: $(STAMP)
-	$(BIN)/python -m shared.cli.demo_slurm
+	$(BIN)/python -m services.cli.demo_slurm
 
 bench-slurm: $(STAMP)
 	$(BIN)/python bench/slurm_drain_bench.py

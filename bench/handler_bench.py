@@ -27,15 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from services.job_submission import handlers as api
-from shared.adapters.docstore import DocStore, make_envelope
+from services.wiring.embedded import SystemClock, build_deps
+from services.wiring.routes import control_plane_routes
 from shared.adapters.memory_store import MemoryDocStore
+from shared.adapters.outbox import make_envelope
 from shared.adapters.outbox_bus import OutboxBus
 from shared.adapters.sqlite_store import SqliteDocStore
-from shared.bootstrap import SystemClock, build_deps
 from shared.config import ControlPlaneConfig
 from shared.domain.events import NodeHealthReported, NodeProvisioned
 from shared.domain.model import NodeState
 from shared.policies.repair import RepairConfig
+from shared.ports import DocStore
 from tests.harness import FakeCompute, healthy, job_body, xid
 
 
@@ -50,7 +52,7 @@ class Bench:
     def __init__(self, store: DocStore, nodes: int, config: ControlPlaneConfig | None = None
                  ) -> None:
         self.store = store
-        self.bus = OutboxBus(store)
+        self.bus = OutboxBus(store, control_plane_routes())
         self.compute = FakeCompute()
         self.clock = SystemClock()
         self.deps = build_deps(store, clock=self.clock, compute=self.compute,

@@ -37,11 +37,11 @@ import pstats
 import time
 from typing import Any
 
-from shared.adapters.outbox import DocOutbox
-from shared.adapters.memory_store import MemoryDocStore
 from services.wiring.embedded import build_deps
-from shared.handling import run_handler
 from services.wiring.routes import subscribers
+from shared.adapters.memory_store import MemoryDocStore
+from shared.adapters.outbox import DocOutbox
+from shared.handling import run_handler
 from simulator import twin
 from simulator.clock import EPOCH_S
 from simulator.scenario import Scenario, load_scenario, parse_scenario

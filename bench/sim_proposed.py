@@ -56,8 +56,8 @@ def apply() -> None:
 
     prov._maybe_ready = _maybe_ready
     prov.on_node_returned = on_node_returned
+    from services.wiring.routes import subscribers, subscriptions
     from shared.domain.events import NodeReturnedToService
-    from shared.routing import subscribers, subscriptions
 
     prov.SUBSCRIPTIONS[NodeReturnedToService] = on_node_returned
     subscriptions.cache_clear()

@@ -52,12 +52,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from services.cli.demo_slurm import cluster_spec, start_cluster
 from services.job_submission import handlers as api
+from services.wiring.embedded import EmbeddedApp, embedded
 from shared.adapters.slurm_cli import SlurmCli, SlurmError
 from shared.adapters.slurm_compute import SlurmCompute, xid_line
-from shared.bootstrap import EmbeddedApp
-from shared.bootstrap_slurm import slurm_app
-from shared.cli.demo_slurm import cluster_spec, start_cluster
 from shared.config import ControlPlaneConfig
 from shared.domain.events import Envelope
 from shared.domain.model import NodeState
@@ -205,9 +204,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"starting a Slurm cluster in {slurm_dir} (HealthCheckInterval={args.interval}) ...", flush=True)
     cluster = start_cluster(slurm_dir, healthcheck_program=str(script), healthcheck_interval_s=args.interval)
     slurm = SlurmCli(timeout_s=10.0, slurm_conf=conf)
-    app = slurm_app(
+    app = embedded(
         state / "mtc",
-        conf,
+        compute="slurm",
+        slurm_conf=conf,
         config=bench_config(),
         compute_options={"slurm_nodes": (*MTC_NODES, "c1", "c2"), "agent_interval_s": float(args.interval)},
     )

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate ``cloudbuild.yaml`` from the code's own tables, so the deployment cannot drift
-from them: functions from ``shared.routing.SERVICES`` (+ the API and the workflow steps),
-topics from ``shared.routing.families()``, push subscriptions from
+from them: functions from ``services.wiring.routes.SERVICES`` (+ the API and the workflow steps),
+topics from ``services.wiring.routes.families()``, push subscriptions from
 ``shared.adapters.pubsub.plan_subscriptions()``, workflows from ``workflows/``, indexes from
 ``deploy/firestore.indexes.json``.
 
@@ -32,8 +32,10 @@ if str(ROOT) not in sys.path:
 
 import yaml  # noqa: E402
 
+from services.wiring.routes import SERVICES, control_plane_routes  # noqa: E402
 from shared.adapters import pubsub as ps  # noqa: E402
-from shared.routing import SERVICES  # noqa: E402
+
+ROUTES = control_plane_routes()
 
 OUT = ROOT / "cloudbuild.yaml"
 INDEXES = ROOT / "deploy" / "firestore.indexes.json"
@@ -165,7 +167,7 @@ def build() -> dict[str, Any]:
                      "--role=roles/logging.logWriter", "--condition=None"))
     steps.append(bash_step("service-accounts", lines, wait_for=["enable-apis"]))
 
-    topic_ids = [*ps.topics(), ps.dead_letter_topic_id()]
+    topic_ids = [*ps.topics(ROUTES), ps.dead_letter_topic_id()]
     lines = []
     for topic in topic_ids:
         lines.append(ensure(["gcloud", "pubsub", "topics", "describe", topic,
@@ -203,13 +205,13 @@ def build() -> dict[str, Any]:
             "--memory=512Mi")], wait_for=["prepare-source", "topics"]))
 
     lines = []
-    services = sorted({p.service for p in ps.plan_subscriptions()})
+    services = sorted({p.service for p in ps.plan_subscriptions(ROUTES)})
     for service in services:
         name = ps.function_name(service)
         lines.append(cmd("gcloud", "functions", "add-invoker-policy-binding", name,
                          f"--region={REGION}", f"--project={PROJECT}",
                          f"--member=serviceAccount:{sa_email(PUSH_SA)}"))
-    for plan in ps.plan_subscriptions():
+    for plan in ps.plan_subscriptions(ROUTES):
         var = "URL_" + re.sub(r"\W", "_", plan.service).upper()
         lines.append(f"{var}={function_url(ps.function_name(plan.service))}")
         common = [f"--project={PROJECT}", f"--push-endpoint=$${var}",

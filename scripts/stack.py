@@ -43,12 +43,15 @@ if str(ROOT) not in sys.path:
 
 import requests  # noqa: E402
 
+from services.wiring.routes import SERVICES, control_plane_routes  # noqa: E402
 from shared.adapters import pubsub as ps  # noqa: E402
-from shared.adapters.docstore import DocEventLog, DocUnitOfWork, envelope_to_doc  # noqa: E402
+from shared.adapters.docstore import DocEventLog, DocUnitOfWork
 from shared.adapters.firestore_store import FirestoreDocStore  # noqa: E402
+from shared.adapters.outbox import envelope_to_doc  # noqa: E402
 from shared.codec import from_pubsub_message  # noqa: E402
 from shared.domain.events import Envelope  # noqa: E402
-from shared.routing import SERVICES  # noqa: E402
+
+ROUTES = control_plane_routes()
 
 PROJECT = "mtc-local"
 EMULATORS = ROOT / "scripts" / "emulators.sh"
@@ -126,8 +129,8 @@ class Stack:
         self.store = FirestoreDocStore.connect(self.project)
         self.publisher = ps.PubSubPublisher(self.project)
         endpoints = {f.name: self.urls[f.name] + "/" for f in FUNCTIONS if f.name in SERVICES}
-        plans = ps.ensure_topology(self.project, endpoints, settings=self.delivery)
-        self.log(f"pubsub: {len(ps.topics())} topics + {ps.dead_letter_topic_id()}, "
+        plans = ps.ensure_topology(self.project, endpoints, ROUTES, settings=self.delivery)
+        self.log(f"pubsub: {len(ps.topics(ROUTES))} topics + {ps.dead_letter_topic_id()}, "
                  f"{len(plans)} push subscriptions (ack {self.delivery.ack_deadline_s} s, "
                  f"dead letter after {self.delivery.max_delivery_attempts} attempts)")
         if on_event is not None:
@@ -190,7 +193,7 @@ class Stack:
 
     def _start_tap(self, on_event: Callable[[Envelope], None]) -> None:
         sub = ps.subscriber_client()
-        for path in ps.tap(self.project, "stack", subscriber=sub):
+        for path in ps.tap(self.project, "stack", ROUTES, subscriber=sub):
             def callback(message: Any) -> None:
                 message.ack()
                 try:
@@ -202,15 +205,15 @@ class Stack:
             self._pulls.append(sub.subscribe(path, callback=callback))
 
     def _start_machines(self) -> None:
+        from services.wiring.embedded import SystemClock
         from shared.adapters.local_compute import LocalCompute
-        from shared.bootstrap import SystemClock
 
         assert self.publisher is not None
         publisher = self.publisher
         clock = SystemClock()
 
         def emit(event: Any) -> None:
-            from shared.adapters.docstore import make_envelope
+            from shared.adapters.outbox import make_envelope
 
             publisher.publish(make_envelope(event, "//mtc/compute/local", clock.now()))
 
@@ -307,7 +310,7 @@ def running(stack: Stack, on_event: Callable[[Envelope], None] | None = None
 
 
 def story(stack: Stack, steps: int, console: Any, t0: float) -> bool:
-    from shared.cli.demo import CHECKPOINT_EVERY_STEPS, CLUSTER_SPEC, STEP_TIME_S, job_spec
+    from services.cli.demo import CHECKPOINT_EVERY_STEPS, CLUSTER_SPEC, STEP_TIME_S, job_spec
     from shared.domain.health import Condition, ConditionStatus, ConditionType
     from shared.domain.model import ClusterState, JobState, NodeState
 
@@ -352,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from shared.cli.demo import _node_table, _style
+    from services.cli.demo import _node_table, _style
     from shared.goodput_live import job_accounting
     from shared.timeline import describe, is_routine
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import PermanentError
@@ -88,8 +89,68 @@ def publish_all(deps: Deps, envelopes: list[Envelope]) -> None:
 
 def emit_now(deps: Deps, event: Event, source: str) -> Envelope:
     """Publish an event that is not part of a handler's transaction (API calls, compute)."""
-    from shared.adapters.docstore import make_envelope
+    from shared.adapters.outbox import make_envelope
 
     env = make_envelope(event, source, deps.clock.now())
     deps.publisher.publish(env)
     return env
+
+
+T = TypeVar("T")
+
+
+@contextmanager
+def command_unit(deps: Deps, *, key: str = "") -> Iterator[Any]:
+    """The API-side twin of ``run_handler``: one unit of work started by a person or a client
+    (an HTTP call, a CLI command, a workflow step), committed if the block does not raise,
+    then its events published (what fails to publish stays in the outbox for the sweeper).
+
+    ``key`` (a client's request id) makes a retried command emit the same event ids. Errors
+    propagate to the caller, which turns them into an answer (a 4xx, an exit status)."""
+    uow = deps.uow()
+    with uow:
+        uow.caused_by(key)
+        yield uow
+        uow.commit()
+        committed = uow.committed
+    publish_all(deps, committed)
+
+
+def run_command(deps: Deps, command: Callable[[Any], T], *, key: str = "") -> T:
+    """``command(uow)`` in a ``command_unit``; returns what it returned."""
+    with command_unit(deps, key=key) as uow:
+        return command(uow)
+
+
+class Routes:
+    """Service -> {event type -> handler}: the subscriptions a bus delivers by.
+
+    Built by the composition root (``services.wiring``) and handed to every bus, so buses
+    depend on this table, never on the services themselves."""
+
+    def __init__(self, table: Mapping[str, Mapping[str, Handler]]) -> None:
+        self._table = {service: dict(handlers) for service, handlers in table.items()}
+        self._subscribers: dict[str, tuple[tuple[str, Handler], ...]] = {}
+
+    @property
+    def services(self) -> tuple[str, ...]:
+        return tuple(self._table)
+
+    def subscriptions(self, service: str) -> dict[str, Handler]:
+        return self._table.get(service, {})
+
+    def subscribers(self, event_type: str) -> tuple[tuple[str, Handler], ...]:
+        found = self._subscribers.get(event_type)
+        if found is None:
+            found = tuple((service, handlers[event_type])
+                          for service, handlers in self._table.items() if event_type in handlers)
+            self._subscribers[event_type] = found
+        return found
+
+    def families(self) -> dict[str, set[str]]:
+        """Event family (topic) -> services subscribed to at least one of its types."""
+        out: dict[str, set[str]] = {}
+        for service, handlers in self._table.items():
+            for type_ in handlers:
+                out.setdefault(type_.split(".")[1], set()).add(service)
+        return out

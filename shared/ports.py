@@ -1,7 +1,7 @@
 """The ports: what handlers need from the outside world, as Protocols.
 
-Adapters (embedded, simulation, GCP, Slurm) implement them; ``shared/bootstrap.py`` is the
-only place that picks which.
+Adapters (embedded, simulation, GCP, Slurm) implement them; ``services/wiring`` is the only
+place that picks which.
 """
 
 from __future__ import annotations
@@ -75,8 +75,36 @@ class UnitOfWorkFactory(Protocol):
     def __call__(self) -> UnitOfWork: ...
 
 
+class DocTransaction(Protocol):
+    def get(self, collection: str, doc_id: str) -> dict[str, Any] | None: ...
+    def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]: ...
+    def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
+    def delete(self, collection: str, doc_id: str) -> None: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+
+
+class DocStore(Protocol):
+    def begin(self) -> DocTransaction: ...
+    def read(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
+        """A read outside any transaction (listings, the outbox sweeper, the timeline)."""
+        ...
+    def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
+    def remove(self, collection: str, doc_id: str) -> None: ...
+    def oldest(self, collection: str, limit: int) -> list[dict[str, Any]]:
+        """The ``limit`` documents with the smallest (time, seq): the outbox's next batch."""
+        ...
+
+
 class Publisher(Protocol):
     def publish(self, envelope: Envelope) -> None: ...
+
+
+class Emitter(Protocol):
+    """Publishes an event from outside any transaction (compute adapters, node agents), under
+    the CloudEvent source it was bound to (``shared.adapters.outbox.SourceEmitter``)."""
+
+    def __call__(self, event: Event) -> None: ...
 
 
 class Outbox(Protocol):

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from shared.adapters.docstore import DocUnitOfWork, make_envelope
+from services.wiring.embedded import build_deps
+from services.wiring.routes import control_plane_routes
+from shared.adapters.docstore import DocUnitOfWork
 from shared.adapters.memory_store import MemoryDocStore
+from shared.adapters.outbox import make_envelope
 from shared.adapters.outbox_bus import OutboxBus
-from shared.bootstrap import build_deps
 from shared.config import ControlPlaneConfig
 from shared.domain.events import (
     Envelope,
@@ -114,7 +116,7 @@ class Plane:
         self.store = MemoryDocStore()
         self.clock = ManualClock()
         self.compute = FakeCompute()
-        self.bus = OutboxBus(self.store)
+        self.bus = OutboxBus(self.store, control_plane_routes())
         self.deps: Deps = build_deps(self.store, clock=self.clock, compute=self.compute,
                                      publisher=self.bus, config=config)
         self.delivered: list[Envelope] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functions_framework
 from cloudevents.http import CloudEvent
 
-from services.runtime import handle_cloud_event
+from services.wiring.functions import handle_cloud_event
 
 
 @functions_framework.cloud_event

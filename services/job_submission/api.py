@@ -23,8 +23,9 @@ from typing import Any
 import flask
 
 from services.job_submission import handlers as h
-from services.runtime import Runtime
+from services.wiring.functions import Runtime
 from shared.domain.errors import Conflict, InvalidTransition, NotFound, ValidationError
+from shared.handling import command_unit
 from shared.views import cluster_view, job_view, node_view
 
 Route = tuple[str, re.Pattern[str], Callable[..., tuple[Any, int]]]
@@ -59,9 +60,8 @@ def dispatch(request: flask.Request, rt: Runtime) -> flask.Response:
         if method != request.method:
             continue
         try:
-            with rt.deps.uow() as uow:
+            with command_unit(rt.deps) as uow:
                 result, status = fn(request, uow, rt.deps, *match.groups())
-                uow.commit()
         except ValidationError as exc:
             return _error(400, "INVALID_ARGUMENT", str(exc), exc.path)
         except NotFound as exc:

@@ -7,7 +7,7 @@ import functions_framework
 from cloudevents.http import CloudEvent
 
 from services.job_submission.api import dispatch
-from services.runtime import handle_cloud_event, runtime
+from services.wiring.functions import handle_cloud_event, runtime
 
 
 @functions_framework.cloud_event

@@ -32,7 +32,7 @@ from typing import Any
 import flask
 
 from services.provisioning import handlers as h
-from services.runtime import Runtime
+from services.wiring.functions import Runtime
 from shared.domain.errors import (
     Conflict,
     InvalidTransition,
@@ -44,7 +44,7 @@ from shared.domain.errors import (
 )
 from shared.domain.events import FleetTicked
 from shared.domain.model import ClusterState, NodeRole, NodeState
-from shared.handling import Deps, publish_all
+from shared.handling import Deps, command_unit
 from shared.ports import UnitOfWork
 
 log = logging.getLogger("mtc.steps")
@@ -138,24 +138,20 @@ def run_step(step: Step, body: dict[str, Any], rt: Runtime) -> dict[str, Any]:
     """One step in one unit of work, again on contention; publish what it emitted."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            with rt.deps.uow() as uow:
-                uow.caused_by("")
+            with command_unit(rt.deps) as uow:
                 result = step(body, uow, rt.deps)
-                uow.commit()
-                committed = uow.committed
         except TransientError:
             if attempt == ATTEMPTS:
                 raise
             time.sleep(0.05 * 2**attempt)
             continue
-        publish_all(rt.deps, committed)
         rt.after_request()
         return result
     raise AssertionError("unreachable")
 
 
 def tick(rt: Runtime) -> dict[str, Any]:
-    from shared.adapters.docstore import make_envelope
+    from shared.adapters.outbox import make_envelope
 
     with rt.deps.uow() as uow:
         clusters = [c.cluster_id for c in uow.clusters.list()
@@ -169,7 +165,7 @@ def tick(rt: Runtime) -> dict[str, Any]:
     store = getattr(rt, "store", None)
     publisher = getattr(rt, "publisher", None)
     if store is not None and publisher is not None:
-        from shared.adapters.pubsub import sweep_outbox
+        from shared.adapters.outbox import sweep_outbox
 
         swept = sweep_outbox(store, publisher, min_age_s=10.0, now=now)
     rt.after_request()

@@ -9,7 +9,7 @@ import flask
 import functions_framework
 
 from services.provisioning.steps_api import dispatch
-from services.runtime import runtime
+from services.wiring.functions import runtime
 
 
 @functions_framework.http

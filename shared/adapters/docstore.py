@@ -7,42 +7,22 @@ once here on top of that primitive, so every backend gets the same semantics.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from shared.domain.events import Envelope, Event, event_class
+from shared.adapters.outbox import OUTBOX, envelope_to_doc, make_envelope
+from shared.adapters.outbox import doc_id as _doc_id
+from shared.domain.events import Envelope, Event
 from shared.domain.model import Cluster, Job, Node, Partition, partition_key
+from shared.ports import DocStore, DocTransaction
 
 CLUSTERS = "clusters"
 NODES = "nodes"
 JOBS = "jobs"
 PARTITIONS = "partitions"
 PROCESSED = "processed_events"
-OUTBOX = "outbox"
 EVENTS = "events"
-
-
-class DocTransaction(Protocol):
-    def get(self, collection: str, doc_id: str) -> dict[str, Any] | None: ...
-    def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]: ...
-    def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
-    def delete(self, collection: str, doc_id: str) -> None: ...
-    def commit(self) -> None: ...
-    def rollback(self) -> None: ...
-
-
-class DocStore(Protocol):
-    def begin(self) -> DocTransaction: ...
-    def read(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
-        """A read outside any transaction (listings, the outbox sweeper, the timeline)."""
-        ...
-    def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
-    def remove(self, collection: str, doc_id: str) -> None: ...
-    def oldest(self, collection: str, limit: int) -> list[dict[str, Any]]:
-        """The ``limit`` documents with the smallest (time, seq): the outbox's next batch."""
-        ...
 
 
 T = TypeVar("T")
@@ -225,49 +205,6 @@ class DocUnitOfWork:
         self._emitted.clear()
 
 
-def _doc_id(key: str) -> str:
-    """Firestore ids cannot contain '/', so keys are hashed."""
-    return hashlib.sha256(key.encode()).hexdigest()[:40]
-
-
-_counter = iter(range(1, 1 << 62))
-
-
-def make_envelope(event: Event, source: str, now: float, *, seed: str | None = None) -> Envelope:
-    import uuid
-
-    event_id = _doc_id(seed) if seed else uuid.uuid4().hex
-    return Envelope(event=event, id=event_id, source=source, time=now)
-
-
-def envelope_to_doc(env: Envelope) -> dict[str, Any]:
-    return {
-        "id": env.id,
-        "source": env.source,
-        "type": env.type,
-        "time": env.time,
-        "subject": env.event.subject,
-        "data": env.event.to_dict(),
-        "seq": next(_counter),
-    }
-
-
-def envelope_from_doc(doc: dict[str, Any]) -> Envelope:
-    cls = event_class(doc["type"])
-    return Envelope(event=cls.from_dict(doc["data"]), id=doc["id"], source=doc["source"],
-                    time=doc["time"])
-
-
-class DocOutbox:
-    def __init__(self, store: DocStore) -> None:
-        self._store = store
-
-    def pending(self, limit: int = 100) -> list[Envelope]:
-        return [envelope_from_doc(d) for d in self._store.oldest(OUTBOX, limit)]
-
-    def mark_published(self, ids: list[str]) -> None:
-        for event_id in ids:
-            self._store.remove(OUTBOX, event_id)
 
 
 class DocEventLog:
@@ -290,3 +227,4 @@ class DocEventLog:
 
 def dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+

@@ -12,10 +12,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from shared.adapters.docstore import DocOutbox, DocStore, envelope_to_doc
+from shared.adapters.outbox import DocOutbox, envelope_to_doc
 from shared.domain.events import Envelope
-from shared.handling import Deps, Outcome, run_handler
-from shared.routing import subscribers
+from shared.handling import Deps, Outcome, Routes, run_handler
+from shared.ports import DocStore
 
 log = logging.getLogger("mtc.bus")
 
@@ -24,8 +24,9 @@ MAX_DELIVERY_ATTEMPTS = 10
 
 
 class OutboxBus:
-    def __init__(self, store: DocStore) -> None:
+    def __init__(self, store: DocStore, routes: Routes) -> None:
         self._store = store
+        self._routes = routes
         self.outbox = DocOutbox(store)
         self.listeners: list[Callable[[Envelope, dict[str, Outcome]], None]] = []
 
@@ -61,11 +62,10 @@ class OutboxBus:
                 delivered += 1
         return delivered
 
-    @staticmethod
-    def _deliver(envelope: Envelope, deps: Deps) -> tuple[dict[str, Outcome], str | None]:
+    def _deliver(self, envelope: Envelope, deps: Deps) -> tuple[dict[str, Outcome], str | None]:
         outcomes: dict[str, Outcome] = {}
         failure = None
-        for service, handler in subscribers(envelope.type):
+        for service, handler in self._routes.subscribers(envelope.type):
             try:
                 outcomes[service] = run_handler(service, handler, envelope, deps)
             except Exception as exc:  # transient: the others still get it, this one retries

@@ -14,7 +14,7 @@
   :class:`PubSubDeadLetters`, with the reason.
 - Subscriptions carry a filter on ``ce-type`` where it fits Pub/Sub's 256-byte limit. The
   emulator stores filters but does not apply them, so functions ignore types they do not
-  handle anyway (``services.runtime.handle_cloud_event`` answers "ignored").
+  handle anyway (``services.wiring.functions.handle_cloud_event`` answers "ignored").
 
 Nothing here creates a client at import time.
 """
@@ -24,18 +24,18 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from shared.adapters.docstore import OUTBOX, DocOutbox, DocStore, _doc_id, envelope_to_doc
+from shared.adapters.docstore import _doc_id
 from shared.adapters.outbox_bus import DocDeadLetters
 from shared.codec import to_pubsub
 from shared.domain.events import Envelope
-from shared.ports import Publisher
+from shared.handling import Routes
+from shared.ports import DocStore
 
 log = logging.getLogger("mtc.pubsub")
 
@@ -96,14 +96,12 @@ class DeliverySettings:
     retention_s: int = 7 * 24 * 3600
 
 
-def plan_subscriptions(prefix: str = PREFIX) -> list[SubscriptionPlan]:
-    """Every (service, family) pair from ``shared.routing``: the whole delivery topology."""
-    from shared.routing import SERVICES, subscriptions
-
+def plan_subscriptions(routes: Routes, prefix: str = PREFIX) -> list[SubscriptionPlan]:
+    """Every (service, family) pair of the routes: the whole delivery topology."""
     plans = []
-    for service in SERVICES:
+    for service in routes.services:
         by_family: dict[str, list[str]] = {}
-        for type_ in subscriptions(service):
+        for type_ in routes.subscriptions(service):
             by_family.setdefault(type_.split(".")[1], []).append(type_)
         for family, types in sorted(by_family.items()):
             plans.append(SubscriptionPlan(subscription_id(service, family, prefix),
@@ -112,10 +110,8 @@ def plan_subscriptions(prefix: str = PREFIX) -> list[SubscriptionPlan]:
     return plans
 
 
-def topics(prefix: str = PREFIX) -> list[str]:
-    from shared.routing import families
-
-    return sorted(topic_id(f, prefix) for f in families())
+def topics(routes: Routes, prefix: str = PREFIX) -> list[str]:
+    return sorted(topic_id(f, prefix) for f in routes.families())
 
 
 # ---------------------------------------------------------------- publishing
@@ -204,41 +200,6 @@ class PubSubDeadLetters:
         return self._docs.list()
 
 
-# ---------------------------------------------------------------- the outbox sweeper
-
-
-def sweep_outbox(store: DocStore, publisher: Publisher, *, min_age_s: float = 0.0,
-                 now: float | None = None, limit: int = 500, lease_s: float = 30.0) -> int:
-    """Publish what a crash between commit and publish left in the outbox; return how many.
-
-    Only entries older than ``min_age_s`` are taken, so a sweep does not race the publish
-    that normally follows a commit within milliseconds. Where the store offers ``claim``
-    (Firestore), each entry is claimed first (optimistic concurrency on its update time), so
-    two sweepers do not both publish it; a duplicate would be harmless anyway, since every
-    handler is idempotent on the CloudEvent source + id, which a republish keeps."""
-    now = time.time() if now is None else now
-    outbox = DocOutbox(store)
-    claim = getattr(store, "claim", None)
-    published = 0
-    for envelope in outbox.pending(limit):
-        if envelope.time > now - min_age_s:
-            break  # pending() is ordered by time: the rest are younger still
-        if claim is not None and not claim(OUTBOX, envelope.id, field="claimed_until",
-                                           now=now, until=now + lease_s):
-            continue
-        publisher.publish(envelope)
-        outbox.mark_published([envelope.id])
-        published += 1
-    if published:
-        log.info("outbox sweeper republished %d event(s)", published)
-    return published
-
-
-def leave_in_outbox(store: DocStore, envelope: Envelope) -> None:
-    """Put an envelope in the outbox without publishing it (tools, tests)."""
-    store.write(OUTBOX, envelope.id, envelope_to_doc(envelope))
-
-
 # ---------------------------------------------------------------- topology
 
 
@@ -247,7 +208,7 @@ def _create_topic(pub: Any, path: str) -> None:
         pub.create_topic(request={"name": path})
 
 
-def ensure_topology(project: str, endpoints: Mapping[str, str], *,
+def ensure_topology(project: str, endpoints: Mapping[str, str], routes: Routes, *,
                     settings: DeliverySettings | None = None, prefix: str = PREFIX,
                     publisher: Any = None, subscriber: Any = None) -> list[SubscriptionPlan]:
     """Topics, the dead-letter topic and its pull subscription, and one push subscription per
@@ -259,7 +220,7 @@ def ensure_topology(project: str, endpoints: Mapping[str, str], *,
     settings = settings or DeliverySettings()
     pub = publisher or publisher_client()
     sub = subscriber or subscriber_client()
-    for topic in topics(prefix):
+    for topic in topics(routes, prefix):
         _create_topic(pub, pub.topic_path(project, topic))
     dead_topic = pub.topic_path(project, dead_letter_topic_id(prefix))
     _create_topic(pub, dead_topic)
@@ -273,7 +234,7 @@ def ensure_topology(project: str, endpoints: Mapping[str, str], *,
     def seconds(value: float) -> duration_pb2.Duration:
         return duration_pb2.Duration(seconds=int(value), nanos=int(value % 1 * 1e9))
 
-    plans = [p for p in plan_subscriptions(prefix) if p.service in endpoints]
+    plans = [p for p in plan_subscriptions(routes, prefix) if p.service in endpoints]
     for plan in plans:
         subscription = types.Subscription(
             name=sub.subscription_path(project, plan.name),
@@ -298,13 +259,13 @@ def ensure_topology(project: str, endpoints: Mapping[str, str], *,
     return plans
 
 
-def tap(project: str, name: str, *, prefix: str = PREFIX, subscriber: Any = None
-        ) -> list[str]:
+def tap(project: str, name: str, routes: Routes, *, prefix: str = PREFIX,
+        subscriber: Any = None) -> list[str]:
     """Pull subscriptions ``<prefix>tap-<name>-<family>`` on every family topic: a read-only
     view of the traffic for timelines and benchmarks. Returns their paths."""
     sub = subscriber or subscriber_client()
     paths = []
-    for topic in topics(prefix):
+    for topic in topics(routes, prefix):
         family = topic[len(prefix):]
         path = sub.subscription_path(project, f"{prefix}tap-{name}-{family}")
         with contextlib.suppress(gexc.AlreadyExists):

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from shared.cli.demo import CLUSTER_SPEC, job_spec
+from services.cli.demo import CLUSTER_SPEC, job_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def mtc(state: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "shared.cli.main", "--state-dir", str(state), *args]
+    cmd = [sys.executable, "-m", "services.cli.main", "--state-dir", str(state), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60)
     if check and proc.returncode != 0:
         raise AssertionError(f"{args}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
@@ -50,7 +50,7 @@ def cluster(tmp_path: Path) -> Iterator[Path]:
     out = mtc_json(state, "cluster", "create", "-f", str(spec), "--wait", "20")
     assert out["state"] == "READY"
     yield state
-    from shared.bootstrap import embedded
+    from services.wiring.embedded import embedded
 
     app = embedded(state)
     app.compute.kill_all()
@@ -104,7 +104,7 @@ def test_a_killed_command_loses_nothing(cluster: Path, tmp_path: Path) -> None:
     """Kill `mtc` right after it committed the job: the next command delivers the rest."""
     spec = tmp_path / "job.json"
     spec.write_text(json.dumps(job_spec(20)))
-    cmd = [sys.executable, "-m", "shared.cli.main", "--state-dir", str(cluster), "job",
+    cmd = [sys.executable, "-m", "services.cli.main", "--state-dir", str(cluster), "job",
            "submit", "--cluster", "demo", "-f", str(spec), "--job-id", "k1"]
     env = {**os.environ, "MTC_TEST_PAUSE_BEFORE_PUMP": "30"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -121,7 +121,7 @@ def test_a_killed_command_loses_nothing(cluster: Path, tmp_path: Path) -> None:
 
 def test_a_killed_worker_loses_no_job(cluster: Path, tmp_path: Path) -> None:
     """SIGKILL one rank's training process: the attempt ends, the job resumes and succeeds."""
-    from shared.bootstrap import embedded
+    from services.wiring.embedded import embedded
 
     spec = tmp_path / "job.json"
     spec.write_text(json.dumps(job_spec(300)))

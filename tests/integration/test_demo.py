@@ -32,7 +32,7 @@ STORY = [
 def test_demo_shows_the_story_in_order(tmp_path: Path) -> None:
     env = {**os.environ, "MTC_STATE_DIR": str(tmp_path / "demo"), "COLUMNS": "200"}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "shared.cli.main", "demo"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "services.cli.main", "demo"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=90)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr

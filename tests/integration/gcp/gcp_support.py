@@ -13,9 +13,10 @@ from typing import Any
 import requests
 from werkzeug.serving import BaseWSGIServer, make_server
 
+from services.wiring.embedded import build_deps
+from services.wiring.routes import control_plane_routes
 from shared.adapters.firestore_store import FirestoreDocStore
 from shared.adapters.outbox_bus import OutboxBus
-from shared.bootstrap import build_deps
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
 from tests.harness import FakeCompute, ManualClock, Plane
@@ -112,7 +113,7 @@ class StorePlane(Plane):
         self.store = store
         self.clock = clock or ManualClock(time.time())
         self.compute = compute or SafeCompute()
-        self.bus = OutboxBus(store)
+        self.bus = OutboxBus(store, control_plane_routes())
         self.deps = build_deps(
             store, clock=self.clock, compute=self.compute, publisher=self.bus, config=self.deps.config
         )

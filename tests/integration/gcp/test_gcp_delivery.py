@@ -31,20 +31,24 @@ from gcp_support import (
 )
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
-import services.runtime as rt_mod
+import services.wiring.functions as rt_mod
 from services.health_triage.handlers import on_health_reported
 from services.job_submission import handlers as api
+from services.wiring.gcp import GcpRuntime, GcpSettings
+from services.wiring.routes import SERVICES, control_plane_routes
+from shared.adapters import outbox
 from shared.adapters import pubsub as ps
-from shared.adapters.docstore import OUTBOX, PROCESSED, make_envelope
+from shared.adapters.docstore import PROCESSED
 from shared.adapters.firestore_store import Contention, FirestoreDocStore
-from shared.bootstrap_gcp import GcpRuntime, GcpSettings
+from shared.adapters.outbox import OUTBOX, make_envelope
 from shared.codec import from_pubsub_message
 from shared.domain.events import Envelope, Event, NodeHealthReported
 from shared.domain.health import RepairAction
 from shared.domain.model import NodeState
 from shared.handling import Outcome, run_handler
-from shared.routing import SERVICES
 from tests.harness import CLUSTER, ManualClock, healthy, xid
+
+ROUTES = control_plane_routes()
 
 pytestmark = pytest.mark.integration
 
@@ -124,9 +128,10 @@ def gcp(emulators: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[
         DispatcherMiddleware(not_found, {f"/{s}": function_app(s) for s in SERVICES})
     )
     plans = ps.ensure_topology(
-        PROJECT, {s: f"{server.url}/{s}/" for s in SERVICES}, settings=SETTINGS, prefix=prefix
+        PROJECT, {s: f"{server.url}/{s}/" for s in SERVICES}, ROUTES, settings=SETTINGS,
+        prefix=prefix
     )
-    taps = ps.tap(PROJECT, "test", prefix=prefix)
+    taps = ps.tap(PROJECT, "test", ROUTES, prefix=prefix)
     g = Gcp(store, plane, runtime, compute, clock, prefix, taps)
 
     real = run_handler
@@ -142,7 +147,7 @@ def gcp(emulators: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[
             g.outcomes.append((service, envelope.id, envelope.type, outcome.value))
         return outcome
 
-    monkeypatch.setattr("services.runtime.run_handler", spy)
+    monkeypatch.setattr("services.wiring.functions.run_handler", spy)
     try:
         yield g
     finally:
@@ -284,17 +289,17 @@ def test_crash_between_commit_and_publish_is_recovered_by_the_sweeper(gcp: Gcp) 
     gcp.publish(envelope=env)
     wait_for(lambda: gcp.outcomes_of("health_triage", env) == ["duplicate"], what="redelivery")
 
-    assert ps.sweep_outbox(gcp.store, gcp.runtime.publisher, now=gcp.clock.now() + 60) == 1
+    assert outbox.sweep_outbox(gcp.store, gcp.runtime.publisher, now=gcp.clock.now() + 60) == 1
     assert gcp.store.read(OUTBOX, {}) == []
     wait_for(lambda: gcp.node_state() is NodeState.REPAIRING, what="repair from the sweep")
-    assert ps.sweep_outbox(gcp.store, gcp.runtime.publisher, now=gcp.clock.now() + 60) == 0
+    assert outbox.sweep_outbox(gcp.store, gcp.runtime.publisher, now=gcp.clock.now() + 60) == 0
     settle()
     assert gcp.compute.repairs == [(NODE, RepairAction.REBOOT, 1)]
 
 
 def test_sweepers_racing_publish_each_entry_once(gcp: Gcp) -> None:
     for i in range(3):
-        ps.leave_in_outbox(
+        outbox.leave_in_outbox(
             gcp.store,
             make_envelope(
                 NodeHealthReported(
@@ -312,7 +317,7 @@ def test_sweepers_racing_publish_each_entry_once(gcp: Gcp) -> None:
 
     now = gcp.clock.now() + 60
     threads = [
-        threading.Thread(target=ps.sweep_outbox, args=(gcp.store, Recorder()), kwargs={"now": now})
+        threading.Thread(target=outbox.sweep_outbox, args=(gcp.store, Recorder()), kwargs={"now": now})
         for _ in range(3)
     ]
     for t in threads:

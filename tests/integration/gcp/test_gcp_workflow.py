@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from gcp_support import ROOT, Server, StorePlane, function_app
 
-from services import runtime as rt_mod
+from services.wiring import functions as rt_mod
 from services.job_submission import handlers as api
 from shared.adapters.memory_store import MemoryDocStore
 from shared.domain.events import NodeProvisioned

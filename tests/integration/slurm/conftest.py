@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from services.cli.demo_slurm import free_port_base
 from shared.adapters.slurm_cli import SlurmCli
-from shared.cli.demo_slurm import free_port_base
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "slurm" / "cluster.sh"

@@ -1,6 +1,6 @@
 """The control plane heals a real Slurm cluster (SlurmCompute over scripts/slurm/cluster.sh).
 
-Each test builds its own control plane (``bootstrap_slurm.slurm_app``) in a tmp dir against
+Each test builds its own control plane (``services.wiring.embedded(..., compute="slurm")``) in a tmp dir against
 the session's cluster (conftest.py), and puts the Slurm nodes back as it found them (n1-n4
 idle and in service, c1-c2 powered down), however it ends.
 """
@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 
+from services.cli.demo_slurm import cluster_spec, demo_config, job_spec
 from services.job_submission import handlers as api
+from services.wiring.embedded import EmbeddedApp, embedded
 from shared.adapters.slurm_cli import SlurmCli, SlurmError
 from shared.adapters.slurm_compute import SlurmCompute, SlurmControl
-from shared.bootstrap import EmbeddedApp
-from shared.bootstrap_slurm import slurm_app
-from shared.cli.demo_slurm import cluster_spec, demo_config, job_spec
 from shared.domain.events import Envelope
 from shared.domain.model import Job, JobState, NodeState
 from shared.handling import Outcome
@@ -135,7 +134,8 @@ def make_app(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., Embedde
         cfg = demo_config()
         if config:
             cfg = replace(cfg, **config)
-        app = slurm_app(tmp_path / f"state-{len(apps)}", cluster.slurm_conf, config=cfg)
+        app = embedded(tmp_path / f"state-{len(apps)}", compute="slurm",
+                       slurm_conf=cluster.slurm_conf, config=cfg)
         apps.append(app)
         return app
 

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
+from services.wiring.routes import SERVICES, control_plane_routes, families
 from shared.adapters import pubsub as ps
-from shared.routing import SERVICES, families
+
+ROUTES = control_plane_routes()
 
 ROOT = Path(__file__).resolve().parents[3]
 CLOUDBUILD = ROOT / "cloudbuild.yaml"
@@ -239,7 +241,7 @@ def test_service_accounts_are_created_and_least_privilege(gcloud: Any) -> None:
                 if path == ("functions", "add-invoker-policy-binding")}
     push = "serviceAccount:mtc-push@${_PROJECT}.iam.gserviceaccount.com"
     for s in SERVICES:
-        if any(p.service == s for p in ps.plan_subscriptions()):
+        if any(p.service == s for p in ps.plan_subscriptions(ROUTES)):
             assert (ps.function_name(s), push) in invokers
     assert (ps.function_name("api"), push) not in invokers
     steps_invokers = {m for fn, m in invokers if fn == ps.function_name("steps")}
@@ -259,7 +261,7 @@ def test_every_subscription_pushes_to_its_function_with_a_dead_letter_policy(
                if path == ("pubsub", "subscriptions", "create")}
     updates = {p[0]: f for _, path, p, f in gcloud
                if path == ("pubsub", "subscriptions", "update")}
-    plans = ps.plan_subscriptions()
+    plans = ps.plan_subscriptions(ROUTES)
     assert {p.service for p in plans} == set(SERVICES)
     assert {(p.service, p.family) for p in plans} == {
         (s, f) for f, services in families().items() for s in services}
@@ -292,7 +294,7 @@ def test_dead_letter_forwarding_has_its_permissions(gcloud: Any) -> None:
     assert (ps.dead_letter_topic_id(), agent, "roles/pubsub.publisher") in topic_grants
     sub_grants = {(p[0], flag(f, "--member"), flag(f, "--role")) for _, path, p, f in gcloud
                   if path == ("pubsub", "subscriptions", "add-iam-policy-binding")}
-    for plan in ps.plan_subscriptions():
+    for plan in ps.plan_subscriptions(ROUTES):
         assert (plan.name, agent, "roles/pubsub.subscriber") in sub_grants
 
 

@@ -12,20 +12,24 @@ import pytest
 from flask.testing import FlaskClient
 from functions_framework import create_app
 
-from services import runtime as rt_mod
 from services.health_triage.handlers import on_health_reported
 from services.job_submission import handlers as api
+from services.wiring import functions as rt_mod
+from services.wiring.gcp import GcpRuntime, GcpSettings, NullCompute
+from services.wiring.routes import SERVICES, control_plane_routes, families, subscriptions
+from shared.adapters import outbox
 from shared.adapters import pubsub as ps
-from shared.adapters.docstore import OUTBOX, make_envelope
 from shared.adapters.firestore_store import decode, encode
 from shared.adapters.memory_store import MemoryDocStore
-from shared.bootstrap_gcp import GcpRuntime, GcpSettings, NullCompute
+from shared.adapters.outbox import OUTBOX, make_envelope
 from shared.codec import from_pubsub_message, to_pubsub
+from shared.domain.errors import ValidationError
 from shared.domain.events import Envelope, NodeHealthReported
 from shared.domain.model import ClusterState, NodeState
-from shared.handling import run_handler
-from shared.routing import SERVICES, families, subscriptions
+from shared.handling import command_unit, run_handler
 from tests.harness import CLUSTER, ManualClock, Plane, job_body, xid
+
+ROUTES = control_plane_routes()
 
 
 class Recorder:
@@ -46,7 +50,7 @@ class Recorder:
 
 
 def test_one_subscription_per_service_and_family() -> None:
-    plans = ps.plan_subscriptions()
+    plans = ps.plan_subscriptions(ROUTES)
     assert {(p.service, p.family) for p in plans} == {
         (s, f) for f, services in families().items() for s in services}
     assert len({p.name for p in plans}) == len(plans)
@@ -65,7 +69,7 @@ def test_filters_too_long_for_pubsub_are_left_out() -> None:
 
 
 def test_names() -> None:
-    assert ps.topics() == sorted(f"mtc-{f}" for f in families())
+    assert ps.topics(ROUTES) == sorted(f"mtc-{f}" for f in families())
     assert ps.subscription_id("health_triage", "node") == "mtc-health-triage-node"
     assert ps.function_name("checkpoint_resume") == "mtc-checkpoint-resume"
     assert ps.dead_letter_topic_id() == "mtc-dead-letter"
@@ -130,17 +134,24 @@ def test_handler_events_are_published_once_after_commit(
     assert plane.store.read(OUTBOX, {}) == []  # published, so gone from the outbox
 
 
-def test_api_commits_are_published_by_after_request(
+def test_api_commands_are_published_once_after_their_commit(
         gcp: tuple[Plane, GcpRuntime, Recorder]) -> None:
     _, rt, recorder = gcp
-    with rt.deps.uow() as uow:
+    with command_unit(rt.deps) as uow:
         api.submit_job("c1", job_body(1), uow, rt.deps, "j1")
-        uow.commit()
-    assert recorder.published == []
-    rt.after_request()
+        assert recorder.published == []  # nothing before the commit
     assert [e.type for e in recorder.published] == ["mtc.job.submitted.v1"]
+    assert rt.store.read(OUTBOX, {}) == []  # published, so gone from the outbox
     rt.after_request()
     assert len(recorder.published) == 1  # nothing twice
+
+
+def test_a_failed_command_publishes_nothing(gcp: tuple[Plane, GcpRuntime, Recorder]) -> None:
+    _, rt, recorder = gcp
+    with pytest.raises(ValidationError), command_unit(rt.deps) as uow:
+        api.submit_job("c1", {"displayName": "x"}, uow, rt.deps, "j2")
+    assert recorder.published == []
+    assert rt.store.read(OUTBOX, {}) == []
 
 
 def test_sweeper_publishes_what_a_crash_left_and_respects_min_age() -> None:
@@ -148,10 +159,10 @@ def test_sweeper_publishes_what_a_crash_left_and_respects_min_age() -> None:
     clock = ManualClock()
     env = make_envelope(NodeHealthReported(node_id="n", observed_at=clock.now(),
                                            conditions=()), "//test", clock.now())
-    ps.leave_in_outbox(store, env)
+    outbox.leave_in_outbox(store, env)
     recorder = Recorder()
-    assert ps.sweep_outbox(store, recorder, min_age_s=10, now=clock.now() + 5) == 0
-    assert ps.sweep_outbox(store, recorder, min_age_s=10, now=clock.now() + 11) == 1
+    assert outbox.sweep_outbox(store, recorder, min_age_s=10, now=clock.now() + 5) == 0
+    assert outbox.sweep_outbox(store, recorder, min_age_s=10, now=clock.now() + 11) == 1
     assert [e.id for e in recorder.published] == [env.id]
     assert store.read(OUTBOX, {}) == []
 

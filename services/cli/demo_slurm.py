@@ -1,10 +1,10 @@
 """`make demo-slurm`: the self-healing story on a real Slurm cluster, with `sinfo` at each step.
 
-    python -m shared.cli.demo_slurm [--steps N] [--keep-cluster] [--state-dir DIR]
+    python -m services.cli.demo_slurm [--steps N] [--keep-cluster] [--state-dir DIR]
 
 It starts a private Slurm 22.05 cluster on this host (scripts/slurm/cluster.sh: four static
 nodes n1-n4, two power-saving cloud nodes c1-c2, free ports, its own state dir), wires the
-control plane to it (``bootstrap_slurm.slurm_app``) and runs the story:
+control plane to it (``services.wiring.embedded(..., compute="slurm")``) and runs the story:
 
 1. an mtc cluster of four worker nodes (one hot spare) is provisioned onto n1-n4: each is
    drained in Slurm until its node agent's first checks pass, then resumed;
@@ -40,8 +40,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from services.job_submission import handlers as api
-from shared.bootstrap import EmbeddedApp
-from shared.bootstrap_slurm import slurm_app
+from services.wiring.embedded import EmbeddedApp, embedded
 from shared.config import ControlPlaneConfig
 from shared.domain.events import Envelope
 from shared.domain.model import Job, JobState, NodeState
@@ -213,7 +212,7 @@ def sinfo_text(slurm_conf: str, partition: str = "mtc") -> str:
 def _printer(
     app: EmbeddedApp, t0: float, partition: str, sinfo_on: dict[str, bool]
 ) -> Callable[[Envelope, dict[str, Outcome]], None]:
-    from shared.adapters.docstore import envelope_to_doc
+    from shared.adapters.outbox import envelope_to_doc
     from shared.timeline import is_routine
 
     def show(env: Envelope, outcomes: dict[str, Outcome]) -> None:
@@ -355,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     console.print(f"starting a Slurm cluster in {args.slurm_dir} (scripts/slurm/cluster.sh) ...")
     with demo_cluster(Path(args.slurm_dir), args.keep_cluster) as cluster:
-        app = slurm_app(state_dir, cluster.slurm_conf, config=demo_config())
+        app = embedded(state_dir, compute="slurm", slurm_conf=cluster.slurm_conf,
+                       config=demo_config())
         try:
             final = run_story(app, steps=args.steps)
             summary(app, final, t0)

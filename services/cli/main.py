@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services.job_submission import handlers as api
-from shared.bootstrap import EmbeddedApp, embedded
+from services.wiring.embedded import EmbeddedApp, embedded
 from shared.domain.errors import MtcError, ValidationError
 from shared.domain.health import Condition, ConditionStatus, ConditionType
 from shared.timeline import clock, describe, is_routine
@@ -224,7 +224,7 @@ def cmd_controller(args: argparse.Namespace, app: EmbeddedApp) -> None:
 
 
 def cmd_demo(args: argparse.Namespace, app: EmbeddedApp) -> None:
-    from shared.cli.demo import run_demo
+    from services.cli.demo import run_demo
 
     run_demo(app, steps=args.steps)
 
@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             and args.state_dir == "var/mtc":
         state_dir = Path("var/demo")
     if args.command == "demo":
-        from shared.cli.demo import fresh_state
+        from services.cli.demo import fresh_state
 
         fresh_state(state_dir)
     app = embedded(state_dir, **({} if args.command != "demo" else _demo_options()))
@@ -327,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _demo_options() -> dict[str, Any]:
-    from shared.cli.demo import demo_compute_options, demo_config
+    from services.cli.demo import demo_compute_options, demo_config
 
     return {"config": demo_config(), "compute_options": demo_compute_options()}
 

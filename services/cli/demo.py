@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from services.job_submission import handlers as api
-from shared.bootstrap import EmbeddedApp
+from services.wiring.embedded import EmbeddedApp
 from shared.config import ControlPlaneConfig
 from shared.domain.events import Envelope
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
@@ -86,7 +86,7 @@ def fresh_state(state_dir: Path) -> None:
 
 
 def _printer(t0: float) -> Any:
-    from shared.adapters.docstore import envelope_to_doc
+    from shared.adapters.outbox import envelope_to_doc
     from shared.timeline import is_routine
 
     def show(env: Envelope, outcomes: dict[str, Outcome]) -> None:

@@ -1,6 +1,6 @@
 """The Google Cloud wiring: Firestore store, Pub/Sub publisher, compute, for every function.
 
-``services.runtime`` calls :func:`gcp_runtime` on the first request when ``MTC_BACKEND=gcp``
+``services.wiring.functions`` calls :func:`gcp_runtime` on the first request when ``MTC_BACKEND=gcp``
 (on Cloud Functions, or locally against the emulators). Nothing is built at import time.
 
 Environment:
@@ -27,27 +27,24 @@ import json
 import logging
 import os
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from shared.adapters.docstore import DocOutbox, DocStore, DocUnitOfWork, make_envelope
+from services.wiring.builder import build_deps, make_compute
+from shared.adapters.clock import SystemClock
 from shared.adapters.firestore_store import FirestoreDocStore
+from shared.adapters.outbox import DocOutbox, make_envelope
 from shared.adapters.pubsub import PREFIX, PubSubDeadLetters, PubSubPublisher
-from shared.bootstrap import SystemClock
 from shared.config import ControlPlaneConfig
 from shared.domain.events import Envelope, Event
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.handling import Deps, publish_all
-from shared.ports import Clock, Compute, Outbox, Publisher, WorkerSpec
+from shared.ports import Clock, Compute, DocStore, Outbox, Publisher, WorkerSpec
 
 log = logging.getLogger("mtc.gcp")
 
-COMPUTE_SOURCE = "//mtc/compute/local"
-MAX_TRACKED = 64  # units of work remembered per thread between two after_request calls
 
 
 @dataclass(frozen=True)
@@ -63,6 +60,21 @@ class GcpSettings:
     repair_config: str = ""  # JSON for shared.policies.repair.load_repair_config
     local_compute: str = ""  # JSON: LocalCompute options (provision_duration_s, ...)
     source: str = "//mtc/control-plane"
+
+    def config(self) -> ControlPlaneConfig:
+        """The control-plane settings these environment settings imply."""
+        config = ControlPlaneConfig(output_root=(self.state_dir / "jobs").resolve(),
+                                    python=sys.executable)
+        if self.grace_period_s is not None:
+            config = dataclasses.replace(config, grace_period_s=self.grace_period_s)
+        if self.heartbeat_timeout_s is not None:
+            config = dataclasses.replace(config, heartbeat_timeout_s=self.heartbeat_timeout_s)
+        if self.repair_config:
+            from shared.policies.repair import load_repair_config
+
+            repair = load_repair_config(json.loads(self.repair_config))
+            config = dataclasses.replace(config, repair=repair)
+        return config
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GcpSettings:
@@ -120,100 +132,46 @@ class NullCompute:
         log.info("compute: stop %s attempt %d", job_id, attempt)
 
 
-class _Scope(threading.local):
-    """What one request thread did: its units of work and what it already published."""
-
-    def __init__(self) -> None:
-        self.uows: list[DocUnitOfWork] = []
-        self.published: set[str] = set()
-
-
-class _TrackingPublisher:
-    def __init__(self, inner: Publisher, scope: _Scope) -> None:
-        self.inner = inner
-        self._scope = scope
-
-    def publish(self, envelope: Envelope) -> None:
-        self.inner.publish(envelope)
-        self._scope.published.add(envelope.id)
-
-
 class GcpRuntime:
     """Deps for every function: Firestore units of work, Pub/Sub publishing, compute.
 
-    Events a handler emits are published by ``run_handler`` right after its commit. The
-    HTTP API commits its own units of work and then calls ``after_request``, which
-    publishes whatever this thread committed and has not published yet. What a crash
-    leaves in the outbox, the sweeper (``POST /tick`` on the steps function) publishes."""
+    Handlers publish through ``run_handler`` and the HTTP API and workflow steps through
+    ``command_unit``, each right after its own commit. What a crash leaves in the outbox, the
+    sweeper (``POST /tick`` on the steps function) publishes."""
 
     def __init__(self, settings: GcpSettings, *, store: DocStore | None = None,
-                 publisher: PubSubPublisher | None = None, compute: Compute | None = None,
+                 publisher: Publisher | None = None, compute: Compute | None = None,
                  clock: Clock | None = None, config: ControlPlaneConfig | None = None) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.store: DocStore = store or FirestoreDocStore.connect(
             settings.project, prefix=settings.collection_prefix)
-        self.publisher = publisher or PubSubPublisher(settings.project,
-                                                      prefix=settings.topic_prefix)
+        self.publisher: Publisher = publisher or PubSubPublisher(settings.project,
+                                                                 prefix=settings.topic_prefix)
         self.outbox = DocOutbox(self.store)
-        self._scope = _Scope()
         self.compute = compute or self._make_compute()
-        if config is None:
-            config = ControlPlaneConfig(output_root=(settings.state_dir / "jobs").resolve(),
-                                        python=sys.executable)
-            if settings.grace_period_s is not None:
-                config = dataclasses.replace(config, grace_period_s=settings.grace_period_s)
-            if settings.heartbeat_timeout_s is not None:
-                config = dataclasses.replace(config,
-                                             heartbeat_timeout_s=settings.heartbeat_timeout_s)
-            if settings.repair_config:
-                from shared.policies.repair import load_repair_config
-
-                repair = load_repair_config(json.loads(settings.repair_config))
-                config = dataclasses.replace(config, repair=repair)
-        self.deps = Deps(
-            uow=self._new_uow,
-            clock=self.clock,
-            compute=self.compute,
-            publisher=_TrackingPublisher(self.publisher, self._scope),
-            config=config,
-            dead_letters=PubSubDeadLetters(self.store, self.publisher),
-            event_log=None,
+        self.deps = build_deps(
+            self.store, clock=self.clock, compute=self.compute, publisher=self.publisher,
+            config=config or settings.config(), source=settings.source, with_event_log=False,
             outbox=cast(Outbox, self.outbox),  # DocOutbox takes list[str]: compatible
-        )
+            dead_letters=PubSubDeadLetters(self.store, self.publisher))
 
     def _make_compute(self) -> Compute:
         if self.settings.compute == "none":
             return NullCompute()
-        from shared.adapters.local_compute import LocalCompute
-
-        options = local_compute_options(self.settings.local_compute)
-        return LocalCompute(self.settings.state_dir / "compute", self.emit_compute, self.clock,
-                            agent_interval_s=self.settings.agent_interval_s, **options)
-
-    def _new_uow(self) -> DocUnitOfWork:
-        uow = DocUnitOfWork(self.store, source=self.settings.source, clock=self.clock.now)
-        tracked = self._scope.uows
-        tracked.append(uow)
-        del tracked[:-MAX_TRACKED]
-        return uow
+        options = {"agent_interval_s": self.settings.agent_interval_s,
+                   **local_compute_options(self.settings.local_compute)}
+        return make_compute("local", self.settings.state_dir, self.publisher.publish,
+                            self.clock, options=options)
 
     def after_request(self) -> None:
-        scope = self._scope
-        uows, published = scope.uows, scope.published
-        scope.uows, scope.published = [], set()
-        pending = [env for uow in uows for env in uow.committed if env.id not in published]
-        if pending:
-            publish_all(dataclasses.replace(self.deps, publisher=self.publisher), pending)
+        """Nothing is left to do: every unit of work published its events after its commit."""
 
     def emit(self, event: Event, source: str) -> Envelope:
-        """Publish an event from outside any transaction (compute, agents, tools)."""
+        """Publish an event from outside any transaction (agents, tools)."""
         env = make_envelope(event, source, self.clock.now())
         self.publisher.publish(env)
         return env
-
-    def emit_compute(self, event: Event) -> None:
-        self.emit(event, COMPUTE_SOURCE)
 
     def close(self) -> None:
         close = getattr(self.compute, "close", None)

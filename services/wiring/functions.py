@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 from cloudevents.http import CloudEvent
 
+from services.wiring.routes import subscriptions
 from shared.codec import decode
 from shared.domain.errors import PermanentError
 from shared.handling import Deps, Outcome, run_handler
-from shared.routing import subscriptions
 
 log = logging.getLogger("mtc.runtime")
 
@@ -30,7 +30,7 @@ class Runtime(Protocol):
 
 class EmbeddedRuntime:
     def __init__(self, state_dir: Path) -> None:
-        from shared.bootstrap import embedded
+        from services.wiring.embedded import embedded
 
         self.app = embedded(state_dir)
         self.deps = self.app.deps
@@ -59,7 +59,7 @@ def _default_runtime() -> Runtime:
     if backend == "embedded":
         return EmbeddedRuntime(Path(os.environ.get("MTC_STATE_DIR", "var/mtc")))
     if backend == "gcp":
-        from shared.bootstrap_gcp import gcp_runtime
+        from services.wiring.gcp import gcp_runtime
 
         return gcp_runtime()
     raise RuntimeError(f"MTC_BACKEND must be embedded or gcp, got {backend!r}")

@@ -1,0 +1,113 @@
+"""The whole control plane in one process, over a state directory on this machine.
+
+``embedded(state_dir)`` is the default (sqlite store, outbox bus, local subprocess compute):
+every CLI process builds the same app over the same state directory, so commands work across
+processes. ``embedded(state_dir, compute="slurm", slurm_conf=...)`` is the same control plane
+driving a real Slurm cluster. Both are built by ``builder.build_deps``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from services.wiring.builder import ComputeKind, build_deps, local_config, make_compute
+from services.wiring.routes import control_plane_routes
+from shared.adapters.docstore import CLUSTERS, DocStore, DocUnitOfWork
+from shared.adapters.outbox import make_envelope
+from shared.adapters.outbox_bus import OutboxBus
+from shared.config import ControlPlaneConfig
+from shared.domain.events import Envelope, Event, FleetTicked
+from shared.handling import Deps, command_unit, run_command
+from shared.ports import Clock
+
+log = logging.getLogger("mtc.embedded")
+T = TypeVar("T")
+
+
+@dataclass
+class EmbeddedApp:
+    """The control plane over one state directory: commands in, the bus pumped."""
+
+    state_dir: Path
+    store: DocStore
+    bus: OutboxBus
+    compute: Any  # LocalCompute or SlurmCompute: also has poll() and inject_fault()
+    deps: Deps
+
+    def uow(self) -> DocUnitOfWork:
+        return self.deps.uow()  # type: ignore[no-any-return]
+
+    def command(self, fn: Callable[[Any], T], *, key: str = "") -> T:
+        """An API or CLI call: one transaction (``run_command``); the bus delivers its events."""
+        return run_command(self.deps, fn, key=key)
+
+    def transaction(self) -> AbstractContextManager[DocUnitOfWork]:
+        """``command`` as a ``with`` block, for scripts that read and write in one go."""
+        return command_unit(self.deps)
+
+    def inject(self, event: Event, source: str) -> Envelope:
+        env = make_envelope(event, source, self.deps.clock.now())
+        self.bus.inject(env)
+        return env
+
+    def pump(self) -> int:
+        """Deliver everything queued, polling compute for results, until nothing moves."""
+        total = 0
+        while True:
+            self.compute.poll()
+            moved = self.bus.pump(self.deps)
+            total += moved
+            if moved == 0:
+                return total
+
+    def tick(self) -> None:
+        now = self.deps.clock.now()
+        for doc in self.store.read(CLUSTERS, {}):
+            if doc["state"] != "DELETED":
+                self.inject(FleetTicked(cluster_id=doc["cluster_id"], at=now), "//mtc/scheduler")
+
+    def run(self, until: Callable[[], bool], *, timeout_s: float, poll_s: float = 0.1,
+            tick_s: float = 5.0) -> bool:
+        """Pump until ``until()`` holds or the timeout passes; ticks keep heartbeats honest."""
+        deadline = time.monotonic() + timeout_s
+        next_tick = time.monotonic() + tick_s
+        while time.monotonic() < deadline:
+            self.pump()
+            if until():
+                return True
+            if time.monotonic() >= next_tick:
+                self.tick()
+                next_tick = time.monotonic() + tick_s
+            time.sleep(poll_s)
+        return False
+
+    def close(self) -> None:
+        close = getattr(self.store, "close", None)
+        if close:
+            close()
+
+
+def embedded(state_dir: Path, *, compute: ComputeKind = "local", slurm_conf: str | None = None,
+             config: ControlPlaneConfig | None = None, clock: Clock | None = None,
+             compute_options: dict[str, Any] | None = None) -> EmbeddedApp:
+    """The control plane over ``state_dir`` (sqlite store, outbox bus) and ``compute``: local
+    subprocess workers, or the Slurm cluster of ``slurm_conf`` (None: ``$SLURM_CONF``)."""
+    from shared.adapters.clock import SystemClock
+    from shared.adapters.sqlite_store import SqliteDocStore
+
+    state_dir = Path(state_dir).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    clock = clock or SystemClock()
+    store = SqliteDocStore(state_dir / "mtc.db")
+    bus = OutboxBus(store, control_plane_routes())
+    machines = make_compute(compute, state_dir, bus.inject, clock, slurm_conf=slurm_conf,
+                            options=compute_options)
+    deps = build_deps(store, clock=clock, compute=machines, publisher=bus,
+                      config=local_config(config, state_dir))
+    return EmbeddedApp(state_dir, store, bus, machines, deps)

@@ -1,0 +1,50 @@
+"""Which service handles which event type: the subscriptions, in one table.
+
+On GCP each (service, event family) pair is a Pub/Sub push subscription; embedded and in the
+twin, the bus delivers each event to every service subscribed to its type. The table is built
+here, from each service's ``SUBSCRIPTIONS``, and handed to the buses: no bus imports a service.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+from services.checkpoint_resume import handlers as checkpoint_resume
+from services.health_triage import handlers as health_triage
+from services.job_submission import handlers as job_submission
+from services.provisioning import handlers as provisioning
+from services.repair import handlers as repair
+from shared.domain.events import Event
+from shared.handling import Handler, Routes
+
+_MODULES = {
+    "provisioning": provisioning.SUBSCRIPTIONS,
+    "health_triage": health_triage.SUBSCRIPTIONS,
+    "repair": repair.SUBSCRIPTIONS,
+    "checkpoint_resume": checkpoint_resume.SUBSCRIPTIONS,
+    "job_submission": job_submission.SUBSCRIPTIONS,
+}
+SERVICES = tuple(_MODULES)
+
+
+def _by_type(table: Mapping[type[Event], Handler]) -> dict[str, Handler]:
+    return {cls.TYPE: handler for cls, handler in table.items()}
+
+
+@functools.cache
+def control_plane_routes() -> Routes:
+    """The five control-plane services, in delivery order."""
+    return Routes({service: _by_type(table) for service, table in _MODULES.items()})
+
+
+def subscriptions(service: str) -> dict[str, Handler]:
+    return control_plane_routes().subscriptions(service)
+
+
+def subscribers(event_type: str) -> tuple[tuple[str, Handler], ...]:
+    return control_plane_routes().subscribers(event_type)
+
+
+def families() -> dict[str, set[str]]:
+    return control_plane_routes().families()

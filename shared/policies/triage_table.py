@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
 from shared.domain.health import ConditionType, RepairAction, Severity
 from shared.policies.ranking import action_rank
@@ -139,18 +140,16 @@ def _load_file(path: Path) -> TriageTable:
 
 def parse_triage_table(data: Any) -> TriageTable:
     """Validate an already-parsed table (e.g. from a config store); errors name the key."""
-    top = _mapping(data, "")
-    _only_keys(top, "", {"version", "xid", "conditions", "unmapped_condition"})
-    version = top.get("version")
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise ValidationError("version", f"must be an integer, got {version!r}")
+    top = kit.mapping(data, "")
+    kit.only_keys(top, "", {"version", "xid", "conditions", "unmapped_condition"})
+    version = kit.integer(top.get("version"), "version")
     if version not in SUPPORTED_VERSIONS:
         raise ValidationError(
             "version",
             f"unsupported version {version}; this code reads {sorted(SUPPORTED_VERSIONS)}",
         )
-    xid = _mapping(_required(top, "xid", ""), "xid")
-    _only_keys(
+    xid = kit.mapping(kit.required(top, "xid", ""), "xid")
+    kit.only_keys(
         xid,
         "xid",
         {
@@ -161,7 +160,7 @@ def parse_triage_table(data: Any) -> TriageTable:
             "rules",
         },
     )
-    xid_rules = _parse_xid_rules(_required(xid, "rules", "xid"), "xid.rules")
+    xid_rules = _parse_xid_rules(kit.required(xid, "rules", "xid"), "xid.rules")
     defer = _code_set(xid.get("defer_when_co_occurring", []), "xid.defer_when_co_occurring")
     recovery_codes = _code_set(xid.get("recovery_action_codes", []), "xid.recovery_action_codes")
     for key, codes in (
@@ -171,11 +170,11 @@ def parse_triage_table(data: Any) -> TriageTable:
         for code in sorted(codes):
             if code not in xid_rules:
                 raise ValidationError(key, f"code {code} needs its own row in xid.rules")
-    recovery_actions = _mapping(xid.get("recovery_actions", {}), "xid.recovery_actions")
+    recovery_actions = kit.mapping(xid.get("recovery_actions", {}), "xid.recovery_actions")
     return TriageTable(
         version=version,
         xid_rules=MappingProxyType(xid_rules),
-        unmapped_xid=_parse_outcome(_required(xid, "unmapped", "xid"), "xid.unmapped"),
+        unmapped_xid=_parse_outcome(kit.required(xid, "unmapped", "xid"), "xid.unmapped"),
         defer_when_co_occurring=defer,
         recovery_action_codes=recovery_codes,
         recovery_actions=MappingProxyType(
@@ -185,10 +184,10 @@ def parse_triage_table(data: Any) -> TriageTable:
             }
         ),
         conditions=MappingProxyType(
-            _parse_conditions(_required(top, "conditions", ""), "conditions")
+            _parse_conditions(kit.required(top, "conditions", ""), "conditions")
         ),
         unmapped_condition=_parse_outcome(
-            _required(top, "unmapped_condition", ""), "unmapped_condition"
+            kit.required(top, "unmapped_condition", ""), "unmapped_condition"
         ),
     )
 
@@ -199,36 +198,6 @@ def normalise_recovery_action(name: str) -> str:
 
 
 # --- parsing helpers -------------------------------------------------------------------------
-
-
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
-def _mapping(value: Any, path: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ValidationError(path, f"must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def _required(data: Mapping[str, Any], key: str, prefix: str) -> Any:
-    if key not in data or data[key] is None:
-        raise ValidationError(_join(prefix, key), "is required")
-    return data[key]
-
-
-def _only_keys(data: Mapping[str, Any], prefix: str, allowed: set[str]) -> None:
-    for key in data:
-        if key not in allowed:
-            raise ValidationError(
-                _join(prefix, str(key)), f"unknown key (expected one of {sorted(allowed)})"
-            )
-
-
-def _number(value: Any, path: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError(path, f"must be a number, got {value!r}")
-    return float(value)
 
 
 def _severity(value: Any, path: str) -> Severity:
@@ -248,52 +217,51 @@ def _action(value: Any, path: str) -> RepairAction:
 
 
 def _parse_outcome(value: Any, path: str) -> Outcome:
-    data = _mapping(value, path)
-    _only_keys(data, path, {"failure_mode", "severity", "action", "confirm"})
-    mode = _required(data, "failure_mode", path)
+    data = kit.mapping(value, path)
+    kit.only_keys(data, path, {"failure_mode", "severity", "action", "confirm"})
+    mode = kit.required(data, "failure_mode", path)
     if not isinstance(mode, str) or not _FAILURE_MODE_RE.match(mode):
-        raise ValidationError(f"{path}.failure_mode", f"must be snake_case, got {mode!r}")
+        raise ValidationError(kit.join(path, "failure_mode"), f"must be snake_case, got {mode!r}")
     if mode in RESERVED_FAILURE_MODES:
-        raise ValidationError(f"{path}.failure_mode", f"{mode!r} is reserved for diagnoses")
-    severity = _severity(_required(data, "severity", path), f"{path}.severity")
-    action = _action(_required(data, "action", path), f"{path}.action")
+        raise ValidationError(kit.join(path, "failure_mode"), f"{mode!r} is reserved for diagnoses")
+    severity = _severity(kit.required(data, "severity", path), kit.join(path, "severity"))
+    action = _action(kit.required(data, "action", path), kit.join(path, "action"))
     confirm = None
     if data.get("confirm") is not None:
-        confirm = _parse_confirm(data["confirm"], f"{path}.confirm", mode, action)
+        confirm = _parse_confirm(data["confirm"], kit.join(path, "confirm"), mode, action)
     return Outcome(failure_mode=mode, severity=severity, action=action, confirm=confirm)
 
 
 def _parse_confirm(value: Any, path: str, mode: str, action: RepairAction) -> Confirmation:
-    data = _mapping(value, path)
-    _only_keys(
+    data = kit.mapping(value, path)
+    kit.only_keys(
         data,
         path,
         {"count", "window_s", "counts_modes", "unconfirmed_severity", "unconfirmed_action"},
     )
-    count = _required(data, "count", path)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValidationError(f"{path}.count", f"must be an integer >= 1, got {count!r}")
-    window = _number(_required(data, "window_s", path), f"{path}.window_s")
+    count = kit.integer(kit.required(data, "count", path), kit.join(path, "count"), low=1)
+    window = kit.number(kit.required(data, "window_s", path), kit.join(path, "window_s"),
+                        finite=False)
     if window <= 0:
-        raise ValidationError(f"{path}.window_s", f"must be positive, got {window}")
+        raise ValidationError(kit.join(path, "window_s"), f"must be positive, got {window}")
     modes_raw = data.get("counts_modes", [mode])
     if not isinstance(modes_raw, list) or not all(isinstance(m, str) for m in modes_raw):
-        raise ValidationError(f"{path}.counts_modes", "must be a list of failure modes")
+        raise ValidationError(kit.join(path, "counts_modes"), "must be a list of failure modes")
     if mode not in modes_raw:
-        raise ValidationError(f"{path}.counts_modes", f"must include its own mode {mode!r}")
+        raise ValidationError(kit.join(path, "counts_modes"), f"must include its own mode {mode!r}")
     unconfirmed_action = _action(
-        data.get("unconfirmed_action", "none"), f"{path}.unconfirmed_action"
+        data.get("unconfirmed_action", "none"), kit.join(path, "unconfirmed_action")
     )
     if action_rank(unconfirmed_action) > action_rank(action):
         raise ValidationError(
-            f"{path}.unconfirmed_action", "must not be more disruptive than the confirmed action"
+            kit.join(path, "unconfirmed_action"), "must not be more disruptive than the confirmed action"
         )
     return Confirmation(
         count=count,
         window_s=window,
         counts_modes=frozenset(modes_raw),
         unconfirmed_severity=_severity(
-            data.get("unconfirmed_severity", "warning"), f"{path}.unconfirmed_severity"
+            data.get("unconfirmed_severity", "warning"), kit.join(path, "unconfirmed_severity")
         ),
         unconfirmed_action=unconfirmed_action,
     )
@@ -304,7 +272,7 @@ def _expand_codes(value: Any, path: str) -> list[int]:
         raise ValidationError(path, "must be a non-empty list of codes or 'a-b' ranges")
     codes: list[int] = []
     for index, item in enumerate(value):
-        item_path = f"{path}[{index}]"
+        item_path = kit.join(path, index)
         if isinstance(item, bool):
             raise ValidationError(item_path, f"must be a code or range, got {item!r}")
         if isinstance(item, int):
@@ -334,14 +302,14 @@ def _parse_xid_rules(value: Any, path: str) -> dict[int, Outcome]:
     rules: dict[int, Outcome] = {}
     owner: dict[int, str] = {}
     for index, raw in enumerate(value):
-        row_path = f"{path}[{index}]"
-        row = dict(_mapping(raw, row_path))
-        codes = _expand_codes(_required(row, "codes", row_path), f"{row_path}.codes")
+        row_path = kit.join(path, index)
+        row = dict(kit.mapping(raw, row_path))
+        codes = _expand_codes(kit.required(row, "codes", row_path), kit.join(row_path, "codes"))
         outcome = _parse_outcome({k: v for k, v in row.items() if k != "codes"}, row_path)
         for code in codes:
             if code in rules:
                 raise ValidationError(
-                    f"{row_path}.codes", f"XID {code} is already mapped by {owner[code]}"
+                    kit.join(row_path, "codes"), f"XID {code} is already mapped by {owner[code]}"
                 )
             rules[code] = outcome
             owner[code] = row_path
@@ -352,41 +320,41 @@ _NEEDS_RULE = tuple(t.value for t in ConditionType if t is not ConditionType.XID
 
 
 def _parse_conditions(value: Any, path: str) -> dict[str, ConditionRule]:
-    data = _mapping(value, path)
-    _only_keys(data, path, set(_NEEDS_RULE))
+    data = kit.mapping(value, path)
+    kit.only_keys(data, path, set(_NEEDS_RULE))
     rules: dict[str, ConditionRule] = {}
     for ctype in _NEEDS_RULE:
-        rules[ctype] = _parse_condition_rule(_required(data, ctype, path), f"{path}.{ctype}")
+        rules[ctype] = _parse_condition_rule(kit.required(data, ctype, path), f"{path}.{ctype}")
     return rules
 
 
 def _parse_condition_rule(value: Any, path: str) -> ConditionRule:
-    data = _mapping(value, path)
-    kind = _required(data, "kind", path)
+    data = kit.mapping(value, path)
+    kind = kit.required(data, "kind", path)
     if kind == "numeric":
-        _only_keys(data, path, {"kind", "field", "tiers", "otherwise", "missing"})
+        kit.only_keys(data, path, {"kind", "field", "tiers", "otherwise", "missing"})
         tiers_raw = data.get("tiers", [])
         if not isinstance(tiers_raw, list):
-            raise ValidationError(f"{path}.tiers", "must be a list")
+            raise ValidationError(kit.join(path, "tiers"), "must be a list")
         return NumericRule(
             field=_field(data, path),
             tiers=tuple(_parse_tier(t, f"{path}.tiers[{i}]") for i, t in enumerate(tiers_raw)),
-            otherwise=_parse_outcome(_required(data, "otherwise", path), f"{path}.otherwise"),
-            missing=_parse_outcome(_required(data, "missing", path), f"{path}.missing"),
+            otherwise=_parse_outcome(kit.required(data, "otherwise", path), kit.join(path, "otherwise")),
+            missing=_parse_outcome(kit.required(data, "missing", path), kit.join(path, "missing")),
         )
     if kind == "flags":
-        _only_keys(data, path, {"kind", "flags", "otherwise"})
-        flags = _mapping(_required(data, "flags", path), f"{path}.flags")
+        kit.only_keys(data, path, {"kind", "flags", "otherwise"})
+        flags = kit.mapping(kit.required(data, "flags", path), kit.join(path, "flags"))
         return FlagsRule(
             flags=tuple(
                 (str(name), _parse_outcome(outcome, f"{path}.flags.{name}"))
                 for name, outcome in flags.items()
             ),
-            otherwise=_parse_outcome(_required(data, "otherwise", path), f"{path}.otherwise"),
+            otherwise=_parse_outcome(kit.required(data, "otherwise", path), kit.join(path, "otherwise")),
         )
     if kind == "lookup":
-        _only_keys(data, path, {"kind", "field", "values", "otherwise", "missing"})
-        values = _mapping(_required(data, "values", path), f"{path}.values")
+        kit.only_keys(data, path, {"kind", "field", "values", "otherwise", "missing"})
+        values = kit.mapping(kit.required(data, "values", path), kit.join(path, "values"))
         return LookupRule(
             field=_field(data, path),
             values=MappingProxyType(
@@ -395,27 +363,24 @@ def _parse_condition_rule(value: Any, path: str) -> ConditionRule:
                     for key, outcome in values.items()
                 }
             ),
-            otherwise=_parse_outcome(_required(data, "otherwise", path), f"{path}.otherwise"),
-            missing=_parse_outcome(_required(data, "missing", path), f"{path}.missing"),
+            otherwise=_parse_outcome(kit.required(data, "otherwise", path), kit.join(path, "otherwise")),
+            missing=_parse_outcome(kit.required(data, "missing", path), kit.join(path, "missing")),
         )
-    raise ValidationError(f"{path}.kind", f"must be numeric, flags or lookup, got {kind!r}")
+    raise ValidationError(kit.join(path, "kind"), f"must be numeric, flags or lookup, got {kind!r}")
 
 
 def _field(data: Mapping[str, Any], path: str) -> str:
-    name = _required(data, "field", path)
-    if not isinstance(name, str) or not name:
-        raise ValidationError(f"{path}.field", f"must be a non-empty string, got {name!r}")
-    return name
+    return kit.text(kit.required(data, "field", path), kit.join(path, "field"))
 
 
 def _parse_tier(value: Any, path: str) -> Tier:
-    data = dict(_mapping(value, path))
+    data = dict(kit.mapping(value, path))
     at_least = data.pop("at_least", None)
     below = data.pop("below", None)
     if at_least is None and below is None:
         raise ValidationError(path, "needs at_least or below")
-    low = None if at_least is None else _number(at_least, f"{path}.at_least")
-    high = None if below is None else _number(below, f"{path}.below")
+    low = None if at_least is None else kit.number(at_least, kit.join(path, "at_least"), finite=False)
+    high = None if below is None else kit.number(below, kit.join(path, "below"), finite=False)
     if low is not None and high is not None and low >= high:
         raise ValidationError(path, f"empty band: at_least {low} >= below {high}")
     return Tier(outcome=_parse_outcome(data, path), at_least=low, below=high)

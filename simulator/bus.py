@@ -24,7 +24,7 @@ from shared.domain.events import Envelope, Event
 from shared.handling import Deps, Outcome, run_handler
 from services.wiring.routes import subscribers
 from simulator.clock import SimClock, call_later
-from simulator.scenario import BusCfg
+from simulator.scenario_types import BusCfg
 
 log = logging.getLogger("mtc.sim")
 

@@ -35,7 +35,7 @@ from simulator.clock import EPOCH_S, call_later
 from simulator.failure_processes import FailureProcesses
 from simulator.failures import FailureModel, Fault, fault_conditions, healthy_conditions, repair_fixes
 from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
-from simulator.scenario import Scenario
+from simulator.scenario_types import Scenario
 from simulator.world import AGENT_SOURCE, Attempt, SimJob, SimNode
 
 

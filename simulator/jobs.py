@@ -20,7 +20,7 @@ from shared.domain.events import Event, JobCheckpointSaved, JobWorkersExited
 from simulator.bus import SimBus
 from simulator.clock import EPOCH_S, call_later
 from simulator.failures import Fault, diurnal_integral
-from simulator.scenario import JobCfg, Scenario
+from simulator.scenario_types import JobCfg, Scenario
 from simulator.world import COMPUTE_SOURCE, Attempt, SimJob, SimNode
 
 EXIT_OK = 0

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from simulator.failures import Fault
-from simulator.scenario import JobCfg
+from simulator.scenario_types import JobCfg
 
 COMPUTE_SOURCE = "//mtc/sim/compute"
 AGENT_SOURCE = "//mtc/sim/agent"

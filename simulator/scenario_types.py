@@ -1,0 +1,140 @@
+"""What a scenario is: the defaults every scenario starts from, and the parsed sections as
+frozen dataclasses (:class:`Scenario` and its parts). Parsing lives in ``simulator.scenario``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.failures import FailureCfg
+from simulator.readers import Dist
+
+# ---------------------------------------------------------------- constants (defaults)
+# Units are in the names: _S seconds, _PER_NODE_DAY events per node per day, _FRACTION 0..1.
+DEFAULT_SEED = 42
+DEFAULT_DURATION_S = 54 * 86_400.0  # Llama 3 405B pretraining: 54 days
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_MACHINE_TYPE = "a3-highgpu-8g"
+DEFAULT_ACCELERATOR = "NVIDIA_H100_80GB"
+DEFAULT_PROVISION_MEDIAN_S = 600.0  # a fresh node boots and joins in about 10 minutes
+DEFAULT_STEP_TIME_S = 10.0  # one synchronous training step at nominal speed
+DEFAULT_CHECKPOINT_INTERVAL_S = 1800.0  # compute time between two checkpoint saves
+DEFAULT_CHECKPOINT_SAVE_S = 20.0  # blocking part of one save
+DEFAULT_CHECKPOINT_RESTORE_S = 120.0  # load the newest checkpoint on restart
+DEFAULT_STARTUP_S = 180.0  # launch, NCCL init, data loader warm-up
+DEFAULT_MFU_FRACTION = 0.40  # Llama 3 405B reached 38-43% BF16 MFU
+DEFAULT_CRASH_EXIT_S = 30.0  # a crashed rank takes the launcher this long to stop the rest
+DEFAULT_HANG_EXIT_S = 600.0  # NCCL watchdog: ranks blocked on a dead peer give up after this
+DEFAULT_LAUNCH_FAIL_S = 60.0  # workers started on a broken node fail after this
+DEFAULT_MAX_RESTARTS = 1_000_000
+DEFAULT_BUS_LATENCY_S = 0.05  # control-plane event delivery (Pub/Sub push) median
+DEFAULT_VERIFY_INTERVAL_S = 60.0  # post-repair / post-provision health check cadence
+DEFAULT_SPEED_CHECK_INTERVAL_S = 1800.0  # how often a straggler's slowness is reported
+DEFAULT_GRACE_PERIOD_S = 30.0  # SIGTERM to SIGKILL
+DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
+DEFAULT_MAX_EVENT_AGE_S = 3600.0
+DEFAULT_REPAIR_MEDIAN_S = {  # one rung of the repair ladder, start to result
+    "reset_gpu": 180.0,
+    "reboot": 900.0,
+    "reimage": 3600.0,
+    "replace": 2 * 86_400.0,  # on-premises hardware swap (RMA, spare chassis)
+}
+DEFAULT_DETECT_MEDIAN_S = 10.0  # XID / ECC / DCGM line in the kernel log to agent report
+
+
+# ---------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class PartitionCfg:
+    name: str
+    nodes: int  # workers, spares included
+    spares: int
+
+
+@dataclass(frozen=True)
+class ClusterCfg:
+    cluster_id: str
+    gpus_per_node: int
+    machine_type: str
+    accelerator: str
+    partitions: tuple[PartitionCfg, ...]
+    provision: Dist
+
+    @property
+    def nodes(self) -> int:
+        return sum(p.nodes for p in self.partitions)
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class JobCfg:
+    name: str
+    partition: str
+    nodes: int
+    step_time_s: float
+    checkpoint_interval_s: float
+    checkpoint_save_s: float
+    checkpoint_restore_s: float
+    startup_s: float
+    mfu: float
+    work_s: float | None  # nominal compute time to finish; None: train until the horizon
+    submit_at_s: float  # after the cluster is ready
+    priority: int
+    crash_exit_s: float
+    hang_exit_s: float
+    launch_fail_s: float
+    max_restarts: int
+
+    @property
+    def steps_per_checkpoint(self) -> int:
+        return max(1, round(self.checkpoint_interval_s / self.step_time_s))
+
+
+@dataclass(frozen=True)
+class RepairCfg:
+    durations: Mapping[str, Dist]  # per RepairAction value
+    mechanical_failure: Mapping[str, float]  # the action itself fails (probability)
+    verify_interval_s: float
+
+
+@dataclass(frozen=True)
+class BusCfg:
+    latency: Dist
+    duplicate: float  # probability that an event is delivered twice
+    reorder: float  # probability that an event is held back (and so overtaken)
+    reorder_delay: Dist
+    retry_delay_s: float
+    max_deliveries: int
+
+
+@dataclass(frozen=True)
+class ControlPlaneCfg:
+    triage_table: str | None  # a triage table YAML path; None: the packaged one
+    repair: Mapping[str, Any]  # shared.policies.repair.load_repair_config input
+    grace_period_s: float
+    heartbeat_timeout_s: float
+    max_event_age_s: float
+    backfill: bool
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    seed: int
+    duration_s: float
+    cluster: ClusterCfg
+    jobs: tuple[JobCfg, ...]
+    failures: FailureCfg
+    repair: RepairCfg
+    detection: Mapping[str, Dist]
+    bus: BusCfg
+    control_plane: ControlPlaneCfg
+    checkpoint_events: str  # latest | all
+    raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from stack import Stack, running  # noqa: E402
 
-from shared.adapters.docstore import PROCESSED
+from shared.adapters.docstore import PROCESSED  # noqa: E402
 from shared.adapters.outbox import make_envelope  # noqa: E402
 from shared.domain.events import Envelope, NodeHealthReported  # noqa: E402
 from shared.domain.health import Condition, ConditionStatus, ConditionType  # noqa: E402

@@ -205,8 +205,8 @@ class Stack:
             self._pulls.append(sub.subscribe(path, callback=callback))
 
     def _start_machines(self) -> None:
-        from services.wiring.embedded import SystemClock
-        from shared.adapters.local_compute import LocalCompute
+        from shared.adapters.clock import SystemClock
+        from shared.adapters.compute.local_compute import LocalCompute
 
         assert self.publisher is not None
         publisher = self.publisher

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import PermanentError
-from shared.domain.events import Envelope, Event
+from shared.domain.events import Envelope
 from shared.ports import Clock, Compute, EventLog, Outbox, Publisher
 
 log = logging.getLogger("mtc.handling")
@@ -85,15 +85,6 @@ def publish_all(deps: Deps, envelopes: list[Envelope]) -> None:
         deps.publisher.publish(env)
         if deps.outbox is not None:
             deps.outbox.mark_published([env.id])
-
-
-def emit_now(deps: Deps, event: Event, source: str) -> Envelope:
-    """Publish an event that is not part of a handler's transaction (API calls, compute)."""
-    from shared.adapters.outbox import make_envelope
-
-    env = make_envelope(event, source, deps.clock.now())
-    deps.publisher.publish(env)
-    return env
 
 
 T = TypeVar("T")

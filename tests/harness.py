@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from services.wiring.embedded import build_deps
+from services.wiring.builder import build_deps
 from services.wiring.routes import control_plane_routes
 from shared.adapters.docstore import DocUnitOfWork
 from shared.adapters.memory_store import MemoryDocStore

@@ -18,13 +18,13 @@ from typing import Any, TypeVar
 
 from services.wiring.builder import ComputeKind, build_deps, local_config, make_compute
 from services.wiring.routes import control_plane_routes
-from shared.adapters.docstore import CLUSTERS, DocStore, DocUnitOfWork
+from shared.adapters.docstore import CLUSTERS, DocUnitOfWork
 from shared.adapters.outbox import make_envelope
 from shared.adapters.outbox_bus import OutboxBus
 from shared.config import ControlPlaneConfig
 from shared.domain.events import Envelope, Event, FleetTicked
 from shared.handling import Deps, command_unit, run_command
-from shared.ports import Clock
+from shared.ports import Clock, DocStore
 
 log = logging.getLogger("mtc.embedded")
 T = TypeVar("T")

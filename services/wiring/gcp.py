@@ -30,7 +30,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from services.wiring.builder import build_deps, make_compute
 from shared.adapters.clock import SystemClock
@@ -41,7 +41,7 @@ from shared.config import ControlPlaneConfig
 from shared.domain.events import Envelope, Event
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.ports import Clock, Compute, DocStore, Outbox, Publisher, WorkerSpec
+from shared.ports import Clock, Compute, DocStore, WorkerSpec
 
 log = logging.getLogger("mtc.gcp")
 
@@ -140,20 +140,20 @@ class GcpRuntime:
     sweeper (``POST /tick`` on the steps function) publishes."""
 
     def __init__(self, settings: GcpSettings, *, store: DocStore | None = None,
-                 publisher: Publisher | None = None, compute: Compute | None = None,
+                 publisher: PubSubPublisher | None = None, compute: Compute | None = None,
                  clock: Clock | None = None, config: ControlPlaneConfig | None = None) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.store: DocStore = store or FirestoreDocStore.connect(
             settings.project, prefix=settings.collection_prefix)
-        self.publisher: Publisher = publisher or PubSubPublisher(settings.project,
+        self.publisher = publisher or PubSubPublisher(settings.project,
                                                                  prefix=settings.topic_prefix)
         self.outbox = DocOutbox(self.store)
         self.compute = compute or self._make_compute()
         self.deps = build_deps(
             self.store, clock=self.clock, compute=self.compute, publisher=self.publisher,
             config=config or settings.config(), source=settings.source, with_event_log=False,
-            outbox=cast(Outbox, self.outbox),  # DocOutbox takes list[str]: compatible
+            outbox=self.outbox,
             dead_letters=PubSubDeadLetters(self.store, self.publisher))
 
     def _make_compute(self) -> Compute:

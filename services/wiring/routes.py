@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from typing import Any
 
 from services.checkpoint_resume import handlers as checkpoint_resume
 from services.health_triage import handlers as health_triage
@@ -28,7 +29,7 @@ _MODULES = {
 SERVICES = tuple(_MODULES)
 
 
-def _by_type(table: Mapping[type[Event], Handler]) -> dict[str, Handler]:
+def _by_type(table: Mapping[type[Event], Any]) -> dict[str, Handler]:
     return {cls.TYPE: handler for cls, handler in table.items()}
 
 

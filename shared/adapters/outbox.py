@@ -13,7 +13,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shared.domain.events import Envelope, Event, event_class
@@ -68,7 +68,7 @@ class DocOutbox:
         """Queue an envelope outside any transaction (the embedded bus's inject)."""
         self._store.write(OUTBOX, envelope.id, envelope_to_doc(envelope))
 
-    def mark_published(self, ids: list[str]) -> None:
+    def mark_published(self, ids: Sequence[str]) -> None:
         for event_id in ids:
             self._store.remove(OUTBOX, event_id)
 

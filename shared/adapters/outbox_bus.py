@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shared.adapters.outbox import DocOutbox, envelope_to_doc
+from shared.adapters.outbox import doc_id as outbox_doc_id
 from shared.domain.events import Envelope
 from shared.handling import Deps, Outcome, Routes, run_handler
 from shared.ports import DocStore
@@ -105,9 +106,7 @@ class DocDeadLetters:
         else:
             doc["raw"] = repr(raw)[:2000]
             doc_id = f"{service}:raw:{abs(hash(doc['raw']))}"
-        from shared.adapters.docstore import _doc_id
-
-        self._store.write(DEAD_LETTERS, _doc_id(doc_id), doc)
+        self._store.write(DEAD_LETTERS, outbox_doc_id(doc_id), doc)
 
     def list(self) -> list[dict[str, Any]]:
         return self._store.read(DEAD_LETTERS, {})

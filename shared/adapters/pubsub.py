@@ -30,7 +30,7 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from shared.adapters.docstore import _doc_id
+from shared.adapters.outbox import doc_id as _doc_id
 from shared.adapters.outbox_bus import DocDeadLetters
 from shared.codec import to_pubsub
 from shared.domain.events import Envelope

@@ -2,7 +2,9 @@
 
 Checkpointing too often wastes time writing; too rarely wastes work redone after a failure.
 Young and Daly balance the two from the checkpoint cost and the mean time between
-interruptions (see shared/reference/failures-and-goodput.md). All times are seconds.
+interruptions: J. W. Young, "A first order approximation to the optimum checkpoint interval",
+CACM 17(9), 1974; J. T. Daly, "A higher order estimate of the optimum checkpoint interval for
+restart dumps", FGCS 22(3), 2006. All times are seconds.
 """
 
 from __future__ import annotations

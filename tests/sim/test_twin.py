@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.wiring.embedded import build_deps
+from services.wiring.builder import build_deps
 from shared.domain.health import RepairAction, Severity
 from shared.policies.triage import load_triage_table
 from simulator import twin

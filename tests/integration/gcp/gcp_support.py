@@ -13,7 +13,7 @@ from typing import Any
 import requests
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from services.wiring.embedded import build_deps
+from services.wiring.builder import build_deps
 from services.wiring.routes import control_plane_routes
 from shared.adapters.firestore_store import FirestoreDocStore
 from shared.adapters.outbox_bus import OutboxBus

@@ -1,7 +1,7 @@
 """The control plane heals a real Slurm cluster (SlurmCompute over scripts/slurm/cluster.sh).
 
-Each test builds its own control plane (``services.wiring.embedded(..., compute="slurm")``) in a tmp dir against
-the session's cluster (conftest.py), and puts the Slurm nodes back as it found them (n1-n4
+Each test builds its own control plane (``embedded(..., compute="slurm")``, services.wiring)
+in a tmp dir against the session's cluster (conftest.py), and puts the Slurm nodes back as it found them (n1-n4
 idle and in service, c1-c2 powered down), however it ends.
 """
 
@@ -20,8 +20,8 @@ import pytest
 from services.cli.demo_slurm import cluster_spec, demo_config, job_spec
 from services.job_submission import handlers as api
 from services.wiring.embedded import EmbeddedApp, embedded
-from shared.adapters.slurm_cli import SlurmCli, SlurmError
-from shared.adapters.slurm_compute import SlurmCompute, SlurmControl
+from shared.adapters.compute.slurm_cli import SlurmCli, SlurmError
+from shared.adapters.compute.slurm_compute import SlurmCompute, SlurmControl
 from shared.domain.events import Envelope
 from shared.domain.model import Job, JobState, NodeState
 from shared.handling import Outcome

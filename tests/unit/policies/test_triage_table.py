@@ -25,8 +25,9 @@ def _codes(*items: int | range) -> set[int]:
     return out
 
 
-# Written out by hand from shared/reference/gpu-health.md, independent of the YAML, so the
-# table cannot drift from the reference without a test failing.
+# Written out by hand from the "Immediate action" column of NVIDIA's XID catalog
+# (docs.nvidia.com/deploy/xid-errors), independent of the YAML, so the table cannot drift from
+# the catalog without a test failing.
 REFERENCE: dict[RepairAction, set[int]] = {
     RepairAction.RESET_GPU: _codes(46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158)
     | {48, 74}

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
 from services.node_agent.publish import Publish, http_publisher, report_data, report_to_cloudevent
-from shared.adapters.slurm_cli import SlurmCli
+from shared.adapters.compute.slurm_cli import SlurmCli
 from shared.domain.errors import ValidationError
 from shared.domain.health import ConditionStatus, HealthReport
 from shared.probes.agent import AgentState, collect

@@ -67,12 +67,12 @@ def make_compute(kind: ComputeKind, state_dir: Path, sink: Any, clock: Clock, *,
     """A Compute over ``state_dir/compute`` whose results go to ``sink(envelope)``."""
     options = options or {}
     if kind == "local":
-        from shared.adapters.local_compute import LocalCompute
+        from shared.adapters.compute.local_compute import LocalCompute
 
         emit = SourceEmitter(sink, clock, COMPUTE_SOURCES["local"])
         return LocalCompute(state_dir / "compute", emit, clock, **options)
     if kind == "slurm":
-        from shared.adapters.slurm_compute import SlurmCompute
+        from shared.adapters.compute.slurm_compute import SlurmCompute
 
         emit = SourceEmitter(sink, clock, COMPUTE_SOURCES["slurm"], source_for=agent_source)
         return SlurmCompute(state_dir / "compute", emit, clock, slurm_conf=slurm_conf, **options)

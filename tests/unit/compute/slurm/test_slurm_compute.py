@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from shared.adapters.slurm_compute import SlurmCompute, job_name, xid_line
+from shared.adapters.compute.slurm_compute import SlurmCompute, job_name, xid_line
 from shared.domain.events import (
     JobCheckpointSaved,
     JobWorkersExited,

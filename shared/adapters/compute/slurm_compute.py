@@ -87,8 +87,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from shared.adapters.fact_state import FactState
-from shared.adapters.local_compute import (
+from shared.adapters.compute.fact_state import FactState
+from shared.adapters.compute.local_compute import (
     EXIT_KILLED,
     LAUNCHER,
     checkpoint_steps,
@@ -96,7 +96,7 @@ from shared.adapters.local_compute import (
     read_exit_file,
     safe_name,
 )
-from shared.adapters.slurm_cli import (
+from shared.adapters.compute.slurm_cli import (
     SlurmCli,
     SlurmError,
     SlurmJob,
@@ -1193,7 +1193,7 @@ class SlurmCompute(FactState):
         lines = [
             "#!/bin/bash",
             f"# mtc job {first.job_id} attempt {first.attempt}: one rank per node, started by srun",
-            "# (written by shared/adapters/slurm_compute.py; RANK is Slurm's task id)",
+            "# (written by shared/adapters/compute/slurm_compute.py; RANK is Slurm's task id)",
             'export RANK="${SLURM_PROCID:?task.sh runs under srun}"',
             'case "${SLURMD_NODENAME:-}" in',
         ]
@@ -1218,7 +1218,7 @@ class SlurmCompute(FactState):
         batch = [
             "#!/bin/bash",
             f"# mtc job {first.job_id} attempt {first.attempt}: one srun step, one task per node",
-            "# (written by shared/adapters/slurm_compute.py)",
+            "# (written by shared/adapters/compute/slurm_compute.py)",
             'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then',
             f'    echo "{tag}: requeued by Slurm itself; mtc runs a new attempt instead"',
             "    exit 0",

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.adapters.fact_state import FactState
+from shared.adapters.compute.fact_state import FactState
 from shared.domain.events import (
     Event,
     JobCheckpointSaved,

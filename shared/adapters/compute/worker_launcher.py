@@ -1,6 +1,6 @@
 """Run one worker and leave its exit code in a file.
 
-    python -m shared.adapters.worker_launcher --exit-file PATH -- CMD [ARG...]
+    python -m shared.adapters.compute.worker_launcher --exit-file PATH -- CMD [ARG...]
 
 Workers outlive the CLI process that started them, so nobody is left to ``wait()`` for them:
 this launcher is the parent that waits. It starts CMD, relays SIGTERM/SIGINT, and when CMD

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from local_compute_support import FakeClock, poll_until
 
-from shared.adapters.local_compute import EXIT_KILLED, LocalCompute, master_port
+from shared.adapters.compute.local_compute import EXIT_KILLED, LocalCompute, master_port
 from shared.domain.events import JobCheckpointSaved, JobWorkersExited
 from shared.ports import WorkerSpec
 from tests.harness import Recorder
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 TRAIN = REPO / "examples" / "train.py"
 PY = sys.executable
 MANAGED = (
@@ -241,7 +241,7 @@ def test_another_process_sees_workers_this_one_started(
         f"""
         import sys
         from pathlib import Path
-        from shared.adapters.local_compute import LocalCompute
+        from shared.adapters.compute.local_compute import LocalCompute
         from shared.ports import WorkerSpec
 
         class Clock:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.adapters import worker_launcher
-from shared.adapters.worker_launcher import exit_code_of
+from shared.adapters.compute import worker_launcher
+from shared.adapters.compute.worker_launcher import exit_code_of
 
 LAUNCHER = Path(worker_launcher.__file__)
 PY = sys.executable
@@ -38,7 +38,7 @@ def test_exit_code_is_written_and_returned(tmp_path: Path, code: int) -> None:
 
 def test_runs_as_a_module_too(tmp_path: Path) -> None:
     exit_file = tmp_path / "e"
-    cmd = [PY, "-m", "shared.adapters.worker_launcher", "--exit-file", str(exit_file), "--"]
+    cmd = [PY, "-m", "shared.adapters.compute.worker_launcher", "--exit-file", str(exit_file), "--"]
     done = subprocess.run([*cmd, PY, "-c", "print('hi')"], capture_output=True, timeout=10)
     assert done.returncode == 0 and done.stdout == b"hi\n" and exit_file.read_text() == "0\n"
 

@@ -1,7 +1,10 @@
 """The goodput digital twin: the real control plane against a simulated fleet (SimPy).
 
-- ``scenario``: scenario files (YAML), strict parsing, the defaults' constants block;
+- ``scenario``: scenario files (YAML): strict parsing, loading, overrides for sweeps;
+- ``scenario_types``: the defaults' constants block and the parsed scenario (dataclasses);
+- ``readers``: the shared validation kit for scenarios (ScenarioError), durations, ``Dist``;
 - ``failures``: the failure model calibrated to Llama 3, causes -> health signals -> true fixes;
+- ``failure_config``: the scenario's ``failures`` section, parsed into the model's config;
 - ``clock``: SimClock (the Clock port on SimPy time), ``call_later``, ``EPOCH_S``;
 - ``bus``: SimBus (the Publisher port: latency, duplicates, reordering, redelivery);
 - ``compute``: SimCompute (the Compute port: the fleet, provisioning, repairs);
@@ -10,6 +13,8 @@
 - ``failure_processes``: node faults, stragglers, planned restarts over the fleet;
 - ``twin``: builds the handlers through ``services.wiring.embedded.build_deps`` and runs a scenario;
 - ``goodput``: goodput and badput from an event log (shared with the live system);
+- ``goodput_totals``: the badput categories, per-job and fleet totals, the goodput factors;
+- ``stats``: means and confidence intervals over replications;
 - ``validation``: the twin against the analytic checkpointing models;
 - ``report``, ``sweep``, ``cli``: ``mtc sim run`` / ``mtc sim sweep`` (also ``python -m simulator``).
 

@@ -1,8 +1,10 @@
 """The failure model: what breaks, how often, what the node agent then reports, what fixes it.
 
-Calibration. Rates are counts per node-day, taken from the Llama 3 405B pretraining table in
-``shared/reference/failures-and-goodput.md`` (419 unexpected interruptions on 2,048 nodes of 8
-H100 over 54 days, about 3.8 per 1,000 node-days; 47 planned ones). A scenario lists each cause
+Calibration. Rates are counts per node-day, taken from the Llama 3 405B pretraining figures in
+Llama Team, AI @ Meta, "The Llama 3 Herd of Models", arXiv:2407.21783 (2024), section 3.3.4 and
+Table 5 (root causes of the unexpected interruptions in a 54-day snapshot): 419 unexpected
+interruptions on 2,048 nodes of 8 H100 over 54 days, about 3.8 per 1,000 node-days, and 47
+planned ones, with more than 90% effective training time. A scenario lists each cause
 with its published ``count`` and the ``reference`` node-days it was observed over; the rate of a
 cause is ``count / (nodes x days) x rate_scale``.
 
@@ -34,6 +36,7 @@ from shared.policies.ranking import action_rank
 from simulator.readers import Dist
 
 # ---------------------------------------------------------------- published Llama 3 figures
+# arXiv:2407.21783, section 3.3.4 and Table 5
 
 LLAMA3_NODES = 2048
 LLAMA3_GPUS_PER_NODE = 8

@@ -5,9 +5,11 @@ CloudEvent type), ``time`` (when the event was emitted, epoch seconds) and ``dat
 ``to_dict()``); plus, per job, the few nominal figures the log cannot know (:class:`JobParams`:
 step time, checkpoint save / restore / startup cost, checkpoint interval, MFU).
 
-Output, per job and for the fleet, the three factors of the reference
-(``shared/reference/failures-and-goodput.md``), each lost second in one badput category *and*
-tied to the cause of the disruption that started it:
+Output (:mod:`simulator.goodput_totals`), per job and for the fleet, the three factors of
+Google's ML Productivity Goodput (scheduling x runtime x program goodput; the Google Cloud blog
+post of 2024-04-10 and the ml-goodput-measurement calculator,
+https://github.com/AI-Hypercomputer/ml-goodput-measurement), each lost second in one badput
+category *and* tied to the cause of the disruption that started it:
 
 - scheduling goodput: time the job had its nodes / total time (``WAITING_FOR_CAPACITY``:
   submitted or requeued, not yet started: waiting for capacity, a spare, a repair);
@@ -19,7 +21,7 @@ tied to the cause of the disruption that started it:
 - program goodput: MFU x nominal speed share (``PROGRAM_SLOWDOWN``: kept compute that ran
   slower than the nominal step time: stragglers, heat).
 
-ETTR (Meta's effective training time ratio) is kept compute / total time.
+ETTR (Meta's effective training time ratio, arXiv:2410.21680) is kept compute / total time.
 
 How the log is read. An *attempt* runs from ``JobStarted`` to ``JobWorkersExited`` (or the end
 of the window). Its progress stops at the first evidence of a disruption: the ``since`` of a
@@ -37,28 +39,36 @@ else the prefix of the interrupt reason, else ``exit_code_N``.
 from __future__ import annotations
 
 import bisect
-import enum
 import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from simulator.goodput_totals import (
+    PROGRAM,
+    SCHEDULING,
+    Accounting,
+    Badput,
+    Disruption,
+    FleetGoodput,
+    JobGoodput,
+    JobParams,
+)
 
-class Badput(enum.StrEnum):
-    WAITING_FOR_CAPACITY = "WAITING_FOR_CAPACITY"
-    INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION = "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"
-    PROGRAM_STARTUP = "PROGRAM_STARTUP"
-    UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME = "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"
-    UNPRODUCTIVE_CHECKPOINT_SAVE_TIME = "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME"
-    WASTED_PROGRESS_FROM_DISRUPTION = "WASTED_PROGRESS_FROM_DISRUPTION"
-    PROGRAM_SLOWDOWN = "PROGRAM_SLOWDOWN"
-    OTHER = "OTHER"
+__all__ = [
+    "PROGRAM",
+    "SCHEDULING",
+    "Accounting",
+    "Badput",
+    "Disruption",
+    "FleetGoodput",
+    "JobGoodput",
+    "JobParams",
+    "account",
+]
 
-
-SCHEDULING = frozenset({Badput.WAITING_FOR_CAPACITY})
-PROGRAM = frozenset({Badput.PROGRAM_SLOWDOWN})
 CHECKPOINTING = "checkpointing"  # the cause of periodic saves: none, it is the insurance
 INITIAL = "initial_start"
 SLOW = "slow_program"
@@ -75,152 +85,6 @@ T_HEALTH = "mtc.node.health_reported.v1"
 T_DIAGNOSED = "mtc.node.diagnosed.v1"
 
 _TOKEN = re.compile(r"(\w+)=(\S+)")
-
-
-@dataclass(frozen=True)
-class JobParams:
-    """What the event log cannot know about a job: its nominal costs."""
-
-    step_time_s: float
-    checkpoint_save_s: float
-    checkpoint_restore_s: float
-    startup_s: float
-    mfu: float = 1.0
-    checkpoint_interval_s: float = 1800.0
-    nodes: int = 1
-    all_checkpoints: bool = False  # every checkpoint is logged (else only the newest ones)
-
-
-@dataclass(frozen=True)
-class Disruption:
-    at: float
-    attempt: int
-    cause: str
-    failure_mode: str
-    graceful: bool
-
-
-@dataclass
-class JobGoodput:
-    job_id: str
-    params: JobParams
-    start: float = 0.0
-    end: float = 0.0
-    productive_s: float = 0.0  # kept compute (wall)
-    nominal_s: float = 0.0  # kept steps x nominal step time
-    attempts: int = 0
-    badput: dict[tuple[Badput, str], float] = field(default_factory=lambda: defaultdict(float))
-    disruptions: list[Disruption] = field(default_factory=list)
-
-    @property
-    def total_s(self) -> float:
-        return max(0.0, self.end - self.start)
-
-    def lost(self, category: Badput | None = None, cause: str | None = None) -> float:
-        return sum(v for (cat, c), v in self.badput.items()
-                   if (category is None or cat is category) and (cause is None or c == cause))
-
-    def by_category(self) -> dict[str, float]:
-        out: dict[str, float] = {b.value: 0.0 for b in Badput}
-        for (cat, _), v in self.badput.items():
-            out[cat.value] += v
-        return out
-
-    def by_cause(self) -> dict[str, float]:
-        out: dict[str, float] = defaultdict(float)
-        for (_, cause), v in self.badput.items():
-            out[cause] += v
-        return dict(out)
-
-    @property
-    def scheduling_goodput(self) -> float:
-        total = self.total_s
-        return (total - self.lost(Badput.WAITING_FOR_CAPACITY)) / total if total else 0.0
-
-    @property
-    def runtime_goodput(self) -> float:
-        held = self.total_s - self.lost(Badput.WAITING_FOR_CAPACITY)
-        return self.productive_s / held if held > 0 else 0.0
-
-    @property
-    def program_goodput(self) -> float:
-        if self.productive_s <= 0:
-            return 0.0
-        return self.params.mfu * min(1.0, self.nominal_s / self.productive_s)
-
-    @property
-    def goodput(self) -> float:
-        return self.scheduling_goodput * self.runtime_goodput * self.program_goodput
-
-    @property
-    def ettr(self) -> float:
-        """Meta's effective training time ratio: productive time / wall time."""
-        return self.productive_s / self.total_s if self.total_s else 0.0
-
-    def interruptions(self) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for d in self.disruptions:
-            out[d.cause] += 1
-        return dict(out)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "total_s": self.total_s, "productive_s": self.productive_s,
-            "nominal_s": self.nominal_s, "attempts": self.attempts,
-            "disruptions": len(self.disruptions),
-            "scheduling_goodput": self.scheduling_goodput,
-            "runtime_goodput": self.runtime_goodput, "program_goodput": self.program_goodput,
-            "goodput": self.goodput, "ettr": self.ettr,
-            "badput_s": {k: v for k, v in self.by_category().items() if v},
-            "badput_by_cause_s": dict(sorted(self.by_cause().items())),
-            "interruptions": dict(sorted(self.interruptions().items())),
-        }
-
-
-@dataclass
-class FleetGoodput:
-    gpus: int
-    window_s: float
-    job_gpu_s: float = 0.0
-    productive_gpu_s: float = 0.0
-    nominal_gpu_s: float = 0.0
-    effective_gpu_s: float = 0.0  # nominal x MFU: what the hardware really delivered
-    badput_gpu_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-
-    @property
-    def capacity_gpu_s(self) -> float:
-        return self.gpus * self.window_s
-
-    @property
-    def idle_gpu_s(self) -> float:
-        """Capacity held by no job: spares, idle nodes, nodes out for repair."""
-        return max(0.0, self.capacity_gpu_s - self.job_gpu_s)
-
-    @property
-    def goodput(self) -> float:
-        cap = self.capacity_gpu_s
-        return self.effective_gpu_s / cap if cap else 0.0
-
-    @property
-    def utilization(self) -> float:
-        cap = self.capacity_gpu_s
-        return self.productive_gpu_s / cap if cap else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        hours = 1.0 / 3600.0
-        return {
-            "gpus": self.gpus, "capacity_gpu_h": self.capacity_gpu_s * hours,
-            "job_gpu_h": self.job_gpu_s * hours, "productive_gpu_h": self.productive_gpu_s * hours,
-            "idle_gpu_h": self.idle_gpu_s * hours, "goodput": self.goodput,
-            "productive_share": self.utilization,
-            "badput_gpu_h": {k: v * hours for k, v in sorted(self.badput_gpu_s.items()) if v},
-        }
-
-
-@dataclass
-class Accounting:
-    jobs: dict[str, JobGoodput]
-    fleet: FleetGoodput
 
 
 # ---------------------------------------------------------------- reading the log
@@ -518,64 +382,3 @@ def _mode_after(diagnoses: list[tuple[float, str]], since: float) -> str:
         if t >= since:
             return mode
     return ""
-
-
-# ---------------------------------------------------------------- statistics
-
-
-def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean and the half-width of its Student-t confidence interval (and the std dev)."""
-    xs = [float(v) for v in values]
-    n = len(xs)
-    if n == 0:
-        return math.nan, math.nan, math.nan
-    mean = sum(xs) / n
-    if n == 1:
-        return mean, math.nan, 0.0
-    var = sum((x - mean) ** 2 for x in xs) / (n - 1)
-    sd = math.sqrt(var)
-    return mean, t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n), sd
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Student-t quantile (Hill 1970 approximation; exact enough for confidence intervals)."""
-    z = _normal_quantile(p)
-    if df >= 1e6:
-        return z
-    g1 = (z ** 3 + z) / 4
-    g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
-    g3 = (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384
-    g4 = (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160
-    v = float(df)
-    t = z + g1 / v + g2 / v ** 2 + g3 / v ** 3 + g4 / v ** 4
-    if df <= 2:  # exact closed forms where the series is poor
-        if df == 1:
-            return math.tan(math.pi * (p - 0.5))
-        a = 4 * p * (1 - p)
-        return (2 * p - 1) * math.sqrt(2 / a)
-    return t
-
-
-def _normal_quantile(p: float) -> float:
-    """Acklam's rational approximation of the standard normal quantile."""
-    if not 0 < p < 1:
-        raise ValueError(f"p must be in (0, 1), got {p}")
-    a = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02,
-         1.383577518672690e02, -3.066479806614716e01, 2.506628277459239e00)
-    b = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02,
-         6.680131188771972e01, -1.328068155288572e01)
-    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00,
-         -2.549732539343734e00, 4.374664141464968e00, 2.938163982698783e00)
-    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00,
-         3.754408661907416e00)
-    lo = 0.02425
-    if p < lo:
-        q = math.sqrt(-2 * math.log(p))
-        return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / \
-            ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
-    if p > 1 - lo:
-        return -_normal_quantile(1 - p)
-    q = p - 0.5
-    r = q * q
-    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / \
-        (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.goodput import Badput, mean_ci
+from simulator.goodput import Badput
 from simulator.scenario import ScenarioError, duration, load_scenario, parse_value
+from simulator.stats import mean_ci
 
 METRICS = ("goodput", "ettr", "scheduling_goodput", "runtime_goodput", "program_goodput",
            "interruptions", "restarts", "waiting_h", "recovery_h", "wasted_h", "save_h",

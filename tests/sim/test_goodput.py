@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from simulator.goodput import Badput, JobParams, account, mean_ci, t_quantile
+from simulator.goodput import Badput, JobParams, account
+from simulator.stats import mean_ci, t_quantile
 
 P = JobParams(step_time_s=1.0, checkpoint_save_s=10.0, checkpoint_restore_s=50.0,
               startup_s=100.0, mfu=0.5, checkpoint_interval_s=100.0, nodes=2)

@@ -25,6 +25,7 @@ from simulator.failures import (
 )
 from simulator.readers import (
     ScenarioError,
+    boolean,
     dist,
     duration,
     get,
@@ -51,11 +52,8 @@ def parse_signal(value: Any, path: str) -> Signal:
         xids = [xids]
     if not isinstance(xids, list):
         raise ScenarioError(join(path, "xid"), "must be an XID code or a list of them")
-    flag = data.get("row_remap_failure", False)
-    beat = data.get("heartbeat_lost", False)
-    for key, val in (("row_remap_failure", flag), ("heartbeat_lost", beat)):
-        if not isinstance(val, bool):
-            raise ScenarioError(join(path, key), f"must be true or false, got {val!r}")
+    flag = boolean(data.get("row_remap_failure", False), join(path, "row_remap_failure"))
+    beat = boolean(data.get("heartbeat_lost", False), join(path, "heartbeat_lost"))
     return Signal(
         xids=tuple(integer(x, join(join(path, "xid"), i), low=1) for i, x in enumerate(xids)),
         ecc_dbe=integer(get(data, "ecc_dbe", 0), join(path, "ecc_dbe"), low=0),
@@ -107,9 +105,7 @@ def parse_failures(value: Any, path: str) -> FailureCfg:
         planned_rate = number(plan["per_day"], join(ppath, "per_day"), low=0.0)
     else:
         planned_rate = number(get(plan, "count", 0), join(ppath, "count"), low=0.0) / ref_days
-    periodic = get(plan, "periodic", False)
-    if not isinstance(periodic, bool):
-        raise ScenarioError(join(ppath, "periodic"), "must be true or false")
+    periodic = boolean(get(plan, "periodic", False), join(ppath, "periodic"))
 
     dpath = join(path, "diurnal")
     diu = mapping(get(data, "diurnal", {}), dpath)
@@ -156,11 +152,8 @@ def _parse_cause(name: str, value: Any, path: str, node_days: float, scale: floa
         rate = number(data["per_1000_node_days"], join(path, "per_1000_node_days"), low=0) / 1e3
     else:
         rate = number(get(data, "count", 0), join(path, "count"), low=0) / node_days
-    kills = get(data, "kills_job", True)
-    hang = get(data, "hang", False)
-    for key, val in (("kills_job", kills), ("hang", hang)):
-        if not isinstance(val, bool):
-            raise ScenarioError(join(path, key), f"must be true or false, got {val!r}")
+    kills = boolean(get(data, "kills_job", True), join(path, "kills_job"))
+    hang = boolean(get(data, "hang", False), join(path, "hang"))
     if "variants" in data:
         for key in ("signal", "fix", "group"):
             if key in data:

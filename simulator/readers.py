@@ -77,10 +77,9 @@ def text(value: Any, path: str) -> str:
         return kit.text(value, path)
 
 
-def flag(value: Any, path: str) -> bool:
-    if not isinstance(value, bool):
-        raise ScenarioError(path, f"must be true or false, got {value!r}")
-    return value
+def boolean(value: Any, path: str) -> bool:
+    with _scenario_errors():
+        return kit.boolean(value, path)
 
 
 def duration(value: Any, path: str) -> float:

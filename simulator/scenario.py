@@ -28,6 +28,7 @@ from simulator.readers import (
     DURATION_RE,
     Dist,
     ScenarioError,
+    boolean,
     dist,
     duration,
     get,
@@ -249,9 +250,7 @@ def parse_control_plane(value: Any, path: str) -> ControlPlaneCfg:
         load_repair_config(repair)
     except ValidationError as exc:
         raise ScenarioError(join(join(path, "repair"), exc.path), exc.reason) from None
-    backfill = get(data, "backfill", False)
-    if not isinstance(backfill, bool):
-        raise ScenarioError(join(path, "backfill"), f"must be true or false, got {backfill!r}")
+    backfill = boolean(get(data, "backfill", False), join(path, "backfill"))
     return ControlPlaneCfg(
         triage_table=table,
         repair=repair,

@@ -11,7 +11,7 @@ whose ``path`` is the field path in the document, written the way users read it:
 Two layers:
 
 - *value readers* check one value found at ``path``: :func:`mapping`, :func:`number`,
-  :func:`integer`, :func:`text`;
+  :func:`integer`, :func:`boolean`, :func:`text`;
 - *field getters* read ``data[key]`` under ``path``, join the key onto the path and check its
   JSON type: :func:`field`, :func:`string`, :func:`int_field`, :func:`list_field`;
 
@@ -33,6 +33,7 @@ T = TypeVar("T")
 
 __all__ = [
     "ValidationError",
+    "boolean",
     "field",
     "get",
     "int_field",
@@ -117,6 +118,13 @@ def integer(value: Any, path: str, *, low: int | None = None, high: int | None =
         raise ValidationError(path, f"must be at least {low}, got {value!r}")
     if high is not None and value > high:
         raise ValidationError(path, f"must be at most {high}, got {value!r}")
+    return value
+
+
+def boolean(value: Any, path: str) -> bool:
+    """``true`` or ``false``, nothing that merely looks like one (``"yes"``, ``1``)."""
+    if not isinstance(value, bool):
+        raise ValidationError(path, f"must be true or false, got {value!r}")
     return value
 
 

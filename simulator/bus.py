@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import simpy
 
+from services.wiring.routes import subscribers
 from shared.adapters.outbox import make_envelope
 from shared.domain.errors import PermanentError
 from shared.domain.events import Envelope, Event
 from shared.handling import Deps, Outcome, run_handler
-from services.wiring.routes import subscribers
 from simulator.clock import SimClock, call_later
 from simulator.scenario_types import BusCfg
 

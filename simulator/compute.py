@@ -40,7 +40,12 @@ from simulator.world import AGENT_SOURCE, Attempt, SimJob, SimNode
 
 
 class SimCompute(FailureProcesses):
-    """The Compute port over a simulated fleet (see the module docstring)."""
+    """The Compute port over a simulated fleet (see the module docstring).
+
+    The port's methods, provisioning, repairs and the post-repair checks are here; the class
+    inherits the failure processes (:class:`~simulator.failure_processes.FailureProcesses`),
+    which inherit the job model (:class:`~simulator.jobs.JobModel`): three concerns, one
+    module each, acting on the one fleet this class holds."""
 
     def __init__(self, env: simpy.Environment, scenario: Scenario, bus: SimBus,
                  model: FailureModel, rng: np.random.Generator, *,

@@ -1,8 +1,9 @@
 """Scenario files: what the twin simulates, parsed strictly from YAML.
 
 A scenario names the fleet (partitions of nodes plus spares), the training jobs, the failure
-model (see ``simulator/failures.py``), repair and detection times, the simulated bus and the
-control-plane settings. Every value has a default in the constants block below; a scenario
+model (see ``simulator/failures.py``; its section is parsed by ``simulator/failure_config.py``),
+repair and detection times, the simulated bus and the control-plane settings. Every value has a
+default in ``simulator/scenario_types.py``, beside the dataclasses parsing returns; a scenario
 file only says what differs. Parsing is validation: an unknown key or a bad value raises
 :class:`ScenarioError` naming its path (``failures.causes.faulty_gpu.fix.rebot: unknown key``).
 

@@ -23,7 +23,8 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check shared simulator services tests examples
-	$(BIN)/mypy shared simulator
+	$(BIN)/mypy shared services simulator
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python bench/handler_bench.py

@@ -10,14 +10,17 @@ transaction, get a ``SourceEmitter``: an ``Emitter`` bound to their CloudEvent s
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from shared.domain.events import Envelope, Event, event_class
-from shared.ports import Clock, DocStore, Publisher
+from shared.ports import Clock, DocStore, Emitter, Publisher
 
 log = logging.getLogger("mtc.outbox")
 
@@ -121,3 +124,62 @@ class SourceEmitter:
     def __call__(self, event: Event) -> None:
         source = (self._source_for(event) if self._source_for else None) or self.source
         self._sink(make_envelope(event, source, self._clock.now()))
+
+
+# ------------------------------------------------------------------ the sqlite fact outbox
+# The same outbox for a process that keeps its own sqlite state instead of a document store
+# (the compute adapters: shared.adapters.compute.fact_state). A fact is queued in the
+# transaction that records it and emitted after commit, so a crash between the two emits it
+# on the next drain, and a fact is emitted once however many processes drain in turn.
+
+FACT_OUTBOX_LEASE_S = 30.0  # a claimed fact not emitted by then (its drainer died) goes again
+FACT_OUTBOX_SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, type TEXT NOT NULL, data TEXT NOT NULL,
+    claimed_at REAL);
+"""
+
+
+class SqliteFactOutbox:
+    """Facts waiting in a sqlite ``outbox`` table, emitted in order through an ``Emitter``.
+
+    ``transaction`` opens one write transaction on the owner's database (BEGIN IMMEDIATE, so
+    processes taking turns never interleave); ``queue`` runs inside the owner's own one."""
+
+    def __init__(self, transaction: Callable[[], AbstractContextManager[sqlite3.Connection]],
+                 emit: Emitter, clock: Clock, *, lease_s: float = FACT_OUTBOX_LEASE_S) -> None:
+        self._tx = transaction
+        self._emit = emit
+        self._clock = clock
+        self._lease_s = lease_s
+
+    @staticmethod
+    def queue(db: sqlite3.Connection, event: Event) -> None:
+        db.execute("INSERT INTO outbox (type, data) VALUES (?, ?)",
+                   (event.TYPE, json.dumps(event.to_dict())))
+
+    def drain(self) -> None:
+        """Emit queued facts in order, outside any transaction; delete each once emitted. An
+        ``emit`` that raises leaves its fact (and the rest) for the next drain."""
+        while True:
+            now = self._clock.now()
+            with self._tx() as db:
+                row = db.execute(
+                    "SELECT id, type, data FROM outbox WHERE claimed_at IS NULL OR claimed_at <= ?"
+                    " ORDER BY id LIMIT 1",
+                    (now - self._lease_s,),
+                ).fetchone()
+                if row is not None:
+                    db.execute("UPDATE outbox SET claimed_at = ? WHERE id = ?", (now, row[0]))
+            if row is None:
+                return
+            fact_id, fact_type, data = row[0], row[1], row[2]
+            event = event_class(fact_type).from_dict(json.loads(data))
+            try:
+                self._emit(event)
+            except BaseException:
+                with self._tx() as db:
+                    db.execute("UPDATE outbox SET claimed_at = NULL WHERE id = ?", (fact_id,))
+                raise
+            with self._tx() as db:
+                db.execute("DELETE FROM outbox WHERE id = ?", (fact_id,))

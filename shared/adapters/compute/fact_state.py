@@ -1,40 +1,46 @@
 """The private sqlite state of a compute adapter (local processes, Slurm).
 
 Several CLI processes take turns driving the same machines, so what an adapter knows lives in
-a file, and every fact it reports (a node is up, an attempt exited) is queued in an outbox in
-the same transaction that records it, then emitted once, outside any transaction.
+a file, and every fact it reports (a node is up, an attempt exited) is queued in the outbox
+(``shared.adapters.outbox.SqliteFactOutbox``) in the same transaction that records it, then
+emitted once, outside any transaction. The attempt/repair bookkeeping in that transaction is
+the shared ledger (``SqliteLedger``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
-from shared.domain.events import Event, event_class
-from shared.ports import Clock
+from shared.adapters.compute.ledger import CHECKPOINTS_SCHEMA, SqliteLedger
+from shared.adapters.outbox import FACT_OUTBOX_SCHEMA, SqliteFactOutbox
+from shared.domain.events import Event
+from shared.ports import Clock, Emitter
 
-OUTBOX_LEASE_S = 30.0  # a claimed event not emitted by then (its poller died) is emitted again
-OUTBOX_SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, type TEXT NOT NULL, data TEXT NOT NULL,
-    claimed_at REAL);
-"""
+STATE_SCHEMA = CHECKPOINTS_SCHEMA + FACT_OUTBOX_SCHEMA  # what every adapter's file has
 
 
 class FactState:
-    """Mixin: subclasses set ``state_dir``, ``_lock``, ``_db``, ``_emit`` and ``_clock``."""
+    """Mixin: subclasses set ``state_dir``, ``_lock``, ``_db``, ``_emit`` and ``_clock``, then
+    call ``_init_state(schema)``."""
 
     DB_FILE: ClassVar[str]
     state_dir: Path
     _lock: threading.Lock | threading.RLock
     _db: sqlite3.Connection | None
-    _emit: Callable[[Event], None]
+    _emit: Emitter
     _clock: Clock
+    _outbox: SqliteFactOutbox
+
+    def _init_state(self, schema: str) -> None:
+        """Create the tables (the adapter's and the shared ones) and the fact outbox."""
+        self._outbox = SqliteFactOutbox(self._tx, self._emit, self._clock)
+        with self._lock:
+            self._connect().executescript("BEGIN IMMEDIATE;" + schema + STATE_SCHEMA + "COMMIT;")
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
@@ -61,33 +67,17 @@ class FactState:
             db.execute("COMMIT")
 
     @staticmethod
-    def _queue(db: sqlite3.Connection, event: Event) -> None:
-        db.execute("INSERT INTO outbox (type, data) VALUES (?, ?)",
-                   (event.TYPE, json.dumps(event.to_dict())))
+    def _ledger(db: sqlite3.Connection) -> SqliteLedger:
+        return SqliteLedger(db)
+
+    @staticmethod
+    def _queue(db: sqlite3.Connection, event: Event | None) -> None:
+        """Queue a fact in this transaction (None: the ledger said it was reported already)."""
+        if event is not None:
+            SqliteFactOutbox.queue(db, event)
 
     def _drain(self) -> None:
-        """Emit queued facts in order, outside any transaction; delete each once emitted."""
-        while True:
-            now = self._clock.now()
-            with self._tx() as db:
-                row = db.execute(
-                    "SELECT id, type, data FROM outbox WHERE claimed_at IS NULL OR claimed_at <= ?"
-                    " ORDER BY id LIMIT 1",
-                    (now - OUTBOX_LEASE_S,),
-                ).fetchone()
-                if row is not None:
-                    db.execute("UPDATE outbox SET claimed_at = ? WHERE id = ?", (now, row["id"]))
-            if row is None:
-                return
-            event = event_class(row["type"]).from_dict(json.loads(row["data"]))
-            try:
-                self._emit(event)
-            except BaseException:
-                with self._tx() as db:
-                    db.execute("UPDATE outbox SET claimed_at = NULL WHERE id = ?", (row["id"],))
-                raise
-            with self._tx() as db:
-                db.execute("DELETE FROM outbox WHERE id = ?", (row["id"],))
+        self._outbox.drain()
 
     def close(self) -> None:
         """Close the state file. Workers and jobs keep running: they outlive this object."""

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from local_compute_support import FakeClock, poll_until
 
-from shared.adapters.compute.local_compute import EXIT_KILLED, LocalCompute, master_port
+from shared.adapters.compute.local_compute import LocalCompute
+from shared.adapters.compute.protocol import EXIT_KILLED, master_port
 from shared.domain.events import JobCheckpointSaved, JobWorkersExited
 from shared.ports import WorkerSpec
 from tests.harness import Recorder

@@ -1,0 +1,241 @@
+"""The attempt/repair ledger: what a Compute adapter has done and reported, once per key.
+
+The port promises (``shared.ports.Compute``) are bookkeeping rules, the same for every
+adapter: an attempt (job, attempt) starts once and ends in exactly one ``JobWorkersExited``;
+each checkpoint step of a checkpoint directory is reported once (attempts of one job share the
+directory); a repair runs once per (node, attempt), even if asked again with another action,
+and completes once. The rules are here, once, as small functions over a ``LedgerStore``; the
+records live where the adapter keeps its state:
+
+* ``SqliteLedger``: in the adapter's sqlite file, inside the transaction that changes the rest
+  of its state and queues the facts (``FactState``), so a crash loses or repeats nothing. It
+  uses these columns of the adapter's tables (adapters may add their own):
+  ``attempts(job_id, attempt, world_size, checkpoint_dir, started_at, finalized)``,
+  ``repairs(node_id, attempt, action, started_at, completed_at)`` and ``checkpoints``
+  (``CHECKPOINTS_SCHEMA``).
+* ``MemoryLedger``: in memory, for the simulator and the test fake.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from shared.adapters.compute.protocol import attempt_exit, checkpoint_steps
+from shared.domain.events import JobCheckpointSaved, JobWorkersExited, NodeRepairCompleted
+
+CHECKPOINTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS checkpoints (
+    checkpoint_dir TEXT NOT NULL, step INTEGER NOT NULL, job_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL, path TEXT NOT NULL, seen_at REAL NOT NULL,
+    PRIMARY KEY (checkpoint_dir, step));
+"""
+
+
+class LedgerStore(Protocol):
+    """Claims on keys: each returns True exactly once per key, the first time."""
+
+    def start_attempt(self, job_id: str, attempt: int, world_size: int, checkpoint_dir: str,
+                      now: float, **extra: Any) -> bool: ...
+    def end_attempt(self, job_id: str, attempt: int) -> bool: ...
+    def attempt_ended(self, job_id: str, attempt: int) -> bool | None:
+        """None: no such attempt."""
+        ...
+    def checkpoint(self, checkpoint_dir: str, step: int, job_id: str, attempt: int, path: str,
+                   now: float) -> bool: ...
+    def seen_steps(self, checkpoint_dir: str) -> set[int]: ...
+    def start_repair(self, node_id: str, attempt: int, action: str, now: float,
+                     **extra: Any) -> bool: ...
+    def end_repair(self, node_id: str, attempt: int, now: float) -> bool: ...
+
+
+# ---------------------------------------------------------------- the rules
+
+
+def new_checkpoints(found: Mapping[int, Path], seen: Iterable[int]) -> list[tuple[int, Path]]:
+    """Steps found on disk and not reported yet, oldest first."""
+    known = set(seen)
+    return [(step, path) for step, path in sorted(found.items()) if step not in known]
+
+
+def report_checkpoints(store: LedgerStore, job_id: str, attempt: int, checkpoint_dir: str,
+                       now: float) -> list[JobCheckpointSaved]:
+    """The ``JobCheckpointSaved`` facts for checkpoints that appeared since the last scan."""
+    found = checkpoint_steps(Path(checkpoint_dir))
+    out: list[JobCheckpointSaved] = []
+    for step, path in new_checkpoints(found, store.seen_steps(checkpoint_dir)):
+        if store.checkpoint(checkpoint_dir, step, job_id, attempt, str(path), now):
+            out.append(JobCheckpointSaved(job_id, attempt, step, str(path), now))
+    return out
+
+
+def checkpoint_saved(store: LedgerStore, job_id: str, attempt: int, checkpoint_dir: str,
+                     step: int, path: str, now: float) -> JobCheckpointSaved | None:
+    """One checkpoint an adapter learnt of another way (the simulator): reported once."""
+    if store.checkpoint(checkpoint_dir, step, job_id, attempt, path, now):
+        return JobCheckpointSaved(job_id, attempt, step, path, now)
+    return None
+
+
+def workers_exited(store: LedgerStore, job_id: str, attempt: int, code: int,
+                   detail: str = "") -> JobWorkersExited | None:
+    """The attempt's one ``JobWorkersExited``; None if it was reported already."""
+    if store.end_attempt(job_id, attempt):
+        return JobWorkersExited(job_id, attempt, code, detail)
+    return None
+
+
+def ranks_exited(store: LedgerStore, job_id: str, attempt: int,
+                 codes: Mapping[int, int | None], note: str = "") -> JobWorkersExited | None:
+    """End the attempt from its ranks' codes (a rank without one was killed)."""
+    code, detail = attempt_exit(codes)
+    return workers_exited(store, job_id, attempt, code, detail + note)
+
+
+def repair_completed(store: LedgerStore, node_id: str, attempt: int, action: str, ok: bool,
+                     detail: str, now: float) -> NodeRepairCompleted | None:
+    """The repair's one ``NodeRepairCompleted``; None if it completed already. The adapter
+    follows an ok one with its post-repair ``NodeHealthReported``."""
+    if store.end_repair(node_id, attempt, now):
+        return NodeRepairCompleted(node_id, action, attempt, ok, detail)
+    return None
+
+
+# ---------------------------------------------------------------- stores
+
+
+class SqliteLedger:
+    """A ``LedgerStore`` over an open sqlite transaction of the adapter (see the module
+    docstring for the columns it uses). Column names in ``extra`` come from the adapter's
+    code, never from a request."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def _insert(self, table: str, values: Mapping[str, Any]) -> bool:
+        cols = ", ".join(values)
+        marks = ", ".join("?" * len(values))
+        cur = self.db.execute(
+            f"INSERT OR IGNORE INTO {table} ({cols}) VALUES ({marks})", tuple(values.values())
+        )
+        return cur.rowcount > 0
+
+    def start_attempt(self, job_id: str, attempt: int, world_size: int, checkpoint_dir: str,
+                      now: float, **extra: Any) -> bool:
+        return self._insert("attempts", {
+            "job_id": job_id, "attempt": attempt, "world_size": world_size,
+            "checkpoint_dir": checkpoint_dir, "started_at": now, **extra,
+        })
+
+    def end_attempt(self, job_id: str, attempt: int) -> bool:
+        cur = self.db.execute(
+            "UPDATE attempts SET finalized = 1 WHERE job_id = ? AND attempt = ? AND finalized = 0",
+            (job_id, attempt),
+        )
+        return cur.rowcount > 0
+
+    def attempt_ended(self, job_id: str, attempt: int) -> bool | None:
+        row = self.db.execute(
+            "SELECT finalized FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
+        ).fetchone()
+        return None if row is None else bool(row[0])
+
+    def checkpoint(self, checkpoint_dir: str, step: int, job_id: str, attempt: int, path: str,
+                   now: float) -> bool:
+        return self._insert("checkpoints", {
+            "checkpoint_dir": checkpoint_dir, "step": step, "job_id": job_id,
+            "attempt": attempt, "path": path, "seen_at": now,
+        })
+
+    def seen_steps(self, checkpoint_dir: str) -> set[int]:
+        return {int(r[0]) for r in self.db.execute(
+            "SELECT step FROM checkpoints WHERE checkpoint_dir = ?", (checkpoint_dir,))}
+
+    def start_repair(self, node_id: str, attempt: int, action: str, now: float,
+                     **extra: Any) -> bool:
+        return self._insert("repairs", {
+            "node_id": node_id, "attempt": attempt, "action": action, "started_at": now, **extra,
+        })
+
+    def end_repair(self, node_id: str, attempt: int, now: float) -> bool:
+        cur = self.db.execute(
+            "UPDATE repairs SET completed_at = ? WHERE node_id = ? AND attempt = ?"
+            " AND completed_at IS NULL",
+            (now, node_id, attempt),
+        )
+        return cur.rowcount > 0
+
+
+@dataclass
+class AttemptRecord:
+    world_size: int
+    checkpoint_dir: str
+    started_at: float
+    ended: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RepairRecord:
+    action: str
+    started_at: float
+    completed_at: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MemoryLedger:
+    """A ``LedgerStore`` in memory (the simulator, the test fake)."""
+
+    attempts: dict[tuple[str, int], AttemptRecord] = field(default_factory=dict)
+    repairs: dict[tuple[str, int], RepairRecord] = field(default_factory=dict)
+    checkpoints: dict[str, dict[int, tuple[str, int, str]]] = field(default_factory=dict)
+
+    def start_attempt(self, job_id: str, attempt: int, world_size: int, checkpoint_dir: str,
+                      now: float, **extra: Any) -> bool:
+        if (job_id, attempt) in self.attempts:
+            return False
+        self.attempts[job_id, attempt] = AttemptRecord(world_size, checkpoint_dir, now,
+                                                       extra=dict(extra))
+        return True
+
+    def end_attempt(self, job_id: str, attempt: int) -> bool:
+        rec = self.attempts.get((job_id, attempt))
+        if rec is None:  # an attempt this store never saw start still ends once
+            rec = self.attempts[job_id, attempt] = AttemptRecord(0, "", 0.0)
+        if rec.ended:
+            return False
+        rec.ended = True
+        return True
+
+    def attempt_ended(self, job_id: str, attempt: int) -> bool | None:
+        rec = self.attempts.get((job_id, attempt))
+        return None if rec is None else rec.ended
+
+    def checkpoint(self, checkpoint_dir: str, step: int, job_id: str, attempt: int, path: str,
+                   now: float) -> bool:
+        steps = self.checkpoints.setdefault(checkpoint_dir, {})
+        if step in steps:
+            return False
+        steps[step] = (job_id, attempt, path)
+        return True
+
+    def seen_steps(self, checkpoint_dir: str) -> set[int]:
+        return set(self.checkpoints.get(checkpoint_dir, ()))
+
+    def start_repair(self, node_id: str, attempt: int, action: str, now: float,
+                     **extra: Any) -> bool:
+        if (node_id, attempt) in self.repairs:
+            return False
+        self.repairs[node_id, attempt] = RepairRecord(action, now, extra=dict(extra))
+        return True
+
+    def end_repair(self, node_id: str, attempt: int, now: float) -> bool:
+        rec = self.repairs.get((node_id, attempt))
+        if rec is None or rec.completed_at is not None:
+            return False
+        rec.completed_at = now
+        return True

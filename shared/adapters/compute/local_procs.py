@@ -1,0 +1,126 @@
+"""Worker processes on this machine: spawn a rank's launcher, tell whether it runs, signal it.
+
+A rank is ``worker_launcher`` leading its own session and process group (so it outlives the
+CLI process that started it); the launcher relays SIGTERM to its group once and leaves the
+rank's exit code in an exit file. Pids get reused, so a launcher is identified by pid *and*
+start time (``/proc/<pid>/stat``, field 22: https://man7.org/linux/man-pages/man5/proc.5.html).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from shared.adapters.compute.protocol import EXIT_KILLED, LAUNCHER, read_exit_file
+
+
+def spawn_launcher(python: str, exit_file: Path, command: Sequence[str], env: Mapping[str, str],
+                   log: Path) -> int:
+    """Start ``command`` under the launcher in a new session, output appended to ``log``."""
+    argv = [python, str(LAUNCHER), "--exit-file", str(exit_file), "--", *command]
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        return os.posix_spawn(
+            python,
+            argv,
+            dict(env),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, fd, 1),
+                (os.POSIX_SPAWN_DUP2, fd, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(fd)
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, pgrp, start time in clock ticks) from /proc, or None if there is no such pid."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def _has_proc() -> bool:
+    return Path("/proc/self/stat").exists()
+
+
+def start_ticks(pid: int) -> int:
+    stat = _proc_stat(pid)
+    return stat[2] if stat else 0
+
+
+def _launcher_alive(pid: int, start_ticks: int) -> bool:
+    """Our launcher still runs: same pid *and* same start time (pids get reused); a zombie
+    (exited, not yet reaped by its parent) counts as gone."""
+    if _has_proc():
+        stat = _proc_stat(pid)
+        return stat is not None and stat[2] == start_ticks and stat[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Some process other than a zombie is still in the process group."""
+    if not _has_proc():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _proc_stat(int(entry.name))
+            if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+
+def exit_code(worker: sqlite3.Row) -> int | None:
+    """The rank's exit code once it is over, else None. The launcher leads its own group, so
+    the rank is over when the exit file exists, or when launcher and group are both gone."""
+    path = Path(worker["exit_file"])
+    code = read_exit_file(path)
+    if code is not None:
+        return code
+    if rank_running(worker):
+        return None
+    code = read_exit_file(path)  # it may have written the file just before going
+    return EXIT_KILLED if code is None else code
+
+
+def rank_running(worker: sqlite3.Row) -> bool:
+    return _launcher_alive(worker["pid"], worker["start_ticks"]) or _group_alive(worker["pid"])
+
+
+
+
+def signal_rank(worker: sqlite3.Row, sig: signal.Signals) -> None:
+    """SIGTERM goes to the launcher, which relays it to its group once; SIGKILL cannot be
+    relayed, so it goes to the group itself. A launcher already gone is left alone unless
+    something of its group is still running."""
+    pid = worker["pid"]
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if sig == signal.SIGTERM and _launcher_alive(pid, worker["start_ticks"]):
+            os.kill(pid, sig)
+        elif rank_running(worker):
+            os.killpg(pid, sig)
+

@@ -1,0 +1,150 @@
+"""The worker protocol: what a training program is given and how it answers.
+
+One definition for every Compute adapter (local subprocesses, Slurm, the simulator), so a
+program written for one runs unchanged on the others and the control plane reads its answers
+the same way everywhere (see ``examples/train.py``):
+
+* **Environment** (``managed_env``): what a managed training service gives a replica. The
+  names follow Vertex AI custom training (``CLOUD_ML_JOB_ID``, ``CLUSTER_SPEC``,
+  ``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``, ``AIP_TENSORBOARD_LOG_DIR``:
+  https://cloud.google.com/vertex-ai/docs/training/code-requirements) plus the
+  ``torch.distributed`` rendezvous (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+* **Exit codes** (``ExitCode``): 0 done; 75 (``EX_TEMPFAIL`` of BSD ``sysexits.h``) preempted
+  with a checkpoint saved; 128+N killed by signal N (the shell's convention); 137 also when a
+  worker vanished without leaving its code; 127/126 command not found / not executable. An
+  attempt's code is the first non-zero code by rank.
+* **Checkpoints** (``checkpoint_steps``): an entry of ``AIP_CHECKPOINT_DIR`` named
+  ``ckpt-<step>`` with an optional extension (``ckpt-00000100.npz``, ``ckpt-100.pt``, a
+  ``ckpt-100`` directory) is a complete checkpoint of that step. It must appear atomically
+  (write a temp file, fsync, rename), so names starting with ``.`` and extensions ``.tmp``,
+  ``.part``, ``.partial`` are ignored; an ``.npz`` must also be a readable zip.
+* **Signals**: SIGTERM means "checkpoint and exit 75 within the grace period"; SIGKILL follows.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import signal
+import zipfile
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+
+from shared.ports import WorkerSpec
+
+LAUNCHER = Path(__file__).with_name("worker_launcher.py")
+MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 40000
+CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)(\.[A-Za-z0-9_]+)?$")
+IGNORED_SUFFIXES = frozenset({".tmp", ".part", ".partial"})
+
+
+class ExitCode(enum.IntEnum):
+    """What a worker's exit status means to the control plane."""
+
+    OK = 0
+    FAILED = 1  # the program failed on its own (or its attempt could not be submitted)
+    PREEMPTED = 75  # EX_TEMPFAIL: checkpoint saved on SIGTERM, run me again
+    NOT_EXECUTABLE = 126
+    NOT_FOUND = 127
+    SIGNALLED = 128  # + N: killed by signal N
+    KILLED = 128 + signal.SIGKILL  # 137: SIGKILL, or vanished without leaving its code
+    TERMINATED = 128 + signal.SIGTERM  # 143: SIGTERM without a handler
+
+    @classmethod
+    def for_signal(cls, signum: int) -> int:
+        """The shell's status of a process killed by ``signum``."""
+        return int(cls.SIGNALLED) + int(signum)
+
+    @staticmethod
+    def signal_of(code: int) -> int | None:
+        """The signal that killed a worker with this status, if it was one."""
+        return code - 128 if 128 < code < 128 + 65 else None
+
+
+EXIT_KILLED = int(ExitCode.KILLED)
+
+
+def attempt_exit(codes: Mapping[int, int | None]) -> tuple[int, str]:
+    """An attempt's exit code (the first non-zero by rank; a rank with no code was killed)
+    and the detail every adapter reports (``exit codes rank 0: 75, rank 1: 137``)."""
+    final = {r: EXIT_KILLED if c is None else c for r, c in sorted(codes.items())}
+    worst = next((c for c in final.values() if c != 0), 0)
+    return worst, "exit codes " + ", ".join(f"rank {r}: {c}" for r, c in final.items())
+
+
+def master_port(job_id: str, attempt: int) -> int:
+    """A port derived from the job and attempt, so every rank computes the same one."""
+    return MASTER_PORT_BASE + zlib.crc32(f"{job_id}/{attempt}".encode()) % MASTER_PORT_SPAN
+
+
+def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1") -> dict[str, str]:
+    """What a managed service adds to a replica's environment (the spec's env cannot
+    override the service's own variables)."""
+    port = master_port(spec.job_id, spec.attempt)
+    cluster_spec = {
+        "cluster": {"workerpool0": [f"{master_addr}:{port + r}" for r in range(spec.world_size)]},
+        "environment": "cloud",
+        "task": {"type": "workerpool0", "index": spec.rank, "node_id": spec.node_id},
+        "job": {
+            "job_id": spec.job_id,
+            "attempt": spec.attempt,
+            "world_size": spec.world_size,
+            "base_output_directory": str(Path(spec.model_dir).parent),
+        },
+    }
+    env = {"PYTHONUNBUFFERED": "1", **dict(spec.env)}
+    env.update(
+        CLOUD_ML_JOB_ID=spec.job_id,
+        CLUSTER_SPEC=json.dumps(cluster_spec),
+        RANK=str(spec.rank),
+        WORLD_SIZE=str(spec.world_size),
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(port),
+        AIP_CHECKPOINT_DIR=str(spec.checkpoint_dir),
+        AIP_MODEL_DIR=str(spec.model_dir),
+        AIP_TENSORBOARD_LOG_DIR=str(spec.tensorboard_dir),
+        MTC_NODE_ID=spec.node_id,
+        MTC_JOB_ATTEMPT=str(spec.attempt),
+    )
+    return env
+
+
+def checkpoint_name(step: int) -> str:
+    """The name a program gives the checkpoint of ``step`` (what ``checkpoint_steps`` finds)."""
+    return f"ckpt-{step:08d}"
+
+
+def checkpoint_steps(directory: Path) -> dict[int, Path]:
+    """Complete checkpoints in ``directory`` by step (see the module docstring)."""
+    found: dict[int, Path] = {}
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        m = CHECKPOINT_RE.match(entry.name)
+        if not m or (m.group(2) or "").lower() in IGNORED_SUFFIXES:
+            continue
+        if entry.suffix == ".npz" and not (entry.is_file() and zipfile.is_zipfile(entry)):
+            continue
+        found.setdefault(int(m.group(1)), entry)
+    return found
+
+
+def read_exit_file(path: Path) -> int | None:
+    """The code ``worker_launcher`` left for a rank, or None while it runs."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return int(ExitCode.FAILED)  # impossible with an atomic writer: a failure, not success
+
+
+def safe_name(name: str) -> str:
+    """A job or node id as one path component."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"

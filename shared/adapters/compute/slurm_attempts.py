@@ -1,0 +1,341 @@
+"""The Slurm adapter's attempts: one batch job per (job, attempt), its signals and its end.
+
+``start_workers`` submits one batch job per attempt (``sbatch --requeue --open-mode=append
+--exclusive --nodelist=<mapped nodes>``, one ``srun`` task per node; scripts by
+``slurm_scripts``). ``poll()`` reports each new checkpoint once and the attempt's one
+``JobWorkersExited`` (the shared ledger): when every rank left an exit code, or when the Slurm
+job ended or was requeued by Slurm itself without them (missing ranks count 137).
+``signal_workers`` = ``scancel --signal=TERM`` (steps only), then ``scancel`` after the grace
+period; ``stop_workers`` = ``scancel``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from shared.adapters.compute.ledger import (
+    ranks_exited,
+    report_checkpoints,
+    workers_exited,
+)
+from shared.adapters.compute.protocol import (
+    ExitCode,
+    managed_env,
+    read_exit_file,
+)
+from shared.adapters.compute.slurm_api import REQUEUED_JOB_STATES, TERMINAL_JOB_STATES, job_name
+from shared.adapters.compute.slurm_cli import (
+    SlurmError,
+    SlurmPermanentError,
+)
+from shared.adapters.compute.slurm_nodes import SlurmNodes
+from shared.adapters.compute.slurm_ops import _OpResult, log
+from shared.adapters.compute.slurm_scripts import write_scripts
+from shared.ports import WorkerSpec
+
+EXIT_SUBMIT_FAILED = int(ExitCode.FAILED)
+JOB_GONE_SETTLE_S = 1.0  # exit files land before the task ends; allow for a slow file system
+
+
+class SlurmAttempts(SlurmNodes):
+    """Attempts as Slurm batch jobs."""
+
+    def slurm_job_id(self, job_id: str, attempt: int) -> int | None:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT slurm_job_id FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
+            ).fetchone()
+        return None if row is None else cast("int | None", row["slurm_job_id"])
+
+    def _op_submit(self, args: dict[str, Any]) -> _OpResult:
+        job_id, attempt = args["job_id"], args["attempt"]
+        name = job_name(job_id, attempt, self.instance)
+        existing = [j for j in self.cli.jobs() if j.name == name]
+        if existing:  # submitted before, but the answer was lost: adopt it, never run twice
+            return _OpResult(True, data={"slurm_job_id": max(j.job_id for j in existing)})
+        self._ensure_partition()
+        nodes = list(args["slurm_nodes"])
+        run_dir = Path(args["run_dir"])
+        try:
+            slurm_id = self._sbatch(name, nodes, run_dir, args["output"])
+        except SlurmPermanentError as exc:
+            if not self.partition or "invalid partition" not in str(exc).lower():
+                raise
+            self._partition_ready = False  # slurmctld restarted without it (cluster.sh: -c)
+            self._ensure_partition()
+            slurm_id = self._sbatch(name, nodes, run_dir, args["output"])
+        log.info("submitted %s as Slurm job %d on %s", name, slurm_id, ",".join(nodes))
+        return _OpResult(True, data={"slurm_job_id": slurm_id})
+
+    def _ensure_partition(self) -> None:
+        if self.partition and not self._partition_ready:
+            members = ",".join(self._allowed) if self._allowed else "ALL"
+            self.cli.ensure_partition(self.partition, members)
+            self._partition_ready = True
+
+    def _sbatch(self, name: str, nodes: Sequence[str], run_dir: Path, output: str) -> int:
+        return self.cli.submit(
+            str(run_dir / "batch.sh"),
+            nodes=len(nodes),
+            job_name=name,
+            requeue=True,
+            open_mode="append",
+            output=output,
+            partition=self.partition,
+            extra_args=(
+                f"--nodelist={','.join(nodes)}",
+                f"--ntasks={len(nodes)}",
+                "--ntasks-per-node=1",
+                "--exclusive",
+                f"--chdir={run_dir}",
+            ),
+        )
+
+    def _op_signal(self, args: dict[str, Any]) -> _OpResult:
+        slurm_id = self.slurm_job_id(args["job_id"], args["attempt"])
+        if slurm_id is None:
+            return self._before_submit(args)
+        try:
+            self.cli.signal_job(slurm_id, "TERM")
+        except SlurmPermanentError:
+            job = next((j for j in self.cli.jobs() if j.job_id == slurm_id), None)
+            if job is None or job.job_state in TERMINAL_JOB_STATES:
+                return _OpResult(True)  # already over: nothing left to tell
+            if job.job_state == "PENDING":  # nothing runs yet, so nothing to checkpoint
+                self.cli.cancel(slurm_id)
+                return _OpResult(True)
+            raise
+        return _OpResult(True)
+
+    def _op_cancel(self, args: dict[str, Any]) -> _OpResult:
+        slurm_id = self.slurm_job_id(args["job_id"], args["attempt"])
+        if slurm_id is None:
+            return self._before_submit(args)
+        try:
+            self.cli.cancel(slurm_id)
+        except SlurmPermanentError:
+            job = next((j for j in self.cli.jobs() if j.job_id == slurm_id), None)
+            if job is not None and job.job_state not in TERMINAL_JOB_STATES:
+                raise
+        return _OpResult(True)
+
+    def _before_submit(self, args: dict[str, Any]) -> _OpResult:
+        """Signal or cancel of an attempt whose sbatch has not gone through yet: wait for it,
+        unless it failed (then the attempt is already over)."""
+        with self._tx() as db:
+            att = self._attempt(db, args["job_id"], args["attempt"])
+        if att is None or att["finalized"]:
+            return _OpResult(True)
+        return _OpResult(False, transient=True, quiet=True, error="waiting for sbatch")
+
+    # -- results
+
+    def _done_submit(
+        self, db: sqlite3.Connection, args: dict[str, Any], data: dict[str, Any], now: float
+    ) -> None:
+        db.execute(
+            "UPDATE attempts SET slurm_job_id = ? WHERE job_id = ? AND attempt = ?",
+            (data["slurm_job_id"], args["job_id"], args["attempt"]),
+        )
+
+    def _failed_submit(self, db: sqlite3.Connection, args: dict[str, Any], error: str, now: float) -> None:
+        att = self._attempt(db, args["job_id"], args["attempt"])
+        if att is not None and not att["finalized"]:
+            self._finalize(db, att, EXIT_SUBMIT_FAILED, f"sbatch failed: {error}")
+
+    # ------------------------------------------------------------ workers
+
+    def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
+        """One ``sbatch`` per (job, attempt), one srun task per node; a repeat is a no-op."""
+        groups: dict[tuple[str, int], list[WorkerSpec]] = {}
+        for spec in workers:
+            groups.setdefault((spec.job_id, spec.attempt), []).append(spec)
+        keys: list[str] = []
+        now = self._clock.now()
+        for (job_id, attempt), specs in sorted(groups.items()):
+            specs.sort(key=lambda s: s.rank)
+            with self._tx() as db:
+                if self._attempt(db, job_id, attempt) is not None:
+                    continue
+                names = {s.node_id: self._slurm_name(db, s.node_id) for s in specs}
+                run_dir = self.run_dir(job_id, attempt)
+                output = self.job_log(job_id)
+                slurm_nodes = [names[s.node_id] or "" for s in specs]
+                self._ledger(db).start_attempt(
+                    job_id,
+                    attempt,
+                    specs[0].world_size,
+                    str(Path(specs[0].checkpoint_dir).absolute()),
+                    now,
+                    slurm_nodes=json.dumps(slurm_nodes),
+                    run_dir=str(run_dir),
+                    output=str(output),
+                )
+                missing = [s.node_id for s in specs if not names[s.node_id]]
+                if missing or len(specs) != specs[0].world_size:
+                    att = self._attempt(db, job_id, attempt)
+                    assert att is not None
+                    why = f"no Slurm node for {missing}" if missing else "not one spec per rank"
+                    self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: {why}")
+                    continue
+                write_scripts(
+                    specs, names, run_dir, output, python=self._python, master_addr=self._master_addr
+                )
+                key = f"submit:{job_id}:{attempt}"
+                self._put_op(
+                    db,
+                    key,
+                    "submit",
+                    {
+                        "job_id": job_id,
+                        "attempt": attempt,
+                        "slurm_nodes": slurm_nodes,
+                        "run_dir": str(run_dir),
+                        "output": str(output),
+                    },
+                )
+                keys.append(key)
+        self._kick(*keys)
+
+    def _slurm_name(self, db: sqlite3.Connection, node_id: str) -> str | None:
+        row = self._node(db, node_id)
+        return None if row is None or row["deleted"] else cast("str | None", row["slurm_node"])
+
+    def managed_env(self, spec: WorkerSpec) -> dict[str, str]:
+        """What a managed service adds to a replica's environment: ``LocalCompute``'s
+        ``worker_env`` less what the process environment already holds."""
+        return managed_env(spec, self._master_addr)
+
+    def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
+        """``scancel --signal=TERM`` now, ``scancel`` after ``grace_s`` (from ``poll()``). A
+        repeat does not signal again; it can only bring the deadline closer."""
+        now = self._clock.now()
+        key = f"signal:{job_id}:{attempt}"
+        with self._tx() as db:
+            att = self._attempt(db, job_id, attempt)
+            if att is None or att["finalized"]:
+                return
+            deadline = now + max(0.0, grace_s)
+            if att["signalled_at"] is None:
+                db.execute(
+                    "UPDATE attempts SET signalled_at = ?, kill_deadline = ?"
+                    " WHERE job_id = ? AND attempt = ?",
+                    (now, deadline, job_id, attempt),
+                )
+                self._put_op(db, key, "signal", {"job_id": job_id, "attempt": attempt})
+            elif att["kill_deadline"] is None or deadline < att["kill_deadline"]:
+                db.execute(
+                    "UPDATE attempts SET kill_deadline = ? WHERE job_id = ? AND attempt = ?",
+                    (deadline, job_id, attempt),
+                )
+        self._kick(key)
+
+    def stop_workers(self, job_id: str, attempt: int) -> None:
+        """``scancel`` the attempt's job now; harmless if it is gone."""
+        with self._tx() as db:
+            att = self._attempt(db, job_id, attempt)
+            if att is None or att["finalized"]:
+                return
+            key = self._cancel(db, att)
+        self._kick(key)
+
+    def _cancel(self, db: sqlite3.Connection, att: sqlite3.Row) -> str:
+        db.execute(
+            "UPDATE attempts SET cancel_sent = 1 WHERE job_id = ? AND attempt = ?",
+            (att["job_id"], att["attempt"]),
+        )
+        key = f"cancel:{att['job_id']}:{att['attempt']}"
+        self._put_op(db, key, "cancel", {"job_id": att["job_id"], "attempt": att["attempt"]})
+        return key
+
+    def kill_all(self, wait_s: float = 15.0) -> None:
+        """Cancel every Slurm job of an unfinished attempt (tests, demo shutdown) and wait up
+        to ``wait_s`` for them to leave the nodes, so the next ``poll()`` reports them."""
+        with self._tx() as db:
+            atts = db.execute("SELECT * FROM attempts WHERE finalized = 0").fetchall()
+            db.execute(
+                "UPDATE ops SET status = 'done', error = 'kill_all' WHERE kind = 'submit'"
+                " AND status IN ('pending', 'running')"
+            )
+        ids = [a["slurm_job_id"] for a in atts if a["slurm_job_id"] is not None]
+        for slurm_id in ids:
+            with contextlib.suppress(SlurmError):
+                self.cli.cancel(slurm_id)
+        deadline = time.monotonic() + wait_s
+        while ids and time.monotonic() < deadline:
+            try:
+                live = {j.job_id for j in self.cli.jobs() if j.job_state not in TERMINAL_JOB_STATES}
+            except SlurmError:
+                live = set(ids)
+            if not live & set(ids):
+                return
+            time.sleep(0.2)
+
+    @staticmethod
+    def _attempt(db: sqlite3.Connection, job_id: str, attempt: int) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = db.execute(
+            "SELECT * FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
+        ).fetchone()
+        return row
+
+    def _finalize(self, db: sqlite3.Connection, att: sqlite3.Row, code: int, detail: str) -> None:
+        self._queue(db, workers_exited(self._ledger(db), att["job_id"], att["attempt"], code, detail))
+
+    def _observe_attempts(self, db: sqlite3.Connection, now: float, fresh: bool) -> list[str]:
+        keys: list[str] = []
+        for att in db.execute("SELECT * FROM attempts WHERE finalized = 0").fetchall():
+            self._scan_checkpoints(db, att, now)
+            if att["kill_deadline"] is not None and att["kill_deadline"] <= now and not att["cancel_sent"]:
+                keys.append(self._cancel(db, att))
+            run_dir = Path(att["run_dir"])
+            codes = {r: read_exit_file(run_dir / f"rank-{r}.exit") for r in range(att["world_size"])}
+            slurm_id = att["slurm_job_id"]
+            where = f" (Slurm job {slurm_id})" if slurm_id is not None else ""
+            if all(c is not None for c in codes.values()):
+                self._finalize_codes(db, att, codes, where)
+                continue
+            if not fresh or slurm_id is None:
+                continue  # nothing can be inferred from a controller that does not answer
+            job = self._jobs.get(slurm_id)
+            requeued = job is not None and (job.restart_cnt > 0 or job.job_state in REQUEUED_JOB_STATES)
+            over = job is None or job.job_state in TERMINAL_JOB_STATES or requeued
+            if not over:
+                if att["gone_since"] is not None:
+                    db.execute(
+                        "UPDATE attempts SET gone_since = NULL WHERE job_id = ? AND attempt = ?",
+                        (att["job_id"], att["attempt"]),
+                    )
+                continue
+            if att["gone_since"] is None:
+                db.execute(
+                    "UPDATE attempts SET gone_since = ? WHERE job_id = ? AND attempt = ?",
+                    (now, att["job_id"], att["attempt"]),
+                )
+                continue
+            if now - att["gone_since"] < JOB_GONE_SETTLE_S:
+                continue
+            self._scan_checkpoints(db, att, now)
+            codes = {r: read_exit_file(run_dir / f"rank-{r}.exit") for r in range(att["world_size"])}
+            state = "gone from squeue" if job is None else job.job_state
+            if requeued:
+                state = "requeued by Slurm itself"
+                if not att["cancel_sent"]:
+                    keys.append(self._cancel(db, att))
+            self._finalize_codes(db, att, codes, f"{where}, {state}; no exit file: killed")
+        return keys
+
+    def _finalize_codes(
+        self, db: sqlite3.Connection, att: sqlite3.Row, codes: Mapping[int, int | None], note: str
+    ) -> None:
+        self._queue(db, ranks_exited(self._ledger(db), att["job_id"], att["attempt"], codes, note))
+
+    def _scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
+        ledger = self._ledger(db)
+        for fact in report_checkpoints(ledger, att["job_id"], att["attempt"], att["checkpoint_dir"], now):
+            self._queue(db, fact)

@@ -1,0 +1,423 @@
+"""The Slurm adapter's nodes: mapping mtc nodes to Slurm nodes, cordons, repairs, provisioning.
+
+See ``slurm_compute`` for what each step does in Slurm. A repair runs once per (node,
+attempt) and completes once (the shared ledger); an ok one is followed by a post-repair
+report from a full run of the node's agent.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, cast
+
+from shared.adapters.compute.ledger import (
+    repair_completed,
+)
+from shared.adapters.compute.slurm_agents import SlurmAgents, report_conditions
+from shared.adapters.compute.slurm_api import REBOOTS, NodeRecord, drain_reason, xid_line
+from shared.adapters.compute.slurm_cli import (
+    SlurmPermanentError,
+)
+from shared.adapters.compute.slurm_ops import _OpResult, log
+from shared.domain.events import (
+    NodeHealthReported,
+    NodeProvisioned,
+)
+from shared.domain.health import RepairAction
+from shared.domain.model import Node, NodeRole
+
+RA = RepairAction
+
+
+class SlurmNodes(SlurmAgents):
+    """Nodes, repairs and provisioning over Slurm."""
+
+    def slurm_node_of(self, node_id: str) -> str | None:
+        """The Slurm node an mtc node runs on now (None: not assigned, or deleted)."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT slurm_node FROM nodes WHERE node_id = ? AND deleted = 0", (node_id,)
+            ).fetchone()
+        return None if row is None else cast("str | None", row["slurm_node"])
+
+    def node_id_of(self, slurm_node: str) -> str | None:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT node_id FROM nodes WHERE slurm_node = ? AND deleted = 0", (slurm_node,)
+            ).fetchone()
+        return None if row is None else cast(str, row["node_id"])
+
+    def mapping(self) -> dict[str, str]:
+        """mtc node id -> Slurm node name, for nodes in use."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT node_id, slurm_node FROM nodes WHERE deleted = 0 AND slurm_node IS NOT NULL"
+                " ORDER BY node_id"
+            ).fetchall()
+        return {r["node_id"]: r["slurm_node"] for r in rows}
+
+    def inject_xid(self, node_id: str, xid: int = 79, **line: Any) -> Path:
+        """Append an XID line to the node's kernel log, as the driver would (tests, demo)."""
+        slurm_node = self.slurm_node_of(node_id)
+        if slurm_node is None:
+            raise LookupError(f"node {node_id!r} has no Slurm node")
+        path = self.kernel_log(slurm_node)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(xid_line(xid, **line))
+        return path
+
+    @staticmethod
+    def _node(db: sqlite3.Connection, node_id: str) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = db.execute("SELECT * FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+        return row
+
+
+    def _op_drain(self, args: dict[str, Any]) -> _OpResult:
+        self.cli.drain(args["node"], args["reason"])
+        return _OpResult(True)
+
+    def _op_resume(self, args: dict[str, Any]) -> _OpResult:
+        try:
+            self.cli.resume(args["node"])
+        except SlurmPermanentError as exc:
+            if "invalid node state" not in str(exc).lower():
+                raise
+            # not drained (any more): already in service, which is what we want
+        return _OpResult(True)
+
+    def _op_reboot(self, args: dict[str, Any]) -> _OpResult:
+        node, reason = args["node"], args["reason"]
+        record = next((r for r in self.cli.node_records() if r.name == node), None)
+        if record is None:
+            return _OpResult(False, error=f"Invalid node name specified: {node}")
+        if not record.node.drained:  # a plain reboot of a drained node keeps it drained
+            self.cli.drain(node, reason)
+        issued = self._clock.now()
+        self.cli.reboot_keep_drain(node, reason)
+        return _OpResult(True, data={"boot_before": record.slurmd_start_time, "issued_at": issued})
+
+    def _op_power_up(self, args: dict[str, Any]) -> _OpResult:
+        try:
+            self.cli.power_up(args["node"])
+        except SlurmPermanentError:
+            record = next((r for r in self.cli.node_records() if r.name == args["node"]), None)
+            if record is None or record.node.powered_down:
+                raise
+        return _OpResult(True)
+
+    def _op_power_down(self, args: dict[str, Any]) -> _OpResult:
+        try:
+            self.cli.power_down(args["node"])
+        except SlurmPermanentError:
+            record = next((r for r in self.cli.node_records() if r.name == args["node"]), None)
+            if record is None or not (record.node.powered_down or "POWERING_DOWN" in record.flags):
+                raise
+        return _OpResult(True)
+
+    def _done_reboot(
+        self, db: sqlite3.Connection, args: dict[str, Any], data: dict[str, Any], now: float
+    ) -> None:
+        db.execute(
+            "UPDATE repairs SET boot_before = ?, issued_at = ? WHERE node_id = ? AND attempt = ?",
+            (data["boot_before"], data["issued_at"], args["node_id"], args["attempt"]),
+        )
+
+    def _failed_reboot(self, db: sqlite3.Connection, args: dict[str, Any], error: str, now: float) -> None:
+        rep = db.execute(
+            "SELECT * FROM repairs WHERE node_id = ? AND attempt = ?",
+            (args["node_id"], args["attempt"]),
+        ).fetchone()
+        if rep is not None and rep["completed_at"] is None:
+            self._complete_repair(db, rep, now, False, f"scontrol reboot failed: {error}")
+
+    def _failed_power_up(self, db: sqlite3.Connection, args: dict[str, Any], error: str, now: float) -> None:
+        if not args.get("node_id"):
+            return
+        row = self._node(db, args["node_id"])
+        if row is not None and row["provisioned"] == 0:
+            db.execute("UPDATE nodes SET provisioned = -1 WHERE node_id = ?", (row["node_id"],))
+            self._queue(db, NodeProvisioned(row["node_id"], False, f"power up of {args['node']}: {error}"))
+
+    # ------------------------------------------------------------ nodes
+
+    def provision_node(self, node: Node) -> None:
+        """Record the node; ``poll()`` assigns it a Slurm node and reports it up."""
+        now = self._clock.now()
+        with self._tx() as db:
+            if self._node(db, node.node_id) is not None:
+                return
+            role = NodeRole(node.role).value
+            db.execute(
+                "INSERT INTO nodes (node_id, role, machine_type, wants_cloud, requested_at,"
+                " provisioned) VALUES (?, ?, ?, ?, ?, 0)",
+                (node.node_id, role, node.machine_type, int(bool(node.replaces)), now),
+            )
+            if role == NodeRole.LOGIN.value:  # no Slurm node: it is the controller's host
+                db.execute("UPDATE nodes SET provisioned = 1 WHERE node_id = ?", (node.node_id,))
+                self._queue(db, NodeProvisioned(node.node_id, True, "login node: the slurmctld host"))
+
+    def cordon(self, node_id: str, reason: str) -> None:
+        """Drain the node in Slurm with ``reason``: running jobs go on, no new ones start."""
+        text = drain_reason(reason)
+        with self._tx() as db:
+            row = self._node(db, node_id)
+            if row is None or row["deleted"]:
+                return
+            db.execute(
+                "UPDATE nodes SET cordon = 'fault', cordon_reason = ? WHERE node_id = ?", (text, node_id)
+            )
+            key = self._want_state(db, row["slurm_node"], "drain", text)
+        if key:
+            self._kick(key)
+
+    def uncordon(self, node_id: str) -> None:
+        """The node passed its checks: ``scontrol update state=resume``."""
+        with self._tx() as db:
+            row = self._node(db, node_id)
+            if row is None or row["deleted"]:
+                return
+            db.execute("UPDATE nodes SET cordon = NULL, cordon_reason = '' WHERE node_id = ?", (node_id,))
+            key = self._want_state(db, row["slurm_node"], "resume", "")
+        if key:
+            self._kick(key)
+
+    def _want_state(self, db: sqlite3.Connection, slurm_node: str | None, want: str, reason: str) -> str:
+        if not slurm_node:
+            return ""  # applied when a Slurm node is assigned
+        key = f"state:{slurm_node}"
+        args = {"node": slurm_node, "reason": reason} if want == "drain" else {"node": slurm_node}
+        self._put_op(db, key, want, args, replace=True)
+        return key
+
+    def delete_node(self, node_id: str) -> None:
+        """Release the node. One mtc took out for a fault leaves the fleet (powered down), so
+        does a cloud node mtc powered up; a healthy static node goes back to the free pool."""
+        keys: list[str] = []
+        with self._tx() as db:
+            row = self._node(db, node_id)
+            if row is None or row["deleted"]:
+                return
+            db.execute("UPDATE nodes SET deleted = 1 WHERE node_id = ?", (node_id,))
+            slurm_node = row["slurm_node"]
+            if row["role"] != NodeRole.WORKER.value or not slurm_node:
+                return
+            if row["cloud"] or row["cordon"] == "fault":
+                state_key = f"state:{slurm_node}"
+                if row["cordon"] == "fault":
+                    reason = drain_reason(f"retired: {row['cordon_reason'].removeprefix('mtc: ')}")
+                    self._put_op(db, state_key, "drain", {"node": slurm_node, "reason": reason}, replace=True)
+                    keys.append(state_key)
+                key = f"power_down:{slurm_node}:{node_id}"
+                self._put_op(db, key, "power_down", {"node": slurm_node})
+                keys.append(key)
+            elif row["cordon"] is not None:
+                keys.append(self._want_state(db, slurm_node, "resume", ""))
+        self._kick(*keys)
+
+    # ------------------------------------------------------------ repairs
+
+    def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
+        """Once per (node, attempt); a repeat, even with another action, is a no-op.
+        RESET_GPU/REBOOT/REIMAGE reboot the Slurm node; REPLACE swaps in a cloud node;
+        MANUAL never completes by itself."""
+        action = RA(action)
+        now = self._clock.now()
+        keys: list[str] = []
+        with self._tx() as db:
+            row = self._node(db, node_id)
+            slurm_node = row["slurm_node"] if row is not None else None
+            inserted = self._ledger(db).start_repair(node_id, attempt, action.value, now,
+                                                     slurm_node=slurm_node)
+            if not inserted or row is None or row["deleted"] or not slurm_node:
+                return
+            if action in REBOOTS:
+                key = f"repair:{node_id}:{attempt}"
+                why = row["cordon_reason"].removeprefix("mtc: ") or "requested by mtc"
+                reason = drain_reason(f"{action.value} (repair {attempt}): {why}")
+                self._put_op(
+                    db,
+                    key,
+                    "reboot",
+                    {"node": slurm_node, "reason": reason, "node_id": node_id, "attempt": attempt},
+                )
+                keys.append(key)
+            elif action is RA.REPLACE:
+                down = f"power_down:{slurm_node}:{node_id}"
+                self._put_op(db, down, "power_down", {"node": slurm_node})
+                keys.append(down)
+                db.execute(
+                    "UPDATE nodes SET slurm_node = NULL, cloud = 0, wants_cloud = 1 WHERE node_id = ?",
+                    (node_id,),
+                )
+                self._agents.pop(slurm_node, None)
+        self._kick(*keys)
+
+    def _complete_repair(
+        self, db: sqlite3.Connection, rep: sqlite3.Row, now: float, ok: bool, detail: str
+    ) -> None:
+        node_id = rep["node_id"]
+        done = repair_completed(self._ledger(db), node_id, rep["attempt"], rep["action"], ok, detail, now)
+        if done is None:
+            return  # completed already
+        self._queue(db, done)
+        row = self._node(db, node_id)
+        if not ok or row is None or not row["slurm_node"]:
+            return
+        report = self._collect(row, now)
+        conditions = report_conditions(report)
+        self._queue(db, NodeHealthReported(node_id, now, conditions, source="post-repair-check"))
+        self._agents[row["slurm_node"]].acknowledge()
+        db.execute(
+            "UPDATE nodes SET next_report_at = ? WHERE node_id = ?", (now + self._agent_interval, node_id)
+        )
+
+    def _observe_repairs(self, db: sqlite3.Connection, now: float) -> None:
+        for rep in db.execute(
+            "SELECT * FROM repairs WHERE completed_at IS NULL ORDER BY started_at"
+        ).fetchall():
+            action = RA(rep["action"])
+            row = self._node(db, rep["node_id"])
+            if row is None or row["deleted"]:
+                done = repair_completed(
+                    self._ledger(db), rep["node_id"], rep["attempt"], action.value, False, "unknown node", now
+                )
+                self._queue(db, done if row is None else None)
+                continue
+            if action is RA.MANUAL:
+                continue
+            if action in (RA.NONE, RA.RESTART_JOB):
+                self._complete_repair(db, rep, now, True, "nothing to do on the node")
+                continue
+            if not row["slurm_node"] and action is not RA.REPLACE:
+                self._complete_repair(db, rep, now, False, "node has no Slurm node")
+                continue
+            if action in REBOOTS:
+                self._observe_reboot(db, rep, row, action, now)
+            elif action is RA.REPLACE:
+                self._observe_replace(db, rep, row, now)
+
+    def _observe_reboot(
+        self, db: sqlite3.Connection, rep: sqlite3.Row, row: sqlite3.Row, action: RepairAction, now: float
+    ) -> None:
+        slurm_node = rep["slurm_node"]
+        if rep["issued_at"] is None:  # the reboot command has not gone through yet
+            if self._waited(rep["started_at"], now) > self._repair_timeout:
+                self._complete_repair(db, rep, now, False, f"reboot of {slurm_node} never issued")
+            return
+        record = self._view.get(slurm_node)
+        back = (
+            record is not None
+            and record.slurmd_start_time != rep["boot_before"]
+            and record.up
+            and not record.rebooting
+        )
+        if back:
+            assert record is not None
+            self._new_boot(slurm_node, wipe_scratch=action is RA.REIMAGE)
+            what = "rebooted" if action is not RA.REIMAGE else "rebooted, scratch wiped (reimage)"
+            detail = f"Slurm node {slurm_node} {what}; slurmd started at {record.slurmd_start_time}"
+            self._complete_repair(db, rep, now, True, detail)
+        elif self._waited(rep["issued_at"], now) > self._repair_timeout:
+            self._complete_repair(
+                db, rep, now, False, f"{slurm_node} not back {self._repair_timeout:g}s after reboot"
+            )
+
+    def _observe_replace(
+        self, db: sqlite3.Connection, rep: sqlite3.Row, row: sqlite3.Row, now: float
+    ) -> None:
+        new = row["slurm_node"]
+        record = self._view.get(new) if new else None
+        if new and new != rep["slurm_node"] and record is not None and record.up:
+            detail = f"Slurm node {rep['slurm_node']} powered down, replaced by {new}"
+            self._complete_repair(db, rep, now, True, detail)
+        elif self._waited(rep["started_at"], now) > self._repair_timeout:
+            self._complete_repair(db, rep, now, False, f"no replacement up after {self._repair_timeout:g}s")
+
+    # ------------------------------------------------------------ provisioning
+
+    def _assign_pending(self, db: sqlite3.Connection, now: float) -> list[str]:
+        """Give each worker node waiting for one a Slurm node; returns operation keys."""
+        waiting = db.execute(
+            "SELECT * FROM nodes WHERE role = 'worker' AND deleted = 0 AND slurm_node IS NULL"
+            " AND provisioned >= 0 ORDER BY requested_at, node_id"
+        ).fetchall()
+        if not waiting:
+            return []
+        taken = {
+            r["slurm_node"]
+            for r in db.execute("SELECT slurm_node FROM nodes WHERE deleted = 0 AND slurm_node IS NOT NULL")
+        }
+        leaving = {
+            json.loads(r["args"])["node"]
+            for r in db.execute(
+                "SELECT args FROM ops WHERE kind = 'power_down' AND status IN ('pending', 'running')"
+            )
+        }
+        keys: list[str] = []
+        for row in waiting:
+            free = [
+                r
+                for name, r in sorted(self._view.items())
+                if name not in taken
+                and name not in leaving
+                and (self._allowed is None or name in self._allowed)
+            ]
+            static = [
+                r for r in free if not r.cloud and r.up and r.node.state == "idle" and not r.node.drained
+            ]
+            cloud = [r for r in free if r.cloud and r.node.powered_down and "POWERING_DOWN" not in r.flags]
+            choice = (cloud + static) if row["wants_cloud"] else (static + cloud)
+            if not choice:
+                if not row["alerted"]:
+                    db.execute("UPDATE nodes SET alerted = 1 WHERE node_id = ?", (row["node_id"],))
+                    self._alert(db, "no-capacity", row["node_id"], "no free Slurm node (static or cloud)")
+                continue
+            record = choice[0]
+            taken.add(record.name)
+            keys.extend(self._assign(db, row, record, now))
+        return keys
+
+    def _assign(self, db: sqlite3.Connection, row: sqlite3.Row, record: NodeRecord, now: float) -> list[str]:
+        node_id, slurm_node = row["node_id"], record.name
+        db.execute(
+            "UPDATE nodes SET slurm_node = ?, cloud = ?, assigned_at = ? WHERE node_id = ?",
+            (slurm_node, int(record.cloud), now, node_id),
+        )
+        self._new_boot(slurm_node, wipe_scratch=True)  # a machine new to this node id
+        keys = []
+        if record.cloud:
+            key = f"power_up:{slurm_node}:{node_id}"
+            self._put_op(db, key, "power_up", {"node": slurm_node, "node_id": node_id})
+            keys.append(key)
+        if row["cordon"] == "fault":
+            reason = row["cordon_reason"]
+        else:
+            reason = drain_reason(f"{node_id} provisioned, running its first checks")
+            db.execute(
+                "UPDATE nodes SET cordon = 'verify', cordon_reason = ? WHERE node_id = ?", (reason, node_id)
+            )
+        keys.append(self._want_state(db, slurm_node, "drain", reason))
+        log.info("mtc node %s -> Slurm node %s%s", node_id, slurm_node, " (cloud)" if record.cloud else "")
+        return keys
+
+    def _observe_provisioning(self, db: sqlite3.Connection, now: float) -> None:
+        for row in db.execute(
+            "SELECT * FROM nodes WHERE role = 'worker' AND deleted = 0 AND provisioned = 0"
+            " ORDER BY requested_at, node_id"
+        ).fetchall():
+            node_id, slurm_node = row["node_id"], row["slurm_node"]
+            record = self._view.get(slurm_node) if slurm_node else None
+            if record is not None and record.up and not record.rebooting:
+                db.execute(
+                    "UPDATE nodes SET provisioned = 1, next_report_at = ? WHERE node_id = ?", (now, node_id)
+                )
+                kind = "cloud node, powered up" if row["cloud"] else "static node"
+                self._queue(db, NodeProvisioned(node_id, True, f"Slurm node {slurm_node} ({kind})"))
+            elif self._waited(row["requested_at"], now) > self._provision_timeout:
+                db.execute("UPDATE nodes SET provisioned = -1 WHERE node_id = ?", (node_id,))
+                what = f"Slurm node {slurm_node} not up" if slurm_node else "no free Slurm node"
+                self._queue(db, NodeProvisioned(node_id, False, f"{what} after {self._provision_timeout:g}s"))
+

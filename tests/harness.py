@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from services.wiring.builder import build_deps
 from services.wiring.routes import control_plane_routes
+from shared.adapters.compute.ledger import (
+    MemoryLedger,
+    checkpoint_saved,
+    repair_completed,
+    workers_exited,
+)
 from shared.adapters.docstore import DocUnitOfWork
 from shared.adapters.memory_store import MemoryDocStore
 from shared.adapters.outbox import make_envelope
@@ -54,7 +61,12 @@ class ManualClock:
 
 @dataclass
 class FakeCompute:
-    """Records what the control plane asked of the machines; tests play the machines."""
+    """Records what the control plane asked of the machines; tests play the machines.
+
+    Handler tests inject the machines' answers themselves (``Plane``). Given an ``emit``, the
+    fake also answers like a real adapter, through the shared ledger, when a test plays the
+    machines with ``complete_provisioning``/``complete_repairs``/``checkpoint``/
+    ``exit_workers``: each fact once per key (the Compute contract suite runs over it)."""
 
     provisioned: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
@@ -62,12 +74,15 @@ class FakeCompute:
     started: list[WorkerSpec] = field(default_factory=list)
     signalled: list[tuple[str, int]] = field(default_factory=list)
     stopped: list[tuple[str, int]] = field(default_factory=list)
+    cordoned: set[str] = field(default_factory=set)
+    emit: Callable[[Event], None] | None = None
+    clock: ManualClock = field(default_factory=ManualClock)
+    ledger: MemoryLedger = field(default_factory=MemoryLedger)
+    _up: set[str] = field(default_factory=set)
 
     def provision_node(self, node: Node) -> None:
         if node.node_id not in self.provisioned:
             self.provisioned.append(node.node_id)
-
-    cordoned: set[str] = field(default_factory=set)
 
     def cordon(self, node_id: str, reason: str) -> None:
         self.cordoned.add(node_id)
@@ -80,14 +95,19 @@ class FakeCompute:
             self.deleted.append(node_id)
 
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
-        if (node_id, action, attempt) not in self.repairs:
+        """Once per (node, attempt), even with another action."""
+        if all((n, a) != (node_id, attempt) for n, _, a in self.repairs):
             self.repairs.append((node_id, action, attempt))
+            self.ledger.start_repair(node_id, attempt, RepairAction(action).value,
+                                     self.clock.now())
 
     def start_workers(self, workers: Any) -> None:
         for w in workers:
             if all((s.job_id, s.attempt, s.rank) != (w.job_id, w.attempt, w.rank)
                    for s in self.started):
                 self.started.append(w)
+                self.ledger.start_attempt(w.job_id, w.attempt, w.world_size,
+                                          w.checkpoint_dir, self.clock.now())
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         if (job_id, attempt) not in self.signalled:
@@ -95,6 +115,36 @@ class FakeCompute:
 
     def stop_workers(self, job_id: str, attempt: int) -> None:
         self.stopped.append((job_id, attempt))
+
+    # -- playing the machines, answering as an adapter would
+    def _answer(self, event: Event | None) -> None:
+        if event is not None and self.emit is not None:
+            self.emit(event)
+
+    def complete_provisioning(self) -> None:
+        for node_id in self.provisioned:
+            if node_id not in self._up and node_id not in self.deleted:
+                self._up.add(node_id)
+                self._answer(NodeProvisioned(node_id=node_id))
+
+    def complete_repairs(self, ok: bool = True) -> None:
+        """Every repair not completed yet completes, then its post-repair check reports."""
+        now = self.clock.now()
+        for (node_id, attempt), rec in list(self.ledger.repairs.items()):
+            done = repair_completed(self.ledger, node_id, attempt, rec.action, ok, "", now)
+            self._answer(done)
+            if done is not None and ok:
+                self._answer(NodeHealthReported(node_id=node_id, observed_at=now,
+                                                conditions=healthy(now),
+                                                source="post-repair-check"))
+
+    def checkpoint(self, job_id: str, attempt: int, step: int) -> None:
+        path = f"fake://{job_id}/ckpt-{step:08d}"
+        self._answer(checkpoint_saved(self.ledger, job_id, attempt, f"fake://{job_id}", step,
+                                      path, self.clock.now()))
+
+    def exit_workers(self, job_id: str, attempt: int, code: int) -> None:
+        self._answer(workers_exited(self.ledger, job_id, attempt, code, f"exit code {code}"))
 
 
 def healthy(observed_at: float) -> tuple[dict[str, Any], ...]:

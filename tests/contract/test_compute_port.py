@@ -1,0 +1,171 @@
+"""The Compute contract: what ``shared.ports.Compute`` promises, checked on every implementation.
+
+One set of assertions, run over every implementation through a small driver each
+(``compute_drivers.py``: how time passes, how a worker checkpoints and answers SIGTERM):
+
+* ``fake``: ``tests.harness.FakeCompute``, the handler tests' double;
+* ``local``: ``LocalCompute`` with real subprocess workers;
+* ``slurm``: ``SlurmCompute`` over the in-memory Slurm of its unit tests;
+* ``sim``: the simulator's ``SimCompute`` on SimPy time.
+
+What the port promises: every call is idempotent by its key (provision by node; a repair by
+node and attempt, whatever the action; start_workers by job and attempt); results come back
+later as events, once each: one ``NodeProvisioned`` per node, one ``NodeRepairCompleted`` per
+repair followed by its post-repair ``NodeHealthReported``, every ``JobCheckpointSaved`` step
+once (attempts of a job share its checkpoints) and before the attempt's one
+``JobWorkersExited``; a signalled attempt checkpoints and exits 75.
+
+A new Compute adapter must pass this module unchanged: add a driver for it to
+``compute_drivers.DRIVERS``, never a special case here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.domain.events import (
+    Event,
+    JobCheckpointSaved,
+    JobWorkersExited,
+    NodeHealthReported,
+    NodeProvisioned,
+    NodeRepairCompleted,
+)
+from shared.domain.health import RepairAction
+from tests.contract.compute_drivers import DRIVERS, JOB, WORLD, Driver, make_node
+
+NODES = tuple(f"w{i}" for i in range(WORLD))
+GRACE_S = 600.0  # long enough that no driver's workers are SIGKILLed before they save
+
+
+@pytest.fixture(params=sorted(DRIVERS))
+def driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
+    made = DRIVERS[request.param](tmp_path)
+    yield made
+    made.close()
+
+
+def up(driver: Driver, *node_ids: str) -> None:
+    for node_id in node_ids:
+        driver.compute.provision_node(make_node(node_id))
+    driver.until(lambda: {e.node_id for e in driver.events.of(NodeProvisioned)} >= set(node_ids),
+                 "provisioning")
+
+
+def exits(driver: Driver, attempt: int) -> list[JobWorkersExited]:
+    return [e for e in driver.events.of(JobWorkersExited) if (e.job_id, e.attempt) == (JOB, attempt)]
+
+
+def index(events: list[Event], wanted: Event) -> int:
+    return next(i for i, e in enumerate(events) if e is wanted)
+
+
+def stop_by_signal(driver: Driver, attempt: int) -> JobWorkersExited:
+    """SIGTERM (twice: a repeat changes nothing), then wait for the attempt's exit."""
+    driver.compute.signal_workers(JOB, attempt, GRACE_S)
+    driver.compute.signal_workers(JOB, attempt, GRACE_S)
+    driver.until(lambda: bool(exits(driver, attempt)), "workers exit after SIGTERM")
+    for _ in range(3):
+        driver.settle()
+    [exited] = exits(driver, attempt)
+    return exited
+
+
+def test_a_repeated_provision_is_one_node(driver: Driver) -> None:
+    node = make_node("w0")
+    driver.compute.provision_node(node)
+    driver.compute.provision_node(node)
+    up(driver, "w0")
+    driver.compute.provision_node(node)
+    for _ in range(3):
+        driver.settle()
+    assert [e.node_id for e in driver.events.of(NodeProvisioned)] == ["w0"]
+    assert all(e.ok for e in driver.events.of(NodeProvisioned))
+
+
+def test_a_repair_runs_once_per_attempt_and_completes_once_with_its_post_repair_report(
+    driver: Driver,
+) -> None:
+    up(driver, "w0")
+    driver.compute.start_repair("w0", RepairAction.REBOOT, 1)
+    driver.compute.start_repair("w0", RepairAction.REBOOT, 1)
+    driver.compute.start_repair("w0", RepairAction.RESET_GPU, 1)  # same key, another action
+    driver.until(lambda: bool(driver.events.of(NodeRepairCompleted)), "the repair completes")
+    for _ in range(5):
+        driver.settle()
+    [done] = driver.events.of(NodeRepairCompleted)
+    assert (done.node_id, done.attempt, done.action, done.ok) == ("w0", 1, "reboot", True)
+    after = driver.events.events[index(driver.events.events, done) + 1:]
+    post = [e for e in after if isinstance(e, NodeHealthReported) and e.node_id == "w0"
+            and e.source == "post-repair-check"]
+    assert post, "a completed repair is followed by its post-repair check"
+    assert all(c["status"] != "true" for c in post[0].conditions)  # nothing was wrong
+
+    driver.compute.start_repair("w0", RepairAction.REBOOT, 2)  # a new attempt: a new repair
+    driver.until(lambda: len(driver.events.of(NodeRepairCompleted)) == 2, "the second repair")
+    for _ in range(3):
+        driver.settle()
+    assert [e.attempt for e in driver.events.of(NodeRepairCompleted)] == [1, 2]
+
+
+def test_repeated_start_workers_is_one_attempt_ending_in_one_workers_exited(driver: Driver) -> None:
+    up(driver, *NODES)
+    specs = driver.specs(1, NODES)
+    driver.compute.start_workers(specs)
+    driver.compute.start_workers(specs)
+    driver.running(1)
+    driver.compute.start_workers(specs)
+    assert driver.launches(1) == 1
+    stop_by_signal(driver, 1)
+    driver.compute.start_workers(specs)  # after the end: still the same, finished, attempt
+    for _ in range(3):
+        driver.settle()
+    assert driver.launches(1) == 1
+    assert len(exits(driver, 1)) == 1
+
+
+def test_signal_then_a_checkpoint_then_exit_75_then_exactly_one_workers_exited(
+    driver: Driver,
+) -> None:
+    up(driver, *NODES)
+    driver.compute.start_workers(driver.specs(1, NODES))
+    driver.running(1)
+    before = len(driver.events.events)
+    exited = stop_by_signal(driver, 1)
+    assert exited.exit_code == 75
+    events = driver.events.events
+    saved = [e for e in events[before:index(events, exited)]
+             if isinstance(e, JobCheckpointSaved) and (e.job_id, e.attempt) == (JOB, 1)]
+    assert saved, "the program saved a checkpoint on SIGTERM, reported before its exit"
+    driver.compute.stop_workers(JOB, 1)  # the end is final: a late stop adds nothing
+    driver.compute.signal_workers(JOB, 1, GRACE_S)
+    for _ in range(3):
+        driver.settle()
+    assert exits(driver, 1) == [exited]
+
+
+def test_each_checkpoint_is_reported_once_across_attempts_and_before_the_exit(
+    driver: Driver,
+) -> None:
+    up(driver, *NODES)
+    for attempt in (1, 2):
+        driver.compute.start_workers(driver.specs(attempt, NODES))
+        driver.running(attempt)
+        for _ in range(2):
+            driver.checkpoint(attempt)
+            for _ in range(3):
+                driver.settle()
+        exited = stop_by_signal(driver, attempt)
+        events = driver.events.events
+        late = [e for e in events[index(events, exited):]
+                if isinstance(e, JobCheckpointSaved) and e.attempt == attempt]
+        assert late == [], "an attempt's checkpoints are all reported before its exit"
+    saved = driver.events.of(JobCheckpointSaved)
+    steps = [e.step for e in saved]
+    assert len(steps) == len(set(steps)), f"a step reported twice: {steps}"
+    assert steps == sorted(steps)
+    assert {e.attempt for e in saved} == {1, 2}
+    assert sum(1 for e in saved if e.attempt == 1) >= 2

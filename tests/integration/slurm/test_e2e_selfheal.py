@@ -1,8 +1,8 @@
 """The control plane heals a real Slurm cluster (SlurmCompute over scripts/slurm/cluster.sh).
 
 Each test builds its own control plane (``embedded(..., compute="slurm")``, services.wiring)
-in a tmp dir against the session's cluster (conftest.py), and puts the Slurm nodes back as it found them (n1-n4
-idle and in service, c1-c2 powered down), however it ends.
+in a tmp dir against the session's cluster (conftest.py), and puts the Slurm nodes back as it
+found them (n1-n4 idle and in service, c1-c2 powered down), however it ends.
 """
 
 from __future__ import annotations

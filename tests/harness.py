@@ -108,6 +108,7 @@ class FakeCompute:
                 self.started.append(w)
                 self.ledger.start_attempt(w.job_id, w.attempt, w.world_size,
                                           w.checkpoint_dir, self.clock.now())
+                self.ledger.start_rank(w.job_id, w.attempt, w.rank)
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         if (job_id, attempt) not in self.signalled:

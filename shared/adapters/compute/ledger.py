@@ -80,6 +80,11 @@ def checkpoint_saved(store: LedgerStore, job_id: str, attempt: int, checkpoint_d
     return None
 
 
+def all_ranks_exited(codes: Mapping[int, int | None]) -> bool:
+    """Every rank started (or expected) has left its exit code: the attempt is over."""
+    return bool(codes) and all(code is not None for code in codes.values())
+
+
 def workers_exited(store: LedgerStore, job_id: str, attempt: int, code: int,
                    detail: str = "") -> JobWorkersExited | None:
     """The attempt's one ``JobWorkersExited``; None if it was reported already."""
@@ -175,6 +180,7 @@ class AttemptRecord:
     checkpoint_dir: str
     started_at: float
     ended: bool = False
+    ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> exit code (None: runs)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -214,6 +220,22 @@ class MemoryLedger:
     def attempt_ended(self, job_id: str, attempt: int) -> bool | None:
         rec = self.attempts.get((job_id, attempt))
         return None if rec is None else rec.ended
+
+    def start_rank(self, job_id: str, attempt: int, rank: int) -> bool:
+        """A rank of a started attempt launched; True the first time."""
+        rec = self.attempts[job_id, attempt]
+        if rank in rec.ranks:
+            return False
+        rec.ranks[rank] = None
+        return True
+
+    def rank_exited(self, job_id: str, attempt: int, rank: int, code: int) -> bool:
+        """A rank left its exit code; True the first time."""
+        rec = self.attempts.get((job_id, attempt))
+        if rec is None or rec.ranks.get(rank) is not None:
+            return False
+        rec.ranks[rank] = code
+        return True
 
     def checkpoint(self, checkpoint_dir: str, step: int, job_id: str, attempt: int, path: str,
                    now: float) -> bool:

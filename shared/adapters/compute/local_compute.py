@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.adapters.compute.ledger import ranks_exited, report_checkpoints
+from shared.adapters.compute.ledger import all_ranks_exited, ranks_exited, report_checkpoints
 from shared.adapters.compute.local_nodes import DEFAULT_REPAIR_DURATIONS_S, NODES_SCHEMA, LocalNodes
 from shared.adapters.compute.local_procs import (
     exit_code,
@@ -290,9 +290,9 @@ class LocalCompute(LocalNodes):
                 " ORDER BY rank",
                 (job_id, attempt),
             ).fetchall()
-            if not ranks or any(r["exit_code"] is None for r in ranks):
-                continue
             codes = {r["rank"]: r["exit_code"] for r in ranks}
+            if not all_ranks_exited(codes):
+                continue
             self._queue(db, ranks_exited(self._ledger(db), job_id, attempt, codes))
 
     def _scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:

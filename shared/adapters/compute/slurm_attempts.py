@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from shared.adapters.compute.ledger import (
+    all_ranks_exited,
     ranks_exited,
     report_checkpoints,
     workers_exited,
@@ -297,7 +298,7 @@ class SlurmAttempts(SlurmNodes):
             codes = {r: read_exit_file(run_dir / f"rank-{r}.exit") for r in range(att["world_size"])}
             slurm_id = att["slurm_job_id"]
             where = f" (Slurm job {slurm_id})" if slurm_id is not None else ""
-            if all(c is not None for c in codes.values()):
+            if all_ranks_exited(codes):
                 self._finalize_codes(db, att, codes, where)
                 continue
             if not fresh or slurm_id is None:

@@ -40,7 +40,9 @@ class LedgerStore(Protocol):
 
     def start_attempt(self, job_id: str, attempt: int, world_size: int, checkpoint_dir: str,
                       now: float, **extra: Any) -> bool: ...
-    def end_attempt(self, job_id: str, attempt: int) -> bool: ...
+    def end_attempt(self, job_id: str, attempt: int) -> bool:
+        """False for an attempt that never started, as for one that ended already."""
+        ...
     def attempt_ended(self, job_id: str, attempt: int) -> bool | None:
         """None: no such attempt."""
         ...
@@ -210,9 +212,7 @@ class MemoryLedger:
 
     def end_attempt(self, job_id: str, attempt: int) -> bool:
         rec = self.attempts.get((job_id, attempt))
-        if rec is None:  # an attempt this store never saw start still ends once
-            rec = self.attempts[job_id, attempt] = AttemptRecord(0, "", 0.0)
-        if rec.ended:
+        if rec is None or rec.ended:  # never started, or reported already
             return False
         rec.ended = True
         return True

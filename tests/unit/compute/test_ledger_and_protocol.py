@@ -1,0 +1,109 @@
+"""The worker protocol's pure parts and the ledger's rules, the same over both stores."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.adapters.compute.ledger import (
+    CHECKPOINTS_SCHEMA,
+    LedgerStore,
+    MemoryLedger,
+    SqliteLedger,
+    all_ranks_exited,
+    ranks_exited,
+    repair_completed,
+    report_checkpoints,
+    workers_exited,
+)
+from shared.adapters.compute.protocol import (
+    ExitCode,
+    attempt_exit,
+    checkpoint_name,
+    checkpoint_steps,
+    managed_env,
+    master_port,
+)
+from shared.ports import WorkerSpec
+
+SCHEMA = CHECKPOINTS_SCHEMA + """
+CREATE TABLE attempts (job_id TEXT, attempt INTEGER, world_size INTEGER, checkpoint_dir TEXT,
+    started_at REAL, finalized INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, attempt));
+CREATE TABLE repairs (node_id TEXT, attempt INTEGER, action TEXT, started_at REAL,
+    completed_at REAL, PRIMARY KEY (node_id, attempt));
+"""
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest) -> Iterator[LedgerStore]:
+    if request.param == "memory":
+        yield MemoryLedger()
+        return
+    db = sqlite3.connect(":memory:")
+    db.executescript(SCHEMA)
+    yield SqliteLedger(db)
+    db.close()
+
+
+def test_exit_codes() -> None:
+    assert ExitCode.PREEMPTED == 75 and ExitCode.KILLED == 137
+    assert ExitCode.for_signal(signal.SIGTERM) == ExitCode.TERMINATED == 143
+    assert ExitCode.signal_of(137) == signal.SIGKILL and ExitCode.signal_of(75) is None
+    assert attempt_exit({1: 75, 0: 0}) == (75, "exit codes rank 0: 0, rank 1: 75")
+    assert attempt_exit({0: None}) == (137, "exit codes rank 0: 137")
+    assert all_ranks_exited({0: 0, 1: 75}) and not all_ranks_exited({0: 0, 1: None})
+    assert not all_ranks_exited({})
+
+
+def test_checkpoint_discovery(tmp_path: Path) -> None:
+    (tmp_path / checkpoint_name(100)).mkdir()
+    (tmp_path / "ckpt-7.pt").write_text("x")
+    (tmp_path / "ckpt-8.tmp").write_text("partial")
+    (tmp_path / ".ckpt-9").write_text("hidden")
+    (tmp_path / "ckpt-10.npz").write_text("not a zip")
+    with zipfile.ZipFile(tmp_path / "ckpt-11.npz", "w") as z:
+        z.writestr("a", "b")
+    assert sorted(checkpoint_steps(tmp_path)) == [7, 11, 100]
+    assert checkpoint_steps(tmp_path / "missing") == {}
+
+
+def test_the_managed_environment_wins_over_the_spec() -> None:
+    spec = WorkerSpec("j", 2, 1, 4, "n1", ("true",), (("RANK", "9"), ("MINE", "x")),
+                      "/c", "/o/model", "/o/logs")
+    env = managed_env(spec, "10.0.0.1")
+    assert env["RANK"] == "1" and env["MINE"] == "x" and env["WORLD_SIZE"] == "4"
+    assert env["MASTER_PORT"] == str(master_port("j", 2)) and env["MASTER_ADDR"] == "10.0.0.1"
+    assert env["AIP_CHECKPOINT_DIR"] == "/c" and env["CLOUD_ML_JOB_ID"] == "j"
+
+
+def test_an_attempt_starts_once_and_ends_once(store: LedgerStore) -> None:
+    assert store.start_attempt("j", 1, 2, "/c", 0.0)
+    assert not store.start_attempt("j", 1, 2, "/c", 1.0)
+    assert store.attempt_ended("j", 1) is False and store.attempt_ended("j", 9) is None
+    first = ranks_exited(store, "j", 1, {0: 75, 1: 75})
+    assert first is not None and first.exit_code == 75
+    assert workers_exited(store, "j", 1, 1) is None
+    assert store.attempt_ended("j", 1) is True
+    assert workers_exited(store, "j", 2, 0) is None  # never started: nothing to report
+
+
+def test_each_checkpoint_step_once_per_directory(store: LedgerStore, tmp_path: Path) -> None:
+    (tmp_path / "ckpt-10").mkdir()
+    assert [e.step for e in report_checkpoints(store, "j", 1, str(tmp_path), 0.0)] == [10]
+    (tmp_path / "ckpt-20").mkdir()
+    assert [e.step for e in report_checkpoints(store, "j", 2, str(tmp_path), 1.0)] == [20]
+    assert report_checkpoints(store, "j", 2, str(tmp_path), 2.0) == []
+
+
+def test_a_repair_starts_once_per_node_and_attempt_and_completes_once(store: LedgerStore) -> None:
+    assert store.start_repair("n", 1, "reboot", 0.0)
+    assert not store.start_repair("n", 1, "reset_gpu", 0.0)  # the key is (node, attempt)
+    assert repair_completed(store, "n", 2, "reboot", True, "", 1.0) is None  # never started
+    done = repair_completed(store, "n", 1, "reboot", True, "ok", 1.0)
+    assert done is not None and done.ok and done.attempt == 1
+    assert repair_completed(store, "n", 1, "reboot", True, "ok", 2.0) is None

@@ -17,13 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shared.adapters.compute.protocol import (
-    safe_name,
-)
+from shared.adapters.compute.protocol import safe_name
 from shared.adapters.compute.slurm_ops import SlurmOps
-from shared.domain.events import (
-    NodeHealthReported,
-)
+from shared.domain.events import NodeHealthReported
 from shared.domain.health import HealthReport
 from shared.probes.agent import AgentState, collect
 from shared.probes.config import AgentConfig

@@ -11,11 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shared.adapters.compute.slurm_cli import (
-    SlurmCli,
-    SlurmJob,
-    SlurmNode,
-)
+from shared.adapters.compute.slurm_cli import SlurmCli, SlurmJob, SlurmNode
 from shared.domain.health import RepairAction
 
 RA = RepairAction

@@ -25,18 +25,11 @@ from shared.adapters.compute.ledger import (
     report_checkpoints,
     workers_exited,
 )
-from shared.adapters.compute.protocol import (
-    ExitCode,
-    managed_env,
-    read_exit_file,
-)
+from shared.adapters.compute.protocol import ExitCode, managed_env, read_exit_file
 from shared.adapters.compute.slurm_api import REQUEUED_JOB_STATES, TERMINAL_JOB_STATES, job_name
-from shared.adapters.compute.slurm_cli import (
-    SlurmError,
-    SlurmPermanentError,
-)
+from shared.adapters.compute.slurm_cli import SlurmError, SlurmPermanentError
 from shared.adapters.compute.slurm_nodes import SlurmNodes
-from shared.adapters.compute.slurm_ops import _OpResult, log
+from shared.adapters.compute.slurm_ops import OpResult, log
 from shared.adapters.compute.slurm_scripts import write_scripts
 from shared.ports import WorkerSpec
 
@@ -54,12 +47,12 @@ class SlurmAttempts(SlurmNodes):
             ).fetchone()
         return None if row is None else cast("int | None", row["slurm_job_id"])
 
-    def _op_submit(self, args: dict[str, Any]) -> _OpResult:
+    def _op_submit(self, args: dict[str, Any]) -> OpResult:
         job_id, attempt = args["job_id"], args["attempt"]
         name = job_name(job_id, attempt, self.instance)
         existing = [j for j in self.cli.jobs() if j.name == name]
         if existing:  # submitted before, but the answer was lost: adopt it, never run twice
-            return _OpResult(True, data={"slurm_job_id": max(j.job_id for j in existing)})
+            return OpResult(True, data={"slurm_job_id": max(j.job_id for j in existing)})
         self._ensure_partition()
         nodes = list(args["slurm_nodes"])
         run_dir = Path(args["run_dir"])
@@ -72,7 +65,7 @@ class SlurmAttempts(SlurmNodes):
             self._ensure_partition()
             slurm_id = self._sbatch(name, nodes, run_dir, args["output"])
         log.info("submitted %s as Slurm job %d on %s", name, slurm_id, ",".join(nodes))
-        return _OpResult(True, data={"slurm_job_id": slurm_id})
+        return OpResult(True, data={"slurm_job_id": slurm_id})
 
     def _ensure_partition(self) -> None:
         if self.partition and not self._partition_ready:
@@ -98,7 +91,7 @@ class SlurmAttempts(SlurmNodes):
             ),
         )
 
-    def _op_signal(self, args: dict[str, Any]) -> _OpResult:
+    def _op_signal(self, args: dict[str, Any]) -> OpResult:
         slurm_id = self.slurm_job_id(args["job_id"], args["attempt"])
         if slurm_id is None:
             return self._before_submit(args)
@@ -107,14 +100,14 @@ class SlurmAttempts(SlurmNodes):
         except SlurmPermanentError:
             job = next((j for j in self.cli.jobs() if j.job_id == slurm_id), None)
             if job is None or job.job_state in TERMINAL_JOB_STATES:
-                return _OpResult(True)  # already over: nothing left to tell
+                return OpResult(True)  # already over: nothing left to tell
             if job.job_state == "PENDING":  # nothing runs yet, so nothing to checkpoint
                 self.cli.cancel(slurm_id)
-                return _OpResult(True)
+                return OpResult(True)
             raise
-        return _OpResult(True)
+        return OpResult(True)
 
-    def _op_cancel(self, args: dict[str, Any]) -> _OpResult:
+    def _op_cancel(self, args: dict[str, Any]) -> OpResult:
         slurm_id = self.slurm_job_id(args["job_id"], args["attempt"])
         if slurm_id is None:
             return self._before_submit(args)
@@ -124,16 +117,16 @@ class SlurmAttempts(SlurmNodes):
             job = next((j for j in self.cli.jobs() if j.job_id == slurm_id), None)
             if job is not None and job.job_state not in TERMINAL_JOB_STATES:
                 raise
-        return _OpResult(True)
+        return OpResult(True)
 
-    def _before_submit(self, args: dict[str, Any]) -> _OpResult:
+    def _before_submit(self, args: dict[str, Any]) -> OpResult:
         """Signal or cancel of an attempt whose sbatch has not gone through yet: wait for it,
         unless it failed (then the attempt is already over)."""
         with self._tx() as db:
             att = self._attempt(db, args["job_id"], args["attempt"])
         if att is None or att["finalized"]:
-            return _OpResult(True)
-        return _OpResult(False, transient=True, quiet=True, error="waiting for sbatch")
+            return OpResult(True)
+        return OpResult(False, transient=True, quiet=True, error="waiting for sbatch")
 
     # -- results
 

@@ -89,11 +89,7 @@ from pathlib import Path
 
 from shared.adapters.compute.slurm_api import NodeRecord, SlurmApi, SlurmControl
 from shared.adapters.compute.slurm_attempts import SlurmAttempts
-from shared.adapters.compute.slurm_cli import (
-    SlurmError,
-    SlurmJob,
-    SlurmTransientError,
-)
+from shared.adapters.compute.slurm_cli import SlurmError, SlurmJob, SlurmTransientError
 from shared.adapters.compute.slurm_ops import log
 from shared.ports import Clock, Emitter
 from shared.probes.agent import AgentState

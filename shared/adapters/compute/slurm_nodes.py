@@ -12,19 +12,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any, cast
 
-from shared.adapters.compute.ledger import (
-    repair_completed,
-)
+from shared.adapters.compute.ledger import repair_completed
 from shared.adapters.compute.slurm_agents import SlurmAgents, report_conditions
 from shared.adapters.compute.slurm_api import REBOOTS, NodeRecord, drain_reason, xid_line
-from shared.adapters.compute.slurm_cli import (
-    SlurmPermanentError,
-)
-from shared.adapters.compute.slurm_ops import _OpResult, log
-from shared.domain.events import (
-    NodeHealthReported,
-    NodeProvisioned,
-)
+from shared.adapters.compute.slurm_cli import SlurmPermanentError
+from shared.adapters.compute.slurm_ops import OpResult, log
+from shared.domain.events import NodeHealthReported, NodeProvisioned
 from shared.domain.health import RepairAction
 from shared.domain.model import Node, NodeRole
 
@@ -75,47 +68,47 @@ class SlurmNodes(SlurmAgents):
         return row
 
 
-    def _op_drain(self, args: dict[str, Any]) -> _OpResult:
+    def _op_drain(self, args: dict[str, Any]) -> OpResult:
         self.cli.drain(args["node"], args["reason"])
-        return _OpResult(True)
+        return OpResult(True)
 
-    def _op_resume(self, args: dict[str, Any]) -> _OpResult:
+    def _op_resume(self, args: dict[str, Any]) -> OpResult:
         try:
             self.cli.resume(args["node"])
         except SlurmPermanentError as exc:
             if "invalid node state" not in str(exc).lower():
                 raise
             # not drained (any more): already in service, which is what we want
-        return _OpResult(True)
+        return OpResult(True)
 
-    def _op_reboot(self, args: dict[str, Any]) -> _OpResult:
+    def _op_reboot(self, args: dict[str, Any]) -> OpResult:
         node, reason = args["node"], args["reason"]
         record = next((r for r in self.cli.node_records() if r.name == node), None)
         if record is None:
-            return _OpResult(False, error=f"Invalid node name specified: {node}")
+            return OpResult(False, error=f"Invalid node name specified: {node}")
         if not record.node.drained:  # a plain reboot of a drained node keeps it drained
             self.cli.drain(node, reason)
         issued = self._clock.now()
         self.cli.reboot_keep_drain(node, reason)
-        return _OpResult(True, data={"boot_before": record.slurmd_start_time, "issued_at": issued})
+        return OpResult(True, data={"boot_before": record.slurmd_start_time, "issued_at": issued})
 
-    def _op_power_up(self, args: dict[str, Any]) -> _OpResult:
+    def _op_power_up(self, args: dict[str, Any]) -> OpResult:
         try:
             self.cli.power_up(args["node"])
         except SlurmPermanentError:
             record = next((r for r in self.cli.node_records() if r.name == args["node"]), None)
             if record is None or record.node.powered_down:
                 raise
-        return _OpResult(True)
+        return OpResult(True)
 
-    def _op_power_down(self, args: dict[str, Any]) -> _OpResult:
+    def _op_power_down(self, args: dict[str, Any]) -> OpResult:
         try:
             self.cli.power_down(args["node"])
         except SlurmPermanentError:
             record = next((r for r in self.cli.node_records() if r.name == args["node"]), None)
             if record is None or not (record.node.powered_down or "POWERING_DOWN" in record.flags):
                 raise
-        return _OpResult(True)
+        return OpResult(True)
 
     def _done_reboot(
         self, db: sqlite3.Connection, args: dict[str, Any], data: dict[str, Any], now: float

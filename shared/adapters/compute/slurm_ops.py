@@ -19,11 +19,7 @@ from typing import Any
 
 from shared.adapters.compute.fact_state import FactState
 from shared.adapters.compute.slurm_api import NodeRecord, SlurmApi
-from shared.adapters.compute.slurm_cli import (
-    SlurmError,
-    SlurmJob,
-    SlurmTransientError,
-)
+from shared.adapters.compute.slurm_cli import SlurmError, SlurmJob, SlurmTransientError
 from shared.probes.agent import AgentState
 from shared.probes.commands import Runner as ProbeRunner
 
@@ -33,7 +29,9 @@ OP_LEASE_S = 60.0  # an operation claimed by a process that died is run again af
 
 
 @dataclass
-class _OpResult:
+class OpResult:
+    """How one run of an operation went (``data``: what ``_done_<kind>`` records)."""
+
     ok: bool
     transient: bool = False
     error: str = ""
@@ -43,6 +41,8 @@ class _OpResult:
 
 @dataclass(frozen=True)
 class Alert:
+    """Something a person should look at (``SlurmCompute.alerts()``)."""
+
     at: float
     kind: str
     subject: str
@@ -153,23 +153,23 @@ class SlurmOps(FactState):
             if result.transient and not result.quiet:
                 return  # the controller is not answering: the rest waits for the retry
 
-    def _execute(self, kind: str, args: dict[str, Any]) -> _OpResult:
+    def _execute(self, kind: str, args: dict[str, Any]) -> OpResult:
         try:
             handler = getattr(self, f"_op_{kind}")
             result = handler(args)
-            assert isinstance(result, _OpResult)
+            assert isinstance(result, OpResult)
         except SlurmTransientError as exc:
             self._controller_down(str(exc))
-            return _OpResult(False, transient=True, error=str(exc))
+            return OpResult(False, transient=True, error=str(exc))
         except SlurmError as exc:
-            return _OpResult(False, error=str(exc))
+            return OpResult(False, error=str(exc))
         except OSError as exc:  # writing scripts, reading run files
-            return _OpResult(False, error=f"{type(exc).__name__}: {exc}")
+            return OpResult(False, error=f"{type(exc).__name__}: {exc}")
         if self._down_since is not None and not result.quiet:
             self._controller_up()
         return result
 
-    def _record(self, db: sqlite3.Connection, row: sqlite3.Row, result: _OpResult) -> None:
+    def _record(self, db: sqlite3.Connection, row: sqlite3.Row, result: OpResult) -> None:
         now = self._clock.now()
         current = db.execute("SELECT seq FROM ops WHERE key = ?", (row["key"],)).fetchone()
         replaced = current is None or current["seq"] != row["seq"]

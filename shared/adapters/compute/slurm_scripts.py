@@ -16,10 +16,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from shared.adapters.compute.protocol import (
-    LAUNCHER,
-    managed_env,
-)
+from shared.adapters.compute.protocol import LAUNCHER, managed_env
 from shared.ports import WorkerSpec
 
 

@@ -7,7 +7,8 @@ this launcher is the parent that waits. It starts CMD, relays SIGTERM/SIGINT, an
 ends writes its exit code (decimal, one line) to PATH atomically (temp file + ``os.replace``)
 and exits with the same code. A child killed by signal N is reported as 128+N (137 for
 SIGKILL, 143 for SIGTERM), as shells do; a command that cannot be started is 127 (not found)
-or 126 (not executable). No exit file means the launcher itself was killed.
+or 126 (not executable). No exit file means the launcher itself was killed. These are the
+worker protocol's codes (``protocol.ExitCode``), restated here because this file imports nothing.
 
 Signals: when the launcher leads its own process group (LocalCompute starts it with
 ``start_new_session=True``), a SIGTERM/SIGINT sent to the launcher is relayed once to the

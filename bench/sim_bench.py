@@ -37,7 +37,7 @@ import pstats
 import time
 from typing import Any
 
-from services.wiring.embedded import build_deps
+from services.wiring.builder import build_deps
 from services.wiring.routes import subscribers
 from shared.adapters.memory_store import MemoryDocStore
 from shared.adapters.outbox import DocOutbox

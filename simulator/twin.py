@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import simpy
 
-from shared.adapters.outbox import DocOutbox
+from services.wiring.builder import build_deps
 from shared.adapters.memory_store import MemoryDocStore
-from services.wiring.embedded import build_deps
+from shared.adapters.outbox import DocOutbox
 from shared.config import ControlPlaneConfig
 from shared.domain.events import ClusterReady, Envelope, JobFinished
 from shared.handling import Deps

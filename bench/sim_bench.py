@@ -85,7 +85,7 @@ def replay(tw: twin.Twin) -> tuple[float, MemoryDocStore]:
         clock.t = EPOCH_S + t
         if fn is not None:
             seq += 1
-            twin.apply_api(deps, fn, seq, bus.publish)
+            twin.apply_api(deps, fn, seq)
             continue
         assert envelope is not None
         for service, handler in subscribers(envelope.type):

@@ -1,6 +1,6 @@
 """The simulated bus: the Publisher port on SimPy time.
 
-:class:`SimBus` delivers every envelope to ``routing.subscribers(type)`` through the real
+:class:`SimBus` delivers every envelope to the subscribers its routes name, through the real
 ``run_handler`` (idempotency, staleness, outbox) after a sampled latency, and can duplicate and
 reorder deliveries; a handler that raises is redelivered later, as Pub/Sub would. It keeps the
 event log (``rows``) the goodput accounting reads, and per-service handler time.
@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 import simpy
 
-from services.wiring.routes import subscribers
 from shared.adapters.outbox import make_envelope
 from shared.domain.errors import PermanentError
 from shared.domain.events import Envelope, Event
-from shared.handling import Deps, Outcome, run_handler
+from shared.handling import Deps, Outcome, Routes, run_handler
 from simulator.clock import SimClock, call_later
 from simulator.scenario_types import BusCfg
 
@@ -49,8 +48,9 @@ class SimBus:
     """The Publisher port: latency, duplication, reordering, redelivery of failed handlers."""
 
     def __init__(self, env: simpy.Environment, cfg: BusCfg, rng: np.random.Generator,
-                 clock: SimClock, *, record: bool = False) -> None:
+                 clock: SimClock, routes: Routes, *, record: bool = False) -> None:
         self.env = env
+        self.routes = routes
         self.cfg = cfg
         self.rng = rng
         self.clock = clock
@@ -91,7 +91,7 @@ class SimBus:
             self.record.append((float(self.env.now), envelope, services, None))
         stats = self.stats
         failed: list[str] = []
-        for service, handler in subscribers(envelope.type):
+        for service, handler in self.routes.subscribers(envelope.type):
             if services is not None and service not in services:
                 continue
             t0 = time.perf_counter()

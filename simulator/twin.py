@@ -36,11 +36,12 @@ import numpy as np
 import simpy
 
 from services.wiring.builder import build_deps
+from services.wiring.routes import control_plane_routes
 from shared.adapters.memory_store import MemoryDocStore
 from shared.adapters.outbox import DocOutbox
 from shared.config import ControlPlaneConfig
 from shared.domain.events import ClusterReady, Envelope, JobFinished
-from shared.handling import Deps
+from shared.handling import Deps, run_command
 from shared.policies.repair import load_repair_config
 from shared.policies.triage import load_triage_table
 from simulator import goodput
@@ -189,7 +190,8 @@ class Twin:
         streams = np.random.SeedSequence(self.seed).spawn(4)
         rng_fail, rng_compute, rng_bus, _spare = (np.random.default_rng(s) for s in streams)
         self.clock = SimClock(self.env, EPOCH_S)
-        self.bus = SimBus(self.env, scenario.bus, rng_bus, self.clock, record=record)
+        self.bus = SimBus(self.env, scenario.bus, rng_bus, self.clock, control_plane_routes(),
+                          record=record)
         self.config = config if config is not None else control_plane_config(scenario)
         self.model = FailureModel(scenario.failures, rng_fail)
         self.compute = SimCompute(self.env, scenario, self.bus, self.model, rng_compute,
@@ -216,7 +218,7 @@ class Twin:
         self.api_calls.append((float(self.env.now), fn))
         if self.bus.record is not None:
             self.bus.record.append((float(self.env.now), None, None, fn))
-        return apply_api(self.deps, fn, self._api_seq, self.bus.publish)
+        return apply_api(self.deps, fn, self._api_seq)
 
     def _observe(self, envelope: Envelope) -> None:
         if isinstance(envelope.event, ClusterReady) and self.ready_at is None:
@@ -341,19 +343,9 @@ def _gc_tuned() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def apply_api(deps: Deps, fn: Callable[[Any, Deps], Any], seq: int,
-              publish: Callable[[Envelope], None]) -> Any:
-    uow = deps.uow()
-    with uow:
-        uow.caused_by(f"//mtc/sim/api#{seq}")
-        result = fn(uow, deps)
-        uow.commit()
-        committed = list(uow.committed)
-    for envelope in committed:
-        publish(envelope)
-        if deps.outbox is not None:
-            deps.outbox.mark_published([envelope.id])
-    return result
+def apply_api(deps: Deps, fn: Callable[[Any, Deps], Any], seq: int) -> Any:
+    """An API call as the HTTP API makes it (``run_command``); its events go to the bus."""
+    return run_command(deps, lambda uow: fn(uow, deps), key=f"//mtc/sim/api#{seq}")
 
 
 def run(scenario: Scenario, *, seed: int | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.domain.errors import ValidationError
 from shared.policies.checkpointing import CheckpointPolicy
 from shared.policies.repair import RepairConfig
 from shared.policies.triage import TriageTable, load_triage_table
@@ -23,8 +24,26 @@ class ControlPlaneConfig:
     grace_period_s: float = 30.0  # SIGTERM to SIGKILL: time the job has to checkpoint
     max_event_age_s: float = 3600.0  # older events are dropped: they must not re-drain nodes
     heartbeat_timeout_s: float = 60.0
+    # a held repair or a failed node alerts once, then again only on change or after this
+    alert_reminder_s: float = 3600.0
+    # retention: the event log keeps this long; idempotency records at least
+    # max_event_age_s (a duplicate young enough to be accepted must still be caught)
+    retention_s: float = 7 * 24 * 3600.0
+    idempotency_retention_s: float = 2 * 3600.0
+    prune_interval_s: float = 60.0  # the embedded stores prune at most this often
     output_root: Path = Path("var/jobs")
     python: str = "python3"
     # who drives provisioning: "events" (the handlers, step after step: the embedded default)
     # or "workflow" (Cloud Workflows calls the same steps and owns polling and rollback)
     provisioning: str = "events"
+
+    @property
+    def idempotency_window_s(self) -> float:
+        """How long an idempotency record is kept: never shorter than the accepted age."""
+        return max(self.idempotency_retention_s, self.max_event_age_s)
+
+    def __post_init__(self) -> None:
+        for name in ("alert_reminder_s", "retention_s", "idempotency_retention_s",
+                     "prune_interval_s"):
+            if getattr(self, name) < 0:
+                raise ValidationError(name, "must not be negative")

@@ -32,6 +32,10 @@ class DeadLetters(Protocol):
 
 class Outcome(enum.StrEnum):
     HANDLED = "handled"
+    # handled, and nothing changed but "last seen" (a report that repeats the node's state):
+    # committed and recorded as processed, but left out of the timeline (``run_handler``
+    # answers it only when asked to)
+    UNCHANGED = "unchanged"
     DUPLICATE = "duplicate"
     STALE = "stale"
     DEAD_LETTERED = "dead-lettered"
@@ -51,10 +55,17 @@ class Deps:
     outbox: Outbox | None = None
 
 
-Handler = Callable[[Any, Any, Deps], None]  # (event, uow, deps)
+# (event, uow, deps) -> None, or Outcome.UNCHANGED when the event changed nothing that
+# matters (the bus then leaves it out of the event log)
+Handler = Callable[[Any, Any, Deps], "Outcome | None"]
 
 
-def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps) -> Outcome:
+def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps, *,
+                report_unchanged: bool = False) -> Outcome:
+    """Run ``handler`` once for ``envelope``. ``report_unchanged``: answer UNCHANGED (rather
+    than HANDLED) when the handler says the event changed nothing that matters; the
+    embedded bus asks for it to keep such events out of the timeline, transports that
+    answer a push (HTTP) keep the plain HANDLED."""
     now = deps.clock.now()
     key = f"{service}:{envelope.key}"
     if now - envelope.time > deps.config.max_event_age_s:
@@ -67,8 +78,8 @@ def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps) 
             if uow.already_processed(key):
                 return Outcome.DUPLICATE
             uow.caused_by(key)
-            handler(envelope.event, uow, deps)
-            uow.mark_processed(key, now)
+            result = handler(envelope.event, uow, deps)
+            uow.mark_processed(key, now, expire_at=now + deps.config.idempotency_window_s)
             uow.commit()
             committed = uow.committed
     except PermanentError as exc:
@@ -76,6 +87,8 @@ def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps) 
         deps.dead_letters.dead_letter(envelope, service, str(exc))
         return Outcome.DEAD_LETTERED
     publish_all(deps, committed)
+    if report_unchanged and result is Outcome.UNCHANGED and not committed:
+        return Outcome.UNCHANGED
     return Outcome.HANDLED
 
 

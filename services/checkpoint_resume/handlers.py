@@ -6,6 +6,7 @@ so a late exit of a killed attempt cannot end the attempt that replaced it.
 
 from __future__ import annotations
 
+from shared.domain import exits, lifecycle
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
     JobCheckpointSaved,
@@ -22,7 +23,7 @@ from shared.handling import Deps
 from shared.ports import UnitOfWork
 
 SERVICE = "checkpoint_resume"
-PREEMPTED_EXIT = 75  # EX_TEMPFAIL: the program checkpointed on SIGTERM and asks to resume
+PREEMPTED_EXIT = exits.PREEMPTED  # the program checkpointed on SIGTERM and asks to resume
 KEEP_CHECKPOINTS = 20
 
 
@@ -78,23 +79,25 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         job.transition(JobState.CANCELLED, now)
         _finished(job, uow, "cancelled by the user")
         return
-    interrupted = job.interrupt_requested_at is not None or _killed_from_outside(event.exit_code)
+    interrupted = job.interrupt_requested_at is not None
     restart_anyway = job.spec.scheduling.restart_job_on_worker_restart
-    if event.exit_code != 0 and not interrupted and not restart_anyway:
+    if event.exit_code != 0 and not interrupted and not restart_anyway \
+            and not exits.killed_from_outside(event.exit_code):
         interrupted = _lost_a_node(job, uow)  # a crash: the program's, or a dead node's?
-    if event.exit_code == 0 and not interrupted:
+    verdict = exits.exit_verdict(event.exit_code, interrupted=interrupted,
+                                 restart_anyway=restart_anyway, restarts=job.restart_count,
+                                 max_restarts=job.spec.scheduling.max_restarts)
+    if verdict is exits.Verdict.SUCCEEDED:
         _finish(job, JobState.SUCCEEDED, "all workers exited 0", uow, deps)
-        return
-    if not interrupted and not restart_anyway:
+    elif verdict is exits.Verdict.FAILED:
         job.error = f"worker exited with code {event.exit_code}: {event.detail}"
         _finish(job, JobState.FAILED, job.error, uow, deps)
-        return
-    if job.restart_count >= job.spec.scheduling.max_restarts:
+    elif verdict is exits.Verdict.GAVE_UP:
         job.error = f"gave up after {job.restart_count} restarts"
         _finish(job, JobState.FAILED, job.error, uow, deps)
-        return
-    _requeue(job, job.interrupt_reason or f"workers exited with code {event.exit_code}", uow,
-             deps)
+    else:
+        _requeue(job, job.interrupt_reason or f"workers exited with code {event.exit_code}",
+                 uow, deps)
 
 
 def _finish(job: Job, state: JobState, detail: str, uow: UnitOfWork, deps: Deps) -> None:
@@ -121,12 +124,7 @@ def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps) -> None:
 
 def _out_of_service(cluster_id: str, uow: UnitOfWork) -> set[str]:
     """From the partition aggregates: no need to read every node of a 2,048-node job."""
-    return {n for p in uow.partitions.list(cluster_id) for n in p.out_of_service}
-
-
-def _killed_from_outside(exit_code: int) -> bool:
-    """Preempted, or killed by a signal (OOM killer, a lost host): not the program's bug."""
-    return exit_code == PREEMPTED_EXIT or exit_code >= 128 or exit_code < 0
+    return lifecycle.out_of_service(uow.partitions.list(cluster_id))
 
 
 def _lost_a_node(job: Job, uow: UnitOfWork) -> bool:
@@ -147,17 +145,8 @@ def _release(node_ids: list[str], job_id: str, uow: UnitOfWork, deps: Deps) -> N
     now = deps.clock.now()
     for node_id in node_ids:
         node = uow.nodes.get(node_id)
-        if node is None or node.job_id != job_id:
-            continue
-        node.job_id = None
-        if node.state is NodeState.ALLOCATED:
-            node.transition(NodeState.IDLE, now, "job left")
-        elif node.state is NodeState.SUSPECT:
-            node.reason = f"{node.reason} (job left)"
-        elif node.state is NodeState.DRAINING:
-            reason = node.reason
-            node.transition(NodeState.DRAINED, now, reason)
-            uow.emit(NodeDrained(node_id=node.node_id, reason=reason))
+        if node is not None and lifecycle.release_from_job(node, job_id, now):
+            uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
 
 
 def _release_orphan(node_id: str, uow: UnitOfWork, deps: Deps) -> None:
@@ -171,10 +160,8 @@ def _release_orphan(node_id: str, uow: UnitOfWork, deps: Deps) -> None:
         return
     if job is not None and job.state is JobState.PENDING and node_id in job.node_ids:
         job.node_ids = ["" if n == node_id else n for n in job.node_ids]  # held, now lost
-    node.job_id = None
-    reason = node.reason
-    node.transition(NodeState.DRAINED, deps.clock.now(), reason)
-    uow.emit(NodeDrained(node_id=node.node_id, reason=reason))
+    if lifecycle.release_from_job(node, None, deps.clock.now()):
+        uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
 
 
 def _finished(job: Job, uow: UnitOfWork, detail: str) -> None:

@@ -1,12 +1,23 @@
 """Health triage: a health report in, a diagnosis (or a return to service) out.
 
+Conditions are state: a report is folded into the node's conditions first; one that changes
+nothing (the same faults, the same verdict) refreshes "last seen" and ends there (no
+diagnosis, no alert, and the bus leaves it out of the timeline: ``Outcome.UNCHANGED``). A
+node still held with the same fault is diagnosed again once per ``alert_reminder_s``.
+
 Decisions are state-based: a report for a node already out of service changes nothing, an
 older report arriving after a newer one is ignored, so replays and XID storms cannot
 re-drain a node that was repaired since.
+
+This service owns **return to service**: it counts the passing checks (hysteresis), moves
+the node back to IDLE and into its partition, uncordons it in compute and announces it
+(NodeReturnedToService); it also releases a held node that reports healthy. Taking nodes
+out of service (cordon, drain, repair) belongs to the repair service.
 """
 
 from __future__ import annotations
 
+from shared.domain import lifecycle
 from shared.domain.errors import NotFound
 from shared.domain.events import (
     FleetTicked,
@@ -14,110 +25,103 @@ from shared.domain.events import (
     NodeHealthReported,
     NodeReturnedToService,
 )
-from shared.domain.health import (
-    Condition,
-    ConditionStatus,
-    ConditionType,
-    HealthReport,
-    RepairAction,
-)
+from shared.domain.health import Condition, HealthReport, RepairAction
+from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeRole, NodeState
-from shared.handling import Deps
+from shared.handling import Deps, Outcome
 from shared.policies.repair import ready_to_return
 from shared.policies.triage import triage, unconfirmed_sightings
 from shared.ports import UnitOfWork
 
 SERVICE = "health_triage"
 SYNTHETIC_SOURCES = frozenset({"heartbeat-monitor"})
-MAX_HISTORY = 50
-# states in which a fresh diagnosis can still change what happens to the node
-ACTIONABLE = frozenset({NodeState.IDLE, NodeState.ALLOCATED, NodeState.SUSPECT,
-                        NodeState.VERIFYING})
+MAX_HISTORY = lifecycle.MAX_HISTORY  # kept for callers of the old name
+
+__all__ = ["ACTIONABLE", "MAX_HISTORY", "SERVICE", "SUBSCRIPTIONS", "assess"]
 
 
-def on_health_reported(event: NodeHealthReported, uow: UnitOfWork, deps: Deps) -> None:
+def on_health_reported(event: NodeHealthReported, uow: UnitOfWork, deps: Deps
+                       ) -> Outcome | None:
     node = uow.nodes.get(event.node_id)
     if node is None:
         raise NotFound("node", event.node_id)
     conditions = tuple(Condition.from_dict(c) for c in event.conditions)
     report = HealthReport(event.node_id, event.observed_at, conditions, event.source)
-    assess(node, report, uow, deps)
+    return None if assess(node, report, uow, deps) else Outcome.UNCHANGED
 
 
-def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> None:
+def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> bool:
+    """Triage ``report`` for ``node``; False when it changed nothing but "last seen"."""
     if node.state in (NodeState.RETIRED,) or node.role is NodeRole.LOGIN:
-        return
+        return False
     synthetic = report.source in SYNTHETIC_SOURCES
     if not synthetic:
         if node.last_report_at is not None and report.observed_at < node.last_report_at:
-            return  # reordered: a newer report was already assessed
+            return False  # reordered: a newer report was already assessed
         node.last_report_at = report.observed_at
+    before = (node.state, node.passes, len(node.history), node.last_diagnosis)
+    changed = lifecycle.observe(node, report)
     now = deps.clock.now()
     table = deps.config.triage_table
     diagnosis = triage(report, node.history, now, table)
     # first sightings of faults that act only when confirmed (slow, hot): remembered so the
     # next report can confirm them; their action is NONE, so the repair ladder ignores them
-    node.history.extend(unconfirmed_sightings(report, node.history, now, table))
-    del node.history[:-MAX_HISTORY]
-    node.last_diagnosis = diagnosis.failure_mode
+    lifecycle.record_failure(node, *unconfirmed_sightings(report, node.history, now, table))
     if diagnosis.healthy:
+        node.last_diagnosis = diagnosis.failure_mode
         _count_pass(node, report, uow, deps)
-        return
-    if diagnosis.action is RepairAction.NONE:
-        return  # a warning or an unknown check: noted, nothing to do
-    if node.state not in ACTIONABLE:
-        return  # already being drained or repaired: the same fault must not act twice
-    if node.state is NodeState.VERIFYING:
-        node.passes, node.first_pass_at = 0, None
-    uow.emit(NodeDiagnosed(
-        node_id=node.node_id,
-        observed_at=report.observed_at,
-        failure_mode=diagnosis.failure_mode,
-        severity=diagnosis.severity.value,
-        action=diagnosis.action.value,
-        reasons=diagnosis.reasons,
-        unmapped_xids=diagnosis.unmapped_xids,
-    ))
+    elif diagnosis.action is RepairAction.NONE or node.state not in ACTIONABLE:
+        node.last_diagnosis = diagnosis.failure_mode
+    else:
+        # (a warning or an unknown check is noted and does nothing; a node already being
+        # drained or repaired must not act on the same fault twice)
+        if lifecycle.diagnosis_due(node, diagnosis.failure_mode, diagnosis.action, changed,
+                                   now, deps.config.alert_reminder_s):
+            node.last_diagnosis = diagnosis.failure_mode
+            if node.state is NodeState.VERIFYING:
+                lifecycle.reset_passes(node)
+            uow.emit(NodeDiagnosed(
+                node_id=node.node_id,
+                observed_at=report.observed_at,
+                failure_mode=diagnosis.failure_mode,
+                severity=diagnosis.severity.value,
+                action=diagnosis.action.value,
+                reasons=diagnosis.reasons,
+                unmapped_xids=diagnosis.unmapped_xids,
+            ))
+            return True
+    after = (node.state, node.passes, len(node.history), node.last_diagnosis)
+    return changed or after != before
 
 
 def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> None:
     """Hysteresis: a repaired or new node returns only after enough consecutive passes."""
     now = deps.clock.now()
-    if node.state is NodeState.SUSPECT:
-        node.transition(NodeState.ALLOCATED if node.job_id else NodeState.IDLE, now,
-                        "healthy again")
+    if lifecycle.release_hold(node, now) or node.state is not NodeState.VERIFYING:
         return
-    if node.state is not NodeState.VERIFYING:
-        return
-    node.passes += 1
-    if node.first_pass_at is None:
-        node.first_pass_at = report.observed_at
+    lifecycle.count_pass(node, report.observed_at)
     if not ready_to_return(node.passes, node.first_pass_at, now, deps.config.repair):
         return
-    node.transition(NodeState.IDLE, now, "passed its checks")
+    lifecycle.return_to_service(node, uow.partitions.get(node.cluster_id, node.partition), now)
     deps.compute.uncordon(node.node_id)
-    partition = uow.partitions.get(node.cluster_id, node.partition)
-    if partition is not None:
-        partition.put_back(node.node_id)
     uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id))
 
 
-def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> None:
-    """Nodes whose agent went silent are reported by the monitor, then triaged as usual."""
+def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome | None:
+    """Heartbeats are state: a node whose last report is older than the timeout gets a
+    HeartbeatLost condition, once (on the change), then is triaged as usual."""
     now = deps.clock.now()
     timeout = deps.config.heartbeat_timeout_s
-    watched = (NodeState.IDLE, NodeState.ALLOCATED, NodeState.SUSPECT)
+    acted = False
     for node in uow.nodes.list(event.cluster_id):
-        if node.state not in watched or node.role is NodeRole.LOGIN:
+        if node.role is NodeRole.LOGIN:
             continue
-        last = node.last_report_at if node.last_report_at is not None else node.since
-        silent = now - last
-        if silent <= timeout:
+        condition = lifecycle.heartbeat_lost(node, now, timeout)
+        if condition is None:
             continue
-        condition = Condition(ConditionType.HEARTBEAT_LOST.value, ConditionStatus.TRUE,
-                              f"no report for {silent:.0f} s", now, {"silent_for_s": silent})
-        assess(node, HealthReport(node.node_id, now, (condition,), "heartbeat-monitor"), uow,
-               deps)
+        acted |= assess(node, HealthReport(node.node_id, now, (condition,), "heartbeat-monitor"),
+                        uow, deps)
+    return None if acted else Outcome.UNCHANGED
 
 
 SUBSCRIPTIONS = {

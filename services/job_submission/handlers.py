@@ -11,6 +11,7 @@ import shlex
 import uuid
 from typing import Any
 
+from shared.domain import lifecycle
 from shared.domain.errors import Conflict, NotFound, ValidationError
 from shared.domain.events import (
     ClusterCreateRequested,
@@ -22,6 +23,7 @@ from shared.domain.events import (
     JobRequeued,
     JobStarted,
     JobSubmitted,
+    NodeDrained,
     NodeReturnedToService,
 )
 from shared.domain.model import Cluster, ClusterState, Job, JobState, NodeRole, NodeState
@@ -123,10 +125,9 @@ def _free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps) -> None:
     """A pending resumed job holds its healthy nodes; giving up the job gives them back."""
     for node_id in filter(None, job.node_ids):
         node = uow.nodes.get(node_id)
-        if node is not None and node.job_id == job.job_id:
-            node.job_id = None
-            if node.state is NodeState.ALLOCATED:
-                node.transition(NodeState.IDLE, deps.clock.now(), "job cancelled")
+        if node is not None and lifecycle.release_from_job(node, job.job_id, deps.clock.now(),
+                                                           "job cancelled"):
+            uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
     job.node_ids = []
 
 
@@ -261,9 +262,7 @@ def _start(job: Job, placed: list[str], nodes: dict[str, Any], uow: UnitOfWork,
     job.attempt += 1
     job.started_at = job.started_at or now
     for node_id in placed:
-        node = nodes[node_id]
-        node.transition(NodeState.ALLOCATED, now, f"running {job.job_id}")
-        node.job_id = job.job_id
+        lifecycle.assign_to_job(nodes[node_id], job.job_id, now)
     deps.compute.start_workers(worker_specs(job, deps))
     latest = job.latest_checkpoint
     uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=tuple(job.node_ids),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.domain import lifecycle
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
     ClusterCreateRequested,
@@ -74,12 +75,12 @@ def step_create_nodes(cluster_id: str, generation: int, uow: UnitOfWork, deps: D
             node.partition = partition_name
         taken = {n.node_id for n in existing.values()}
         index = 0
+        workers = sum(1 for n in active if not n.is_spare)  # counted once, not per node
         while len(active) < pool.node_count:
             name = node_name(cluster_id, pool.pool_id, index)
             index += 1
             if name in taken:
                 continue
-            workers = sum(1 for n in active if not n.is_spare)
             node = Node(name, cluster_id, pool.pool_id, partition_name, NodeRole.WORKER,
                         pool.machine_spec.machine_type, pool.machine_spec.accelerator_type,
                         pool.machine_spec.accelerator_count, NodeState.PROVISIONING, now,
@@ -88,6 +89,7 @@ def step_create_nodes(cluster_id: str, generation: int, uow: UnitOfWork, deps: D
             uow.nodes.add(node)
             deps.compute.provision_node(node)
             active.append(node)
+            workers += not node.is_spare
             requested += 1
         requested += _shrink(pool.node_count, active, uow, deps)
     _sync_partitions(cluster, uow)
@@ -113,15 +115,8 @@ def _shrink(target: int, active: list[Node], uow: UnitOfWork, deps: Deps) -> int
 
 
 def _retire(node: Node, uow: UnitOfWork, deps: Deps, reason: str) -> None:
-    if node.state is NodeState.RETIRED:
+    if not lifecycle.retire(node, deps.clock.now(), reason):
         return
-    if node.state is NodeState.ALLOCATED:  # delete: the job goes with the cluster
-        node.job_id = None
-        node.transition(NodeState.DRAINING, deps.clock.now(), reason)
-        node.transition(NodeState.DRAINED, deps.clock.now(), reason)
-    if node.state is NodeState.DRAINING:
-        node.transition(NodeState.DRAINED, deps.clock.now(), reason)
-    node.transition(NodeState.RETIRED, deps.clock.now(), reason)
     deps.compute.delete_node(node.node_id)
     uow.emit(NodeRetired(node_id=node.node_id, reason=reason))
 

@@ -1,11 +1,17 @@
 """Repair: a diagnosis in, drain / reset / reboot / reimage / replace out.
 
 The ladder, lemon detection and the blast-radius guard are policy (shared/policies/repair);
-this module only applies the decision to the node, its partition and compute.
+the node lifecycle rules are domain (shared/domain/lifecycle); this module loads, decides
+and emits. A held repair or a node that needs a person raises its alert (NodeRepairHeld)
+once, and again only when the hold changes or after ``alert_reminder_s``.
+
+This service owns **taking nodes out of service**: cordon, drain, repair, replace. Returning
+a repaired node to service (the passing checks, the uncordon) belongs to health_triage.
 """
 
 from __future__ import annotations
 
+from shared.domain import lifecycle
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
     JobInterruptRequested,
@@ -18,8 +24,9 @@ from shared.domain.events import (
     NodeRetired,
 )
 from shared.domain.health import Diagnosis, FailureRecord, RepairAction, Severity
+from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeState, Partition
-from shared.handling import Deps
+from shared.handling import Deps, Outcome
 from shared.policies.repair import (
     DecisionKind,
     PartitionView,
@@ -29,16 +36,15 @@ from shared.policies.repair import (
 from shared.ports import UnitOfWork
 
 SERVICE = "repair"
-MAX_HISTORY = 50
+MAX_HISTORY = lifecycle.MAX_HISTORY  # kept for callers of the old name
 
 
-def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
+def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> Outcome | None:
     node = uow.nodes.get(event.node_id)
     if node is None:
         raise NotFound("node", event.node_id)
-    if node.state not in (NodeState.IDLE, NodeState.ALLOCATED, NodeState.SUSPECT,
-                          NodeState.VERIFYING):
-        return  # already out of service: the decision was taken
+    if node.state not in ACTIONABLE:
+        return Outcome.UNCHANGED  # already out of service: the decision was taken
     now = deps.clock.now()
     diagnosis = Diagnosis(event.failure_mode, Severity(event.severity),
                           RepairAction(event.action), event.reasons, event.unmapped_xids)
@@ -48,31 +54,32 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
     decision = plan_repair(diagnosis, node.history, view, node.node_id, now, deps.config.repair)
     reason = decision.reason
     if decision.kind is DecisionKind.NO_ACTION:
-        return
+        return Outcome.UNCHANGED
     if decision.kind is DecisionKind.HOLD:
-        if node.state in (NodeState.IDLE, NodeState.ALLOCATED):
-            node.transition(NodeState.SUSPECT, now, reason)
-        uow.emit(NodeRepairHeld(node_id=node.node_id, action=decision.action.value,
-                                reason=decision.reason))
-        return
-    _remember(node, FailureRecord(now, event.failure_mode, decision.action))
+        was = node.state
+        lifecycle.hold(node, now, reason)
+        if lifecycle.alert_due(node, f"held:{decision.action.value}:{reason}", now,
+                               deps.config.alert_reminder_s):
+            uow.emit(NodeRepairHeld(node_id=node.node_id, action=decision.action.value,
+                                    reason=decision.reason))
+            return None
+        return None if node.state is not was else Outcome.UNCHANGED
+    lifecycle.record_failure(node, FailureRecord(now, event.failure_mode, decision.action))
     if decision.kind is DecisionKind.RESTART_JOB:
         if node.job_id:
             job = uow.jobs.get(node.job_id)
             if job is not None:
                 uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt,
                                                node_id=node.node_id, reason=reason))
-        return
-    partition.take_out(node.node_id, now, deps.config.repair.blast_window_s)
+        return None
     deps.compute.cordon(node.node_id, reason)
-    if node.job_id and node.state in (NodeState.ALLOCATED, NodeState.SUSPECT):
-        node.transition(NodeState.DRAINING, now, reason)
-        node.repair_action = decision.action
+    if lifecycle.take_out_of_service(node, partition, decision.action, now, reason,
+                                     deps.config.repair.blast_window_s):
+        assert node.job_id is not None
         uow.emit(NodeDraining(node_id=node.node_id, job_id=node.job_id, reason=reason))
-        return
-    node.transition(NodeState.DRAINED, now, reason)
-    node.repair_action = decision.action
+        return None
     _start(node, decision.action, uow, deps, reason)
+    return None
 
 
 def on_drained(event: NodeDrained, uow: UnitOfWork, deps: Deps) -> None:
@@ -113,7 +120,8 @@ def _launch(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reaso
     if action is RepairAction.MANUAL:
         node.transition(NodeState.FAILED, now, f"needs a person: {reason}")
         node.repair_action = action
-        uow.emit(NodeRepairHeld(node_id=node.node_id, action=action.value, reason=reason))
+        if lifecycle.alert_due(node, f"failed:{reason}", now, deps.config.alert_reminder_s):
+            uow.emit(NodeRepairHeld(node_id=node.node_id, action=action.value, reason=reason))
         return
     if action is RepairAction.REPLACE:
         _replace(node, uow, deps, reason)
@@ -129,9 +137,9 @@ def _replace(node: Node, uow: UnitOfWork, deps: Deps, reason: str) -> None:
     """Retire the bad node and provision a fresh one in its place (same pool, same role)."""
     now = deps.clock.now()
     replacement_id = replacement_name(node.node_id)
-    node.transition(NodeState.RETIRED, now, f"replaced: {reason}")
+    lifecycle.retire(node, now, f"replaced: {reason}")
     partition = _partition(uow, node)
-    partition.put_back(node.node_id)
+    partition.put_back(node.node_id)  # retired: it no longer counts against the partition
     if uow.nodes.get(replacement_id) is None:
         fresh = Node(
             node_id=replacement_id, cluster_id=node.cluster_id, pool=node.pool,
@@ -165,10 +173,6 @@ def _partition(uow: UnitOfWork, node: Node) -> Partition:
         uow.partitions.add(partition)
     return partition
 
-
-def _remember(node: Node, record: FailureRecord) -> None:
-    node.history.append(record)
-    del node.history[:-MAX_HISTORY]
 
 
 SUBSCRIPTIONS = {

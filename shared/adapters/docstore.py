@@ -23,6 +23,10 @@ JOBS = "jobs"
 PARTITIONS = "partitions"
 PROCESSED = "processed_events"
 EVENTS = "events"
+# retention horizons when no configuration is at hand (ControlPlaneConfig's defaults)
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0
+DEFAULT_IDEMPOTENCY_S = 2 * 3600.0
+FOLLOW_LOOKBACK_S = 60.0  # an incremental reader re-reads this much: late deliveries
 
 
 T = TypeVar("T")
@@ -101,6 +105,7 @@ class DocUnitOfWork:
         self._txn: DocTransaction | None = None
         self._tracked: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}
         self._processed: list[tuple[str, float]] = []
+        self._expiry: dict[str, float] = {}
         self._emitted: list[Event] = []
         self._cause_key = ""
         self.committed: list[Envelope] = []
@@ -110,6 +115,7 @@ class DocUnitOfWork:
         self._txn = self._store.begin()
         self._tracked.clear()
         self._processed.clear()
+        self._expiry.clear()
         self._emitted.clear()
         self.committed = []
         return self
@@ -170,8 +176,11 @@ class DocUnitOfWork:
     def already_processed(self, key: str) -> bool:
         return self._require_txn().get(PROCESSED, _doc_id(key)) is not None
 
-    def mark_processed(self, key: str, now: float) -> None:
+    def mark_processed(self, key: str, now: float, *, expire_at: float | None = None) -> None:
+        """Record ``key`` as handled at ``now``; ``expire_at`` is its retention horizon (a TTL
+        field on Firestore; the embedded stores prune by ``time``)."""
         self._processed.append((key, now))
+        self._expiry[key] = now + DEFAULT_IDEMPOTENCY_S if expire_at is None else expire_at
 
     def emit(self, event: Event) -> None:
         self._emitted.append(event)
@@ -184,7 +193,8 @@ class DocUnitOfWork:
             if doc != loaded:
                 txn.put(collection, doc_id, doc)
         for key, at in self._processed:
-            txn.put(PROCESSED, _doc_id(key), {"key": key, "at": at})
+            txn.put(PROCESSED, _doc_id(key), {"key": key, "at": at, "time": at,
+                                              "expire_at": self._expiry.get(key, at)})
         envelopes = []
         now = self._clock() if self._clock else (self._processed[0][1] if self._processed else 0.0)
         for i, event in enumerate(self._emitted):
@@ -208,21 +218,71 @@ class DocUnitOfWork:
 
 
 class DocEventLog:
-    def __init__(self, store: DocStore) -> None:
+    """Every delivered event, for the timeline and goodput. Each entry carries ``expire_at``
+    (its retention horizon: a TTL field on Firestore) and is pruned by ``prune_expired``."""
+
+    def __init__(self, store: DocStore, *, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self._store = store
         self._seq = 0
+        self.retention_s = retention_s
 
     def append(self, envelope: Envelope, outcome: str, detail: str = "") -> None:
         self._seq += 1
         doc = envelope_to_doc(envelope)
-        doc.update(outcome=outcome, detail=detail)
+        doc.update(outcome=outcome, detail=detail, expire_at=envelope.time + self.retention_s)
         key = f"{envelope.key}|{outcome}|{detail}"
         self._store.write(EVENTS, _doc_id(key), doc)
 
     def read(self, since: float = 0.0) -> Iterator[dict[str, Any]]:
+        """Entries with ``time >= since`` in (time, seq) order, from the store's time index
+        where it has one (no full read)."""
+        ranged = getattr(self._store, "since", None)
+        if ranged is not None:
+            yield from ranged(EVENTS, since)
+            return
         docs = self._store.read(EVENTS, {})
         yield from sorted((d for d in docs if d["time"] >= since),
                           key=lambda d: (d["time"], d.get("seq", 0)))
+
+
+class EventCursor:
+    """Reads an event log incrementally (``mtc events --follow``): each ``next()`` returns
+    only entries not returned before, reading from the last time seen minus a look-back
+    window (an event is logged with its own time, so a late delivery lands behind the
+    cursor), never the whole log."""
+
+    def __init__(self, log: DocEventLog, since: float = 0.0,
+                 lookback_s: float = FOLLOW_LOOKBACK_S) -> None:
+        self._log = log
+        self._time = since
+        self._lookback = lookback_s
+        self._seen: dict[tuple[str, str, str], float] = {}
+
+    def next(self) -> list[dict[str, Any]]:
+        start = max(0.0, self._time - self._lookback) if self._seen else self._time
+        out = []
+        for doc in self._log.read(start):
+            key = (doc["id"], doc.get("outcome", ""), doc.get("detail", ""))
+            if key in self._seen:
+                continue
+            self._seen[key] = doc["time"]
+            out.append(doc)
+            self._time = max(self._time, doc["time"])
+        horizon = self._time - self._lookback
+        self._seen = {k: t for k, t in self._seen.items() if t >= horizon}
+        return out
+
+
+def prune_expired(store: DocStore, now: float, *, retention_s: float,
+                  idempotency_s: float, limit: int = 5_000) -> int:
+    """Delete event-log entries older than ``retention_s`` and idempotency records older than
+    ``idempotency_s`` (at most ``limit`` each), on stores that prune by themselves (sqlite,
+    memory). Firestore has no ``prune``: its TTL policy on ``expire_at`` does it."""
+    prune = getattr(store, "prune", None)
+    if prune is None:
+        return 0
+    return int(prune(EVENTS, now - retention_s, limit)) + int(
+        prune(PROCESSED, now - idempotency_s, limit))
 
 
 def dumps(doc: dict[str, Any]) -> str:

@@ -89,6 +89,24 @@ class MemoryDocStore:
                                    key=lambda d: (d["time"], d.get("seq", 0)))
             return [copy.deepcopy(d) for d in docs]
 
+    def since(self, collection: str, time: float) -> list[dict[str, Any]]:
+        """Documents with ``time >= time`` in (time, seq) order."""
+        with self.lock:
+            docs = [d for d in self.data[collection].values() if d.get("time", 0.0) >= time]
+            docs.sort(key=lambda d: (d["time"], d.get("seq", 0)))
+            return [copy.deepcopy(d) for d in docs]
+
+    def prune(self, collection: str, before: float, limit: int) -> int:
+        """Delete up to ``limit`` documents whose ``time`` is older than ``before``."""
+        with self.lock:
+            docs = self.data[collection]
+            old = heapq.nsmallest(limit, (k for k, d in docs.items()
+                                          if d.get("time", 0.0) < before),
+                                  key=lambda k: docs[k]["time"])
+            for key in old:
+                del docs[key]
+            return len(old)
+
     def snapshot(self) -> dict[str, dict[str, dict[str, Any]]]:
         """A deep copy of everything except bookkeeping, for convergence tests."""
         with self.lock:

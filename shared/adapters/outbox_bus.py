@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from shared.adapters.docstore import prune_expired
 from shared.adapters.outbox import DocOutbox, envelope_to_doc
 from shared.adapters.outbox import doc_id as outbox_doc_id
 from shared.domain.events import Envelope
@@ -30,6 +31,7 @@ class OutboxBus:
         self._routes = routes
         self.outbox = DocOutbox(store)
         self.listeners: list[Callable[[Envelope, dict[str, Outcome]], None]] = []
+        self._pruned_at: float | None = None
 
     def publish(self, envelope: Envelope) -> None:
         """After a commit: the envelope is already in the outbox, which is the queue."""
@@ -42,6 +44,7 @@ class OutboxBus:
         """Deliver queued events to every subscriber. A subscriber that raises (a transient
         error) leaves the event queued for the next pump, as Pub/Sub redelivers a nack; after
         MAX_DELIVERY_ATTEMPTS the event is dead-lettered, so nothing crash-loops."""
+        self._prune(deps)
         delivered = 0
         deferred: set[str] = set()
         while delivered < max_events:
@@ -55,7 +58,7 @@ class OutboxBus:
                     deferred.add(envelope.id)
                     self._retry_later(envelope, deps, failure)
                     continue
-                if deps.event_log is not None:
+                if deps.event_log is not None and not _unchanged(outcomes):
                     deps.event_log.append(envelope, "delivered", _summary(outcomes))
                 for listener in self.listeners:
                     listener(envelope, outcomes)
@@ -63,12 +66,23 @@ class OutboxBus:
                 delivered += 1
         return delivered
 
+    def _prune(self, deps: Deps) -> None:
+        """Retention on a bounded schedule: at most once per ``prune_interval_s``, a bounded
+        delete of what is past its horizon (never on every transaction)."""
+        now = deps.clock.now()
+        if self._pruned_at is not None and now - self._pruned_at < deps.config.prune_interval_s:
+            return
+        self._pruned_at = now
+        prune_expired(self._store, now, retention_s=deps.config.retention_s,
+                      idempotency_s=deps.config.idempotency_window_s)
+
     def _deliver(self, envelope: Envelope, deps: Deps) -> tuple[dict[str, Outcome], str | None]:
         outcomes: dict[str, Outcome] = {}
         failure = None
         for service, handler in self._routes.subscribers(envelope.type):
             try:
-                outcomes[service] = run_handler(service, handler, envelope, deps)
+                outcomes[service] = run_handler(service, handler, envelope, deps,
+                                                report_unchanged=True)
             except Exception as exc:  # transient: the others still get it, this one retries
                 log.warning("%s: %s %s failed, will retry: %s", service, envelope.type,
                             envelope.id, exc)
@@ -87,6 +101,12 @@ class OutboxBus:
         if stored:
             doc["seq"] = stored[0].get("seq", doc["seq"])
         self._store.write("outbox", envelope.id, doc)
+
+
+def _unchanged(outcomes: dict[str, Outcome]) -> bool:
+    """Every subscriber saw nothing change (a report repeating the node's state): the event
+    is state, not a change, and stays out of the timeline."""
+    return bool(outcomes) and all(o is Outcome.UNCHANGED for o in outcomes.values())
 
 
 def _summary(outcomes: dict[str, Outcome]) -> str:

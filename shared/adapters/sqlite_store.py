@@ -136,5 +136,28 @@ class SqliteDocStore:
             ).fetchall()
         return [json.loads(r[0]) for r in rows]
 
+    def since(self, collection: str, time: float) -> list[dict[str, Any]]:
+        """Documents with ``time >= time`` in (time, seq) order, from the time index: an
+        incremental reader (the event log's follower) never reads the whole collection."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT data FROM docs WHERE collection=? AND json_extract(data, '$.time') >= ?"
+                " ORDER BY json_extract(data, '$.time'), json_extract(data, '$.seq')",
+                (collection, time),
+            ).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def prune(self, collection: str, before: float, limit: int) -> int:
+        """Delete up to ``limit`` documents whose ``time`` is older than ``before`` (the
+        retention horizon), oldest first, through the time index."""
+        with self._lock:
+            cur = self._conn.execute(
+                "DELETE FROM docs WHERE collection=? AND id IN (SELECT id FROM docs WHERE"
+                " collection=? AND json_extract(data, '$.time') < ?"
+                " ORDER BY json_extract(data, '$.time') LIMIT ?)",
+                (collection, collection, before, limit),
+            )
+        return cur.rowcount
+
     def close(self) -> None:
         self._conn.close()

@@ -171,6 +171,24 @@ IN_SERVICE = frozenset({NS.IDLE, NS.ALLOCATED, NS.SUSPECT})
 SCHEDULABLE = frozenset({NS.IDLE})
 
 
+@dataclass
+class NodeCondition:
+    """A node's current state of one condition type: status and reason as last reported,
+    ``since`` when the status last changed, ``last_seen`` the newest report that carried it."""
+
+    status: str
+    reason: str
+    since: float
+    last_seen: float
+
+    def to_list(self) -> list[Any]:
+        return [self.status, self.reason, self.since, self.last_seen]
+
+    @classmethod
+    def from_list(cls, v: list[Any]) -> NodeCondition:
+        return cls(v[0], v[1], v[2], v[3])
+
+
 class NodeRole(enum.StrEnum):
     LOGIN = "login"
     WORKER = "worker"
@@ -196,8 +214,13 @@ class Node:
     history: list[FailureRecord] = field(default_factory=list)
     passes: int = 0  # consecutive healthy checks while VERIFYING (hysteresis)
     first_pass_at: float | None = None
-    last_report_at: float | None = None
+    last_report_at: float | None = None  # the last heartbeat: any report from its agent
     last_diagnosis: str = ""
+    last_action: str = ""  # the action of the last diagnosis emitted
+    diagnosed_at: float | None = None  # when that diagnosis was emitted
+    conditions: dict[str, NodeCondition] = field(default_factory=dict)
+    alert: str = ""  # the alert last raised for this node (held repair, needs a person)
+    alerted_at: float | None = None
     replaces: str | None = None  # the node this one replaced
     retire_when_drained: bool = False  # scale-down: leave for good instead of being repaired
     generation: int = 1  # cluster generation that created the node
@@ -241,6 +264,11 @@ class Node:
             "first_pass_at": self.first_pass_at,
             "last_report_at": self.last_report_at,
             "last_diagnosis": self.last_diagnosis,
+            "last_action": self.last_action,
+            "diagnosed_at": self.diagnosed_at,
+            "conditions": {t: c.to_list() for t, c in self.conditions.items()},
+            "alert": self.alert,
+            "alerted_at": self.alerted_at,
             "replaces": self.replaces,
             "retire_when_drained": self.retire_when_drained,
             "generation": self.generation,
@@ -269,6 +297,12 @@ class Node:
             first_pass_at=d.get("first_pass_at"),
             last_report_at=d.get("last_report_at"),
             last_diagnosis=d.get("last_diagnosis", ""),
+            last_action=d.get("last_action", ""),
+            diagnosed_at=d.get("diagnosed_at"),
+            conditions={t: NodeCondition.from_list(c)
+                        for t, c in (d.get("conditions") or {}).items()},
+            alert=d.get("alert", ""),
+            alerted_at=d.get("alerted_at"),
             replaces=d.get("replaces"),
             retire_when_drained=d.get("retire_when_drained", False),
             generation=d.get("generation", 1),

@@ -1,0 +1,217 @@
+"""The node lifecycle rules every service applies, in one place (pure; time is passed in).
+
+Handlers load entities, call these, and emit what the return values say; they no longer
+write node states of their own. Ownership of the two halves of the service lifecycle:
+
+- **taking a node out of service** (cordon, drain, repair) belongs to the *repair* service;
+- **returning it to service** (hysteresis passed, uncordon, back into its partition) belongs
+  to the *health_triage* service, which counts the passing checks that justify it. A held
+  (SUSPECT) node that reports healthy again is released by health_triage too.
+
+Conditions are state (node-problem-detector's model): ``observe`` folds a report into the
+node's current conditions and says whether anything but "last seen" changed; a report that
+changed nothing must not diagnose, alert or appear in the timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shared.domain.health import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    FailureRecord,
+    HealthReport,
+    RepairAction,
+)
+from shared.domain.model import (
+    IN_SERVICE,
+    Node,
+    NodeCondition,
+    NodeState,
+    Partition,
+)
+
+MAX_HISTORY = 50  # failure records kept per node: enough for every window the ladder reads
+# states in which a fresh diagnosis can still change what happens to the node
+ACTIONABLE = frozenset({NodeState.IDLE, NodeState.ALLOCATED, NodeState.SUSPECT,
+                        NodeState.VERIFYING})
+# states whose silence the heartbeat monitor watches
+WATCHED = frozenset({NodeState.IDLE, NodeState.ALLOCATED, NodeState.SUSPECT})
+HEARTBEAT = ConditionType.HEARTBEAT_LOST.value
+
+
+# ---------------------------------------------------------------- history
+
+
+def record_failure(node: Node, *records: FailureRecord) -> None:
+    """Append to the node's failure history, keeping the newest MAX_HISTORY."""
+    node.history.extend(records)
+    del node.history[:-MAX_HISTORY]
+
+
+# ---------------------------------------------------------------- conditions
+
+
+def observe(node: Node, report: HealthReport) -> bool:
+    """Fold ``report`` into ``node.conditions``; True when a condition's status, reason or
+    ``since`` changed (or a condition appeared). Every condition seen is stamped last-seen.
+
+    An agent's own report proves the node is alive: a HeartbeatLost the monitor had set is
+    cleared even when the report does not carry that condition."""
+    changed = False
+    at = report.observed_at
+    for cond in report.conditions:
+        prev = node.conditions.get(cond.type)
+        status = cond.status.value
+        if prev is None or (prev.status, prev.reason, prev.since) != (status, cond.reason,
+                                                                     cond.since):
+            changed = True
+            node.conditions[cond.type] = NodeCondition(status, cond.reason, cond.since, at)
+        else:
+            prev.last_seen = max(prev.last_seen, at)
+    if report.source != "heartbeat-monitor" and report.condition(HEARTBEAT) is None:
+        lost = node.conditions.get(HEARTBEAT)
+        if lost is not None and lost.status == ConditionStatus.TRUE.value:
+            node.conditions[HEARTBEAT] = NodeCondition(ConditionStatus.FALSE.value,
+                                                       "reporting again", at, at)
+            changed = True
+    return changed
+
+
+def heartbeat_lost(node: Node, now: float, timeout_s: float) -> Condition | None:
+    """The HeartbeatLost condition the periodic tick raises, once: None while the node is
+    heard from, not watched, or already marked lost. Its ``since`` is the moment the silence
+    passed the timeout, so raising it again would change nothing."""
+    if node.state not in WATCHED:
+        return None
+    last = node.last_report_at if node.last_report_at is not None else node.since
+    if now - last <= timeout_s:
+        return None
+    current = node.conditions.get(HEARTBEAT)
+    if current is not None and current.status == ConditionStatus.TRUE.value:
+        return None
+    return Condition(HEARTBEAT, ConditionStatus.TRUE, f"no report for over {timeout_s:.0f} s",
+                     last + timeout_s, {"silent_for_s": now - last})
+
+
+def alert_due(node: Node, key: str, now: float, reminder_s: float) -> bool:
+    """An alert (a held repair, a failed node) is raised once per ``key``, and again only
+    after ``reminder_s``. Marks it raised when due."""
+    if node.alert == key and node.alerted_at is not None and now - node.alerted_at < reminder_s:
+        return False
+    node.alert, node.alerted_at = key, now
+    return True
+
+
+def diagnosis_due(node: Node, failure_mode: str, action: RepairAction, changed: bool,
+                  now: float, reminder_s: float) -> bool:
+    """Emit a diagnosis when the conditions or the verdict changed, on every report while
+    the node is being verified (that is what verification is), or, for a node still held
+    with the same fault, once per reminder interval (so repair may re-plan it)."""
+    same = (node.last_diagnosis, node.last_action) == (failure_mode, action.value)
+    stale = node.diagnosed_at is None or now - node.diagnosed_at >= reminder_s
+    if changed or not same or stale or node.state is NodeState.VERIFYING:
+        node.last_action, node.diagnosed_at = action.value, now
+        return True
+    return False
+
+
+# ---------------------------------------------------------------- service
+
+
+def hold(node: Node, now: float, reason: str) -> None:
+    """The blast-radius guard keeps a sick node in service: mark it SUSPECT."""
+    if node.state in (NodeState.IDLE, NodeState.ALLOCATED):
+        node.transition(NodeState.SUSPECT, now, reason)
+
+
+def take_out_of_service(node: Node, partition: Partition, action: RepairAction, now: float,
+                        reason: str, window_s: float) -> bool:
+    """Repair's half: the node leaves its partition's in-service set and waits for its job
+    to checkpoint (DRAINING, returns True) or is drained at once (DRAINED, False)."""
+    partition.take_out(node.node_id, now, window_s)
+    draining = bool(node.job_id) and node.state in (NodeState.ALLOCATED, NodeState.SUSPECT)
+    node.transition(NodeState.DRAINING if draining else NodeState.DRAINED, now, reason)
+    node.repair_action = action
+    return draining
+
+
+def release_hold(node: Node, now: float) -> bool:
+    """A held node reported healthy again: back to what it was doing. True if released."""
+    if node.state is not NodeState.SUSPECT:
+        return False
+    node.transition(NodeState.ALLOCATED if node.job_id else NodeState.IDLE, now,
+                    "healthy again")
+    return True
+
+
+def count_pass(node: Node, observed_at: float) -> None:
+    """One more consecutive healthy check while VERIFYING (hysteresis)."""
+    node.passes += 1
+    if node.first_pass_at is None:
+        node.first_pass_at = observed_at
+
+
+def reset_passes(node: Node) -> None:
+    node.passes, node.first_pass_at = 0, None
+
+
+def return_to_service(node: Node, partition: Partition | None, now: float,
+                      reason: str = "passed its checks") -> None:
+    """health_triage's half: the node passed its checks; IDLE and back in its partition.
+    The caller uncordons it in compute and emits NodeReturnedToService."""
+    node.transition(NodeState.IDLE, now, reason)
+    if partition is not None:
+        partition.put_back(node.node_id)
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def assign_to_job(node: Node, job_id: str, now: float) -> None:
+    node.transition(NodeState.ALLOCATED, now, f"running {job_id}")
+    node.job_id = job_id
+
+
+def release_from_job(node: Node, job_id: str | None, now: float,
+                     reason: str = "job left") -> bool:
+    """The node's job is gone (finished, requeued without it, cancelled): an allocated node
+    becomes idle, a held one keeps its hold, a draining one is drained. Returns True when
+    the node became DRAINED (the caller emits NodeDrained so repair starts). A node that
+    belongs to another job (``job_id`` given and different) is left alone."""
+    if job_id is not None and node.job_id != job_id:
+        return False
+    node.job_id = None
+    if node.state is NodeState.ALLOCATED:
+        node.transition(NodeState.IDLE, now, reason)
+    elif node.state is NodeState.SUSPECT:
+        node.reason = f"{node.reason} ({reason})"
+    elif node.state is NodeState.DRAINING:
+        node.transition(NodeState.DRAINED, now, node.reason)
+        return True
+    return False
+
+
+def retire(node: Node, now: float, reason: str) -> bool:
+    """Gone for good (scale-down, delete, rollback): whatever it was doing ends. Returns
+    False when it was already retired (the caller then does nothing)."""
+    if node.state is NodeState.RETIRED:
+        return False
+    if node.state is NodeState.ALLOCATED:  # delete: the job goes with the cluster
+        node.job_id = None
+        node.transition(NodeState.DRAINING, now, reason)
+    if node.state is NodeState.DRAINING:
+        node.transition(NodeState.DRAINED, now, reason)
+    node.transition(NodeState.RETIRED, now, reason)
+    return True
+
+
+def out_of_service(partitions: Iterable[Partition]) -> set[str]:
+    """Node ids the partition aggregates list as out of service (no node scan)."""
+    return {n for p in partitions for n in p.out_of_service}
+
+
+def in_service(node: Node) -> bool:
+    return node.state in IN_SERVICE

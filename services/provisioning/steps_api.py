@@ -39,11 +39,10 @@ from shared.domain.errors import (
     NotFound,
     TransientError,
     ValidationError,
-    require_int,
-    require_str,
 )
 from shared.domain.events import FleetTicked
 from shared.domain.model import ClusterState, NodeRole, NodeState
+from shared.domain.validation import require_int, require_str
 from shared.handling import Deps, command_unit
 from shared.ports import UnitOfWork
 

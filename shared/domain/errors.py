@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 
 class MtcError(Exception):
     """Base of mtc's own errors."""
@@ -48,34 +45,3 @@ class NotFound(PermanentError):
 
 class Conflict(PermanentError):
     """The request contradicts current state (e.g. a cluster id already taken)."""
-
-
-def require(data: Mapping[str, Any], key: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ValidationError("", "must be an object")
-    if key not in data or data[key] is None:
-        raise ValidationError(key, "is required")
-    return data[key]
-
-
-def require_str(data: Mapping[str, Any], key: str) -> str:
-    value = require(data, key)
-    if not isinstance(value, str) or not value:
-        raise ValidationError(key, f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def require_number(data: Mapping[str, Any], key: str) -> float:
-    value = require(data, key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError(key, f"must be a number, got {value!r}")
-    return float(value)
-
-
-def require_int(data: Mapping[str, Any], key: str, *, minimum: int | None = None) -> int:
-    value = require(data, key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(key, f"must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValidationError(key, f"must be at least {minimum}, got {value}")
-    return value

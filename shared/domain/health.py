@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.domain.errors import ValidationError, require_number, require_str
+from shared.domain.errors import ValidationError
+from shared.domain.validation import require_number, require_str
 
 
 class ConditionStatus(enum.StrEnum):

@@ -191,3 +191,27 @@ def list_field(data: Mapping[str, Any], key: str, path: str, parse: Callable[[An
     if non_empty and not value:
         raise ValidationError(full, "must not be empty")
     return tuple(parse(item, join(full, i)) for i, item in enumerate(value))
+
+
+# ---------------------------------------------------------------- flat request bodies
+
+
+def _body(data: Any) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ValidationError("", "must be an object")
+    return data
+
+
+def require_str(data: Any, key: str) -> str:
+    """A top-level field of a request body or event: a non-empty string."""
+    return text(required(_body(data), key, ""), key)
+
+
+def require_number(data: Any, key: str) -> float:
+    """A top-level field: a finite number."""
+    return number(required(_body(data), key, ""), key)
+
+
+def require_int(data: Any, key: str, *, minimum: int | None = None) -> int:
+    """A top-level field: an integer, at least ``minimum`` when given."""
+    return integer(required(_body(data), key, ""), key, low=minimum)

@@ -63,9 +63,12 @@ Handler = Callable[[Any, Any, Deps], "Outcome | None"]
 def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps, *,
                 report_unchanged: bool = False) -> Outcome:
     """Run ``handler`` once for ``envelope``. ``report_unchanged``: answer UNCHANGED (rather
-    than HANDLED) when the handler says the event changed nothing that matters; the
-    embedded bus asks for it to keep such events out of the timeline, transports that
-    answer a push (HTTP) keep the plain HANDLED."""
+    than HANDLED) when the handler says the event changed nothing that matters and emitted
+    nothing; the embedded bus asks for it, to keep such events out of the timeline. Such an
+    event keeps no idempotency record either: the handler vouches that it is idempotent by
+    state (a repeated report that is no newer than the node's last one changes nothing), so
+    a heartbeat a second adds no record a second. Transports that answer a push (HTTP) and
+    the twin keep the plain HANDLED and the record."""
     now = deps.clock.now()
     key = f"{service}:{envelope.key}"
     if now - envelope.time > deps.config.max_event_age_s:
@@ -79,7 +82,10 @@ def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps, 
                 return Outcome.DUPLICATE
             uow.caused_by(key)
             result = handler(envelope.event, uow, deps)
-            uow.mark_processed(key, now, expire_at=now + deps.config.idempotency_window_s)
+            unchanged = report_unchanged and result is Outcome.UNCHANGED \
+                and not getattr(uow, "emitted", True)
+            if not unchanged:
+                uow.mark_processed(key, now, expire_at=now + deps.config.idempotency_window_s)
             uow.commit()
             committed = uow.committed
     except PermanentError as exc:
@@ -87,7 +93,7 @@ def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps, 
         deps.dead_letters.dead_letter(envelope, service, str(exc))
         return Outcome.DEAD_LETTERED
     publish_all(deps, committed)
-    if report_unchanged and result is Outcome.UNCHANGED and not committed:
+    if unchanged:
         return Outcome.UNCHANGED
     return Outcome.HANDLED
 

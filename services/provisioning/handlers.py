@@ -131,7 +131,7 @@ def _sync_partitions(cluster: Cluster, uow: UnitOfWork) -> None:
             uow.partitions.add(record)
         members = [n for n in nodes if n.partition == part.name]
         record.total_nodes = len(members)
-        record.out_of_service = {n.node_id for n in members if not n.in_service}
+        record.set_out_of_service({n.node_id for n in members if not n.in_service})
 
 
 @dataclass(frozen=True)

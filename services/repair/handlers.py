@@ -26,7 +26,7 @@ from shared.domain.events import (
 from shared.domain.health import Diagnosis, FailureRecord, RepairAction, Severity
 from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeState, Partition
-from shared.handling import Deps, Outcome
+from shared.handling import Deps
 from shared.policies.repair import (
     DecisionKind,
     PartitionView,
@@ -39,12 +39,12 @@ SERVICE = "repair"
 MAX_HISTORY = lifecycle.MAX_HISTORY  # kept for callers of the old name
 
 
-def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> Outcome | None:
+def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
     node = uow.nodes.get(event.node_id)
     if node is None:
         raise NotFound("node", event.node_id)
     if node.state not in ACTIONABLE:
-        return Outcome.UNCHANGED  # already out of service: the decision was taken
+        return  # already out of service: the decision was taken
     now = deps.clock.now()
     diagnosis = Diagnosis(event.failure_mode, Severity(event.severity),
                           RepairAction(event.action), event.reasons, event.unmapped_xids)
@@ -54,16 +54,14 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> Outcome |
     decision = plan_repair(diagnosis, node.history, view, node.node_id, now, deps.config.repair)
     reason = decision.reason
     if decision.kind is DecisionKind.NO_ACTION:
-        return Outcome.UNCHANGED
+        return
     if decision.kind is DecisionKind.HOLD:
-        was = node.state
         lifecycle.hold(node, now, reason)
         if lifecycle.alert_due(node, f"held:{decision.action.value}:{reason}", now,
                                deps.config.alert_reminder_s):
             uow.emit(NodeRepairHeld(node_id=node.node_id, action=decision.action.value,
                                     reason=decision.reason))
-            return None
-        return None if node.state is not was else Outcome.UNCHANGED
+        return
     lifecycle.record_failure(node, FailureRecord(now, event.failure_mode, decision.action))
     if decision.kind is DecisionKind.RESTART_JOB:
         if node.job_id:
@@ -71,15 +69,14 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> Outcome |
             if job is not None:
                 uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt,
                                                node_id=node.node_id, reason=reason))
-        return None
+        return
     deps.compute.cordon(node.node_id, reason)
     if lifecycle.take_out_of_service(node, partition, decision.action, now, reason,
                                      deps.config.repair.blast_window_s):
         assert node.job_id is not None
         uow.emit(NodeDraining(node_id=node.node_id, job_id=node.job_id, reason=reason))
-        return None
+        return
     _start(node, decision.action, uow, deps, reason)
-    return None
 
 
 def on_drained(event: NodeDrained, uow: UnitOfWork, deps: Deps) -> None:

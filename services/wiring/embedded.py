@@ -56,14 +56,17 @@ class EmbeddedApp:
         self.bus.inject(env)
         return env
 
-    def pump(self) -> int:
-        """Deliver everything queued, polling compute for results, until nothing moves."""
+    def pump(self, *, budget_s: float = 5.0) -> int:
+        """Deliver everything queued, polling compute for results, until nothing moves, or
+        for ``budget_s`` of wall time: a large fleet's agents report faster than one
+        process delivers, so "until nothing moves" alone would never return."""
         total = 0
+        deadline = time.monotonic() + budget_s
         while True:
             self.compute.poll()
-            moved = self.bus.pump(self.deps)
+            moved = self.bus.pump(self.deps, max_events=2_000)
             total += moved
-            if moved == 0:
+            if moved == 0 or time.monotonic() >= deadline:
                 return total
 
     def tick(self) -> None:
@@ -78,7 +81,7 @@ class EmbeddedApp:
         deadline = time.monotonic() + timeout_s
         next_tick = time.monotonic() + tick_s
         while time.monotonic() < deadline:
-            self.pump()
+            self.pump(budget_s=1.0)
             if until():
                 return True
             if time.monotonic() >= next_tick:

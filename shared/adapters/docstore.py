@@ -185,6 +185,11 @@ class DocUnitOfWork:
     def emit(self, event: Event) -> None:
         self._emitted.append(event)
 
+    @property
+    def emitted(self) -> bool:
+        """Whether this unit of work has queued any event (yet)."""
+        return bool(self._emitted)
+
     # -- commit
     def commit(self) -> None:
         txn = self._require_txn()

@@ -6,7 +6,9 @@ Entities are plain mutable objects owned by a unit of work; every state change g
 
 from __future__ import annotations
 
+import bisect
 import enum
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,13 +92,18 @@ class Cluster:
 
 @dataclass
 class Partition:
-    """Per-partition aggregate the blast-radius guard reads without scanning every node."""
+    """Per-partition aggregate the blast-radius guard reads without scanning every node.
+
+    ``out_of_service`` changes through ``take_out``/``put_back``/``set_out_of_service``; the
+    sorted list its document stores is kept beside it, so writing a partition of 16k nodes
+    back does not sort 16k ids on every node that returns."""
 
     cluster_id: str
     name: str
     total_nodes: int = 0
     out_of_service: set[str] = field(default_factory=set)
     removed_at: list[float] = field(default_factory=list)
+    _sorted: list[str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> str:
@@ -105,28 +112,48 @@ class Partition:
     def take_out(self, node_id: str, now: float, window_s: float) -> None:
         if node_id not in self.out_of_service:
             self.out_of_service.add(node_id)
+            if self._sorted is not None:
+                bisect.insort(self._sorted, node_id)
             self.removed_at = [t for t in self.removed_at if t >= now - window_s] + [now]
 
     def put_back(self, node_id: str) -> None:
-        self.out_of_service.discard(node_id)
+        if node_id in self.out_of_service:
+            self.out_of_service.discard(node_id)
+            if self._sorted is not None:
+                i = bisect.bisect_left(self._sorted, node_id)
+                if i < len(self._sorted) and self._sorted[i] == node_id:
+                    del self._sorted[i]
+                else:
+                    self._sorted = None
+
+    def set_out_of_service(self, node_ids: set[str]) -> None:
+        self.out_of_service = set(node_ids)
+        self._sorted = None
+
+    def _ids(self) -> list[str]:
+        if self._sorted is None or len(self._sorted) != len(self.out_of_service):
+            self._sorted = sorted(self.out_of_service)
+        return list(self._sorted)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "cluster_id": self.cluster_id,
             "name": self.name,
             "total_nodes": self.total_nodes,
-            "out_of_service": sorted(self.out_of_service),
+            "out_of_service": self._ids(),
             "removed_at": list(self.removed_at),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Partition:
+        ids = list(d.get("out_of_service", []))
         return cls(
             cluster_id=d["cluster_id"],
             name=d["name"],
             total_nodes=d.get("total_nodes", 0),
-            out_of_service=set(d.get("out_of_service", [])),
+            out_of_service=set(ids),
             removed_at=list(d.get("removed_at", [])),
+            _sorted=ids if all(a < b for a, b in itertools.pairwise(ids)) else None,
         )
 
 

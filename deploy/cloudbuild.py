@@ -39,6 +39,9 @@ ROUTES = control_plane_routes()
 
 OUT = ROOT / "cloudbuild.yaml"
 INDEXES = ROOT / "deploy" / "firestore.indexes.json"
+# collections that grow with every event, and the timestamp field their TTL policy reads
+TTL_FIELD = "expire_at"
+TTL_COLLECTIONS = ("events", "processed_events")
 PROJECT = "${_PROJECT}"
 REGION = "${_REGION}"
 SA_DOMAIN = f"{PROJECT}.iam.gserviceaccount.com"
@@ -271,6 +274,14 @@ def build() -> dict[str, Any]:
             f'OUT=$$({create_index} 2>&1) || {{ echo "$$OUT"; grep -q ALREADY_EXISTS <<<"$$OUT"; }}')
     steps.append(bash_step("firestore-indexes", index_lines, wait_for=["enable-apis"]))
 
+    # retention: Firestore deletes event-log entries and idempotency records once their
+    # expire_at (a timestamp the store writes) has passed; see ControlPlaneConfig.retention_s
+    ttl_lines = [cmd("gcloud", "firestore", "fields", "ttls", "update", TTL_FIELD,
+                     f"--collection-group={group}", "--enable-ttl",
+                     "--database=${_FIRESTORE_DATABASE}", f"--project={PROJECT}", "--async")
+                 for group in TTL_COLLECTIONS]
+    steps.append(bash_step("firestore-ttls", ttl_lines, wait_for=["enable-apis"]))
+
     return {
         "substitutions": SUBSTITUTIONS,
         "options": {"dynamicSubstitutions": True, "logging": "CLOUD_LOGGING_ONLY"},
@@ -284,7 +295,7 @@ HEADER = """\
 # Tests (unit, then integration against the Pub/Sub and Firestore emulators), then deploys
 # every function (gen2, HTTP, invoked by Pub/Sub push), the topics, one push subscription per
 # (service, event family) with a dead-letter policy, the workflows, the tick schedule and the
-# Firestore indexes to the project in _PROJECT (default: the build's project):
+# Firestore indexes and TTL policies to the project in _PROJECT (default: the build's project):
 #   gcloud builds submit --config cloudbuild.yaml --substitutions=_REGION=europe-west1
 """
 

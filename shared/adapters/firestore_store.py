@@ -23,6 +23,7 @@ document's update time, which exactly one claimant wins.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -37,6 +38,7 @@ log = logging.getLogger("mtc.firestore")
 
 _DELETED = object()
 _NESTED = "~list"  # Firestore arrays cannot hold arrays: [[1, 2]] -> [{_NESTED: [1, 2]}]
+TTL_FIELD = "expire_at"  # the retention horizon of event-log entries and idempotency records
 
 # What a contended or briefly unavailable Firestore raises: retrying (redelivery) may help.
 RETRYABLE = (gexc.Aborted, gexc.DeadlineExceeded, gexc.ServiceUnavailable,
@@ -58,7 +60,19 @@ def encode(value: Any, *, in_array: bool = False) -> Any:
     return value
 
 
+def encode_doc(doc: dict[str, Any]) -> dict[str, Any]:
+    """A document into Firestore fields; ``expire_at`` (epoch seconds) becomes a timestamp,
+    the type a TTL policy reads (deploy/cloudbuild.py enables one on it)."""
+    out: dict[str, Any] = encode(doc)
+    expire = out.get(TTL_FIELD)
+    if isinstance(expire, int | float):
+        out[TTL_FIELD] = datetime.datetime.fromtimestamp(expire, tz=datetime.UTC)
+    return out
+
+
 def decode(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()  # only expire_at is stored as a timestamp
     if isinstance(value, dict):
         if len(value) == 1 and _NESTED in value:
             return [decode(v) for v in value[_NESTED]]
@@ -129,7 +143,7 @@ class FirestoreTransaction:
             if doc is _DELETED:
                 self._txn.delete(ref)
             else:
-                self._txn.set(ref, encode(doc))
+                self._txn.set(ref, encode_doc(doc))
         try:
             self._txn._commit()
         except RETRYABLE as exc:
@@ -193,7 +207,7 @@ class FirestoreDocStore:
         return [decode(d) for d in docs]
 
     def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
-        _retrying(self.ref(collection, doc_id).set, encode(doc))
+        _retrying(self.ref(collection, doc_id).set, encode_doc(doc))
 
     def remove(self, collection: str, doc_id: str) -> None:
         _retrying(self.ref(collection, doc_id).delete)

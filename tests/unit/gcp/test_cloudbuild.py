@@ -64,8 +64,10 @@ ALLOWED: dict[tuple[str, ...], set[str]] = {
     ("firestore", "indexes", "composite", "create"): {
         "--collection-group", "--query-scope", "--database", "--project", "--field-config",
         "--async"},
+    ("firestore", "fields", "ttls", "update"): {
+        "--collection-group", "--enable-ttl", "--database", "--project", "--async"},
 }
-VALUELESS = {"--gen2", "--trigger-http", "--no-allow-unauthenticated", "--async"}
+VALUELESS = {"--gen2", "--trigger-http", "--no-allow-unauthenticated", "--async", "--enable-ttl"}
 
 
 def load() -> dict[str, Any]:
@@ -325,6 +327,12 @@ def test_firestore_indexes_are_deployed(gcloud: Any) -> None:
     assert created == expected
     assert ("outbox", ["field-path=time,order=ascending", "field-path=seq,order=ascending"]) \
         in created  # the outbox sweeper's ordered read needs it
+
+
+def test_events_and_idempotency_records_have_a_ttl_policy(gcloud: Any) -> None:
+    ttls = {(flag(f, "--collection-group"), p[0]) for _, path, p, f in gcloud
+            if path == ("firestore", "fields", "ttls", "update") and "--enable-ttl" in f}
+    assert ttls == {("events", "expire_at"), ("processed_events", "expire_at")}
 
 
 def test_the_tick_is_scheduled_against_the_steps_function(gcloud: Any) -> None:

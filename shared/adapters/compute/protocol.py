@@ -32,6 +32,7 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
+from shared.domain import exits
 from shared.ports import WorkerSpec
 
 LAUNCHER = Path(__file__).with_name("worker_launcher.py")
@@ -41,16 +42,17 @@ IGNORED_SUFFIXES = frozenset({".tmp", ".part", ".partial"})
 
 
 class ExitCode(enum.IntEnum):
-    """What a worker's exit status means to the control plane."""
+    """The exit statuses adapters produce and read. What they mean to the control plane
+    (finish, fail, restart) is the domain's (``shared.domain.exits``), whose numbers these are."""
 
-    OK = 0
+    OK = exits.OK
     FAILED = 1  # the program failed on its own (or its attempt could not be submitted)
-    PREEMPTED = 75  # EX_TEMPFAIL: checkpoint saved on SIGTERM, run me again
+    PREEMPTED = exits.PREEMPTED  # 75, EX_TEMPFAIL: checkpoint saved on SIGTERM, run me again
     NOT_EXECUTABLE = 126
     NOT_FOUND = 127
-    SIGNALLED = 128  # + N: killed by signal N
-    KILLED = 128 + signal.SIGKILL  # 137: SIGKILL, or vanished without leaving its code
-    TERMINATED = 128 + signal.SIGTERM  # 143: SIGTERM without a handler
+    SIGNALLED = exits.SIGNALLED  # + N: killed by signal N
+    KILLED = exits.SIGNALLED + signal.SIGKILL  # 137: SIGKILL, or vanished leaving no code
+    TERMINATED = exits.SIGNALLED + signal.SIGTERM  # 143: SIGTERM without a handler
 
     @classmethod
     def for_signal(cls, signum: int) -> int:
@@ -60,7 +62,7 @@ class ExitCode(enum.IntEnum):
     @staticmethod
     def signal_of(code: int) -> int | None:
         """The signal that killed a worker with this status, if it was one."""
-        return code - 128 if 128 < code < 128 + 65 else None
+        return code - exits.SIGNALLED if exits.SIGNALLED < code < exits.SIGNALLED + 65 else None
 
 
 EXIT_KILLED = int(ExitCode.KILLED)

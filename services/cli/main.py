@@ -197,15 +197,20 @@ def _inject_fault(args: argparse.Namespace, app: EmbeddedApp) -> None:
 
 
 def cmd_events(args: argparse.Namespace, app: EmbeddedApp) -> None:
+    """Print the timeline; ``--follow`` reads on from a time cursor (the store's time index),
+    not the whole log again each round."""
+    from shared.adapters.docstore import DocEventLog, EventCursor
+
     app.pump()
-    seen: set[str] = set()
+    log = app.deps.event_log
+    if not isinstance(log, DocEventLog):
+        return
+    cursor = EventCursor(log, since=args.since)
     deadline = time.monotonic() + (args.follow or 0)
     while True:
-        for doc in app.deps.event_log.read(args.since) if app.deps.event_log else []:
-            key = doc["id"]
-            if key in seen or (is_routine(doc) and not args.all):
+        for doc in cursor.next():
+            if is_routine(doc) and not args.all:
                 continue
-            seen.add(key)
             if args.json:
                 print(json.dumps(doc))
             else:

@@ -252,7 +252,7 @@ class DocEventLog:
 
 class EventCursor:
     """Reads an event log incrementally (``mtc events --follow``): each ``next()`` returns
-    only entries not returned before, reading from the last time seen minus a look-back
+    only events not returned before (one entry per event), reading from the last time seen minus a look-back
     window (an event is logged with its own time, so a late delivery lands behind the
     cursor), never the whole log."""
 
@@ -261,16 +261,15 @@ class EventCursor:
         self._log = log
         self._time = since
         self._lookback = lookback_s
-        self._seen: dict[tuple[str, str, str], float] = {}
+        self._seen: dict[str, float] = {}  # envelope id -> its time, within the look-back
 
     def next(self) -> list[dict[str, Any]]:
         start = max(0.0, self._time - self._lookback) if self._seen else self._time
         out = []
         for doc in self._log.read(start):
-            key = (doc["id"], doc.get("outcome", ""), doc.get("detail", ""))
-            if key in self._seen:
-                continue
-            self._seen[key] = doc["time"]
+            if doc["id"] in self._seen:
+                continue  # printed already (a redelivery logs the same event again)
+            self._seen[doc["id"]] = doc["time"]
             out.append(doc)
             self._time = max(self._time, doc["time"])
         horizon = self._time - self._lookback

@@ -60,6 +60,15 @@ class Deps:
 Handler = Callable[[Any, Any, Deps], "Outcome | None"]
 
 
+class Runtime(Protocol):
+    """What an HTTP entry point (the API, the workflow steps) runs its commands against: the
+    deps, and what to do after a request (embedded: deliver what it queued)."""
+
+    deps: Deps
+
+    def after_request(self) -> None: ...
+
+
 def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps, *,
                 report_unchanged: bool = False) -> Outcome:
     """Run ``handler`` once for ``envelope``. ``report_unchanged``: answer UNCHANGED (rather

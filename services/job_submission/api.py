@@ -23,9 +23,8 @@ from typing import Any
 import flask
 
 from services.job_submission import handlers as h
-from services.wiring.functions import Runtime
 from shared.domain.errors import Conflict, InvalidTransition, NotFound, ValidationError
-from shared.handling import command_unit
+from shared.handling import Runtime, command_unit
 from shared.views import cluster_view, job_view, node_view
 
 Route = tuple[str, re.Pattern[str], Callable[..., tuple[Any, int]]]

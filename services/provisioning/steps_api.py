@@ -32,7 +32,6 @@ from typing import Any
 import flask
 
 from services.provisioning import handlers as h
-from services.wiring.functions import Runtime
 from shared.domain.errors import (
     Conflict,
     InvalidTransition,
@@ -43,7 +42,7 @@ from shared.domain.errors import (
 from shared.domain.events import FleetTicked
 from shared.domain.model import ClusterState, NodeRole, NodeState
 from shared.domain.validation import require_int, require_str
-from shared.handling import Deps, command_unit
+from shared.handling import Deps, Runtime, command_unit
 from shared.ports import UnitOfWork
 
 log = logging.getLogger("mtc.steps")

@@ -10,22 +10,16 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from cloudevents.http import CloudEvent
 
 from services.wiring.routes import subscriptions
 from shared.codec import decode
 from shared.domain.errors import PermanentError
-from shared.handling import Deps, Outcome, run_handler
+from shared.handling import Outcome, Runtime, run_handler
 
 log = logging.getLogger("mtc.runtime")
-
-
-class Runtime(Protocol):
-    deps: Deps
-
-    def after_request(self) -> None: ...
 
 
 class EmbeddedRuntime:

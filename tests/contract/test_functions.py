@@ -14,8 +14,8 @@ from cloudevents.conversion import to_binary, to_structured
 from flask.testing import FlaskClient
 from functions_framework import create_app
 
-from services.wiring import functions as rt_mod
 from services.job_submission import handlers as api
+from services.wiring import functions as rt_mod
 from shared.codec import to_cloudevent, to_pubsub
 from shared.domain.events import NodeHealthReported
 from shared.domain.model import NodeState

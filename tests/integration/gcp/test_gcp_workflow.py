@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from gcp_support import ROOT, Server, StorePlane, function_app
 
-from services.wiring import functions as rt_mod
 from services.job_submission import handlers as api
+from services.wiring import functions as rt_mod
 from shared.adapters.memory_store import MemoryDocStore
 from shared.domain.events import NodeProvisioned
 from shared.domain.model import ClusterState, NodeState

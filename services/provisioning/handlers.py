@@ -35,7 +35,7 @@ from shared.handling import Deps
 from shared.ports import UnitOfWork
 
 SERVICE = "provisioning"
-SETTLING = frozenset({NodeState.PROVISIONING, NodeState.VERIFYING})
+SETTLING = lifecycle.COMING_UP
 
 
 def node_name(cluster_id: str, pool_id: str, index: int) -> str:
@@ -131,7 +131,12 @@ def _sync_partitions(cluster: Cluster, uow: UnitOfWork) -> None:
             uow.partitions.add(record)
         members = [n for n in nodes if n.partition == part.name]
         record.total_nodes = len(members)
-        record.set_out_of_service({n.node_id for n in members if not n.in_service})
+        # nodes repair took out stay listed; nodes coming up for the first time are counted
+        taken_out = record.out_of_service
+        record.set_out_of_service({n.node_id for n in members if not n.in_service
+                                   and (n.state not in SETTLING or n.node_id in taken_out)})
+        record.settling = sum(1 for n in members if n.state in SETTLING
+                              and n.node_id not in taken_out)
 
 
 @dataclass(frozen=True)
@@ -262,6 +267,8 @@ def _still_settling(cluster_id: str, uow: UnitOfWork, near: str | None = None) -
 
 
 def _settling_in(partition: Partition, uow: UnitOfWork) -> bool:
+    if partition.settling:
+        return True  # nodes are still coming up for the first time
     for node_id in partition.out_of_service:
         node = uow.nodes.get(node_id)
         if node is not None and node.state in SETTLING:

@@ -58,13 +58,19 @@ class EmbeddedApp:
 
     def pump(self, *, budget_s: float = 5.0) -> int:
         """Deliver everything queued, polling compute for results, until nothing moves, or
-        for ``budget_s`` of wall time: a large fleet's agents report faster than one
-        process delivers, so "until nothing moves" alone would never return."""
+        for ``budget_s`` of wall time. Compute is polled again only once the queue is empty
+        (or the budget is spent): a large fleet's agents report faster than one process
+        delivers, and polling between every batch would only pile up more reports."""
         total = 0
         deadline = time.monotonic() + budget_s
         while True:
             self.compute.poll()
-            moved = self.bus.pump(self.deps, max_events=2_000)
+            moved = 0
+            while True:
+                batch = self.bus.pump(self.deps, max_events=500)
+                moved += batch
+                if batch == 0 or time.monotonic() >= deadline:
+                    break
             total += moved
             if moved == 0 or time.monotonic() >= deadline:
                 return total

@@ -8,14 +8,16 @@ an event delivered twice changes nothing).
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from shared.adapters.docstore import prune_expired
 from shared.adapters.outbox import DocOutbox, envelope_to_doc
 from shared.adapters.outbox import doc_id as outbox_doc_id
-from shared.domain.events import Envelope
+from shared.domain.events import Envelope, NodeHealthReported
 from shared.handling import Deps, Outcome, Routes, run_handler
 from shared.ports import DocStore
 
@@ -23,6 +25,7 @@ log = logging.getLogger("mtc.bus")
 
 DEAD_LETTERS = "dead_letters"
 MAX_DELIVERY_ATTEMPTS = 10
+COALESCE_S = 5.0  # how long this process remembers a waiting report (see inject)
 
 
 class OutboxBus:
@@ -32,13 +35,45 @@ class OutboxBus:
         self.outbox = DocOutbox(store)
         self.listeners: list[Callable[[Envelope, dict[str, Outcome]], None]] = []
         self._pruned_at: float | None = None
+        # node id -> (envelope id, signature, monotonic time) of its report waiting in the queue
+        self._waiting_reports: dict[str, tuple[str, tuple[str, str], float]] = {}
 
     def publish(self, envelope: Envelope) -> None:
         """After a commit: the envelope is already in the outbox, which is the queue."""
 
     def inject(self, envelope: Envelope) -> None:
-        """Events from outside a transaction (compute, agents) join the same queue."""
+        """Events from outside a transaction (compute, agents) join the same queue.
+
+        Conditions are state: a health report that repeats, condition for condition and
+        from the same source, a report of the same node still waiting in this process's
+        queue is not queued again (the waiting one says the same; the next report after it
+        is delivered refreshes "last seen"). So a fleet whose agents report faster than the
+        bus delivers keeps at most one waiting report per node instead of a growing
+        backlog. The memory is per process and forgets after COALESCE_S, so a report
+        delivered by another process cannot silence a node for longer than that."""
+        if self._repeats_waiting_report(envelope):
+            return
         self._store.write("outbox", envelope.id, envelope_to_doc(envelope))
+
+    def _repeats_waiting_report(self, envelope: Envelope) -> bool:
+        event = envelope.event
+        if not isinstance(event, NodeHealthReported):
+            return False
+        signature = (event.source, json.dumps(event.conditions, sort_keys=True, default=str))
+        now = time.monotonic()
+        waiting = self._waiting_reports.get(event.node_id)
+        if waiting is not None and waiting[0] != envelope.id and waiting[1] == signature \
+                and now - waiting[2] < COALESCE_S:
+            return True
+        self._waiting_reports[event.node_id] = (envelope.id, signature, now)
+        return False
+
+    def _delivered(self, envelope: Envelope) -> None:
+        event = envelope.event
+        if isinstance(event, NodeHealthReported):
+            waiting = self._waiting_reports.get(event.node_id)
+            if waiting is not None and waiting[0] == envelope.id:
+                del self._waiting_reports[event.node_id]
 
     def pump(self, deps: Deps, *, max_events: int = 10_000) -> int:
         """Deliver queued events to every subscriber. A subscriber that raises (a transient
@@ -63,6 +98,7 @@ class OutboxBus:
                 for listener in self.listeners:
                     listener(envelope, outcomes)
                 self.outbox.mark_published([envelope.id])
+                self._delivered(envelope)
                 delivered += 1
         return delivered
 
@@ -96,6 +132,7 @@ class OutboxBus:
         if attempts >= MAX_DELIVERY_ATTEMPTS:
             deps.dead_letters.dead_letter(envelope, "bus", f"{attempts} attempts: {failure}")
             self.outbox.mark_published([envelope.id])
+            self._delivered(envelope)
             return
         doc.update(attempts=attempts, last_error=failure)
         if stored:

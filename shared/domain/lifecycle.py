@@ -40,6 +40,8 @@ ACTIONABLE = frozenset({NodeState.IDLE, NodeState.ALLOCATED, NodeState.SUSPECT,
 # states whose silence the heartbeat monitor watches
 WATCHED = frozenset({NodeState.IDLE, NodeState.ALLOCATED, NodeState.SUSPECT})
 HEARTBEAT = ConditionType.HEARTBEAT_LOST.value
+# states of a node coming up: a partition counts these unless repair took the node out
+COMING_UP = frozenset({NodeState.PROVISIONING, NodeState.VERIFYING})
 
 
 # ---------------------------------------------------------------- history
@@ -130,7 +132,11 @@ def hold(node: Node, now: float, reason: str) -> None:
 def take_out_of_service(node: Node, partition: Partition, action: RepairAction, now: float,
                         reason: str, window_s: float) -> bool:
     """Repair's half: the node leaves its partition's in-service set and waits for its job
-    to checkpoint (DRAINING, returns True) or is drained at once (DRAINED, False)."""
+    to checkpoint (DRAINING, returns True) or is drained at once (DRAINED, False). A node
+    still coming up was counted in ``settling``; from now on it is listed instead."""
+    if node.state in COMING_UP and node.node_id not in partition.out_of_service \
+            and partition.settling > 0:
+        partition.settling -= 1
     partition.take_out(node.node_id, now, window_s)
     draining = bool(node.job_id) and node.state in (NodeState.ALLOCATED, NodeState.SUSPECT)
     node.transition(NodeState.DRAINING if draining else NodeState.DRAINED, now, reason)
@@ -164,7 +170,7 @@ def return_to_service(node: Node, partition: Partition | None, now: float,
     The caller uncordons it in compute and emits NodeReturnedToService."""
     node.transition(NodeState.IDLE, now, reason)
     if partition is not None:
-        partition.put_back(node.node_id)
+        partition.entered_service(node.node_id)
 
 
 # ---------------------------------------------------------------- jobs
@@ -215,3 +221,12 @@ def out_of_service(partitions: Iterable[Partition]) -> set[str]:
 
 def in_service(node: Node) -> bool:
     return node.state in IN_SERVICE
+
+
+def blast_radius_view(partition: Partition) -> frozenset[str]:
+    """The ids the blast-radius guard counts as out of service: the nodes taken out, plus a
+    stand-in per node still coming up (counted, never matched against a real node id)."""
+    ids = frozenset(partition.out_of_service)
+    if not partition.settling:
+        return ids
+    return ids | {f"(coming up #{i})" for i in range(partition.settling)}

@@ -94,15 +94,19 @@ class Cluster:
 class Partition:
     """Per-partition aggregate the blast-radius guard reads without scanning every node.
 
+    ``out_of_service`` holds the nodes taken out (repairs, replacements); ``settling`` counts
+    the nodes still coming up for the first time, which are not in service either but need
+    no ids here: a 16k-node partition coming up would otherwise rewrite a 16k-id document
+    for every node that enters service. ``down`` is what the blast-radius guard counts.
     ``out_of_service`` changes through ``take_out``/``put_back``/``set_out_of_service``; the
-    sorted list its document stores is kept beside it, so writing a partition of 16k nodes
-    back does not sort 16k ids on every node that returns."""
+    sorted list its document stores is kept beside it (no re-sort per write)."""
 
     cluster_id: str
     name: str
     total_nodes: int = 0
     out_of_service: set[str] = field(default_factory=set)
     removed_at: list[float] = field(default_factory=list)
+    settling: int = 0
     _sorted: list[str] | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -126,6 +130,18 @@ class Partition:
                 else:
                     self._sorted = None
 
+    @property
+    def down(self) -> int:
+        """Nodes not in service: taken out, or still coming up."""
+        return len(self.out_of_service) + self.settling
+
+    def entered_service(self, node_id: str) -> None:
+        """A node passed its checks: out of the taken-out set, or one fewer coming up."""
+        if node_id in self.out_of_service:
+            self.put_back(node_id)
+        elif self.settling > 0:
+            self.settling -= 1
+
     def set_out_of_service(self, node_ids: set[str]) -> None:
         self.out_of_service = set(node_ids)
         self._sorted = None
@@ -142,6 +158,7 @@ class Partition:
             "total_nodes": self.total_nodes,
             "out_of_service": self._ids(),
             "removed_at": list(self.removed_at),
+            "settling": self.settling,
         }
 
     @classmethod
@@ -153,6 +170,7 @@ class Partition:
             total_nodes=d.get("total_nodes", 0),
             out_of_service=set(ids),
             removed_at=list(d.get("removed_at", [])),
+            settling=d.get("settling", 0),
             _sorted=ids if all(a < b for a, b in itertools.pairwise(ids)) else None,
         )
 

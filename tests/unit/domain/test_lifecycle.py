@@ -176,3 +176,16 @@ def test_exit_verdict_gives_up_when_the_budget_is_spent() -> None:
     assert exits.exit_verdict(75, interrupted=False, restart_anyway=False, restarts=3,
                               max_restarts=3) is exits.Verdict.GAVE_UP
     assert not exits.killed_from_outside(1) and exits.killed_from_outside(143)
+
+
+def test_a_node_coming_up_is_counted_until_it_enters_service_or_is_taken_out() -> None:
+    part = Partition("c1", "train", total_nodes=3, settling=2)
+    assert part.down == 2
+    first = node(NodeState.VERIFYING)
+    lifecycle.return_to_service(first, part, T)
+    assert part.settling == 1 and part.out_of_service == set()
+    sick = node(NodeState.VERIFYING)
+    sick.node_id = "n2"
+    lifecycle.take_out_of_service(sick, part, RepairAction.REBOOT, T, "xid", 3600)
+    assert part.settling == 0 and part.out_of_service == {"n2"} and part.down == 1
+    assert len(lifecycle.blast_radius_view(Partition("c1", "t", settling=3))) == 3

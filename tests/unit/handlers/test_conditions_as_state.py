@@ -8,7 +8,7 @@ from dataclasses import replace
 from services.job_submission import handlers as api
 from shared.adapters.docstore import EVENTS, PROCESSED
 from shared.config import ControlPlaneConfig
-from shared.domain.events import FleetTicked, NodeDiagnosed, NodeRepairHeld
+from shared.domain.events import FleetTicked, NodeDiagnosed, NodeHealthReported, NodeRepairHeld
 from shared.domain.model import NodeState
 from tests.harness import CLUSTER, Plane, healthy, xid
 
@@ -109,3 +109,15 @@ def test_event_log_and_idempotency_records_are_pruned_on_schedule() -> None:
     assert all(d["time"] >= plane.clock.now() - 50.0
                for d in plane.store.data[PROCESSED].values())
     assert all("expire_at" in d for d in plane.store.data[PROCESSED].values())
+
+
+def test_the_bus_keeps_one_waiting_repeat_report_per_node() -> None:
+    plane = ready_plane()
+    delivered = len(of_type(plane, NodeHealthReported))
+    conditions = healthy(plane.clock.now())
+    for _ in range(3):
+        plane.clock.advance(1)
+        plane.report(NODE, conditions)  # the same state, not yet delivered
+    plane.report(NODE, xid(79, plane.clock.now()))  # a change is always queued
+    plane.deliver()
+    assert len(of_type(plane, NodeHealthReported)) - delivered == 2  # one repeat, the fault

@@ -6,7 +6,10 @@ reset / reboot / reimage complete after sampled durations and answer with ``Node
 repair cheaper than the fault's true fix does not clear it. A request repeated for the same key
 (node; node and repair attempt; job and attempt) is a no-op. Its workers are the analytic job
 model (:mod:`simulator.jobs`), and the failure processes (:mod:`simulator.failure_processes`)
-act on its nodes.
+act on its nodes. What is reported once per key goes through the attempt/repair ledger that
+every Compute adapter shares (``shared.adapters.compute.ledger``): an attempt starts once and
+ends in one ``JobWorkersExited``, each checkpoint step is reported once, a repair runs once per
+(node, attempt) and completes once; exit codes are the worker protocol's.
 """
 
 from __future__ import annotations
@@ -18,8 +21,13 @@ from collections.abc import Sequence
 import numpy as np
 import simpy
 
+from shared.adapters.compute.ledger import MemoryLedger
+from shared.adapters.compute.protocol import ExitCode
 from shared.domain.events import (
     Envelope,
+    Event,
+    JobCheckpointSaved,
+    JobWorkersExited,
     NodeHealthReported,
     NodeProvisioned,
     NodeRepairCompleted,
@@ -34,9 +42,12 @@ from simulator.bus import SimBus
 from simulator.clock import EPOCH_S, call_later
 from simulator.failure_processes import FailureProcesses
 from simulator.failures import FailureModel, Fault, fault_conditions, healthy_conditions, repair_fixes
-from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.scenario_types import Scenario
-from simulator.world import AGENT_SOURCE, Attempt, SimJob, SimNode
+from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode
+
+EXIT_CRASH = int(ExitCode.FAILED)
+EXIT_KILLED = int(ExitCode.KILLED)
+EXIT_PREEMPTED = int(ExitCode.PREEMPTED)
 
 
 class SimCompute(FailureProcesses):
@@ -62,8 +73,7 @@ class SimCompute(FailureProcesses):
         self.jobs: dict[str, SimJob] = {}
         self.stragglers: dict[str, float] = {}
         self._provisioning: set[str] = set()
-        self._repairs: set[tuple[str, int]] = set()
-        self._attempts: set[tuple[str, int]] = set()
+        self.ledger = MemoryLedger()
         self.cordoned: set[str] = set()
         self.failures: dict[str, int] = defaultdict(int)  # root faults by cause (every node)
         self.repairs_done: dict[str, int] = defaultdict(int)
@@ -73,6 +83,20 @@ class SimCompute(FailureProcesses):
         self.horizon = math.inf
         self.failing = False  # node faults start with the run, not during bring-up
         bus.listeners.append(self._observe)
+
+    def emit(self, event: Event, source: str = COMPUTE_SOURCE) -> None:
+        """Every fact passes the ledger on its way out: once per key, as on real machines."""
+        if isinstance(event, JobWorkersExited):
+            once = self.ledger.end_attempt(event.job_id, event.attempt)
+        elif isinstance(event, JobCheckpointSaved):
+            once = self.ledger.checkpoint(f"sim://{event.job_id}/checkpoints", event.step,
+                                          event.job_id, event.attempt, event.path, event.saved_at)
+        elif isinstance(event, NodeRepairCompleted):
+            once = self.ledger.end_repair(event.node_id, event.attempt, float(self.env.now))
+        else:
+            once = True
+        if once:
+            self.bus.emit(event, source)
 
     def _observe(self, envelope: Envelope) -> None:
         """The agent stops its post-repair checks once the control plane has decided."""
@@ -137,10 +161,9 @@ class SimCompute(FailureProcesses):
 
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
         self.calls += 1
-        key = (node_id, attempt)
-        if key in self._repairs:
+        if not self.ledger.start_repair(node_id, attempt, RepairAction(action).value,
+                                        float(self.env.now)):
             return
-        self._repairs.add(key)
         node = self.nodes.get(node_id)
         if node is None:
             return
@@ -178,10 +201,9 @@ class SimCompute(FailureProcesses):
         if not workers:
             return
         first = workers[0]
-        key = (first.job_id, first.attempt)
-        if key in self._attempts:
+        if not self.ledger.start_attempt(first.job_id, first.attempt, len(workers),
+                                         first.checkpoint_dir, float(self.env.now)):
             return
-        self._attempts.add(key)
         job = self.jobs.get(first.job_id)
         if job is None:
             return

@@ -138,7 +138,11 @@ def _doc_counts(app: Any) -> dict[str, int]:
     if conn is None:
         return {}
     rows = conn.execute("SELECT collection, count(*) FROM docs GROUP BY collection").fetchall()
-    return {c: n for c, n in rows}
+    out = {c: n for c, n in rows}
+    queued = conn.execute("SELECT json_extract(data, '$.type'), count(*) FROM docs"
+                          " WHERE collection = 'outbox' GROUP BY 1").fetchall()
+    out.update({f"queued {t.split('.')[2]}": n for t, n in queued})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,7 +87,7 @@ class EmbeddedApp:
         deadline = time.monotonic() + timeout_s
         next_tick = time.monotonic() + tick_s
         while time.monotonic() < deadline:
-            self.pump(budget_s=1.0)
+            self.pump(budget_s=3.0)
             if until():
                 return True
             if time.monotonic() >= next_tick:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,6 @@ log = logging.getLogger("mtc.bus")
 
 DEAD_LETTERS = "dead_letters"
 MAX_DELIVERY_ATTEMPTS = 10
-COALESCE_S = 5.0  # how long this process remembers a waiting report (see inject)
 
 
 class OutboxBus:
@@ -35,8 +33,8 @@ class OutboxBus:
         self.outbox = DocOutbox(store)
         self.listeners: list[Callable[[Envelope, dict[str, Outcome]], None]] = []
         self._pruned_at: float | None = None
-        # node id -> (envelope id, signature, monotonic time) of its report waiting in the queue
-        self._waiting_reports: dict[str, tuple[str, tuple[str, str], float]] = {}
+        # node id -> (id, signature, time, seq) of its health report waiting in the queue
+        self._waiting_reports: dict[str, tuple[str, tuple[str, str], float, int]] = {}
 
     def publish(self, envelope: Envelope) -> None:
         """After a commit: the envelope is already in the outbox, which is the queue."""
@@ -45,28 +43,23 @@ class OutboxBus:
         """Events from outside a transaction (compute, agents) join the same queue.
 
         Conditions are state: a health report that repeats, condition for condition and
-        from the same source, a report of the same node still waiting in this process's
-        queue is not queued again (the waiting one says the same; the next report after it
-        is delivered refreshes "last seen"). So a fleet whose agents report faster than the
-        bus delivers keeps at most one waiting report per node instead of a growing
-        backlog. The memory is per process and forgets after COALESCE_S, so a report
-        delivered by another process cannot silence a node for longer than that."""
-        if self._repeats_waiting_report(envelope):
-            return
-        self._store.write("outbox", envelope.id, envelope_to_doc(envelope))
-
-    def _repeats_waiting_report(self, envelope: Envelope) -> bool:
+        from the same source, a report of the same node still waiting in the queue takes
+        that report's place (its id and position, the newer observation time), so a fleet
+        whose agents report faster than the bus delivers keeps one waiting report per node
+        instead of a growing backlog that starves everything queued behind it. If another
+        process delivered the waiting one meanwhile, the write simply queues the newer."""
+        doc = envelope_to_doc(envelope)
         event = envelope.event
-        if not isinstance(event, NodeHealthReported):
-            return False
-        signature = (event.source, json.dumps(event.conditions, sort_keys=True, default=str))
-        now = time.monotonic()
-        waiting = self._waiting_reports.get(event.node_id)
-        if waiting is not None and waiting[0] != envelope.id and waiting[1] == signature \
-                and now - waiting[2] < COALESCE_S:
-            return True
-        self._waiting_reports[event.node_id] = (envelope.id, signature, now)
-        return False
+        if isinstance(event, NodeHealthReported):
+            signature = (event.source, json.dumps(event.conditions, sort_keys=True,
+                                                  default=str))
+            waiting = self._waiting_reports.get(event.node_id)
+            if waiting is not None and waiting[1] == signature and waiting[0] != envelope.id:
+                doc.update(id=waiting[0], time=waiting[2], seq=waiting[3])
+            else:
+                self._waiting_reports[event.node_id] = (envelope.id, signature, doc["time"],
+                                                        doc["seq"])
+        self._store.write("outbox", doc["id"], doc)
 
     def _delivered(self, envelope: Envelope) -> None:
         event = envelope.event

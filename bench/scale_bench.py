@@ -60,8 +60,8 @@ def time_to_ready(workers: int, *, timeout_s: float = 900.0) -> dict[str, Any]:
         t0 = time.monotonic()
         with app.transaction() as uow:
             api.create_cluster(cluster_spec(workers), uow, app.deps)
-        ok = app.run(lambda: _cluster_state(app, "scale") == "READY", timeout_s=timeout_s,
-                     poll_s=0.05, tick_s=2.0)
+        # as `mtc cluster create --wait` drives it (EmbeddedApp.run's defaults)
+        ok = app.run(lambda: _cluster_state(app, "scale") == "READY", timeout_s=timeout_s)
         elapsed = time.monotonic() - t0
         size = _db_bytes(Path(tmp))
         counts = _doc_counts(app)

@@ -113,7 +113,11 @@ def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome 
     now = deps.clock.now()
     timeout = deps.config.heartbeat_timeout_s
     acted = False
-    for node in uow.nodes.list(event.cluster_id):
+    # one query per watched state: the nodes still coming up (most of a new cluster) are
+    # never loaded
+    watched = [n for state in sorted(lifecycle.WATCHED)
+               for n in uow.nodes.list(event.cluster_id, state=state)]
+    for node in watched:
         if node.role is NodeRole.LOGIN:
             continue
         condition = lifecycle.heartbeat_lost(node, now, timeout)

@@ -22,7 +22,6 @@ import numpy as np
 import simpy
 
 from shared.adapters.compute.ledger import MemoryLedger
-from shared.adapters.compute.protocol import ExitCode
 from shared.domain.events import (
     Envelope,
     Event,
@@ -42,12 +41,9 @@ from simulator.bus import SimBus
 from simulator.clock import EPOCH_S, call_later
 from simulator.failure_processes import FailureProcesses
 from simulator.failures import FailureModel, Fault, fault_conditions, healthy_conditions, repair_fixes
+from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.scenario_types import Scenario
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode
-
-EXIT_CRASH = int(ExitCode.FAILED)
-EXIT_KILLED = int(ExitCode.KILLED)
-EXIT_PREEMPTED = int(ExitCode.PREEMPTED)
 
 
 class SimCompute(FailureProcesses):

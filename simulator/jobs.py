@@ -16,6 +16,7 @@ import math
 
 import simpy
 
+from shared.adapters.compute.protocol import ExitCode
 from shared.domain.events import Event, JobCheckpointSaved, JobWorkersExited
 from simulator.bus import SimBus
 from simulator.clock import EPOCH_S, call_later
@@ -23,10 +24,11 @@ from simulator.failures import Fault, diurnal_integral
 from simulator.scenario_types import JobCfg, Scenario
 from simulator.world import COMPUTE_SOURCE, Attempt, SimJob, SimNode
 
-EXIT_OK = 0
-EXIT_CRASH = 1
-EXIT_PREEMPTED = 75  # examples/train.py: "preempted, checkpoint saved, run me again"
-EXIT_KILLED = 137  # SIGKILL after the grace period
+# the worker protocol's exit statuses, as plain ints on the hot path
+EXIT_OK = int(ExitCode.OK)
+EXIT_CRASH = int(ExitCode.FAILED)
+EXIT_PREEMPTED = int(ExitCode.PREEMPTED)  # checkpoint saved on SIGTERM, run me again
+EXIT_KILLED = int(ExitCode.KILLED)  # SIGKILL after the grace period
 
 
 class JobModel:

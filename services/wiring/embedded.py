@@ -56,15 +56,19 @@ class EmbeddedApp:
         self.bus.inject(env)
         return env
 
-    def pump(self, *, budget_s: float = 5.0) -> int:
+    def pump(self, *, budget_s: float = 5.0, max_polls: int | None = None) -> int:
         """Deliver everything queued, polling compute for results, until nothing moves, or
         for about ``budget_s`` of wall time. After each poll the queue gets up to
         ``budget_s`` of delivery before compute is polled again: a large fleet's agents
         report faster than one process delivers, and a poll of 16k simulated nodes takes
-        seconds by itself, so "until nothing moves" alone would never return."""
+        seconds by itself, so "until nothing moves" alone would never return. ``max_polls``
+        returns after that many poll-and-deliver rounds (``run`` looks at its condition
+        after each)."""
         total = 0
+        polls = 0
         start = time.monotonic()
         while True:
+            polls += 1
             self.compute.poll()
             moved = 0
             deadline = time.monotonic() + budget_s
@@ -74,7 +78,8 @@ class EmbeddedApp:
                 if batch == 0 or time.monotonic() >= deadline:
                     break
             total += moved
-            if moved == 0 or time.monotonic() - start >= budget_s:
+            if moved == 0 or time.monotonic() - start >= budget_s \
+                    or (max_polls is not None and polls >= max_polls):
                 return total
 
     def tick(self) -> None:
@@ -89,7 +94,7 @@ class EmbeddedApp:
         deadline = time.monotonic() + timeout_s
         next_tick = time.monotonic() + tick_s
         while time.monotonic() < deadline:
-            self.pump(budget_s=10.0)
+            self.pump(budget_s=10.0, max_polls=1)
             if until():
                 return True
             if time.monotonic() >= next_tick:

@@ -23,6 +23,7 @@ from shared.domain.events import (
     FleetTicked,
     NodeDiagnosed,
     NodeHealthReported,
+    NodeRepairHeld,
     NodeReturnedToService,
 )
 from shared.domain.health import Condition, HealthReport, RepairAction
@@ -109,7 +110,9 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
 
 def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome | None:
     """Heartbeats are state: a node whose last report is older than the timeout gets a
-    HeartbeatLost condition, once (on the change), then is triaged as usual."""
+    HeartbeatLost condition, once (on the change), then is triaged as usual. A FAILED node
+    waits for a person, and says nothing more itself: the tick repeats its alert once per
+    ``alert_reminder_s`` (the first was raised by repair when it failed)."""
     now = deps.clock.now()
     timeout = deps.config.heartbeat_timeout_s
     acted = False
@@ -125,6 +128,12 @@ def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome 
             continue
         acted |= assess(node, HealthReport(node.node_id, now, (condition,), "heartbeat-monitor"),
                         uow, deps)
+    for node in uow.nodes.list(event.cluster_id, state=NodeState.FAILED):
+        key = node.alert or f"failed:{node.reason}"
+        if lifecycle.alert_due(node, key, now, deps.config.alert_reminder_s):
+            uow.emit(NodeRepairHeld(node_id=node.node_id, action=RepairAction.MANUAL.value,
+                                    reason=f"still needs a person: {node.reason}"))
+            acted = True
     return None if acted else Outcome.UNCHANGED
 
 

@@ -121,3 +121,25 @@ def test_the_bus_keeps_one_waiting_repeat_report_per_node() -> None:
     plane.report(NODE, xid(79, plane.clock.now()))  # a change is always queued
     plane.deliver()
     assert len(of_type(plane, NodeHealthReported)) - delivered == 2  # one repeat, the fault
+
+
+def test_a_failed_node_is_reminded_by_the_tick_not_every_tick() -> None:
+    plane = ready_plane(replace(ControlPlaneConfig(), alert_reminder_s=600.0,
+                                heartbeat_timeout_s=1e9))
+    plane.report(NODE, xid(54, plane.clock.now()))  # the catalog: a person must act
+    plane.deliver()
+    assert plane.node(NODE).state is NodeState.FAILED
+    assert len(of_type(plane, NodeRepairHeld)) == 1  # raised once, by repair
+    for _ in range(5):  # ticks inside the reminder interval stay quiet
+        plane.clock.advance(100)
+        plane.inject(FleetTicked(cluster_id="c1", at=plane.clock.now()))
+        plane.deliver()
+    assert len(of_type(plane, NodeRepairHeld)) == 1
+    plane.clock.advance(100)
+    plane.inject(FleetTicked(cluster_id="c1", at=plane.clock.now()))
+    plane.deliver()
+    reminders = of_type(plane, NodeRepairHeld)
+    assert len(reminders) == 2  # one reminder once the interval has passed
+    plane.inject(FleetTicked(cluster_id="c1", at=plane.clock.now()))
+    plane.deliver()
+    assert len(of_type(plane, NodeRepairHeld)) == 2

@@ -28,7 +28,7 @@ from shared.domain.events import (
 )
 from shared.domain.model import Cluster, ClusterState, Job, JobState, NodeRole, NodeState
 from shared.domain.specs import ID_PATTERN, ClusterSpec, CustomJobSpec, WorkerPoolSpec
-from shared.handling import Deps
+from shared.handling import Deps, Outcome
 from shared.policies.scheduling import JobRequest, NodeSlot, ReplicaGroup, place_jobs
 from shared.ports import UnitOfWork, WorkerSpec
 
@@ -204,8 +204,12 @@ def on_cluster_ready(event: ClusterReady, uow: UnitOfWork, deps: Deps) -> None:
     schedule(event.cluster_id, uow, deps)
 
 
-def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> None:
+def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome:
+    """A timer, not a change: a tick that placed nothing (emitted nothing) is UNCHANGED, so
+    the embedded bus keeps neither a timeline entry nor an idempotency record for it
+    (scheduling is decided from state, so a repeated tick places nothing twice)."""
     schedule(event.cluster_id, uow, deps)
+    return Outcome.UNCHANGED
 
 
 def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:

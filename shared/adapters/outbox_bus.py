@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shared.adapters.docstore import prune_expired
-from shared.adapters.outbox import DocOutbox, envelope_to_doc
+from shared.adapters.outbox import OUTBOX, DocOutbox, envelope_to_doc
 from shared.adapters.outbox import doc_id as outbox_doc_id
 from shared.domain.events import Envelope, NodeHealthReported
 from shared.handling import Deps, Outcome, Routes, run_handler
@@ -59,7 +59,7 @@ class OutboxBus:
             else:
                 self._waiting_reports[event.node_id] = (envelope.id, signature, doc["time"],
                                                         doc["seq"])
-        self._store.write("outbox", doc["id"], doc)
+        self._store.write(OUTBOX, doc["id"], doc)
 
     def _delivered(self, envelope: Envelope) -> None:
         event = envelope.event
@@ -120,7 +120,7 @@ class OutboxBus:
 
     def _retry_later(self, envelope: Envelope, deps: Deps, failure: str) -> None:
         doc = envelope_to_doc(envelope)
-        stored = self._store.read("outbox", {"id": envelope.id})
+        stored = self._store.read(OUTBOX, {"id": envelope.id})
         attempts = (stored[0].get("attempts", 0) if stored else 0) + 1
         if attempts >= MAX_DELIVERY_ATTEMPTS:
             deps.dead_letters.dead_letter(envelope, "bus", f"{attempts} attempts: {failure}")
@@ -130,7 +130,7 @@ class OutboxBus:
         doc.update(attempts=attempts, last_error=failure)
         if stored:
             doc["seq"] = stored[0].get("seq", doc["seq"])
-        self._store.write("outbox", envelope.id, doc)
+        self._store.write(OUTBOX, envelope.id, doc)
 
 
 def _unchanged(outcomes: dict[str, Outcome]) -> bool:

@@ -10,7 +10,8 @@ records live where the adapter keeps its state:
 * ``SqliteLedger``: in the adapter's sqlite file, inside the transaction that changes the rest
   of its state and queues the facts (``FactState``), so a crash loses or repeats nothing. It
   uses these columns of the adapter's tables (adapters may add their own):
-  ``attempts(job_id, attempt, world_size, checkpoint_dir, started_at, finalized)``,
+  ``attempts(job_id, attempt, world_size, checkpoint_dir, started_at, finalized,
+  signalled_at, kill_deadline)``,
   ``repairs(node_id, attempt, action, started_at, completed_at)`` and ``checkpoints``
   (``CHECKPOINTS_SCHEMA``).
 * ``MemoryLedger``: in memory, for the simulator and the test fake.
@@ -111,6 +112,19 @@ def repair_completed(store: LedgerStore, node_id: str, attempt: int, action: str
     return None
 
 
+def signal_deadline(signalled_at: float | None, kill_deadline: float | None, now: float,
+                    grace_s: float) -> tuple[bool, float | None]:
+    """A SIGTERM request for an attempt: (send the signal now?, the kill deadline to store, or
+    None to keep the stored one). An attempt is signalled once; a repeat can only bring its
+    kill deadline closer, never push it back."""
+    deadline = now + max(0.0, grace_s)
+    if signalled_at is None:
+        return True, deadline
+    if kill_deadline is None or deadline < kill_deadline:
+        return False, deadline
+    return False, None
+
+
 # ---------------------------------------------------------------- stores
 
 
@@ -121,6 +135,19 @@ class SqliteLedger:
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
+
+    def signal(self, att: sqlite3.Row, now: float, grace_s: float) -> bool:
+        """Record a SIGTERM request on the attempt's row (``signal_deadline``); True when
+        this is the first, so the caller sends the signal."""
+        first, deadline = signal_deadline(att["signalled_at"], att["kill_deadline"], now, grace_s)
+        if first:
+            self.db.execute("UPDATE attempts SET signalled_at = ?, kill_deadline = ?"
+                            " WHERE job_id = ? AND attempt = ?",
+                            (now, deadline, att["job_id"], att["attempt"]))
+        elif deadline is not None:
+            self.db.execute("UPDATE attempts SET kill_deadline = ? WHERE job_id = ? AND attempt = ?",
+                            (deadline, att["job_id"], att["attempt"]))
+        return first
 
     def _insert(self, table: str, values: Mapping[str, Any]) -> bool:
         cols = ", ".join(values)

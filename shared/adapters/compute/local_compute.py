@@ -35,7 +35,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.adapters.compute.ledger import all_ranks_exited, ranks_exited, report_checkpoints
+from shared.adapters.compute.ledger import (
+    SqliteLedger,
+    all_ranks_exited,
+    ranks_exited,
+    report_checkpoints,
+)
 from shared.adapters.compute.local_nodes import DEFAULT_REPAIR_DURATIONS_S, NODES_SCHEMA, LocalNodes
 from shared.adapters.compute.local_procs import (
     exit_code,
@@ -192,20 +197,9 @@ class LocalCompute(LocalNodes):
             att = self._attempt(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
-            deadline = now + max(0.0, grace_s)
-            if att["signalled_at"] is None:
+            if SqliteLedger(db).signal(att, now, grace_s):
                 for w in self._live_ranks(db, job_id, attempt):
                     signal_rank(w, signal.SIGTERM)
-                db.execute(
-                    "UPDATE attempts SET signalled_at = ?, kill_deadline = ?"
-                    " WHERE job_id = ? AND attempt = ?",
-                    (now, deadline, job_id, attempt),
-                )
-            elif att["kill_deadline"] is None or deadline < att["kill_deadline"]:
-                db.execute(
-                    "UPDATE attempts SET kill_deadline = ? WHERE job_id = ? AND attempt = ?",
-                    (deadline, job_id, attempt),
-                )
 
     def stop_workers(self, job_id: str, attempt: int) -> None:
         """SIGKILL every rank of the attempt now; harmless if they are gone."""

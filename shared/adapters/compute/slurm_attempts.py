@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from shared.adapters.compute.ledger import (
+    SqliteLedger,
     all_ranks_exited,
     ranks_exited,
     report_checkpoints,
@@ -215,19 +216,8 @@ class SlurmAttempts(SlurmNodes):
             att = self._attempt(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
-            deadline = now + max(0.0, grace_s)
-            if att["signalled_at"] is None:
-                db.execute(
-                    "UPDATE attempts SET signalled_at = ?, kill_deadline = ?"
-                    " WHERE job_id = ? AND attempt = ?",
-                    (now, deadline, job_id, attempt),
-                )
+            if SqliteLedger(db).signal(att, now, grace_s):
                 self._put_op(db, key, "signal", {"job_id": job_id, "attempt": attempt})
-            elif att["kill_deadline"] is None or deadline < att["kill_deadline"]:
-                db.execute(
-                    "UPDATE attempts SET kill_deadline = ? WHERE job_id = ? AND attempt = ?",
-                    (deadline, job_id, attempt),
-                )
         self._kick(key)
 
     def stop_workers(self, job_id: str, attempt: int) -> None:

@@ -19,6 +19,7 @@ from shared.adapters.compute.ledger import (
     ranks_exited,
     repair_completed,
     report_checkpoints,
+    signal_deadline,
     workers_exited,
 )
 from shared.adapters.compute.protocol import (
@@ -107,3 +108,11 @@ def test_a_repair_starts_once_per_node_and_attempt_and_completes_once(store: Led
     done = repair_completed(store, "n", 1, "reboot", True, "ok", 1.0)
     assert done is not None and done.ok and done.attempt == 1
     assert repair_completed(store, "n", 1, "reboot", True, "ok", 2.0) is None
+
+
+def test_an_attempt_is_signalled_once_and_its_deadline_only_comes_closer() -> None:
+    assert signal_deadline(None, None, 100.0, 30.0) == (True, 130.0)
+    assert signal_deadline(100.0, 130.0, 110.0, 30.0) == (False, None)  # later: kept
+    assert signal_deadline(100.0, 130.0, 110.0, 5.0) == (False, 115.0)  # sooner: moved up
+    assert signal_deadline(100.0, None, 110.0, 5.0) == (False, 115.0)
+    assert signal_deadline(None, None, 100.0, -4.0) == (True, 100.0)  # no negative grace

@@ -241,11 +241,19 @@ class SimCompute(FailureProcesses):
             call_later(self.env, att.ready + cfg.checkpoint_interval_s + cfg.checkpoint_save_s
                        - now, self._periodic_checkpoint, att, att.token)
 
-    def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
-        self.calls += 1
+    def _running(self, job_id: str, attempt: int) -> Attempt | None:
+        """The job's current attempt if it is ``attempt`` and has not exited: what a signal
+        or a stop may still act on (a late or repeated request finds None)."""
         job = self.jobs.get(job_id)
         att = job.attempt if job is not None else None
         if att is None or att.number != attempt or att.exited:
+            return None
+        return att
+
+    def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
+        self.calls += 1
+        att = self._running(job_id, attempt)
+        if att is None:
             return
         now = float(self.env.now)
         if not att.alive:  # crashed already: nothing to save, exit at once
@@ -277,9 +285,8 @@ class SimCompute(FailureProcesses):
 
     def stop_workers(self, job_id: str, attempt: int) -> None:
         self.calls += 1
-        job = self.jobs.get(job_id)
-        att = job.attempt if job is not None else None
-        if att is None or att.number != attempt or att.exited:
+        att = self._running(job_id, attempt)
+        if att is None:
             return
         now = float(self.env.now)
         if att.alive:

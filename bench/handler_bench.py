@@ -28,8 +28,8 @@ from typing import Any
 
 from services.job_submission import handlers as api
 from services.wiring.builder import build_deps
-from shared.adapters.clock import SystemClock
 from services.wiring.routes import control_plane_routes
+from shared.adapters.clock import SystemClock
 from shared.adapters.memory_store import MemoryDocStore
 from shared.adapters.outbox import make_envelope
 from shared.adapters.outbox_bus import OutboxBus

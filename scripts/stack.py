@@ -45,7 +45,7 @@ import requests  # noqa: E402
 
 from services.wiring.routes import SERVICES, control_plane_routes  # noqa: E402
 from shared.adapters import pubsub as ps  # noqa: E402
-from shared.adapters.docstore import DocEventLog, DocUnitOfWork
+from shared.adapters.docstore import DocEventLog, DocUnitOfWork  # noqa: E402
 from shared.adapters.firestore_store import FirestoreDocStore  # noqa: E402
 from shared.adapters.outbox import envelope_to_doc  # noqa: E402
 from shared.codec import from_pubsub_message  # noqa: E402
@@ -355,9 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from services.cli.demo import _node_table, _style
+    from services.cli.demo import _node_table
     from shared.goodput_live import job_accounting
     from shared.timeline import describe, is_routine
+    from shared.timeline import style as _style
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--state-dir", type=Path, default=ROOT / "var" / "stack")

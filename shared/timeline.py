@@ -90,3 +90,15 @@ def describe(doc: dict[str, Any]) -> str:
 
 def clock(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]
+
+
+def style(type_: str) -> str:
+    """The terminal colour of an event type in a timeline: faults red, repairs yellow,
+    recoveries green, the rest cyan (rich markup)."""
+    if "diagnosed" in type_ or "health_reported" in type_ or "held" in type_:
+        return "bold red"
+    if "repair" in type_ or "drain" in type_:
+        return "yellow"
+    if "returned" in type_ or "finished" in type_:
+        return "bold green"
+    return "cyan"

@@ -28,6 +28,7 @@ from shared.domain.model import JobState, NodeState
 from shared.goodput_live import job_accounting
 from shared.handling import Outcome
 from shared.timeline import describe
+from shared.timeline import style as timeline_style
 
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,20 +94,10 @@ def _printer(t0: float) -> Any:
         doc = envelope_to_doc(env)
         if is_routine(doc):
             return
-        style = _style(env.type)
+        style = timeline_style(env.type)
         console.print(f"[dim]{env.time - t0:7.2f}s[/dim]  [{style}]{escape(describe(doc))}[/{style}]")
 
     return show
-
-
-def _style(type_: str) -> str:
-    if "diagnosed" in type_ or "health_reported" in type_:
-        return "bold red"
-    if "repair" in type_ or "drain" in type_:
-        return "yellow"
-    if "returned" in type_ or "finished" in type_:
-        return "bold green"
-    return "cyan"
 
 
 def run_demo(app: EmbeddedApp, *, steps: int = 120) -> None:

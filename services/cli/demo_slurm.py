@@ -47,6 +47,7 @@ from shared.domain.model import Job, JobState, NodeState
 from shared.goodput_live import job_accounting
 from shared.handling import Outcome
 from shared.timeline import describe
+from shared.timeline import style as timeline_style
 
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,7 +220,7 @@ def _printer(
         doc = envelope_to_doc(env)
         if is_routine(doc) or doc["type"] == "mtc.node.provisioned.v1":
             return
-        style = _style(env.type)
+        style = timeline_style(env.type)
         line = escape(describe(doc))
         console.print(f"[dim]{env.time - t0:7.2f}s[/dim]  [{style}]{line}[/{style}]")
         if env.type in SINFO_AFTER and sinfo_on["on"]:
@@ -231,16 +232,6 @@ def _printer(
 
 def _indent(text: str) -> str:
     return "\n".join(f"           {line}" for line in text.splitlines())
-
-
-def _style(type_: str) -> str:
-    if "diagnosed" in type_ or "health_reported" in type_ or "held" in type_:
-        return "bold red"
-    if "repair" in type_ or "drain" in type_:
-        return "yellow"
-    if "returned" in type_ or "finished" in type_:
-        return "bold green"
-    return "cyan"
 
 
 def wait(app: EmbeddedApp, what: str, until: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> None:

@@ -128,6 +128,14 @@ def signal_deadline(signalled_at: float | None, kill_deadline: float | None, now
 # ---------------------------------------------------------------- stores
 
 
+def attempt_row(db: sqlite3.Connection, job_id: str, attempt: int) -> sqlite3.Row | None:
+    """The adapter's ``attempts`` row of (job, attempt), with the adapter's own columns."""
+    row: sqlite3.Row | None = db.execute(
+        "SELECT * FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
+    ).fetchone()
+    return row
+
+
 class SqliteLedger:
     """A ``LedgerStore`` over an open sqlite transaction of the adapter (see the module
     docstring for the columns it uses). Column names in ``extra`` come from the adapter's

@@ -38,6 +38,7 @@ from pathlib import Path
 from shared.adapters.compute.ledger import (
     SqliteLedger,
     all_ranks_exited,
+    attempt_row,
     ranks_exited,
     report_checkpoints,
 )
@@ -194,7 +195,7 @@ class LocalCompute(LocalNodes):
         signal again; it can only bring the deadline closer."""
         now = self._clock.now()
         with self._tx() as db:
-            att = self._attempt(db, job_id, attempt)
+            att = attempt_row(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
             if SqliteLedger(db).signal(att, now, grace_s):
@@ -205,7 +206,7 @@ class LocalCompute(LocalNodes):
         """SIGKILL every rank of the attempt now; harmless if they are gone."""
         now = self._clock.now()
         with self._tx() as db:
-            att = self._attempt(db, job_id, attempt)
+            att = attempt_row(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
             self._kill_attempt(db, job_id, attempt, now)
@@ -236,13 +237,6 @@ class LocalCompute(LocalNodes):
                 done = pid
             if done:
                 self._children.discard(pid)
-
-    @staticmethod
-    def _attempt(db: sqlite3.Connection, job_id: str, attempt: int) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = db.execute(
-            "SELECT * FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
-        ).fetchone()
-        return row
 
     @staticmethod
     def _live_ranks(db: sqlite3.Connection, job_id: str, attempt: int) -> list[sqlite3.Row]:

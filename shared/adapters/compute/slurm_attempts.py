@@ -22,6 +22,7 @@ from typing import Any, cast
 from shared.adapters.compute.ledger import (
     SqliteLedger,
     all_ranks_exited,
+    attempt_row,
     ranks_exited,
     report_checkpoints,
     workers_exited,
@@ -124,7 +125,7 @@ class SlurmAttempts(SlurmNodes):
         """Signal or cancel of an attempt whose sbatch has not gone through yet: wait for it,
         unless it failed (then the attempt is already over)."""
         with self._tx() as db:
-            att = self._attempt(db, args["job_id"], args["attempt"])
+            att = attempt_row(db, args["job_id"], args["attempt"])
         if att is None or att["finalized"]:
             return OpResult(True)
         return OpResult(False, transient=True, quiet=True, error="waiting for sbatch")
@@ -140,7 +141,7 @@ class SlurmAttempts(SlurmNodes):
         )
 
     def _failed_submit(self, db: sqlite3.Connection, args: dict[str, Any], error: str, now: float) -> None:
-        att = self._attempt(db, args["job_id"], args["attempt"])
+        att = attempt_row(db, args["job_id"], args["attempt"])
         if att is not None and not att["finalized"]:
             self._finalize(db, att, EXIT_SUBMIT_FAILED, f"sbatch failed: {error}")
 
@@ -156,7 +157,7 @@ class SlurmAttempts(SlurmNodes):
         for (job_id, attempt), specs in sorted(groups.items()):
             specs.sort(key=lambda s: s.rank)
             with self._tx() as db:
-                if self._attempt(db, job_id, attempt) is not None:
+                if attempt_row(db, job_id, attempt) is not None:
                     continue
                 names = {s.node_id: self._slurm_name(db, s.node_id) for s in specs}
                 run_dir = self.run_dir(job_id, attempt)
@@ -174,7 +175,7 @@ class SlurmAttempts(SlurmNodes):
                 )
                 missing = [s.node_id for s in specs if not names[s.node_id]]
                 if missing or len(specs) != specs[0].world_size:
-                    att = self._attempt(db, job_id, attempt)
+                    att = attempt_row(db, job_id, attempt)
                     assert att is not None
                     why = f"no Slurm node for {missing}" if missing else "not one spec per rank"
                     self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: {why}")
@@ -213,7 +214,7 @@ class SlurmAttempts(SlurmNodes):
         now = self._clock.now()
         key = f"signal:{job_id}:{attempt}"
         with self._tx() as db:
-            att = self._attempt(db, job_id, attempt)
+            att = attempt_row(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
             if SqliteLedger(db).signal(att, now, grace_s):
@@ -223,7 +224,7 @@ class SlurmAttempts(SlurmNodes):
     def stop_workers(self, job_id: str, attempt: int) -> None:
         """``scancel`` the attempt's job now; harmless if it is gone."""
         with self._tx() as db:
-            att = self._attempt(db, job_id, attempt)
+            att = attempt_row(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
             key = self._cancel(db, att)
@@ -260,13 +261,6 @@ class SlurmAttempts(SlurmNodes):
             if not live & set(ids):
                 return
             time.sleep(0.2)
-
-    @staticmethod
-    def _attempt(db: sqlite3.Connection, job_id: str, attempt: int) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = db.execute(
-            "SELECT * FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
-        ).fetchone()
-        return row
 
     def _finalize(self, db: sqlite3.Connection, att: sqlite3.Row, code: int, detail: str) -> None:
         self._queue(db, workers_exited(self._ledger(db), att["job_id"], att["attempt"], code, detail))

@@ -50,7 +50,8 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
                           RepairAction(event.action), event.reasons, event.unmapped_xids)
     partition = _partition(uow, node)
     view = PartitionView(partition.name, partition.total_nodes,
-                         lifecycle.blast_radius_view(partition), tuple(partition.removed_at))
+                         frozenset(partition.out_of_service), tuple(partition.removed_at),
+                         settling=partition.settling)
     decision = plan_repair(diagnosis, node.history, view, node.node_id, now, deps.config.repair)
     reason = decision.reason
     if decision.kind is DecisionKind.NO_ACTION:

@@ -221,12 +221,3 @@ def out_of_service(partitions: Iterable[Partition]) -> set[str]:
 
 def in_service(node: Node) -> bool:
     return node.state in IN_SERVICE
-
-
-def blast_radius_view(partition: Partition) -> frozenset[str]:
-    """The ids the blast-radius guard counts as out of service: the nodes taken out, plus a
-    stand-in per node still coming up (counted, never matched against a real node id)."""
-    ids = frozenset(partition.out_of_service)
-    if not partition.settling:
-        return ids
-    return ids | {f"(coming up #{i})" for i in range(partition.settling)}

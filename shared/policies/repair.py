@@ -135,10 +135,13 @@ class PartitionView:
     total_nodes: int
     out_of_service_node_ids: frozenset[str]
     removed_at: tuple[float, ...]  # when nodes of this partition were taken out (any order)
+    settling: int = 0  # nodes still coming up: not in service yet, counted rather than listed
 
     def __post_init__(self) -> None:
         if self.total_nodes < 0:
             raise ValidationError("total_nodes", "must not be negative")
+        if self.settling < 0:
+            raise ValidationError("settling", "must not be negative")
 
 
 class DecisionKind(enum.StrEnum):
@@ -241,7 +244,7 @@ def _guard(
     A node already out of service costs nothing more. Otherwise two limits, both ``allowed``
     (max(min_out_of_service_allowed, floor(fraction * total_nodes))) unless
     ``max_removals_in_window`` overrides the second:
-    - out of service now: |out_of_service_node_ids| + 1 must not exceed ``allowed``;
+    - out of service now: |out_of_service_node_ids| + settling + 1 must not exceed ``allowed``;
     - removals: |removed_at within [now - blast_window_s, now]| + 1 must not exceed the limit.
     """
     rung = config.ladder.index(action) if action in config.ladder else -1
@@ -250,7 +253,7 @@ def _guard(
             DecisionKind.REPAIR, action, f"{reason}; node already out of service", is_lemon, rung
         )
     allowed = allowed_out_of_service(partition.total_nodes, config)
-    out_now = len(partition.out_of_service_node_ids)
+    out_now = len(partition.out_of_service_node_ids) + partition.settling
     if out_now + 1 > allowed:
         return RepairDecision(
             DecisionKind.HOLD,

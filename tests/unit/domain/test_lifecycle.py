@@ -188,4 +188,3 @@ def test_a_node_coming_up_is_counted_until_it_enters_service_or_is_taken_out() -
     sick.node_id = "n2"
     lifecycle.take_out_of_service(sick, part, RepairAction.REBOOT, T, "xid", 3600)
     assert part.settling == 0 and part.out_of_service == {"n2"} and part.down == 1
-    assert len(lifecycle.blast_radius_view(Partition("c1", "t", settling=3))) == 3

@@ -195,6 +195,17 @@ def test_guard_holds_past_the_limit_and_keeps_the_wanted_action() -> None:
     assert "2 of 8" in d.reason
 
 
+def test_nodes_still_coming_up_count_against_the_guard() -> None:
+    # limit 2 of 8: one node out and one still coming up leave no room for a third
+    settling = PartitionView("p", 8, frozenset({"a"}), (), settling=1)
+    d = plan(A.REBOOT, partition=settling)
+    assert d.kind is DecisionKind.HOLD
+    assert "2 of 8" in d.reason
+    assert plan(A.REBOOT, partition=view(total=8, out=("a",))).kind is DecisionKind.REPAIR
+    with pytest.raises(ValidationError, match="settling"):
+        PartitionView("p", 8, frozenset(), (), settling=-1)
+
+
 def test_node_already_out_is_not_counted_twice() -> None:
     d = plan(A.REIMAGE, partition=view(total=8, out=("n1", "a")), node_id="n1")
     assert d.kind is DecisionKind.REPAIR

@@ -36,9 +36,6 @@ from shared.ports import UnitOfWork
 
 SERVICE = "health_triage"
 SYNTHETIC_SOURCES = frozenset({"heartbeat-monitor"})
-MAX_HISTORY = lifecycle.MAX_HISTORY  # kept for callers of the old name
-
-__all__ = ["ACTIONABLE", "MAX_HISTORY", "SERVICE", "SUBSCRIPTIONS", "assess"]
 
 
 def on_health_reported(event: NodeHealthReported, uow: UnitOfWork, deps: Deps

@@ -36,7 +36,6 @@ from shared.policies.repair import (
 from shared.ports import UnitOfWork
 
 SERVICE = "repair"
-MAX_HISTORY = lifecycle.MAX_HISTORY  # kept for callers of the old name
 
 
 def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:

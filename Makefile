@@ -24,7 +24,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check shared simulator services tests examples
 	$(BIN)/mypy shared services simulator
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache
 
 bench: $(STAMP)
 	$(BIN)/python bench/handler_bench.py
@@ -45,4 +45,4 @@ bench-stack: $(STAMP)
 	$(BIN)/python bench/stack_bench.py
 
 clean:
-	rm -rf var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf var .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache

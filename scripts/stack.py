@@ -205,22 +205,15 @@ class Stack:
             self._pulls.append(sub.subscribe(path, callback=callback))
 
     def _start_machines(self) -> None:
+        from services.wiring.builder import make_compute
         from shared.adapters.clock import SystemClock
-        from shared.adapters.compute.local_compute import LocalCompute
 
         assert self.publisher is not None
-        publisher = self.publisher
-        clock = SystemClock()
-
-        def emit(event: Any) -> None:
-            from shared.adapters.outbox import make_envelope
-
-            publisher.publish(make_envelope(event, "//mtc/compute/local", clock.now()))
-
         # repairs complete by the durations of the LocalCompute that started them (the
         # repair function's); this one polls, injects faults and heartbeats
-        self.compute = LocalCompute(self.state_dir / "compute", emit, clock,
-                                    agent_interval_s=self.agent_interval_s)
+        self.compute = make_compute("local", self.state_dir, self.publisher.publish,
+                                    SystemClock(),
+                                    options={"agent_interval_s": self.agent_interval_s})
         self._threads.append(threading.Thread(target=self._machines, name="machines",
                                               daemon=True))
         self._threads.append(threading.Thread(target=self._ticks, name="ticks", daemon=True))

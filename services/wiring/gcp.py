@@ -26,25 +26,22 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.wiring.builder import build_deps, make_compute
+from services.wiring.builder import build_deps, local_config, make_compute
 from shared.adapters.clock import SystemClock
 from shared.adapters.firestore_store import FirestoreDocStore
-from shared.adapters.outbox import DocOutbox, make_envelope
+from shared.adapters.outbox import DocOutbox
 from shared.adapters.pubsub import PREFIX, PubSubDeadLetters, PubSubPublisher
 from shared.config import ControlPlaneConfig
-from shared.domain.events import Envelope, Event
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
 from shared.ports import Clock, Compute, DocStore, WorkerSpec
 
 log = logging.getLogger("mtc.gcp")
-
 
 
 @dataclass(frozen=True)
@@ -63,8 +60,7 @@ class GcpSettings:
 
     def config(self) -> ControlPlaneConfig:
         """The control-plane settings these environment settings imply."""
-        config = ControlPlaneConfig(output_root=(self.state_dir / "jobs").resolve(),
-                                    python=sys.executable)
+        config = local_config(None, self.state_dir)
         if self.grace_period_s is not None:
             config = dataclasses.replace(config, grace_period_s=self.grace_period_s)
         if self.heartbeat_timeout_s is not None:
@@ -166,12 +162,6 @@ class GcpRuntime:
 
     def after_request(self) -> None:
         """Nothing is left to do: every unit of work published its events after its commit."""
-
-    def emit(self, event: Event, source: str) -> Envelope:
-        """Publish an event from outside any transaction (agents, tools)."""
-        env = make_envelope(event, source, self.clock.now())
-        self.publisher.publish(env)
-        return env
 
     def close(self) -> None:
         close = getattr(self.compute, "close", None)

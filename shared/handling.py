@@ -91,8 +91,7 @@ def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps, 
                 return Outcome.DUPLICATE
             uow.caused_by(key)
             result = handler(envelope.event, uow, deps)
-            unchanged = report_unchanged and result is Outcome.UNCHANGED \
-                and not getattr(uow, "emitted", True)
+            unchanged = report_unchanged and result is Outcome.UNCHANGED and not uow.emitted
             if not unchanged:
                 uow.mark_processed(key, now, expire_at=now + deps.config.idempotency_window_s)
             uow.commit()

@@ -1,0 +1,61 @@
+"""The audit trail: who called what on which resource, and what the API answered.
+
+Records carry ``expire_at`` (a TTL field on Firestore) and a ``time`` the embedded stores
+index. ``shared.adapters.docstore.prune_expired`` prunes only the event log and idempotency
+records, so ``AuditLog.prune`` prunes this collection itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+from uuid import uuid4
+
+from shared.ports import DocStore
+
+AUDIT_COLLECTION = "audit_log"
+
+
+class AuditLog:
+    """One document per API call in ``audit_log``, kept ``retention_s`` seconds."""
+
+    def __init__(self, store: DocStore, retention_s: float) -> None:
+        if retention_s <= 0:
+            raise ValueError("retention_s must be positive")
+        self._store = store
+        self.retention_s = retention_s
+        self._seq = itertools.count()
+
+    def record(self, *, principal: str, permission: str, resource: str, method: str, status: int,
+               now: float) -> str:
+        """Write one record; returns its id (unique even for calls in the same microsecond)."""
+        doc_id = f"{now:.6f}-{uuid4().hex[:8]}"
+        self._store.write(AUDIT_COLLECTION, doc_id, {
+            "id": doc_id, "who": principal, "permission": permission, "resource": resource,
+            "method": method, "status": status, "at": now, "time": now, "seq": next(self._seq),
+            "expire_at": now + self.retention_s})
+        return doc_id
+
+    def read(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """Records with ``at >= since``, oldest first; from the store's time index if it has one."""
+        ranged = getattr(self._store, "since", None)
+        if ranged is not None:
+            return list(ranged(AUDIT_COLLECTION, since))
+        docs = [d for d in self._store.read(AUDIT_COLLECTION, {}) if d["time"] >= since]
+        return sorted(docs, key=lambda d: (d["time"], d.get("seq", 0)))
+
+    def prune(self, now: float, limit: int = 5_000) -> int:
+        """Delete up to ``limit`` records whose ``expire_at`` has passed; returns how many.
+
+        Stores with an indexed ``prune`` (sqlite, memory) delete by ``time`` older than
+        ``now - retention_s``; any other store is scanned by ``expire_at``. On Firestore a TTL
+        policy on ``expire_at`` does it as well.
+        """
+        indexed = getattr(self._store, "prune", None)
+        if indexed is not None:
+            return int(indexed(AUDIT_COLLECTION, now - self.retention_s, limit))
+        expired = [d for d in self._store.read(AUDIT_COLLECTION, {}) if d["expire_at"] < now]
+        expired.sort(key=lambda d: d["expire_at"])
+        for d in expired[:limit]:
+            self._store.remove(AUDIT_COLLECTION, d["id"])
+        return min(len(expired), limit)

@@ -2,11 +2,15 @@
 
 Worker events carry the attempt number: results of an older attempt are stale and ignored,
 so a late exit of a killed attempt cannot end the attempt that replaced it.
+
+A job past its ``scheduling.timeout`` (``shared.domain.timeouts``) is stopped through the same
+interrupt (job_submission's tick asks for it); when that attempt's workers exit, the job fails
+with the deadline error instead of being requeued, even if they exit 0 after the SIGTERM.
 """
 
 from __future__ import annotations
 
-from shared.domain import exits, lifecycle
+from shared.domain import exits, lifecycle, timeouts
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
     JobCheckpointSaved,
@@ -84,13 +88,18 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
     if event.exit_code != 0 and not interrupted and not restart_anyway \
             and not exits.killed_from_outside(event.exit_code):
         interrupted = _lost_a_node(job, uow)  # a crash: the program's, or a dead node's?
+    timed_out = timeouts.stopped_for_timeout(job) or timeouts.timed_out(job, now)
     verdict = exits.exit_verdict(event.exit_code, interrupted=interrupted,
                                  restart_anyway=restart_anyway, restarts=job.restart_count,
-                                 max_restarts=job.spec.scheduling.max_restarts)
+                                 max_restarts=job.spec.scheduling.max_restarts,
+                                 timed_out=timed_out)
     if verdict is exits.Verdict.SUCCEEDED:
         _finish(job, JobState.SUCCEEDED, "all workers exited 0", uow, deps)
     elif verdict is exits.Verdict.FAILED:
         job.error = f"worker exited with code {event.exit_code}: {event.detail}"
+        _finish(job, JobState.FAILED, job.error, uow, deps)
+    elif verdict is exits.Verdict.TIMED_OUT:
+        job.error = timeouts.timeout_error(job)
         _finish(job, JobState.FAILED, job.error, uow, deps)
     elif verdict is exits.Verdict.GAVE_UP:
         job.error = f"gave up after {job.restart_count} restarts"

@@ -1,7 +1,8 @@
 """Job submission: the user API (clusters and jobs) and gang scheduling onto idle nodes.
 
 API calls validate, write the desired state and emit an event in one transaction; the other
-services converge on it. Scheduling runs whenever capacity or demand may have changed.
+services converge on it. Scheduling runs whenever capacity or demand may have changed. The
+periodic tick also enforces ``scheduling.timeout`` (``shared.domain.timeouts``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import shlex
 import uuid
 from typing import Any
 
-from shared.domain import lifecycle
+from shared.domain import lifecycle, timeouts
 from shared.domain.errors import Conflict, NotFound, ValidationError
 from shared.domain.events import (
     ClusterCreateRequested,
@@ -20,6 +21,8 @@ from shared.domain.events import (
     ClusterUpdateRequested,
     FleetTicked,
     JobCancelRequested,
+    JobFinished,
+    JobInterruptRequested,
     JobRequeued,
     JobStarted,
     JobSubmitted,
@@ -121,12 +124,13 @@ def submit_job(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps,
     return job
 
 
-def _free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps) -> None:
+def _free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps, reason: str = "job cancelled"
+                     ) -> None:
     """A pending resumed job holds its healthy nodes; giving up the job gives them back."""
     for node_id in filter(None, job.node_ids):
         node = uow.nodes.get(node_id)
         if node is not None and lifecycle.release_from_job(node, job.job_id, deps.clock.now(),
-                                                           "job cancelled"):
+                                                           reason):
             uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
     job.node_ids = []
 
@@ -207,15 +211,41 @@ def on_cluster_ready(event: ClusterReady, uow: UnitOfWork, deps: Deps) -> None:
 def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome:
     """A timer, not a change: a tick that placed nothing (emitted nothing) is UNCHANGED, so
     the embedded bus keeps neither a timeline entry nor an idempotency record for it
-    (scheduling is decided from state, so a repeated tick places nothing twice)."""
+    (scheduling is decided from state, so a repeated tick places nothing twice). Deadlines
+    first: a job whose time is up is not started again by the same tick."""
+    enforce_timeouts(event.cluster_id, uow, deps)
     schedule(event.cluster_id, uow, deps)
     return Outcome.UNCHANGED
+
+
+def enforce_timeouts(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
+    """``scheduling.timeout`` (see ``shared.domain.timeouts`` for how it is measured): a
+    running job past its deadline is asked to stop, once (checkpoint_resume sends the SIGTERM
+    and fails the job when its workers exit); one between attempts is failed here, its held
+    nodes given back. Idempotent by state: a job already told to stop, or already failed,
+    is left alone, so a repeated tick signals nothing twice."""
+    now = deps.clock.now()
+    for job in uow.jobs.list(cluster_id, state=JobState.RUNNING):
+        if timeouts.needs_stop(job, now):
+            uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt, node_id="",
+                                           reason=timeouts.timeout_error(job)))
+    # between attempts a job is PENDING (a QUEUED job has never started: no clock yet)
+    for job in uow.jobs.list(cluster_id, state=JobState.PENDING):
+        if timeouts.fail_between_attempts(job, now):
+            job.error = timeouts.timeout_error(job)
+            _free_held_nodes(job, uow, deps, "job timed out")
+            job.transition(JobState.FAILED, now)
+            uow.emit(JobFinished(job_id=job.job_id, cluster_id=job.cluster_id,
+                                 state=job.state.value, restart_count=job.restart_count,
+                                 detail=job.error))
 
 
 def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     """Gang-place pending jobs on idle worker nodes and start their workers. A resumed job
     still holds its healthy nodes: only the holes its lost nodes left are placed."""
-    pending = uow.jobs.list(cluster_id, state=JobState.PENDING)
+    # (the query reads stored states: a job this transaction ended, e.g. timed out, is out)
+    pending = [j for j in uow.jobs.list(cluster_id, state=JobState.PENDING)
+               if j.state is JobState.PENDING]
     if not pending:
         return
     ready = [j for j in pending if j.node_ids and all(j.node_ids)]

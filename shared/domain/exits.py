@@ -28,17 +28,25 @@ class Verdict(enum.StrEnum):
     FAILED = "failed"  # the program failed on its own
     RESTART = "restart"  # infrastructure (or the spec) says: run it again
     GAVE_UP = "gave_up"  # would restart, but the restart budget is spent
+    TIMED_OUT = "timed_out"  # stopped (or would restart) past the job's deadline: it fails
 
 
 def exit_verdict(exit_code: int, *, interrupted: bool, restart_anyway: bool,
-                 restarts: int, max_restarts: int) -> Verdict:
+                 restarts: int, max_restarts: int, timed_out: bool = False) -> Verdict:
     """The end of one attempt: finish, fail, or restart it. ``interrupted`` is true when the
-    control plane asked the job to stop, a signal killed it, or it lost a node."""
+    control plane asked the job to stop, a signal killed it, or it lost a node.
+
+    ``timed_out``: the job's deadline (``scheduling.timeout``) has passed. An attempt the
+    control plane stopped then ends TIMED_OUT whatever its code (0 after the SIGTERM
+    included), and one that would restart does not; an attempt that finished (0) or failed
+    on its own before anyone stopped it keeps that verdict."""
     interrupted = interrupted or killed_from_outside(exit_code)
     if exit_code == OK and not interrupted:
         return Verdict.SUCCEEDED
     if not interrupted and not restart_anyway:
         return Verdict.FAILED
+    if timed_out:
+        return Verdict.TIMED_OUT
     if restarts >= max_restarts:
         return Verdict.GAVE_UP
     return Verdict.RESTART

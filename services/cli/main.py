@@ -295,6 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--for", dest="duration", type=float, metavar="S")
     ctl.set_defaults(fn=cmd_controller)
 
+    sv = sub.add_parser("serve", help="run the Vertex AI API and the control plane together")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--for", dest="duration", type=float, metavar="S", help="stop after S s")
+
     d = sub.add_parser("demo", help="the self-healing story, start to end, in one run")
     d.add_argument("--steps", type=int, default=120)
     d.set_defaults(fn=cmd_demo)
@@ -313,6 +318,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sim":
         return int(args.fn(args) or 0)
     state_dir = Path(args.state_dir)
+    if args.command == "serve":
+        from services.cli.serve import serve
+
+        return serve(state_dir, host=args.host, port=args.port, duration_s=args.duration)
     if args.command == "demo" and not os.environ.get("MTC_STATE_DIR") \
             and args.state_dir == "var/mtc":
         state_dir = Path("var/demo")

@@ -1,4 +1,4 @@
-"""Cloud Function entry points for job_submission: events (scheduling) and the HTTP API."""
+"""Cloud Function entry points for job_submission: events (scheduling) and the Vertex AI API."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import flask
 import functions_framework
 from cloudevents.http import CloudEvent
 
-from services.job_submission.api import dispatch
-from services.wiring.functions import handle_cloud_event, runtime
+from services.api.http import dispatch
+from services.wiring.functions import api_context, handle_cloud_event
 
 
 @functions_framework.cloud_event
@@ -17,4 +17,4 @@ def handle(cloud_event: CloudEvent) -> None:
 
 @functions_framework.http
 def api(request: flask.Request) -> flask.Response:
-    return dispatch(request, runtime())
+    return dispatch(request, api_context())

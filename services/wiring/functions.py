@@ -59,6 +59,22 @@ def _default_runtime() -> Runtime:
     raise RuntimeError(f"MTC_BACKEND must be embedded or gcp, got {backend!r}")
 
 
+_api_context: list[tuple[Runtime, Any]] = []
+
+
+def api_context() -> Any:
+    """The API's context over the current runtime, built once per runtime: embedded, local
+    tokens in its state directory; Google Cloud, Google ID tokens and the stored policy."""
+    rt = runtime()
+    if not _api_context or _api_context[0][0] is not rt:
+        from services.wiring.api import cloud_api, embedded_api
+
+        ctx = embedded_api(rt.app)[0] if isinstance(rt, EmbeddedRuntime) else cloud_api(
+            rt, rt.store)  # type: ignore[attr-defined]
+        _api_context[:] = [(rt, ctx)]
+    return _api_context[0][1]
+
+
 def handle_cloud_event(service: str, event: CloudEvent, rt: Runtime | None = None) -> str:
     """Decode, run the service's handler, answer. Raising means 500: Pub/Sub redelivers."""
     rt = rt or runtime()

@@ -107,6 +107,7 @@ class DocUnitOfWork:
         self._processed: list[tuple[str, float]] = []
         self._expiry: dict[str, float] = {}
         self._emitted: list[Event] = []
+        self._records: dict[tuple[str, str], dict[str, Any] | None] = {}
         self._cause_key = ""
         self.committed: list[Envelope] = []
 
@@ -117,6 +118,7 @@ class DocUnitOfWork:
         self._processed.clear()
         self._expiry.clear()
         self._emitted.clear()
+        self._records.clear()
         self.committed = []
         return self
 
@@ -190,6 +192,30 @@ class DocUnitOfWork:
         """Whether this unit of work has queued any event (yet)."""
         return bool(self._emitted)
 
+    # -- plain records beside the entities (the API's operations and resource parents),
+    #    written in the same commit, so a resource and its records appear together or not at all
+    def record(self, collection: str, doc_id: str) -> dict[str, Any] | None:
+        if (collection, doc_id) in self._records:
+            return self._records[(collection, doc_id)]
+        return self._require_txn().get(collection, doc_id)
+
+    def records(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
+        found = {str(d["_id"]): d for d in self._require_txn().query(collection, equals)}
+        for (coll, doc_id), doc in self._records.items():
+            if coll != collection:
+                continue
+            found.pop(doc_id, None)
+            if doc is not None and all(doc.get(k) == v for k, v in equals.items()):
+                found[doc_id] = doc
+        return list(found.values())
+
+    def put_record(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
+        self._records[(collection, doc_id)] = {**doc, "_id": doc_id}
+
+    def delete_record(self, collection: str, doc_id: str) -> None:
+        """Removes a record, or an entity's document (after its tracked writes)."""
+        self._records[(collection, doc_id)] = None
+
     # -- commit
     def commit(self) -> None:
         txn = self._require_txn()
@@ -197,6 +223,11 @@ class DocUnitOfWork:
             doc = entity.to_dict()
             if doc != loaded:
                 txn.put(collection, doc_id, doc)
+        for (collection, doc_id), record in self._records.items():
+            if record is None:
+                txn.delete(collection, doc_id)
+            else:
+                txn.put(collection, doc_id, record)
         for key, at in self._processed:
             txn.put(PROCESSED, _doc_id(key), {"key": key, "at": at, "time": at,
                                               "expire_at": self._expiry.get(key, at)})
@@ -218,6 +249,7 @@ class DocUnitOfWork:
         self._tracked.clear()
         self._processed.clear()
         self._emitted.clear()
+        self._records.clear()
 
 
 

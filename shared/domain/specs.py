@@ -268,11 +268,31 @@ def _parse_env(value: Any, path: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
+class DiskSpec:
+    """Recorded and returned; the nodes of a cluster already have their disks."""
+
+    boot_disk_type: str = "pd-ssd"
+    boot_disk_size_gb: int = 100
+
+    @classmethod
+    def parse(cls, value: Any, path: str) -> DiskSpec:
+        data = _obj(value, path)
+        kind = kit.string(data, "bootDiskType", path, required=False) or "pd-ssd"
+        size = kit.int_field(data, "bootDiskSizeGb", path, required=False, minimum=10,
+                             maximum=65536, default=100)
+        return cls(kind, size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bootDiskType": self.boot_disk_type, "bootDiskSizeGb": self.boot_disk_size_gb}
+
+
+@dataclass(frozen=True)
 class WorkerPoolSpec:
     machine_spec: MachineSpec
     replica_count: int
     container_spec: ContainerSpec | None = None
     python_package_spec: PythonPackageSpec | None = None
+    disk_spec: DiskSpec | None = None
 
     @classmethod
     def parse(cls, value: Any, path: str) -> WorkerPoolSpec:
@@ -285,11 +305,13 @@ class WorkerPoolSpec:
         package = kit.field(data, "pythonPackageSpec", path, dict, required=False)
         if (container is None) == (package is None):
             raise ValidationError(path, "needs exactly one of containerSpec or pythonPackageSpec")
+        disk = kit.field(data, "diskSpec", path, dict, required=False)
         return cls(
             machine,
             replicas,
             ContainerSpec.parse(container, kit.join(path, "containerSpec")) if container else None,
             PythonPackageSpec.parse(package, kit.join(path, "pythonPackageSpec")) if package else None,
+            DiskSpec.parse(disk, kit.join(path, "diskSpec")) if disk is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -299,6 +321,8 @@ class WorkerPoolSpec:
             out["containerSpec"] = self.container_spec.to_dict()
         if self.python_package_spec:
             out["pythonPackageSpec"] = self.python_package_spec.to_dict()
+        if self.disk_spec:
+            out["diskSpec"] = self.disk_spec.to_dict()
         return out
 
 
@@ -309,6 +333,7 @@ class Scheduling:
     partition: str | None = None  # mtc extension: which cluster partition to run in
     priority: int = 0  # mtc extension: higher runs first
     max_restarts: int = 100  # mtc extension: give up after this many interruptions
+    strategy: str = ""  # the provisioning strategy asked for (ON_DEMAND, SPOT, ...), recorded
 
     @classmethod
     def parse(cls, value: Any, path: str) -> Scheduling:
@@ -318,9 +343,10 @@ class Scheduling:
         partition = _id(data, "partition", path, required=False)
         priority = kit.int_field(data, "priority", path, required=False, minimum=-1000, maximum=1000)
         max_restarts = kit.int_field(data, "maxRestarts", path, required=False, minimum=0, default=100)
+        strategy = kit.string(data, "strategy", path, required=False) or ""
         return cls(
             _duration_s(timeout, kit.join(path, "timeout")) if timeout else None,
-            bool(restart), partition, priority, max_restarts,
+            bool(restart), partition, priority, max_restarts, strategy,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -330,6 +356,8 @@ class Scheduling:
             out["timeout"] = f"{self.timeout_s:g}s"
         if self.partition:
             out["partition"] = self.partition
+        if self.strategy:
+            out["strategy"] = self.strategy
         return out
 
 
@@ -339,6 +367,7 @@ class CustomJobSpec:
     worker_pool_specs: tuple[WorkerPoolSpec, ...]
     scheduling: Scheduling = Scheduling()
     base_output_directory: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, value: Any) -> CustomJobSpec:
@@ -350,8 +379,9 @@ class CustomJobSpec:
         scheduling = Scheduling.parse(sched_raw, "jobSpec.scheduling") if sched_raw else Scheduling()
         out_dir = kit.field(job_spec, "baseOutputDirectory", "jobSpec", dict, required=False)
         uri = kit.string(out_dir, "outputUriPrefix", "jobSpec.baseOutputDirectory") if out_dir else None
+        labels = _labels(kit.field(data, "labels", "", dict, required=False) or {}, "labels")
         assert name is not None
-        return cls(name, pools, scheduling, uri)
+        return cls(name, pools, scheduling, uri, labels)
 
     @property
     def replica_count(self) -> int:
@@ -364,8 +394,31 @@ class CustomJobSpec:
         }
         if self.base_output_directory:
             job_spec["baseOutputDirectory"] = {"outputUriPrefix": self.base_output_directory}
-        return {"displayName": self.display_name, "jobSpec": job_spec}
+        out: dict[str, Any] = {"displayName": self.display_name, "jobSpec": job_spec}
+        if self.labels:
+            out["labels"] = dict(self.labels)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CustomJobSpec:
         return cls.parse(d)
+
+
+LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+def _labels(value: Mapping[str, Any], path: str) -> tuple[tuple[str, str], ...]:
+    """Labels as Google Cloud allows them: lowercase keys and values, at most 64 pairs."""
+    if len(value) > 64:
+        raise ValidationError(path, f"at most 64 labels, got {len(value)}")
+    out = []
+    for key, val in sorted(value.items()):
+        if not LABEL_KEY.match(key):
+            raise ValidationError(f"{path}.{key}", "a label key is 1-63 lowercase letters, "
+                                  "digits, '_' or '-', starting with a letter")
+        if not isinstance(val, str) or not LABEL_VALUE.match(val):
+            raise ValidationError(f"{path}.{key}", "a label value is 0-63 lowercase letters, "
+                                  "digits, '_' or '-'")
+        out.append((key, val))
+    return tuple(out)

@@ -1,0 +1,1 @@
+"""The Vertex AI REST surface: resource names, proto3 JSON, paging, Operations, errors, auth."""

@@ -1,0 +1,259 @@
+"""modelDevelopmentClusters (v1beta1): the managed training cluster, in its documented shape.
+
+The wire resource is turned into the domain's cluster spec: worker pools with a fixed size
+(``scalingSpec`` min == max), the login pool's machine, Slurm partitions. Errors the domain
+finds are reported at the wire field the caller wrote.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from services.api import operations as ops
+from services.api.context import ApiContext, load_record, records_of, save_record
+from services.api.errors import ApiError, FieldViolation, invalid, not_found
+from services.api.names import Parent, resource_id
+from services.api.paging import matches, page_size, paginate, parse_filter
+from services.api.wire.cluster import (
+    ClusterNode,
+    ListClusterNodesResponse,
+    ListModelDevelopmentClustersResponse,
+    ModelDevelopmentCluster,
+)
+from services.api.wire.proto_json import timestamp
+from services.api.wiremodel import parse_message
+from services.job_submission import handlers as h
+from shared.domain.errors import ValidationError
+from shared.domain.model import IN_SERVICE, Cluster, ClusterState
+
+KIND = "cluster"
+COLLECTION = "modelDevelopmentClusters"
+FILTERABLE = ("state", "displayName")
+
+
+def create(ctx: ApiContext, parent: Parent, body: Any, cluster_id: str | None
+           ) -> dict[str, Any]:
+    if not cluster_id:
+        raise invalid("modelDevelopmentClusterId", "is required (a query parameter)")
+    resource_id(cluster_id, "modelDevelopmentClusterId")
+    message = parse_message(ModelDevelopmentCluster, body)
+    domain = domain_body(cluster_id, message)
+    with ctx.unit() as uow:
+        record = uow.record("api_resources", f"{KIND}:{cluster_id}")
+        if record is not None and record["parent"] != parent.name:
+            raise ApiError("ALREADY_EXISTS", f"cluster id {cluster_id} is taken")
+        existing = uow.clusters.get(cluster_id)
+        if existing is not None and existing.state is not ClusterState.DELETED and (
+                record is None or record["resource"] != _stored(message)):
+            raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, cluster_id)} "
+                           "already exists")
+        cluster = _mapped(lambda: h.create_cluster(domain, uow, ctx.runtime.deps), message)
+        save_record(uow, KIND, cluster_id, parent, _stored(message), ctx.now)
+        op = ops.start(uow, parent, target=KIND, target_id=cluster_id, verb="create",
+                       generation=cluster.generation, now=ctx.now,
+                       retention_s=ctx.runtime.deps.config.retention_s)
+        return ops.render(uow, op, ctx.now, _renderer(uow, parent))
+
+
+def get(ctx: ApiContext, parent: Parent, cluster_id: str) -> dict[str, Any]:
+    ctx.refresh()
+    with ctx.unit() as uow:
+        return _load(uow, parent, cluster_id)
+
+
+def list_clusters(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
+                  size: str | None = None, token: str | None = None) -> dict[str, Any]:
+    terms = parse_filter(filter_text, FILTERABLE)
+    limit = page_size(size)
+    ctx.refresh()
+    with ctx.unit() as uow:
+        out = []
+        for record in records_of(uow, KIND, parent):
+            cluster = uow.clusters.get(record["id"])
+            if cluster is None or cluster.state is ClusterState.DELETED:
+                continue
+            item = render(uow, cluster, parent, record)
+            if matches(terms, functools.partial(_field, item)):
+                out.append(item)
+    page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
+    return ListModelDevelopmentClustersResponse(
+        model_development_clusters=[ModelDevelopmentCluster.model_validate(c)
+                                    for c in page.items],
+        next_page_token=page.next_page_token).to_json()
+
+
+def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
+    """Update takes the full resource (as documented): pools resized, added or removed,
+    partitions re-drawn; a pool's machine cannot change."""
+    message = parse_message(ModelDevelopmentCluster, body)
+    if message.name and message.name != parent.child(COLLECTION, cluster_id):
+        raise invalid("name", f"must be {parent.child(COLLECTION, cluster_id)} or empty")
+    domain = domain_body(cluster_id, message)
+    with ctx.unit() as uow:
+        record = load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
+        cluster = _mapped(lambda: h.update_cluster(cluster_id, domain, uow, ctx.runtime.deps),
+                          message)
+        save_record(uow, KIND, cluster_id, parent, _stored(message), ctx.now,
+                    created=record["created"])
+        op = ops.start(uow, parent, target=KIND, target_id=cluster_id, verb="update",
+                       generation=cluster.generation, now=ctx.now,
+                       retention_s=ctx.runtime.deps.config.retention_s)
+        return ops.render(uow, op, ctx.now, _renderer(uow, parent))
+
+
+def delete(ctx: ApiContext, parent: Parent, cluster_id: str) -> dict[str, Any]:
+    with ctx.unit() as uow:
+        load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
+        cluster = h.get_cluster(cluster_id, uow)
+        busy = [j.job_id for j in uow.jobs.list(cluster_id) if not j.terminal]
+        if busy:
+            raise ApiError("FAILED_PRECONDITION", f"cluster {cluster_id} still has "
+                           f"{len(busy)} unfinished job(s) ({', '.join(busy[:5])}): cancel "
+                           "them first")
+        h.delete_cluster(cluster_id, uow, ctx.runtime.deps)
+        op = ops.start(uow, parent, target=KIND, target_id=cluster_id, verb="delete",
+                       generation=cluster.generation, now=ctx.now,
+                       retention_s=ctx.runtime.deps.config.retention_s)
+        return ops.render(uow, op, ctx.now)
+
+
+def nodes(ctx: ApiContext, parent: Parent, cluster_id: str, *, size: str | None = None,
+          token: str | None = None) -> dict[str, Any]:
+    """mtc's extension: the cluster's nodes, as sinfo shows them."""
+    limit = page_size(size)
+    ctx.refresh()
+    with ctx.unit() as uow:
+        load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
+        found = sorted(uow.nodes.list(cluster_id), key=lambda n: n.node_id)
+        page = paginate(found, size=limit, token=token)
+        items = [ClusterNode(
+            name=f"{parent.child(COLLECTION, cluster_id)}/nodes/{n.node_id}",
+            node_id=n.node_id, partition=n.partition or "-", pool=n.pool, role=n.role.value,
+            state=n.state.value, reason=n.reason, since=timestamp(n.since), spare=n.is_spare,
+            job=n.job_id, repair_action=n.repair_action.value if n.repair_action else None,
+            failures=len(n.history)) for n in page.items]
+    return ListClusterNodesResponse(nodes=items, next_page_token=page.next_page_token).to_json()
+
+
+# ---------------------------------------------------------------- conversion
+
+
+def domain_body(cluster_id: str, message: ModelDevelopmentCluster) -> dict[str, Any]:
+    slurm = message.orchestrator_spec.slurm_spec if message.orchestrator_spec else None
+    login_id = slurm.login_node_pool_id if slurm else None
+    pool_ids = [p.id for p in message.node_pools]
+    if login_id and login_id not in pool_ids:
+        raise invalid("orchestratorSpec.slurmSpec.loginNodePoolId",
+                      f"names no node pool ({login_id!r})")
+    login_type = "n2-standard-8"
+    pools = []
+    for i, pool in enumerate(message.node_pools):
+        where = f"nodePools[{i}]"
+        if pool.machine_spec is None or not pool.machine_spec.machine_type:
+            raise invalid(f"{where}.machineSpec.machineType", "is required")
+        count = _fixed_size(pool.scaling_spec, where)
+        if pool.id == login_id:
+            if count != 1:
+                raise invalid(f"{where}.scalingSpec.minNodeCount",
+                              "the login pool has exactly one node here")
+            login_type = pool.machine_spec.machine_type
+            continue
+        machine = pool.machine_spec.to_json()
+        if machine.get("acceleratorType") == "ACCELERATOR_TYPE_UNSPECIFIED":
+            machine.pop("acceleratorType")
+        pools.append({"id": pool.id, "machineSpec": machine, "nodeCount": count,
+                      "spareCount": pool.mtc_hot_spare_count or 0})
+    body: dict[str, Any] = {"clusterId": cluster_id,
+                            "displayName": message.display_name or cluster_id,
+                            "loginNode": {"machineType": login_type}, "nodePools": pools}
+    if slurm and slurm.partitions:
+        body["partitions"] = [{"name": p.id, "nodePoolIds": list(p.node_pool_ids)}
+                              for p in slurm.partitions]
+    return body
+
+
+def _fixed_size(scaling: Any, where: str) -> int:
+    if scaling is None or (scaling.min_node_count is None and scaling.max_node_count is None):
+        raise invalid(f"{where}.scalingSpec", "is required: minNodeCount and maxNodeCount")
+    low = scaling.min_node_count if scaling.min_node_count is not None else scaling.max_node_count
+    high = scaling.max_node_count if scaling.max_node_count is not None else low
+    if high != low:
+        raise invalid(f"{where}.scalingSpec.maxNodeCount", "must equal minNodeCount: mtc keeps "
+                      f"a pool at a fixed size (got {low} and {high})")
+    return int(low)
+
+
+def _mapped(call: Any, message: ModelDevelopmentCluster) -> Cluster:
+    """Run a domain call; its field paths are renamed to the wire fields they came from."""
+    try:
+        return call()  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        path = wire_path(exc.path, message)
+        raise ApiError("INVALID_ARGUMENT", f"{path}: {exc.reason}",
+                       [FieldViolation(path, exc.reason)]) from exc
+
+
+def wire_path(path: str, message: ModelDevelopmentCluster) -> str:
+    slurm = message.orchestrator_spec.slurm_spec if message.orchestrator_spec else None
+    login_id = slurm.login_node_pool_id if slurm else None
+    workers = [i for i, p in enumerate(message.node_pools) if p.id != login_id]
+
+    def pool(match: re.Match[str]) -> str:
+        j = int(match.group(1))
+        return f"nodePools[{workers[j] if j < len(workers) else j}]"
+
+    path = re.sub(r"^nodePools\[(\d+)\]", pool, path)
+    path = path.replace(".nodeCount", ".scalingSpec.minNodeCount")
+    path = path.replace(".spareCount", ".mtcHotSpareCount")
+    path = re.sub(r"^partitions\[(\d+)\]\.name", r"orchestratorSpec.slurmSpec.partitions[\1].id",
+                  path)
+    path = re.sub(r"^partitions", "orchestratorSpec.slurmSpec.partitions", path)
+    return path.replace("clusterId", "modelDevelopmentClusterId")
+
+
+def _stored(message: ModelDevelopmentCluster) -> dict[str, Any]:
+    keep = {"displayName", "network", "nodePools", "orchestratorSpec", "labels"}
+    return {k: v for k, v in message.to_json().items() if k in keep}
+
+
+def render(uow: Any, cluster: Cluster, parent: Parent, record: dict[str, Any]
+           ) -> dict[str, Any]:
+    by_state: dict[str, int] = {}
+    total = in_service = 0
+    for node in uow.nodes.list(cluster.cluster_id):
+        if node.role.value == "login":
+            continue
+        total += 1
+        by_state[node.state.value] = by_state.get(node.state.value, 0) + 1
+        in_service += node.state in IN_SERVICE
+    out = {"name": parent.child(COLLECTION, cluster.cluster_id), **record["resource"],
+           "state": cluster.state.value, "createTime": timestamp(record["created"]),
+           "updateTime": timestamp(cluster.updated_at),
+           "mtcStateMessage": cluster.message or None,
+           "mtcNodes": {"total": total, "inService": in_service,
+                        "outOfService": total - in_service, "byState": by_state}}
+    return ModelDevelopmentCluster.model_validate(out).to_json()
+
+
+def _renderer(uow: Any, parent: Parent) -> Any:
+    def render_cluster(cluster: Cluster) -> dict[str, Any]:
+        record = uow.record("api_resources", f"{KIND}:{cluster.cluster_id}")
+        return render(uow, cluster, parent, record) if record else {}
+    return render_cluster
+
+
+def _load(uow: Any, parent: Parent, cluster_id: str) -> dict[str, Any]:
+    name = parent.child(COLLECTION, cluster_id)
+    record = load_record(uow, KIND, cluster_id, parent, name)
+    cluster = uow.clusters.get(cluster_id)
+    if cluster is None or cluster.state is ClusterState.DELETED:
+        raise not_found(name)
+    return render(uow, cluster, parent, record)
+
+
+def _field(item: dict[str, Any], name: str) -> Any:
+    if name.startswith("labels."):
+        return item.get("labels", {}).get(name.removeprefix("labels."))
+    return item.get(name)

@@ -1,0 +1,220 @@
+"""CustomJobs: create, get, list, cancel, delete, in Vertex AI's v1 shapes.
+
+The wire message is parsed strictly (unknown fields refused), then turned into the domain's
+job spec, which validates meaning (machines that fit the cluster, one program per pool). A
+job runs on the cluster its ``jobSpec.persistentResourceId`` names, in the same project.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import uuid
+from typing import Any
+
+from services.api import operations as ops
+from services.api.context import ApiContext, load_record, records_of, save_record
+from services.api.errors import ApiError, invalid, not_found
+from services.api.names import Parent, resource_id
+from services.api.paging import matches, page_size, paginate, parse_filter
+from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
+from services.api.wire.proto_json import timestamp
+from services.api.wiremodel import parse_message
+from services.job_submission import handlers as h
+from shared.domain.model import Job, JobState
+
+KIND = "customJob"
+COLLECTION = "customJobs"
+FILTERABLE = ("state", "displayName", "createTime")
+GCS_URI = re.compile(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/[^\x00-\x1f]*)?$")
+_SCHEDULING_EXTENSIONS = {"mtcPartition": "partition", "mtcPriority": "priority",
+                          "mtcMaxRestarts": "maxRestarts"}
+
+
+def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
+           ) -> dict[str, Any]:
+    message = parse_message(CustomJob, body)
+    spec_body, cluster_id = domain_body(message)
+    if job_id is not None:
+        resource_id(job_id, "customJobId")
+    with ctx.unit() as uow:
+        load_record(uow, "cluster", cluster_id, parent,
+                    parent.child("modelDevelopmentClusters", cluster_id)) if _exists(
+            uow, cluster_id, parent) else _no_cluster(cluster_id)
+        job_id = job_id or f"{uuid.uuid4().int % 10**18:018d}"
+        existing = uow.record("api_resources", f"{KIND}:{job_id}")
+        if existing is not None and existing["parent"] != parent.name:
+            raise ApiError("ALREADY_EXISTS", f"custom job id {job_id} is taken")
+        job = h.submit_job(cluster_id, spec_body, uow, ctx.runtime.deps, _domain_id(job_id))
+        if existing is None:
+            save_record(uow, KIND, job_id, parent, _stored(message), ctx.now)
+        record = {"resource": _stored(message), "parent": parent.name}
+        return render(job, parent, job_id, record)
+
+
+def get(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
+    ctx.refresh()
+    with ctx.unit() as uow:
+        return _load(uow, parent, job_id)
+
+
+def list_jobs(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
+              size: str | None = None, token: str | None = None) -> dict[str, Any]:
+    terms = parse_filter(filter_text, FILTERABLE)
+    limit = page_size(size)
+    ctx.refresh()
+    with ctx.unit() as uow:
+        rendered = []
+        for record in records_of(uow, KIND, parent):
+            job = uow.jobs.get(_domain_id(record["id"]))
+            if job is None:
+                continue
+            out = render(job, parent, record["id"], record)
+            if matches(terms, functools.partial(_field, out)):
+                rendered.append(out)
+    page = paginate(rendered, size=limit, token=token, filter_text=filter_text or "")
+    return ListCustomJobsResponse(custom_jobs=[CustomJob.model_validate(j) for j in page.items],
+                                  next_page_token=page.next_page_token).to_json()
+
+
+def cancel(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
+    with ctx.unit() as uow:
+        _load(uow, parent, job_id)
+        h.cancel_job(_domain_id(job_id), uow, ctx.runtime.deps)
+    return {}
+
+
+def delete(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
+    """Deleting a job that still runs is refused: cancel it first (as Vertex does)."""
+    ctx.refresh()
+    with ctx.unit() as uow:
+        record = load_record(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id))
+        job = uow.jobs.get(_domain_id(job_id))
+        if job is not None and not job.terminal:
+            raise ApiError("FAILED_PRECONDITION", f"custom job {job_id} is {job.state.value}: "
+                           "cancel it and wait for JOB_STATE_CANCELLED before deleting it")
+        op = ops.start(uow, parent, target=KIND, target_id=job_id, verb="delete",
+                       generation=int(record["created"] * 1e6), now=ctx.now,
+                       retention_s=ctx.runtime.deps.config.retention_s)
+        uow.delete_record("api_resources", f"{KIND}:{job_id}")
+        uow.delete_record("jobs", _domain_id(job_id))
+        return ops.render(uow, op, ctx.now)
+
+
+# ---------------------------------------------------------------- conversion
+
+
+def domain_body(message: CustomJob) -> tuple[dict[str, Any], str]:
+    """The domain's job body and the cluster it runs on; refuses what mtc cannot do."""
+    spec = message.job_spec
+    if spec is None:
+        raise invalid("jobSpec", "is required")
+    if not spec.persistent_resource_id:
+        raise invalid("jobSpec.persistentResourceId", "is required: name the cluster "
+                      "(a modelDevelopmentCluster id) the job runs on")
+    if not message.display_name:
+        raise invalid("displayName", "is required")
+    wire = message.to_json()["jobSpec"]
+    pools = []
+    for i, pool in enumerate(wire.get("workerPoolSpecs", [])):
+        container = pool.get("containerSpec")
+        if container is not None and not container.get("command"):
+            raise invalid(f"jobSpec.workerPoolSpecs[{i}].containerSpec.command",
+                          "is required here: mtc runs a command on the cluster's nodes and "
+                          "cannot pull and run a container image by itself")
+        machine = dict(pool.get("machineSpec") or {})
+        if machine.get("acceleratorType") == "ACCELERATOR_TYPE_UNSPECIFIED":
+            machine.pop("acceleratorType")
+        if "replicaCount" in pool:
+            pool = {**pool, "replicaCount": int(pool["replicaCount"])}
+        pools.append({**pool, "machineSpec": machine} if pool.get("machineSpec") else pool)
+    scheduling = dict(wire.get("scheduling") or {})
+    for ext, key in _SCHEDULING_EXTENSIONS.items():
+        if ext in scheduling:
+            scheduling[key] = scheduling.pop(ext)
+    if scheduling.pop("disableRetries", False):
+        scheduling["maxRestarts"] = 0
+    if scheduling.get("strategy") == "STRATEGY_UNSPECIFIED":
+        scheduling.pop("strategy")
+    job_spec: dict[str, Any] = {"workerPoolSpecs": pools, "scheduling": scheduling}
+    out_dir = wire.get("baseOutputDirectory")
+    if out_dir:
+        uri = out_dir["outputUriPrefix"]
+        _check_output_uri(uri)
+        job_spec["baseOutputDirectory"] = out_dir
+    body = {"displayName": message.display_name, "jobSpec": job_spec,
+            "labels": dict(message.labels)}
+    return body, spec.persistent_resource_id
+
+
+def _check_output_uri(uri: str) -> None:
+    where = "jobSpec.baseOutputDirectory.outputUriPrefix"
+    match = GCS_URI.match(uri)
+    if not match:
+        raise invalid(where, "must be a Cloud Storage URI, gs://BUCKET/PATH")
+    path = match.group(2) or ""
+    if any(part in (".", "..") for part in path.split("/")):
+        raise invalid(where, "must not contain '.' or '..' path segments")
+
+
+def _stored(message: CustomJob) -> dict[str, Any]:
+    """The job's input fields as the caller gave them, normalized: what GET returns."""
+    keep = {"displayName", "jobSpec", "labels"}
+    return {k: v for k, v in message.to_json().items() if k in keep}
+
+
+def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dict[str, Any]:
+    resource = dict(record["resource"])
+    out: dict[str, Any] = {
+        "name": parent.child(COLLECTION, job_id),
+        **resource,
+        "state": job.state.value,
+        "createTime": timestamp(job.created_at),
+        "updateTime": timestamp(job.updated_at),
+    }
+    if job.started_at is not None:
+        out["startTime"] = timestamp(job.started_at)
+    if job.ended_at is not None:
+        out["endTime"] = timestamp(job.ended_at)
+    if job.state is JobState.FAILED:
+        code = 4 if "timeout" in job.error or "deadline" in job.error else 13
+        out["error"] = {"code": code, "message": job.error or "the job failed"}
+    elif job.state is JobState.CANCELLED:
+        out["error"] = {"code": 1, "message": "CANCELED"}
+    latest = job.latest_checkpoint
+    out["mtcProgress"] = {
+        "clusterId": job.cluster_id, "attempt": job.attempt, "restartCount": job.restart_count,
+        "nodes": [n for n in job.node_ids if n],
+        **({"latestCheckpoint": {"step": str(latest.step), "path": latest.path,
+                                 "time": timestamp(latest.at)}} if latest else {}),
+    }
+    return CustomJob.model_validate(out).to_json()
+
+
+def _load(uow: Any, parent: Parent, job_id: str) -> dict[str, Any]:
+    name = parent.child(COLLECTION, job_id)
+    record = load_record(uow, KIND, job_id, parent, name)
+    job = uow.jobs.get(_domain_id(job_id))
+    if job is None:
+        raise not_found(name)
+    return render(job, parent, job_id, record)
+
+
+def _field(job: dict[str, Any], name: str) -> Any:
+    if name.startswith("labels."):
+        return job.get("labels", {}).get(name.removeprefix("labels."))
+    return job.get(name)
+
+
+def _domain_id(job_id: str) -> str:
+    """Vertex job ids are numbers; the domain's ids start with a letter."""
+    return job_id if job_id[:1].isalpha() else f"cj-{job_id}"
+
+
+def _exists(uow: Any, cluster_id: str, parent: Parent) -> bool:
+    return uow.record("api_resources", f"cluster:{cluster_id}") is not None
+
+
+def _no_cluster(cluster_id: str) -> None:
+    raise invalid("jobSpec.persistentResourceId",
+                  f"no cluster {cluster_id!r} in this project and location")

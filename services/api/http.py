@@ -1,0 +1,288 @@
+"""The HTTP surface: Vertex AI's REST paths, bodies, errors and auth, on one Flask app.
+
+Every route names the Vertex permission it needs; every call is authenticated, authorized
+against the project in its path, and (when it changes something) audited. Bodies are
+bounded (1 MiB), must be UTF-8 JSON objects no deeper than 32 levels; anything else gets a
+400 or 413 in ``google.rpc.Status`` form, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import flask
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from services.api import clusters, custom_jobs, operations_api
+from services.api.context import ApiContext
+from services.api.errors import ApiError, FieldViolation
+from services.api.names import Parent, parent
+
+log = logging.getLogger("mtc.api")
+MAX_BODY_BYTES = 1 << 20
+MAX_DEPTH = 32
+_P = r"projects/(?P<project>[^/:]+)/locations/(?P<location>[^/:]+)"
+_V = r"(?P<version>v1|v1beta1)"
+_ID = r"(?P<rid>[^/:]+)"
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    pattern: re.Pattern[str]
+    permission: str
+    call: Callable[[ApiContext, Parent, dict[str, str], flask.Request], tuple[Any, int]]
+
+    @property
+    def mutates(self) -> bool:
+        return self.method != "GET" and not self.permission.endswith(".wait")
+
+
+def _route(method: str, path: str, permission: str,
+           call: Callable[[ApiContext, Parent, dict[str, str], flask.Request], tuple[Any, int]]
+           ) -> Route:
+    return Route(method, re.compile(path), permission, call)
+
+
+def read_body(request: flask.Request, *, required: bool = True) -> Any:
+    try:
+        raw = request.get_data(cache=True)
+    except RequestEntityTooLarge:
+        raise _too_large() from None
+    if len(raw) > MAX_BODY_BYTES:
+        raise _too_large()
+    if not raw.strip():
+        if required:
+            raise _bad_body("a JSON object is required")
+        return {}
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _bad_body(f"is not UTF-8 (byte {exc.start})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _bad_body(f"is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                        ) from None
+    except RecursionError:
+        raise _bad_body(f"nests deeper than {MAX_DEPTH} levels") from None
+    if _depth(value) > MAX_DEPTH:
+        raise _bad_body(f"nests deeper than {MAX_DEPTH} levels")
+    if not isinstance(value, dict):
+        raise _bad_body("must be a JSON object")
+    return value
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def _bad_body(reason: str) -> ApiError:
+    return ApiError("INVALID_ARGUMENT", f"(body): {reason}", [FieldViolation("(body)", reason)])
+
+
+def _too_large() -> ApiError:
+    return ApiError("RESOURCE_EXHAUSTED", f"the request body is larger than {MAX_BODY_BYTES} "
+                    "bytes", http=413)
+
+
+# ---------------------------------------------------------------- routes
+
+
+def _jobs_create(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                 ) -> tuple[Any, int]:
+    return custom_jobs.create(ctx, p, read_body(r), r.args.get("customJobId") or None), 200
+
+
+def _jobs_list(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+               ) -> tuple[Any, int]:
+    return custom_jobs.list_jobs(ctx, p, filter_text=r.args.get("filter"),
+                                 size=r.args.get("pageSize"), token=r.args.get("pageToken")), 200
+
+
+def _jobs_get(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+              ) -> tuple[Any, int]:
+    return custom_jobs.get(ctx, p, m["rid"]), 200
+
+
+def _jobs_cancel(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                 ) -> tuple[Any, int]:
+    read_body(r, required=False)
+    return custom_jobs.cancel(ctx, p, m["rid"]), 200
+
+
+def _jobs_delete(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                 ) -> tuple[Any, int]:
+    return custom_jobs.delete(ctx, p, m["rid"]), 200
+
+
+def _clusters_create(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                     ) -> tuple[Any, int]:
+    return clusters.create(ctx, p, read_body(r), r.args.get("modelDevelopmentClusterId")), 200
+
+
+def _clusters_list(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                   ) -> tuple[Any, int]:
+    return clusters.list_clusters(ctx, p, filter_text=r.args.get("filter"),
+                                  size=r.args.get("pageSize"),
+                                  token=r.args.get("pageToken")), 200
+
+
+def _clusters_get(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                  ) -> tuple[Any, int]:
+    return clusters.get(ctx, p, m["rid"]), 200
+
+
+def _clusters_update(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                     ) -> tuple[Any, int]:
+    return clusters.update(ctx, p, m["rid"], read_body(r)), 200
+
+
+def _clusters_delete(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                     ) -> tuple[Any, int]:
+    return clusters.delete(ctx, p, m["rid"]), 200
+
+
+def _cluster_nodes(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                   ) -> tuple[Any, int]:
+    return clusters.nodes(ctx, p, m["rid"], size=r.args.get("pageSize"),
+                          token=r.args.get("pageToken")), 200
+
+
+def _ops_list(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+              ) -> tuple[Any, int]:
+    return operations_api.list_operations(ctx, p, size=r.args.get("pageSize"),
+                                          token=r.args.get("pageToken"),
+                                          filter_text=r.args.get("filter")), 200
+
+
+def _ops_get(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+             ) -> tuple[Any, int]:
+    return operations_api.get(ctx, p, m["rid"]), 200
+
+
+def _ops_wait(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+              ) -> tuple[Any, int]:
+    return operations_api.wait(ctx, p, m["rid"], read_body(r, required=False)), 200
+
+
+def _ops_cancel(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                ) -> tuple[Any, int]:
+    read_body(r, required=False)
+    return operations_api.cancel(ctx, p, m["rid"]), 200
+
+
+def _ops_delete(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                ) -> tuple[Any, int]:
+    return operations_api.delete(ctx, p, m["rid"]), 200
+
+
+JOBS = f"/{_V}/{_P}/customJobs"
+CLUSTERS = f"/(?P<version>v1beta1)/{_P}/modelDevelopmentClusters"
+OPS = f"/{_V}/{_P}/operations"
+J, C, OP = "aiplatform.customJobs", "aiplatform.modelDevelopmentClusters", "aiplatform.operations"
+ROUTES: tuple[Route, ...] = (
+    _route("POST", JOBS, f"{J}.create", _jobs_create),
+    _route("GET", JOBS, f"{J}.list", _jobs_list),
+    _route("GET", f"{JOBS}/{_ID}", f"{J}.get", _jobs_get),
+    _route("DELETE", f"{JOBS}/{_ID}", f"{J}.delete", _jobs_delete),
+    _route("POST", f"{JOBS}/{_ID}:cancel", f"{J}.cancel", _jobs_cancel),
+    _route("POST", CLUSTERS, f"{C}.create", _clusters_create),
+    _route("GET", CLUSTERS, f"{C}.list", _clusters_list),
+    _route("GET", f"{CLUSTERS}/{_ID}", f"{C}.get", _clusters_get),
+    _route("PATCH", f"{CLUSTERS}/{_ID}", f"{C}.update", _clusters_update),
+    _route("DELETE", f"{CLUSTERS}/{_ID}", f"{C}.delete", _clusters_delete),
+    _route("GET", f"{CLUSTERS}/{_ID}/nodes", f"{C}.get", _cluster_nodes),
+    _route("GET", OPS, f"{OP}.list", _ops_list),
+    _route("GET", f"{OPS}/{_ID}", f"{OP}.get", _ops_get),
+    _route("DELETE", f"{OPS}/{_ID}", f"{OP}.delete", _ops_delete),
+    _route("POST", f"{OPS}/{_ID}:wait", f"{OP}.wait", _ops_wait),
+    _route("POST", f"{OPS}/{_ID}:cancel", f"{OP}.cancel", _ops_cancel),
+)
+
+
+def _json(body: Any, status: int) -> flask.Response:
+    return flask.Response(json.dumps(body, indent=1), status=status,
+                          mimetype="application/json")
+
+
+def dispatch(request: flask.Request, ctx: ApiContext) -> flask.Response:
+    """One request, start to end: route, authenticate, authorize, run, audit, answer."""
+    path = request.path
+    allowed = []
+    for route in ROUTES:
+        match = route.pattern.fullmatch(path)
+        if match is None:
+            continue
+        allowed.append(route.method)
+        if route.method != request.method:
+            continue
+        return _run(route, match.groupdict(), request, ctx)
+    if allowed:
+        error = ApiError("UNIMPLEMENTED", f"{request.method} is not a method of {path}; use "
+                         f"{', '.join(sorted(set(allowed)))}", http=405)
+        return _json(error.body(), 405)
+    return _json(ApiError("NOT_FOUND", f"no such resource path: {path}").body(), 404)
+
+
+def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiContext
+         ) -> flask.Response:
+    who = "-"
+    resource = path = request.path
+    try:
+        where = parent(groups["project"], groups["location"])
+        principal = ctx.guard.check(request.headers.get("Authorization"), route.permission,
+                                    where.project)
+        who = principal.name
+        body, status = route.call(ctx, where, groups, request)
+        response = _json(body, status)
+    except ApiError as exc:
+        status = exc.http_status
+        response = _json(exc.body(), status)
+    except Exception:
+        log.exception("%s %s failed", request.method, path)
+        status = 500
+        response = _json(ApiError("INTERNAL", "internal error; the server log has the "
+                                  "details").body(), 500)
+    if route.mutates and ctx.audit is not None and who != "-":
+        ctx.audit.record(principal=who, permission=route.permission, resource=resource,
+                         method=request.method, status=status, now=ctx.now)
+    return response
+
+
+def create_app(ctx: ApiContext) -> flask.Flask:
+    """The Flask app ``mtc serve`` runs; functions-framework calls ``dispatch`` directly."""
+    from services.api.openapi import document
+
+    app = flask.Flask("mtc")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+
+    @app.route("/openapi.json")
+    def openapi() -> flask.Response:
+        return _json(document(), 200)
+
+    @app.route("/", defaults={"rest": ""}, methods=["GET", "POST", "PATCH", "PUT", "DELETE"])
+    @app.route("/<path:rest>", methods=["GET", "POST", "PATCH", "PUT", "DELETE"])
+    def everything(rest: str) -> flask.Response:
+        return dispatch(flask.request, ctx)
+
+    @app.errorhandler(413)
+    def too_large(_: Exception) -> flask.Response:
+        return _json(_too_large().body(), 413)
+
+    return app

@@ -1,0 +1,119 @@
+"""Long-running operations (AIP-151) for creates, updates and deletes of heavy resources.
+
+An Operation is a small record naming what it waits for (a cluster reaching READY at a given
+generation, a cluster gone); whether it is done is read from that resource's state at the
+time of the call, so no handler has to remember to finish it and a GET is never stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from services.api.errors import ApiError, not_found
+from services.api.names import Parent
+from services.api.wire.proto_json import timestamp
+from shared.domain.model import ClusterState
+
+OPERATIONS = "operations"
+TYPE = "type.googleapis.com/google.cloud.aiplatform"
+EMPTY = {"@type": "type.googleapis.com/google.protobuf.Empty"}
+METADATA = {
+    ("cluster", "create"): f"{TYPE}.v1beta1.CreateModelDevelopmentClusterOperationMetadata",
+    ("cluster", "update"): f"{TYPE}.v1beta1.UpdateModelDevelopmentClusterOperationMetadata",
+    ("cluster", "delete"): f"{TYPE}.v1beta1.DeleteOperationMetadata",
+    ("customJob", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
+}
+CLUSTER_TYPE = f"{TYPE}.v1beta1.ModelDevelopmentCluster"
+
+
+def operation_id(*parts: object) -> str:
+    """Deterministic (a retried create gets the same Operation) and numeric, as Vertex's are."""
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()
+    return str(int(digest[:15], 16))
+
+
+def start(uow: Any, parent: Parent, *, target: str, target_id: str, verb: str,
+          generation: int, now: float, retention_s: float) -> dict[str, Any]:
+    op_id = operation_id(target, target_id, verb, generation)
+    existing = uow.record(OPERATIONS, op_id)
+    if existing is not None:
+        return existing  # type: ignore[no-any-return]
+    record = {"id": op_id, "name": parent.child("operations", op_id), "parent": parent.name,
+              "target": target, "target_id": target_id, "verb": verb,
+              "generation": generation, "created": now, "time": now,
+              "expire_at": now + retention_s, "cancelled": False}
+    uow.put_record(OPERATIONS, op_id, record)
+    return record
+
+
+def load(uow: Any, parent: Parent, op_id: str) -> dict[str, Any]:
+    record = uow.record(OPERATIONS, op_id)
+    if record is None or record["parent"] != parent.name:
+        raise not_found(parent.child("operations", op_id))
+    return record  # type: ignore[no-any-return]
+
+
+def render(uow: Any, record: dict[str, Any], now: float,
+           cluster_json: Any = None) -> dict[str, Any]:
+    """The Operation as the API writes it; ``cluster_json(cluster)`` renders a response."""
+    done, error, response, updated = _progress(uow, record, now, cluster_json)
+    out: dict[str, Any] = {
+        "name": record["name"],
+        "metadata": {"@type": METADATA[(record["target"], record["verb"])],
+                     "genericMetadata": {"createTime": timestamp(record["created"]),
+                                         "updateTime": timestamp(updated)}},
+        "done": done,
+    }
+    if done and error is not None:
+        out["error"] = error
+    elif done:
+        out["response"] = response
+    return out
+
+
+def _progress(uow: Any, record: dict[str, Any], now: float, cluster_json: Any
+              ) -> tuple[bool, dict[str, Any] | None, dict[str, Any], float]:
+    if record.get("cancelled"):
+        return True, {"code": 1, "message": "the operation was cancelled"}, EMPTY, record["time"]
+    if record["target"] == "customJob":
+        return True, None, EMPTY, record["created"]  # the job record is gone at once
+    cluster = uow.clusters.get(record["target_id"])
+    gone = cluster is None or cluster.state is ClusterState.DELETED
+    if record["verb"] == "delete":
+        return (True, None, EMPTY, cluster.updated_at if cluster else now) if gone else (
+            False, None, EMPTY, now)
+    if gone:
+        return True, {"code": 10, "message": "the cluster was deleted before it was ready"}, \
+            EMPTY, now
+    assert cluster is not None
+    superseded = cluster.generation > record["generation"]
+    if cluster.state is ClusterState.READY or superseded:
+        body = {"@type": CLUSTER_TYPE, **(cluster_json(cluster) if cluster_json else {})}
+        return True, None, body, cluster.updated_at
+    if cluster.state is ClusterState.FAILED:
+        return True, {"code": 13, "message": cluster.message or "provisioning failed"}, \
+            EMPTY, cluster.updated_at
+    return False, None, EMPTY, now
+
+
+def cancel(uow: Any, record: dict[str, Any], now: float, cancel_target: Any) -> None:
+    """A create not yet done is cancelled by deleting what it was creating; the rest cannot
+    be taken back once started."""
+    done, *_ = _progress(uow, record, now, None)
+    if done:
+        return
+    if record["verb"] != "create":
+        raise ApiError("FAILED_PRECONDITION", f"a {record['verb']} cannot be cancelled once "
+                       "started")
+    cancel_target(record["target_id"])
+    uow.put_record(OPERATIONS, record["id"], {**record, "cancelled": True, "time": now})
+
+
+def listed(uow: Any, parent: Parent) -> list[dict[str, Any]]:
+    return sorted(uow.records(OPERATIONS, {"parent": parent.name}),
+                  key=lambda r: (r["created"], r["id"]))
+
+
+def delete(uow: Any, record: dict[str, Any]) -> None:
+    uow.delete_record(OPERATIONS, record["id"])

@@ -1,0 +1,110 @@
+"""List paging (AIP-158) and filtering (a subset of AIP-160) shared by every collection.
+
+Page tokens are opaque to callers: base64 of the offset and a hash of the filter they were
+issued for, so a token replayed with another filter is refused instead of skipping items.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from services.api.errors import invalid
+
+T = TypeVar("T")
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+_TERM = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*(=|!=|:)\s*("(?:[^"\\]|\\.)*"|[^\s"()]+)\s*')
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Any]
+    next_page_token: str
+
+
+def _fingerprint(filter_text: str) -> str:
+    return hashlib.sha256(filter_text.encode()).hexdigest()[:12]
+
+
+def page_size(raw: str | None) -> int:
+    if raw in (None, ""):
+        return DEFAULT_PAGE_SIZE
+    try:
+        size = int(raw)
+    except ValueError:
+        raise invalid("pageSize", f"must be an integer, got {raw!r}") from None
+    if size < 0:
+        raise invalid("pageSize", "must not be negative")
+    return min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def paginate(items: Sequence[T], *, size: int, token: str | None, filter_text: str = "") -> Page:
+    offset = 0
+    if token:
+        try:
+            data = json.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
+            offset = int(data["o"])
+            if data["f"] != _fingerprint(filter_text) or offset < 0:
+                raise ValueError
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            raise invalid("pageToken", "is not a token this list returned for this filter"
+                          ) from None
+    chunk = list(items[offset:offset + size])
+    end = offset + len(chunk)
+    nxt = ""
+    if end < len(items):
+        raw = json.dumps({"o": end, "f": _fingerprint(filter_text)}, separators=(",", ":"))
+        nxt = base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return Page(chunk, nxt)
+
+
+Term = tuple[str, str, str]  # (field, operator, value)
+
+
+def parse_filter(text: str | None, fields: Sequence[str]) -> list[Term]:
+    """``a="x" AND labels.team=y``: equality, inequality and ``:`` (has) joined by AND.
+    Field names may be camelCase or snake_case; ``labels.<key>`` is always allowed."""
+    if not text or not text.strip():
+        return []
+    allowed = {f: f for f in fields} | {_snake(f): f for f in fields}
+    terms: list[Term] = []
+    for part in re.split(r"\s+AND\s+", text.strip()):
+        match = _TERM.fullmatch(part)
+        if not match:
+            raise invalid("filter", f"cannot parse {part!r}: use field=\"value\" terms joined "
+                          "by AND")
+        name, op, value = match.groups()
+        if value.startswith('"'):
+            value = json.loads(value)
+        if name.startswith("labels."):
+            field = name
+        elif name in allowed:
+            field = allowed[name]
+        else:
+            raise invalid("filter", f"unknown field {name!r}; filterable: "
+                          f"{', '.join([*fields, 'labels.<key>'])}")
+        terms.append((field, op, value))
+    return terms
+
+
+def matches(terms: Sequence[Term], get: Callable[[str], Any]) -> bool:
+    for field, op, value in terms:
+        actual = get(field)
+        text = "" if actual is None else str(actual)
+        if op == "=" and text != value:
+            return False
+        if op == "!=" and text == value:
+            return False
+        if op == ":" and (actual is None or value not in text):
+            return False
+    return True
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)

@@ -1,0 +1,120 @@
+"""ModelDevelopmentCluster (aiplatform v1beta1): the managed training cluster resource.
+
+Node pools carry ``machineSpec`` and ``scalingSpec{minNodeCount, maxNodeCount}``; the Slurm
+orchestrator names its partitions (``{id, nodePoolIds}``) and the login node pool. mtc keeps
+pools at a fixed size, so ``minNodeCount`` must equal ``maxNodeCount`` (refused otherwise,
+not silently pinned). Hot spares are mtc's extension: ``mtcHotSpareCount`` per pool, nodes
+held idle to take over from a failed one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from services.api.wire.custom_job import MachineSpec
+from services.api.wire.proto_json import (
+    Int32,
+    Int64,
+    Message,
+    Timestamp,
+    enum_parser,
+    enum_schema,
+)
+
+MAX_POOLS = 32
+MAX_NODES_PER_POOL = 100_000
+CLUSTER_STATES = {"STATE_UNSPECIFIED": 0, "PROVISIONING": 1, "READY": 2, "UPDATING": 3,
+                  "DELETING": 4, "FAILED": 5, "DELETED": 6}
+ClusterState = Annotated[str, enum_parser("ModelDevelopmentCluster.State", CLUSTER_STATES),
+                         enum_schema("ModelDevelopmentCluster.State", CLUSTER_STATES)]
+
+
+class Network(Message):
+    network: str | None = Field(default=None, max_length=1024)
+    subnetwork: str | None = Field(default=None, max_length=1024)
+
+
+class ScalingSpec(Message):
+    min_node_count: Int64 | None = Field(default=None, ge=0, le=MAX_NODES_PER_POOL)
+    max_node_count: Int64 | None = Field(default=None, ge=0, le=MAX_NODES_PER_POOL)
+
+
+class BootDisk(Message):
+    boot_disk_type: str | None = Field(default=None, max_length=64)
+    boot_disk_size_gb: Int32 | None = Field(default=None, ge=10, le=65536)
+
+
+class NodePool(Message):
+    id: str = Field(max_length=63)
+    machine_spec: MachineSpec | None = None
+    scaling_spec: ScalingSpec | None = None
+    zone: str | None = Field(default=None, max_length=64)
+    enable_public_ips: bool | None = None
+    boot_disk: BootDisk | None = None
+    mtc_hot_spare_count: Int64 | None = Field(default=None, ge=0, le=MAX_NODES_PER_POOL)
+
+
+class SlurmPartition(Message):
+    id: str = Field(max_length=63)
+    node_pool_ids: list[str] = Field(default_factory=list, max_length=MAX_POOLS)
+
+
+class SlurmSpec(Message):
+    partitions: list[SlurmPartition] = Field(default_factory=list, max_length=MAX_POOLS)
+    login_node_pool_id: str | None = Field(default=None, max_length=63)
+
+
+class OrchestratorSpec(Message):
+    slurm_spec: SlurmSpec | None = None
+
+
+class NodeSummary(Message):
+    """mtc's extension (output only): how many nodes are in each state."""
+
+    total: Int32 = 0
+    in_service: Int32 = 0
+    out_of_service: Int32 = 0
+    by_state: dict[str, int] = Field(default_factory=dict)
+
+
+class ModelDevelopmentCluster(Message):
+    name: str | None = None
+    display_name: str = Field(default="", max_length=128)
+    network: Network | None = None
+    node_pools: list[NodePool] = Field(default_factory=list, max_length=MAX_POOLS)
+    orchestrator_spec: OrchestratorSpec | None = None
+    state: ClusterState | None = None
+    create_time: Timestamp | None = None
+    update_time: Timestamp | None = None
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    mtc_state_message: str | None = None
+    mtc_nodes: NodeSummary | None = None
+
+
+class ListModelDevelopmentClustersResponse(Message):
+    model_development_clusters: list[ModelDevelopmentCluster] = Field(default_factory=list)
+    next_page_token: str = ""
+
+
+class ClusterNode(Message):
+    """mtc's extension: one node of a cluster, as ``sinfo`` would show it (output only)."""
+
+    name: str
+    node_id: str
+    partition: str
+    pool: str
+    role: str
+    state: str
+    reason: str = ""
+    since: Timestamp | None = None
+    spare: bool = False
+    job: str | None = None
+    repair_action: str | None = None
+    failures: Int32 = 0
+
+
+class ListClusterNodesResponse(Message):
+    nodes: list[ClusterNode] = Field(default_factory=list)
+    next_page_token: str = ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 import uuid
+from pathlib import Path
 from typing import Any
 
 from shared.domain import lifecycle, timeouts
@@ -304,10 +305,20 @@ def _start(job: Job, placed: list[str], nodes: dict[str, Any], uow: UnitOfWork,
 
 
 def output_dirs(job: Job, deps: Deps) -> tuple[str, str, str]:
-    """The managed-training layout under baseOutputDirectory: checkpoints/, model/, logs/."""
-    base = job.spec.base_output_directory or str(deps.config.output_root / job.job_id)
-    base = base.removeprefix("file://").rstrip("/")
+    """The managed-training layout under baseOutputDirectory: checkpoints/, model/, logs/.
+    A ``gs://BUCKET/PATH`` prefix lands under the output root (``<root>/gcs/BUCKET/PATH``):
+    the API admits nothing else, so outputs never leave the configured root."""
+    base = local_output_dir(job.spec.base_output_directory, deps.config.output_root, job.job_id)
     return f"{base}/checkpoints", f"{base}/model", f"{base}/logs"
+
+
+def local_output_dir(uri: str | None, root: Path, job_id: str) -> str:
+    if not uri:
+        return str(root / job_id)
+    if uri.startswith("gs://"):
+        parts = [p for p in uri.removeprefix("gs://").split("/") if p not in ("", ".", "..")]
+        return str(root.joinpath("gcs", *parts))
+    return uri.removeprefix("file://").rstrip("/")  # the twin's sim:// names, tests' own paths
 
 
 def worker_specs(job: Job, deps: Deps) -> list[WorkerSpec]:

@@ -1,0 +1,91 @@
+"""`mtc serve` as a real subprocess on a free loopback port, for tests that use real clients."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+PARENT = "projects/p/locations/l"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def mtc_serve(state_dir: Path, token: str, *, timeout_s: float = 30.0) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "MTC_API_TOKEN": token}
+    log = open(state_dir.parent / f"serve-{port}.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli.main", "--state-dir", str(state_dir), "serve",
+         "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                requests.get(f"{url}/openapi.json", timeout=1)
+                break
+            except requests.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"mtc serve did not start: {log.name}") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        from services.wiring.embedded import embedded
+
+        app = embedded(state_dir)
+        app.compute.kill_all()
+        app.close()
+
+
+def cluster_body(workers: int = 4, spares: int = 0) -> dict[str, Any]:
+    return {
+        "displayName": "test cluster",
+        "nodePools": [
+            {"id": "login", "machineSpec": {"machineType": "n2-standard-8"},
+             "scalingSpec": {"minNodeCount": 1, "maxNodeCount": 1}},
+            {"id": "gpu", "machineSpec": {"machineType": "a3-highgpu-8g",
+                                          "acceleratorType": "NVIDIA_H100_80GB",
+                                          "acceleratorCount": 8},
+             "scalingSpec": {"minNodeCount": workers, "maxNodeCount": workers},
+             "mtcHotSpareCount": spares},
+        ],
+        "orchestratorSpec": {"slurmSpec": {"partitions": [{"id": "gpu", "nodePoolIds": ["gpu"]}],
+                                           "loginNodePoolId": "login"}},
+    }
+
+
+def create_cluster(url: str, token: str, cluster_id: str = "c1", **kw: Any) -> dict[str, Any]:
+    """Create through REST and wait on the Operation until it is done."""
+    headers = {"Authorization": f"Bearer {token}"}
+    resp = requests.post(f"{url}/v1beta1/{PARENT}/modelDevelopmentClusters",
+                         params={"modelDevelopmentClusterId": cluster_id},
+                         json=cluster_body(**kw), headers=headers, timeout=30)
+    resp.raise_for_status()
+    op = resp.json()
+    deadline = time.monotonic() + 60
+    while not op.get("done"):
+        assert time.monotonic() < deadline, op
+        op = requests.post(f"{url}/v1beta1/{op['name']}:wait", json={"timeout": "10s"},
+                           headers=headers, timeout=30).json()
+    return op  # type: ignore[no-any-return]

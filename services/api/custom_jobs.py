@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from services.api import operations as ops
-from services.api.context import ApiContext, load_record, records_of, save_record
+from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
 from services.api.paging import matches, page_size, paginate, parse_filter
@@ -38,11 +38,12 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
     if job_id is not None:
         resource_id(job_id, "customJobId")
     with ctx.unit() as uow:
-        load_record(uow, "cluster", cluster_id, parent,
-                    parent.child("modelDevelopmentClusters", cluster_id)) if _exists(
-            uow, cluster_id, parent) else _no_cluster(cluster_id)
+        cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
+        if cluster is None or cluster["parent"] != parent.name:
+            raise invalid("jobSpec.persistentResourceId",
+                          f"no cluster {cluster_id!r} in {parent.name}")
         job_id = job_id or f"{uuid.uuid4().int % 10**18:018d}"
-        existing = uow.record("api_resources", f"{KIND}:{job_id}")
+        existing = uow.record(RESOURCES, f"{KIND}:{job_id}")
         if existing is not None and existing["parent"] != parent.name:
             raise ApiError("ALREADY_EXISTS", f"custom job id {job_id} is taken")
         job = h.submit_job(cluster_id, spec_body, uow, ctx.runtime.deps, _domain_id(job_id))
@@ -96,7 +97,7 @@ def delete(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
         op = ops.start(uow, parent, target=KIND, target_id=job_id, verb="delete",
                        generation=int(record["created"] * 1e6), now=ctx.now,
                        retention_s=ctx.runtime.deps.config.retention_s)
-        uow.delete_record("api_resources", f"{KIND}:{job_id}")
+        uow.delete_record(RESOURCES, f"{KIND}:{job_id}")
         uow.delete_record("jobs", _domain_id(job_id))
         return ops.render(uow, op, ctx.now)
 
@@ -209,12 +210,3 @@ def _field(job: dict[str, Any], name: str) -> Any:
 def _domain_id(job_id: str) -> str:
     """Vertex job ids are numbers; the domain's ids start with a letter."""
     return job_id if job_id[:1].isalpha() else f"cj-{job_id}"
-
-
-def _exists(uow: Any, cluster_id: str, parent: Parent) -> bool:
-    return uow.record("api_resources", f"cluster:{cluster_id}") is not None
-
-
-def _no_cluster(cluster_id: str) -> None:
-    raise invalid("jobSpec.persistentResourceId",
-                  f"no cluster {cluster_id!r} in this project and location")

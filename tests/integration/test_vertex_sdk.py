@@ -13,8 +13,8 @@ import pytest
 import requests
 from google.api_core import exceptions
 from google.api_core.client_options import ClientOptions
-from google.cloud import aiplatform_v1 as aip
 from google.auth.credentials import AnonymousCredentials
+from google.cloud import aiplatform_v1 as aip
 from google.oauth2.credentials import Credentials
 
 from services.api.tokens import LocalTokens

@@ -1,0 +1,49 @@
+"""An embedded control plane behind the real Flask app, driven with Flask's test client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from services.api.http import create_app
+from services.wiring.api import embedded_api
+from services.wiring.embedded import EmbeddedApp, embedded
+from tests.serving import PARENT, cluster_body
+
+TOKEN = "unit-admin"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class Api:
+    def __init__(self, client: FlaskClient, app: EmbeddedApp) -> None:
+        self.client = client
+        self.app = app
+
+    def call(self, method: str, path: str, body: Any = None, *, headers: Any = None,
+             **kw: Any) -> Any:
+        return self.client.open(path, method=method, json=body,
+                                headers=AUTH if headers is None else headers, **kw)
+
+    def cluster(self, cluster_id: str = "c1", **kw: Any) -> dict[str, Any]:
+        resp = self.call("POST", f"/v1beta1/{PARENT}/modelDevelopmentClusters"
+                         f"?modelDevelopmentClusterId={cluster_id}", cluster_body(**kw))
+        assert resp.status_code == 200, resp.json
+        op = resp.json
+        for _ in range(100):
+            if op["done"]:
+                return op  # type: ignore[no-any-return]
+            op = self.call("POST", f"/v1beta1/{op['name']}:wait", {"timeout": "5s"}).json
+        raise AssertionError(op)
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    app = embedded(tmp_path / "state")
+    ctx, _ = embedded_api(app, env_token=TOKEN)
+    yield Api(create_app(ctx).test_client(), app)
+    app.compute.kill_all()
+    app.close()

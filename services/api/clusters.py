@@ -31,6 +31,7 @@ from shared.domain.model import IN_SERVICE, Cluster, ClusterState
 KIND = "cluster"
 COLLECTION = "modelDevelopmentClusters"
 FILTERABLE = ("state", "displayName")
+MAX_CLUSTER_NODES = 16_384
 
 
 def create(ctx: ApiContext, parent: Parent, body: Any, cluster_id: str | None
@@ -165,6 +166,10 @@ def domain_body(cluster_id: str, message: ModelDevelopmentCluster) -> dict[str, 
             machine.pop("acceleratorType")
         pools.append({"id": pool.id, "machineSpec": machine, "nodeCount": count,
                       "spareCount": pool.mtc_hot_spare_count or 0})
+    total = sum(p["nodeCount"] for p in pools)
+    if total > MAX_CLUSTER_NODES:
+        raise invalid("nodePools", f"at most {MAX_CLUSTER_NODES} worker nodes per cluster (the "
+                      f"largest fleet measured, docs/scale.md); got {total}")
     body: dict[str, Any] = {"clusterId": cluster_id,
                             "displayName": message.display_name or cluster_id,
                             "loginNode": {"machineType": login_type}, "nodePools": pools}

@@ -74,7 +74,7 @@ class DiskSpec(Message):
 
 
 class EnvVar(Message):
-    name: str = Field(max_length=256)
+    name: str = Field(max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     value: str = Field(default="", max_length=32768)
 
 

@@ -223,3 +223,15 @@ def test_unknown_paths_and_methods(api: Api) -> None:
     wrong = api.call("PUT", JOBS)
     assert wrong.status_code == 405
     assert wrong.json["error"]["message"].startswith("PUT is not a method")
+
+
+def test_env_name_injection_is_refused_at_the_api(api: Api) -> None:
+    api.cluster()
+    body = job_body()
+    body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["env"] = [
+        {"name": "X; touch PWNED; Y", "value": "1"}]
+    assert violation(api.call("POST", JOBS, body)) == \
+        "jobSpec.workerPoolSpecs[0].containerSpec.env[0].name"
+    body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["env"] = [
+        {"name": "OK_NAME", "value": "$(touch PWNED) 'quoted'"}]
+    assert api.call("POST", JOBS, body).status_code == 200  # values are data, kept literal

@@ -17,6 +17,7 @@ from shared.domain.errors import ValidationError
 
 ID_PATTERN = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
 DURATION_PATTERN = re.compile(r"^(\d+(\.\d+)?)s$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NODES_PER_POOL = 100_000
 
 
@@ -264,6 +265,9 @@ def _parse_env(value: Any, path: str) -> tuple[str, str]:
     name = kit.string(data, "name", path)
     val = kit.field(data, "value", path, str, required=False) or ""
     assert name is not None
+    if not ENV_NAME.match(name):
+        raise ValidationError(kit.join(path, "name"), "must be a shell identifier "
+                              f"([A-Za-z_][A-Za-z0-9_]*), got {name!r}")
     return (name, val)
 
 

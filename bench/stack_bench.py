@@ -15,6 +15,10 @@
    ``--seconds`` each; handled = the report's idempotency record exists in Firestore;
    latency = publish to the handler's start (the record's ``at``).
 
+The cluster is created through the Vertex AI REST API (a modelDevelopmentCluster, its
+Operation waited on), and its nodes are listed through it; the measurements themselves
+publish to and read from Pub/Sub and Firestore directly.
+
 The repair policy is opened up for the run (no blast-radius hold, no escalation, no lemon
 detection: MTC_REPAIR_CONFIG) so every sample measures the pipeline, not the policy.
 Results go to stdout and, as JSON, to ``--out``.
@@ -47,22 +51,31 @@ OPEN_POLICY = {"max_out_of_service_fraction": 1.0, "blast_window_s": 0,
                "escalation_window_s": 0, "lemon_window_s": 0}
 
 
+CLUSTER_ID = "bench"
+
+
 def cluster_spec(nodes: int, per_partition: int) -> dict[str, Any]:
-    """Pools of ``per_partition`` nodes, one partition each: the blast-radius record of a
-    partition is one Firestore document that every repair decision in it writes, so one
-    big partition would measure that document's contention, not the pipeline."""
+    """A modelDevelopmentCluster of pools of ``per_partition`` nodes, one Slurm partition
+    each: the blast-radius record of a partition is one Firestore document that every repair
+    decision in it writes, so one big partition would measure that document's contention,
+    not the pipeline."""
     pools = []
     for i in range(0, nodes, per_partition):
+        size = min(per_partition, nodes - i)
         pools.append({"id": f"gpu{i // per_partition}",
-                      "nodeCount": min(per_partition, nodes - i), "spareCount": 0,
                       "machineSpec": {"machineType": "a3-highgpu-8g",
                                       "acceleratorType": "NVIDIA_H100_80GB",
-                                      "acceleratorCount": 8}})
+                                      "acceleratorCount": 8},
+                      "scalingSpec": {"minNodeCount": size, "maxNodeCount": size},
+                      "mtcHotSpareCount": 0})
     return {
-        "clusterId": "bench",
-        "nodePools": pools,
-        "partitions": [{"name": f"p{i}", "nodePoolIds": [p["id"]]}
-                       for i, p in enumerate(pools)],
+        "displayName": f"stack bench, {nodes} nodes",
+        "nodePools": [{"id": "login", "machineSpec": {"machineType": "n2-standard-8"},
+                       "scalingSpec": {"minNodeCount": 1, "maxNodeCount": 1}}, *pools],
+        "orchestratorSpec": {"slurmSpec": {
+            "partitions": [{"id": f"p{i}", "nodePoolIds": [p["id"]]}
+                           for i, p in enumerate(pools)],
+            "loginNodePoolId": "login"}},
     }
 
 
@@ -201,19 +214,10 @@ def main(argv: list[str] | None = None) -> int:
                                "agent_interval_s": args.agent_interval}
     with running(stack, tap):
         t0 = time.time()
-        stack.api("POST", "/v1/clusters", cluster_spec(args.nodes, args.per_partition))
-        deadline = time.time() + 180
-        while True:
-            with stack.uow() as uow:
-                cluster = uow.clusters.get("bench")
-                nodes = sorted(n.node_id for n in uow.nodes.list("bench")
-                               if n.role.value == "worker")
-            if cluster is not None and cluster.state.value == "READY":
-                break
-            if time.time() > deadline:
-                raise SystemExit("bench: cluster did not become READY")
-            time.sleep(0.5)
+        op = stack.create_cluster(CLUSTER_ID, cluster_spec(args.nodes, args.per_partition))
+        stack.wait_operation(op, timeout_s=180)  # done: READY (an error raises)
         results["cluster_ready_s"] = round(time.time() - t0, 1)
+        nodes = sorted(n["nodeId"] for n in stack.nodes(CLUSTER_ID) if n["role"] == "worker")
         print(f"cluster of {len(nodes)} workers READY in {results['cluster_ready_s']} s",
               file=sys.stderr)
         results["report_to_drain"] = latency_phase(stack, tap, nodes, args.samples,

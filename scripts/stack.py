@@ -4,13 +4,18 @@
     .venv/bin/python scripts/stack.py [--state-dir var/stack] [--steps 120] [--keep]
 
 Starts the Pub/Sub and Firestore emulators (scripts/emulators.sh), every function under
-functions-framework as its own HTTP server (five CloudEvent services, the job_submission
-HTTP API, the provisioning steps), creates the topics and one push subscription per
+functions-framework as its own HTTP server (five CloudEvent services, the Vertex AI REST
+API, the provisioning steps), creates the topics and one push subscription per
 (service, family) with a dead-letter policy, and runs the same scenario as `make demo`:
 a cluster comes up, the example training job runs on two nodes, an XID 79 hits one of them,
 and the node is drained, the job checkpoints on SIGTERM, is requeued on the spare, resumes,
 the node is rebooted, passes its checks and returns to service, and the job succeeds.
 Every event is read off Pub/Sub (a tap subscription per topic) and printed as it flows.
+
+The story is driven through the API as a client would: a modelDevelopmentCluster is created
+and its Operation waited on (``:wait``), the customJob is submitted with a ``customJobId``,
+and the job's ``state``/``mtcProgress`` and the cluster's ``nodes`` are read back over HTTP.
+The api function gets a random admin token in ``MTC_API_TOKEN``; every call sends it.
 
 The machines are LocalCompute (simulated nodes, real subprocess workers): the functions
 call it, and a "machines" loop here polls it and publishes what happened to Pub/Sub. A
@@ -25,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -54,7 +60,10 @@ from shared.domain.events import Envelope  # noqa: E402
 ROUTES = control_plane_routes()
 
 PROJECT = "mtc-local"
+LOCATION = "us-central1"
 EMULATORS = ROOT / "scripts" / "emulators.sh"
+TERMINAL_JOB_STATES = frozenset({"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+                                 "JOB_STATE_CANCELLED"})
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,9 @@ class Stack:
 
     state_dir: Path
     project: str = PROJECT
+    location: str = LOCATION
+    # the api function's admin bearer token (MTC_API_TOKEN): new for every stack
+    api_token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
     agent_interval_s: float = 1.0
     grace_period_s: float = 10.0
     heartbeat_timeout_s: float = 30.0
@@ -170,6 +182,7 @@ class Stack:
             "WORKERS": "1",
             "THREADS": "8",
             **self.extra_env,
+            **({"MTC_API_TOKEN": self.api_token} if fn.name == "api" else {}),
         }
 
     def _start_functions(self) -> None:
@@ -237,11 +250,61 @@ class Stack:
         assert self.store is not None
         return DocUnitOfWork(self.store)
 
-    def api(self, method: str, path: str, body: Any = None) -> Any:
-        resp = requests.request(method, self.urls["api"] + path, json=body, timeout=60)
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.location}"
+
+    def api(self, method: str, path: str, body: Any = None, timeout_s: float = 60) -> Any:
+        """One API call with the stack's bearer token; ``path`` starts at the version
+        (``/v1/...``). A 4xx or 5xx raises, with the google.rpc.Status it answered."""
+        resp = requests.request(method, self.urls["api"] + path, json=body, timeout=timeout_s,
+                                headers={"Authorization": f"Bearer {self.api_token}"})
         if resp.status_code >= 400:
             raise RuntimeError(f"{method} {path}: {resp.status_code} {resp.text}")
         return resp.json()
+
+    def create_cluster(self, cluster_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a modelDevelopmentCluster: its create Operation."""
+        return self.api(  # type: ignore[no-any-return]
+            "POST", f"/v1beta1/{self.parent}/modelDevelopmentClusters"
+            f"?modelDevelopmentClusterId={cluster_id}", body)
+
+    def wait_operation(self, operation: dict[str, Any], timeout_s: float = 180,
+                       step_s: float = 30) -> dict[str, Any]:
+        """``:wait`` on the Operation (each call returns at ``step_s`` at the latest) until it
+        is done; an Operation that ends in ``error`` raises."""
+        deadline = time.monotonic() + timeout_s
+        op = operation
+        while not op.get("done"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SystemExit(f"stack: {operation['name']} not done within {timeout_s} s")
+            wait_s = min(step_s, left)
+            op = self.api("POST", f"/v1beta1/{operation['name']}:wait",
+                          {"timeout": f"{wait_s:.1f}s"}, timeout_s=wait_s + 30)
+        if "error" in op:
+            raise SystemExit(f"stack: {op['name']} failed: {op['error']}")
+        return op
+
+    def submit_job(self, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.api(  # type: ignore[no-any-return]
+            "POST", f"/v1/{self.parent}/customJobs?customJobId={job_id}", body)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.api("GET", f"/v1/{self.parent}/customJobs/{job_id}")  # type: ignore[no-any-return]
+
+    def nodes(self, cluster_id: str) -> list[dict[str, Any]]:
+        """The cluster's nodes (mtc's ``.../nodes`` extension), every page."""
+        out: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page = self.api("GET", f"/v1beta1/{self.parent}/modelDevelopmentClusters/"
+                            f"{cluster_id}/nodes?pageSize=1000"
+                            + (f"&pageToken={token}" if token else ""))
+            out.extend(page.get("nodes", []))
+            token = page.get("nextPageToken", "")
+            if not token:
+                return out
 
     # ------------------------------------------------------------ stop
     def stop(self) -> None:
@@ -302,53 +365,110 @@ def running(stack: Stack, on_event: Callable[[Envelope], None] | None = None
 # ---------------------------------------------------------------- the story
 
 
-def story(stack: Stack, steps: int, console: Any, t0: float) -> bool:
-    from services.cli.demo import CHECKPOINT_EVERY_STEPS, CLUSTER_SPEC, STEP_TIME_S, job_spec
+CLUSTER_ID = "demo"
+JOB_ID = "train-1"
+
+
+def cluster_body() -> dict[str, Any]:
+    """`make demo`'s cluster as a modelDevelopmentCluster: a login node and four H100
+    nodes, one of them a hot spare, in one Slurm partition."""
+    return {
+        "displayName": "self-healing demo",
+        "nodePools": [
+            {"id": "login", "machineSpec": {"machineType": "n2-standard-8"},
+             "scalingSpec": {"minNodeCount": 1, "maxNodeCount": 1}},
+            {"id": "h100", "machineSpec": {"machineType": "a3-highgpu-8g",
+                                           "acceleratorType": "NVIDIA_H100_80GB",
+                                           "acceleratorCount": 8},
+             "scalingSpec": {"minNodeCount": 4, "maxNodeCount": 4}, "mtcHotSpareCount": 1},
+        ],
+        "orchestratorSpec": {"slurmSpec": {
+            "partitions": [{"id": "train", "nodePoolIds": ["h100"]}],
+            "loginNodePoolId": "login"}},
+    }
+
+
+def custom_job_body(steps: int) -> dict[str, Any]:
+    """`make demo`'s training job (examples/train.py on two nodes) as a CustomJob."""
+    from services.cli.demo import CHECKPOINT_EVERY_STEPS, STEP_TIME_S
+
+    return {
+        "displayName": "numpy-regression",
+        "jobSpec": {
+            "persistentResourceId": CLUSTER_ID,
+            "workerPoolSpecs": [{
+                "machineSpec": {"machineType": "a3-highgpu-8g",
+                                "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
+                "replicaCount": "2",
+                "containerSpec": {
+                    "imageUri": "local/examples:latest",
+                    "command": [sys.executable, str(ROOT / "examples" / "train.py")],
+                    "args": ["--steps", str(steps), "--checkpoint-every",
+                             str(CHECKPOINT_EVERY_STEPS), "--step-time", str(STEP_TIME_S)],
+                },
+            }],
+            "scheduling": {"mtcPartition": "train", "restartJobOnWorkerRestart": False},
+        },
+    }
+
+
+def story(stack: Stack, steps: int, console: Any, t0: float) -> dict[str, Any]:
+    """The self-healing story through the API; the job as the API last showed it."""
+    from services.cli.demo import CHECKPOINT_EVERY_STEPS, STEP_TIME_S
     from shared.domain.health import Condition, ConditionStatus, ConditionType
-    from shared.domain.model import ClusterState, JobState, NodeState
 
-    def job() -> Any:
-        with stack.uow() as uow:
-            return uow.jobs.get("train-1")
-
-    def node_state(node_id: str) -> NodeState | None:
-        with stack.uow() as uow:
-            node = uow.nodes.get(node_id)
-            return node.state if node else None
-
-    def cluster_ready() -> bool:
-        with stack.uow() as uow:
-            cluster = uow.clusters.get("demo")
-            return cluster is not None and cluster.state is ClusterState.READY
+    def node_state(node_id: str) -> str | None:
+        return next((n["state"] for n in stack.nodes(CLUSTER_ID) if n["nodeId"] == node_id),
+                    None)
 
     def wait(what: str, until: Callable[[], bool], timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
         while not until():
             if time.monotonic() > deadline:
                 raise SystemExit(f"stack: timed out waiting for {what}")
-            time.sleep(0.1)
+            time.sleep(0.2)
 
-    stack.api("POST", "/v1/clusters", CLUSTER_SPEC)
-    wait("cluster READY", cluster_ready)
-    stack.api("POST", "/v1/clusters/demo/customJobs?customJobId=train-1", job_spec(steps))
-    wait("a first checkpoint", lambda: (j := job()) is not None and j.latest_checkpoint is not None)
+    created = time.time()
+    op = stack.wait_operation(stack.create_cluster(CLUSTER_ID, cluster_body()))
+    ready = op["response"]
+    console.print(f"[dim]{time.time() - t0:7.2f}s  {ready['name']} {ready['state']} "
+                  f"({ready['mtcNodes']['inService']} nodes in service) in "
+                  f"{time.time() - created:.1f} s: {op['name']} done")
+    submitted = stack.submit_job(JOB_ID, custom_job_body(steps))
+    console.print(f"[dim]{time.time() - t0:7.2f}s  {submitted['name']} submitted: "
+                  f"{submitted['state']}")
+    wait("a first checkpoint",
+         lambda: "latestCheckpoint" in stack.job(JOB_ID).get("mtcProgress", {}))
     time.sleep(CHECKPOINT_EVERY_STEPS * STEP_TIME_S / 2)  # mid-interval: the SIGTERM save counts
-    victim = job().node_ids[0]
+    victim = stack.job(JOB_ID)["mtcProgress"]["nodes"][0]
     console.print(f"[bold magenta]>>> injecting XID 79 (GPU fell off the bus) on {victim}")
     now = time.time()
     stack.compute.inject_fault(victim, [Condition(ConditionType.XID_ERROR.value,
                                                   ConditionStatus.TRUE, "NVRM: Xid 79", now,
                                                   {"xids": [79]})])
     wait("the job to finish and the node to return",
-         lambda: job().terminal and node_state(victim) is NodeState.IDLE, timeout_s=180)
-    return bool(job().state is JobState.SUCCEEDED)
+         lambda: stack.job(JOB_ID)["state"] in TERMINAL_JOB_STATES
+         and node_state(victim) == "idle", timeout_s=180)
+    return stack.job(JOB_ID)
+
+
+def node_table(nodes: list[dict[str, Any]]) -> Any:
+    """The cluster's nodes as the API lists them (sinfo-like)."""
+    from rich.table import Table
+
+    table = Table("PARTITION", "NODE", "ROLE", "STATE", "SPARE", "FAILURES", "REASON",
+                  title="mtc node list (GET .../modelDevelopmentClusters/demo/nodes)")
+    for n in sorted(nodes, key=lambda n: n["nodeId"]):
+        table.add_row(n["partition"], n["nodeId"], n["role"], n["state"],
+                      "yes" if n.get("spare") else "", str(n.get("failures", 0)),
+                      n.get("reason", ""))
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from services.cli.demo import _node_table
     from shared.goodput_live import job_accounting
     from shared.timeline import describe, is_routine
     from shared.timeline import style as _style
@@ -385,25 +505,25 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         with running(stack, on_event):
-            ok = story(stack, args.steps, console, t0)
+            job = story(stack, args.steps, console, t0)
+            ok = job["state"] == "JOB_STATE_SUCCEEDED"
             time.sleep(1.0)  # let the last events reach the tap
             console.rule("[bold]result")
-            with stack.uow() as uow:
-                job = uow.jobs.get("train-1")
-            assert job is not None
             with lock:
                 docs = [envelope_to_doc(e) for e in seen]
-            acct = job_accounting(docs, "train-1")
+            acct = job_accounting(docs, JOB_ID)
             colour = "green" if ok else "red"
-            console.print(f"job train-1: [bold {colour}]{job.state.value}[/]  restarts: "
-                          f"{job.restart_count}  attempts: {job.attempt}")
+            progress = job["mtcProgress"]
+            checkpoint = progress.get("latestCheckpoint", {}).get("step", "-")
+            console.print(f"job {JOB_ID}: [bold {colour}]{job['state']}[/]  restarts: "
+                          f"{progress['restartCount']}  attempts: {progress['attempt']}  "
+                          f"last checkpoint: step {checkpoint}")
             console.print(f"lost work: {acct.lost_steps} step(s) recomputed; goodput: "
                           f"runtime {acct.runtime_goodput:.1%} (recovery {acct.recovery_s:.1f} s "
                           f"of {acct.wall_s:.1f} s)")
             console.print(f"events through Pub/Sub: {len(docs)} "
                           f"({sum(1 for d in docs if is_routine(d))} routine heartbeats/ticks)")
-            app: Any = _FirestoreApp(stack)  # what _node_table uses of an EmbeddedApp
-            console.print(_node_table(app))
+            console.print(node_table(stack.nodes(CLUSTER_ID)))
             console.print(f"stack wall time: {time.time() - t0:.1f} s")
             if args.keep:
                 console.print("[bold]running; Ctrl-C stops everything")
@@ -412,18 +532,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[bold]interrupted: stopping everything")
     return 0 if ok else 1
-
-
-class _FirestoreApp:
-    """Just enough of EmbeddedApp for the demo's node table."""
-
-    def __init__(self, stack: Stack) -> None:
-        self._stack = stack
-
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[DocUnitOfWork]:
-        with self._stack.uow() as uow:
-            yield uow
 
 
 if __name__ == "__main__":

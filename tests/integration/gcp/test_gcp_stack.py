@@ -49,7 +49,12 @@ def test_stack_tells_the_self_healing_story(emulators: dict[str, str],
                  "attempt 1 workers exited, code", "requeued (restart 1)",
                  "attempt 2 started", "resuming from checkpoint step", "repair started: reboot",
                  "back in service", "JOB_STATE_SUCCEEDED after 1 restart(s)",
-                 "via pubsub", "stopped functions", "stopped pubsub", "stopped firestore"):
+                 "via pubsub", "stopped functions", "stopped pubsub", "stopped firestore",
+                 # the story went through the Vertex AI API: an Operation waited on, a job
+                 # submitted with its customJobId, the node list read back
+                 "locations/us-central1/modelDevelopmentClusters/demo READY",
+                 "locations/us-central1/customJobs/train-1 submitted",
+                 "GET .../modelDevelopmentClusters/demo/nodes"):
         timeline = "\n".join(x for x in out.splitlines() if "via pubsub" in x or ">>>" in x)
         assert line in out, f"missing {line!r} in:\n{timeline}"
     assert not _pids_of(str(state)), "something the stack started is still running"

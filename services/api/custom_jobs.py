@@ -150,7 +150,7 @@ def domain_body(message: CustomJob) -> tuple[dict[str, Any], str]:
 
 def _check_output_uri(uri: str) -> None:
     where = "jobSpec.baseOutputDirectory.outputUriPrefix"
-    match = GCS_URI.match(uri)
+    match = GCS_URI.fullmatch(uri)  # match: "$" lets a trailing newline by
     if not match:
         raise invalid(where, "must be a Cloud Storage URI, gs://BUCKET/PATH")
     path = match.group(2) or ""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import flask
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 
 from services.api import clusters, custom_jobs, operations_api
 from services.api.context import ApiContext
@@ -71,6 +71,8 @@ def read_body(request: flask.Request, *, required: bool = True) -> Any:
                         ) from None
     except RecursionError:
         raise _bad_body(f"nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise _bad_body(f"is not JSON: {exc}") from None
     if _depth(value) > MAX_DEPTH:
         raise _bad_body(f"nests deeper than {MAX_DEPTH} levels")
     if not isinstance(value, dict):
@@ -285,4 +287,24 @@ def create_app(ctx: ApiContext) -> flask.Flask:
     def too_large(_: Exception) -> flask.Response:
         return _json(_too_large().body(), 413)
 
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> flask.Response:
+        if isinstance(exc, NotFound) and flask.request.url_rule is None:
+            # Flask's router matches no segment with a newline in it; the API's routes decide.
+            return dispatch(flask.request, ctx)
+        return _json(http_error_body(exc), exc.code or 500)
+
     return app
+
+
+_HTTP_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+                404: "NOT_FOUND", 405: "UNIMPLEMENTED", 409: "ABORTED",
+                413: "RESOURCE_EXHAUSTED", 429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED",
+                503: "UNAVAILABLE"}
+
+
+def http_error_body(exc: HTTPException) -> dict[str, Any]:
+    """An error werkzeug raises before the API sees the request, as a google.rpc.Status."""
+    code = exc.code or 500
+    status = _HTTP_STATUS.get(code, "INVALID_ARGUMENT" if code < 500 else "INTERNAL")
+    return ApiError(status, exc.description or exc.name, http=code).body()

@@ -26,13 +26,13 @@ class Parent:
 
 def parent(project: str, location: str) -> Parent:
     for what, value in (("project", project), ("location", location)):
-        if not SEGMENT.match(value):
+        if not SEGMENT.fullmatch(value):  # match: "$" lets a trailing newline by
             raise invalid("parent", f"{what} {value!r} is not a valid {what} id")
     return Parent(project, location)
 
 
 def resource_id(value: str, field: str) -> str:
-    if not RESOURCE_ID.match(value):
+    if not RESOURCE_ID.fullmatch(value):
         raise invalid(field, "must be 1-63 lowercase letters, digits and hyphens, start with a "
                       f"letter and not end with a hyphen; got {value!r}")
     return value

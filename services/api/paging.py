@@ -52,7 +52,7 @@ def paginate(items: Sequence[T], *, size: int, token: str | None, filter_text: s
             offset = int(data["o"])
             if data["f"] != _fingerprint(filter_text) or offset < 0:
                 raise ValueError
-        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+        except (ValueError, KeyError, TypeError, OverflowError):  # {"o": 1e999}: inf
             raise invalid("pageToken", "is not a token this list returned for this filter"
                           ) from None
     chunk = list(items[offset:offset + size])
@@ -81,7 +81,10 @@ def parse_filter(text: str | None, fields: Sequence[str]) -> list[Term]:
                           "by AND")
         name, op, value = match.groups()
         if value.startswith('"'):
-            value = json.loads(value)
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:  # "\q", "\u12": the regex lets them by
+                raise invalid("filter", f"bad string {value}: {exc.msg}") from None
         if name.startswith("labels."):
             field = name
         elif name in allowed:

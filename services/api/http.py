@@ -22,6 +22,7 @@ from services.api import clusters, custom_jobs, operations_api
 from services.api.context import ApiContext
 from services.api.errors import ApiError, FieldViolation
 from services.api.names import Parent, parent
+from services.api.openapi import document
 
 log = logging.getLogger("mtc.api")
 MAX_BODY_BYTES = 1 << 20
@@ -269,14 +270,12 @@ def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiC
 
 def create_app(ctx: ApiContext) -> flask.Flask:
     """The Flask app ``mtc serve`` runs; functions-framework calls ``dispatch`` directly."""
-    from services.api.openapi import document
-
     app = flask.Flask("mtc")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
 
     @app.route("/openapi.json")
     def openapi() -> flask.Response:
-        return _json(document(), 200)
+        return _json(document(ROUTES), 200)
 
     @app.route("/", defaults={"rest": ""}, methods=["GET", "POST", "PATCH", "PUT", "DELETE"])
     @app.route("/<path:rest>", methods=["GET", "POST", "PATCH", "PUT", "DELETE"])

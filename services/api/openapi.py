@@ -10,8 +10,9 @@ takes either), with its path and query parameters, the wire model its body is pa
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
@@ -32,6 +33,17 @@ _GROUP = re.compile(r"\(\?P<(?P<name>\w+)>(?P<body>[^()]*)\)")
 _COLLECTION_ID = re.compile(r"/(?P<collection>[A-Za-z]+)s/\{rid\}")
 Refs = dict[tuple[Any, JsonSchemaMode], dict[str, Any]]  # (model, mode) -> {"$ref": ...}
 _BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+class RouteLike(Protocol):
+    """What the document needs of ``http.Route`` (passed in: http imports this module)."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def pattern(self) -> re.Pattern[str]: ...
+    @property
+    def permission(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -230,12 +242,11 @@ def _path_parameters(path: str) -> list[dict[str, Any]]:
     return out
 
 
-def document() -> dict[str, Any]:
-    from services.api.http import ROUTES  # http imports this module lazily, too
-
+def document(routes: Iterable[RouteLike]) -> dict[str, Any]:
+    """The document of ``routes`` (``http.ROUTES``); a route ``SPECS`` lacks is a KeyError."""
     refs, components = _schemas()
     paths: dict[str, dict[str, Any]] = {}
-    for route in ROUTES:
+    for route in routes:
         for version, path in templates(route.pattern.pattern):
             tail = path.split("/locations/{location}/", 1)[1]
             spec = SPECS[(route.method, tail)]

@@ -13,7 +13,7 @@ import pytest
 from services.api.http import ROUTES
 from services.api.openapi import ERROR_STATUSES, document, templates
 
-DOC = document()
+DOC = document(ROUTES)
 JOBS = "/v1/projects/{project}/locations/{location}/customJobs"
 CLUSTERS = "/v1beta1/projects/{project}/locations/{location}/modelDevelopmentClusters"
 

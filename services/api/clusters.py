@@ -149,7 +149,8 @@ def domain_body(cluster_id: str, message: ModelDevelopmentCluster) -> dict[str, 
         raise invalid("orchestratorSpec.slurmSpec.loginNodePoolId",
                       f"names no node pool ({login_id!r})")
     login_type = "n2-standard-8"
-    pools = []
+    pools: list[dict[str, Any]] = []
+    total = 0
     for i, pool in enumerate(message.node_pools):
         where = f"nodePools[{i}]"
         if pool.machine_spec is None or not pool.machine_spec.machine_type:
@@ -166,7 +167,7 @@ def domain_body(cluster_id: str, message: ModelDevelopmentCluster) -> dict[str, 
             machine.pop("acceleratorType")
         pools.append({"id": pool.id, "machineSpec": machine, "nodeCount": count,
                       "spareCount": pool.mtc_hot_spare_count or 0})
-    total = sum(p["nodeCount"] for p in pools)
+        total += count
     if total > MAX_CLUSTER_NODES:
         raise invalid("nodePools", f"at most {MAX_CLUSTER_NODES} worker nodes per cluster (the "
                       f"largest fleet measured, docs/scale.md); got {total}")

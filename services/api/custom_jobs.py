@@ -44,8 +44,10 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
                           f"no cluster {cluster_id!r} in {parent.name}")
         job_id = job_id or f"{uuid.uuid4().int % 10**18:018d}"
         existing = uow.record(RESOURCES, f"{KIND}:{job_id}")
-        if existing is not None and existing["parent"] != parent.name:
-            raise ApiError("ALREADY_EXISTS", f"custom job id {job_id} is taken")
+        if existing is not None and (existing["parent"] != parent.name
+                                     or existing["resource"] != _stored(message)):
+            raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, job_id)} already "
+                           "exists with a different body")
         job = h.submit_job(cluster_id, spec_body, uow, ctx.runtime.deps, _domain_id(job_id))
         if existing is None:
             save_record(uow, KIND, job_id, parent, _stored(message), ctx.now)

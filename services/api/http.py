@@ -88,8 +88,12 @@ def _depth(value: Any) -> int:
         deepest = max(deepest, depth)
         if depth > MAX_DEPTH:
             break
+        if isinstance(item, str) and "\x00" in item:
+            raise _bad_body("holds a NUL character in a string")
         if isinstance(item, dict):
             stack.extend((v, depth + 1) for v in item.values())
+            if any("\x00" in k for k in item):
+                raise _bad_body("holds a NUL character in a field name")
         elif isinstance(item, list):
             stack.extend((v, depth + 1) for v in item)
     return deepest

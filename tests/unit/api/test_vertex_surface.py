@@ -235,3 +235,19 @@ def test_env_name_injection_is_refused_at_the_api(api: Api) -> None:
     body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["env"] = [
         {"name": "OK_NAME", "value": "$(touch PWNED) 'quoted'"}]
     assert api.call("POST", JOBS, body).status_code == 200  # values are data, kept literal
+
+
+def test_same_job_id_with_another_body_is_already_exists(api: Api) -> None:
+    api.cluster()
+    assert api.call("POST", f"{JOBS}?customJobId=j1", job_body()).status_code == 200
+    assert api.call("POST", f"{JOBS}?customJobId=j1", job_body()).status_code == 200  # retry
+    other = api.call("POST", f"{JOBS}?customJobId=j1", job_body(displayName="other"))
+    assert other.status_code == 409
+    assert other.json["error"]["status"] == "ALREADY_EXISTS"
+
+
+def test_nul_characters_are_refused(api: Api) -> None:
+    api.cluster()
+    body = job_body()
+    body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"] = ["python\x00", "-c"]
+    assert violation(api.call("POST", JOBS, body)) == "(body)"

@@ -97,9 +97,11 @@ def workers_exited(store: LedgerStore, job_id: str, attempt: int, code: int,
 
 
 def ranks_exited(store: LedgerStore, job_id: str, attempt: int,
-                 codes: Mapping[int, int | None], note: str = "") -> JobWorkersExited | None:
-    """End the attempt from its ranks' codes (a rank without one was killed)."""
-    code, detail = attempt_exit(codes)
+                 codes: Mapping[int, int | None], note: str = "",
+                 first_failed: int | None = None) -> JobWorkersExited | None:
+    """End the attempt from its ranks' codes (a rank without one was killed); its code is
+    ``first_failed``'s when a rank's failure ended the gang (``protocol.attempt_exit``)."""
+    code, detail = attempt_exit(codes, first_failed)
     return workers_exited(store, job_id, attempt, code, detail + note)
 
 

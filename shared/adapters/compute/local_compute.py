@@ -19,6 +19,14 @@ What a worker gets and how it answers (environment, exit codes, checkpoints) is 
 protocol (``protocol``). Signals: ``signal_workers`` sends SIGTERM to each rank's launcher,
 which relays it once to the rank's whole process group; after ``grace_s`` a ``poll()``
 SIGKILLs the groups left.
+
+Gangs: an attempt's ranks live and die together. When ``poll()`` finds a rank that exited
+non-zero or was killed while the attempt had not been signalled, it records that rank as the
+attempt's first failure and ends the rest as ``signal_workers`` would (SIGTERM to each
+group, SIGKILL after ``gang_grace_s``); the attempt's one ``JobWorkersExited`` carries the
+first failing rank's code. A rank's leftovers (processes of its group still running once its
+launcher is gone) are SIGKILLed, and a killed launcher takes its command with it
+(``worker_launcher``: PR_SET_PDEATHSIG), so nothing trains on unobserved.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from shared.adapters.compute.ledger import (
 )
 from shared.adapters.compute.local_nodes import DEFAULT_REPAIR_DURATIONS_S, NODES_SCHEMA, LocalNodes
 from shared.adapters.compute.local_procs import (
+    end_group,
     exit_code,
     rank_running,
     signal_rank,
@@ -73,7 +82,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL, attempt INTEGER NOT NULL, world_size INTEGER NOT NULL,
     checkpoint_dir TEXT NOT NULL, started_at REAL NOT NULL, signalled_at REAL,
     kill_deadline REAL, killed INTEGER NOT NULL DEFAULT 0,
-    finalized INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, attempt));
+    finalized INTEGER NOT NULL DEFAULT 0, failed_rank INTEGER, PRIMARY KEY (job_id, attempt));
 CREATE TABLE IF NOT EXISTS workers (
     job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,
     node_id TEXT NOT NULL, pid INTEGER NOT NULL, start_ticks INTEGER NOT NULL,
@@ -98,6 +107,7 @@ class LocalCompute(LocalNodes):
         python: str = sys.executable,
         agent_interval_s: float = 1.0,
         heartbeats: bool = True,
+        gang_grace_s: float = 10.0,
     ) -> None:
         self.state_dir = Path(state_dir)
         self._emit = emit
@@ -107,11 +117,16 @@ class LocalCompute(LocalNodes):
         self._python = shutil.which(python) or python
         self._interval = agent_interval_s
         self._heartbeats = heartbeats
+        self._gang_grace = gang_grace_s
         self._lock = threading.Lock()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._db: sqlite3.Connection | None = None
         self._children: set[int] = set()  # launchers we spawned: ours to reap
         self._init_state(NODES_SCHEMA + _SCHEMA)
+        with self._tx() as db:  # a state file from before gangs
+            cols = {r["name"] for r in db.execute("PRAGMA table_info(attempts)")}
+            if "failed_rank" not in cols:
+                db.execute("ALTER TABLE attempts ADD COLUMN failed_rank INTEGER")
 
     # ------------------------------------------------------------ workers
 
@@ -264,14 +279,27 @@ class LocalCompute(LocalNodes):
                 and not att["killed"]
             ):
                 self._kill_attempt(db, job_id, attempt, now)
+            failed_rank = att["failed_rank"]
+            newly_failed: list[int] = []
             for w in self._live_ranks(db, job_id, attempt):
                 code = exit_code(w)
-                if code is not None:
-                    db.execute(
-                        "UPDATE workers SET exit_code = ?, exited_at = ?"
-                        " WHERE job_id = ? AND attempt = ? AND rank = ?",
-                        (code, now, job_id, attempt, w["rank"]),
-                    )
+                if code is None:
+                    continue
+                db.execute(
+                    "UPDATE workers SET exit_code = ?, exited_at = ?"
+                    " WHERE job_id = ? AND attempt = ? AND rank = ?",
+                    (code, now, job_id, attempt, w["rank"]),
+                )
+                end_group(w)  # no orphans: what the rank left running goes with it
+                if code != 0:
+                    newly_failed.append(w["rank"])
+            if newly_failed and failed_rank is None and att["signalled_at"] is None:
+                failed_rank = newly_failed[0]
+                db.execute(
+                    "UPDATE attempts SET failed_rank = ? WHERE job_id = ? AND attempt = ?",
+                    (failed_rank, job_id, attempt),
+                )
+                self._end_gang(db, att, now)
             self._scan_checkpoints(db, att, now)
             ranks = db.execute(
                 "SELECT rank, exit_code FROM workers WHERE job_id = ? AND attempt = ?"
@@ -281,7 +309,15 @@ class LocalCompute(LocalNodes):
             codes = {r["rank"]: r["exit_code"] for r in ranks}
             if not all_ranks_exited(codes):
                 continue
-            self._queue(db, ranks_exited(self._ledger(db), job_id, attempt, codes))
+            self._queue(db, ranks_exited(self._ledger(db), job_id, attempt, codes,
+                                         first_failed=failed_rank))
+
+    def _end_gang(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
+        """A rank failed: the attempt is over for every rank. SIGTERM the others' groups now;
+        ``poll()`` SIGKILLs what is left after ``gang_grace_s``."""
+        if SqliteLedger(db).signal(att, now, self._gang_grace):
+            for w in self._live_ranks(db, att["job_id"], att["attempt"]):
+                signal_rank(w, signal.SIGTERM)
 
     def _scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
         ledger = self._ledger(db)

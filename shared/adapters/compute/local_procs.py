@@ -92,25 +92,37 @@ def _group_alive(pgid: int) -> bool:
                 return True
     return False
 
-
-
 def exit_code(worker: sqlite3.Row) -> int | None:
     """The rank's exit code once it is over, else None. The launcher leads its own group, so
-    the rank is over when the exit file exists, or when launcher and group are both gone."""
+    the rank is over when the exit file exists, or when the launcher is gone without one:
+    then nothing waits for or records the command, so what is left of the group is SIGKILLed
+    (no orphan trains on unobserved) and the rank counts as killed once the group is gone."""
     path = Path(worker["exit_file"])
     code = read_exit_file(path)
     if code is not None:
         return code
-    if rank_running(worker):
+    if _launcher_alive(worker["pid"], worker["start_ticks"]):
         return None
     code = read_exit_file(path)  # it may have written the file just before going
-    return EXIT_KILLED if code is None else code
+    if code is not None:
+        return code
+    if _group_alive(worker["pid"]):
+        end_group(worker)
+        if _group_alive(worker["pid"]):
+            return None  # dying: the next poll reports it
+    return EXIT_KILLED
+
+
+def end_group(worker: sqlite3.Row) -> None:
+    """SIGKILL whatever is left in the rank's process group (a rank's leftovers once its
+    launcher is gone). The group id cannot have been reused while the group still exists."""
+    if _group_alive(worker["pid"]):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker["pid"], signal.SIGKILL)
 
 
 def rank_running(worker: sqlite3.Row) -> bool:
     return _launcher_alive(worker["pid"], worker["start_ticks"]) or _group_alive(worker["pid"])
-
-
 
 
 def signal_rank(worker: sqlite3.Row, sig: signal.Signals) -> None:

@@ -12,7 +12,11 @@ the same way everywhere (see ``examples/train.py``):
 * **Exit codes** (``ExitCode``): 0 done; 75 (``EX_TEMPFAIL`` of BSD ``sysexits.h``) preempted
   with a checkpoint saved; 128+N killed by signal N (the shell's convention); 137 also when a
   worker vanished without leaving its code; 127/126 command not found / not executable. An
-  attempt's code is the first non-zero code by rank.
+  attempt's code is that of the rank whose failure ended the gang (``attempt_exit``), else
+  the first non-zero code by rank.
+* **Gangs**: the ranks of an attempt live and die together: when one exits non-zero or is
+  killed before the attempt was signalled, the others get SIGTERM, then SIGKILL after the
+  grace period.
 * **Checkpoints** (``checkpoint_steps``): an entry of ``AIP_CHECKPOINT_DIR`` named
   ``ckpt-<step>`` with an optional extension (``ckpt-00000100.npz``, ``ckpt-100.pt``, a
   ``ckpt-100`` directory) is a complete checkpoint of that step. It must appear atomically
@@ -68,12 +72,17 @@ class ExitCode(enum.IntEnum):
 EXIT_KILLED = int(ExitCode.KILLED)
 
 
-def attempt_exit(codes: Mapping[int, int | None]) -> tuple[int, str]:
-    """An attempt's exit code (the first non-zero by rank; a rank with no code was killed)
-    and the detail every adapter reports (``exit codes rank 0: 75, rank 1: 137``)."""
+def attempt_exit(codes: Mapping[int, int | None], first_failed: int | None = None) -> tuple[int, str]:
+    """An attempt's exit code and the detail every adapter reports (``exit codes rank 0: 75,
+    rank 1: 137``). The code is that of ``first_failed``, the rank whose failure ended the
+    gang (the others were stopped because of it, so their codes say nothing of the cause),
+    else the first non-zero by rank; a rank with no code was killed."""
     final = {r: EXIT_KILLED if c is None else c for r, c in sorted(codes.items())}
+    detail = "exit codes " + ", ".join(f"rank {r}: {c}" for r, c in final.items())
+    if first_failed is not None and final.get(first_failed, 0) != 0:
+        return final[first_failed], f"{detail}; rank {first_failed} failed first, the gang ended with it"
     worst = next((c for c in final.values() if c != 0), 0)
-    return worst, "exit codes " + ", ".join(f"rank {r}: {c}" for r, c in final.items())
+    return worst, detail
 
 
 def master_port(job_id: str, attempt: int) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.adapters.compute.protocol import safe_name
+from shared.adapters.compute.slurm_api import operator_condition
 from shared.adapters.compute.slurm_ops import SlurmOps
 from shared.domain.events import NodeHealthReported
 from shared.domain.health import HealthReport
@@ -104,7 +105,11 @@ class SlurmAgents(SlurmOps):
             if record is not None and not record.up:
                 continue  # the node is down: its agent cannot report (the heartbeat lapses)
             report = self._collect(row, now)
-            self._emit(NodeHealthReported(row["node_id"], now, report_conditions(report), source="agent"))
+            conditions = report_conditions(report)
+            if row["foreign_reason"] is not None:  # still drained by an operator: say so each time
+                conditions += (operator_condition(row["slurm_node"], row["foreign_reason"],
+                                                  row["foreign_since"] or now),)
+            self._emit(NodeHealthReported(row["node_id"], now, conditions, source="agent"))
             self._agents[row["slurm_node"]].acknowledge()  # delivered: move the XID cursor on
 
 

@@ -142,8 +142,39 @@ def xid_line(
 
 
 
-def drain_reason(text: str) -> str:
-    """A Slurm drain reason: one line, prefixed so people see who drained the node."""
-    flat = " ".join(text.split())
-    return (flat if flat.startswith("mtc") else f"mtc: {flat}")[:200]
+MTC_REASON_PREFIX = "mtc: "
+MTC_REASON_PREFIXES = ("mtc:", "mtc-agent ")  # mtc's drains, and its node agent's (HealthCheckProgram)
 
+
+def drain_reason(text: str) -> str:
+    """A Slurm drain reason: one line, prefixed ``mtc: `` so people (and mtc) see who drained
+    the node."""
+    flat = " ".join(text.split())
+    return (flat if flat.startswith(MTC_REASON_PREFIX) else MTC_REASON_PREFIX + flat)[:200]
+
+
+def mtc_reason(reason: str) -> bool:
+    """Whether a node's Slurm reason is one mtc wrote (only those drains are mtc's to undo)."""
+    return reason.startswith(MTC_REASON_PREFIXES)
+
+
+DRAINED_BY_OPERATOR = "DrainedByOperator"
+RESUMED_BY_OPERATOR = "ResumedByOperator"
+
+
+def foreign_reason(record: NodeRecord | None) -> str | None:
+    """The reason of a drain someone other than mtc made, or None. A drain with no reason is
+    not an operator's (``scontrol`` refuses to drain without one): Slurm leaves such a DRAIN
+    on a power-saving node it powered up after mtc drained it."""
+    if record is None or not record.node.drained or not record.node.reason:
+        return None
+    return None if mtc_reason(record.node.reason) else record.node.reason
+
+
+def operator_condition(slurm_node: str, reason: str | None, since: float) -> dict[str, Any]:
+    """The ``DrainedByOperator`` condition: TRUE with the operator's reason, FALSE once lifted."""
+    text = (f"Slurm node {slurm_node} drained by an operator: {reason}" if reason is not None
+            else f"Slurm node {slurm_node}: the operator's drain was lifted")
+    return {"type": DRAINED_BY_OPERATOR, "status": "true" if reason is not None else "false",
+            "reason": text, "since": since,
+            "details": {"slurm_node": slurm_node, "slurm_reason": reason or ""}}

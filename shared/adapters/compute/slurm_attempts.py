@@ -180,9 +180,15 @@ class SlurmAttempts(SlurmNodes):
                     why = f"no Slurm node for {missing}" if missing else "not one spec per rank"
                     self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: {why}")
                     continue
-                write_scripts(
-                    specs, names, run_dir, output, python=self._python, master_addr=self._master_addr
-                )
+                try:
+                    write_scripts(
+                        specs, names, run_dir, output, python=self._python, master_addr=self._master_addr
+                    )
+                except ValueError as exc:  # job input the scripts cannot carry safely
+                    att = attempt_row(db, job_id, attempt)
+                    assert att is not None
+                    self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: {exc}")
+                    continue
                 key = f"submit:{job_id}:{attempt}"
                 self._put_op(
                     db,
@@ -311,9 +317,28 @@ class SlurmAttempts(SlurmNodes):
     def _finalize_codes(
         self, db: sqlite3.Connection, att: sqlite3.Row, codes: Mapping[int, int | None], note: str
     ) -> None:
-        self._queue(db, ranks_exited(self._ledger(db), att["job_id"], att["attempt"], codes, note))
+        first = first_failed(att, codes)
+        self._queue(db, ranks_exited(self._ledger(db), att["job_id"], att["attempt"], codes, note, first))
 
     def _scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
         ledger = self._ledger(db)
         for fact in report_checkpoints(ledger, att["job_id"], att["attempt"], att["checkpoint_dir"], now):
             self._queue(db, fact)
+
+
+def first_failed(att: sqlite3.Row, codes: Mapping[int, int | None]) -> int | None:
+    """The rank whose failure ended the gang (``srun --kill-on-bad-exit=1`` stopped the
+    others), unless mtc itself signalled or cancelled the attempt first: a rank that left no
+    exit file (its launcher was killed), else the failing rank whose exit file is oldest."""
+    if att["signalled_at"] is not None or att["cancel_sent"]:
+        return None
+    vanished = [r for r, c in sorted(codes.items()) if c is None]
+    if vanished:
+        return vanished[0]
+    run_dir = Path(att["run_dir"])
+    stamped = []
+    for rank, code in sorted(codes.items()):
+        if code:
+            with contextlib.suppress(OSError):
+                stamped.append(((run_dir / f"rank-{rank}.exit").stat().st_mtime_ns, rank))
+    return min(stamped)[1] if stamped else None

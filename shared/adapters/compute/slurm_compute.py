@@ -13,7 +13,9 @@ node is drained ("mtc: ... running its first checks") until it passes its checks
 node: it is the host that runs slurmctld.
 
 Nodes. ``cordon`` = ``scontrol update state=drain reason="mtc: ..."``, ``uncordon`` = ``state=
-resume``. Repairs: RESET_GPU, REBOOT and REIMAGE all become ``scontrol reboot`` of the drained
+resume``, only of a node whose current reason is mtc's own: drains made by others are kept
+and reported, and an operator's resume of mtc's drain is noticed (``slurm_drains``). Repairs: RESET_GPU,
+REBOOT and REIMAGE all become ``scontrol reboot`` of the drained
 node (there is no GPU to reset here; the cluster's RebootProgram restarts that node's slurmd
 with ``-b``). The reboot is issued *without* ``ASAP``/``nextstate``: Slurm 22.05 clears DRAIN
 after an ASAP or ``nextstate=resume`` reboot, and a ``nextstate=down`` node comes back by itself
@@ -72,7 +74,8 @@ sees (trivially true here).
 
 Layout, one concern a module, stacked as mixins (each layer uses the ones below it):
 ``slurm_api`` (what is read from and asked of Slurm), ``slurm_ops`` (the operation queue and
-the shared state), ``slurm_agents`` (the node agents), ``slurm_nodes`` (mapping, cordons,
+the shared state), ``slurm_agents`` (the node agents), ``slurm_drains`` (whose drain it is),
+``slurm_nodes`` (mapping, cordons,
 repairs, provisioning), ``slurm_scripts`` (the batch scripts), ``slurm_attempts`` (attempts as
 batch jobs) and this module (the port: construction, observing Slurm, ``poll``).
 """
@@ -103,7 +106,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     slurm_node TEXT, cloud INTEGER NOT NULL DEFAULT 0, wants_cloud INTEGER NOT NULL DEFAULT 0,
     requested_at REAL NOT NULL, assigned_at REAL, provisioned INTEGER NOT NULL DEFAULT 0,
     deleted INTEGER NOT NULL DEFAULT 0, cordon TEXT, cordon_reason TEXT NOT NULL DEFAULT '',
-    next_report_at REAL, alerted INTEGER NOT NULL DEFAULT 0);
+    next_report_at REAL, alerted INTEGER NOT NULL DEFAULT 0, mtc_drain TEXT, drained_at REAL,
+    foreign_reason TEXT, foreign_since REAL);
 CREATE TABLE IF NOT EXISTS repairs (
     node_id TEXT NOT NULL, attempt INTEGER NOT NULL, action TEXT NOT NULL, slurm_node TEXT,
     started_at REAL NOT NULL, boot_before INTEGER, issued_at REAL, completed_at REAL,
@@ -183,6 +187,7 @@ class SlurmCompute(SlurmAttempts):
         self._partition_ready = False
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._init_state(_SCHEMA)
+        self._migrate_drains()
         with self._tx() as db:
             db.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('instance', ?)", (os.urandom(3).hex(),)
@@ -235,6 +240,7 @@ class SlurmCompute(SlurmAttempts):
                 keys += self._assign_pending(db, now)
                 self._observe_provisioning(db, now)
                 self._observe_repairs(db, now)
+                keys += self._observe_drains(db, now)
             keys += self._observe_attempts(db, now, fresh)
         if keys or self._down_since is None:
             self._run_ops()  # what this poll asked for, and retries whose backoff ran out

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from shared.adapters.compute.ledger import repair_completed
-from shared.adapters.compute.slurm_agents import SlurmAgents, report_conditions
-from shared.adapters.compute.slurm_api import REBOOTS, NodeRecord, drain_reason, xid_line
+from shared.adapters.compute.slurm_agents import report_conditions
+from shared.adapters.compute.slurm_api import REBOOTS, NodeRecord, drain_reason, foreign_reason, xid_line
 from shared.adapters.compute.slurm_cli import SlurmPermanentError
+from shared.adapters.compute.slurm_drains import SlurmDrains
 from shared.adapters.compute.slurm_ops import OpResult, log
 from shared.domain.events import NodeHealthReported, NodeProvisioned
 from shared.domain.health import RepairAction
@@ -24,7 +25,7 @@ from shared.domain.model import Node, NodeRole
 RA = RepairAction
 
 
-class SlurmNodes(SlurmAgents):
+class SlurmNodes(SlurmDrains):
     """Nodes, repairs and provisioning over Slurm."""
 
     def slurm_node_of(self, node_id: str) -> str | None:
@@ -68,25 +69,15 @@ class SlurmNodes(SlurmAgents):
         return row
 
 
-    def _op_drain(self, args: dict[str, Any]) -> OpResult:
-        self.cli.drain(args["node"], args["reason"])
-        return OpResult(True)
-
-    def _op_resume(self, args: dict[str, Any]) -> OpResult:
-        try:
-            self.cli.resume(args["node"])
-        except SlurmPermanentError as exc:
-            if "invalid node state" not in str(exc).lower():
-                raise
-            # not drained (any more): already in service, which is what we want
-        return OpResult(True)
-
     def _op_reboot(self, args: dict[str, Any]) -> OpResult:
         node, reason = args["node"], args["reason"]
         record = next((r for r in self.cli.node_records() if r.name == node), None)
         if record is None:
             return OpResult(False, error=f"Invalid node name specified: {node}")
-        if not record.node.drained:  # a plain reboot of a drained node keeps it drained
+        theirs = foreign_reason(record)
+        if theirs is not None:
+            reason = theirs  # drained by someone else: the reboot keeps their reason
+        elif not record.node.drained:  # a plain reboot of a drained node keeps it drained
             self.cli.drain(node, reason)
         issued = self._clock.now()
         self.cli.reboot_keep_drain(node, reason)

@@ -93,17 +93,19 @@ class SlurmOps(FactState):
     # ------------------------------------------------------------ operations
 
     def _put_op(
-        self, db: sqlite3.Connection, key: str, kind: str, args: Mapping[str, Any], *, replace: bool = False
+        self, db: sqlite3.Connection, key: str, kind: str, args: Mapping[str, Any], *, replace: bool = False,
+        again: bool = False,
     ) -> bool:
         """Record an operation under its idempotency key. ``replace``: a desired state (the
-        newest wins) rather than a one-off action. Returns whether there is work to do."""
+        newest wins) rather than a one-off action; ``again``: run it even if the same one is
+        done (the state was undone behind mtc's back). Returns whether there is work to do."""
         now = self._clock.now()
         text = json.dumps(dict(args), sort_keys=True)
         row = db.execute("SELECT kind, args, status FROM ops WHERE key = ?", (key,)).fetchone()
         if row is not None:
             if not replace:
                 return False
-            if row["kind"] == kind and row["args"] == text and row["status"] != "failed":
+            if row["kind"] == kind and row["args"] == text and row["status"] != "failed" and not again:
                 return False
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM ops").fetchone()[0]
         db.execute(

@@ -16,6 +16,11 @@ whole group, so CMD and anything CMD started get it exactly once. Signal the lau
 not the group: a group signal would reach CMD twice (directly and relayed). When the launcher
 does not lead its group (started from a shell), only CMD is signalled.
 
+No orphans: on Linux CMD is started with ``PR_SET_PDEATHSIG`` = SIGKILL, so if the launcher
+itself is killed (SIGKILL cannot be relayed) CMD dies with it instead of training on alone,
+unobserved; whatever CMD started in the group is killed by the adapter when it finds the
+launcher gone without an exit file (``local_procs.exit_code``).
+
 Standard library only, so it runs by file path with any Python, without the package.
 """
 
@@ -23,17 +28,40 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 RELAYED = (signal.SIGTERM, signal.SIGINT)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _pdeathsig_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` (run in the child before exec) that makes the kernel SIGKILL the child
+    when the launcher dies; None where there is no prctl (not Linux: the adapter's group kill
+    is what is left). libc is loaded here, in the parent: the hook itself only calls it. If the
+    launcher died before the call took effect, the child goes at once."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
 
 
 def write_exit_file(path: str, code: int) -> None:
@@ -104,7 +132,7 @@ def run(exit_file: str, command: Sequence[str]) -> int:
     relay = _Relay()
     relay.install()  # before the child exists: a signal during start-up is kept, not lost
     try:
-        child = subprocess.Popen(list(command))
+        child = subprocess.Popen(list(command), preexec_fn=_pdeathsig_hook())
     except FileNotFoundError as exc:
         print(f"worker_launcher: cannot start {command[0]!r}: {exc}", file=sys.stderr)
         code = EXIT_NOT_FOUND

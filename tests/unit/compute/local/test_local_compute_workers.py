@@ -112,10 +112,12 @@ def test_exit_is_observed_once_with_the_first_nonzero_code(
     poll_until(compute, lambda: bool(exits(recorder)))
     for _ in range(3):
         compute.poll()
+    # rank 1's failure ends the gang: rank 2 is stopped (SIGTERM) before it exits by itself
     assert exits(recorder) == [
-        JobWorkersExited("job-1", 1, 1, "exit codes rank 0: 0, rank 1: 1, rank 2: 2")
+        JobWorkersExited("job-1", 1, 1, "exit codes rank 0: 0, rank 1: 1, rank 2: 143;"
+                         " rank 1 failed first, the gang ended with it")
     ]
-    assert [w.exit_code for w in compute.workers("job-1")] == [0, 1, 2]
+    assert [w.exit_code for w in compute.workers("job-1")] == [0, 1, 143]
 
 
 def test_start_workers_is_idempotent(
@@ -265,9 +267,12 @@ def test_another_process_sees_workers_this_one_started(
     compute = make_compute()
     first, second = compute.workers("bg")
     assert (first.rank, second.rank, second.exit_code) == (0, 1, None)
+    # rank 0 done first (else rank 1's death would end it with the gang: 143)
+    poll_until(compute, lambda: compute.workers("bg")[0].exit_code == 0)
     os.killpg(second.pid, signal.SIGKILL)  # dies without an exit file: counts as killed
     poll_until(compute, lambda: bool(exits(recorder)))
-    assert exits(recorder) == [JobWorkersExited("bg", 1, 137, "exit codes rank 0: 0, rank 1: 137")]
+    assert exits(recorder) == [JobWorkersExited(
+        "bg", 1, 137, "exit codes rank 0: 0, rank 1: 137; rank 1 failed first, the gang ended with it")]
     make_compute().poll()  # a third instance: nothing new
     assert len(recorder.events) == 1
 

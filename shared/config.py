@@ -8,6 +8,7 @@ from pathlib import Path
 from shared.domain.errors import ValidationError
 from shared.policies.checkpointing import CheckpointPolicy
 from shared.policies.repair import RepairConfig
+from shared.policies.restarts import RestartConfig
 from shared.policies.triage import TriageTable, load_triage_table
 
 
@@ -20,6 +21,13 @@ class ControlPlaneConfig:
     triage_table: TriageTable = field(default_factory=_default_table)
     repair: RepairConfig = field(default_factory=RepairConfig)
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    # restart backoff and repeat-offender nodes (shared/policies/restarts.py)
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    # progress watchdog (shared/domain/progress.py): a running job silent for longer than
+    # max(progress_timeout_s, progress_interval_factor x its longest gap between checkpoints)
+    # is interrupted and requeued; 0 turns it off
+    progress_timeout_s: float = 1800.0
+    progress_interval_factor: float = 3.0
     backfill: bool = False
     grace_period_s: float = 30.0  # SIGTERM to SIGKILL: time the job has to checkpoint
     max_event_age_s: float = 3600.0  # older events are dropped: they must not re-drain nodes
@@ -44,6 +52,6 @@ class ControlPlaneConfig:
 
     def __post_init__(self) -> None:
         for name in ("alert_reminder_s", "retention_s", "idempotency_retention_s",
-                     "prune_interval_s"):
+                     "prune_interval_s", "progress_timeout_s", "progress_interval_factor"):
             if getattr(self, name) < 0:
                 raise ValidationError(name, "must not be negative")

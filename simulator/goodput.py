@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shared.domain import exits
 from simulator.goodput_totals import (
     PROGRAM,
     SCHEDULING,
@@ -120,8 +121,7 @@ def _tokens(detail: str) -> dict[str, str]:
 
 
 def _reason_cause(reason: str) -> str:
-    head = (reason or "").split(":", 1)[0].strip()
-    return head.replace(" ", "_") or "interrupted"
+    return exits.interrupt_cause(reason)  # the watchdog's reasons give ``no_progress``
 
 
 def account(rows: Iterable[Mapping[str, Any]], *, params: Mapping[str, JobParams],

@@ -69,9 +69,13 @@ def control_plane_config(scenario: Scenario, base: ControlPlaneConfig | None = N
         config = replace(config, triage_table=load_triage_table(Path(cp.triage_table)))
     if cp.repair:
         config = replace(config, repair=load_repair_config(cp.repair))
+    # the twin sends no FleetTicked, and the tick is what starts a job whose restart backoff
+    # has passed (and runs the progress watchdog): with a backoff a requeued job would wait
+    # for an unrelated event, so the twin restarts at once, as it did before the backoff
+    restart = replace(config.restart, backoff_base_s=0.0)
     return replace(config, grace_period_s=cp.grace_period_s,
                    heartbeat_timeout_s=cp.heartbeat_timeout_s,
-                   max_event_age_s=cp.max_event_age_s, backfill=cp.backfill)
+                   max_event_age_s=cp.max_event_age_s, backfill=cp.backfill, restart=restart)
 
 
 def cluster_body(scenario: Scenario) -> dict[str, Any]:

@@ -3,6 +3,13 @@
 Worker events carry the attempt number: results of an older attempt are stale and ignored,
 so a late exit of a killed attempt cannot end the attempt that replaced it.
 
+Which exits restart the job and which fail it is decided on evidence (``shared.domain.exits``,
+``restarts.py``): the control plane's own stop, or a node under the attempt that failed,
+restarts it (after a backoff when restarts keep coming without progress); any other non-zero
+exit, signals included, is the program's and fails it unless the spec says
+``restartJobOnWorkerRestart`` (then it restarts, with the same backoff). Nodes that keep
+ending a job's attempts are suspected and handed to repair (``restarts.py``).
+
 A job past its ``scheduling.timeout`` (``shared.domain.timeouts``) is stopped through the same
 interrupt (job_submission's tick asks for it); when that attempt's workers exit, the job fails
 with the deadline error instead of being requeued, even if they exit 0 after the SIGTERM.
@@ -10,7 +17,8 @@ with the deadline error instead of being requeued, even if they exit 0 after the
 
 from __future__ import annotations
 
-from shared.domain import exits, lifecycle, timeouts
+from services.checkpoint_resume import restarts
+from shared.domain import exits, lifecycle, progress, timeouts
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
     JobCheckpointSaved,
@@ -65,6 +73,7 @@ def on_checkpoint_saved(event: JobCheckpointSaved, uow: UnitOfWork, deps: Deps) 
     if any(c.step == event.step for c in job.checkpoints):
         return
     job.checkpoints.append(Checkpoint(event.step, event.path, event.saved_at, event.attempt))
+    progress.progressed(job, event.attempt, event.saved_at)  # the watchdog's progress
     job.checkpoints.sort(key=lambda c: c.step)
     del job.checkpoints[:-KEEP_CHECKPOINTS]
 
@@ -83,11 +92,13 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         job.transition(JobState.CANCELLED, now)
         _finished(job, uow, "cancelled by the user")
         return
-    interrupted = job.interrupt_requested_at is not None
+    asked = job.interrupt_requested_at is not None
     restart_anyway = job.spec.scheduling.restart_job_on_worker_restart
-    if event.exit_code != 0 and not interrupted and not restart_anyway \
-            and not exits.killed_from_outside(event.exit_code):
-        interrupted = _lost_a_node(job, uow)  # a crash: the program's, or a dead node's?
+    node_fault, blamed = False, list[str]()
+    if event.exit_code != 0 or asked:  # a crash: the program's, or a node's? (evidence)
+        node_fault, blamed = restarts.evidence(job, uow)
+    interrupted = exits.infrastructure_ended(event.exit_code, interrupted=asked,
+                                             node_fault=node_fault)
     timed_out = timeouts.stopped_for_timeout(job) or timeouts.timed_out(job, now)
     verdict = exits.exit_verdict(event.exit_code, interrupted=interrupted,
                                  restart_anyway=restart_anyway, restarts=job.restart_count,
@@ -96,7 +107,8 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
     if verdict is exits.Verdict.SUCCEEDED:
         _finish(job, JobState.SUCCEEDED, "all workers exited 0", uow, deps)
     elif verdict is exits.Verdict.FAILED:
-        job.error = f"worker exited with code {event.exit_code}: {event.detail}"
+        job.error = f"worker exited with {exits.describe(event.exit_code)}, the program's own " \
+            f"failure (no interruption or node fault explains it): {event.detail}"
         _finish(job, JobState.FAILED, job.error, uow, deps)
     elif verdict is exits.Verdict.TIMED_OUT:
         job.error = timeouts.timeout_error(job)
@@ -105,8 +117,10 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         job.error = f"gave up after {job.restart_count} restarts"
         _finish(job, JobState.FAILED, job.error, uow, deps)
     else:
-        _requeue(job, job.interrupt_reason or f"workers exited with code {event.exit_code}",
-                 uow, deps)
+        restarts.after_failed_attempt(job, blamed, uow, deps)
+        restarts.back_off(job, deps)
+        _requeue(job, job.interrupt_reason
+                 or f"workers exited with {exits.describe(event.exit_code)}", uow, deps)
 
 
 def _finish(job: Job, state: JobState, detail: str, uow: UnitOfWork, deps: Deps) -> None:
@@ -134,16 +148,6 @@ def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps) -> None:
 def _out_of_service(cluster_id: str, uow: UnitOfWork) -> set[str]:
     """From the partition aggregates: no need to read every node of a 2,048-node job."""
     return lifecycle.out_of_service(uow.partitions.list(cluster_id))
-
-
-def _lost_a_node(job: Job, uow: UnitOfWork) -> bool:
-    if _out_of_service(job.cluster_id, uow) & set(job.node_ids):
-        return True  # cheap: already known from the partition aggregates
-    for node_id in job.node_ids:
-        node = uow.nodes.get(node_id) if node_id else None
-        if node is None or node.state is not NodeState.ALLOCATED:
-            return True
-    return False
 
 
 def _release_nodes(job: Job, uow: UnitOfWork, deps: Deps) -> None:

@@ -2,7 +2,10 @@
 
 API calls validate, write the desired state and emit an event in one transaction; the other
 services converge on it. Scheduling runs whenever capacity or demand may have changed. The
-periodic tick also enforces ``scheduling.timeout`` (``shared.domain.timeouts``).
+periodic tick also enforces ``scheduling.timeout`` (``shared.domain.timeouts``), runs the
+progress watchdog (``shared.domain.progress``) and starts the jobs whose restart backoff
+(``Job.recovery.not_before``, ``shared.policies.restarts``) has passed: scheduling skips a
+job until then.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from shared.domain import lifecycle, timeouts
+from shared.domain import lifecycle, progress, timeouts
 from shared.domain.errors import Conflict, NotFound, ValidationError
 from shared.domain.events import (
     ClusterCreateRequested,
@@ -215,8 +218,25 @@ def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome:
     (scheduling is decided from state, so a repeated tick places nothing twice). Deadlines
     first: a job whose time is up is not started again by the same tick."""
     enforce_timeouts(event.cluster_id, uow, deps)
+    watch_progress(event.cluster_id, uow, deps)
     schedule(event.cluster_id, uow, deps)
     return Outcome.UNCHANGED
+
+
+def watch_progress(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
+    """The progress watchdog (``shared.domain.progress``): a running job silent for longer
+    than its limit is asked to stop (SIGTERM, grace) and is requeued when its workers exit.
+    Idempotent like the deadline: a job already told to stop is left alone, and
+    checkpoint_resume signals an attempt once whatever the number of requests."""
+    timeout, factor = deps.config.progress_timeout_s, deps.config.progress_interval_factor
+    if timeout <= 0:
+        return
+    now = deps.clock.now()
+    for job in uow.jobs.list(cluster_id, state=JobState.RUNNING):
+        if progress.stalled(job, now, timeout, factor):
+            uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt, node_id="",
+                                           reason=progress.no_progress_reason(job, now, timeout,
+                                                                              factor)))
 
 
 def enforce_timeouts(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
@@ -245,8 +265,10 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     """Gang-place pending jobs on idle worker nodes and start their workers. A resumed job
     still holds its healthy nodes: only the holes its lost nodes left are placed."""
     # (the query reads stored states: a job this transaction ended, e.g. timed out, is out)
+    now = deps.clock.now()  # a job backing off after a restart waits for its time
     pending = [j for j in uow.jobs.list(cluster_id, state=JobState.PENDING)
-               if j.state is JobState.PENDING]
+               if j.state is JobState.PENDING
+               and (j.recovery.not_before is None or j.recovery.not_before <= now)]
     if not pending:
         return
     ready = [j for j in pending if j.node_ids and all(j.node_ids)]
@@ -260,7 +282,7 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     requests = [_request(job) for job in waiting]
     slots = [NodeSlot(n.node_id, n.partition, n.machine_type, n.accelerator_type,
                       n.accelerator_count, n.is_spare) for n in idle]
-    placements = place_jobs(requests, slots, deps.clock.now(), backfill=deps.config.backfill)
+    placements = place_jobs(requests, slots, now, backfill=deps.config.backfill)
     by_id = {j.job_id: j for j in waiting}
     nodes = {n.node_id: n for n in idle}
     for placement in placements:
@@ -285,7 +307,8 @@ def _request(job: Job) -> JobRequest:
                                        pool.machine_spec.accelerator_type,
                                        pool.machine_spec.accelerator_count, missing))
     return JobRequest(job.job_id, job.spec.scheduling.partition, tuple(groups), job.priority,
-                      job.created_at, job.restart_count > 0, tuple(job.previous_node_ids))
+                      job.created_at, job.restart_count > 0, tuple(job.previous_node_ids),
+                      tuple(job.recovery.excluded_node_ids))
 
 
 def _start(job: Job, placed: list[str], nodes: dict[str, Any], uow: UnitOfWork,
@@ -296,6 +319,9 @@ def _start(job: Job, placed: list[str], nodes: dict[str, Any], uow: UnitOfWork,
     job.transition(JobState.RUNNING, now)
     job.attempt += 1
     job.started_at = job.started_at or now
+    job.recovery.not_before = None
+    job.recovery.excluded_node_ids = []  # suspects are kept out of one placement: this one
+    progress.started(job, now)
     for node_id in placed:
         lifecycle.assign_to_job(nodes[node_id], job.job_id, now)
     deps.compute.start_workers(worker_specs(job, deps))

@@ -1,26 +1,58 @@
 """What a job attempt's exit status means to the control plane (pure; no I/O).
 
-Managed training's convention: 0 is success; 75 (EX_TEMPFAIL) means the program saved a
-checkpoint on SIGTERM and asks to be run again; 128+N (or a negative code, Python's way of
-saying "signal N") means something outside the program killed it (the OOM killer, a lost
-host, preemption). Anything else is the program failing on its own, which fails the job
-unless the spec asks to restart anyway. The compute package's ``ExitCode`` enum
-(``shared/adapters/compute/protocol.py``) names the same numbers for the adapters; this module
-holds only their meaning, so the domain imports nothing from the adapters.
+Managed training fails a job whose code fails and restarts it on infrastructure
+interruptions; the exit status alone cannot tell the two apart, the evidence does. 0 is
+success; 75 (EX_TEMPFAIL) means the program saved a checkpoint on SIGTERM and asks to be run
+again; 128+N (or a negative code, Python's way of saying "signal N") means signal N ended it.
+An attempt ended by the **infrastructure** when:
+
+* the control plane asked it to stop (a drain, an interrupt, a deadline: ``interrupted``),
+  whatever its code (a SIGKILL after the grace period included);
+* a node under it was lost, taken out of service, reported a fault or went silent around
+  the exit (``node_fault``: the caller looks); or
+* it exited 75 (it says it checkpointed on someone's SIGTERM).
+
+Anything else non-zero is the **program's** failure, signals included: 139 (SIGSEGV), 134
+(SIGABRT) and the like are raised by the program itself, and a SIGKILL or SIGTERM that
+neither the control plane nor a node fault explains (the OOM killer, the program killing
+itself) is not an interruption either. The program's failure fails the job unless the spec
+asks to restart anyway (``restartJobOnWorkerRestart``). The compute package's ``ExitCode``
+enum (``shared/adapters/compute/protocol.py``) names the same numbers for the adapters; this
+module holds only their meaning, so the domain imports nothing from the adapters.
 """
 
 from __future__ import annotations
 
 import enum
+import signal
 
 OK = 0
 PREEMPTED = 75  # EX_TEMPFAIL
 SIGNALLED = 128  # + N: killed by signal N
 
 
-def killed_from_outside(exit_code: int) -> bool:
-    """Preempted, or killed by a signal: not the program's bug."""
-    return exit_code == PREEMPTED or exit_code >= SIGNALLED or exit_code < 0
+def signal_of(exit_code: int) -> int | None:
+    """The signal that ended the attempt (128+N or -N), if one did."""
+    if exit_code > SIGNALLED:
+        return exit_code - SIGNALLED
+    return -exit_code if exit_code < 0 else None
+
+
+def describe(exit_code: int) -> str:
+    """``code 139 (SIGSEGV)``: the code, and the signal it stands for if any."""
+    signum = signal_of(exit_code)
+    if signum is None:
+        return f"code {exit_code}"
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return f"code {exit_code} ({name})"
+
+
+def infrastructure_ended(exit_code: int, *, interrupted: bool, node_fault: bool) -> bool:
+    """The attempt was ended by the infrastructure, not by the program (see the module)."""
+    return interrupted or node_fault or exit_code == PREEMPTED
 
 
 class Verdict(enum.StrEnum):
@@ -34,13 +66,14 @@ class Verdict(enum.StrEnum):
 def exit_verdict(exit_code: int, *, interrupted: bool, restart_anyway: bool,
                  restarts: int, max_restarts: int, timed_out: bool = False) -> Verdict:
     """The end of one attempt: finish, fail, or restart it. ``interrupted`` is true when the
-    control plane asked the job to stop, a signal killed it, or it lost a node.
+    infrastructure ended it (:func:`infrastructure_ended`: the control plane asked the job to
+    stop, or a node under it failed); 75 counts as interrupted by itself.
 
     ``timed_out``: the job's deadline (``scheduling.timeout``) has passed. An attempt the
     control plane stopped then ends TIMED_OUT whatever its code (0 after the SIGTERM
     included), and one that would restart does not; an attempt that finished (0) or failed
     on its own before anyone stopped it keeps that verdict."""
-    interrupted = interrupted or killed_from_outside(exit_code)
+    interrupted = interrupted or exit_code == PREEMPTED
     if exit_code == OK and not interrupted:
         return Verdict.SUCCEEDED
     if not interrupted and not restart_anyway:
@@ -50,3 +83,11 @@ def exit_verdict(exit_code: int, *, interrupted: bool, restart_anyway: bool,
     if restarts >= max_restarts:
         return Verdict.GAVE_UP
     return Verdict.RESTART
+
+
+def interrupt_cause(reason: str) -> str:
+    """The cause an interrupt reason names, for the goodput tally: the part before the first
+    colon, spaces made underscores (``no_progress: ...`` -> ``no_progress``, the watchdog's
+    cause, see ``shared.domain.progress``)."""
+    head = (reason or "").split(":", 1)[0].strip()
+    return head.replace(" ", "_") or "interrupted"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.domain.health import FailureRecord, RepairAction
+from shared.domain.recovery import JobRecovery
 from shared.domain.specs import ClusterSpec, CustomJobSpec
 from shared.domain.statemachine import TransitionTable
 
@@ -417,6 +418,7 @@ class Job:
         JOB_TRANSITIONS.check(self.job_id, self.state, target)
         self.state = target
         self.updated_at = now
+    recovery: JobRecovery = field(default_factory=JobRecovery)  # backoff, suspects, progress
         if target in TERMINAL_JOB_STATES:
             self.ended_at = now
 
@@ -452,6 +454,7 @@ class Job:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Job:
         return cls(
+            "recovery": self.recovery.to_dict(),
             job_id=d["job_id"],
             cluster_id=d["cluster_id"],
             spec=CustomJobSpec.from_dict(d["spec"]),
@@ -470,3 +473,4 @@ class Job:
             ended_at=d.get("ended_at"),
             error=d.get("error", ""),
         )
+            recovery=JobRecovery.from_dict(d.get("recovery")),

@@ -65,6 +65,7 @@ class JobRequest:
     submitted_at: float
     is_resume: bool = False
     previous_node_ids: tuple[str, ...] = ()  # the job's last placement, in rank order
+    excluded_node_ids: tuple[str, ...] = ()  # suspected of ending its attempts: not these
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -130,10 +131,11 @@ def _check_unique(ids: Sequence[str], what: str) -> None:
 
 def _assign(job: JobRequest, free: dict[str, NodeSlot]) -> tuple[str, ...] | None:
     """All nodes for ``job`` in rank order, or None when any replica cannot be served."""
+    excluded = frozenset(job.excluded_node_ids)
     eligible = {
         node_id: node
         for node_id, node in free.items()
-        if job.partition is None or node.partition == job.partition
+        if (job.partition is None or node.partition == job.partition) and node_id not in excluded
     }
     if not job.is_resume:
         eligible = {node_id: node for node_id, node in eligible.items() if not node.is_spare}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.wiring.builder import build_deps
+from shared.config import ControlPlaneConfig
 from shared.domain.health import RepairAction, Severity
 from shared.policies.triage import load_triage_table
 from simulator import twin
@@ -70,17 +71,24 @@ def test_runs_are_reproducible_across_processes_and_hash_seeds() -> None:
     assert outs[0] == outs[1]
 
 
+def without_offenders(config: ControlPlaneConfig) -> ControlPlaneConfig:
+    return replace(config, restart=replace(config.restart, offender_count=0))
+
+
 def test_the_triage_table_decides_the_outcome() -> None:
-    """The real triage table is in the loop: map XID 79 to NONE or RESTART_JOB and the broken
-    node is never repaired, the job keeps restarting onto it until it gives up."""
+    """The real triage table is in the loop: map XID 79 to NONE or RESTART_JOB and (with the
+    repeat-offender backstop off) the broken node is never repaired, the job keeps
+    restarting onto it until it gives up."""
     raw = xid79_raw(duration="2d")
     raw["jobs"][0]["max_restarts"] = 40
     sc = scenario(raw)
     base = twin.run(sc, seed=2)
     assert base.repairs.get("reboot", 0) >= 5
     assert base.job_states["train"] == "JOB_STATE_RUNNING" and base.job().ettr > 0.8
-    none = twin.run(sc, seed=2, config=with_xid79_action(sc, RepairAction.NONE))
-    restart = twin.run(sc, seed=2, config=with_xid79_action(sc, RepairAction.RESTART_JOB))
+    none = twin.run(sc, seed=2,
+                    config=without_offenders(with_xid79_action(sc, RepairAction.NONE)))
+    restart = twin.run(sc, seed=2, config=without_offenders(
+        with_xid79_action(sc, RepairAction.RESTART_JOB)))
     for changed in (none, restart):
         assert changed.repairs.get("reboot", 0) == 0
         assert changed.job_states["train"] == "JOB_STATE_FAILED"  # gave up after 40 restarts
@@ -90,6 +98,20 @@ def test_the_triage_table_decides_the_outcome() -> None:
     interrupt = "mtc.job.interrupt_requested.v1"
     assert restart.bus["by_type"].get(interrupt, 0) > 0
     assert none.bus["by_type"].get(interrupt, 0) == 0
+
+
+def test_repeat_offenders_catch_a_fault_the_triage_table_lets_through() -> None:
+    """XID 79 mapped to NONE or RESTART_JOB leaves the broken node in service; the node is
+    under the job's failed attempts again and again, so checkpoint_resume suspects it and
+    hands it to repair (shared/policies/restarts.py): it is rebooted and the job survives."""
+    raw = xid79_raw(duration="2d")
+    raw["jobs"][0]["max_restarts"] = 40
+    sc = scenario(raw)
+    for action in (RepairAction.NONE, RepairAction.RESTART_JOB):
+        run = twin.run(sc, seed=2, config=with_xid79_action(sc, action))
+        assert run.repairs.get("reboot", 0) >= 5
+        assert run.job_states["train"] == "JOB_STATE_RUNNING" and run.job().ettr > 0.8
+        assert run.restarts["train"] < 20
 
 
 def test_the_repair_ladder_decides_the_repairs() -> None:

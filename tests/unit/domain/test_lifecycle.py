@@ -162,8 +162,11 @@ def test_partition_round_trips_its_sorted_ids_without_resorting() -> None:
     (1, False, True, exits.Verdict.RESTART),
     (1, True, False, exits.Verdict.RESTART),
     (75, False, False, exits.Verdict.RESTART),
-    (137, False, False, exits.Verdict.RESTART),
-    (-9, False, False, exits.Verdict.RESTART),
+    (137, False, False, exits.Verdict.FAILED),  # a SIGKILL nobody explains: the program's
+    (-9, False, False, exits.Verdict.FAILED),
+    (139, False, False, exits.Verdict.FAILED),  # SIGSEGV: the program's own
+    (139, True, False, exits.Verdict.RESTART),  # ... unless the infrastructure ended it
+    (139, False, True, exits.Verdict.RESTART),  # or the spec restarts anyway
     (0, True, False, exits.Verdict.RESTART),
 ])
 def test_exit_verdict(code: int, interrupted: bool, anyway: bool,
@@ -175,7 +178,11 @@ def test_exit_verdict(code: int, interrupted: bool, anyway: bool,
 def test_exit_verdict_gives_up_when_the_budget_is_spent() -> None:
     assert exits.exit_verdict(75, interrupted=False, restart_anyway=False, restarts=3,
                               max_restarts=3) is exits.Verdict.GAVE_UP
-    assert not exits.killed_from_outside(1) and exits.killed_from_outside(143)
+    assert exits.infrastructure_ended(75, interrupted=False, node_fault=False)
+    assert not exits.infrastructure_ended(143, interrupted=False, node_fault=False)
+    assert exits.infrastructure_ended(139, interrupted=False, node_fault=True)
+    assert exits.describe(139) == "code 139 (SIGSEGV)" and exits.describe(-9) == "code -9 (SIGKILL)"
+    assert exits.describe(1) == "code 1"
 
 
 def test_a_node_coming_up_is_counted_until_it_enters_service_or_is_taken_out() -> None:

@@ -125,14 +125,26 @@ def test_a_crashing_job_fails_without_restart() -> None:
     assert job.state is JobState.FAILED and "code 1" in job.error
 
 
-@pytest.mark.parametrize("code", [75, 137, -9])
-def test_a_worker_killed_from_outside_is_requeued(code: int) -> None:
+def test_a_preempted_worker_is_requeued() -> None:
+    """75: the program checkpointed on someone's SIGTERM and asks to run again."""
+    plane = ready_plane()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    plane.exit_workers("j1", 1, 75)
+    job = plane.job("j1")
+    assert job.state is JobState.RUNNING and job.attempt == 2 and job.restart_count == 1
+
+
+@pytest.mark.parametrize("code", [137, -9])
+def test_a_kill_nothing_explains_fails_the_job(code: int) -> None:
+    """A SIGKILL that neither the control plane nor a node fault caused (the OOM killer, the
+    program itself) is the program's failure, not an interruption."""
     plane = ready_plane()
     plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     plane.exit_workers("j1", 1, code)
     job = plane.job("j1")
-    assert job.state is JobState.RUNNING and job.attempt == 2 and job.restart_count == 1
+    assert job.state is JobState.FAILED and "SIGKILL" in job.error
 
 
 def test_a_node_that_cannot_be_had_rolls_the_cluster_back() -> None:

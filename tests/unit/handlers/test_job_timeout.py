@@ -227,7 +227,8 @@ def test_exit_verdict_timed_out() -> None:
 
     assert verdict(0, True) is exits.Verdict.TIMED_OUT
     assert verdict(75, True) is exits.Verdict.TIMED_OUT
-    assert verdict(143, False) is exits.Verdict.TIMED_OUT
+    assert verdict(143, True) is exits.Verdict.TIMED_OUT
+    assert verdict(143, False) is exits.Verdict.FAILED  # a SIGTERM nobody sent: its own
     assert verdict(1, False, anyway=True) is exits.Verdict.TIMED_OUT
     assert verdict(0, False) is exits.Verdict.SUCCEEDED  # finished before anyone stopped it
     assert verdict(1, False) is exits.Verdict.FAILED  # its own failure says more

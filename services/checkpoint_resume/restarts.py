@@ -1,0 +1,91 @@
+"""Checkpoint-resume's restart half: who ended an attempt, the backoff, repeat offenders.
+
+An attempt that exited non-zero without the control plane asking is the program's failure
+unless a node under it gives evidence (``shared.domain.exits``): lost (gone, not allocated
+any more), taken out of service, or still in service with a fault present (a TRUE condition
+that stops a job, HeartbeatLost from the heartbeat monitor included) or held SUSPECT.
+
+The nodes still in service with evidence against them are remembered per failed attempt
+(the node an interrupt names counts only by its own evidence: planned maintenance names a
+node it does not blame). A node under ``offender_count`` of the last ``offender_window``
+(``shared.policies.restarts``) is suspected: released from the job, held SUSPECT so nothing
+is placed on it, kept out of the job's next placement, and handed to repair as a
+``NodeDiagnosed`` (repair's ladder, lemon rule and blast-radius guard decide: take it out
+and reboot it, or hold it). Nodes already out of service are repair's and not counted.
+"""
+
+from __future__ import annotations
+
+from shared.domain import lifecycle
+from shared.domain.events import NodeDiagnosed, NodeDrained
+from shared.domain.health import ConditionStatus, ConditionType
+from shared.domain.model import Job, Node, NodeState
+from shared.handling import Deps
+from shared.policies import restarts
+from shared.ports import UnitOfWork
+
+# conditions that slow or warn but do not end an attempt (as the goodput accounting reads them)
+NON_FATAL = frozenset({ConditionType.SLOW_SPEED_CHECK.value,
+                       ConditionType.THERMAL_THROTTLING.value,
+                       ConditionType.DISK_PRESSURE.value})
+
+
+def faulty(node: Node) -> bool:
+    """A node in service with a fault present that ends jobs (heartbeat lost included)."""
+    return any(c.status == ConditionStatus.TRUE.value and t not in NON_FATAL
+               for t, c in node.conditions.items())
+
+
+def evidence(job: Job, uow: UnitOfWork) -> tuple[bool, list[str]]:
+    """Whether a node under the attempt failed (lost, out of service, faulty), and the nodes
+    still in service to blame for it (faulty, or held SUSPECT)."""
+    out = lifecycle.out_of_service(uow.partitions.list(job.cluster_id))
+    lost = False
+    blamed: set[str] = set()
+    for node_id in filter(None, job.node_ids):
+        if node_id in out:
+            lost = True
+            continue
+        node = uow.nodes.get(node_id)
+        if node is None or node.state not in (NodeState.ALLOCATED, NodeState.SUSPECT):
+            lost = True  # gone or taken out: repair has it already
+        elif node.state is NodeState.SUSPECT or faulty(node):
+            lost = True  # sick but still in service: to blame
+            blamed.add(node_id)
+    return lost, sorted(blamed)
+
+
+def after_failed_attempt(job: Job, blamed: list[str], uow: UnitOfWork, deps: Deps) -> list[str]:
+    """Remember the attempt's evidence; suspect the repeat offenders. Returns the suspects
+    (released from the job by this call, held, diagnosed and excluded from its next
+    placement)."""
+    config = deps.config.restart
+    rec = job.recovery
+    rec.failed_on = restarts.remember_failure(rec.failed_on, blamed, config)
+    suspects = [n for n in restarts.repeat_offenders(rec.failed_on, config) if n in job.node_ids]
+    now = deps.clock.now()
+    for node_id in suspects:
+        node = uow.nodes.get(node_id)
+        if node is None:
+            continue
+        reason = restarts.suspect_reason(node_id, job.job_id, rec.failed_on)
+        if lifecycle.release_from_job(node, job.job_id, now, "suspected"):
+            uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
+        lifecycle.hold(node, now, reason)
+        uow.emit(NodeDiagnosed(node_id=node_id, observed_at=now,
+                               failure_mode=restarts.SUSPECT_FAILURE_MODE,
+                               severity=restarts.SUSPECT_SEVERITY.value,
+                               action=restarts.SUSPECT_ACTION.value, reasons=(reason,)))
+    if suspects:
+        rec.failed_on = restarts.forget(rec.failed_on, suspects)
+        rec.excluded_node_ids = sorted(set(rec.excluded_node_ids) | set(suspects))
+        job.node_ids = ["" if n in suspects else n for n in job.node_ids]
+    return suspects
+
+
+def back_off(job: Job, deps: Deps) -> None:
+    """Count the restart in the streak and set when it may start."""
+    rec = job.recovery
+    made_progress = any(c.attempt == job.attempt for c in job.checkpoints)
+    rec.streak = restarts.next_streak(rec.streak, made_progress)
+    rec.not_before = restarts.not_before(deps.clock.now(), rec.streak, deps.config.restart)

@@ -1,0 +1,52 @@
+"""What the control plane remembers about a job's restarts (state only; the rules that read
+it are ``shared.policies.restarts`` and ``shared.domain.progress``).
+
+* ``not_before``: a requeued job waits (PENDING) until then: the restart backoff;
+* ``streak``: restarts in a row whose ended attempt made no progress (no checkpoint): the
+  backoff's exponent; an attempt that saved a checkpoint starts a new streak;
+* ``failed_on``: per failed attempt (newest last, a few kept), the nodes still in service
+  with evidence against them at the exit (a fault present, heartbeat lost, held SUSPECT):
+  repeat offenders are read from it;
+* ``excluded_node_ids``: nodes suspected of ending the job's attempts, kept out of its next
+  placement (cleared when the job starts again);
+* ``progress_at``: the newest progress of the running attempt (its start, then each new
+  checkpoint); ``progress_interval_s`` the longest gap between progress seen so far (0: the
+  job never reported progress, so the watchdog cannot judge it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class JobRecovery:
+    not_before: float | None = None
+    streak: int = 0
+    failed_on: list[list[str]] = field(default_factory=list)
+    excluded_node_ids: list[str] = field(default_factory=list)
+    progress_at: float | None = None
+    progress_interval_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "not_before": self.not_before,
+            "streak": self.streak,
+            "failed_on": [list(nodes) for nodes in self.failed_on],
+            "excluded_node_ids": list(self.excluded_node_ids),
+            "progress_at": self.progress_at,
+            "progress_interval_s": self.progress_interval_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> JobRecovery:
+        d = d or {}
+        return cls(
+            not_before=d.get("not_before"),
+            streak=d.get("streak", 0),
+            failed_on=[list(nodes) for nodes in d.get("failed_on", [])],
+            excluded_node_ids=list(d.get("excluded_node_ids", [])),
+            progress_at=d.get("progress_at"),
+            progress_interval_s=d.get("progress_interval_s", 0.0),
+        )

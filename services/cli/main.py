@@ -1,280 +1,119 @@
-"""`mtc`: clusters, jobs, nodes, faults and the event timeline on the embedded default.
+"""`mtc`: clusters, jobs and nodes through the Vertex AI API, locally or on a server.
 
-Every command opens the same state directory (sqlite + the local compute's records), does
-its work in one transaction, then pumps the bus so the system moves on. A command killed
-half-way leaves its events in the outbox; the next command delivers them.
+Locally (the default) every command opens the state directory and calls the API's resource
+functions in process: whoever can open the directory owns it, no token needed. With
+``--api URL`` (or ``MTC_API``) the same commands go over HTTP to ``mtc serve``, with a bearer
+token from ``--token``, ``MTC_API_TOKEN`` or ``<state-dir>/api-token``. Both print the same
+wire JSON (``--json``) or the same tables. Faults, events, the controller, the demo and
+tokens act on the local state directory only.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+from services.api.errors import ApiError
+from services.api.names import parent
+from services.api.security import ADMIN_TOKEN_FILE
+from services.cli.client import Client, ClientError, HttpClient, LocalClient
+from services.cli.commands_api import cmd_cluster, cmd_job, cmd_nodes
+from services.cli.commands_local import (
+    LOCAL_ONLY,
+    cmd_controller,
+    cmd_demo,
+    cmd_events,
+    cmd_fault,
+    cmd_token,
+)
+from services.wiring.embedded import embedded
+from shared.domain.errors import MtcError, NotFound, ValidationError
 
-from services.job_submission import handlers as api
-from services.wiring.embedded import EmbeddedApp, embedded
-from shared.domain.errors import MtcError, ValidationError
-from shared.domain.health import Condition, ConditionStatus, ConditionType
-from shared.timeline import clock, describe, is_routine
-from shared.views import cluster_view, job_view, node_view
-
-console = Console()
-
-
-def _load(path: str) -> Any:
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as exc:
-        raise ValidationError("-f", f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValidationError("-f", f"{path} is not JSON: {exc.msg} at line {exc.lineno}"
-                              ) from exc
+DEFAULT_PROJECT = DEFAULT_LOCATION = "local"
+API_COMMANDS = {"cluster", "job", "node list"}
 
 
-def _print(obj: Any, as_json: bool, table: Callable[[], Table] | None = None) -> None:
-    if as_json or table is None:
-        print(json.dumps(obj, indent=2))
-    else:
-        console.print(table())
-
-
-# ---------------------------------------------------------------- commands
-
-
-def cmd_cluster(args: argparse.Namespace, app: EmbeddedApp) -> None:
-    deps = app.deps
-    with app.transaction() as uow:
-        match args.action:
-            case "create":
-                out: Any = cluster_view(api.create_cluster(_load(args.file), uow, deps))
-            case "get":
-                out = cluster_view(api.get_cluster(args.cluster_id, uow))
-            case "list":
-                out = [cluster_view(c) for c in api.list_clusters(uow)]
-            case "update":
-                out = cluster_view(api.update_cluster(args.cluster_id, _load(args.file), uow,
-                                                      deps))
-            case "delete":
-                out = cluster_view(api.delete_cluster(args.cluster_id, uow, deps))
-    app.pump()
-    if args.action in ("create", "update") and args.wait:
-        cid = out["clusterId"]
-        app.run(lambda: _cluster_state(app, cid) in ("READY", "FAILED"), timeout_s=args.wait)
-        with app.transaction() as uow:
-            out = cluster_view(api.get_cluster(cid, uow))
-
-    def table() -> Table:
-        rows = out if isinstance(out, list) else [out]
-        t = Table("CLUSTER", "STATE", "GEN", "POOLS", "PARTITIONS", "MESSAGE")
-        for c in rows:
-            pools = ", ".join(f"{p['id']}:{p['nodeCount']}(+{p['spareCount']} spare)"
-                              if p["spareCount"] else f"{p['id']}:{p['nodeCount']}"
-                              for p in c["spec"]["nodePools"])
-            parts = ", ".join(p["name"] for p in c["spec"]["partitions"])
-            t.add_row(c["clusterId"], c["state"], str(c["generation"]), pools, parts,
-                      c["message"])
-        return t
-
-    _print(out, args.json, table)
-
-
-def _cluster_state(app: EmbeddedApp, cluster_id: str) -> str:
-    with app.transaction() as uow:
-        cluster = uow.clusters.get(cluster_id)
-        return cluster.state.value if cluster else "MISSING"
-
-
-def cmd_job(args: argparse.Namespace, app: EmbeddedApp) -> None:
-    deps = app.deps
-    with app.transaction() as uow:
-        match args.action:
-            case "submit":
-                out: Any = job_view(api.submit_job(args.cluster, _load(args.file), uow, deps,
-                                                   args.job_id))
-            case "get":
-                out = job_view(api.get_job(args.job_id, uow))
-            case "list":
-                out = [job_view(j) for j in api.list_jobs(uow, args.cluster)]
-            case "cancel":
-                out = job_view(api.cancel_job(args.job_id, uow, deps))
-    _crash_point()
-    app.pump()
-
-    def table() -> Table:
-        rows = out if isinstance(out, list) else [out]
-        t = Table("JOB", "CLUSTER", "STATE", "ATTEMPT", "RESTARTS", "NODES", "CHECKPOINT")
-        for j in rows:
-            ckpt = j["latestCheckpoint"]
-            t.add_row(j["jobId"], j["clusterId"], j["state"].removeprefix("JOB_STATE_"),
-                      str(j["attempt"]), str(j["restartCount"]), ",".join(j["nodes"]),
-                      str(ckpt["step"]) if ckpt else "-")
-        return t
-
-    _print(out, args.json, table)
-
-
-def _crash_point() -> None:
-    """Fault injection for tests: pause between commit and delivery, so a test can kill us."""
-    pause = os.environ.get("MTC_TEST_PAUSE_BEFORE_PUMP")
-    if pause:
-        time.sleep(float(pause))
-
-
-def cmd_node(args: argparse.Namespace, app: EmbeddedApp) -> None:
-    if args.action == "fault":
-        _inject_fault(args, app)
-        return
-    app.pump()
-    with app.transaction() as uow:
-        clusters = [args.cluster] if args.cluster else [c.cluster_id
-                                                        for c in api.list_clusters(uow)]
-        nodes = [n for cid in clusters for n in uow.nodes.list(cid)]
-    views = [node_view(n) for n in sorted(nodes, key=lambda n: (n.partition, n.node_id))]
-    if not args.all:
-        views = [v for v in views if v["state"] != "retired"]
-
-    def table() -> Table:
-        t = Table("PARTITION", "NODE", "STATE", "SPARE", "JOB", "REASON", "SINCE")
-        for v in views:
-            t.add_row(v["partition"], v["nodeId"], v["state"], "yes" if v["spare"] else "",
-                      v["job"] or "", v["reason"], (v["since"] or "")[11:19])
-        return t
-
-    _print(views, args.json, table)
-
-
-def fault_conditions(args: argparse.Namespace, now: float) -> list[Condition]:
-    """Turn `mtc node fault` flags into the conditions a node agent would report."""
-    T, TRUE = ConditionType, ConditionStatus.TRUE
-    out = []
-    if args.xid:
-        out.append(Condition(T.XID_ERROR.value, TRUE, f"NVRM: Xid {args.xid}", now,
-                             {"xids": list(args.xid)}))
-    if args.ecc_dbe:
-        out.append(Condition(T.ECC_UNCORRECTABLE.value, TRUE, f"{args.ecc_dbe} volatile DBE",
-                             now, {"volatile_dbe": args.ecc_dbe, "aggregate_dbe": args.ecc_dbe}))
-    if args.row_remap_failure:
-        out.append(Condition(T.ROW_REMAP_FAILURE.value, TRUE, "row remapping failed", now,
-                             {"failure": True, "pending": False}))
-    if args.dcgm_fail:
-        out.append(Condition(T.DCGM_DIAG_FAILED.value, TRUE, f"dcgmi diag -r {args.dcgm_fail}",
-                             now, {"level": args.dcgm_fail, "failed_tests": ["memory"]}))
-    if args.thermal is not None:
-        out.append(Condition(T.THERMAL_THROTTLING.value, TRUE, f"{args.thermal} C", now,
-                             {"temperature_c": args.thermal, "reasons": ["hw_thermal_slowdown"]}))
-    if args.disk is not None:
-        out.append(Condition(T.DISK_PRESSURE.value, TRUE, f"{args.disk:.0%} used", now,
-                             {"mount": "/", "used_fraction": args.disk}))
-    if args.slow is not None:
-        out.append(Condition(T.SLOW_SPEED_CHECK.value, TRUE, f"{args.slow:.2f}x baseline", now,
-                             {"ratio_to_baseline": args.slow}))
-    if not out:
-        raise ValidationError("fault", "name at least one fault (--xid, --ecc-dbe, ...)")
-    return out
-
-
-def _inject_fault(args: argparse.Namespace, app: EmbeddedApp) -> None:
-    with app.transaction() as uow:
-        if uow.nodes.get(args.node_id) is None:
-            from shared.domain.errors import NotFound
-
-            raise NotFound("node", args.node_id)
-    conditions = fault_conditions(args, app.deps.clock.now())
-    app.compute.inject_fault(args.node_id, conditions)
-    app.pump()
-    print(f"injected {', '.join(c.reason for c in conditions)} on {args.node_id}")
-
-
-def cmd_events(args: argparse.Namespace, app: EmbeddedApp) -> None:
-    """Print the timeline; ``--follow`` reads on from a time cursor (the store's time index),
-    not the whole log again each round."""
-    from shared.adapters.docstore import DocEventLog, EventCursor
-
-    app.pump()
-    log = app.deps.event_log
-    if not isinstance(log, DocEventLog):
-        return
-    cursor = EventCursor(log, since=args.since)
-    deadline = time.monotonic() + (args.follow or 0)
-    while True:
-        for doc in cursor.next():
-            if is_routine(doc) and not args.all:
-                continue
-            if args.json:
-                print(json.dumps(doc))
-            else:
-                print(f"{clock(doc['time'])}  {describe(doc)}")
-        if time.monotonic() >= deadline:
-            return
-        app.pump()
-        time.sleep(0.2)
-
-
-def cmd_controller(args: argparse.Namespace, app: EmbeddedApp) -> None:
-    """Keep the embedded control plane moving: pump, poll the machines, tick."""
-    console.print(f"controller on {app.state_dir}; Ctrl-C to stop")
-    with contextlib.suppress(KeyboardInterrupt):
-        app.run(lambda: False, timeout_s=args.duration or float("inf"))
-
-
-def cmd_demo(args: argparse.Namespace, app: EmbeddedApp) -> None:
-    from services.cli.demo import run_demo
-
-    run_demo(app, steps=args.steps)
-
-
-# ---------------------------------------------------------------- parser
+def _common() -> argparse.ArgumentParser:
+    """Options every command also takes after its name (``mtc job list --json``)."""
+    c = argparse.ArgumentParser(add_help=False)
+    s = argparse.SUPPRESS
+    c.add_argument("--json", action="store_true", default=s, help="print the wire JSON")
+    c.add_argument("--project", default=s, help="the project (env MTC_PROJECT; default local)")
+    c.add_argument("--location", default=s,
+                   help="the location (env MTC_LOCATION; default local)")
+    c.add_argument("--api", default=s, metavar="URL",
+                   help="a running `mtc serve` (env MTC_API); default: the local state dir")
+    c.add_argument("--token", default=s, help="bearer token for --api (env MTC_API_TOKEN; "
+                   "default: <state-dir>/api-token)")
+    return c
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mtc", description=__doc__.splitlines()[0])
     p.add_argument("--state-dir", default=os.environ.get("MTC_STATE_DIR", "var/mtc"),
                    help="where the embedded control plane keeps its state (default var/mtc)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--json", action="store_true", help="print the wire JSON, not tables")
+    p.add_argument("--project", default=None, help="the project (env MTC_PROJECT; default local)")
+    p.add_argument("--location", default=None,
+                   help="the location (env MTC_LOCATION; default local)")
+    p.add_argument("--api", default=None, metavar="URL",
+                   help="talk to a running `mtc serve` at URL (env MTC_API)")
+    p.add_argument("--token", default=None,
+                   help="bearer token for --api (env MTC_API_TOKEN; default: the file "
+                   "<state-dir>/api-token that `mtc serve` writes)")
     sub = p.add_subparsers(dest="command", required=True)
+    common = [_common()]
 
-    c = sub.add_parser("cluster", help="create, get, list, update, delete clusters")
+    def leaf(parent_sub: Any, name: str, help_text: str | None = None) -> Any:
+        return parent_sub.add_parser(name, parents=common, help=help_text,
+                                     description=help_text)
+
+    c = sub.add_parser("cluster", help="create, get, list, update, delete, nodes of "
+                       "modelDevelopmentClusters")
     csub = c.add_subparsers(dest="action", required=True)
     for name in ("create", "update"):
-        x = csub.add_parser(name)
-        if name == "update":
-            x.add_argument("cluster_id")
-        x.add_argument("-f", "--file", required=True, help="cluster spec JSON ('-' for stdin)")
+        x = leaf(csub, name, f"{name} a cluster from a ModelDevelopmentCluster JSON body")
+        x.add_argument("cluster_id")
+        x.add_argument("-f", "--file", required=True,
+                       help="ModelDevelopmentCluster JSON ('-' for stdin)")
         x.add_argument("--wait", type=float, default=0.0, metavar="S",
-                       help="wait up to S seconds for READY")
-    for name in ("get", "delete"):
-        csub.add_parser(name).add_argument("cluster_id")
-    csub.add_parser("list")
+                       help="wait up to S seconds on the Operation (until READY)")
+    leaf(csub, "get").add_argument("cluster_id")
+    x = leaf(csub, "delete")
+    x.add_argument("cluster_id")
+    x.add_argument("--wait", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds on the Operation (until gone)")
+    leaf(csub, "list").add_argument("--filter", help='e.g. state="READY"')
+    x = leaf(csub, "nodes", "the cluster's nodes, sinfo-like")
+    x.add_argument("cluster_id")
+    x.add_argument("--all", action="store_true", help="include retired nodes")
     c.set_defaults(fn=cmd_cluster)
 
-    j = sub.add_parser("job", help="submit, get, list, cancel custom jobs")
+    j = sub.add_parser("job", help="submit, get, list, cancel, delete customJobs")
     jsub = j.add_subparsers(dest="action", required=True)
-    s = jsub.add_parser("submit")
-    s.add_argument("--cluster", required=True)
+    s = leaf(jsub, "submit", "submit a CustomJob JSON body")
     s.add_argument("-f", "--file", required=True, help="CustomJob JSON ('-' for stdin)")
+    s.add_argument("--cluster", help="the cluster, when the file's "
+                   "jobSpec.persistentResourceId names none")
     s.add_argument("--job-id", help="a client-chosen id makes retries idempotent")
-    for name in ("get", "cancel"):
-        jsub.add_parser(name).add_argument("job_id")
-    jsub.add_parser("list").add_argument("--cluster")
+    for name in ("get", "cancel", "delete"):
+        leaf(jsub, name).add_argument("job_id")
+    x = leaf(jsub, "list")
+    x.add_argument("--filter", help='e.g. state="JOB_STATE_RUNNING" AND labels.team=x')
+    x.add_argument("--cluster", help="only the jobs on this cluster")
     j.set_defaults(fn=cmd_job)
 
-    n = sub.add_parser("node", help="list nodes (sinfo-like), inject faults")
+    n = sub.add_parser("node", help="list nodes (sinfo-like); inject faults (local only)")
     nsub = n.add_subparsers(dest="action", required=True)
-    nl = nsub.add_parser("list")
+    nl = leaf(nsub, "list", "nodes of one cluster, or of every cluster")
     nl.add_argument("--cluster")
     nl.add_argument("--all", action="store_true", help="include retired nodes")
-    f = nsub.add_parser("fault", help="inject a health fault, as a node agent would report it")
+    f = leaf(nsub, "fault", "inject a health fault, as a node agent would report it; "
+             + LOCAL_ONLY)
     f.add_argument("node_id")
     f.add_argument("--xid", type=int, action="append", help="an NVIDIA XID code (repeatable)")
     f.add_argument("--ecc-dbe", type=int, help="volatile double-bit ECC errors")
@@ -283,15 +122,23 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--thermal", type=float, metavar="CELSIUS")
     f.add_argument("--disk", type=float, metavar="USED_FRACTION")
     f.add_argument("--slow", type=float, metavar="RATIO_TO_BASELINE")
-    n.set_defaults(fn=cmd_node)
 
-    e = sub.add_parser("events", help="the timeline")
+    e = leaf(sub, "events", "the timeline; " + LOCAL_ONLY)
     e.add_argument("--since", type=float, default=0.0)
     e.add_argument("--follow", type=float, metavar="S", help="keep printing for S seconds")
     e.add_argument("--all", action="store_true", help="include routine heartbeats")
     e.set_defaults(fn=cmd_events)
 
-    ctl = sub.add_parser("controller", help="run the embedded control plane loop")
+    t = sub.add_parser("token", help="API tokens for `mtc serve` (local state only)")
+    tsub = t.add_subparsers(dest="action", required=True)
+    x = leaf(tsub, "create", "mint a token (printed once); " + LOCAL_ONLY)
+    x.add_argument("--role", required=True, choices=["viewer", "editor", "admin"])
+    x.add_argument("--name", required=True, help="the principal is token:NAME")
+    x.epilog = "--project P binds the role on P only (default: every project, '*')"
+    leaf(tsub, "list", "the tokens (ids, principals, roles; never the tokens)")
+    leaf(tsub, "revoke", "revoke a token by id").add_argument("token_id")
+
+    ctl = leaf(sub, "controller", "run the embedded control plane loop; " + LOCAL_ONLY)
     ctl.add_argument("--for", dest="duration", type=float, metavar="S")
     ctl.set_defaults(fn=cmd_controller)
 
@@ -300,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8080)
     sv.add_argument("--for", dest="duration", type=float, metavar="S", help="stop after S s")
 
-    d = sub.add_parser("demo", help="the self-healing story, start to end, in one run")
+    d = leaf(sub, "demo", "the self-healing story, start to end, in one run; " + LOCAL_ONLY)
     d.add_argument("--steps", type=int, default=120)
     d.set_defaults(fn=cmd_demo)
 
@@ -313,6 +160,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def command_name(args: argparse.Namespace) -> str:
+    action = getattr(args, "action", None)
+    return f"{args.command} {action}" if action else args.command
+
+
+def report(exc: ClientError) -> None:
+    print(f"error: {exc.status}: {exc.message}", file=sys.stderr)
+    for field, description in exc.violations:
+        if exc.message != f"{field}: {description}":
+            print(f"  {field}: {description}", file=sys.stderr)
+
+
+def _status(exc: MtcError) -> str:
+    if isinstance(exc, ValidationError):
+        return "INVALID_ARGUMENT"
+    if isinstance(exc, NotFound):
+        return "NOT_FOUND"
+    return "FAILED_PRECONDITION"
+
+
+def api_token(args: argparse.Namespace, state_dir: Path) -> str:
+    token = args.token or os.environ.get("MTC_API_TOKEN")
+    if token:
+        return str(token).strip()
+    path = state_dir / ADMIN_TOKEN_FILE
+    try:
+        return path.read_text().strip()
+    except OSError:
+        raise ClientError("UNAUTHENTICATED", f"no API token for {args.api}: pass --token, set "
+                          f"MTC_API_TOKEN, or point --state-dir at the server's (no {path})"
+                          ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "sim":
@@ -322,28 +202,62 @@ def main(argv: Sequence[str] | None = None) -> int:
         from services.cli.serve import serve
 
         return serve(state_dir, host=args.host, port=args.port, duration_s=args.duration)
-    if args.command == "demo" and not os.environ.get("MTC_STATE_DIR") \
-            and args.state_dir == "var/mtc":
-        state_dir = Path("var/demo")
-    if args.command == "demo":
-        from services.cli.demo import fresh_state
-
-        fresh_state(state_dir)
-    app = embedded(state_dir, **({} if args.command != "demo" else _demo_options()))
+    args.api = args.api or os.environ.get("MTC_API") or None
+    name = command_name(args)
     try:
-        args.fn(args, app)
-    except MtcError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        api_command = args.command in API_COMMANDS or name in API_COMMANDS
+        if args.api and not api_command:
+            raise ClientError("FAILED_PRECONDITION", f"`mtc {name}` {LOCAL_ONLY} (drop --api, "
+                              "unset MTC_API)")
+        if args.command == "token":
+            cmd_token(args, state_dir)
+        elif api_command:
+            _run_api(args, state_dir)
+        else:
+            _run_local(args, state_dir)
+    except ClientError as exc:
+        report(exc)
         return 2
-    finally:
-        app.close()
+    except MtcError as exc:
+        report(ClientError(_status(exc), str(exc)))
+        return 2
     return 0
 
 
-def _demo_options() -> dict[str, Any]:
-    from services.cli.demo import demo_compute_options, demo_config
+def _run_api(args: argparse.Namespace, state_dir: Path) -> None:
+    try:
+        args.parent = parent(args.project or os.environ.get("MTC_PROJECT") or DEFAULT_PROJECT,
+                             args.location or os.environ.get("MTC_LOCATION")
+                             or DEFAULT_LOCATION)
+    except ApiError as exc:
+        raise ClientError.from_status(exc.status_json(), exc.status) from exc
+    run = cmd_nodes if args.command == "node" else args.fn
+    if args.api:
+        client: Client = HttpClient(args.api, api_token(args, state_dir))
+        run(args, client)
+        return
+    app = embedded(state_dir)
+    try:
+        pause = float(os.environ.get("MTC_TEST_PAUSE_BEFORE_PUMP") or 0)
+        run(args, LocalClient(app, pause_before_pump=pause))
+    finally:
+        app.close()
 
-    return {"config": demo_config(), "compute_options": demo_compute_options()}
+
+def _run_local(args: argparse.Namespace, state_dir: Path) -> None:
+    options: dict[str, Any] = {}
+    if args.command == "demo":
+        from services.cli.demo import demo_compute_options, demo_config, fresh_state
+
+        if not os.environ.get("MTC_STATE_DIR") and args.state_dir == "var/mtc":
+            state_dir = Path("var/demo")
+        fresh_state(state_dir)
+        options = {"config": demo_config(), "compute_options": demo_compute_options()}
+    app = embedded(state_dir, **options)
+    try:
+        (cmd_fault if args.command == "node" else args.fn)(args, app)
+    finally:
+        app.close()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
-"""The CLI across real processes on the embedded default: state lives in sqlite, workers are
-real subprocesses, and a killed command loses nothing."""
+"""The CLI across real processes on the embedded default (local mode: no server, no token):
+state lives in sqlite, workers are real subprocesses, and a killed command loses nothing."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,21 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.cli.demo import CLUSTER_SPEC, job_spec
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def mtc(state: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "services.cli.main", "--state-dir", str(state), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{args}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def mtc_json(state: Path, *args: str) -> Any:
-    return json.loads(mtc(state, "--json", *args).stdout)
+from tests.cli_support import ROOT, clean_env, cluster_body, job_body, mtc, mtc_json, write
 
 
 def wait_for(state: Path, predicate: Any, timeout: float = 40.0) -> Any:
@@ -44,11 +29,11 @@ def wait_for(state: Path, predicate: Any, timeout: float = 40.0) -> Any:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Path]:
-    spec = tmp_path / "cluster.json"
-    spec.write_text(json.dumps(CLUSTER_SPEC))
+    spec = write(tmp_path / "cluster.json", cluster_body())
     state = tmp_path / "state"
-    out = mtc_json(state, "cluster", "create", "-f", str(spec), "--wait", "20")
+    out = mtc_json(state, "cluster", "create", "demo", "-f", str(spec), "--wait", "20")
     assert out["state"] == "READY"
+    assert out["name"] == "projects/local/locations/local/modelDevelopmentClusters/demo"
     yield state
     from services.wiring.embedded import embedded
 
@@ -57,22 +42,75 @@ def cluster(tmp_path: Path) -> Iterator[Path]:
     app.close()
 
 
+def progress(job: dict[str, Any]) -> dict[str, Any]:
+    return job["mtcProgress"]  # type: ignore[no-any-return]
+
+
 def test_state_is_shared_between_commands(cluster: Path) -> None:
     nodes = mtc_json(cluster, "node", "list")
-    assert sorted(n["state"] for n in nodes) == ["idle"] * 5
+    assert sorted(n["state"] for n in nodes) == ["idle"] * 5  # 4 workers (1 a spare), login
+    assert mtc_json(cluster, "cluster", "nodes", "demo") == nodes
     assert mtc_json(cluster, "cluster", "get", "demo")["state"] == "READY"
+    assert [c["name"] for c in mtc_json(cluster, "cluster", "list")] == [
+        "projects/local/locations/local/modelDevelopmentClusters/demo"]
     table = mtc(cluster, "node", "list").stdout
     assert "PARTITION" in table and "demo-h100-003" in table
+    table = mtc(cluster, "cluster", "list").stdout
+    assert "h100:4(+1)" in table and "train" in table and "READY" in table
+    # another project sees none of it
+    assert mtc_json(cluster, "cluster", "list", "--project", "other") == []
+    proc = mtc(cluster, "--project", "other", "cluster", "get", "demo", check=False)
+    assert proc.returncode == 2 and "error: NOT_FOUND:" in proc.stderr
+
+
+def test_submit_get_list_cancel_delete_locally(cluster: Path, tmp_path: Path) -> None:
+    """The same commands as against a server (test_cli_remote), in process: no token."""
+    spec = write(tmp_path / "job.json", job_body(20, cluster=None))
+    job = mtc_json(cluster, "job", "submit", "-f", str(spec), "--cluster", "demo",
+                   "--job-id", "l1")
+    assert job["name"] == "projects/local/locations/local/customJobs/l1"
+    assert job["jobSpec"]["persistentResourceId"] == "demo"
+    done = wait_for(cluster, lambda: (j := mtc_json(cluster, "job", "get", "l1"))["state"]
+                    == "JOB_STATE_SUCCEEDED" and j)
+    assert progress(done)["latestCheckpoint"]["step"] == "20"
+    table = mtc(cluster, "job", "list").stdout
+    assert "l1" in table and "SUCCEEDED" in table and "demo" in table
+    assert [j["name"] for j in mtc_json(cluster, "job", "list", "--filter",
+                                        'state="JOB_STATE_SUCCEEDED"')] == [job["name"]]
+    assert mtc_json(cluster, "job", "list", "--filter", 'state="JOB_STATE_RUNNING"') == []
+    long = write(tmp_path / "long.json", job_body(10_000))
+    mtc(cluster, "job", "submit", "-f", str(long), "--job-id", "l2")
+    proc = mtc(cluster, "job", "delete", "l2", check=False)
+    assert proc.returncode == 2 and "error: FAILED_PRECONDITION:" in proc.stderr
+    assert mtc_json(cluster, "job", "cancel", "l2")["state"] in (
+        "JOB_STATE_CANCELLING", "JOB_STATE_CANCELLED")
+    wait_for(cluster, lambda: mtc_json(cluster, "job", "get", "l2")["state"]
+             == "JOB_STATE_CANCELLED")
+    assert mtc_json(cluster, "job", "delete", "l2")["done"] is True
+    assert mtc(cluster, "job", "get", "l2", check=False).returncode == 2
+    proc = mtc(cluster, "cluster", "delete", "demo", "--wait", "20")
+    assert "deleted" in proc.stdout
+    assert mtc_json(cluster, "cluster", "list") == []
 
 
 def test_bad_input_is_a_clear_error_and_changes_nothing(cluster: Path, tmp_path: Path) -> None:
     bad = tmp_path / "job.json"
-    body = job_spec(10)
+    body = job_body(10)
     body["jobSpec"]["workerPoolSpecs"][0]["replicaCount"] = 0
-    bad.write_text(json.dumps(body))
-    proc = mtc(cluster, "job", "submit", "--cluster", "demo", "-f", str(bad), check=False)
+    write(bad, body)
+    proc = mtc(cluster, "job", "submit", "-f", str(bad), check=False)
     assert proc.returncode == 2
-    assert "jobSpec.workerPoolSpecs[0].replicaCount: must be at least 1" in proc.stderr
+    assert proc.stderr.startswith("error: INVALID_ARGUMENT: ")
+    assert "jobSpec.workerPoolSpecs[0].replicaCount" in proc.stderr
+    body = job_body(10)
+    body["jobSpec"]["bogus"] = 1
+    proc = mtc(cluster, "job", "submit", "-f", str(write(bad, body)), check=False)
+    assert proc.returncode == 2 and "jobSpec.bogus: unknown field" in proc.stderr
+    proc = mtc(cluster, "job", "submit", "-f", str(write(bad, job_body(10))), "--cluster",
+               "other", check=False)
+    assert proc.returncode == 2 and "disagrees" in proc.stderr
+    proc = mtc(cluster, "cluster", "create", "demo2", "-f", str(bad), check=False)
+    assert proc.returncode == 2 and "error: INVALID_ARGUMENT:" in proc.stderr
     assert mtc_json(cluster, "job", "list") == []
     proc = mtc(cluster, "node", "fault", "no-such-node", "--xid", "79", check=False)
     assert proc.returncode == 2 and "not found" in proc.stderr
@@ -81,15 +119,15 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(cluster: Path, tmp_path:
 def test_fault_drains_requeues_and_repairs_across_processes(cluster: Path,
                                                             tmp_path: Path) -> None:
     spec = tmp_path / "job.json"
-    spec.write_text(json.dumps(job_spec(80)))
-    mtc(cluster, "job", "submit", "--cluster", "demo", "-f", str(spec), "--job-id", "t1")
-    job = wait_for(cluster, lambda: (j := mtc_json(cluster, "job", "get", "t1"))
-                   ["latestCheckpoint"] and j)
+    write(spec, job_body(80))
+    mtc(cluster, "job", "submit", "-f", str(spec), "--job-id", "t1")
+    job = progress(wait_for(cluster, lambda: (j := mtc_json(cluster, "job", "get", "t1"))
+                            ["mtcProgress"].get("latestCheckpoint") and j))
     victim = job["nodes"][0]
     mtc(cluster, "node", "fault", victim, "--xid", "79")
     done = wait_for(cluster, lambda: (j := mtc_json(cluster, "job", "get", "t1"))["state"]
                     == "JOB_STATE_SUCCEEDED" and j, timeout=60)
-    assert done["restartCount"] == 1 and victim not in done["nodes"]
+    assert progress(done)["restartCount"] == 1 and victim not in progress(done)["nodes"]
     node = wait_for(cluster, lambda: next(n for n in mtc_json(cluster, "node", "list")
                                           if n["nodeId"] == victim)["state"] == "idle")
     assert node
@@ -103,10 +141,10 @@ def test_fault_drains_requeues_and_repairs_across_processes(cluster: Path,
 def test_a_killed_command_loses_nothing(cluster: Path, tmp_path: Path) -> None:
     """Kill `mtc` right after it committed the job: the next command delivers the rest."""
     spec = tmp_path / "job.json"
-    spec.write_text(json.dumps(job_spec(20)))
+    write(spec, job_body(20))
     cmd = [sys.executable, "-m", "services.cli.main", "--state-dir", str(cluster), "job",
-           "submit", "--cluster", "demo", "-f", str(spec), "--job-id", "k1"]
-    env = {**os.environ, "MTC_TEST_PAUSE_BEFORE_PUMP": "30"}
+           "submit", "-f", str(spec), "--job-id", "k1"]
+    env = clean_env(MTC_TEST_PAUSE_BEFORE_PUMP="30")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     time.sleep(3.0)
@@ -120,13 +158,17 @@ def test_a_killed_command_loses_nothing(cluster: Path, tmp_path: Path) -> None:
 
 
 def test_a_killed_worker_loses_no_job(cluster: Path, tmp_path: Path) -> None:
-    """SIGKILL one rank's training process: the attempt ends, the job resumes and succeeds."""
+    """SIGKILL one rank's training process: the attempt ends, the job resumes and succeeds
+    (restartJobOnWorkerRestart: a kill nobody explains counts as the program's failure)."""
     from services.wiring.embedded import embedded
 
     spec = tmp_path / "job.json"
-    spec.write_text(json.dumps(job_spec(300)))
+    body = job_body(300)
+    body["jobSpec"]["scheduling"]["restartJobOnWorkerRestart"] = True
+    write(spec, body)
     mtc(cluster, "job", "submit", "--cluster", "demo", "-f", str(spec), "--job-id", "w1")
-    wait_for(cluster, lambda: mtc_json(cluster, "job", "get", "w1")["latestCheckpoint"])
+    wait_for(cluster, lambda: mtc_json(cluster, "job", "get", "w1")["mtcProgress"]
+             .get("latestCheckpoint"))
     app = embedded(cluster)
     try:
         launcher = next(w for w in app.compute.workers("w1") if w.rank == 1).pid
@@ -138,7 +180,7 @@ def test_a_killed_worker_loses_no_job(cluster: Path, tmp_path: Path) -> None:
     os.kill(children[0], signal.SIGKILL)
     done = wait_for(cluster, lambda: (j := mtc_json(cluster, "job", "get", "w1"))["state"]
                     == "JOB_STATE_SUCCEEDED" and j, timeout=60)
-    assert done["restartCount"] == 1
+    assert progress(done)["restartCount"] == 1
     assert all(n["state"] == "idle" for n in mtc_json(cluster, "node", "list"))
 
 

@@ -1,0 +1,319 @@
+"""How the CLI reaches the API: in process on the local state directory, or over HTTP.
+
+Both transports speak the same resource calls and return the same wire JSON (what the REST
+API answers), so the commands and their tables do not know which one they have. Failures
+are a ``ClientError`` either way: an ``ApiError`` raised in process, or the
+``google.rpc.Status`` body a server answered with.
+"""
+
+from __future__ import annotations
+
+import getpass
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import requests
+
+from services.api import clusters, custom_jobs, operations_api
+from services.api.context import ApiContext
+from services.api.errors import CANONICAL, ApiError
+from services.api.names import Parent
+from services.wiring.api import EmbeddedApiRuntime, embedded_api
+from services.wiring.embedded import EmbeddedApp
+
+CODE_NAMES = {code: name for name, (_, code) in CANONICAL.items()} | {2: "UNKNOWN"}
+BAD_REQUEST = "type.googleapis.com/google.rpc.BadRequest"
+WAIT_SLICE_S = 5.0  # one :wait call waits at most this long: `mtc serve` answers one
+# request at a time and only ticks the fleet between requests, so a long :wait would stall it
+
+
+@dataclass
+class ClientError(Exception):
+    """A call the API refused: canonical status name, message, field violations."""
+
+    status: str
+    message: str
+    violations: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__(f"{self.status}: {self.message}")
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any], name: str | None = None) -> ClientError:
+        """From a google.rpc.Status (an error body's ``error``, or an Operation's)."""
+        code = status.get("code")
+        label = name or status.get("status") or CODE_NAMES.get(
+            code if isinstance(code, int) else -1, "UNKNOWN")
+        violations = [(str(v.get("field", "")), str(v.get("description", "")))
+                      for d in status.get("details") or [] if isinstance(d, dict)
+                      and d.get("@type") == BAD_REQUEST
+                      for v in d.get("fieldViolations") or [] if isinstance(v, dict)]
+        return cls(str(label), str(status.get("message", "")), violations)
+
+
+class Client(Protocol):
+    """The API calls the CLI makes; every one returns the wire JSON."""
+
+    def create_cluster(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]: ...
+    def update_cluster(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]: ...
+    def get_cluster(self, parent: Parent, cluster_id: str) -> dict[str, Any]: ...
+    def list_clusters(self, parent: Parent, filter_text: str | None = None
+                      ) -> list[dict[str, Any]]: ...
+    def delete_cluster(self, parent: Parent, cluster_id: str) -> dict[str, Any]: ...
+    def cluster_nodes(self, parent: Parent, cluster_id: str) -> list[dict[str, Any]]: ...
+    def create_job(self, parent: Parent, body: Any, job_id: str | None) -> dict[str, Any]: ...
+    def get_job(self, parent: Parent, job_id: str) -> dict[str, Any]: ...
+    def list_jobs(self, parent: Parent, filter_text: str | None = None
+                  ) -> list[dict[str, Any]]: ...
+    def cancel_job(self, parent: Parent, job_id: str) -> dict[str, Any]: ...
+    def delete_job(self, parent: Parent, job_id: str) -> dict[str, Any]: ...
+    def wait_operation(self, name: str, timeout_s: float) -> dict[str, Any]: ...
+
+
+def operation_parent(name: str) -> tuple[Parent, str]:
+    """``projects/P/locations/L/operations/ID`` -> (Parent(P, L), ID)."""
+    parts = name.split("/")
+    if len(parts) != 6 or parts[0] != "projects" or parts[2] != "locations" \
+            or parts[4] != "operations":
+        raise ClientError("INTERNAL", f"not an operation name: {name!r}")
+    return Parent(parts[1], parts[3]), parts[5]
+
+
+def _pages(fetch: Callable[[str | None], dict[str, Any]], key: str
+           ) -> Iterator[dict[str, Any]]:
+    token: str | None = None
+    while True:
+        page = fetch(token)
+        yield from page.get(key, [])
+        token = page.get("nextPageToken") or None
+        if token is None:
+            return
+
+
+# ---------------------------------------------------------------- in process
+
+
+class _CliRuntime(EmbeddedApiRuntime):
+    """The embedded runtime, with a test hook between a command's commit and its delivery."""
+
+    pause_before_pump: float = 0.0
+
+    def after_request(self) -> None:
+        if self.pause_before_pump:
+            time.sleep(self.pause_before_pump)
+        super().after_request()
+
+
+class LocalClient:
+    """The resource functions of ``services.api``, called in process on ``app``'s state.
+
+    Whoever can open the state directory owns it, so no token is checked; changes are still
+    written to the audit log, as ``local:<user>``.
+    """
+
+    def __init__(self, app: EmbeddedApp, *, pause_before_pump: float = 0.0) -> None:
+        ctx, _auth = embedded_api(app)
+        runtime = _CliRuntime(app)
+        runtime.pause_before_pump = pause_before_pump
+        self.app = app
+        self.ctx: ApiContext = replace(ctx, runtime=runtime)
+        self.principal = f"local:{_user()}"
+
+    def _call(self, fn: Callable[[], dict[str, Any]], *, permission: str = "",
+              resource: str = "", method: str = "") -> dict[str, Any]:
+        status = 200
+        try:
+            return fn()
+        except ApiError as exc:
+            status = exc.http_status
+            raise ClientError.from_status(exc.status_json(), exc.status) from exc
+        except Exception:
+            status = 500
+            raise
+        finally:
+            if permission and self.ctx.audit is not None:
+                self.ctx.audit.record(principal=self.principal, permission=permission,
+                                      resource=resource, method=method, status=status,
+                                      now=self.ctx.now)
+
+    def create_cluster(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
+        return self._call(lambda: clusters.create(self.ctx, parent, body, cluster_id),
+                          **_audit("modelDevelopmentClusters.create", parent, "POST"))
+
+    def update_cluster(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
+        return self._call(lambda: clusters.update(self.ctx, parent, cluster_id, body),
+                          **_audit("modelDevelopmentClusters.update", parent, "PATCH",
+                                   f"modelDevelopmentClusters/{cluster_id}"))
+
+    def get_cluster(self, parent: Parent, cluster_id: str) -> dict[str, Any]:
+        return self._call(lambda: clusters.get(self.ctx, parent, cluster_id))
+
+    def list_clusters(self, parent: Parent, filter_text: str | None = None
+                      ) -> list[dict[str, Any]]:
+        return list(_pages(lambda token: self._call(lambda: clusters.list_clusters(
+            self.ctx, parent, filter_text=filter_text, token=token)),
+            "modelDevelopmentClusters"))
+
+    def delete_cluster(self, parent: Parent, cluster_id: str) -> dict[str, Any]:
+        return self._call(lambda: clusters.delete(self.ctx, parent, cluster_id),
+                          **_audit("modelDevelopmentClusters.delete", parent, "DELETE",
+                                   f"modelDevelopmentClusters/{cluster_id}"))
+
+    def cluster_nodes(self, parent: Parent, cluster_id: str) -> list[dict[str, Any]]:
+        return list(_pages(lambda token: self._call(lambda: clusters.nodes(
+            self.ctx, parent, cluster_id, token=token)), "nodes"))
+
+    def create_job(self, parent: Parent, body: Any, job_id: str | None) -> dict[str, Any]:
+        return self._call(lambda: custom_jobs.create(self.ctx, parent, body, job_id),
+                          **_audit("customJobs.create", parent, "POST"))
+
+    def get_job(self, parent: Parent, job_id: str) -> dict[str, Any]:
+        return self._call(lambda: custom_jobs.get(self.ctx, parent, job_id))
+
+    def list_jobs(self, parent: Parent, filter_text: str | None = None
+                  ) -> list[dict[str, Any]]:
+        return list(_pages(lambda token: self._call(lambda: custom_jobs.list_jobs(
+            self.ctx, parent, filter_text=filter_text, token=token)), "customJobs"))
+
+    def cancel_job(self, parent: Parent, job_id: str) -> dict[str, Any]:
+        return self._call(lambda: custom_jobs.cancel(self.ctx, parent, job_id),
+                          **_audit("customJobs.cancel", parent, "POST",
+                                   f"customJobs/{job_id}:cancel"))
+
+    def delete_job(self, parent: Parent, job_id: str) -> dict[str, Any]:
+        return self._call(lambda: custom_jobs.delete(self.ctx, parent, job_id),
+                          **_audit("customJobs.delete", parent, "DELETE",
+                                   f"customJobs/{job_id}"))
+
+    def wait_operation(self, name: str, timeout_s: float) -> dict[str, Any]:
+        """Drive the control plane here (deliver, poll, tick) until the operation is done."""
+        parent, op_id = operation_parent(name)
+        current: dict[str, Any] = {}
+
+        def done() -> bool:
+            current.update(self._call(lambda: operations_api.get(self.ctx, parent, op_id)))
+            return bool(current.get("done"))
+
+        if not done():
+            self.app.run(done, timeout_s=timeout_s)
+        return current
+
+
+def _audit(permission: str, parent: Parent, method: str, tail: str = "") -> dict[str, str]:
+    collection = permission.split(".")[0]
+    return {"permission": f"aiplatform.{permission}", "method": method,
+            "resource": f"/{parent.name}/{tail or collection}"}
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+# ---------------------------------------------------------------- over HTTP
+
+
+class HttpClient:
+    """The REST API of a running ``mtc serve`` (or any deployment of it), bearer token auth."""
+
+    def __init__(self, url: str, token: str, *, timeout_s: float = 60.0,
+                 session: requests.Session | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.session = session or requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def _request(self, method: str, path: str, *, body: Any = None,
+                 params: dict[str, str | None] | None = None,
+                 timeout_s: float | None = None) -> dict[str, Any]:
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self.session.request(method, f"{self.url}/{path}", json=body,
+                                            params=query, timeout=timeout_s or self.timeout_s)
+        except requests.RequestException as exc:
+            raise ClientError("UNAVAILABLE", f"cannot reach {self.url}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        try:
+            data = response.json() if response.content else {}
+        except ValueError:
+            data = None
+        if response.ok and isinstance(data, dict):
+            return data
+        error = data.get("error") if isinstance(data, dict) else None
+        if isinstance(error, dict):
+            raise ClientError.from_status(error)
+        raise ClientError(CODE_NAMES.get(_http_code(response.status_code), "UNKNOWN"),
+                          f"HTTP {response.status_code} from {response.url}: "
+                          f"{response.text[:200]}")
+
+    def _list(self, path: str, key: str, filter_text: str | None) -> list[dict[str, Any]]:
+        return list(_pages(lambda token: self._request(
+            "GET", path, params={"filter": filter_text or None, "pageToken": token}), key))
+
+    @staticmethod
+    def _clusters(parent: Parent) -> str:
+        return f"v1beta1/{parent.name}/modelDevelopmentClusters"
+
+    @staticmethod
+    def _jobs(parent: Parent) -> str:
+        return f"v1/{parent.name}/customJobs"
+
+    def create_cluster(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
+        return self._request("POST", self._clusters(parent), body=body,
+                             params={"modelDevelopmentClusterId": cluster_id})
+
+    def update_cluster(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
+        return self._request("PATCH", f"{self._clusters(parent)}/{cluster_id}", body=body)
+
+    def get_cluster(self, parent: Parent, cluster_id: str) -> dict[str, Any]:
+        return self._request("GET", f"{self._clusters(parent)}/{cluster_id}")
+
+    def list_clusters(self, parent: Parent, filter_text: str | None = None
+                      ) -> list[dict[str, Any]]:
+        return self._list(self._clusters(parent), "modelDevelopmentClusters", filter_text)
+
+    def delete_cluster(self, parent: Parent, cluster_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"{self._clusters(parent)}/{cluster_id}")
+
+    def cluster_nodes(self, parent: Parent, cluster_id: str) -> list[dict[str, Any]]:
+        return self._list(f"{self._clusters(parent)}/{cluster_id}/nodes", "nodes", None)
+
+    def create_job(self, parent: Parent, body: Any, job_id: str | None) -> dict[str, Any]:
+        return self._request("POST", self._jobs(parent), body=body,
+                             params={"customJobId": job_id})
+
+    def get_job(self, parent: Parent, job_id: str) -> dict[str, Any]:
+        return self._request("GET", f"{self._jobs(parent)}/{job_id}")
+
+    def list_jobs(self, parent: Parent, filter_text: str | None = None
+                  ) -> list[dict[str, Any]]:
+        return self._list(self._jobs(parent), "customJobs", filter_text)
+
+    def cancel_job(self, parent: Parent, job_id: str) -> dict[str, Any]:
+        return self._request("POST", f"{self._jobs(parent)}/{job_id}:cancel", body={})
+
+    def delete_job(self, parent: Parent, job_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"{self._jobs(parent)}/{job_id}")
+
+    def wait_operation(self, name: str, timeout_s: float) -> dict[str, Any]:
+        """``:wait`` in slices (the server answers within a minute) until done or timeout."""
+        operation_parent(name)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            slice_s = min(left, WAIT_SLICE_S)
+            op = self._request("POST", f"v1/{name}:wait", body={"timeout": f"{slice_s:.3f}s"},
+                               timeout_s=slice_s + self.timeout_s)
+            if op.get("done") or time.monotonic() >= deadline:
+                return op
+
+
+def _http_code(http_status: int) -> int:
+    for _name, (status, code) in CANONICAL.items():
+        if status == http_status:
+            return code
+    return 2

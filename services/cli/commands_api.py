@@ -1,0 +1,220 @@
+"""`mtc cluster`, `mtc job`, `mtc node list`: API calls through a ``Client`` (in process or
+over HTTP), printed as tables or as the wire JSON (``--json``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from services.cli.client import Client, ClientError
+
+console = Console()
+
+
+def load_body(path: str) -> Any:
+    """A JSON request body from a file, or stdin for ``-``."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise ClientError("INVALID_ARGUMENT", f"cannot read {path}: {exc.strerror}",
+                          [("-f", f"cannot read {path}")]) from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        reason = f"{path} is not JSON: {exc.msg} at line {exc.lineno}"
+        raise ClientError("INVALID_ARGUMENT", reason, [("-f", reason)]) from exc
+
+
+def show(obj: Any, as_json: bool, table: Callable[[], Table] | None = None) -> None:
+    if as_json or table is None:
+        print(json.dumps(obj, indent=2))
+    else:
+        console.print(table())
+
+
+def last_segment(name: str | None) -> str:
+    return (name or "").rsplit("/", 1)[-1]
+
+
+# ---------------------------------------------------------------- clusters
+
+
+def _count(value: Any) -> int:
+    """int64 fields arrive as strings in proto3 JSON."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def pool_text(pool: dict[str, Any]) -> str:
+    scaling = pool.get("scalingSpec") or {}
+    count = _count(scaling.get("minNodeCount", scaling.get("maxNodeCount")))
+    spares = _count(pool.get("mtcHotSpareCount"))
+    return f"{pool.get('id', '?')}:{count}" + (f"(+{spares})" if spares else "")
+
+
+def cluster_table(clusters: list[dict[str, Any]]) -> Table:
+    t = Table("CLUSTER", "STATE", "POOLS", "PARTITIONS", "NODES", "MESSAGE")
+    for c in clusters:
+        slurm = (c.get("orchestratorSpec") or {}).get("slurmSpec") or {}
+        login = slurm.get("loginNodePoolId")
+        pools = ", ".join(pool_text(p) + (" (login)" if p.get("id") == login else "")
+                          for p in c.get("nodePools", []))
+        parts = ", ".join(p.get("id", "?") for p in slurm.get("partitions", []))
+        nodes = c.get("mtcNodes") or {}
+        in_service = f"{nodes.get('inService', 0)}/{nodes.get('total', 0)}" if nodes else "-"
+        t.add_row(last_segment(c.get("name")), c.get("state", "-"), pools, parts or "-",
+                  in_service, c.get("mtcStateMessage") or "")
+    return t
+
+
+def operation_error(op: dict[str, Any]) -> ClientError | None:
+    error = op.get("error")
+    return ClientError.from_status(error) if op.get("done") and error else None
+
+
+def _finish(client: Client, args: argparse.Namespace, op: dict[str, Any], what: str
+            ) -> dict[str, Any]:
+    """Wait on ``op`` for up to ``--wait`` seconds; a failed or unfinished one is an error."""
+    if not args.wait:
+        return op
+    op = client.wait_operation(op["name"], args.wait)
+    error = operation_error(op)
+    if error is not None:
+        raise error
+    if not op.get("done"):
+        raise ClientError("DEADLINE_EXCEEDED", f"{what} is not done after {args.wait:g} s "
+                          f"(operation {op['name']}); it goes on: `mtc cluster get` shows it")
+    return op
+
+
+def cmd_cluster(args: argparse.Namespace, client: Client) -> None:
+    parent = args.parent
+    match args.action:
+        case "create" | "update":
+            body = load_body(args.file)
+            call = client.create_cluster if args.action == "create" else client.update_cluster
+            op = _finish(client, args, call(parent, args.cluster_id, body),
+                         f"cluster {args.action} of {args.cluster_id}")
+            if args.json and not args.wait:
+                show(op, True)
+                return
+            cluster = client.get_cluster(parent, args.cluster_id)
+            show(cluster, args.json, lambda: cluster_table([cluster]))
+            if not args.wait and not args.json:
+                print(f"operation {op['name']}: in progress (`--wait S` waits for it)",
+                      file=sys.stderr)
+        case "get":
+            cluster = client.get_cluster(parent, args.cluster_id)
+            show(cluster, args.json, lambda: cluster_table([cluster]))
+        case "list":
+            items = client.list_clusters(parent, args.filter)
+            show(items, args.json, lambda: cluster_table(items))
+        case "delete":
+            op = _finish(client, args, client.delete_cluster(parent, args.cluster_id),
+                         f"cluster delete of {args.cluster_id}")
+            if args.json:
+                show(op, True)
+            else:
+                state = "deleted" if op.get("done") else "deleting"
+                print(f"{parent.child('modelDevelopmentClusters', args.cluster_id)}: {state}"
+                      f" (operation {op['name']})")
+        case "nodes":
+            cmd_nodes(args, client, [args.cluster_id])
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def job_row(j: dict[str, Any]) -> list[str]:
+    progress = j.get("mtcProgress") or {}
+    ckpt = progress.get("latestCheckpoint")
+    cluster = progress.get("clusterId") or (j.get("jobSpec") or {}).get("persistentResourceId")
+    return [last_segment(j.get("name")), cluster or "-",
+            str(j.get("state", "-")).removeprefix("JOB_STATE_"),
+            str(progress.get("attempt", "-")), str(progress.get("restartCount", "-")),
+            ",".join(progress.get("nodes", [])), str(ckpt["step"]) if ckpt else "-"]
+
+
+def job_table(jobs: list[dict[str, Any]]) -> Table:
+    t = Table("JOB", "CLUSTER", "STATE", "ATTEMPT", "RESTARTS", "NODES", "CHECKPOINT")
+    for j in jobs:
+        t.add_row(*job_row(j))
+    return t
+
+
+def job_body(args: argparse.Namespace) -> Any:
+    """The CustomJob from ``-f``; ``--cluster`` fills ``jobSpec.persistentResourceId`` when the
+    file names none (and must agree with it when it does)."""
+    body = load_body(args.file)
+    if args.cluster and isinstance(body, dict):
+        spec = body.setdefault("jobSpec", {})
+        if isinstance(spec, dict):
+            named = spec.get("persistentResourceId")
+            if named and named != args.cluster:
+                raise ClientError("INVALID_ARGUMENT", f"--cluster {args.cluster} disagrees "
+                                  f"with jobSpec.persistentResourceId {named!r} in {args.file}",
+                                  [("jobSpec.persistentResourceId", "disagrees with --cluster")])
+            spec["persistentResourceId"] = args.cluster
+    return body
+
+
+def cmd_job(args: argparse.Namespace, client: Client) -> None:
+    parent = args.parent
+    match args.action:
+        case "submit":
+            job = client.create_job(parent, job_body(args), args.job_id)
+            show(job, args.json, lambda: job_table([job]))
+        case "get":
+            job = client.get_job(parent, args.job_id)
+            show(job, args.json, lambda: job_table([job]))
+        case "list":
+            jobs = client.list_jobs(parent, args.filter)
+            if args.cluster:
+                jobs = [j for j in jobs if (j.get("mtcProgress") or {}).get("clusterId")
+                        == args.cluster]
+            show(jobs, args.json, lambda: job_table(jobs))
+        case "cancel":
+            client.cancel_job(parent, args.job_id)
+            job = client.get_job(parent, args.job_id)
+            show(job, args.json, lambda: job_table([job]))
+        case "delete":
+            op = client.delete_job(parent, args.job_id)
+            if args.json:
+                show(op, True)
+            else:
+                print(f"{parent.child('customJobs', args.job_id)}: deleted")
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def node_table(nodes: list[dict[str, Any]]) -> Table:
+    t = Table("PARTITION", "NODE", "STATE", "SPARE", "JOB", "REASON", "SINCE")
+    for v in nodes:
+        t.add_row(v.get("partition", "-"), v.get("nodeId", "?"), v.get("state", "-"),
+                  "yes" if v.get("spare") else "", v.get("job") or "", v.get("reason", ""),
+                  (v.get("since") or "")[11:19])
+    return t
+
+
+def cmd_nodes(args: argparse.Namespace, client: Client, cluster_ids: list[str] | None = None
+              ) -> None:
+    """Nodes (sinfo-like) of the named clusters, or of every cluster in the location."""
+    parent = args.parent
+    if cluster_ids is None:
+        cluster_ids = [args.cluster] if args.cluster else [
+            last_segment(c.get("name")) for c in client.list_clusters(parent)]
+    nodes = [n for cid in cluster_ids for n in client.cluster_nodes(parent, cid)]
+    nodes.sort(key=lambda n: (n.get("partition", ""), n.get("nodeId", "")))
+    if not getattr(args, "all", False):
+        nodes = [n for n in nodes if n.get("state") != "retired"]
+    show(nodes, args.json, lambda: node_table(nodes))

@@ -22,8 +22,7 @@ from services.api.http import create_app
 from services.wiring.api import embedded_api
 from services.wiring.embedded import EmbeddedApp, embedded
 
-TICK_S = 5.0  # fleet tick (heartbeats, timeouts, scheduling retries)
-PUMP_S = 0.1  # at most this long between two deliveries of the bus
+PUMP_S = 0.1  # at most this long between two deliveries of the bus (the tick: wiring.api)
 PRUNE_S = 600.0
 
 
@@ -58,15 +57,12 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     deadline = time.monotonic() + duration_s if duration_s else float("inf")
-    next_tick = next_prune = time.monotonic()
+    next_prune = time.monotonic()
     try:
         while not stopping and time.monotonic() < deadline:
             server.handle_request()
-            app.pump(budget_s=0.5, max_polls=1)
+            ctx.runtime.after_request()  # deliver a slice, tick the fleet when due
             now = time.monotonic()
-            if now >= next_tick:
-                app.tick()
-                next_tick = now + TICK_S
             if now >= next_prune:
                 if ctx.audit is not None:
                     ctx.audit.prune(app.deps.clock.now())

@@ -4,6 +4,7 @@ audited. ``mtc serve`` and the functions-framework ``api`` target both build it 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 
 from services.api.audit import AuditLog
@@ -21,22 +22,32 @@ class EmbeddedApiRuntime:
 
     app: EmbeddedApp
     budget_s: float = 0.5
+    tick_s: float = 5.0  # the fleet tick (heartbeats, timeouts, backoff, watchdog)
     deps: Deps = field(init=False)
     store: DocStore = field(init=False)
+    _next_tick: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         self.deps = self.app.deps
         self.store = self.app.store
 
     def after_request(self) -> None:
+        """Deliver a bounded slice, and tick when one is due: a long ``:wait`` or a busy
+        stream of requests must not stop the fleet's clock."""
         self.app.pump(budget_s=self.budget_s, max_polls=1)
+        now = time.monotonic()
+        if now >= self._next_tick:
+            self.app.tick()
+            self._next_tick = now + self.tick_s
 
 
 def embedded_api(app: EmbeddedApp, env_token: str | None = None) -> tuple[ApiContext, LocalAuth]:
     auth = local_auth(app.state_dir, env_token if env_token is not None
                       else os.environ.get("MTC_API_TOKEN") or None)
     audit = AuditLog(app.store, app.deps.config.retention_s)
-    return ApiContext(EmbeddedApiRuntime(app), auth.guard, audit), auth
+    # one thread serves every caller here: a :wait answers within 10 s, done or not (AIP-151
+    # lets a server return early); callers wait again
+    return ApiContext(EmbeddedApiRuntime(app), auth.guard, audit, max_wait_s=10.0), auth
 
 
 def cloud_api(runtime: Runtime, store: DocStore) -> ApiContext:

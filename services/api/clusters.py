@@ -7,9 +7,11 @@ finds are reported at the wire field the caller wrote.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from services.api import operations as ops
 from services.api.context import ApiContext, load_record, records_of, save_record
@@ -26,8 +28,10 @@ from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
 from services.job_submission import handlers as h
 from shared.domain.errors import ValidationError
-from shared.domain.model import IN_SERVICE, Cluster, ClusterState
+from shared.domain.model import IN_SERVICE, Cluster, ClusterState, Job, NodeRole, NodeState
+from shared.domain.specs import ClusterSpec
 
+T = TypeVar("T")
 KIND = "cluster"
 COLLECTION = "modelDevelopmentClusters"
 FILTERABLE = ("state", "displayName")
@@ -85,15 +89,26 @@ def list_clusters(ctx: ApiContext, parent: Parent, *, filter_text: str | None = 
         next_page_token=page.next_page_token).to_json()
 
 
-def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
+def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any, *,
+           force: bool = False) -> dict[str, Any]:
     """Update takes the full resource (as documented): pools resized, added or removed,
-    partitions re-drawn; a pool's machine cannot change."""
+    partitions re-drawn; a pool's machine cannot change. A change that would stop a running
+    job is refused unless ``force``: then the jobs that no longer fit checkpoint (SIGTERM,
+    grace) and end CANCELLED, and the nodes that leave drain first."""
     message = parse_message(ModelDevelopmentCluster, body)
     if message.name and message.name != parent.child(COLLECTION, cluster_id):
         raise invalid("name", f"must be {parent.child(COLLECTION, cluster_id)} or empty")
     domain = domain_body(cluster_id, message)
     with ctx.unit() as uow:
         record = load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
+        cluster = h.get_cluster(cluster_id, uow)
+        new_spec = _mapped(lambda: ClusterSpec.parse(domain), message)
+        unfit, drained = _disruption(uow, cluster, new_spec)
+        if (unfit or drained) and not force:
+            raise ApiError("FAILED_PRECONDITION", _disruption_message(unfit, drained))
+        for job in unfit:
+            h.cancel_job(job.job_id, uow, ctx.runtime.deps)
+            job.error = "the cluster was resized below what the job needs"
         cluster = _mapped(lambda: h.update_cluster(cluster_id, domain, uow, ctx.runtime.deps),
                           message)
         save_record(uow, KIND, cluster_id, parent, _stored(message), ctx.now,
@@ -104,15 +119,58 @@ def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any) -> dict[
         return ops.render(uow, op, ctx.now, _renderer(uow, parent))
 
 
-def delete(ctx: ApiContext, parent: Parent, cluster_id: str) -> dict[str, Any]:
+def _disruption(uow: Any, cluster: Cluster, new_spec: ClusterSpec) -> tuple[list[Job], list[Job]]:
+    """The unfinished jobs that would no longer fit, and the running jobs whose nodes the
+    shrink would take (more nodes leave a pool than it has idle)."""
+    resized = dataclasses.replace(cluster, spec=new_spec)
+    unfinished = [j for j in uow.jobs.list(cluster.cluster_id) if not j.terminal]
+    unfit = []
+    for job in unfinished:
+        try:
+            h.check_fits(resized, job.spec)
+        except ValidationError:
+            unfit.append(job)
+    drained: list[Job] = []
+    nodes = [n for n in uow.nodes.list(cluster.cluster_id)
+             if n.role is NodeRole.WORKER and n.state is not NodeState.RETIRED
+             and not n.retire_when_drained]
+    for pool in cluster.spec.node_pools:
+        target = next((p.node_count for p in new_spec.node_pools if p.pool_id == pool.pool_id), 0)
+        mine = [n for n in nodes if n.pool == pool.pool_id]
+        busy = [n for n in mine if n.state is NodeState.ALLOCATED and n.job_id]
+        if len(mine) - target > len(mine) - len(busy):
+            ids = {n.job_id for n in busy}
+            drained += [j for j in unfinished if j.job_id in ids and j not in unfit
+                        and j not in drained]
+    return unfit, drained
+
+
+def _disruption_message(unfit: list[Job], drained: list[Job]) -> str:
+    parts = []
+    if unfit:
+        parts.append(f"job(s) {', '.join(j.job_id for j in unfit[:5])} would no longer fit")
+    if drained:
+        parts.append(f"job(s) {', '.join(j.job_id for j in drained[:5])} would lose nodes "
+                     "and restart")
+    return "; ".join(parts) + ": pass force=true to checkpoint them (SIGTERM, grace) and apply"
+
+
+def delete(ctx: ApiContext, parent: Parent, cluster_id: str, *, force: bool = False
+           ) -> dict[str, Any]:
+    """Deleting a cluster with unfinished jobs is refused unless ``force``: then every job
+    checkpoints (SIGTERM, grace) and ends CANCELLED, and the machines go after they exit."""
     with ctx.unit() as uow:
         load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
         cluster = h.get_cluster(cluster_id, uow)
-        busy = [j.job_id for j in uow.jobs.list(cluster_id) if not j.terminal]
-        if busy:
+        busy = [j for j in uow.jobs.list(cluster_id) if not j.terminal]
+        if busy and not force:
             raise ApiError("FAILED_PRECONDITION", f"cluster {cluster_id} still has "
-                           f"{len(busy)} unfinished job(s) ({', '.join(busy[:5])}): cancel "
-                           "them first")
+                           f"{len(busy)} unfinished job(s) "
+                           f"({', '.join(j.job_id for j in busy[:5])}): cancel them, or pass "
+                           "force=true to checkpoint and cancel them before the delete")
+        for job in busy:
+            h.cancel_job(job.job_id, uow, ctx.runtime.deps)
+            job.error = job.error or "cluster deleted"
         h.delete_cluster(cluster_id, uow, ctx.runtime.deps)
         op = ops.start(uow, parent, target=KIND, target_id=cluster_id, verb="delete",
                        generation=cluster.generation, now=ctx.now,
@@ -191,10 +249,10 @@ def _fixed_size(scaling: Any, where: str) -> int:
     return int(low)
 
 
-def _mapped(call: Any, message: ModelDevelopmentCluster) -> Cluster:
+def _mapped(call: Callable[[], T], message: ModelDevelopmentCluster) -> T:
     """Run a domain call; its field paths are renamed to the wire fields they came from."""
     try:
-        return call()  # type: ignore[no-any-return]
+        return call()
     except ValidationError as exc:
         path = wire_path(exc.path, message)
         raise ApiError("INVALID_ARGUMENT", f"{path}: {exc.reason}",
@@ -229,8 +287,8 @@ def render(uow: Any, cluster: Cluster, parent: Parent, record: dict[str, Any]
     by_state: dict[str, int] = {}
     total = in_service = 0
     for node in uow.nodes.list(cluster.cluster_id):
-        if node.role.value == "login":
-            continue
+        if node.role.value == "login" or node.retire_when_drained:
+            continue  # the login node; nodes leaving in a scale-down
         total += 1
         by_state[node.state.value] = by_state.get(node.state.value, 0) + 1
         in_service += node.state in IN_SERVICE

@@ -157,18 +157,26 @@ def _clusters_get(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Reques
 
 def _clusters_update(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
                      ) -> tuple[Any, int]:
-    return clusters.update(ctx, p, m["rid"], read_body(r)), 200
+    return clusters.update(ctx, p, m["rid"], read_body(r), force=_flag(r, "force")), 200
 
 
 def _clusters_delete(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
                      ) -> tuple[Any, int]:
-    return clusters.delete(ctx, p, m["rid"]), 200
+    return clusters.delete(ctx, p, m["rid"], force=_flag(r, "force")), 200
 
 
 def _cluster_nodes(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
                    ) -> tuple[Any, int]:
     return clusters.nodes(ctx, p, m["rid"], size=r.args.get("pageSize"),
                           token=r.args.get("pageToken")), 200
+
+
+def _flag(r: flask.Request, name: str) -> bool:
+    raw = r.args.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise ApiError("INVALID_ARGUMENT", f"{name}: must be true or false",
+                       [FieldViolation(name, "must be true or false")])
+    return raw in ("true", "1")
 
 
 def _ops_list(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request

@@ -113,7 +113,7 @@ def submit_job(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps,
     spec = CustomJobSpec.parse(body)
     if job_id is not None and not ID_PATTERN.match(job_id):
         raise ValidationError("jobId", "must be lowercase letters, digits and hyphens")
-    _check_fits(cluster, spec)
+    check_fits(cluster, spec)
     job_id = job_id or f"job-{uuid.uuid4().hex[:10]}"
     existing = uow.jobs.get(job_id)
     if existing is not None:
@@ -139,7 +139,7 @@ def _free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps, reason: str = "job c
     job.node_ids = []
 
 
-def _check_fits(cluster: Cluster, spec: CustomJobSpec) -> None:
+def check_fits(cluster: Cluster, spec: CustomJobSpec) -> None:
     """Reject at submit time what could never run, instead of leaving it pending forever."""
     partitions = {p.name: p for p in cluster.spec.partitions}
     wanted = spec.scheduling.partition

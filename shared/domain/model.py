@@ -413,12 +413,12 @@ class Job:
     started_at: float | None = None
     ended_at: float | None = None
     error: str = ""
+    recovery: JobRecovery = field(default_factory=JobRecovery)  # backoff, suspects, progress
 
     def transition(self, target: JobState, now: float) -> None:
         JOB_TRANSITIONS.check(self.job_id, self.state, target)
         self.state = target
         self.updated_at = now
-    recovery: JobRecovery = field(default_factory=JobRecovery)  # backoff, suspects, progress
         if target in TERMINAL_JOB_STATES:
             self.ended_at = now
 
@@ -449,12 +449,12 @@ class Job:
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "error": self.error,
+            "recovery": self.recovery.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Job:
         return cls(
-            "recovery": self.recovery.to_dict(),
             job_id=d["job_id"],
             cluster_id=d["cluster_id"],
             spec=CustomJobSpec.from_dict(d["spec"]),
@@ -472,5 +472,5 @@ class Job:
             started_at=d.get("started_at"),
             ended_at=d.get("ended_at"),
             error=d.get("error", ""),
-        )
             recovery=JobRecovery.from_dict(d.get("recovery")),
+        )

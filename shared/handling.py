@@ -2,7 +2,9 @@
 
 - idempotency: the key (service + CloudEvent source + id) is recorded in the same
   transaction as the state change, so a duplicate is acknowledged and does nothing;
-- staleness: events older than the configured age are dropped with a log line;
+- staleness: events older than the configured age are dropped with a log line; a handler
+  may find an event stale too (a report observed before the node's last repair) and
+  answer ``Outcome.STALE``: it changed nothing, and is recorded (processed) as stale;
 - errors: a PermanentError (bad event, invalid transition) is dead-lettered and
   acknowledged, anything else is re-raised so the transport redelivers;
 - the outbox: events the handler emitted are published only after commit.
@@ -37,6 +39,8 @@ class Outcome(enum.StrEnum):
     # answers it only when asked to)
     UNCHANGED = "unchanged"
     DUPLICATE = "duplicate"
+    # older than ``max_event_age_s`` (dropped), or older than what its subject has become (a
+    # report observed before the node's last repair: recorded as processed, nothing changed)
     STALE = "stale"
     DEAD_LETTERED = "dead-lettered"
 
@@ -56,7 +60,8 @@ class Deps:
 
 
 # (event, uow, deps) -> None, or Outcome.UNCHANGED when the event changed nothing that
-# matters (the bus then leaves it out of the event log)
+# matters (the bus then leaves it out of the event log), or Outcome.STALE when the event
+# describes a past its entity has left and was not acted on
 Handler = Callable[[Any, Any, Deps], "Outcome | None"]
 
 
@@ -92,6 +97,7 @@ def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps, 
             uow.caused_by(key)
             result = handler(envelope.event, uow, deps)
             unchanged = report_unchanged and result is Outcome.UNCHANGED and not uow.emitted
+            stale = result is Outcome.STALE and not uow.emitted
             if not unchanged:
                 uow.mark_processed(key, now, expire_at=now + deps.config.idempotency_window_s)
             uow.commit()
@@ -103,6 +109,10 @@ def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps, 
     publish_all(deps, committed)
     if unchanged:
         return Outcome.UNCHANGED
+    if stale:
+        log.info("%s: %s %s is stale for its subject; not acted on", service, envelope.type,
+                 envelope.id)
+        return Outcome.STALE
     return Outcome.HANDLED
 
 

@@ -6,8 +6,10 @@ diagnosis, no alert, and the bus leaves it out of the timeline: ``Outcome.UNCHAN
 node still held with the same fault is diagnosed again once per ``alert_reminder_s``.
 
 Decisions are state-based: a report for a node already out of service changes nothing, an
-older report arriving after a newer one is ignored, so replays and XID storms cannot
-re-drain a node that was repaired since.
+older report arriving after a newer one is ignored, and a report observed before the node's
+last repair started (or before it was provisioned) is stale (``Outcome.STALE``, nothing
+changes), so replays, redeliveries and XID storms cannot re-drain or escalate a node that
+was repaired since.
 
 This service owns **return to service**: it counts the passing checks (hysteresis), moves
 the node back to IDLE and into its partition, uncordons it in compute and announces it
@@ -43,6 +45,8 @@ def on_health_reported(event: NodeHealthReported, uow: UnitOfWork, deps: Deps
     node = uow.nodes.get(event.node_id)
     if node is None:
         raise NotFound("node", event.node_id)
+    if lifecycle.stale_report(node, event.observed_at):
+        return Outcome.STALE  # from before its last repair (or provisioning): history
     conditions = tuple(Condition.from_dict(c) for c in event.conditions)
     report = HealthReport(event.node_id, event.observed_at, conditions, event.source)
     return None if assess(node, report, uow, deps) else Outcome.UNCHANGED

@@ -6,6 +6,7 @@ one after another; the Cloud Workflow calls the same steps over HTTP and polls b
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from shared.domain import lifecycle
@@ -35,15 +36,28 @@ from shared.handling import Deps
 from shared.ports import UnitOfWork
 
 SERVICE = "provisioning"
+log = logging.getLogger("mtc.provisioning")
 SETTLING = lifecycle.COMING_UP
 
 
 def node_name(cluster_id: str, pool_id: str, index: int) -> str:
-    return f"{cluster_id}-{pool_id}-{index:03d}"
+    """``{cluster}-{pool}-{index:03d}``, each id's own hyphens doubled: one name per node.
+
+    Node ids share one collection, so the name must not be ambiguous: with plain joins,
+    cluster ``a`` pool ``b-c`` and cluster ``a-b`` pool ``c`` both made ``a-b-c-000`` and the
+    second cluster took the first one's nodes. Ids begin and end with a letter or digit, so
+    in the name a single hyphen is always a separator and a run of two a hyphen of an id;
+    ids without hyphens (most) keep the names they always had (``c1-gpu-001``). Only
+    letters, digits and hyphens: valid as a Slurm NodeName and a GCE instance name."""
+    return f"{_escape(cluster_id)}-{_escape(pool_id)}-{index:03d}"
 
 
 def login_name(cluster_id: str) -> str:
-    return f"{cluster_id}-login"
+    return f"{_escape(cluster_id)}-login"
+
+
+def _escape(id_: str) -> str:
+    return id_.replace("-", "--")
 
 
 # ---------------------------------------------------------------- steps
@@ -60,9 +74,10 @@ def step_create_nodes(cluster_id: str, generation: int, uow: UnitOfWork, deps: D
     existing = {n.node_id: n for n in uow.nodes.list(cluster_id)}
     requested = 0
     login = login_name(cluster_id)
-    if login not in existing:
+    if login not in existing and _free(login, cluster_id, uow):
         node = Node(login, cluster_id, "login", "", NodeRole.LOGIN, spec.login_machine_type,
-                    None, 0, NodeState.PROVISIONING, now, generation=generation)
+                    None, 0, NodeState.PROVISIONING, now, generation=generation,
+                    renewed_at=now)
         uow.nodes.add(node)
         deps.compute.provision_node(node)
         requested += 1
@@ -79,13 +94,13 @@ def step_create_nodes(cluster_id: str, generation: int, uow: UnitOfWork, deps: D
         while len(active) < pool.node_count:
             name = node_name(cluster_id, pool.pool_id, index)
             index += 1
-            if name in taken:
+            if name in taken or not _free(name, cluster_id, uow):
                 continue
             node = Node(name, cluster_id, pool.pool_id, partition_name, NodeRole.WORKER,
                         pool.machine_spec.machine_type, pool.machine_spec.accelerator_type,
                         pool.machine_spec.accelerator_count, NodeState.PROVISIONING, now,
                         is_spare=workers >= pool.node_count - pool.spare_count,
-                        generation=generation)
+                        generation=generation, renewed_at=now)
             uow.nodes.add(node)
             deps.compute.provision_node(node)
             active.append(node)
@@ -94,6 +109,19 @@ def step_create_nodes(cluster_id: str, generation: int, uow: UnitOfWork, deps: D
         requested += _shrink(pool.node_count, active, uow, deps)
     _sync_partitions(cluster, uow)
     return requested
+
+
+def _free(name: str, cluster_id: str, uow: UnitOfWork) -> bool:
+    """No node document has this id yet. One that does is never adopted (overwritten), least
+    of all another cluster's: its nodes stay its own, in their state; the caller takes the
+    next free name instead."""
+    found = uow.nodes.get(name)
+    if found is None:
+        return True
+    if found.cluster_id != cluster_id:
+        log.error("%s: node id %s belongs to cluster %s; not adopted", cluster_id, name,
+                  found.cluster_id)
+    return False
 
 
 def _shrink(target: int, active: list[Node], uow: UnitOfWork, deps: Deps) -> int:

@@ -125,6 +125,7 @@ def _launch(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reaso
         return
     node.repair_action = action
     node.repair_attempt += 1
+    lifecycle.renew(node, now)  # reports observed before this moment are stale from now on
     deps.compute.start_repair(node.node_id, action, node.repair_attempt)
     uow.emit(NodeRepairStarted(node_id=node.node_id, action=action.value,
                                attempt=node.repair_attempt, reason=reason))
@@ -144,7 +145,7 @@ def _replace(node: Node, uow: UnitOfWork, deps: Deps, reason: str) -> None:
             accelerator_type=node.accelerator_type, accelerator_count=node.accelerator_count,
             state=NodeState.PROVISIONING, since=now, is_spare=node.is_spare,
             reason=f"replacing {node.node_id}", replaces=node.node_id,
-            generation=node.generation,
+            generation=node.generation, renewed_at=now,
         )
         uow.nodes.add(fresh)
         partition.take_out(fresh.node_id, now, deps.config.repair.blast_window_s)

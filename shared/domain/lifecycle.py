@@ -56,6 +56,20 @@ def record_failure(node: Node, *records: FailureRecord) -> None:
 # ---------------------------------------------------------------- conditions
 
 
+def renew(node: Node, now: float) -> None:
+    """The node starts a new life: a repair of it was started (provisioning sets the same
+    mark when it creates the record). What was observed before then is history."""
+    node.renewed_at = now
+
+
+def stale_report(node: Node, observed_at: float) -> bool:
+    """A report observed before the node's present life began (before its last repair
+    started, before it was provisioned), delivered late: a redelivery, an agent resending
+    after a lost response. It describes a fault the repair was meant to clear and must not
+    act on the node (diagnosed again, it would escalate the repaired node's ladder)."""
+    return node.renewed_at is not None and observed_at < node.renewed_at
+
+
 def observe(node: Node, report: HealthReport) -> bool:
     """Fold ``report`` into ``node.conditions``; True when a condition's status, reason or
     ``since`` changed (or a condition appeared). Every condition seen is stamped last-seen.

@@ -270,6 +270,9 @@ class Node:
     replaces: str | None = None  # the node this one replaced
     retire_when_drained: bool = False  # scale-down: leave for good instead of being repaired
     generation: int = 1  # cluster generation that created the node
+    # when its present life began (provisioning requested, or its last repair started): a
+    # report observed before then describes the node it was, and is stale
+    renewed_at: float | None = None
 
     def transition(self, target: NodeState, now: float, reason: str = "") -> None:
         if target is self.state and target is not NodeState.REPAIRING:
@@ -318,6 +321,7 @@ class Node:
             "replaces": self.replaces,
             "retire_when_drained": self.retire_when_drained,
             "generation": self.generation,
+            "renewed_at": self.renewed_at,
         }
 
     @classmethod
@@ -352,6 +356,7 @@ class Node:
             replaces=d.get("replaces"),
             retire_when_drained=d.get("retire_when_drained", False),
             generation=d.get("generation", 1),
+            renewed_at=d.get("renewed_at"),
         )
 
 

@@ -57,13 +57,15 @@ from shared.adapters.outbox import envelope_to_doc  # noqa: E402
 from shared.codec import from_pubsub_message  # noqa: E402
 from shared.domain.events import Envelope  # noqa: E402
 
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+from stack_story import CLUSTER_ID, JOB_ID, node_table, story  # noqa: E402
+
 ROUTES = control_plane_routes()
 
 PROJECT = "mtc-local"
 LOCATION = "us-central1"
 EMULATORS = ROOT / "scripts" / "emulators.sh"
-TERMINAL_JOB_STATES = frozenset({"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
-                                 "JOB_STATE_CANCELLED"})
 
 
 @dataclass(frozen=True)
@@ -360,109 +362,6 @@ def running(stack: Stack, on_event: Callable[[Envelope], None] | None = None
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stack.stop()
         signal.signal(signal.SIGTERM, previous)
-
-
-# ---------------------------------------------------------------- the story
-
-
-CLUSTER_ID = "demo"
-JOB_ID = "train-1"
-
-
-def cluster_body() -> dict[str, Any]:
-    """`make demo`'s cluster as a modelDevelopmentCluster: a login node and four H100
-    nodes, one of them a hot spare, in one Slurm partition."""
-    return {
-        "displayName": "self-healing demo",
-        "nodePools": [
-            {"id": "login", "machineSpec": {"machineType": "n2-standard-8"},
-             "scalingSpec": {"minNodeCount": 1, "maxNodeCount": 1}},
-            {"id": "h100", "machineSpec": {"machineType": "a3-highgpu-8g",
-                                           "acceleratorType": "NVIDIA_H100_80GB",
-                                           "acceleratorCount": 8},
-             "scalingSpec": {"minNodeCount": 4, "maxNodeCount": 4}, "mtcHotSpareCount": 1},
-        ],
-        "orchestratorSpec": {"slurmSpec": {
-            "partitions": [{"id": "train", "nodePoolIds": ["h100"]}],
-            "loginNodePoolId": "login"}},
-    }
-
-
-def custom_job_body(steps: int) -> dict[str, Any]:
-    """`make demo`'s training job (examples/train.py on two nodes) as a CustomJob."""
-    from services.cli.demo import CHECKPOINT_EVERY_STEPS, STEP_TIME_S
-
-    return {
-        "displayName": "numpy-regression",
-        "jobSpec": {
-            "persistentResourceId": CLUSTER_ID,
-            "workerPoolSpecs": [{
-                "machineSpec": {"machineType": "a3-highgpu-8g",
-                                "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
-                "replicaCount": "2",
-                "containerSpec": {
-                    "imageUri": "local/examples:latest",
-                    "command": [sys.executable, str(ROOT / "examples" / "train.py")],
-                    "args": ["--steps", str(steps), "--checkpoint-every",
-                             str(CHECKPOINT_EVERY_STEPS), "--step-time", str(STEP_TIME_S)],
-                },
-            }],
-            "scheduling": {"mtcPartition": "train", "restartJobOnWorkerRestart": False},
-        },
-    }
-
-
-def story(stack: Stack, steps: int, console: Any, t0: float) -> dict[str, Any]:
-    """The self-healing story through the API; the job as the API last showed it."""
-    from services.cli.demo import CHECKPOINT_EVERY_STEPS, STEP_TIME_S
-    from shared.domain.health import Condition, ConditionStatus, ConditionType
-
-    def node_state(node_id: str) -> str | None:
-        return next((n["state"] for n in stack.nodes(CLUSTER_ID) if n["nodeId"] == node_id),
-                    None)
-
-    def wait(what: str, until: Callable[[], bool], timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not until():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"stack: timed out waiting for {what}")
-            time.sleep(0.2)
-
-    created = time.time()
-    op = stack.wait_operation(stack.create_cluster(CLUSTER_ID, cluster_body()))
-    ready = op["response"]
-    console.print(f"[dim]{time.time() - t0:7.2f}s  {ready['name']} {ready['state']} "
-                  f"({ready['mtcNodes']['inService']} nodes in service) in "
-                  f"{time.time() - created:.1f} s: {op['name']} done")
-    submitted = stack.submit_job(JOB_ID, custom_job_body(steps))
-    console.print(f"[dim]{time.time() - t0:7.2f}s  {submitted['name']} submitted: "
-                  f"{submitted['state']}")
-    wait("a first checkpoint",
-         lambda: "latestCheckpoint" in stack.job(JOB_ID).get("mtcProgress", {}))
-    time.sleep(CHECKPOINT_EVERY_STEPS * STEP_TIME_S / 2)  # mid-interval: the SIGTERM save counts
-    victim = stack.job(JOB_ID)["mtcProgress"]["nodes"][0]
-    console.print(f"[bold magenta]>>> injecting XID 79 (GPU fell off the bus) on {victim}")
-    now = time.time()
-    stack.compute.inject_fault(victim, [Condition(ConditionType.XID_ERROR.value,
-                                                  ConditionStatus.TRUE, "NVRM: Xid 79", now,
-                                                  {"xids": [79]})])
-    wait("the job to finish and the node to return",
-         lambda: stack.job(JOB_ID)["state"] in TERMINAL_JOB_STATES
-         and node_state(victim) == "idle", timeout_s=180)
-    return stack.job(JOB_ID)
-
-
-def node_table(nodes: list[dict[str, Any]]) -> Any:
-    """The cluster's nodes as the API lists them (sinfo-like)."""
-    from rich.table import Table
-
-    table = Table("PARTITION", "NODE", "ROLE", "STATE", "SPARE", "FAILURES", "REASON",
-                  title="mtc node list (GET .../modelDevelopmentClusters/demo/nodes)")
-    for n in sorted(nodes, key=lambda n: n["nodeId"]):
-        table.add_row(n["partition"], n["nodeId"], n["role"], n["state"],
-                      "yes" if n.get("spare") else "", str(n.get("failures", 0)),
-                      n.get("reason", ""))
-    return table
 
 
 def main(argv: list[str] | None = None) -> int:

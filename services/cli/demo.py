@@ -22,6 +22,7 @@ from rich.markup import escape
 from services.job_submission import handlers as api
 from services.wiring.embedded import EmbeddedApp
 from shared.config import ControlPlaneConfig
+from shared.domain.errors import ValidationError
 from shared.domain.events import Envelope
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
 from shared.domain.model import JobState, NodeState
@@ -81,9 +82,39 @@ def demo_compute_options() -> dict[str, Any]:
             "agent_interval_s": 0.5}
 
 
-def fresh_state(state_dir: Path) -> None:
-    if state_dir.exists():
-        shutil.rmtree(state_dir)
+DEFAULT_STATE_DIR = Path("var/demo")
+STATE_SUBDIR = "mtc-demo"  # the demo's own directory inside one the user names
+SENTINEL = ".mtc-demo"  # written into every directory the demo made; nothing else is removed
+
+
+def demo_state_dir(named: str | Path | None) -> Path:
+    """Where the demo keeps its state: ``var/demo``, or a subdirectory of its own inside the
+    directory the user named (``--state-dir``, ``MTC_STATE_DIR``), never that directory
+    itself: whatever else is in it is the user's."""
+    return Path(named) / STATE_SUBDIR if named else DEFAULT_STATE_DIR
+
+
+def fresh_state(state_dir: Path) -> Path:
+    """Make ``state_dir`` an empty directory of the demo's own, marked with SENTINEL.
+
+    Only a directory bearing the sentinel (one an earlier demo made) is deleted; an empty
+    one is taken; a non-empty one without it, a file or a symlink is refused
+    (ValidationError naming ``--state-dir``) and left as it was."""
+    if state_dir.is_symlink() or (state_dir.exists() and not state_dir.is_dir()):
+        raise ValidationError("--state-dir", f"{state_dir} is not a directory the demo made; "
+                              "name another")
+    if state_dir.is_dir():
+        if (state_dir / SENTINEL).is_file():
+            shutil.rmtree(state_dir)
+        elif any(state_dir.iterdir()):
+            raise ValidationError(
+                "--state-dir", f"{state_dir} is not empty and the demo did not make it (no "
+                f"{SENTINEL} in it); the demo only deletes directories it made: name another "
+                "directory, or empty this one yourself")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / SENTINEL).write_text("made by `mtc demo`: the next demo run deletes this "
+                                      "directory and everything in it\n")
+    return state_dir
 
 
 def _printer(t0: float) -> Any:

@@ -26,7 +26,6 @@ import contextlib
 import os
 import random
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -39,9 +38,11 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from services.cli.demo import fresh_state
 from services.job_submission import handlers as api
 from services.wiring.embedded import EmbeddedApp, embedded
 from shared.config import ControlPlaneConfig
+from shared.domain.errors import ValidationError
 from shared.domain.events import Envelope
 from shared.domain.model import Job, JobState, NodeState
 from shared.goodput_live import job_accounting
@@ -335,13 +336,16 @@ def main(argv: list[str] | None = None) -> int:
         prog="demo_slurm", description=__doc__.splitlines()[0] if __doc__ else ""
     )
     parser.add_argument("--steps", type=int, default=300, help="training steps (0.05 s each)")
-    parser.add_argument("--state-dir", default="var/demo-slurm", help="control-plane state (wiped)")
+    parser.add_argument("--state-dir", default="var/demo-slurm",
+                        help="control-plane state (a directory the demo makes; wiped next run)")
     parser.add_argument("--slurm-dir", default="/tmp/mtc-slurm-demo", help="the Slurm cluster's state dir")
     parser.add_argument("--keep-cluster", action="store_true", help="leave the Slurm cluster running")
     args = parser.parse_args(argv)
-    state_dir = Path(args.state_dir)
-    if state_dir.exists():
-        shutil.rmtree(state_dir)
+    try:  # a directory of the demo's own: only one bearing its sentinel is ever deleted
+        state_dir = fresh_state(Path(args.state_dir))
+    except ValidationError as exc:
+        console.print(f"[bold red]demo: {escape(str(exc))}")
+        return 2
     t0 = time.time()
     console.print(f"starting a Slurm cluster in {args.slurm_dir} (scripts/slurm/cluster.sh) ...")
     with demo_cluster(Path(args.slurm_dir), args.keep_cluster) as cluster:

@@ -35,6 +35,7 @@ from shared.domain.errors import MtcError, NotFound, ValidationError
 
 DEFAULT_PROJECT = DEFAULT_LOCATION = "local"
 API_COMMANDS = {"cluster", "job", "node list"}
+DEFAULT_STATE_DIR = "var/mtc"
 
 
 def _common() -> argparse.ArgumentParser:
@@ -54,8 +55,10 @@ def _common() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mtc", description=__doc__.splitlines()[0])
-    p.add_argument("--state-dir", default=os.environ.get("MTC_STATE_DIR", "var/mtc"),
-                   help="where the embedded control plane keeps its state (default var/mtc)")
+    p.add_argument("--state-dir", default=None,
+                   help="where the embedded control plane keeps its state (env MTC_STATE_DIR; "
+                   f"default {DEFAULT_STATE_DIR}); `mtc demo` keeps its own in a "
+                   "subdirectory of it (default var/demo)")
     p.add_argument("--json", action="store_true", help="print the wire JSON, not tables")
     p.add_argument("--project", default=None, help="the project (env MTC_PROJECT; default local)")
     p.add_argument("--location", default=None,
@@ -197,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "sim":
         return int(args.fn(args) or 0)
-    state_dir = Path(args.state_dir)
+    named = args.state_dir or os.environ.get("MTC_STATE_DIR") or None
+    state_dir = Path(named or DEFAULT_STATE_DIR)
     if args.command == "serve":
         from services.cli.serve import serve
 
@@ -214,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif api_command:
             _run_api(args, state_dir)
         else:
-            _run_local(args, state_dir)
+            _run_local(args, state_dir, named)
     except ClientError as exc:
         report(exc)
         return 2
@@ -244,14 +248,18 @@ def _run_api(args: argparse.Namespace, state_dir: Path) -> None:
         app.close()
 
 
-def _run_local(args: argparse.Namespace, state_dir: Path) -> None:
+def _run_local(args: argparse.Namespace, state_dir: Path, named: str | None) -> None:
     options: dict[str, Any] = {}
     if args.command == "demo":
-        from services.cli.demo import demo_compute_options, demo_config, fresh_state
+        from services.cli.demo import (
+            demo_compute_options,
+            demo_config,
+            demo_state_dir,
+            fresh_state,
+        )
 
-        if not os.environ.get("MTC_STATE_DIR") and args.state_dir == "var/mtc":
-            state_dir = Path("var/demo")
-        fresh_state(state_dir)
+        # the demo's own directory (a subdirectory of one the user named): only it is wiped
+        state_dir = fresh_state(demo_state_dir(named))
         options = {"config": demo_config(), "compute_options": demo_compute_options()}
     app = embedded(state_dir, **options)
     try:

@@ -19,7 +19,8 @@ from services.api.tokens import LocalTokens
 from services.cli.client import ClientError
 from services.cli.commands_api import console, show
 from services.wiring.embedded import EmbeddedApp
-from shared.domain.errors import NotFound, ValidationError
+from shared.domain.errors import ValidationError
+from shared.domain.faults import FaultRequest, check_fault_target, validate_fault
 from shared.domain.health import Condition, ConditionStatus, ConditionType
 from shared.timeline import clock, describe, is_routine
 
@@ -27,42 +28,60 @@ LOCAL_ONLY = ("works on the local state directory only (--state-dir), not throug
               "run it on the server's machine")
 
 
+# FaultRequest field -> the `mtc node fault` option that sets it (errors name the option)
+FAULT_OPTIONS = {"xids": "--xid", "ecc_dbe": "--ecc-dbe", "dcgm_level": "--dcgm-fail",
+                 "thermal_c": "--thermal", "disk_used_fraction": "--disk",
+                 "slow_ratio": "--slow"}
+
+
+def fault_request(args: argparse.Namespace) -> FaultRequest:
+    """`mtc node fault` flags as a FaultRequest, checked by the rules every entry point
+    shares (shared.domain.faults): a ValidationError names the bad option."""
+    fault = FaultRequest(xids=tuple(args.xid or ()), ecc_dbe=args.ecc_dbe,
+                         row_remap_failure=bool(args.row_remap_failure),
+                         dcgm_level=args.dcgm_fail, thermal_c=args.thermal,
+                         disk_used_fraction=args.disk, slow_ratio=args.slow)
+    if fault.empty:
+        raise ValidationError("fault", "name at least one fault (--xid, --ecc-dbe, ...)")
+    return validate_fault(fault, FAULT_OPTIONS)
+
+
 def fault_conditions(args: argparse.Namespace, now: float) -> list[Condition]:
     """Turn `mtc node fault` flags into the conditions a node agent would report."""
+    f = fault_request(args)
     T, TRUE = ConditionType, ConditionStatus.TRUE
     out = []
-    if args.xid:
-        out.append(Condition(T.XID_ERROR.value, TRUE, f"NVRM: Xid {args.xid}", now,
-                             {"xids": list(args.xid)}))
-    if args.ecc_dbe:
-        out.append(Condition(T.ECC_UNCORRECTABLE.value, TRUE, f"{args.ecc_dbe} volatile DBE",
-                             now, {"volatile_dbe": args.ecc_dbe, "aggregate_dbe": args.ecc_dbe}))
-    if args.row_remap_failure:
+    if f.xids:
+        out.append(Condition(T.XID_ERROR.value, TRUE, f"NVRM: Xid {list(f.xids)}", now,
+                             {"xids": list(f.xids)}))
+    if f.ecc_dbe is not None:
+        out.append(Condition(T.ECC_UNCORRECTABLE.value, TRUE, f"{f.ecc_dbe} volatile DBE",
+                             now, {"volatile_dbe": f.ecc_dbe, "aggregate_dbe": f.ecc_dbe}))
+    if f.row_remap_failure:
         out.append(Condition(T.ROW_REMAP_FAILURE.value, TRUE, "row remapping failed", now,
                              {"failure": True, "pending": False}))
-    if args.dcgm_fail:
-        out.append(Condition(T.DCGM_DIAG_FAILED.value, TRUE, f"dcgmi diag -r {args.dcgm_fail}",
-                             now, {"level": args.dcgm_fail, "failed_tests": ["memory"]}))
-    if args.thermal is not None:
-        out.append(Condition(T.THERMAL_THROTTLING.value, TRUE, f"{args.thermal} C", now,
-                             {"temperature_c": args.thermal, "reasons": ["hw_thermal_slowdown"]}))
-    if args.disk is not None:
-        out.append(Condition(T.DISK_PRESSURE.value, TRUE, f"{args.disk:.0%} used", now,
-                             {"mount": "/", "used_fraction": args.disk}))
-    if args.slow is not None:
-        out.append(Condition(T.SLOW_SPEED_CHECK.value, TRUE, f"{args.slow:.2f}x baseline", now,
-                             {"ratio_to_baseline": args.slow}))
-    if not out:
-        raise ValidationError("fault", "name at least one fault (--xid, --ecc-dbe, ...)")
+    if f.dcgm_level is not None:
+        out.append(Condition(T.DCGM_DIAG_FAILED.value, TRUE, f"dcgmi diag -r {f.dcgm_level}",
+                             now, {"level": f.dcgm_level, "failed_tests": ["memory"]}))
+    if f.thermal_c is not None:
+        out.append(Condition(T.THERMAL_THROTTLING.value, TRUE, f"{f.thermal_c} C", now,
+                             {"temperature_c": f.thermal_c,
+                              "reasons": ["hw_thermal_slowdown"]}))
+    if f.disk_used_fraction is not None:
+        out.append(Condition(T.DISK_PRESSURE.value, TRUE, f"{f.disk_used_fraction:.0%} used",
+                             now, {"mount": "/", "used_fraction": f.disk_used_fraction}))
+    if f.slow_ratio is not None:
+        out.append(Condition(T.SLOW_SPEED_CHECK.value, TRUE, f"{f.slow_ratio:.2f}x baseline",
+                             now, {"ratio_to_baseline": f.slow_ratio}))
     return out
 
 
 def cmd_fault(args: argparse.Namespace, app: EmbeddedApp) -> None:
-    """Inject a health report on a node, as its agent would send it."""
-    with app.transaction() as uow:
-        if uow.nodes.get(args.node_id) is None:
-            raise NotFound("node", args.node_id)
+    """Inject a health report on a node, as its agent would send it: only faults a node could
+    report, only on a worker node that is still there."""
     conditions = fault_conditions(args, app.deps.clock.now())
+    with app.transaction() as uow:
+        check_fault_target(uow.nodes.get(args.node_id), args.node_id, "NODE_ID")
     app.compute.inject_fault(args.node_id, conditions)
     app.pump()
     print(f"injected {', '.join(c.reason for c in conditions)} on {args.node_id}")

@@ -17,6 +17,7 @@ from shared.domain.events import (
     ClusterDeleteRequested,
     ClusterReady,
     ClusterUpdateRequested,
+    JobFinished,
     NodeDrained,
     NodeDraining,
     NodeProvisioned,
@@ -32,7 +33,7 @@ from shared.domain.model import (
     NodeState,
     Partition,
 )
-from shared.handling import Deps
+from shared.handling import Deps, Outcome
 from shared.ports import UnitOfWork
 
 SERVICE = "provisioning"
@@ -316,23 +317,44 @@ def on_node_drained(event: NodeDrained, uow: UnitOfWork, deps: Deps) -> None:
 
 
 def on_delete_requested(event: ClusterDeleteRequested, uow: UnitOfWork, deps: Deps) -> None:
-    cluster = _cluster(event.cluster_id, uow)
+    _delete(event.cluster_id, uow, deps)
+
+
+def on_job_finished(event: JobFinished, uow: UnitOfWork, deps: Deps) -> Outcome | None:
+    """A job of a cluster being deleted has exited: the machines may go now."""
+    cluster = uow.clusters.get(event.cluster_id)
+    if cluster is None or cluster.state is not ClusterState.DELETING:
+        return Outcome.UNCHANGED
+    _delete(event.cluster_id, uow, deps)
+    return None
+
+
+def _delete(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
+    """Running jobs checkpoint first (SIGTERM, the grace period; compute kills after it);
+    the nodes are retired once no worker is left, never under a running program."""
+    cluster = _cluster(cluster_id, uow)
     if cluster.state is not ClusterState.DELETING:
         return
     now = deps.clock.now()
-    for job in uow.jobs.list(event.cluster_id):
+    waiting = False
+    for job in uow.jobs.list(cluster_id):
         if job.terminal:
             continue
-        if job.state in (JobState.RUNNING, JobState.CANCELLING):
-            deps.compute.stop_workers(job.job_id, job.attempt)
-            if job.state is JobState.RUNNING:
-                job.transition(JobState.CANCELLING, now)
+        if job.state is JobState.RUNNING:
+            job.transition(JobState.CANCELLING, now)
+            job.error = job.error or "cluster deleted"
+            deps.compute.signal_workers(job.job_id, job.attempt, deps.config.grace_period_s)
+        if job.state is JobState.CANCELLING:
+            waiting = True
+            continue
         job.transition(JobState.CANCELLED, now)
-        job.error = "cluster deleted"
-    for node in uow.nodes.list(event.cluster_id):
+        job.error = job.error or "cluster deleted"
+    if waiting:
+        return
+    for node in uow.nodes.list(cluster_id):
         _retire(node, uow, deps, "cluster deleted")
     cluster.transition(ClusterState.DELETED, now, "deleted")
-    uow.emit(ClusterDeleted(cluster_id=event.cluster_id))
+    uow.emit(ClusterDeleted(cluster_id=cluster_id))
 
 
 def _cluster(cluster_id: str, uow: UnitOfWork) -> Cluster:
@@ -346,6 +368,7 @@ SUBSCRIPTIONS = {
     ClusterCreateRequested: on_create_requested,
     ClusterUpdateRequested: on_update_requested,
     ClusterDeleteRequested: on_delete_requested,
+    JobFinished: on_job_finished,
     NodeProvisioned: on_node_provisioned,
     NodeReturnedToService: on_node_returned,
     NodeDrained: on_node_drained,

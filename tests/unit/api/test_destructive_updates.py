@@ -81,6 +81,7 @@ def test_delete_under_a_running_job_is_refused_unless_forced(api: Api) -> None:
     assert refused.status_code == 400
     assert refused.json["error"]["status"] == "FAILED_PRECONDITION"
     assert api.call("GET", CLUSTER).json["state"] == "READY"
+    time.sleep(0.3)  # some 15 steps past the last periodic checkpoint
     forced = api.call("DELETE", f"{CLUSTER}?force=true")
     assert forced.status_code == 200, forced.json
     until(api, lambda: api.call("POST", f"/v1beta1/{forced.json['name']}:wait",
@@ -90,3 +91,5 @@ def test_delete_under_a_running_job_is_refused_unless_forced(api: Api) -> None:
     step_before = int(before["mtcProgress"]["latestCheckpoint"]["step"])
     step_after = int(job["mtcProgress"]["latestCheckpoint"]["step"])
     assert step_after > step_before  # it checkpointed on SIGTERM before the machines went
+    exits = [d for d in api.app.deps.event_log.read() if d["type"] == "mtc.job.workers_exited.v1"]
+    assert [d["data"]["exit_code"] for d in exits] == [75]  # preempted with a checkpoint

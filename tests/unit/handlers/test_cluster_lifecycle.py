@@ -104,12 +104,19 @@ def test_cancel_signals_then_cancels_and_frees_nodes() -> None:
     assert all(n.state is NodeState.IDLE for n in plane.nodes("c1"))
 
 
-def test_delete_cancels_jobs_and_retires_every_node() -> None:
+def test_delete_checkpoints_jobs_then_retires_every_node() -> None:
+    """Issue: destructive updates. The machines go only after the workers had their SIGTERM
+    and grace period to checkpoint, never under a running program."""
     plane = ready_plane()
     plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     plane.api(lambda u, d: api.delete_cluster("c1", u, d))
     plane.deliver()
+    assert plane.compute.signalled == [("j1", 1)]
+    assert plane.job("j1").state is JobState.CANCELLING
+    assert cluster_state(plane) is ClusterState.DELETING
+    assert not plane.compute.deleted
+    plane.exit_workers("j1", 1, 75)
     assert cluster_state(plane) is ClusterState.DELETED
     assert plane.job("j1").state is JobState.CANCELLED
     assert all(n.state is NodeState.RETIRED for n in plane.nodes("c1"))

@@ -18,7 +18,7 @@ from typing import Any
 import flask
 from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 
-from services.api import clusters, custom_jobs, operations_api
+from services.api import clusters, custom_jobs, node_health, node_ops, operations_api
 from services.api.context import ApiContext
 from services.api.errors import ApiError, FieldViolation
 from services.api.names import Parent, parent
@@ -38,6 +38,7 @@ class Route:
     pattern: re.Pattern[str]
     permission: str
     call: Callable[[ApiContext, Parent, dict[str, str], flask.Request], tuple[Any, int]]
+    reasoned: bool = False  # the body's "reason" goes in the audit record
 
     @property
     def mutates(self) -> bool:
@@ -45,9 +46,9 @@ class Route:
 
 
 def _route(method: str, path: str, permission: str,
-           call: Callable[[ApiContext, Parent, dict[str, str], flask.Request], tuple[Any, int]]
-           ) -> Route:
-    return Route(method, re.compile(path), permission, call)
+           call: Callable[[ApiContext, Parent, dict[str, str], flask.Request], tuple[Any, int]],
+           reasoned: bool = False) -> Route:
+    return Route(method, re.compile(path), permission, call, reasoned)
 
 
 def read_body(request: flask.Request, *, required: bool = True) -> Any:
@@ -171,6 +172,24 @@ def _cluster_nodes(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Reque
                           token=r.args.get("pageToken")), 200
 
 
+def _node_op(verb: str) -> Callable[[ApiContext, Parent, dict[str, str], flask.Request],
+                                     tuple[Any, int]]:
+    def call(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+             ) -> tuple[Any, int]:
+        return node_ops.act(ctx, p, m["rid"], m["node"], verb, read_body(r),
+                            m["principal"]), 200
+    return call
+
+
+def _audit_reason(request: flask.Request) -> str:
+    try:
+        body = json.loads(request.get_data(cache=True) or b"{}")
+    except (ValueError, RequestEntityTooLarge):
+        return ""
+    reason = body.get("reason") if isinstance(body, dict) else None
+    return reason[:512] if isinstance(reason, str) else ""
+
+
 def _flag(r: flask.Request, name: str) -> bool:
     raw = r.args.get(name, "false").lower()
     if raw not in ("true", "false", "1", "0"):
@@ -223,6 +242,11 @@ ROUTES: tuple[Route, ...] = (
     _route("PATCH", f"{CLUSTERS}/{_ID}", f"{C}.update", _clusters_update),
     _route("DELETE", f"{CLUSTERS}/{_ID}", f"{C}.delete", _clusters_delete),
     _route("GET", f"{CLUSTERS}/{_ID}/nodes", f"{C}.get", _cluster_nodes),
+    _route("POST", f"{CLUSTERS}/{_ID}/nodes/(?P<node>[^/:]+):reportHealth", f"{C}.update",
+           lambda ctx, p, m, r: (node_health.report_health(ctx, p, m["rid"], m["node"],
+                                                           read_body(r)), 200)),
+    *(_route("POST", f"{CLUSTERS}/{_ID}/nodes/(?P<node>[^/:]+):{verb}", f"{C}.update",
+             _node_op(verb), reasoned=True) for verb in node_ops.VERBS),
     _route("GET", OPS, f"{OP}.list", _ops_list),
     _route("GET", f"{OPS}/{_ID}", f"{OP}.get", _ops_get),
     _route("DELETE", f"{OPS}/{_ID}", f"{OP}.delete", _ops_delete),
@@ -263,7 +287,7 @@ def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiC
         where = parent(groups["project"], groups["location"])
         principal = ctx.guard.check(request.headers.get("Authorization"), route.permission,
                                     where.project)
-        who = principal.name
+        who = groups["principal"] = principal.name
         body, status = route.call(ctx, where, groups, request)
         response = _json(body, status)
     except ApiError as exc:
@@ -276,7 +300,8 @@ def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiC
                                   "details").body(), 500)
     if route.mutates and ctx.audit is not None and who != "-":
         ctx.audit.record(principal=who, permission=route.permission, resource=resource,
-                         method=request.method, status=status, now=ctx.now)
+                         method=request.method, status=status, now=ctx.now,
+                         reason=_audit_reason(request) if route.reasoned else "")
     return response
 
 

@@ -24,6 +24,7 @@ from services.api.wire.cluster import (
     ModelDevelopmentCluster,
 )
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
+from services.api.wire.health_report import ReportNodeHealthRequest, ReportNodeHealthResponse
 from services.api.wire.operation import ListOperationsResponse, Operation, WaitOperationRequest
 from services.api.wire.proto_json import Message
 
@@ -85,6 +86,9 @@ SPECS: dict[tuple[str, str], Spec] = {
     ("GET", "modelDevelopmentClusters/{modelDevelopmentCluster}/nodes"): Spec(
         "nodes", ListClusterNodesResponse, query=PAGING,
         summary="mtc extension: the cluster's nodes, as sinfo shows them"),
+    ("POST", "modelDevelopmentClusters/{modelDevelopmentCluster}/nodes/{node}:reportHealth"): Spec(
+        "reportHealth", ReportNodeHealthResponse, ReportNodeHealthRequest,
+        summary="mtc extension: a node health report (faults), as its agent would send it"),
     ("GET", "operations"): Spec("list", ListOperationsResponse, query=(*PAGING, "filter"),
                                 summary="List Operations"),
     ("GET", "operations/{operation}"): Spec("get", Operation, summary="Get an Operation"),

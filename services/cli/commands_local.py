@@ -21,7 +21,8 @@ from services.cli.commands_api import console, show
 from services.wiring.embedded import EmbeddedApp
 from shared.domain.errors import ValidationError
 from shared.domain.faults import FaultRequest, check_fault_target, validate_fault
-from shared.domain.health import Condition, ConditionStatus, ConditionType
+from shared.domain.faults import fault_conditions as conditions_of
+from shared.domain.health import Condition
 from shared.timeline import clock, describe, is_routine
 
 LOCAL_ONLY = ("works on the local state directory only (--state-dir), not through --api: "
@@ -48,32 +49,7 @@ def fault_request(args: argparse.Namespace) -> FaultRequest:
 
 def fault_conditions(args: argparse.Namespace, now: float) -> list[Condition]:
     """Turn `mtc node fault` flags into the conditions a node agent would report."""
-    f = fault_request(args)
-    T, TRUE = ConditionType, ConditionStatus.TRUE
-    out = []
-    if f.xids:
-        out.append(Condition(T.XID_ERROR.value, TRUE, f"NVRM: Xid {list(f.xids)}", now,
-                             {"xids": list(f.xids)}))
-    if f.ecc_dbe is not None:
-        out.append(Condition(T.ECC_UNCORRECTABLE.value, TRUE, f"{f.ecc_dbe} volatile DBE",
-                             now, {"volatile_dbe": f.ecc_dbe, "aggregate_dbe": f.ecc_dbe}))
-    if f.row_remap_failure:
-        out.append(Condition(T.ROW_REMAP_FAILURE.value, TRUE, "row remapping failed", now,
-                             {"failure": True, "pending": False}))
-    if f.dcgm_level is not None:
-        out.append(Condition(T.DCGM_DIAG_FAILED.value, TRUE, f"dcgmi diag -r {f.dcgm_level}",
-                             now, {"level": f.dcgm_level, "failed_tests": ["memory"]}))
-    if f.thermal_c is not None:
-        out.append(Condition(T.THERMAL_THROTTLING.value, TRUE, f"{f.thermal_c} C", now,
-                             {"temperature_c": f.thermal_c,
-                              "reasons": ["hw_thermal_slowdown"]}))
-    if f.disk_used_fraction is not None:
-        out.append(Condition(T.DISK_PRESSURE.value, TRUE, f"{f.disk_used_fraction:.0%} used",
-                             now, {"mount": "/", "used_fraction": f.disk_used_fraction}))
-    if f.slow_ratio is not None:
-        out.append(Condition(T.SLOW_SPEED_CHECK.value, TRUE, f"{f.slow_ratio:.2f}x baseline",
-                             now, {"ratio_to_baseline": f.slow_ratio}))
-    return out
+    return conditions_of(fault_request(args), now)
 
 
 def cmd_fault(args: argparse.Namespace, app: EmbeddedApp) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared.domain.errors import NotFound, ValidationError
+from shared.domain.health import Condition, ConditionStatus, ConditionType
 from shared.domain.model import Node, NodeRole, NodeState
 
 XID_MIN, XID_MAX = 1, 200
@@ -113,3 +114,32 @@ def check_fault_target(node: Node | None, node_id: str, name: str = "node_id") -
     if node.state is NodeState.RETIRED:
         raise ValidationError(name, f"{node_id} is retired: it is gone and reports nothing")
     return node
+
+
+def fault_conditions(fault: FaultRequest, now: float) -> list[Condition]:
+    """The conditions a node agent would report for ``fault`` (one validate_fault passed)."""
+    f, T, TRUE = fault, ConditionType, ConditionStatus.TRUE
+    out = []
+    if f.xids:
+        out.append(Condition(T.XID_ERROR.value, TRUE, f"NVRM: Xid {list(f.xids)}", now,
+                             {"xids": list(f.xids)}))
+    if f.ecc_dbe is not None:
+        out.append(Condition(T.ECC_UNCORRECTABLE.value, TRUE, f"{f.ecc_dbe} volatile DBE",
+                             now, {"volatile_dbe": f.ecc_dbe, "aggregate_dbe": f.ecc_dbe}))
+    if f.row_remap_failure:
+        out.append(Condition(T.ROW_REMAP_FAILURE.value, TRUE, "row remapping failed", now,
+                             {"failure": True, "pending": False}))
+    if f.dcgm_level is not None:
+        out.append(Condition(T.DCGM_DIAG_FAILED.value, TRUE, f"dcgmi diag -r {f.dcgm_level}",
+                             now, {"level": f.dcgm_level, "failed_tests": ["memory"]}))
+    if f.thermal_c is not None:
+        out.append(Condition(T.THERMAL_THROTTLING.value, TRUE, f"{f.thermal_c} C", now,
+                             {"temperature_c": f.thermal_c,
+                              "reasons": ["hw_thermal_slowdown"]}))
+    if f.disk_used_fraction is not None:
+        out.append(Condition(T.DISK_PRESSURE.value, TRUE, f"{f.disk_used_fraction:.0%} used",
+                             now, {"mount": "/", "used_fraction": f.disk_used_fraction}))
+    if f.slow_ratio is not None:
+        out.append(Condition(T.SLOW_SPEED_CHECK.value, TRUE, f"{f.slow_ratio:.2f}x baseline",
+                             now, {"ratio_to_baseline": f.slow_ratio}))
+    return out

@@ -13,15 +13,12 @@ data set, numpy only, and shows the contract mtc expects from a training program
   ``EXIT_PREEMPTED`` (75, EX_TEMPFAIL): "preempted, checkpoint saved, run me again";
 * on start it resumes from the newest checkpoint that loads (temp and corrupt files are
   skipped) and logs ``resumed from step N``;
-* at the end rank 0 writes ``AIP_MODEL_DIR/model.npz`` and every rank exits 0.
-
-Everything that decides the weights is a function of the step number and of state kept in
-the checkpoint (weights, Adam moments, the dropout generator's state), so an interrupted and
-resumed run ends with exactly the same weights, bit for bit, as an uninterrupted one. Ranks do
-not communicate: they all run the same deterministic program, so they all end with the same
-weights, and only rank 0 writes files.
-
-Exit codes: 0 done, 75 preempted with a checkpoint saved, 2 bad configuration, 1 crash.
+* at the end rank 0 writes ``AIP_MODEL_DIR/model.npz`` and every rank exits 0;
+* rank 0 writes TensorBoard scalars (tensorboardX) into ``AIP_TENSORBOARD_LOG_DIR/attempt-<n>/``
+  (``n``: ``MTC_JOB_ATTEMPT``, else the next free), one run per attempt. An attempt writes only
+  steps above the highest step earlier attempts' event files hold (steps recomputed after a
+  resume never appear twice), and drains its writer to disk before each checkpoint (so the
+  files reach the resume step: no gap). Without tensorboardX it warns and trains on.
 """
 
 from __future__ import annotations
@@ -38,6 +35,7 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import signal  # noqa: E402
+import struct  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -87,6 +85,7 @@ class Env:
     checkpoint_dir: Path
     model_dir: Path
     tensorboard_dir: Path | None
+    attempt: int | None  # MTC_JOB_ATTEMPT: names the TensorBoard run
 
 
 def _int_var(env: dict[str, str], name: str, default: int, minimum: int) -> int:
@@ -133,6 +132,7 @@ def read_env(env: dict[str, str]) -> Env:
         raise ConfigError(f"MASTER_PORT must be a port number (1-65535), got {port_raw!r}")
     out = Path(env.get("MTC_TRAIN_OUTPUT", "train-output"))
     tb = env.get("AIP_TENSORBOARD_LOG_DIR", "").strip()
+    attempt = _int_var(env, "MTC_JOB_ATTEMPT", 0, 1) if env.get("MTC_JOB_ATTEMPT", "").strip() else None
     return Env(
         job_id=env.get("CLOUD_ML_JOB_ID", "local") or "local",
         rank=rank,
@@ -143,6 +143,7 @@ def read_env(env: dict[str, str]) -> Env:
         checkpoint_dir=Path(env.get("AIP_CHECKPOINT_DIR", "").strip() or out / "checkpoints"),
         model_dir=Path(env.get("AIP_MODEL_DIR", "").strip() or out / "model"),
         tensorboard_dir=Path(tb) if tb else None,
+        attempt=attempt,
     )
 
 
@@ -336,6 +337,73 @@ def save_model(directory: Path, state: State) -> Path:
     return path
 
 
+# ---------------------------------------------------------------- TensorBoard
+
+ATTEMPT_RE = re.compile(r"^attempt-(\d+)$")
+
+
+def last_written_step(root: Path, event_cls: Any) -> int:
+    """The highest step of a summary in the event files under ``root/attempt-*/``; a torn
+    record at a file's end (a killed writer) ends that file."""
+    best = 0
+    for path in sorted(root.glob("attempt-*/events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos + 12 <= len(data):  # TFRecord: u64 length, u32 crc, data, u32 crc
+            (length,) = struct.unpack_from("<Q", data, pos)
+            if (end := pos + 16 + length) > len(data):
+                break
+            event = event_cls()
+            try:
+                event.ParseFromString(data[pos + 12 : end - 4])
+            except Exception:  # a garbled record: nothing after it is trusted
+                break
+            best = max(best, int(event.step)) if event.summary.value else best
+            pos = end
+    return best
+
+
+class Scalars:
+    """TensorBoard scalars of one attempt (see the module docstring for the rule)."""
+
+    def __init__(self, root: Path, attempt: int | None, log: Any) -> None:
+        self._writer: Any = None
+        self._cls: Any = None
+        try:
+            from tensorboardX import SummaryWriter
+            from tensorboardX.proto.event_pb2 import Event
+        except ImportError as exc:
+            print(f"train.py: warning: no TensorBoard scalars: {exc}", file=sys.stderr, flush=True)
+            self.written = 0
+            return
+        self._cls = SummaryWriter
+        root.mkdir(parents=True, exist_ok=True)
+        if attempt is None:
+            seen = [int(m.group(1)) for p in root.iterdir() if (m := ATTEMPT_RE.match(p.name))]
+            attempt = max(seen, default=0) + 1
+        self.run_dir = root / f"attempt-{attempt}"
+        self.written = last_written_step(root, Event)
+        if self.written:
+            log(f"tensorboard: {self.run_dir} gets steps after {self.written}")
+
+    def add(self, step: int, values: dict[str, float]) -> None:
+        if self._cls is None or step <= self.written:
+            return
+        if self._writer is None:  # one event file per stretch between checkpoints
+            self._writer = self._cls(logdir=str(self.run_dir), flush_secs=5,
+                                     filename_suffix=f".from-{step:08d}")
+        for tag, value in values.items():
+            self._writer.add_scalar(tag, value, global_step=step)
+        self._writer.flush()  # what the writer's thread has written: TensorBoard shows it live
+        self.written = step
+
+    def close(self) -> None:
+        """Drain the writer's queue to disk (before a checkpoint, and at exit)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -376,25 +444,30 @@ def run(args: argparse.Namespace, env: Env, preemption: Preemption) -> int:
     saved_step = state.step if state.step > 0 else -1
     metrics = None
     if chief and env.tensorboard_dir is not None:
-        env.tensorboard_dir.mkdir(parents=True, exist_ok=True)
-        metrics = (env.tensorboard_dir / "scalars.jsonl").open("a")
+        metrics = Scalars(env.tensorboard_dir, env.attempt, log)
+
+    def checkpoint() -> Path:
+        if metrics is not None:
+            metrics.close()  # the scalars reach the checkpoint's step before it exists
+        return save_checkpoint(env.checkpoint_dir, state, args.lr, args.seed)
+
     try:
         every_log = max(1, args.steps // 10)
         while state.step < args.steps:
             loss = train_step(state, x, y, args.lr, args.seed)
             if metrics is not None:
-                metrics.write(json.dumps({"step": state.step, "loss": loss}) + "\n")
+                metrics.add(state.step, {"loss": loss})
             if state.step % every_log == 0:
                 log(f"step {state.step} loss {loss:.6f}")
             if chief and args.checkpoint_every and state.step % args.checkpoint_every == 0:
-                path = save_checkpoint(env.checkpoint_dir, state, args.lr, args.seed)
+                path = checkpoint()
                 saved_step = state.step
                 log(f"checkpoint saved: {path.name}")
             preemption.sleep(args.step_time)
             if preemption.signum is not None and state.step < args.steps:
                 name = signal.Signals(preemption.signum).name
                 if chief and saved_step != state.step:
-                    path = save_checkpoint(env.checkpoint_dir, state, args.lr, args.seed)
+                    path = checkpoint()
                     log(f"checkpoint saved: {path.name}")
                 log(f"{name} received: preempted at step {state.step}, exiting {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
@@ -403,7 +476,7 @@ def run(args: argparse.Namespace, env: Env, preemption: Preemption) -> int:
             metrics.close()
     if chief:
         if saved_step != state.step:
-            path = save_checkpoint(env.checkpoint_dir, state, args.lr, args.seed)
+            path = checkpoint()
             log(f"checkpoint saved: {path.name}")
         log(f"model saved: {save_model(env.model_dir, state)}")
     log(f"done at step {state.step}: weights sha256 {weights_digest(state.params)}")

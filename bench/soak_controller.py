@@ -25,6 +25,8 @@ from shared.config import ControlPlaneConfig
 from shared.domain.health import RepairAction
 from shared.policies.repair import RepairConfig
 
+PROGRESS_TIMEOUT_S = 15.0  # no checkpoint for this long (x3 the longest gap seen): interrupt
+
 
 def soak_config(settings: dict[str, Any]) -> ControlPlaneConfig:
     """The control plane's settings for a soak (all times in seconds)."""
@@ -39,7 +41,9 @@ def soak_config(settings: dict[str, Any]) -> ControlPlaneConfig:
                    max_event_age_s=settings["max_event_age_s"],
                    retention_s=settings["retention_s"],
                    idempotency_retention_s=settings["idempotency_retention_s"],
-                   prune_interval_s=settings["prune_interval_s"])
+                   prune_interval_s=settings["prune_interval_s"],
+                   # the hung-job watchdog at soak scale: a SIGSTOPped rank is noticed, not left
+                   progress_timeout_s=settings.get("progress_timeout_s", PROGRESS_TIMEOUT_S))
 
 
 def soak_compute_options(settings: dict[str, Any]) -> dict[str, Any]:

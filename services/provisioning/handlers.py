@@ -33,7 +33,7 @@ from shared.domain.model import (
     NodeState,
     Partition,
 )
-from shared.handling import Deps, Outcome
+from shared.handling import Deps
 from shared.ports import UnitOfWork
 
 SERVICE = "provisioning"
@@ -320,13 +320,12 @@ def on_delete_requested(event: ClusterDeleteRequested, uow: UnitOfWork, deps: De
     _delete(event.cluster_id, uow, deps)
 
 
-def on_job_finished(event: JobFinished, uow: UnitOfWork, deps: Deps) -> Outcome | None:
-    """A job of a cluster being deleted has exited: the machines may go now."""
+def on_job_finished(event: JobFinished, uow: UnitOfWork, deps: Deps) -> None:
+    """A job of a cluster being deleted has exited: the machines may go now. (A job's end is
+    a change worth the timeline even when no cluster is being deleted: never UNCHANGED.)"""
     cluster = uow.clusters.get(event.cluster_id)
-    if cluster is None or cluster.state is not ClusterState.DELETING:
-        return Outcome.UNCHANGED
-    _delete(event.cluster_id, uow, deps)
-    return None
+    if cluster is not None and cluster.state is ClusterState.DELETING:
+        _delete(event.cluster_id, uow, deps)
 
 
 def _delete(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:

@@ -191,6 +191,8 @@ def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dic
         **({"latestCheckpoint": {"step": str(latest.step), "path": latest.path,
                                  "time": timestamp(latest.at)}} if latest else {}),
     }
+    if record.get("models"):  # the registry's versions uploaded from it (services/pipelines)
+        out["mtcModels"] = list(record["models"])
     return CustomJob.model_validate(out).to_json()
 
 

@@ -23,7 +23,13 @@ METADATA = {
     ("cluster", "update"): f"{TYPE}.v1beta1.UpdateModelDevelopmentClusterOperationMetadata",
     ("cluster", "delete"): f"{TYPE}.v1beta1.DeleteOperationMetadata",
     ("customJob", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
+    ("model", "upload"): f"{TYPE}.v1.UploadModelOperationMetadata",
+    ("model", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
+    ("trainingPipeline", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
+    ("hyperparameterTuningJob", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
 }
+DONE_AT_ONCE = ("customJob", "model", "trainingPipeline",  # their records change in the call
+                "hyperparameterTuningJob")
 CLUSTER_TYPE = f"{TYPE}.v1beta1.ModelDevelopmentCluster"
 
 
@@ -34,7 +40,9 @@ def operation_id(*parts: object) -> str:
 
 
 def start(uow: Any, parent: Parent, *, target: str, target_id: str, verb: str,
-          generation: int, now: float, retention_s: float) -> dict[str, Any]:
+          generation: int, now: float, retention_s: float,
+          response: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``response``: the answer of an operation done in the call (an upload's)."""
     op_id = operation_id(target, target_id, verb, generation)
     existing = uow.record(OPERATIONS, op_id)
     if existing is not None:
@@ -43,6 +51,8 @@ def start(uow: Any, parent: Parent, *, target: str, target_id: str, verb: str,
               "target": target, "target_id": target_id, "verb": verb,
               "generation": generation, "created": now, "time": now,
               "expire_at": now + retention_s, "cancelled": False}
+    if response is not None:
+        record["response"] = response
     uow.put_record(OPERATIONS, op_id, record)
     return record
 
@@ -76,8 +86,8 @@ def _progress(uow: Any, record: dict[str, Any], now: float, cluster_json: Any
               ) -> tuple[bool, dict[str, Any] | None, dict[str, Any], float]:
     if record.get("cancelled"):
         return True, {"code": 1, "message": "the operation was cancelled"}, EMPTY, record["time"]
-    if record["target"] == "customJob":
-        return True, None, EMPTY, record["created"]  # the job record is gone at once
+    if record["target"] in DONE_AT_ONCE:  # the job record is gone at once, a model uploaded
+        return True, None, record.get("response") or EMPTY, record["created"]
     cluster = uow.clusters.get(record["target_id"])
     gone = cluster is None or cluster.state is ClusterState.DELETED
     if record["verb"] == "delete":

@@ -43,6 +43,8 @@ MAX_EXAMPLES = 20
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance,
           content_type_conformance]
 CLUSTER, JOB = "st-cluster", "st-job"
+MODEL, PIPELINE = "st-model", "st-pipeline"
+CUSTOM_TASK = "gs://google-cloud-aiplatform/schema/trainingjob/definition/custom_task_1.0.0.yaml"
 
 
 def _cases() -> list[Any]:
@@ -82,9 +84,18 @@ def live(tmp_path_factory: pytest.TempPathFactory
         created = requests.post(f"{url}/v1/{PARENT}/customJobs", params={"customJobId": JOB},
                                 json=job, headers=AUTH, timeout=30)
         assert created.status_code == 200, created.text
+        uploaded = requests.post(f"{url}/v1/{PARENT}/models:upload", json={
+            "model": {"displayName": "st"}, "modelId": MODEL}, headers=AUTH, timeout=30)
+        assert uploaded.status_code == 200, uploaded.text
+        pipeline = requests.post(f"{url}/v1/{PARENT}/trainingPipelines", params={
+            "trainingPipelineId": PIPELINE}, json={
+            "displayName": "st", "trainingTaskDefinition": CUSTOM_TASK,
+            "trainingTaskInputs": job["jobSpec"]}, headers=AUTH, timeout=30)
+        assert pipeline.status_code == 200, pipeline.text
         project, location = PARENT.split("/")[1::2]
         known = {"project": project, "location": location, "customJob": JOB,
-                 "modelDevelopmentCluster": CLUSTER, "operation": op["name"].rsplit("/", 1)[1]}
+                 "modelDevelopmentCluster": CLUSTER, "operation": op["name"].rsplit("/", 1)[1],
+                 "model": MODEL, "trainingPipeline": PIPELINE}
         yield url, schemathesis.openapi.from_url(f"{url}/openapi.json", headers=AUTH), known
 
 

@@ -175,6 +175,7 @@ class CustomJob(Message):
     labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
     web_access_uris: dict[str, str] | None = None
     mtc_progress: JobProgress | None = None
+    mtc_models: list[str] | None = None  # the model versions it produced (output only)
 
     encryption_spec: Unsupported = None
 

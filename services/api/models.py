@@ -1,0 +1,257 @@
+"""The Model Registry (v1 ``models``): upload, get (``@version`` or ``@alias``), list,
+listVersions, mergeVersionAliases, delete, in Vertex AI's shapes.
+
+The records live in ``services.pipelines.registry`` (the pipelines handler uploads through
+it too). A version's lineage is mtc's extension ``mtcLineage``: the job, attempt, checkpoint
+step and inputs it came from. On upload the producing job is ``mtcLineage.job`` when given,
+else the CustomJob of this parent whose ``AIP_MODEL_DIR`` is the ``artifactUri``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import uuid
+from typing import Any
+
+from services.api import operations as ops
+from services.api.context import ApiContext, records_of
+from services.api.errors import ApiError, invalid, not_found
+from services.api.names import Parent, resource_id
+from services.api.paging import matches, page_size, paginate, parse_filter
+from services.api.wire.models import (
+    ListModelsResponse,
+    ListModelVersionsResponse,
+    MergeVersionAliasesRequest,
+    Model,
+    UploadModelRequest,
+)
+from services.api.wire.proto_json import timestamp
+from services.api.wiremodel import parse_message
+from services.pipelines import registry
+from shared.domain.errors import NotFound
+
+COLLECTION = "models"
+FILTERABLE = ("displayName", "versionId", "artifactUri")
+ALIAS = re.compile(r"^-?[a-z][a-z0-9-]{0,126}[a-z0-9]$|^-?[a-z]$")
+RESPONSE = f"{ops.TYPE}.v1.UploadModelResponse"
+# what the caller may set; output-only fields in an upload body are ignored, as Vertex does
+_INPUT = ("displayName", "description", "versionDescription", "metadataSchemaUri", "metadata",
+          "predictSchemata", "containerSpec", "artifactUri", "labels", "versionAliases")
+
+
+def upload(ctx: ApiContext, parent: Parent, body: Any) -> dict[str, Any]:
+    request = parse_message(UploadModelRequest, body)
+    if request.parent and request.parent != parent.name:
+        raise invalid("parent", f"must be {parent.name} (the path's) or empty")
+    model = request.model
+    if not model.display_name:
+        raise invalid("model.displayName", "is required")
+    aliases = _aliases(model.version_aliases, "model.versionAliases")
+    if request.model_id and request.parent_model:
+        raise invalid("modelId", "give modelId for a new model or parentModel for a new "
+                      "version of one, not both")
+    parent_id = _parent_model(parent, request.parent_model, "parentModel")
+    model_id = request.model_id
+    if model_id is not None:
+        resource_id(model_id, "modelId")
+    wire = {k: v for k, v in model.to_json().items() if k in _INPUT and k != "versionAliases"}
+    with ctx.unit() as uow:
+        if model_id is not None and uow.record(registry.MODELS, model_id) is not None:
+            raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, model_id)} already "
+                           "exists: upload a new version with parentModel")
+        new_id = parent_id or model_id or f"{uuid.uuid4().int % 10**18:018d}"
+        lineage, job_key = _lineage(ctx, uow, parent, model)
+        version = registry.add_version(uow, parent=parent.name, model_id=new_id,
+                                       new_model=parent_id is None, model=wire,
+                                       lineage=lineage, job_key=job_key, now=ctx.now)
+        if aliases:
+            registry.merge_aliases(uow, parent.name, new_id, version["version_id"], aliases,
+                                   ctx.now)
+        response = {"@type": RESPONSE, "model": parent.child(COLLECTION, new_id),
+                    "modelVersionId": version["version_id"]}
+        op = ops.start(uow, parent, target="model", target_id=new_id, verb="upload",
+                       generation=int(version["version_id"]), now=ctx.now,
+                       retention_s=ctx.runtime.deps.config.retention_s, response=response)
+        return ops.render(uow, op, ctx.now)
+
+
+def get(ctx: ApiContext, parent: Parent, model_id: str, ref: str | None) -> dict[str, Any]:
+    ctx.refresh()
+    with ctx.unit() as uow:
+        record = _version(uow, parent, model_id, ref)
+        return render(record, registry.head(uow, parent.name, model_id))
+
+
+def list_models(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
+                size: str | None = None, token: str | None = None) -> dict[str, Any]:
+    """Each model once, as its default version."""
+    terms = parse_filter(filter_text, FILTERABLE)
+    limit = page_size(size)
+    ctx.refresh()
+    with ctx.unit() as uow:
+        heads = sorted(uow.records(registry.MODELS, {"parent": parent.name}),
+                       key=lambda r: (r["created"], r["id"]))
+        out = []
+        for top in heads:
+            record = uow.record(registry.VERSIONS, f"{top['id']}@{top['aliases'][registry.DEFAULT]}")
+            if record is None:
+                continue
+            item = render(record, top)
+            if matches(terms, functools.partial(_field, item)):
+                out.append(item)
+    page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
+    return ListModelsResponse(models=[Model.model_validate(m) for m in page.items],
+                              next_page_token=page.next_page_token).to_json()
+
+
+def list_versions(ctx: ApiContext, parent: Parent, model_id: str, *,
+                  filter_text: str | None = None, size: str | None = None,
+                  token: str | None = None) -> dict[str, Any]:
+    terms = parse_filter(filter_text, FILTERABLE)
+    limit = page_size(size)
+    ctx.refresh()
+    with ctx.unit() as uow:
+        top = _head(uow, parent, model_id)
+        out = [item for item in (render(r, top) for r in registry.versions(uow, model_id))
+               if matches(terms, functools.partial(_field, item))]
+    page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
+    return ListModelVersionsResponse(models=[Model.model_validate(m) for m in page.items],
+                                     next_page_token=page.next_page_token).to_json()
+
+
+def merge_version_aliases(ctx: ApiContext, parent: Parent, model_id: str, ref: str | None,
+                          body: Any) -> dict[str, Any]:
+    request = parse_message(MergeVersionAliasesRequest, body)
+    changes = _aliases(request.version_aliases, "versionAliases")
+    if not changes:
+        raise invalid("versionAliases", "is required: aliases to add, or -alias to remove")
+    with ctx.unit() as uow:
+        record = _version(uow, parent, model_id, ref)
+        registry.merge_aliases(uow, parent.name, model_id, record["version_id"], changes,
+                               ctx.now)
+        fresh = uow.record(registry.VERSIONS, f"{model_id}@{record['version_id']}")
+        return render(fresh, registry.head(uow, parent.name, model_id))
+
+
+def delete(ctx: ApiContext, parent: Parent, model_id: str, ref: str | None) -> dict[str, Any]:
+    """``models/{id}``: the model and every version; ``models/{id}@{version}``: that version
+    (not the default one, nor the only one)."""
+    with ctx.unit() as uow:
+        top = _head(uow, parent, model_id)
+        if ref is None:
+            registry.delete_model(uow, parent.name, model_id)
+            target, generation = model_id, top["next_version"]
+        else:
+            record = _version(uow, parent, model_id, ref)
+            registry.delete_version(uow, parent.name, model_id, record["version_id"])
+            target, generation = f"{model_id}@{record['version_id']}", 0
+        op = ops.start(uow, parent, target="model", target_id=target, verb="delete",
+                       generation=generation, now=ctx.now,
+                       retention_s=ctx.runtime.deps.config.retention_s)
+        return ops.render(uow, op, ctx.now)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def render(record: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    version_id = record["version_id"]
+    aliases = sorted((a for a, v in top["aliases"].items() if v == version_id),
+                     key=lambda a: (a != registry.DEFAULT, a))
+    model = dict(record["model"])
+    out: dict[str, Any] = {
+        "name": registry.model_name(record["parent"], record["model_id"]),
+        "versionId": version_id, "versionAliases": aliases,
+        "versionCreateTime": timestamp(record["created"]),
+        "versionUpdateTime": timestamp(record["time"]),
+        **model,
+        "createTime": timestamp(top["created"]), "updateTime": timestamp(record["time"]),
+    }
+    if record.get("lineage"):
+        out["mtcLineage"] = record["lineage"]
+    return Model.model_validate(out).to_json()
+
+
+def _head(uow: Any, parent: Parent, model_id: str) -> dict[str, Any]:
+    try:
+        return registry.head(uow, parent.name, model_id)
+    except NotFound:
+        raise not_found(parent.child(COLLECTION, model_id)) from None
+
+
+def _version(uow: Any, parent: Parent, model_id: str, ref: str | None) -> dict[str, Any]:
+    _head(uow, parent, model_id)
+    try:
+        return registry.version(uow, parent.name, model_id, ref)
+    except NotFound:
+        raise not_found(f"{parent.child(COLLECTION, model_id)}@{ref}") from None
+
+
+def _parent_model(parent: Parent, name: str | None, field: str) -> str | None:
+    """``projects/p/locations/l/models/ID`` (this parent's) -> ID."""
+    if not name:
+        return None
+    prefix = f"{parent.name}/{COLLECTION}/"
+    model_id = name.removeprefix(prefix)
+    if not name.startswith(prefix) or not re.fullmatch(r"[A-Za-z0-9_-]{1,128}", model_id):
+        raise invalid(field, f"must be a model of this project and location, "
+                      f"{prefix}MODEL_ID; got {name!r}")
+    return model_id
+
+
+def check_parent_model(uow: Any, parent: Parent, name: str | None, field: str) -> str | None:
+    """A parentModel that names an existing model of ``parent``, as its id; else a 400."""
+    model_id = _parent_model(parent, name, field)
+    if model_id is not None:
+        top = uow.record(registry.MODELS, model_id)
+        if top is None or top["parent"] != parent.name:
+            raise invalid(field, f"names no model in {parent.name} ({model_id!r})")
+    return model_id
+
+
+def _aliases(values: list[str], field: str) -> list[str]:
+    for i, alias in enumerate(values):
+        if not ALIAS.fullmatch(alias) or alias.lstrip("-").isdigit():
+            raise invalid(f"{field}[{i}]", "an alias is lowercase letters, digits and hyphens, "
+                          f"starts with a letter (a leading - removes it); got {alias!r}")
+    return list(values)
+
+
+def _lineage(ctx: ApiContext, uow: Any, parent: Parent, model: Model
+             ) -> tuple[dict[str, Any] | None, str | None]:
+    """The producing job: ``mtcLineage.job`` when named, else the job of this parent whose
+    model directory is ``artifactUri``; None when neither finds one."""
+    named = model.mtc_lineage.job if model.mtc_lineage else None
+    candidates = records_of(uow, "customJob", parent)
+    if named:
+        job_id = named.removeprefix(f"{parent.name}/customJobs/")
+        if named == job_id:
+            raise invalid("model.mtcLineage.job", f"must be {parent.name}/customJobs/JOB_ID")
+        candidates = [r for r in candidates if r["id"] == job_id]
+        if not candidates:
+            raise invalid("model.mtcLineage.job", f"names no custom job in {parent.name}")
+    elif model.artifact_uri:
+        uri = model.artifact_uri.rstrip("/")
+        root = ctx.runtime.deps.config.output_root
+        candidates = [r for r in candidates
+                      if registry.model_dir(r["resource"], root, _domain_id(r["id"])) == uri]
+    else:
+        return None, None
+    for record in reversed(candidates):  # the newest job writing there
+        job = uow.jobs.get(_domain_id(record["id"]))
+        if job is not None:
+            name = parent.child("customJobs", record["id"])
+            return registry.lineage(job, name, record["resource"]), f"customJob:{record['id']}"
+    return None, None
+
+
+def _domain_id(job_id: str) -> str:
+    return job_id if job_id[:1].isalpha() else f"cj-{job_id}"
+
+
+def _field(item: dict[str, Any], name: str) -> Any:
+    if name.startswith("labels."):
+        return item.get("labels", {}).get(name.removeprefix("labels."))
+    return item.get(name)
+

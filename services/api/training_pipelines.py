@@ -1,0 +1,255 @@
+"""TrainingPipelines (v1): a custom training task run as a CustomJob, its model uploaded
+into the registry when the job succeeds.
+
+``trainingTaskInputs`` of the custom task is a CustomJobSpec (``workerPoolSpecs``,
+``baseOutputDirectory``, ``scheduling``, ``persistentResourceId``): create submits the
+backing CustomJob, the pipeline record and the link the pipelines handler follows on the
+job's ``JobFinished`` in one transaction. The pipeline's state is read from the job's and
+from the upload step's outcome when asked, so it is never stale.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from services.api import custom_jobs
+from services.api import models as model_api
+from services.api import operations as ops
+from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
+from services.api.errors import ApiError, FieldViolation, invalid
+from services.api.names import Parent, resource_id
+from services.api.paging import matches, page_size, paginate, parse_filter
+from services.api.wire.custom_job import CustomJob, CustomJobSpec, RpcStatus
+from services.api.wire.models import ListTrainingPipelinesResponse, TrainingPipeline
+from services.api.wire.proto_json import timestamp
+from services.api.wiremodel import parse_message
+from services.job_submission import handlers as h
+from services.pipelines import handlers as pipelines
+from shared.domain.model import Job, JobState
+
+T = TypeVar("T")
+KIND = pipelines.PIPELINE_KIND
+COLLECTION = "trainingPipelines"
+FILTERABLE = ("state", "displayName", "createTime", "trainingTaskDefinition")
+SCHEMA = "gs://google-cloud-aiplatform/schema/trainingjob/definition/"
+CUSTOM_TASK = f"{SCHEMA}custom_task_1.0.0.yaml"
+TUNING_TASK = f"{SCHEMA}hyperparameter_tuning_task_1.0.0.yaml"
+_JOB_STATE = {JobState.QUEUED: "PIPELINE_STATE_QUEUED", JobState.PENDING: "PIPELINE_STATE_PENDING",
+              JobState.RUNNING: "PIPELINE_STATE_RUNNING",
+              JobState.CANCELLING: "PIPELINE_STATE_CANCELLING",
+              JobState.CANCELLED: "PIPELINE_STATE_CANCELLED",
+              JobState.FAILED: "PIPELINE_STATE_FAILED"}
+_INPUT = ("displayName", "trainingTaskDefinition", "trainingTaskInputs", "modelToUpload",
+          "modelId", "parentModel", "labels")
+_MODEL_INPUT = ("displayName", "description", "versionDescription", "metadataSchemaUri",
+                "metadata", "predictSchemata", "containerSpec", "artifactUri", "labels")
+
+
+def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None = None
+           ) -> dict[str, Any]:
+    message = parse_message(TrainingPipeline, body)
+    if pipeline_id is not None:
+        resource_id(pipeline_id, "trainingPipelineId")
+    if not message.display_name:
+        raise invalid("displayName", "is required")
+    if message.training_task_definition == TUNING_TASK:
+        raise invalid("trainingTaskDefinition", "hyperparameter tuning tasks are not "
+                      f"available in pipelines yet; use {CUSTOM_TASK}")
+    if message.training_task_definition != CUSTOM_TASK:
+        raise invalid("trainingTaskDefinition", f"must be {CUSTOM_TASK}; got "
+                      f"{message.training_task_definition!r}")
+    if message.training_task_inputs is None:
+        raise invalid("trainingTaskInputs", "is required: a CustomJobSpec (workerPoolSpecs, "
+                      "persistentResourceId, baseOutputDirectory, ...)")
+    spec = _renamed(lambda: parse_message(CustomJobSpec, message.training_task_inputs))
+    job_message = CustomJob(display_name=message.display_name, job_spec=spec,
+                            labels=message.labels)
+    job_body, cluster_id = _renamed(lambda: custom_jobs.domain_body(job_message))
+    stored = _stored(message)
+    with ctx.unit() as uow:
+        pipeline_id = pipeline_id or f"{uuid.uuid4().int % 10**18:018d}"
+        existing = uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id))
+        if existing is not None:
+            if existing["parent"] != parent.name or existing["resource"] != stored:
+                raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, pipeline_id)} "
+                               "already exists with a different body")
+            return render(uow, parent, existing)  # a retried create
+        parent_id = _check_model(uow, parent, message)
+        cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
+        if cluster is None or cluster["parent"] != parent.name:
+            raise invalid("trainingTaskInputs.persistentResourceId",
+                          f"no cluster {cluster_id!r} in {parent.name}")
+        job_id = f"{uuid.uuid4().int % 10**18:018d}"
+        job = h.submit_job(cluster_id, job_body, uow, ctx.runtime.deps, f"cj-{job_id}")
+        save_record(uow, custom_jobs.KIND, job_id, parent,
+                    {k: v for k, v in job_message.to_json().items()
+                     if k in ("displayName", "jobSpec", "labels")}, ctx.now)
+        save_record(uow, KIND, pipeline_id, parent, stored, ctx.now)
+        record = {**uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id)),
+                  "job_id": job_id, "parent_model_id": parent_id, "upload": None}
+        uow.put_record(RESOURCES, pipelines.pipeline_key(pipeline_id), record)
+        uow.put_record(pipelines.PIPELINE_JOBS, job.job_id, {"pipeline": pipeline_id,
+                                                             "time": ctx.now})
+        return render(uow, parent, record)
+
+
+def get(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
+    ctx.refresh()
+    with ctx.unit() as uow:
+        return render(uow, parent, _load(uow, parent, pipeline_id))
+
+
+def list_pipelines(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
+                   size: str | None = None, token: str | None = None) -> dict[str, Any]:
+    terms = parse_filter(filter_text, FILTERABLE)
+    limit = page_size(size)
+    ctx.refresh()
+    with ctx.unit() as uow:
+        out = [item for item in (render(uow, parent, r) for r in records_of(uow, KIND, parent))
+               if matches(terms, functools.partial(_field, item))]
+    page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
+    return ListTrainingPipelinesResponse(
+        training_pipelines=[TrainingPipeline.model_validate(p) for p in page.items],
+        next_page_token=page.next_page_token).to_json()
+
+
+def cancel(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
+    with ctx.unit() as uow:
+        record = _load(uow, parent, pipeline_id)
+        job = uow.jobs.get(f"cj-{record['job_id']}")
+        if job is None or job.terminal:
+            state = render(uow, parent, record)["state"]
+            raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
+                           "only a pipeline that has not ended can be cancelled")
+        h.cancel_job(job.job_id, uow, ctx.runtime.deps)
+    return {}
+
+
+def delete(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
+    """A pipeline that has not ended is refused (cancel it first); its backing CustomJob and
+    the models it uploaded stay."""
+    ctx.refresh()
+    with ctx.unit() as uow:
+        record = _load(uow, parent, pipeline_id)
+        state = render(uow, parent, record)["state"]
+        if state not in ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED",
+                         "PIPELINE_STATE_CANCELLED"):
+            raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
+                           "cancel it and wait for PIPELINE_STATE_CANCELLED before deleting it")
+        op = ops.start(uow, parent, target=KIND, target_id=pipeline_id, verb="delete",
+                       generation=int(record["created"] * 1e6), now=ctx.now,
+                       retention_s=ctx.runtime.deps.config.retention_s)
+        uow.delete_record(RESOURCES, pipelines.pipeline_key(pipeline_id))
+        uow.delete_record(pipelines.PIPELINE_JOBS, f"cj-{record['job_id']}")
+        return ops.render(uow, op, ctx.now)
+
+
+# ---------------------------------------------------------------- conversion
+
+
+def render(uow: Any, parent: Parent, record: dict[str, Any]) -> dict[str, Any]:
+    job = uow.jobs.get(f"cj-{record['job_id']}")
+    upload = record.get("upload")
+    resource = dict(record["resource"])
+    state, error = _state(job, upload, bool(resource.get("modelToUpload")))
+    out: dict[str, Any] = {
+        "name": parent.child(COLLECTION, record["id"]), **resource, "state": state,
+        "trainingTaskMetadata": {"backingCustomJob": parent.child("customJobs",
+                                                                  record["job_id"])},
+        "createTime": timestamp(record["created"]),
+        "updateTime": timestamp(max(record["time"], job.updated_at if job else 0,
+                                    (upload or {}).get("time", 0))),
+    }
+    if job is not None and job.started_at is not None:
+        out["startTime"] = timestamp(job.started_at)
+    if state in ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED",
+                 "PIPELINE_STATE_CANCELLED"):
+        end = (upload or {}).get("time") or (job.ended_at if job else None) or record["time"]
+        out["endTime"] = timestamp(end)
+    if error is not None:
+        out["error"] = error
+    if upload and upload.get("model"):
+        out["modelToUpload"] = {**resource["modelToUpload"], "name": upload["model"],
+                                "versionId": upload["versionId"]}
+    return TrainingPipeline.model_validate(out).to_json()
+
+
+def _state(job: Job | None, upload: dict[str, Any] | None, wants_model: bool
+           ) -> tuple[str, dict[str, Any] | None]:
+    if job is None:
+        return "PIPELINE_STATE_FAILED", {"code": 5, "message": "the backing custom job was "
+                                         "deleted"}
+    if job.state is JobState.SUCCEEDED:
+        if not wants_model:
+            return "PIPELINE_STATE_SUCCEEDED", None
+        if upload is None:
+            return "PIPELINE_STATE_RUNNING", None  # the upload step, on the job's JobFinished
+        if upload.get("error"):
+            return "PIPELINE_STATE_FAILED", {"code": 9, "message": "the model upload failed: "
+                                             f"{upload['error']}"}
+        return "PIPELINE_STATE_SUCCEEDED", None
+    state = _JOB_STATE[job.state]
+    if job.state is JobState.FAILED:
+        code = 4 if "timeout" in job.error or "deadline" in job.error else 13
+        return state, RpcStatus(code=code, message=job.error or "the job failed").to_json()
+    if job.state is JobState.CANCELLED:
+        return state, {"code": 1, "message": "CANCELED"}
+    return state, None
+
+
+def _check_model(uow: Any, parent: Parent, message: TrainingPipeline) -> str | None:
+    if (message.model_id or message.parent_model) and message.model_to_upload is None:
+        raise invalid("modelToUpload", "is required with modelId or parentModel")
+    if message.model_to_upload is not None and not message.model_to_upload.display_name:
+        raise invalid("modelToUpload.displayName", "is required")
+    if message.model_id and message.parent_model:
+        raise invalid("modelId", "give modelId for a new model or parentModel for a new "
+                      "version of one, not both")
+    if message.model_id:
+        resource_id(message.model_id, "modelId")
+        if uow.record("registry_models", message.model_id) is not None:
+            raise ApiError("ALREADY_EXISTS", f"{parent.child('models', message.model_id)} "
+                           "already exists: give parentModel to add a version")
+    return model_api.check_parent_model(uow, parent, message.parent_model, "parentModel")
+
+
+def _stored(message: TrainingPipeline) -> dict[str, Any]:
+    out = {k: v for k, v in message.to_json().items() if k in _INPUT}
+    if "modelToUpload" in out:
+        out["modelToUpload"] = {k: v for k, v in out["modelToUpload"].items()
+                                if k in _MODEL_INPUT}
+    return out
+
+
+def _renamed(call: Callable[[], T]) -> T:
+    """Errors about the backing job's spec, at the pipeline's field (trainingTaskInputs...)."""
+    try:
+        return call()
+    except ApiError as exc:
+        def move(path: str) -> str:
+            if path == "(body)" or path == "jobSpec":
+                return "trainingTaskInputs"
+            if path.startswith("jobSpec."):
+                return "trainingTaskInputs." + path.removeprefix("jobSpec.")
+            if path.startswith("displayName"):
+                return path
+            return f"trainingTaskInputs.{path}"
+
+        violations = [FieldViolation(move(v.field), v.description) for v in exc.violations]
+        message = exc.message
+        if exc.violations:
+            message = message.replace(exc.violations[0].field, violations[0].field, 1)
+        raise ApiError(exc.status, message, violations) from None
+
+
+def _load(uow: Any, parent: Parent, pipeline_id: str) -> dict[str, Any]:
+    return load_record(uow, KIND, pipeline_id, parent, parent.child(COLLECTION, pipeline_id))
+
+
+def _field(item: dict[str, Any], name: str) -> Any:
+    if name.startswith("labels."):
+        return item.get("labels", {}).get(name.removeprefix("labels."))
+    return item.get(name)

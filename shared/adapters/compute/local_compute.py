@@ -60,6 +60,7 @@ from shared.adapters.compute.local_procs import (
     start_ticks,
 )
 from shared.adapters.compute.protocol import managed_env, safe_name
+from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.health import RepairAction
 from shared.ports import Clock, Emitter, WorkerSpec
 
@@ -204,6 +205,16 @@ class LocalCompute(LocalNodes):
             )
             for r in rows
         ]
+
+    def log_files(self, job_id: str) -> list[LogFile]:
+        """Each rank's output of each attempt, one file apiece (``worker_logs``)."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT w.attempt, w.rank, w.log_path, w.exit_code, a.finalized FROM workers w"
+                " JOIN attempts a ON a.job_id = w.job_id AND a.attempt = w.attempt"
+                " WHERE w.job_id = ? ORDER BY w.attempt, w.rank", (job_id,)).fetchall()
+        return [LogFile(r["attempt"], r["rank"], r["log_path"],
+                        r["exit_code"] is not None or bool(r["finalized"])) for r in rows]
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         """SIGTERM every rank now, SIGKILL in ``poll()`` after ``grace_s``. A repeat does not

@@ -20,6 +20,7 @@ from typing import Any
 from shared.adapters.compute.protocol import safe_name
 from shared.adapters.compute.slurm_api import operator_condition
 from shared.adapters.compute.slurm_ops import SlurmOps
+from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.events import NodeHealthReported
 from shared.domain.health import HealthReport
 from shared.probes.agent import AgentState, collect
@@ -42,6 +43,14 @@ class SlurmAgents(SlurmOps):
     def job_log(self, job_id: str) -> Path:
         """Every attempt's Slurm output, appended (``--open-mode=append``)."""
         return self.state_dir / "logs" / safe_name(job_id) / "slurm.out"
+
+    def log_files(self, job_id: str) -> list[LogFile]:
+        """Each attempt's output (``worker_logs``): the one file Slurm appends every attempt
+        and rank to, as the attempt's record names it."""
+        with self._tx() as db:
+            rows = db.execute("SELECT attempt, output, finalized FROM attempts WHERE job_id = ?"
+                              " ORDER BY attempt", (job_id,)).fetchall()
+        return [LogFile(r["attempt"], None, r["output"], bool(r["finalized"])) for r in rows]
 
     def run_dir(self, job_id: str, attempt: int) -> Path:
         return self.state_dir / "run" / safe_name(job_id) / f"attempt-{attempt}"

@@ -1,0 +1,222 @@
+"""HyperparameterTuningJobs: create, get, list, cancel, delete, in Vertex AI's v1 shapes.
+
+The study itself is run by the tuning service (``services.tuning.handlers``): its trials are
+CustomJobs on the cluster ``trialJobSpec.persistentResourceId`` names. This module checks and
+converts the wire message (the trial job spec through ``custom_jobs.domain_body``, the study
+spec through ``shared.policies.tuning.study_from_json``) and renders the stored study.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any
+
+from services.api import custom_jobs
+from services.api import operations as ops
+from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
+from services.api.errors import ApiError, invalid, not_found
+from services.api.names import Parent, resource_id
+from services.api.paging import matches, page_size, paginate, parse_filter
+from services.api.wire.custom_job import CustomJob
+from services.api.wire.proto_json import format_duration, timestamp
+from services.api.wire.tuning import HyperparameterTuningJob, ListHyperparameterTuningJobsResponse
+from services.api.wiremodel import parse_message
+from services.tuning import handlers as h
+from shared.policies import tuning as policy
+
+KIND = "hyperparameterTuningJob"
+COLLECTION = "hyperparameterTuningJobs"
+FILTERABLE = ("state", "displayName", "createTime")
+_INPUT = ("displayName", "studySpec", "maxTrialCount", "parallelTrialCount",
+          "maxFailedTrialCount", "trialJobSpec", "labels")
+
+
+def create(ctx: ApiContext, parent: Parent, body: Any, study_id: str | None = None
+           ) -> dict[str, Any]:
+    message = parse_message(HyperparameterTuningJob, body)
+    domain = _domain(message)
+    if study_id is not None:
+        resource_id(study_id, "hyperparameterTuningJobId")
+    with ctx.unit() as uow:
+        cluster_id = domain.pop("clusterId")
+        cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
+        if cluster is None or cluster["parent"] != parent.name:
+            raise invalid("trialJobSpec.persistentResourceId",
+                          f"no cluster {cluster_id!r} in {parent.name}")
+        study_id = study_id or f"{uuid.uuid4().int % 10**18:018d}"
+        existing = uow.record(RESOURCES, f"{KIND}:{study_id}")
+        if existing is not None and (existing["parent"] != parent.name
+                                     or existing["resource"] != _stored(message)):
+            raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, study_id)} already "
+                           "exists with a different body")
+        where = {"parent": parent.name, "project": parent.project, "location": parent.location}
+        study = h.create_study(study_id, where, cluster_id, domain, uow, ctx.runtime.deps)
+        if existing is None:
+            save_record(uow, KIND, study_id, parent, _stored(message), ctx.now)
+        return render(study, parent, study_id, {"resource": _stored(message)})
+
+
+def get(ctx: ApiContext, parent: Parent, study_id: str) -> dict[str, Any]:
+    ctx.refresh()
+    with ctx.unit() as uow:
+        return _load(uow, parent, study_id)
+
+
+def list_jobs(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
+              size: str | None = None, token: str | None = None) -> dict[str, Any]:
+    terms = parse_filter(filter_text, FILTERABLE)
+    limit = page_size(size)
+    ctx.refresh()
+    with ctx.unit() as uow:
+        rendered = []
+        for record in records_of(uow, KIND, parent):
+            study = h.get_study(record["id"], uow)
+            if study is None:
+                continue
+            out = render(study, parent, record["id"], record)
+            if matches(terms, functools.partial(_field, out)):
+                rendered.append(out)
+    page = paginate(rendered, size=limit, token=token, filter_text=filter_text or "")
+    return ListHyperparameterTuningJobsResponse(
+        hyperparameter_tuning_jobs=[HyperparameterTuningJob.model_validate(j) for j in page.items],
+        next_page_token=page.next_page_token).to_json()
+
+
+def cancel(ctx: ApiContext, parent: Parent, study_id: str) -> dict[str, Any]:
+    with ctx.unit() as uow:
+        _load(uow, parent, study_id)
+        h.cancel_study(study_id, uow, ctx.runtime.deps)
+    return {}
+
+
+def delete(ctx: ApiContext, parent: Parent, study_id: str) -> dict[str, Any]:
+    """A tuning job that still runs is refused (cancel it first); deleting one deletes its
+    trials' CustomJobs too."""
+    ctx.refresh()
+    with ctx.unit() as uow:
+        record = load_record(uow, KIND, study_id, parent, parent.child(COLLECTION, study_id))
+        study = h.get_study(study_id, uow)
+        if study is not None and study["state"] not in h.TERMINAL:
+            raise ApiError("FAILED_PRECONDITION", f"hyperparameter tuning job {study_id} is "
+                           f"{study['state']}: cancel it and wait for JOB_STATE_CANCELLED "
+                           "before deleting it")
+        op = ops.start(uow, parent, target=KIND, target_id=study_id, verb="delete",
+                       generation=int(record["created"] * 1e6), now=ctx.now,
+                       retention_s=ctx.runtime.deps.config.retention_s)
+        if study is not None:
+            for job_id in h.delete_study(study_id, uow):
+                uow.delete_record(RESOURCES, f"customJob:{job_id}")
+        uow.delete_record(RESOURCES, f"{KIND}:{study_id}")
+        return ops.render(uow, op, ctx.now)
+
+
+# ---------------------------------------------------------------- conversion
+
+
+def _domain(message: HyperparameterTuningJob) -> dict[str, Any]:
+    """What the tuning service runs; refuses what cannot run, naming the field."""
+    if not message.display_name:
+        raise invalid("displayName", "is required")
+    if message.study_spec is None:
+        raise invalid("studySpec", "is required")
+    if message.trial_job_spec is None:
+        raise invalid("trialJobSpec", "is required")
+    if message.max_trial_count < 1:
+        raise invalid("maxTrialCount", "must be at least 1")
+    if message.parallel_trial_count < 1:
+        raise invalid("parallelTrialCount", "must be at least 1")
+    if message.parallel_trial_count > message.max_trial_count:
+        raise invalid("parallelTrialCount", "must not be larger than maxTrialCount")
+    if message.trials or message.state or message.error:
+        field = "trials" if message.trials else "state" if message.state else "error"
+        raise invalid(field, "is output only")
+    study_json = message.study_spec.to_json()
+    try:
+        policy.study_from_json(study_json)
+    except policy.SpecError as exc:
+        raise invalid(f"studySpec.{exc.field}", exc.reason) from None
+    job = CustomJob(display_name=message.display_name, job_spec=message.trial_job_spec,
+                    labels=message.labels)
+    try:
+        body, cluster_id = custom_jobs.domain_body(job)
+    except ApiError as exc:
+        raise _renamed(exc) from None
+    return {"clusterId": cluster_id, "displayName": message.display_name,
+            "labels": dict(message.labels), "studySpec": study_json,
+            "maxTrialCount": message.max_trial_count,
+            "parallelTrialCount": message.parallel_trial_count,
+            "maxFailedTrialCount": message.max_failed_trial_count,
+            "trialJobWire": message.trial_job_spec.to_json(), "trialJobBody": body}
+
+
+def _renamed(exc: ApiError) -> ApiError:
+    """custom_jobs names ``jobSpec.*``; here the same fields are ``trialJobSpec.*``."""
+    def fix(text: str) -> str:
+        return text.replace("jobSpec", "trialJobSpec", 1) if text.startswith("jobSpec") else text
+
+    violations = [type(v)(fix(v.field), v.description) for v in exc.violations]
+    return ApiError(exc.status, fix(exc.message), violations, exc.reason, exc.http)
+
+
+def _stored(message: HyperparameterTuningJob) -> dict[str, Any]:
+    return {k: v for k, v in message.to_json().items() if k in _INPUT}
+
+
+def render(study: dict[str, Any], parent: Parent, study_id: str, record: dict[str, Any]
+           ) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": parent.child(COLLECTION, study_id), **record["resource"],
+        "state": study["state"],
+        "createTime": timestamp(study["created_at"]),
+        "updateTime": timestamp(study["updated_at"]),
+        "trials": [_trial(t, parent) for t in study["trials"]],
+    }
+    if study.get("started_at") is not None:
+        out["startTime"] = timestamp(study["started_at"])
+    if study.get("ended_at") is not None:
+        out["endTime"] = timestamp(study["ended_at"])
+    if study["state"] == h.FAILED:
+        out["error"] = {"code": 13, "message": study.get("error") or "the tuning job failed"}
+    elif study["state"] == h.CANCELLED:
+        out["error"] = {"code": 1, "message": "CANCELED"}
+    return HyperparameterTuningJob.model_validate(out).to_json()
+
+
+def _measurement(step: int, value: float, elapsed: float, metric_id: str) -> dict[str, Any]:
+    return {"stepCount": str(step), "elapsedDuration": format_duration(round(elapsed, 6)),
+            "metrics": [{"metricId": metric_id, "value": value}]}
+
+
+def _trial(t: dict[str, Any], parent: Parent) -> dict[str, Any]:
+    metric_id = t.get("metric_id") or ""
+    out: dict[str, Any] = {
+        "id": t["id"], "state": t["state"],
+        "parameters": [{"parameterId": k, "value": v} for k, v in t["parameters"].items()],
+        "measurements": [_measurement(s, v, e, metric_id) for s, v, e in t["measurements"]],
+        "startTime": timestamp(t["start"]),
+        "customJob": parent.child("customJobs", t["api_job_id"]),
+    }
+    if t.get("final"):
+        step, value, elapsed = t["final"]
+        out["finalMeasurement"] = _measurement(step, value, elapsed, metric_id)
+    if t.get("end") is not None:
+        out["endTime"] = timestamp(t["end"])
+    if t["state"] == "INFEASIBLE" and t.get("reason"):
+        out["infeasibleReason"] = t["reason"]
+    return out
+
+
+def _load(uow: Any, parent: Parent, study_id: str) -> dict[str, Any]:
+    name = parent.child(COLLECTION, study_id)
+    record = load_record(uow, KIND, study_id, parent, name)
+    study = h.get_study(study_id, uow)
+    if study is None:
+        raise not_found(name)
+    return render(study, parent, study_id, record)
+
+
+def _field(job: dict[str, Any], name: str) -> Any:
+    if name.startswith("labels."):
+        return job.get("labels", {}).get(name.removeprefix("labels."))
+    return job.get(name)

@@ -10,8 +10,8 @@ one seeded RNG: health faults of every kind on idle and busy nodes (the path ``m
 fault`` takes), SIGKILL of one rank / every rank / a launcher, SIGSTOP of a rank (a hang),
 controller kills, a second process pumping the bus as CLI commands do, replays of delivered
 envelopes (duplicated, delayed, reordered, past the accepted age) and stale health reports
-(observed before the node's last repair), job cancellations. Operator drains: there is no
-command for them yet (``operator_drain`` is the hook).
+(observed before the node's last repair), job cancellations, operator drains (``mtc node
+drain``; a later one resumes the earlier), which mtc must never undo.
 
 Every ``CHECK_EVERY_S`` the invariants below are checked against the control plane's state
 *and* the ground truth (LocalCompute's sqlite file: injected faults, worker pids; ``/proc``).
@@ -47,9 +47,11 @@ sys.path.insert(0, str(ROOT))
 from bench.soak_controller import open_app  # noqa: E402
 from services.cli.commands_local import fault_conditions  # noqa: E402
 from services.job_submission import handlers as api  # noqa: E402
+from services.repair import operator  # noqa: E402
 from services.wiring.builder import COMPUTE_SOURCES  # noqa: E402
 from services.wiring.embedded import EmbeddedApp  # noqa: E402
 from shared.adapters.outbox import envelope_from_doc, make_envelope  # noqa: E402
+from shared.domain.errors import MtcError  # noqa: E402
 from shared.domain.events import Envelope, NodeHealthReported  # noqa: E402
 from shared.domain.health import Condition, ConditionStatus, ConditionType  # noqa: E402
 from shared.domain.model import Job, JobState, Node, NodeRole, NodeState, Partition  # noqa: E402
@@ -83,6 +85,7 @@ CONTROLLER_DOWN_S = (0.2, 2.0)  # a killed controller stays down this long
 CLI_PUMP_BUDGET_S = 1.0  # a second process pumps this long (as a CLI command does)
 
 CHECK_EVERY_S = 3.0  # invariants checked this often
+OPERATOR_DRAINS_AT_ONCE = 1  # a second operator drain lifts the first instead
 PROGRESS_EVERY_S = 5.0  # a progress line this often
 SETTLE_S = 120.0  # after the chaos: time for every job to end and every node to settle
 STUCK_JOB_S = 120.0  # a job with no state change and no new checkpoint this long is stuck
@@ -154,12 +157,21 @@ def job_spec(replicas: int, steps: int, seed: int, restart_anyway: bool) -> dict
     }
 
 
-def operator_drain(app: EmbeddedApp, node_id: str) -> bool:
-    """HOOK: drain ``node_id`` as an operator would (not mtc): False while mtc has no such
-    command. There is none yet: no "hold", "operator" or "drain" command in services/cli or
-    services/api. When one exists, call it here and return True; the soak then records the
-    drain in ``Soak.operator_drained`` and checks that mtc never undoes it."""
-    return False
+def operator_drain(app: EmbeddedApp, node_id: str, verb: str = operator.DRAIN) -> bool:
+    """Drain ``node_id`` as an operator would (not mtc): the command ``mtc node drain`` and
+    ``:drain`` run (``services.repair.operator``); True when applied. The soak records the
+    drain in ``Soak.operator_drained`` and checks that mtc never undoes it. With ``verb``
+    ``resume``: the operator lifts it (False while the node is still draining)."""
+    try:
+        with app.transaction() as uow:
+            node = uow.nodes.get(node_id)
+            if node is None:
+                return False
+            operator.act(verb, node.cluster_id, node_id, "soak: operator maintenance",
+                         "soak-operator", uow, app.deps)
+    except MtcError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- records
@@ -430,6 +442,8 @@ class Soak:
         while self.now() < deadline:
             self.keep_controller()
             self.check_all()
+            for node_id in list(self.operator_drained):  # the operator's maintenance ends
+                self.operator_resume(node_id)
             if self.all_settled():
                 self.settled = True
                 break
@@ -650,6 +664,9 @@ class Soak:
         return True
 
     def chaos_operator_drain(self) -> bool:
+        if len(self.operator_drained) >= OPERATOR_DRAINS_AT_ONCE:
+            return self.operator_resume(min(self.operator_drained,
+                                            key=self.operator_drained.__getitem__))
         nodes = [n for n in self.live_workers() if n.in_service]
         if not nodes:
             return False
@@ -658,8 +675,16 @@ class Soak:
             self.operator_drained[node.node_id] = self.now()
             self.fig.chaos["operator drain (done)"] += 1
             return True
-        self.fig.chaos["operator drain (no command: hook only)"] += 1
+        self.fig.chaos["operator drain (refused)"] += 1
         return False
+
+    def operator_resume(self, node_id: str) -> bool:
+        """The operator lifts their drain (from then on mtc may return the node)."""
+        if not operator_drain(self.a, node_id, operator.RESUME):
+            return False
+        self.operator_drained.pop(node_id, None)
+        self.fig.chaos["operator resume"] += 1
+        return True
 
     # ------------------------------------------------------------------ invariants
 
@@ -832,7 +857,8 @@ class Soak:
                                      f"{n.node_id} of {cluster_id} runs {n.job_id} of "
                                      f"{job.cluster_id}")
                 self.check("no node stuck")
-                if n.state in TRANSIENT and now - n.since > self.stuck_node_s:
+                parked = n.node_id in self.operator_drained and n.state is NodeState.DRAINED
+                if n.state in TRANSIENT and now - n.since > self.stuck_node_s and not parked:
                     self.violate(("stuck-node", n.node_id, n.since), "no node stuck",
                                  f"{n.node_id} {n.state.value} for {now - n.since:.0f} s "
                                  f"(repair {n.repair_action}, reason {n.reason!r})")

@@ -54,6 +54,8 @@ def describe(doc: dict[str, Any]) -> str:
             return f"node {d['node_id']}: {d['action']} {ok}"
         case "mtc.node.repair_held.v1":
             return f"node {d['node_id']}: ALERT repair held ({d['action']}): {d['reason']}"
+        case "mtc.node.operator_acted.v1":
+            return f"node {d['node_id']}: OPERATOR {d['by']} {d['action']}: {d['reason']}"
         case "mtc.node.returned_to_service.v1":
             return f"node {d['node_id']}: passed its checks, back in service"
         case "mtc.node.retired.v1":

@@ -27,13 +27,16 @@ class AuditLog:
         self._seq = itertools.count()
 
     def record(self, *, principal: str, permission: str, resource: str, method: str, status: int,
-               now: float) -> str:
-        """Write one record; returns its id (unique even for calls in the same microsecond)."""
+               now: float, reason: str = "") -> str:
+        """Write one record; returns its id (unique even for calls in the same microsecond).
+        ``reason``: why, for the commands that take one (an operator's, on a node)."""
         doc_id = f"{now:.6f}-{uuid4().hex[:8]}"
-        self._store.write(AUDIT_COLLECTION, doc_id, {
-            "id": doc_id, "who": principal, "permission": permission, "resource": resource,
-            "method": method, "status": status, "at": now, "time": now, "seq": next(self._seq),
-            "expire_at": now + self.retention_s})
+        doc = {"id": doc_id, "who": principal, "permission": permission, "resource": resource,
+               "method": method, "status": status, "at": now, "time": now,
+               "seq": next(self._seq), "expire_at": now + self.retention_s}
+        if reason:
+            doc["reason"] = reason
+        self._store.write(AUDIT_COLLECTION, doc_id, doc)
         return doc_id
 
     def read(self, since: float = 0.0) -> list[dict[str, Any]]:

@@ -27,8 +27,9 @@ from services.api.wire.cluster import (
 from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
 from services.job_submission import handlers as h
+from shared.domain import lifecycle
 from shared.domain.errors import ValidationError
-from shared.domain.model import IN_SERVICE, Cluster, ClusterState, Job, NodeRole, NodeState
+from shared.domain.model import IN_SERVICE, Cluster, ClusterState, Job, Node, NodeRole, NodeState
 from shared.domain.specs import ClusterSpec
 
 T = TypeVar("T")
@@ -187,13 +188,18 @@ def nodes(ctx: ApiContext, parent: Parent, cluster_id: str, *, size: str | None 
         load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
         found = sorted(uow.nodes.list(cluster_id), key=lambda n: n.node_id)
         page = paginate(found, size=limit, token=token)
-        items = [ClusterNode(
-            name=f"{parent.child(COLLECTION, cluster_id)}/nodes/{n.node_id}",
-            node_id=n.node_id, partition=n.partition or "-", pool=n.pool, role=n.role.value,
-            state=n.state.value, reason=n.reason, since=timestamp(n.since), spare=n.is_spare,
-            job=n.job_id, repair_action=n.repair_action.value if n.repair_action else None,
-            failures=len(n.history)) for n in page.items]
+        items = [node_view(parent, cluster_id, n) for n in page.items]
     return ListClusterNodesResponse(nodes=items, next_page_token=page.next_page_token).to_json()
+
+
+def node_view(parent: Parent, cluster_id: str, n: Node) -> ClusterNode:
+    return ClusterNode(
+        name=f"{parent.child(COLLECTION, cluster_id)}/nodes/{n.node_id}",
+        node_id=n.node_id, partition=n.partition or "-", pool=n.pool, role=n.role.value,
+        state=n.state.value, reason=n.reason, since=timestamp(n.since), spare=n.is_spare,
+        job=n.job_id, repair_action=n.repair_action.value if n.repair_action else None,
+        failures=len(n.history), fault=n.fault,
+        operator_drained=lifecycle.operator_drained(n))
 
 
 # ---------------------------------------------------------------- conversion

@@ -19,9 +19,11 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from services.api.errors import CANONICAL
 from services.api.names import RESOURCE_ID, SEGMENT
 from services.api.wire.cluster import (
+    ClusterNode,
     ListClusterNodesResponse,
     ListModelDevelopmentClustersResponse,
     ModelDevelopmentCluster,
+    NodeOperatorRequest,
 )
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.health_report import ReportNodeHealthRequest, ReportNodeHealthResponse
@@ -101,6 +103,16 @@ SPECS: dict[tuple[str, str], Spec] = {
         "cancel", "Empty", "CancelRequest", body_required=False,
         summary="Cancel an Operation (a cluster create not yet done)"),
 }
+NODE_OPS = {  # mtc extension: an operator's commands on a node (body {"reason": ...})
+    "releaseHold": "the repair the blast-radius guard held back runs now",
+    "drain": "drain the node (its job checkpoints and moves); it stays out until resumed",
+    "resume": "return a node an operator drained (verified first if it had faults)",
+    "returnToService": "verify a FAILED node and return it to service (or FAILED again)",
+}
+SPECS.update({
+    ("POST", f"modelDevelopmentClusters/{{modelDevelopmentCluster}}/nodes/{{node}}:{verb}"):
+    Spec(verb, ClusterNode, NodeOperatorRequest, summary=f"mtc extension: {what}")
+    for verb, what in NODE_OPS.items()})
 
 _ID_SCHEMA = {"type": "string", "pattern": RESOURCE_ID.pattern}
 QUERY: dict[str, dict[str, Any]] = {

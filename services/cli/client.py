@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import requests
 
-from services.api import clusters, custom_jobs, operations_api
+from services.api import clusters, custom_jobs, node_ops, operations_api
 from services.api.context import ApiContext
 from services.api.errors import CANONICAL, ApiError
 from services.api.names import Parent
@@ -70,6 +70,8 @@ class Client(Protocol):
     def cancel_job(self, parent: Parent, job_id: str) -> dict[str, Any]: ...
     def delete_job(self, parent: Parent, job_id: str) -> dict[str, Any]: ...
     def wait_operation(self, name: str, timeout_s: float) -> dict[str, Any]: ...
+    def node_command(self, parent: Parent, cluster_id: str, node_id: str, verb: str,
+                     reason: str) -> dict[str, Any]: ...
 
 
 def operation_parent(name: str) -> tuple[Parent, str]:
@@ -122,7 +124,7 @@ class LocalClient:
         self.principal = f"local:{_user()}"
 
     def _call(self, fn: Callable[[], dict[str, Any]], *, permission: str = "",
-              resource: str = "", method: str = "") -> dict[str, Any]:
+              resource: str = "", method: str = "", reason: str = "") -> dict[str, Any]:
         status = 200
         try:
             return fn()
@@ -136,7 +138,7 @@ class LocalClient:
             if permission and self.ctx.audit is not None:
                 self.ctx.audit.record(principal=self.principal, permission=permission,
                                       resource=resource, method=method, status=status,
-                                      now=self.ctx.now)
+                                      now=self.ctx.now, reason=reason)
 
     def create_cluster(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
         return self._call(lambda: clusters.create(self.ctx, parent, body, cluster_id),
@@ -186,6 +188,14 @@ class LocalClient:
         return self._call(lambda: custom_jobs.delete(self.ctx, parent, job_id),
                           **_audit("customJobs.delete", parent, "DELETE",
                                    f"customJobs/{job_id}"))
+
+    def node_command(self, parent: Parent, cluster_id: str, node_id: str, verb: str,
+                     reason: str) -> dict[str, Any]:
+        return self._call(lambda: node_ops.act(self.ctx, parent, cluster_id, node_id, verb,
+                                               {"reason": reason}, self.principal),
+                          **_audit("modelDevelopmentClusters.update", parent, "POST",
+                                   f"modelDevelopmentClusters/{cluster_id}/nodes/{node_id}:"
+                                   f"{verb}"), reason=reason)
 
     def wait_operation(self, name: str, timeout_s: float) -> dict[str, Any]:
         """Drive the control plane here (deliver, poll, tick) until the operation is done."""
@@ -298,6 +308,11 @@ class HttpClient:
 
     def delete_job(self, parent: Parent, job_id: str) -> dict[str, Any]:
         return self._request("DELETE", f"{self._jobs(parent)}/{job_id}")
+
+    def node_command(self, parent: Parent, cluster_id: str, node_id: str, verb: str,
+                     reason: str) -> dict[str, Any]:
+        return self._request("POST", f"{self._clusters(parent)}/{cluster_id}/nodes/"
+                             f"{node_id}:{verb}", body={"reason": reason})
 
     def wait_operation(self, name: str, timeout_s: float) -> dict[str, Any]:
         """``:wait`` in slices (the server answers within a minute) until done or timeout."""

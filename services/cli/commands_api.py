@@ -218,3 +218,19 @@ def cmd_nodes(args: argparse.Namespace, client: Client, cluster_ids: list[str] |
     if not getattr(args, "all", False):
         nodes = [n for n in nodes if n.get("state") != "retired"]
     show(nodes, args.json, lambda: node_table(nodes))
+
+
+NODE_VERBS = {"release-hold": "releaseHold", "drain": "drain", "resume": "resume",
+              "return": "returnToService"}
+
+
+def cmd_node_op(args: argparse.Namespace, client: Client) -> None:
+    """An operator's command on a node (audited: who, what, reason, when)."""
+    verb = NODE_VERBS[args.action]
+    node = client.node_command(args.parent, args.cluster, args.node_id, verb, args.reason)
+    if args.json:
+        show(node, True)
+        return
+    drained = " (drained by an operator)" if node.get("operatorDrained") else ""
+    print(f"{node.get('nodeId', args.node_id)}: {verb} done; now {node.get('state', '?')}"
+          f"{drained}: {node.get('reason', '')}")

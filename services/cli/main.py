@@ -21,7 +21,7 @@ from services.api.errors import ApiError
 from services.api.names import parent
 from services.api.security import ADMIN_TOKEN_FILE
 from services.cli.client import Client, ClientError, HttpClient, LocalClient
-from services.cli.commands_api import cmd_cluster, cmd_job, cmd_nodes
+from services.cli.commands_api import NODE_VERBS, cmd_cluster, cmd_job, cmd_node_op, cmd_nodes
 from services.cli.commands_local import (
     LOCAL_ONLY,
     cmd_controller,
@@ -34,7 +34,7 @@ from services.wiring.embedded import embedded
 from shared.domain.errors import MtcError, NotFound, ValidationError
 
 DEFAULT_PROJECT = DEFAULT_LOCATION = "local"
-API_COMMANDS = {"cluster", "job", "node list"}
+API_COMMANDS = {"cluster", "job", "node list", *(f"node {v}" for v in NODE_VERBS)}
 DEFAULT_STATE_DIR = "var/mtc"
 
 
@@ -115,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
     nl = leaf(nsub, "list", "nodes of one cluster, or of every cluster")
     nl.add_argument("--cluster")
     nl.add_argument("--all", action="store_true", help="include retired nodes")
+    for verb, what in (("release-hold", "let the repair the blast-radius guard held run now"),
+                       ("drain", "drain a node (its job checkpoints and moves); it stays "
+                        "out, unrepaired, until an operator resumes it"),
+                       ("resume", "return a node an operator drained (verified first if "
+                        "it had faults)"),
+                       ("return", "verify a FAILED node and return it to service")):
+        x = leaf(nsub, verb, what + "; audited")
+        x.add_argument("node_id")
+        x.add_argument("--cluster", required=True, help="the node's cluster")
+        x.add_argument("--reason", required=True, help="why (goes in the audit record)")
+        x.set_defaults(fn=cmd_node_op)
     f = leaf(nsub, "fault", "inject a health fault, as a node agent would report it; "
              + LOCAL_ONLY)
     f.add_argument("node_id")
@@ -235,7 +246,7 @@ def _run_api(args: argparse.Namespace, state_dir: Path) -> None:
                              or DEFAULT_LOCATION)
     except ApiError as exc:
         raise ClientError.from_status(exc.status_json(), exc.status) from exc
-    run = cmd_nodes if args.command == "node" else args.fn
+    run = cmd_nodes if command_name(args) == "node list" else args.fn
     if args.api:
         client: Client = HttpClient(args.api, api_token(args, state_dir))
         run(args, client)

@@ -14,7 +14,9 @@ was repaired since.
 This service owns **return to service**: it counts the passing checks (hysteresis), moves
 the node back to IDLE and into its partition, uncordons it in compute and announces it
 (NodeReturnedToService); it also releases a held node that reports healthy. Taking nodes
-out of service (cordon, drain, repair) belongs to the repair service.
+out of service (cordon, drain, repair) belongs to the repair service. A node an operator
+drained (``DrainedByOperator``) never returns by itself: a verified one is parked DRAINED
+until an operator resumes it (``resume``), and no agent report can lift the drain.
 """
 
 from __future__ import annotations
@@ -62,10 +64,14 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
             return False  # reordered: a newer report was already assessed
         node.last_report_at = report.observed_at
     before = (node.state, node.passes, len(node.history), node.last_diagnosis)
+    drained = lifecycle.operator_drained(node)
     changed = lifecycle.observe(node, report)
     now = deps.clock.now()
+    if drained and not lifecycle.operator_drained(node):  # they lifted their own drain
+        resume(node, uow, deps, node.conditions[lifecycle.OPERATOR_DRAIN].reason)
     table = deps.config.triage_table
     diagnosis = triage(report, node.history, now, table)
+    lifecycle.note_fault(node, diagnosis.failure_mode, diagnosis.action, diagnosis.healthy)
     # first sightings of faults that act only when confirmed (slow, hot): remembered so the
     # next report can confirm them; their action is NONE, so the repair ladder ignores them
     lifecycle.record_failure(node, *unconfirmed_sightings(report, node.history, now, table))
@@ -99,6 +105,9 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
 def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> None:
     """Hysteresis: a repaired or new node returns only after enough consecutive passes."""
     now = deps.clock.now()
+    if lifecycle.operator_drained(node):  # a person keeps it out: it never returns by itself
+        lifecycle.park(node, now)
+        return
     if lifecycle.release_hold(node, now) or node.state is not NodeState.VERIFYING:
         return
     lifecycle.count_pass(node, report.observed_at)
@@ -107,6 +116,15 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
     lifecycle.return_to_service(node, uow.partitions.get(node.cluster_id, node.partition), now)
     deps.compute.uncordon(node.node_id)
     uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id))
+
+
+def resume(node: Node, uow: UnitOfWork, deps: Deps, text: str) -> None:
+    """An operator lifted their drain (``mtc node resume``, or their own Slurm drain lifted):
+    back to service now, or through verification when the node had faults."""
+    partition = uow.partitions.get(node.cluster_id, node.partition)
+    if lifecycle.operator_resume(node, partition, deps.clock.now(), text):
+        deps.compute.uncordon(node.node_id)
+        uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id))
 
 
 def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome | None:

@@ -271,12 +271,14 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
                and (j.recovery.not_before is None or j.recovery.not_before <= now)]
     if not pending:
         return
+    for job in pending:
+        _drop_unfit(job, uow, deps)
     ready = [j for j in pending if j.node_ids and all(j.node_ids)]
     for job in ready:  # nothing was lost (e.g. a preempted program): start again at once
         _start(job, [], {}, uow, deps)
     waiting = [j for j in pending if j not in ready]
     idle = [n for n in uow.nodes.list(cluster_id, state=NodeState.IDLE)
-            if n.role is NodeRole.WORKER]
+            if n.role is NodeRole.WORKER and lifecycle.takes_work(n)]
     if not waiting or not idle:
         return
     requests = [_request(job) for job in waiting]
@@ -287,6 +289,24 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     nodes = {n.node_id: n for n in idle}
     for placement in placements:
         _start(by_id[placement.job_id], list(placement.node_ids), nodes, uow, deps)
+
+
+def _drop_unfit(job: Job, uow: UnitOfWork, deps: Deps) -> None:
+    """A pending job resumes only on nodes that take new work: a node it kept that is held
+    by the blast-radius guard (SUSPECT), has an active fault that takes it out, or was
+    drained by an operator leaves the job (its state otherwise stays as it is: a held node
+    stays held in service) and becomes a hole that placement fills, or the job waits."""
+    if not any(job.node_ids):
+        return
+    now = deps.clock.now()
+    for node_id in [n for n in job.node_ids if n]:
+        node = uow.nodes.get(node_id)
+        if node is not None and node.job_id == job.job_id and lifecycle.takes_work(node):
+            continue
+        if node is not None and lifecycle.release_from_job(node, job.job_id, now,
+                                                           "takes no new work"):
+            uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
+        job.node_ids = ["" if n == node_id else n for n in job.node_ids]
 
 
 def _ranks(job: Job) -> list[str]:

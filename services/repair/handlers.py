@@ -45,6 +45,14 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
     if node.state not in ACTIONABLE:
         return  # already out of service: the decision was taken
     now = deps.clock.now()
+    if event.failure_mode == lifecycle.OPERATOR_DRAIN_MODE:  # a person's drain: no guard
+        if lifecycle.operator_drained(node):  # (not lifted since)
+            operator_drain(node, uow, deps, node.conditions[lifecycle.OPERATOR_DRAIN].reason)
+        return
+    if node.state is NodeState.VERIFYING and node.repair_action is RepairAction.MANUAL:
+        _fail(node, f"failed its checks after an operator returned it: {event.failure_mode}",
+              uow, deps)  # returned by a person: back to them, not up the ladder
+        return
     diagnosis = Diagnosis(event.failure_mode, Severity(event.severity),
                           RepairAction(event.action), event.reasons, event.unmapped_xids)
     partition = _partition(uow, node)
@@ -56,7 +64,7 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
     if decision.kind is DecisionKind.NO_ACTION:
         return
     if decision.kind is DecisionKind.HOLD:
-        lifecycle.hold(node, now, reason)
+        lifecycle.hold(node, now, reason, decision.action)
         if lifecycle.alert_due(node, f"held:{decision.action.value}:{reason}", now,
                                deps.config.alert_reminder_s):
             uow.emit(NodeRepairHeld(node_id=node.node_id, action=decision.action.value,
@@ -70,21 +78,44 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
                 uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt,
                                                node_id=node.node_id, reason=reason))
         return
+    _take_out(node, partition, decision.action, reason, uow, deps)
+
+
+def _take_out(node: Node, partition: Partition, action: RepairAction, reason: str,
+              uow: UnitOfWork, deps: Deps) -> None:
     deps.compute.cordon(node.node_id, reason)
-    if lifecycle.take_out_of_service(node, partition, decision.action, now, reason,
+    if lifecycle.take_out_of_service(node, partition, action, deps.clock.now(), reason,
                                      deps.config.repair.blast_window_s):
         assert node.job_id is not None
         uow.emit(NodeDraining(node_id=node.node_id, job_id=node.job_id, reason=reason))
         return
-    _start(node, decision.action, uow, deps, reason)
+    _start(node, action, uow, deps, reason)
+
+
+def release_held(node: Node, uow: UnitOfWork, deps: Deps, text: str) -> None:
+    """An operator releases a hold: the repair the blast-radius guard held back runs now."""
+    action = node.repair_action or RepairAction.REBOOT
+    reason = f"{text}: {action} ({node.fault or node.reason})"
+    lifecycle.record_failure(node, FailureRecord(deps.clock.now(), node.fault or "held", action))
+    _take_out(node, _partition(uow, node), action, reason, uow, deps)
+
+
+def operator_drain(node: Node, uow: UnitOfWork, deps: Deps, text: str) -> None:
+    """An operator drains the node: its job checkpoints and moves, nothing repairs it."""
+    deps.compute.cordon(node.node_id, text)
+    if lifecycle.operator_drain(node, _partition(uow, node), deps.clock.now(), text,
+                                deps.config.repair.blast_window_s):
+        assert node.job_id is not None
+        uow.emit(NodeDraining(node_id=node.node_id, job_id=node.job_id, reason=text))
 
 
 def on_drained(event: NodeDrained, uow: UnitOfWork, deps: Deps) -> None:
     node = uow.nodes.get(event.node_id)
     if node is None:
         raise NotFound("node", event.node_id)
-    if node.state is not NodeState.DRAINED or node.retire_when_drained:
-        return
+    if node.state is not NodeState.DRAINED or node.retire_when_drained \
+            or lifecycle.operator_drained(node):
+        return  # (an operator's drain waits for an operator: no repair)
     _start(node, node.repair_action or RepairAction.REBOOT, uow, deps, node.reason)
 
 
@@ -115,10 +146,7 @@ def _start(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reason
 def _launch(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reason: str) -> None:
     now = deps.clock.now()
     if action is RepairAction.MANUAL:
-        node.transition(NodeState.FAILED, now, f"needs a person: {reason}")
-        node.repair_action = action
-        if lifecycle.alert_due(node, f"failed:{reason}", now, deps.config.alert_reminder_s):
-            uow.emit(NodeRepairHeld(node_id=node.node_id, action=action.value, reason=reason))
+        _fail(node, reason, uow, deps)
         return
     if action is RepairAction.REPLACE:
         _replace(node, uow, deps, reason)
@@ -129,6 +157,15 @@ def _launch(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reaso
     deps.compute.start_repair(node.node_id, action, node.repair_attempt)
     uow.emit(NodeRepairStarted(node_id=node.node_id, action=action.value,
                                attempt=node.repair_attempt, reason=reason))
+
+
+def _fail(node: Node, reason: str, uow: UnitOfWork, deps: Deps) -> None:
+    now = deps.clock.now()
+    node.transition(NodeState.FAILED, now, f"needs a person: {reason}")
+    node.repair_action = RepairAction.MANUAL
+    if lifecycle.alert_due(node, f"failed:{reason}", now, deps.config.alert_reminder_s):
+        uow.emit(NodeRepairHeld(node_id=node.node_id, action=RepairAction.MANUAL.value,
+                                reason=reason))
 
 
 def _replace(node: Node, uow: UnitOfWork, deps: Deps, reason: str) -> None:

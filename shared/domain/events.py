@@ -282,6 +282,22 @@ class NodeRetired(Event):
     replacement_id: str = ""
 
 
+@register
+@dataclass(frozen=True)
+class NodeOperatorActed(Event):
+    """A person's decision on a node (release a hold, drain, resume, return a failed node):
+    who, what, why, when; the audit record the timeline keeps."""
+
+    TYPE: ClassVar[str] = "mtc.node.operator_acted.v1"
+    SUBJECT_FIELD: ClassVar[str] = "node_id"
+    node_id: str
+    cluster_id: str
+    action: str
+    reason: str
+    by: str
+    at: float
+
+
 # ---------------------------------------------------------------- jobs
 
 

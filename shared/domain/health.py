@@ -33,6 +33,17 @@ class ConditionType(enum.StrEnum):
     DISK_PRESSURE = "DiskPressure"  # details: {"mount": str, "used_fraction": float}
     SLOW_SPEED_CHECK = "SlowSpeedCheck"  # details: {"ratio_to_baseline": float}
     HEARTBEAT_LOST = "HeartbeatLost"  # details: {"silent_for_s": float}
+    # A person's decisions, not a machine's: an administrator's own drain (TRUE with their
+    # reason, FALSE once lifted; the Slurm adapter reports one it did not make, `mtc node
+    # drain` sets it) and a resume they made of a node mtc holds out (the Slurm adapter).
+    DRAINED_BY_OPERATOR = "DrainedByOperator"  # details: {"slurm_node", "slurm_reason"} | {"by"}
+    RESUMED_BY_OPERATOR = "ResumedByOperator"  # details: {"slurm_node", "mtc_reason"}
+
+
+# condition types only an operator sets and lifts: an agent's report cannot clear them
+OPERATOR_CONDITIONS = frozenset({ConditionType.DRAINED_BY_OPERATOR.value,
+                                 ConditionType.RESUMED_BY_OPERATOR.value})
+OPERATOR_SOURCE = "operator"
 
 
 class Severity(enum.StrEnum):

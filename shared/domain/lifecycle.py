@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shared.domain.health import (
+    OPERATOR_CONDITIONS,
+    OPERATOR_SOURCE,
     Condition,
     ConditionStatus,
     ConditionType,
@@ -42,6 +44,10 @@ WATCHED = frozenset({NodeState.IDLE, NodeState.ALLOCATED, NodeState.SUSPECT})
 HEARTBEAT = ConditionType.HEARTBEAT_LOST.value
 # states of a node coming up: a partition counts these unless repair took the node out
 COMING_UP = frozenset({NodeState.PROVISIONING, NodeState.VERIFYING})
+OPERATOR_DRAIN = ConditionType.DRAINED_BY_OPERATOR.value
+OPERATOR_DRAIN_MODE = "drained_by_operator"  # the triage table's failure mode for it
+# states a node may keep new work in: idle, or allocated to the pending job that holds it
+TAKES_WORK = frozenset({NodeState.IDLE, NodeState.ALLOCATED})
 
 
 # ---------------------------------------------------------------- history
@@ -81,6 +87,10 @@ def observe(node: Node, report: HealthReport) -> bool:
     for cond in report.conditions:
         prev = node.conditions.get(cond.type)
         status = cond.status.value
+        if cond.type in OPERATOR_CONDITIONS and report.source != OPERATOR_SOURCE \
+                and prev is not None and prev.status == ConditionStatus.TRUE.value \
+                and status != prev.status:
+            continue  # an operator's drain is lifted by an operator, never by an agent
         if prev is None or (prev.status, prev.reason, prev.since) != (status, cond.reason,
                                                                      cond.since):
             changed = True
@@ -137,10 +147,87 @@ def diagnosis_due(node: Node, failure_mode: str, action: RepairAction, changed: 
 # ---------------------------------------------------------------- service
 
 
-def hold(node: Node, now: float, reason: str) -> None:
-    """The blast-radius guard keeps a sick node in service: mark it SUSPECT."""
+def hold(node: Node, now: float, reason: str, action: RepairAction | None = None) -> None:
+    """The blast-radius guard keeps a sick node in service: mark it SUSPECT, remembering
+    the repair it held back (an operator's release runs it)."""
     if node.state in (NodeState.IDLE, NodeState.ALLOCATED):
         node.transition(NodeState.SUSPECT, now, reason)
+    if node.state is NodeState.SUSPECT and action is not None:
+        node.repair_action = action
+
+
+def note_fault(node: Node, failure_mode: str, action: RepairAction, healthy: bool) -> None:
+    """Remember the active fault that takes the node out (placement avoids it) until a
+    report says it is healthy. An operator's drain is not a fault: it is a person's."""
+    if healthy:
+        node.fault = ""
+    elif action.takes_node_out and failure_mode != OPERATOR_DRAIN_MODE:
+        node.fault = failure_mode
+
+
+def operator_drained(node: Node) -> bool:
+    """An administrator drained the node (``mtc node drain``, or their own Slurm drain):
+    it stays out of service and out of placement, unrepaired, until an operator resumes it."""
+    cond = node.conditions.get(OPERATOR_DRAIN)
+    return cond is not None and cond.status == ConditionStatus.TRUE.value
+
+
+def takes_work(node: Node) -> bool:
+    """Whether new work may go onto the node (a placement, or a resumed job keeping it):
+    idle (or allocated to the pending job), no active fault that takes it out, no held repair
+    (a held node is SUSPECT), not drained by an operator."""
+    return node.state in TAKES_WORK and not node.fault and not operator_drained(node)
+
+
+def operator_drain(node: Node, partition: Partition, now: float, text: str,
+                   window_s: float) -> bool:
+    """A person drains the node: marked DrainedByOperator; a node in service (or being
+    verified) leaves its partition's in-service set and waits for its job to checkpoint
+    (DRAINING, returns True) or is DRAINED at once. Nothing repairs it meanwhile; a node
+    already out (draining, repairing, failed) keeps its course and is parked when it would
+    come back. The repair it was due keeps ``repair_action`` (its resume verifies it)."""
+    node.conditions[OPERATOR_DRAIN] = NodeCondition(ConditionStatus.TRUE.value, text, now, now)
+    if node.state not in IN_SERVICE and node.state is not NodeState.VERIFYING:
+        return False
+    due = node.repair_action
+    draining = take_out_of_service(node, partition, due or RepairAction.NONE, now, text,
+                                   window_s)
+    node.repair_action = due
+    return draining
+
+
+def park(node: Node, now: float) -> bool:
+    """An operator-drained node that would return to service (verified) stays DRAINED."""
+    if node.state is not NodeState.VERIFYING:
+        return False
+    node.transition(NodeState.DRAINED, now, node.conditions[OPERATOR_DRAIN].reason)
+    return True
+
+
+def operator_resume(node: Node, partition: Partition | None, now: float, text: str) -> bool:
+    """A person lifts their drain. A parked node with a fault (or a repair it was due) goes
+    through verification (hysteresis); one without returns to service now (True: the caller
+    uncordons it and emits NodeReturnedToService). A node on another course keeps it."""
+    node.conditions[OPERATOR_DRAIN] = NodeCondition(ConditionStatus.FALSE.value, text, now, now)
+    if node.state is not NodeState.DRAINED:
+        return False
+    if node.fault or node.repair_action is not None:
+        node.transition(NodeState.VERIFYING, now, f"{text}; verifying")
+        reset_passes(node)
+        return False
+    return_to_service(node, partition, now, text)
+    return True
+
+
+def return_failed(node: Node, now: float, text: str) -> None:
+    """A person returns a FAILED node: it must pass the checks a repaired node passes
+    (VERIFYING, marked MANUAL so a failed check sends it back to FAILED, not up the
+    ladder); what was reported before now describes the node it was."""
+    node.transition(NodeState.VERIFYING, now, f"{text}; verifying")
+    reset_passes(node)
+    node.repair_action = RepairAction.MANUAL
+    node.fault = ""
+    renew(node, now)
 
 
 def take_out_of_service(node: Node, partition: Partition, action: RepairAction, now: float,

@@ -205,10 +205,11 @@ NODE_TRANSITIONS: TransitionTable[NodeState] = TransitionTable(
         NS.ALLOCATED: _fs(NS.IDLE, NS.SUSPECT, NS.DRAINING),
         NS.SUSPECT: _fs(NS.IDLE, NS.ALLOCATED, NS.DRAINING, NS.DRAINED, NS.RETIRED),
         NS.DRAINING: _fs(NS.DRAINED),
-        NS.DRAINED: _fs(NS.REPAIRING, NS.FAILED, NS.RETIRED),
+        # (an operator's resume: IDLE, or VERIFYING when it had faults)
+        NS.DRAINED: _fs(NS.REPAIRING, NS.FAILED, NS.RETIRED, NS.IDLE, NS.VERIFYING),
         NS.REPAIRING: _fs(NS.VERIFYING, NS.REPAIRING, NS.FAILED, NS.RETIRED),
         NS.VERIFYING: _fs(NS.IDLE, NS.DRAINED, NS.FAILED, NS.RETIRED),
-        NS.FAILED: _fs(NS.REPAIRING, NS.RETIRED),
+        NS.FAILED: _fs(NS.REPAIRING, NS.RETIRED, NS.VERIFYING),  # (returned by an operator)
         NS.RETIRED: _fs(),
     },
 )
@@ -273,6 +274,8 @@ class Node:
     # when its present life began (provisioning requested, or its last repair started): a
     # report observed before then describes the node it was, and is stale
     renewed_at: float | None = None
+    fault: str = ""  # the active fault whose diagnosis takes the node out ("" when healthy)
+    operator_request: str = ""  # the last operator command applied ("verb:reason")
 
     def transition(self, target: NodeState, now: float, reason: str = "") -> None:
         if target is self.state and target is not NodeState.REPAIRING:
@@ -322,6 +325,8 @@ class Node:
             "retire_when_drained": self.retire_when_drained,
             "generation": self.generation,
             "renewed_at": self.renewed_at,
+            "fault": self.fault,
+            "operator_request": self.operator_request,
         }
 
     @classmethod
@@ -357,6 +362,8 @@ class Node:
             retire_when_drained=d.get("retire_when_drained", False),
             generation=d.get("generation", 1),
             renewed_at=d.get("renewed_at"),
+            fault=d.get("fault", ""),
+            operator_request=d.get("operator_request", ""),
         )
 
 

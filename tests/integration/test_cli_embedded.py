@@ -190,3 +190,40 @@ def _parent(proc: Path) -> int:
     except OSError:
         return -1
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _node(state: Path, node_id: str) -> dict[str, Any]:
+    return next(n for n in mtc_json(state, "node", "list") if n["nodeId"] == node_id)
+
+
+def test_operator_node_commands_locally(cluster: Path) -> None:
+    """`mtc node return | release-hold | drain | resume`: audited, and done as they say."""
+    a, b, d = "demo-h100-000", "demo-h100-001", "demo-h100-003"
+    op = ("--cluster", "demo", "--reason")
+    mtc(cluster, "node", "fault", d, "--xid", "54")  # needs a person: FAILED
+    wait_for(cluster, lambda: _node(cluster, d)["state"] == "failed")
+    assert mtc_json(cluster, "node", "return", d, *op, "cable reseated")["state"] == "verifying"
+    # LocalCompute keeps a fault no repair clears: its checks fail, and it is FAILED again
+    # (the passing path: tests/unit/handlers/test_operator_commands.py)
+    wait_for(cluster, lambda: "after an operator returned it" in _node(cluster, d)["reason"])
+    assert _node(cluster, d)["state"] == "failed"
+
+    mtc(cluster, "node", "fault", b, "--xid", "79")  # the guard's window is spent: held
+    wait_for(cluster, lambda: _node(cluster, b)["state"] == "suspect")
+    out = mtc(cluster, "node", "release-hold", b, *op, "one node only").stdout
+    assert "releaseHold done" in out
+    assert _node(cluster, b)["state"] in ("draining", "drained", "repairing", "verifying")
+
+    drained = mtc_json(cluster, "node", "drain", a, *op, "bad fan")
+    assert drained["operatorDrained"] is True and drained["state"] == "drained"
+    mtc(cluster, "controller", "--for", "1")
+    assert _node(cluster, a)["state"] == "drained"  # agents' healthy reports do not undo it
+    assert mtc_json(cluster, "node", "resume", a, *op, "fan replaced")["state"] == "idle"
+    proc = mtc(cluster, "node", "resume", a, *op, "again", check=False)
+    assert proc.returncode == 2 and "not drained by an operator" in proc.stderr
+    proc = mtc(cluster, "node", "drain", a, "--cluster", "demo", check=False)
+    assert proc.returncode == 2 and "--reason" in proc.stderr
+    timeline = mtc(cluster, "events").stdout
+    for words in ("drain: bad fan", "resume: fan replaced", "returnToService: cable reseated",
+                  "releaseHold: one node only"):
+        assert words in timeline, words

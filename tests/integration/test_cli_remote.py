@@ -129,3 +129,15 @@ def test_errors_over_http_read_like_local_ones(server: Server, tmp_path: Path) -
     dead = mtc(server.state, "job", "list", check=False,
                env=clean_env(MTC_API="http://127.0.0.1:9", MTC_API_TOKEN="x"))
     assert dead.returncode == 2 and "error: UNAVAILABLE:" in dead.stderr
+
+
+def test_operator_drain_and_resume_over_http(server: Server, tmp_path: Path) -> None:
+    spec = write(tmp_path / "cluster.json", cluster_body())
+    server.json("cluster", "create", "demo", "-f", str(spec), "--wait", "20")
+    op = ("--cluster", "demo", "--reason")
+    node = server.json("node", "drain", "demo-h100-000", *op, "bad fan")
+    assert node["operatorDrained"] is True and node["state"] == "drained"
+    assert server.json("node", "resume", "demo-h100-000", *op, "fixed")["state"] == "idle"
+    proc = server.run("node", "return", "demo-h100-000", *op, "x", check=False)
+    assert proc.returncode == 2 and "FAILED_PRECONDITION" in proc.stderr
+    assert "not FAILED" in proc.stderr

@@ -113,6 +113,15 @@ class ClusterNode(Message):
     job: str | None = None
     repair_action: str | None = None
     failures: Int32 = 0
+    fault: str = ""  # the active fault that keeps it from new work
+    operator_drained: bool = False  # drained by an administrator: only they resume it
+
+
+class NodeOperatorRequest(Message):
+    """mtc's extension: an operator's command on a node (``:releaseHold``, ``:drain``,
+    ``:resume``, ``:returnToService``) and why; the reason goes in the audit records."""
+
+    reason: str = Field(default="", max_length=512)
 
 
 class ListClusterNodesResponse(Message):

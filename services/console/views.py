@@ -1,0 +1,201 @@
+"""What the console shows, built from the store's entities and the event log: pure functions.
+
+Sized for a 16,384-node cluster: a partition is its counts per state; only the nodes that
+matter (out of service, held, lemons) are listed, at most ``NOTABLE`` per partition; the
+rest come on drill-down, one page at a time. Every list here is bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared.domain.model import IN_SERVICE, Job, Node, NodeRole, NodeState
+from shared.goodput_live import JobAccounting
+from shared.policies.repair import RepairConfig
+from shared.timeline import describe, is_routine
+from shared.views import iso
+
+NOTABLE = 100  # individual nodes listed per partition without drill-down
+MAX_PAGE = 500
+SMALL = 64  # a partition this small lists every node
+S = NodeState
+# sinfo's word for each state (a node under repair is down to Slurm, one being checked boots;
+# "susp": sick but kept in service by the blast-radius guard, mtc's own)
+SINFO: Mapping[NodeState, str] = {
+    S.PROVISIONING: "boot", S.IDLE: "idle", S.ALLOCATED: "alloc", S.SUSPECT: "susp",
+    S.DRAINING: "drng", S.DRAINED: "drain", S.REPAIRING: "down", S.VERIFYING: "boot",
+    S.FAILED: "fail", S.RETIRED: "down~"}
+WORDS = ("idle", "alloc", "susp", "drng", "drain", "down", "boot", "fail")
+
+
+def is_lemon(node: Node, now: float, config: RepairConfig) -> bool:
+    """Its next node-level failure would have it replaced (or this one did)."""
+    recent = [r for r in node.history
+              if r.action.takes_node_out and r.at >= now - config.lemon_window_s]
+    return "lemon" in node.reason or len(recent) + 1 >= config.lemon_failure_count
+
+
+def node_row(node: Node, now: float, config: RepairConfig) -> dict[str, Any]:
+    active = [{"type": t, "reason": c.reason, "since": iso(c.since)}
+              for t, c in sorted(node.conditions.items()) if c.status == "true"]
+    return {
+        "id": node.node_id, "partition": node.partition or "-", "pool": node.pool,
+        "state": node.state.value, "sinfo": SINFO[node.state], "reason": node.reason,
+        "since": iso(node.since), "spare": node.is_spare, "job": node.job_id,
+        "rung": (f"{node.repair_action.value} (attempt {node.repair_attempt})"
+                 if node.repair_action else None),
+        "conditions": active[:8], "hold": node.alert or None,
+        "lemon": is_lemon(node, now, config), "failures": len(node.history),
+        "inService": node.state in IN_SERVICE,
+    }
+
+
+def _matters(node: Node, now: float, config: RepairConfig) -> bool:
+    return (node.state not in IN_SERVICE or bool(node.alert) or node.state is S.SUSPECT
+            or is_lemon(node, now, config))
+
+
+def workers(nodes: Iterable[Node]) -> list[Node]:
+    """The nodes a grid shows: workers still there (retired ones and the login node aside)."""
+    return sorted((n for n in nodes if n.role is NodeRole.WORKER and n.state is not S.RETIRED),
+                  key=lambda n: n.node_id)
+
+
+def grid(nodes: Iterable[Node], now: float, config: RepairConfig,
+         notable: int = NOTABLE, small: int = SMALL) -> list[dict[str, Any]]:
+    """Per partition: counts per sinfo word, spares, and the nodes that matter (bounded);
+    a partition of at most ``small`` nodes lists them all (``all``)."""
+    mine = workers(nodes)
+    sizes: dict[str, int] = {}
+    for n in mine:
+        sizes[n.partition or "-"] = sizes.get(n.partition or "-", 0) + 1
+    parts: dict[str, dict[str, Any]] = {}
+    for n in mine:
+        name = n.partition or "-"
+        p = parts.setdefault(name, {
+            "name": name, "total": 0, "counts": dict.fromkeys(WORDS, 0), "spares": 0,
+            "inService": 0, "notable": [], "notableTotal": 0, "all": sizes[name] <= small})
+        p["total"] += 1
+        p["counts"][SINFO[n.state]] = p["counts"].get(SINFO[n.state], 0) + 1
+        p["spares"] += n.is_spare
+        p["inService"] += n.state in IN_SERVICE
+        if p["all"] or _matters(n, now, config):
+            p["notableTotal"] += 1
+            if len(p["notable"]) < notable:
+                p["notable"].append(node_row(n, now, config))
+    return [parts[k] for k in sorted(parts)]
+
+
+def node_page(nodes: Iterable[Node], now: float, config: RepairConfig, *,
+              partition: str | None, word: str | None, offset: int, size: int
+              ) -> dict[str, Any]:
+    """One page of a partition's nodes (drill-down), optionally of one sinfo word."""
+    size = max(1, min(size, MAX_PAGE))
+    found = [n for n in workers(nodes)
+             if (not partition or (n.partition or "-") == partition)
+             and (not word or SINFO[n.state] == word)]
+    page = found[offset:offset + size]
+    return {"nodes": [node_row(n, now, config) for n in page], "total": len(found),
+            "offset": offset, "next": offset + size if offset + size < len(found) else None}
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else round(100.0 * x, 1)
+
+
+def _seconds(by: Mapping[str, float]) -> dict[str, float]:
+    return {k: round(v, 1) for k, v in sorted(by.items()) if round(v, 1) > 0}
+
+
+def job_row(job: Job, acct: JobAccounting, goodput: Any | None) -> dict[str, Any]:
+    """A job with its attempts, checkpoints, lost work and (when accounted) the three goodputs
+    and badput by cause (``goodput``: simulator.goodput_totals.JobGoodput)."""
+    latest = job.latest_checkpoint
+    row: dict[str, Any] = {
+        "id": job.job_id, "displayName": job.spec.display_name, "state": job.state.value,
+        "attempts": job.attempt, "restarts": job.restart_count,
+        "nodes": [n for n in job.node_ids if n][:16], "nodeCount": len([n for n in job.node_ids if n]),
+        "checkpoints": len(job.checkpoints),
+        "latestCheckpoint": None if latest is None else {"step": latest.step, "time": iso(latest.at)},
+        "lostSteps": acct.lost_steps, "recoveryS": round(acct.recovery_s, 1),
+        "wallS": round(acct.wall_s, 1), "created": iso(job.created_at), "error": job.error or None,
+    }
+    if goodput is not None:
+        row["goodput"] = {
+            "scheduling": _pct(goodput.scheduling_goodput),
+            "runtime": _pct(goodput.runtime_goodput),
+            "program": _pct(goodput.program_goodput), "overall": _pct(goodput.goodput),
+            "badputByCategoryS": _seconds(goodput.by_category()),
+            "badputByCauseS": _seconds(goodput.by_cause()),
+        }
+    return row
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    node: str = ""
+    job: str = ""
+    type: str = ""
+    text: str = ""
+    routine: bool = False  # include healthy heartbeats
+
+    def keep(self, doc: Mapping[str, Any], line: str) -> bool:
+        data = doc.get("data") or {}
+        if not self.routine and is_routine(dict(doc)):
+            return False
+        if self.node and self.node not in (data.get("node_id"), *data.get("node_ids", ())):
+            return False
+        if self.job and data.get("job_id") != self.job:
+            return False
+        if self.type and self.type not in doc["type"]:
+            return False
+        return not self.text or self.text.lower() in line.lower()
+
+
+def belongs(doc: Mapping[str, Any], cluster_id: str, node_ids: set[str], job_ids: set[str]
+            ) -> bool:
+    """Whether an event is about this cluster, its nodes or its jobs."""
+    data = doc.get("data") or {}
+    return (data.get("cluster_id") == cluster_id or data.get("node_id") in node_ids
+            or data.get("job_id") in job_ids)
+
+
+def kind(type_: str) -> str:
+    """The timeline's colour class of an event type: fault, repair, recovery or info."""
+    if "diagnosed" in type_ or "health_reported" in type_ or "held" in type_:
+        return "fault"
+    if "repair" in type_ or "drain" in type_ or "interrupt" in type_ or "signalled" in type_:
+        return "repair"
+    if "returned" in type_ or "finished" in type_ or "started" in type_:
+        return "recovery"
+    return "info"
+
+
+def timeline(docs: Sequence[Mapping[str, Any]], flt: EventFilter, limit: int
+             ) -> dict[str, Any]:
+    """The newest ``limit`` events of ``docs`` (oldest first in, newest first out) that pass
+    ``flt``, one line each; ``more``: older ones were left out."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for doc in reversed(docs):
+        key = str(doc.get("id", ""))
+        if key and key in seen:
+            continue  # a redelivered event is logged again
+        seen.add(key)
+        try:
+            line = describe(dict(doc))
+        except (KeyError, TypeError, ValueError):
+            line = doc["type"]
+        if not flt.keep(doc, line):
+            continue
+        if len(out) >= limit:
+            return {"events": out, "more": True}
+        data = doc.get("data") or {}
+        healthy = doc["type"].endswith("health_reported.v1") and line.endswith("all checks pass")
+        out.append({"time": float(doc["time"]), "at": iso(float(doc["time"])),
+                    "type": doc["type"], "kind": "info" if healthy else kind(doc["type"]),
+                    "text": line,
+                    "node": data.get("node_id"), "job": data.get("job_id")})
+    return {"events": out, "more": False}

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from shared import logs
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import PermanentError
 from shared.domain.events import Envelope
@@ -82,7 +83,27 @@ def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps, 
     event keeps no idempotency record either: the handler vouches that it is idempotent by
     state (a repeated report that is no newer than the node's last one changes nothing), so
     a heartbeat a second adds no record a second. Transports that answer a push (HTTP) and
-    the twin keep the plain HANDLED and the record."""
+    the twin keep the plain HANDLED and the record.
+
+    Every line logged meanwhile names the service, the event and its node, job and cluster
+    (``shared.logs.context``)."""
+    with logs.context(service=service, **event_fields(envelope)):
+        return _run_handler(service, handler, envelope, deps, report_unchanged)
+
+
+def event_fields(envelope: Envelope) -> dict[str, Any]:
+    """The log fields of an envelope: its type and id, and the ids its event carries."""
+    event = envelope.event
+    fields: dict[str, Any] = {"event_type": envelope.type, "event_id": envelope.id}
+    for name in ("node_id", "job_id", "cluster_id"):
+        value = getattr(event, name, None)
+        if isinstance(value, str) and value:
+            fields[name] = value
+    return fields
+
+
+def _run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps,
+                 report_unchanged: bool) -> Outcome:
     now = deps.clock.now()
     key = f"{service}:{envelope.key}"
     if now - envelope.time > deps.config.max_event_age_s:

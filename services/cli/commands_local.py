@@ -19,6 +19,7 @@ from services.api.tokens import LocalTokens
 from services.cli.client import ClientError
 from services.cli.commands_api import console, show
 from services.wiring.embedded import EmbeddedApp
+from shared import logs
 from shared.domain.errors import ValidationError
 from shared.domain.faults import FaultRequest, check_fault_target, validate_fault
 from shared.domain.faults import fault_conditions as conditions_of
@@ -90,6 +91,7 @@ def cmd_events(args: argparse.Namespace, app: EmbeddedApp) -> None:
 
 def cmd_controller(args: argparse.Namespace, app: EmbeddedApp) -> None:
     """Keep the embedded control plane moving: pump, poll the machines, tick."""
+    logs.setup()  # mtc.* loggers: JSON lines off a terminal
     console.print(f"controller on {app.state_dir}; Ctrl-C to stop")
     with contextlib.suppress(KeyboardInterrupt):
         app.run(lambda: False, timeout_s=args.duration or float("inf"))

@@ -7,7 +7,9 @@ import functions_framework
 from cloudevents.http import CloudEvent
 
 from services.api.http import dispatch
-from services.wiring.functions import api_context, handle_cloud_event
+from services.observability.http import PATHS
+from services.wiring.functions import api_context, handle_cloud_event, observability
+from shared import logs
 
 
 @functions_framework.cloud_event
@@ -17,4 +19,9 @@ def handle(cloud_event: CloudEvent) -> None:
 
 @functions_framework.http
 def api(request: flask.Request) -> flask.Response:
-    return dispatch(request, api_context())
+    """The Vertex API, plus ``/metrics`` and ``/alerts.json`` (a token of any role); every
+    line logged meanwhile carries the request's trace."""
+    with logs.context(trace=logs.trace_field(logs.trace_id(dict(request.headers)))):
+        if request.path in PATHS:
+            return observability().handle(request)  # type: ignore[no-any-return]
+        return dispatch(request, api_context())

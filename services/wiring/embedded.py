@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from services.observability.alert_sinks import webhook_from_env
 from services.wiring.builder import ComputeKind, build_deps, local_config, make_compute
 from services.wiring.routes import control_plane_routes
 from shared.adapters.docstore import CLUSTERS, DocUnitOfWork
@@ -122,6 +123,9 @@ def embedded(state_dir: Path, *, compute: ComputeKind = "local", slurm_conf: str
     clock = clock or SystemClock()
     store = SqliteDocStore(state_dir / "mtc.db")
     bus = OutboxBus(store, control_plane_routes())
+    webhook = webhook_from_env()  # MTC_ALERT_WEBHOOK: alerts POSTed as they are delivered
+    if webhook is not None:
+        bus.listeners.append(webhook)
     machines = make_compute(compute, state_dir, bus.inject, clock, slurm_conf=slurm_conf,
                             options=compute_options)
     deps = build_deps(store, clock=clock, compute=machines, publisher=bus,

@@ -15,6 +15,7 @@ from typing import Any
 from cloudevents.http import CloudEvent
 
 from services.wiring.routes import subscriptions
+from shared import logs
 from shared.codec import decode
 from shared.domain.errors import PermanentError
 from shared.handling import Outcome, Runtime, run_handler
@@ -49,6 +50,7 @@ def runtime() -> Runtime:
 
 @functools.cache
 def _default_runtime() -> Runtime:
+    logs.setup()  # the functions' runtime: JSON lines for Cloud Logging
     backend = os.environ.get("MTC_BACKEND", "embedded")
     if backend == "embedded":
         return EmbeddedRuntime(Path(os.environ.get("MTC_STATE_DIR", "var/mtc")))
@@ -76,7 +78,14 @@ def api_context() -> Any:
 
 
 def handle_cloud_event(service: str, event: CloudEvent, rt: Runtime | None = None) -> str:
-    """Decode, run the service's handler, answer. Raising means 500: Pub/Sub redelivers."""
+    """Decode, run the service's handler, answer. Raising means 500: Pub/Sub redelivers.
+    Every line logged meanwhile carries the CloudEvent's trace (its ``traceparent``)."""
+    trace = logs.trace_field(logs.trace_id(extensions=event.get_attributes()))
+    with logs.context(service=service, trace=trace):
+        return _handle_cloud_event(service, event, rt)
+
+
+def _handle_cloud_event(service: str, event: CloudEvent, rt: Runtime | None) -> str:
     rt = rt or runtime()
     try:
         envelope = decode(event)
@@ -90,6 +99,23 @@ def handle_cloud_event(service: str, event: CloudEvent, rt: Runtime | None = Non
     outcome = run_handler(service, handler, envelope, rt.deps)
     rt.after_request()
     return outcome.value
+
+
+_observability: list[tuple[Runtime, Any]] = []
+
+
+def observability() -> Any:
+    """``/metrics`` and ``/alerts.json`` of the ``api`` function over the current runtime:
+    always behind a token (any role), never open."""
+    rt = runtime()
+    if not _observability or _observability[0][0] is not rt:
+        from services.observability.http import Observability
+
+        store = rt.app.store if isinstance(rt, EmbeddedRuntime) else rt.store  # type: ignore[attr-defined]
+        obs = Observability(store, rt.deps.clock, api_context().guard, open_access=False,
+                            event_log=rt.deps.event_log)
+        _observability[:] = [(rt, obs)]
+    return _observability[0][1]
 
 
 def handle_raw(service: str, body: Any, rt: Runtime | None = None) -> str:

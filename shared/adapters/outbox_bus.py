@@ -17,7 +17,7 @@ from shared.adapters.docstore import prune_expired
 from shared.adapters.outbox import OUTBOX, DocOutbox, envelope_to_doc
 from shared.adapters.outbox import doc_id as outbox_doc_id
 from shared.domain.events import Envelope, NodeHealthReported
-from shared.handling import Deps, Outcome, Routes, run_handler
+from shared.handling import Deps, Outcome, Routes, event_fields, run_handler
 from shared.ports import DocStore
 
 log = logging.getLogger("mtc.bus")
@@ -114,7 +114,7 @@ class OutboxBus:
                                                 report_unchanged=True)
             except Exception as exc:  # transient: the others still get it, this one retries
                 log.warning("%s: %s %s failed, will retry: %s", service, envelope.type,
-                            envelope.id, exc)
+                            envelope.id, exc, extra={"service": service, **event_fields(envelope)})
                 failure = f"{service}: {exc}"
         return outcomes, failure
 

@@ -48,6 +48,12 @@ def topic_id(family: str, prefix: str = PREFIX) -> str:
     return f"{prefix}{family}"
 
 
+def alerts_topic_id(prefix: str = PREFIX) -> str:
+    """``mtc-alerts``: every ``mtc.alerts.raised.v1`` (its family), for people to subscribe
+    to; no control-plane service does, so it is created beside the family topics."""
+    return topic_id("alerts", prefix)
+
+
 def dead_letter_topic_id(prefix: str = PREFIX) -> str:
     return f"{prefix}{DEAD_LETTER}"
 
@@ -220,7 +226,7 @@ def ensure_topology(project: str, endpoints: Mapping[str, str], routes: Routes, 
     settings = settings or DeliverySettings()
     pub = publisher or publisher_client()
     sub = subscriber or subscriber_client()
-    for topic in topics(routes, prefix):
+    for topic in {*topics(routes, prefix), alerts_topic_id(prefix)}:
         _create_topic(pub, pub.topic_path(project, topic))
     dead_topic = pub.topic_path(project, dead_letter_topic_id(prefix))
     _create_topic(pub, dead_topic)

@@ -417,6 +417,30 @@ class FleetTicked(Event):
     at: float
 
 
+# ---------------------------------------------------------------- alerts
+
+
+@register
+@dataclass(frozen=True)
+class AlertRaised(Event):
+    """An alert for a person, sent once per (kind, subject) and then only on a change, a
+    reminder or its resolution (``services.observability.alerts``). Its family is the
+    ``mtc-alerts`` Pub/Sub topic; the embedded bus hands it to the webhook sink."""
+
+    TYPE: ClassVar[str] = "mtc.alerts.raised.v1"
+    SUBJECT_FIELD: ClassVar[str] = "target"
+    kind: str
+    target: str  # what it is about: a node id, a job id, "all", "controller"
+    state: str  # firing | resolved
+    severity: str
+    summary: str
+    first_at: float
+    sent: int = 1  # the how-many-th notification of this alert (reminders, changes)
+    cluster_id: str = ""
+    node_id: str = ""
+    job_id: str = ""
+
+
 @dataclass(frozen=True)
 class Envelope:
     """An event with its CloudEvent attributes: what buses carry and outboxes hold."""

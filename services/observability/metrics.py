@@ -1,0 +1,274 @@
+"""Prometheus metrics of the control plane, computed from the store at scrape time.
+
+:class:`StoreCollector` is a ``prometheus_client`` custom collector: each scrape reads the
+store (the nodes, jobs, outbox head, dead letters, tick records and alerts: one query each)
+and folds the event log's new entries into the event-derived counters and histograms (an
+:class:`EventStats` kept between scrapes: the first scrape reads the log from its start,
+bounded by its retention, every later one only what is new). ``render`` gives the text
+format ``/metrics`` answers. Names and labels are listed in the README (Observability).
+
+Where there is no event log (Google Cloud keeps none), the event-derived families are
+present and empty; the state gauges are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from services.observability import alerts
+from shared.adapters.docstore import JOBS, NODES, DocEventLog, EventCursor
+from shared.adapters.outbox import OUTBOX
+from shared.adapters.outbox_bus import DEAD_LETTERS
+from shared.domain.model import Node, NodeState
+from shared.goodput_live import job_accounting
+from shared.ports import Clock, DocStore, EventLog
+
+BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+MAX_GOODPUT_JOBS = 200  # goodput gauges for the newest jobs only: bounded cardinality
+PENDING_HORIZON_S = 24 * 3600.0  # a fault never followed by a drain is forgotten after this
+_DRAIN_TYPES = ("mtc.node.draining.v1", "mtc.node.drained.v1", "mtc.node.repair_started.v1")
+_GOODPUT_TYPES = frozenset({"mtc.job.started.v1", "mtc.node.draining.v1",
+                            "mtc.job.interrupt_requested.v1", "mtc.job.checkpoint_saved.v1",
+                            "mtc.job.workers_exited.v1", "mtc.job.finished.v1"})
+
+
+@dataclass
+class Histogram:
+    bounds: tuple[float, ...] = BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+    total: float = 0.0
+
+    def observe(self, value: float) -> None:
+        value = max(0.0, value)
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += count
+            out.append(("+Inf" if bound == math.inf else repr(bound), float(running)))
+        return out
+
+
+@dataclass
+class EventStats:
+    """What the event timeline says, accumulated incrementally (``feed``)."""
+
+    repairs: Counter[tuple[str, str]] = field(default_factory=Counter)  # (action, outcome)
+    fault_to_drain: Histogram = field(default_factory=Histogram)
+    fault_to_resumed: Histogram = field(default_factory=Histogram)
+    _report_at: dict[str, float] = field(default_factory=dict)  # node -> first faulty report
+    _fault_at: dict[str, float] = field(default_factory=dict)  # node -> observed fault time
+    _resume_from: dict[str, float] = field(default_factory=dict)  # job -> fault time
+    job_docs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    diagnosed: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=5000))
+
+    def feed(self, docs: Iterable[dict[str, Any]]) -> None:
+        for doc in docs:
+            self._one(doc)
+
+    def _one(self, doc: dict[str, Any]) -> None:
+        data, t, type_ = doc.get("data") or {}, float(doc["time"]), doc["type"]
+        node = data.get("node_id", "")
+        if type_ == "mtc.node.health_reported.v1":
+            faulty = [float(c.get("since") or t) for c in data.get("conditions") or ()
+                      if c.get("status") == "true"]
+            if faulty:  # first seen: the condition's since, or the report's observation
+                self._report_at.setdefault(node, min([*faulty, float(data.get("observed_at", t))]))
+            else:
+                self._report_at.pop(node, None)
+        elif type_ == "mtc.node.diagnosed.v1":
+            self.diagnosed.append(doc)
+            reported = self._report_at.pop(node, float(data.get("observed_at", t)))
+            if data.get("action") != "none":  # a fault something is done about
+                self._fault_at.setdefault(node, min(reported, float(data.get("observed_at", t))))
+        elif type_ in _DRAIN_TYPES and node in self._fault_at:
+            fault = self._fault_at.pop(node)
+            self.fault_to_drain.observe(t - fault)
+            if type_ == "mtc.node.draining.v1" and data.get("job_id"):
+                self._resume_from.setdefault(data["job_id"], fault)
+        elif type_ == "mtc.job.interrupt_requested.v1" and data.get("node_id") in self._fault_at:
+            self._resume_from.setdefault(data["job_id"], self._fault_at.pop(data["node_id"]))
+        elif type_ == "mtc.node.repair_held.v1":
+            self._fault_at.pop(node, None)
+            self.repairs[(data.get("action", ""), "held")] += 1
+        elif type_ == "mtc.job.started.v1" and data.get("job_id") in self._resume_from:
+            self.fault_to_resumed.observe(t - self._resume_from.pop(data["job_id"]))
+        if type_ == "mtc.node.repair_started.v1":
+            self.repairs[(data.get("action", ""), "started")] += 1
+        elif type_ == "mtc.node.repair_completed.v1":
+            self.repairs[(data.get("action", ""), "succeeded" if data.get("ok") else "failed")] += 1
+        elif type_ == "mtc.node.retired.v1" and data.get("replacement_id"):
+            self.repairs[("replace", "succeeded")] += 1
+        if type_ in _GOODPUT_TYPES and data.get("job_id"):
+            self.job_docs.setdefault(data["job_id"], []).append(doc)
+        horizon = t - PENDING_HORIZON_S
+        if len(self._fault_at) + len(self._report_at) > 10_000:
+            self._fault_at = {n: f for n, f in self._fault_at.items() if f >= horizon}
+            self._report_at = {n: f for n, f in self._report_at.items() if f >= horizon}
+
+    def accounting(self, job_id: str) -> Any:
+        return job_accounting([*self.diagnosed, *self.job_docs.get(job_id, [])], job_id)
+
+
+# ---------------------------------------------------------------- gauges from state
+
+
+def node_gauges(docs: Iterable[dict[str, Any]]) -> dict[str, Counter[tuple[str, ...]]]:
+    """Nodes by (cluster, partition, state), held repairs and lemons by (cluster, partition):
+    pure over the node documents."""
+    states: Counter[tuple[str, ...]] = Counter()
+    held: Counter[tuple[str, ...]] = Counter()
+    lemons: Counter[tuple[str, ...]] = Counter()
+    for doc in docs:
+        where = (doc["cluster_id"], doc.get("partition", ""))
+        states[(*where, doc["state"])] += 1
+        if doc["state"] in (NodeState.SUSPECT.value, NodeState.RETIRED.value):
+            node = Node.from_dict(doc)
+            held[where] += alerts.held(node)
+            lemons[where] += alerts.lemon(node)
+    return {"states": states, "held": held, "lemons": lemons}
+
+
+def last_tick(docs: Iterable[dict[str, Any]]) -> float | None:
+    return max((float(d["at"]) for d in docs if d.get("at") is not None), default=None)
+
+
+class StoreCollector:
+    """The custom collector: register it in a ``CollectorRegistry`` (``registry()``)."""
+
+    def __init__(self, store: DocStore, clock: Clock, *, event_log: EventLog | None = None
+                 ) -> None:
+        self.store = store
+        self.clock = clock
+        self.stats = EventStats()
+        self._cursor = EventCursor(event_log) if isinstance(event_log, DocEventLog) else None
+
+    def describe(self) -> list[Metric]:
+        return []  # computed at scrape time; no collection at registration
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock.now()
+        if self._cursor is not None:
+            self.stats.feed(self._cursor.next())
+        yield from self._nodes()
+        yield from self._jobs()
+        yield from self._bus(now)
+        yield from self._events()
+
+    def _nodes(self) -> Iterator[Metric]:
+        g = node_gauges(self.store.read(NODES, {}))
+        nodes = GaugeMetricFamily("mtc_nodes", "Nodes by cluster, partition and state",
+                                  labels=["cluster", "partition", "state"])
+        for labels, n in sorted(g["states"].items()):
+            nodes.add_metric(list(labels), n)
+        yield nodes
+        for name, key, text in (("mtc_repairs_held", "held", "Repairs held by the blast-radius "
+                                 "guard (SUSPECT nodes kept in service)"),
+                                ("mtc_lemons", "lemons", "Nodes retired as lemons (still on record)")):
+            family = GaugeMetricFamily(name, text, labels=["cluster", "partition"])
+            for labels, n in sorted(g[key].items()):
+                family.add_metric(list(labels), n)
+            yield family
+
+    def _jobs(self) -> Iterator[Metric]:
+        docs = self.store.read(JOBS, {})
+        by_state: Counter[tuple[str, str]] = Counter((d["cluster_id"], d["state"]) for d in docs)
+        jobs = GaugeMetricFamily("mtc_jobs", "Jobs by cluster and state",
+                                 labels=["cluster", "state"])
+        for labels, n in sorted(by_state.items()):
+            jobs.add_metric(list(labels), n)
+        yield jobs
+        newest = sorted(docs, key=lambda d: -float(d.get("created_at") or 0.0))[:MAX_GOODPUT_JOBS]
+        restarts = GaugeMetricFamily("mtc_job_restarts", "Restarts of each job so far",
+                                     labels=["cluster", "job"])
+        goodput = GaugeMetricFamily("mtc_job_goodput_ratio", "Runtime goodput of each job "
+                                    "(productive / wall time, from its event timeline)",
+                                    labels=["cluster", "job"])
+        recovery = GaugeMetricFamily("mtc_job_recovery_seconds", "Time each job spent "
+                                     "recovering from interruptions", labels=["cluster", "job"])
+        lost = GaugeMetricFamily("mtc_job_lost_steps", "Steps each job recomputed after "
+                                 "resuming", labels=["cluster", "job"])
+        for d in newest:
+            ids: list[str] = [d["cluster_id"], d["job_id"]]
+            restarts.add_metric(ids, d.get("restart_count", 0))
+            if self._cursor is None or d["job_id"] not in self.stats.job_docs:
+                continue
+            acct = self.stats.accounting(d["job_id"])
+            if acct.wall_s > 0:
+                goodput.add_metric(ids, acct.runtime_goodput)
+                recovery.add_metric(ids, acct.recovery_s)
+                lost.add_metric(ids, acct.lost_steps)
+        yield from (restarts, goodput, recovery, lost)
+
+    def _bus(self, now: float) -> Iterator[Metric]:
+        head = self.store.oldest(OUTBOX, 1)
+        lag = GaugeMetricFamily("mtc_bus_lag_seconds", "Age of the oldest undelivered outbox "
+                                "entry (0: the outbox is empty)")
+        lag.add_metric([], max(0.0, now - float(head[0]["time"])) if head else 0.0)
+        yield lag
+        dead = GaugeMetricFamily("mtc_dead_letters", "Dead-lettered events on record")
+        dead.add_metric([], len(self.store.read(DEAD_LETTERS, {})))
+        yield dead
+        tick = last_tick(self.store.read(alerts.CONTROLLER_TICKS, {}))
+        age = GaugeMetricFamily("mtc_controller_last_tick_age_seconds", "Seconds since the "
+                                "controller last ticked the fleet (absent before the first)")
+        stamp = GaugeMetricFamily("mtc_controller_last_tick_timestamp_seconds", "When the "
+                                  "controller last ticked the fleet (Unix time)")
+        if tick is not None:
+            age.add_metric([], max(0.0, now - tick))
+            stamp.add_metric([], tick)
+        yield age
+        yield stamp
+        firing = Counter(d["kind"] for d in self.store.read(alerts.ALERTS, {"state": alerts.FIRING}))
+        controller = alerts.controller_alert(tick, now)
+        if controller is not None:
+            firing[controller.kind] += 1
+        active = GaugeMetricFamily("mtc_alerts_firing", "Alerts firing, by kind",
+                                   labels=["kind"])
+        for kind in alerts.KINDS:
+            active.add_metric([kind], firing.get(kind, 0))
+        yield active
+
+    def _events(self) -> Iterator[Metric]:
+        s = self.stats
+        repairs = CounterMetricFamily("mtc_repairs", "Repairs by action and outcome "
+                                      "(started, succeeded, failed, held), from the event log",
+                                      labels=["action", "outcome"])
+        for (action, outcome), n in sorted(s.repairs.items()):
+            repairs.add_metric([action, outcome], n)
+        yield repairs
+        for name, hist, text in (
+                ("mtc_fault_to_drain_seconds", s.fault_to_drain,
+                 "From a fault's observed time to the node being taken out (drain or repair)"),
+                ("mtc_fault_to_resumed_seconds", s.fault_to_resumed,
+                 "From a fault's observed time to its job's next attempt starting")):
+            family = HistogramMetricFamily(name, text)
+            family.add_metric([], hist.buckets(), sum_value=hist.total)
+            yield family
+
+
+def registry(store: DocStore, clock: Clock, *, event_log: EventLog | None = None
+             ) -> CollectorRegistry:
+    """A registry of its own holding one StoreCollector (never the global default one)."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(StoreCollector(store, clock, event_log=event_log))
+    return reg
+
+
+def render(reg: CollectorRegistry) -> bytes:
+    return generate_latest(reg)

@@ -8,6 +8,7 @@ let jobsOffset = 0;
 let drill = null; // {partition, state, offset}
 let olderBefore = null;
 let timer = null;
+let live = false;
 let busy = false;
 
 function el(tag, attrs, ...children) {
@@ -71,11 +72,20 @@ function start(principal) {
   $("login").hidden = true; $("main").hidden = false; $("logout").hidden = false;
   $("who").textContent = principal;
   stop();
-  poll();
-  timer = setInterval(poll, POLL_MS);
+  live = true;
+  loop();
 }
 
-function stop() { if (timer) clearInterval(timer); timer = null; }
+// the next poll waits POLL_MS, or twice as long as the last answer took: one console never
+// keeps the one-threaded server busy (a 16,384-node poll takes seconds)
+async function loop() {
+  if (!live) return;
+  const t0 = performance.now();
+  await poll();
+  if (live) timer = setTimeout(loop, Math.max(POLL_MS, 2 * (performance.now() - t0)));
+}
+
+function stop() { live = false; if (timer) clearTimeout(timer); timer = null; }
 
 function filters() {
   return { node: $("f-node").value.trim(), job: $("f-job").value.trim(),

@@ -51,6 +51,7 @@ from services.repair import operator  # noqa: E402
 from services.wiring.builder import COMPUTE_SOURCES  # noqa: E402
 from services.wiring.embedded import EmbeddedApp  # noqa: E402
 from shared.adapters.outbox import envelope_from_doc, make_envelope  # noqa: E402
+from shared.domain import lifecycle  # noqa: E402
 from shared.domain.errors import MtcError  # noqa: E402
 from shared.domain.events import Envelope, NodeHealthReported  # noqa: E402
 from shared.domain.health import Condition, ConditionStatus, ConditionType  # noqa: E402
@@ -742,11 +743,67 @@ class Soak:
         self.check_gangs(jobs, workers, procs, now)
         self.check_retention(now)
 
-    def idle_capacity(self, nodes: dict[str, list[Node]], cluster_id: str) -> int:
-        return sum(1 for n in nodes[cluster_id]
-                   if n.role is NodeRole.WORKER and n.state is NodeState.IDLE)
+    def room(self, nodes: dict[str, list[Node]], jobs: dict[str, Job],
+             now: float) -> dict[str, tuple[bool, str]]:
+        """For every waiting (QUEUED/PENDING) job: whether the scheduling policy lets it
+        start now, and why (or why not). Stated apart from the scheduler, from its documented
+        policy (``shared/policies/scheduling.py``, ``services/job_submission/handlers.py
+        schedule``), node counts only (every soak node has one shape):
+
+        * capacity is the cluster's IDLE workers that take work (``lifecycle.takes_work``: no
+          active fault, not held, not operator-drained), in the job's partition, less the
+          job's excluded nodes; a fresh job (no restart yet) never takes a spare;
+        * a job backing off (``recovery.not_before`` in the future) is not a candidate until
+          then, and blocks nothing;
+        * a job whose every rank still holds a node that takes work starts at once;
+        * strict gang FIFO per partition (priority, then submission time, then id): a job
+          that cannot be placed blocks every later job of its partition, which then waits
+          its turn. The head must not stay blocked while enough nodes take work for it."""
+        out: dict[str, tuple[bool, str]] = {}
+        for cluster_id, members in nodes.items():
+            by_id = {n.node_id: n for n in members}
+            free = {n.node_id: n for n in members if n.role is NodeRole.WORKER
+                    and n.state is NodeState.IDLE and lifecycle.takes_work(n)}
+            waiting = sorted((j for j in jobs.values() if j.cluster_id == cluster_id
+                              and j.state in (JobState.QUEUED, JobState.PENDING)),
+                             key=lambda j: (-j.priority, j.created_at, j.job_id))
+            blocked: dict[str | None, str] = {}  # partition (None: every one) -> head job
+            for job in waiting:
+                part = job.spec.scheduling.partition
+                nb = job.recovery.not_before
+                if nb is not None and nb > now:
+                    out[job.job_id] = (False, f"backing off until {self.rel(nb):.0f} s")
+                    continue
+                head = blocked.get(None) or (blocked.get(part) if part is not None
+                                             else next(iter(blocked.values()), None))
+                if head is not None:
+                    out[job.job_id] = (False, f"waits its FIFO turn behind {head}")
+                    continue
+                kept = [n for n in job.node_ids if n and n in by_id and by_id[n].job_id ==
+                        job.job_id and lifecycle.takes_work(by_id[n])]
+                holes = (len(job.node_ids) if job.node_ids else job.spec.replica_count) \
+                    - len(kept)
+                resume = job.restart_count > 0
+                excluded = set(job.recovery.excluded_node_ids)
+                eligible = [n for n in free.values()
+                            if (part is None or n.partition == part)
+                            and n.node_id not in excluded and (resume or not n.is_spare)]
+                previous = set(job.previous_node_ids)
+                eligible.sort(key=lambda n: (n.node_id not in previous,
+                                             not n.is_spare, n.node_id))
+                if len(eligible) >= holes:
+                    for n in eligible[:holes]:
+                        del free[n.node_id]
+                    out[job.job_id] = (True, f"{len(eligible)} node(s) take work for its "
+                                             f"{holes} hole(s)")
+                    continue
+                blocked[part] = job.job_id
+                out[job.job_id] = (False, f"head of its partition's queue: {holes} hole(s), "
+                                          f"{len(eligible)} node(s) take work for it")
+        return out
 
     def check_jobs(self, nodes: dict[str, list[Node]], jobs: dict[str, Job], now: float) -> None:
+        room = self.room(nodes, jobs, now)
         for p in self.jobs.values():
             if not p.submitted:
                 continue
@@ -765,9 +822,9 @@ class Soak:
             sig = (job.state, job.attempt, latest.step if latest else -1, tuple(job.node_ids))
             if sig != p.signature:
                 p.signature, p.changed_at = sig, now
-            holes = sum(1 for n in job.node_ids if not n) if job.node_ids else p.replicas
             waiting = job.state in (JobState.QUEUED, JobState.PENDING)
-            if waiting and self.idle_capacity(nodes, job.cluster_id) < max(holes, 1):
+            has_room, why = room.get(job.job_id, (True, ""))
+            if waiting and not has_room:
                 p.capacity_since = None
             elif p.capacity_since is None:
                 p.capacity_since = now
@@ -781,7 +838,8 @@ class Soak:
                              f"attempt {job.attempt}, last checkpoint step "
                              f"{latest.step if latest else None}, no change for "
                              f"{now - p.changed_at:.0f} s with capacity for it "
-                             f"(nodes {job.node_ids}){self.hang_note(p.job_id)}")
+                             f"(nodes {job.node_ids}{'; ' + why if waiting else ''})"
+                             f"{self.hang_note(p.job_id)}")
 
     def hang_note(self, job_id: str) -> str:
         return f"; {self.hung[job_id]}" if job_id in self.hung else ""
@@ -1027,21 +1085,23 @@ class Soak:
         nodes, jobs = self.read_state()
         self.job_restarts = sum(j.restart_count for j in jobs.values())
         now = self.now()
+        room = self.room(nodes, jobs, now)
         for p in self.jobs.values():
             job = jobs.get(p.job_id)
             if job is None or job.terminal:
                 continue
-            capacity = self.idle_capacity(nodes, p.cluster_id)
             self.check("job makes progress")
             quiet = now - p.changed_at
             waiting = job.state in (JobState.QUEUED, JobState.PENDING)
-            had_room = p.capacity_since is not None and now - p.capacity_since > FINAL_QUIET_S
+            has_room, why = room.get(job.job_id, (True, ""))
+            had_room = has_room and p.capacity_since is not None \
+                and now - p.capacity_since > FINAL_QUIET_S
             if (waiting and had_room) or (not waiting and quiet > FINAL_QUIET_S):
                 self.violate(("unfinished", p.job_id), "job makes progress",
                              f"{p.job_id} ({p.replicas}x{p.steps} steps) still "
                              f"{job.state.value} (attempt {job.attempt}) {self.settle_s:.0f} s "
                              f"after the chaos ended, no change for {quiet:.0f} s "
-                             f"({capacity} idle nodes){self.hang_note(p.job_id)}")
+                             f"({why or 'running'}){self.hang_note(p.job_id)}")
             else:
                 p.final = f"{job.state.value} (at the end: " + (
                     "capacity only just back)" if waiting else "still progressing)")

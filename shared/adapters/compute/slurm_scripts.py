@@ -9,7 +9,10 @@ Slurm requeues by itself exits at once: mtc runs the next attempt instead.
 
 Gangs: the step runs with ``srun --kill-on-bad-exit=1``, so a task that exits non-zero or is
 killed ends the step for every task (https://slurm.schedmd.com/srun.html#OPT_kill-on-bad-exit),
-and a killed launcher takes its command with it (``worker_launcher``).
+and a killed launcher takes its command with it (``worker_launcher``). A task that was asked
+to stop (the SIGTERM of a drain or cancel) reports 0 to srun (``--zero-after-stop``; its real
+code stays in its exit file), so the first rank to finish its checkpoint does not kill the
+ranks still saving theirs.
 
 Quoting: everything that comes from the job (environment names and values, the command, ids,
 paths) is written with ``shlex.quote`` or as a checked name; an environment variable name
@@ -88,7 +91,8 @@ master_addr: str,
         f"spec={q(template)}",
         'spec="${spec//__MTC_RANK__/$RANK}"',
         'export CLUSTER_SPEC="${spec//__MTC_NODE__/$MTC_NODE_ID}"',
-        f'exec {q(python)} {q(str(LAUNCHER))} --exit-file {q(str(run_dir))}/rank-"$RANK".exit'
+        f'exec {q(python)} {q(str(LAUNCHER))} --zero-after-stop'
+        f' --exit-file {q(str(run_dir))}/rank-"$RANK".exit'
         f" -- {shlex.join(first.command)}",
     ]
     write_executable(run_dir / "task.sh", "\n".join(lines) + "\n")

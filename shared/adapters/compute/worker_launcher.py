@@ -95,12 +95,14 @@ class _Relay:
         self.child: subprocess.Popen[bytes] | None = None
         self.pending: list[int] = []
         self.leads_group = os.getpgrp() == os.getpid()
+        self.asked_to_stop = False
 
     def install(self) -> None:
         for sig in RELAYED:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.asked_to_stop = True
         if self.child is None:
             self.pending.append(signum)
         else:
@@ -128,7 +130,12 @@ class _Relay:
         self.pending.clear()
 
 
-def run(exit_file: str, command: Sequence[str]) -> int:
+def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False) -> int:
+    """Run ``command``; its exit code goes to ``exit_file`` and is returned. With
+    ``zero_after_stop``, a command that was asked to stop (SIGTERM/SIGINT) returns 0 here
+    whatever its code (the file keeps the real one): under ``srun --kill-on-bad-exit`` a
+    rank that checkpointed and left quickly must not kill the ranks still saving theirs,
+    while a rank that fails on its own still ends the gang."""
     relay = _Relay()
     relay.install()  # before the child exists: a signal during start-up is kept, not lost
     try:
@@ -144,7 +151,7 @@ def run(exit_file: str, command: Sequence[str]) -> int:
         code = exit_code_of(child.wait())
     sys.stderr.flush()
     write_exit_file(exit_file, code)
-    return code
+    return 0 if zero_after_stop and relay.asked_to_stop else code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="worker_launcher", description="Run CMD, relay signals, record its exit code."
     )
     parser.add_argument("--exit-file", required=True, help="where to write the exit code")
+    parser.add_argument("--zero-after-stop", action="store_true",
+                        help="exit 0 once asked to stop (the exit file keeps the real code)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
     args = parser.parse_args(argv)
     command = list(args.command)
@@ -159,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = command[1:]
     if not command:
         parser.error("no command given after --")
-    return run(args.exit_file, command)
+    return run(args.exit_file, command, zero_after_stop=args.zero_after_stop)
 
 
 if __name__ == "__main__":

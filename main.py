@@ -17,9 +17,12 @@ from flask.typing import ResponseReturnValue
 from services.checkpoint_resume import main as _checkpoint_resume
 from services.health_triage import main as _health_triage
 from services.job_submission import main as _job_submission
+from services.observability import main as _observability
+from services.pipelines import main as _pipelines
 from services.provisioning import main as _provisioning
 from services.provisioning import steps_main as _steps
 from services.repair import main as _repair
+from services.tuning import main as _tuning
 
 
 @functions_framework.cloud_event
@@ -47,6 +50,21 @@ def job_submission(cloud_event: CloudEvent) -> None:
     _job_submission.handle(cloud_event)
 
 
+@functions_framework.cloud_event
+def observability(cloud_event: CloudEvent) -> None:
+    _observability.handle(cloud_event)
+
+
+@functions_framework.cloud_event
+def tuning(cloud_event: CloudEvent) -> None:
+    _tuning.handle(cloud_event)
+
+
+@functions_framework.cloud_event
+def pipelines(cloud_event: CloudEvent) -> None:
+    _pipelines.handle(cloud_event)
+
+
 @functions_framework.http
 def api(request: flask.Request) -> ResponseReturnValue:
     return _job_submission.api(request)
@@ -64,6 +82,9 @@ ENTRY_POINTS: dict[str, str] = {
     "repair": "cloudevent",
     "checkpoint_resume": "cloudevent",
     "job_submission": "cloudevent",
+    "observability": "cloudevent",
+    "tuning": "cloudevent",
+    "pipelines": "cloudevent",
     "api": "http",
     "steps": "http",
 }

@@ -41,7 +41,7 @@ OUT = ROOT / "cloudbuild.yaml"
 INDEXES = ROOT / "deploy" / "firestore.indexes.json"
 # collections that grow with every event, and the timestamp field their TTL policy reads
 TTL_FIELD = "expire_at"
-TTL_COLLECTIONS = ("events", "processed_events")
+TTL_COLLECTIONS = ("events", "processed_events", "alerts")  # alerts: resolved ones
 PROJECT = "${_PROJECT}"
 REGION = "${_REGION}"
 SA_DOMAIN = f"{PROJECT}.iam.gserviceaccount.com"
@@ -170,7 +170,7 @@ def build() -> dict[str, Any]:
                      "--role=roles/logging.logWriter", "--condition=None"))
     steps.append(bash_step("service-accounts", lines, wait_for=["enable-apis"]))
 
-    topic_ids = [*ps.topics(ROUTES), ps.dead_letter_topic_id()]
+    topic_ids = [*sorted({*ps.topics(ROUTES), ps.alerts_topic_id()}), ps.dead_letter_topic_id()]
     lines = []
     for topic in topic_ids:
         lines.append(ensure(["gcloud", "pubsub", "topics", "describe", topic,

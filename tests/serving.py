@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,13 +25,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def mtc_serve(state_dir: Path, token: str, *, timeout_s: float = 30.0) -> Iterator[str]:
+def mtc_serve(state_dir: Path, token: str, *, timeout_s: float = 30.0,
+              extra_args: Sequence[str] = ()) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "MTC_API_TOKEN": token}
     log = open(state_dir.parent / f"serve-{port}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli.main", "--state-dir", str(state_dir), "serve",
-         "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+         "--port", str(port), *extra_args], cwd=ROOT, env=env, stdout=log,
+        stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s

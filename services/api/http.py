@@ -18,7 +18,10 @@ from typing import Any
 import flask
 from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 
-from services.api import clusters, custom_jobs, node_health, node_ops, operations_api
+from services.api import clusters, custom_jobs, node_health, node_ops, operations_api, tuning_jobs
+from services.api import job_logs as logs_api
+from services.api import models as models_api
+from services.api import training_pipelines as pipelines_api
 from services.api.context import ApiContext
 from services.api.errors import ApiError, FieldViolation
 from services.api.names import Parent, parent
@@ -139,6 +142,41 @@ def _jobs_delete(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
     return custom_jobs.delete(ctx, p, m["rid"]), 200
 
 
+def _jobs_logs(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+               ) -> tuple[Any, int]:
+    return logs_api.read(ctx, p, m["rid"], rank=r.args.get("rank"),
+                         attempt=r.args.get("attempt"), size=r.args.get("pageSize"),
+                         token=r.args.get("pageToken")), 200
+
+
+def _hpt_create(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                ) -> tuple[Any, int]:
+    return tuning_jobs.create(ctx, p, read_body(r),
+                              r.args.get("hyperparameterTuningJobId") or None), 200
+
+
+def _hpt_list(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+              ) -> tuple[Any, int]:
+    return tuning_jobs.list_jobs(ctx, p, filter_text=r.args.get("filter"),
+                                 size=r.args.get("pageSize"), token=r.args.get("pageToken")), 200
+
+
+def _hpt_get(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+             ) -> tuple[Any, int]:
+    return tuning_jobs.get(ctx, p, m["rid"]), 200
+
+
+def _hpt_cancel(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                ) -> tuple[Any, int]:
+    read_body(r, required=False)
+    return tuning_jobs.cancel(ctx, p, m["rid"]), 200
+
+
+def _hpt_delete(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
+                ) -> tuple[Any, int]:
+    return tuning_jobs.delete(ctx, p, m["rid"]), 200
+
+
 def _clusters_create(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
                      ) -> tuple[Any, int]:
     return clusters.create(ctx, p, read_body(r), r.args.get("modelDevelopmentClusterId")), 200
@@ -226,9 +264,58 @@ def _ops_delete(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
     return operations_api.delete(ctx, p, m["rid"]), 200
 
 
+def _model_ref(m: dict[str, str]) -> tuple[str, str | None]:
+    """``models/{id}`` or ``models/{id}@{version or alias}``."""
+    model_id, _, ref = m["rid"].partition("@")
+    return model_id, (ref if "@" in m["rid"] else None)
+
+
+def _no_body(r: flask.Request) -> dict[str, Any]:
+    read_body(r, required=False)
+    return {}
+
+
+def _listing(r: flask.Request) -> dict[str, str | None]:
+    return {"filter_text": r.args.get("filter"), "size": r.args.get("pageSize"),
+            "token": r.args.get("pageToken")}
+
+
+MODELS = f"/{_V}/{_P}/models"
+PIPELINES = f"/{_V}/{_P}/trainingPipelines"
+MO, TP = "aiplatform.models", "aiplatform.trainingPipelines"
+REGISTRY_ROUTES: tuple[Route, ...] = (  # the Model Registry and training pipelines
+    _route("POST", f"{MODELS}:upload", f"{MO}.create",
+           lambda ctx, p, m, r: (models_api.upload(ctx, p, read_body(r)), 200)),
+    _route("GET", MODELS, f"{MO}.list",
+           lambda ctx, p, m, r: (models_api.list_models(ctx, p, **_listing(r)), 200)),
+    _route("GET", f"{MODELS}/{_ID}", f"{MO}.get",
+           lambda ctx, p, m, r: (models_api.get(ctx, p, *_model_ref(m)), 200)),
+    _route("DELETE", f"{MODELS}/{_ID}", f"{MO}.delete",
+           lambda ctx, p, m, r: (models_api.delete(ctx, p, *_model_ref(m)), 200)),
+    _route("GET", f"{MODELS}/{_ID}:listVersions", f"{MO}.list",
+           lambda ctx, p, m, r: (models_api.list_versions(ctx, p, _model_ref(m)[0],
+                                                          **_listing(r)), 200)),
+    _route("POST", f"{MODELS}/{_ID}:mergeVersionAliases", f"{MO}.update",
+           lambda ctx, p, m, r: (models_api.merge_version_aliases(
+               ctx, p, *_model_ref(m), read_body(r)), 200)),
+    _route("POST", PIPELINES, f"{TP}.create",
+           lambda ctx, p, m, r: (pipelines_api.create(ctx, p, read_body(r),
+                                                      r.args.get("trainingPipelineId")), 200)),
+    _route("GET", PIPELINES, f"{TP}.list",
+           lambda ctx, p, m, r: (pipelines_api.list_pipelines(ctx, p, **_listing(r)), 200)),
+    _route("GET", f"{PIPELINES}/{_ID}", f"{TP}.get",
+           lambda ctx, p, m, r: (pipelines_api.get(ctx, p, m["rid"]), 200)),
+    _route("DELETE", f"{PIPELINES}/{_ID}", f"{TP}.delete",
+           lambda ctx, p, m, r: (pipelines_api.delete(ctx, p, m["rid"]), 200)),
+    _route("POST", f"{PIPELINES}/{_ID}:cancel", f"{TP}.cancel",
+           lambda ctx, p, m, r: (_no_body(r) | pipelines_api.cancel(ctx, p, m["rid"]), 200)),
+)
+
+
 JOBS = f"/{_V}/{_P}/customJobs"
 CLUSTERS = f"/(?P<version>v1beta1)/{_P}/modelDevelopmentClusters"
 OPS = f"/{_V}/{_P}/operations"
+HPT, HT = f"/{_V}/{_P}/hyperparameterTuningJobs", "aiplatform.hyperparameterTuningJobs"
 J, C, OP = "aiplatform.customJobs", "aiplatform.modelDevelopmentClusters", "aiplatform.operations"
 ROUTES: tuple[Route, ...] = (
     _route("POST", JOBS, f"{J}.create", _jobs_create),
@@ -236,6 +323,12 @@ ROUTES: tuple[Route, ...] = (
     _route("GET", f"{JOBS}/{_ID}", f"{J}.get", _jobs_get),
     _route("DELETE", f"{JOBS}/{_ID}", f"{J}.delete", _jobs_delete),
     _route("POST", f"{JOBS}/{_ID}:cancel", f"{J}.cancel", _jobs_cancel),
+    _route("GET", f"{JOBS}/{_ID}/logs", f"{J}.get", _jobs_logs),
+    _route("POST", HPT, f"{HT}.create", _hpt_create),
+    _route("GET", HPT, f"{HT}.list", _hpt_list),
+    _route("GET", f"{HPT}/{_ID}", f"{HT}.get", _hpt_get),
+    _route("DELETE", f"{HPT}/{_ID}", f"{HT}.delete", _hpt_delete),
+    _route("POST", f"{HPT}/{_ID}:cancel", f"{HT}.cancel", _hpt_cancel),
     _route("POST", CLUSTERS, f"{C}.create", _clusters_create),
     _route("GET", CLUSTERS, f"{C}.list", _clusters_list),
     _route("GET", f"{CLUSTERS}/{_ID}", f"{C}.get", _clusters_get),
@@ -252,6 +345,7 @@ ROUTES: tuple[Route, ...] = (
     _route("DELETE", f"{OPS}/{_ID}", f"{OP}.delete", _ops_delete),
     _route("POST", f"{OPS}/{_ID}:wait", f"{OP}.wait", _ops_wait),
     _route("POST", f"{OPS}/{_ID}:cancel", f"{OP}.cancel", _ops_cancel),
+    *REGISTRY_ROUTES,
 )
 
 

@@ -27,8 +27,19 @@ from services.api.wire.cluster import (
 )
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.health_report import ReportNodeHealthRequest, ReportNodeHealthResponse
+from services.api.wire.job_logs import ReadCustomJobLogsResponse
+from services.api.wire.models import (
+    ListModelsResponse,
+    ListModelVersionsResponse,
+    ListTrainingPipelinesResponse,
+    MergeVersionAliasesRequest,
+    Model,
+    TrainingPipeline,
+    UploadModelRequest,
+)
 from services.api.wire.operation import ListOperationsResponse, Operation, WaitOperationRequest
 from services.api.wire.proto_json import Message
+from services.api.wire.tuning import HyperparameterTuningJob, ListHyperparameterTuningJobsResponse
 
 REF = "#/components/schemas/{model}"
 ERROR_STATUSES = (400, 401, 403, 404, 409, 413, 429)
@@ -113,11 +124,59 @@ SPECS.update({
     ("POST", f"modelDevelopmentClusters/{{modelDevelopmentCluster}}/nodes/{{node}}:{verb}"):
     Spec(verb, ClusterNode, NodeOperatorRequest, summary=f"mtc extension: {what}")
     for verb, what in NODE_OPS.items()})
+HPT = "hyperparameterTuningJobs"
+SPECS.update({
+    ("POST", HPT): Spec("create", HyperparameterTuningJob, HyperparameterTuningJob,
+                        query=("hyperparameterTuningJobId",),
+                        summary="Create a HyperparameterTuningJob: its trials run on a cluster"),
+    ("GET", HPT): Spec("list", ListHyperparameterTuningJobsResponse, query=(*PAGING, "filter"),
+                       summary="List HyperparameterTuningJobs"),
+    ("GET", f"{HPT}/{{hyperparameterTuningJob}}"): Spec(
+        "get", HyperparameterTuningJob, summary="Get a HyperparameterTuningJob"),
+    ("DELETE", f"{HPT}/{{hyperparameterTuningJob}}"): Spec(
+        "delete", Operation, summary="Delete a finished HyperparameterTuningJob"),
+    ("POST", f"{HPT}/{{hyperparameterTuningJob}}:cancel"): Spec(
+        "cancel", "Empty", "CancelRequest", body_required=False,
+        summary="Cancel a HyperparameterTuningJob (and its running trials)"),
+})
+TPL = "trainingPipelines"
+SPECS.update({  # the Model Registry and training pipelines
+    ("POST", "models:upload"): Spec("upload", Operation, UploadModelRequest,
+                                    summary="Upload a model, or a new version of one"),
+    ("GET", "models"): Spec("list", ListModelsResponse, query=(*PAGING, "filter"),
+                            summary="List models (each as its default version)"),
+    ("GET", "models/{model}"): Spec("get", Model, summary="Get a model: ID, ID@VERSION or "
+                                    "ID@ALIAS"),
+    ("DELETE", "models/{model}"): Spec("delete", Operation, summary="Delete a model (ID) or "
+                                       "one version (ID@VERSION)"),
+    ("GET", "models/{model}:listVersions"): Spec("listVersions", ListModelVersionsResponse,
+                                                 query=(*PAGING, "filter"),
+                                                 summary="List a model's versions"),
+    ("POST", "models/{model}:mergeVersionAliases"): Spec(
+        "mergeVersionAliases", Model, MergeVersionAliasesRequest,
+        summary="Add (alias) or remove (-alias) a version's aliases"),
+    ("POST", TPL): Spec("create", TrainingPipeline, TrainingPipeline,
+                        query=("trainingPipelineId",),
+                        summary="Create a TrainingPipeline (custom task; model upload)"),
+    ("GET", TPL): Spec("list", ListTrainingPipelinesResponse, query=(*PAGING, "filter"),
+                       summary="List TrainingPipelines"),
+    ("GET", f"{TPL}/{{trainingPipeline}}"): Spec("get", TrainingPipeline,
+                                                 summary="Get a TrainingPipeline"),
+    ("DELETE", f"{TPL}/{{trainingPipeline}}"): Spec("delete", Operation,
+                                                    summary="Delete an ended TrainingPipeline"),
+    ("POST", f"{TPL}/{{trainingPipeline}}:cancel"): Spec(
+        "cancel", "Empty", "CancelRequest", body_required=False,
+        summary="Cancel a TrainingPipeline (its backing job)"),
+})
 
 _ID_SCHEMA = {"type": "string", "pattern": RESOURCE_ID.pattern}
 QUERY: dict[str, dict[str, Any]] = {
     "customJobId": {"description": "the new job's id; generated (a number) when absent",
                     "schema": _ID_SCHEMA},
+    "hyperparameterTuningJobId": {"description": "the new tuning job's id; generated (a "
+                                  "number) when absent", "schema": _ID_SCHEMA},
+    "trainingPipelineId": {"description": "the new pipeline's id; generated (a number) when "
+                           "absent", "schema": _ID_SCHEMA},
     "modelDevelopmentClusterId": {"description": "the new cluster's id", "required": True,
                                   "schema": _ID_SCHEMA},
     "pageSize": {"description": "at most this many items (0: the default, 100; "
@@ -128,6 +187,18 @@ QUERY: dict[str, dict[str, Any]] = {
     "filter": {"description": 'AIP-160 subset: field="value" terms (=, !=, :) joined by AND',
                "schema": {"type": "string"}},
 }
+SPECS[("GET", "customJobs/{customJob}/logs")] = Spec(  # mtc extension: worker output
+    "readLogs", ReadCustomJobLogsResponse, query=("attempt", "rank", *PAGING),
+    summary="mtc extension: one rank's output of one attempt, paged by byte offset; "
+    "nextPageToken is empty once the attempt ended and all of it was read")
+QUERY.update({
+    "attempt": {"description": "readLogs: the attempt (1, 2, ...; default the newest)",
+                "schema": {"type": "integer", "format": "int32", "minimum": 1,
+                           "maximum": 2**31 - 1}},
+    "rank": {"description": "readLogs: the rank (default 0)",
+             "schema": {"type": "integer", "format": "int32", "minimum": 0,
+                        "maximum": 2**31 - 1}},
+})
 STATUS_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["error"], "additionalProperties": False,
     "description": "google.rpc.Status, as Google's REST APIs write an error",

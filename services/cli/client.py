@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import requests
 
 from services.api import clusters, custom_jobs, node_ops, operations_api
+from services.api import job_logs as logs_api
 from services.api.context import ApiContext
 from services.api.errors import CANONICAL, ApiError
 from services.api.names import Parent
@@ -70,6 +71,8 @@ class Client(Protocol):
     def cancel_job(self, parent: Parent, job_id: str) -> dict[str, Any]: ...
     def delete_job(self, parent: Parent, job_id: str) -> dict[str, Any]: ...
     def wait_operation(self, name: str, timeout_s: float) -> dict[str, Any]: ...
+    def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
+                      rank: int | None = None, token: str | None = None) -> dict[str, Any]: ...
     def node_command(self, parent: Parent, cluster_id: str, node_id: str, verb: str,
                      reason: str) -> dict[str, Any]: ...
 
@@ -197,6 +200,11 @@ class LocalClient:
                                    f"modelDevelopmentClusters/{cluster_id}/nodes/{node_id}:"
                                    f"{verb}"), reason=reason)
 
+    def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
+                      rank: int | None = None, token: str | None = None) -> dict[str, Any]:
+        return self._call(lambda: logs_api.read(self.ctx, parent, job_id, rank=_text(rank),
+                                                attempt=_text(attempt), token=token))
+
     def wait_operation(self, name: str, timeout_s: float) -> dict[str, Any]:
         """Drive the control plane here (deliver, poll, tick) until the operation is done."""
         parent, op_id = operation_parent(name)
@@ -215,6 +223,10 @@ def _audit(permission: str, parent: Parent, method: str, tail: str = "") -> dict
     collection = permission.split(".")[0]
     return {"permission": f"aiplatform.{permission}", "method": method,
             "resource": f"/{parent.name}/{tail or collection}"}
+
+
+def _text(number: int | None) -> str | None:
+    return None if number is None else str(number)
 
 
 def _user() -> str:
@@ -313,6 +325,11 @@ class HttpClient:
                      reason: str) -> dict[str, Any]:
         return self._request("POST", f"{self._clusters(parent)}/{cluster_id}/nodes/"
                              f"{node_id}:{verb}", body={"reason": reason})
+
+    def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
+                      rank: int | None = None, token: str | None = None) -> dict[str, Any]:
+        return self._request("GET", f"{self._jobs(parent)}/{job_id}/logs", params={
+            "attempt": _text(attempt), "rank": _text(rank), "pageToken": token})
 
     def wait_operation(self, name: str, timeout_s: float) -> dict[str, Any]:
         """``:wait`` in slices (the server answers within a minute) until done or timeout."""

@@ -30,6 +30,7 @@ from services.cli.commands_local import (
     cmd_fault,
     cmd_token,
 )
+from services.cli.commands_logs import cmd_job_logs, cmd_tensorboard
 from services.wiring.embedded import embedded
 from shared.domain.errors import MtcError, NotFound, ValidationError
 
@@ -109,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--filter", help='e.g. state="JOB_STATE_RUNNING" AND labels.team=x')
     x.add_argument("--cluster", help="only the jobs on this cluster")
     j.set_defaults(fn=cmd_job)
+    x = leaf(jsub, "logs", "a worker's output: one rank of one attempt (default rank 0 of the "
+             "newest); through --api too")
+    x.add_argument("job_id")
+    x.add_argument("--rank", type=int, help="the rank (default 0)")
+    x.add_argument("--attempt", type=int, help="the attempt (default the newest)")
+    x.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
+    x.add_argument("--follow", action="store_true", help="keep printing new lines (into the "
+                   "next attempt on a restart) until the job has ended")
+    x.set_defaults(fn=cmd_job_logs)
 
     n = sub.add_parser("node", help="list nodes (sinfo-like); inject faults (local only)")
     nsub = n.add_subparsers(dest="action", required=True)
@@ -152,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     leaf(tsub, "list", "the tokens (ids, principals, roles; never the tokens)")
     leaf(tsub, "revoke", "revoke a token by id").add_argument("token_id")
 
+    tb = leaf(sub, "tensorboard", "TensorBoard on 127.0.0.1 over a CustomJob's event files (a "
+              "run per attempt) or a HyperparameterTuningJob's (per trial); " + LOCAL_ONLY)
+    tb.add_argument("job_id", help="a customJob or hyperparameterTuningJob id")
+    tb.add_argument("--port", type=int, default=0, help="default: a free port")
+    tb.set_defaults(fn=cmd_tensorboard)
+
     ctl = leaf(sub, "controller", "run the embedded control plane loop; " + LOCAL_ONLY)
     ctl.add_argument("--for", dest="duration", type=float, metavar="S")
     ctl.set_defaults(fn=cmd_controller)
@@ -160,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8080)
     sv.add_argument("--for", dest="duration", type=float, metavar="S", help="stop after S s")
+    sv.add_argument("--sim-dir", type=Path, default=None, metavar="DIR",
+                    help="a twin run directory (mtc sim run/sweep --out DIR): the console "
+                    "shows its plots and tables")
 
     d = leaf(sub, "demo", "the self-healing story, start to end, in one run; " + LOCAL_ONLY)
     d.add_argument("--steps", type=int, default=120)
@@ -216,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         from services.cli.serve import serve
 
-        return serve(state_dir, host=args.host, port=args.port, duration_s=args.duration)
+        return serve(state_dir, host=args.host, port=args.port, duration_s=args.duration,
+                     sim_dir=args.sim_dir)
     args.api = args.api or os.environ.get("MTC_API") or None
     name = command_name(args)
     try:

@@ -19,8 +19,12 @@ from types import FrameType
 from werkzeug.serving import make_server
 
 from services.api.http import create_app
+from services.console.app import register as register_console
+from services.observability.http import Observability
+from services.observability.http import add_routes as add_observability
 from services.wiring.api import embedded_api
 from services.wiring.embedded import EmbeddedApp, embedded
+from shared import logs
 
 PUMP_S = 0.1  # at most this long between two deliveries of the bus (the tick: wiring.api)
 PRUNE_S = 600.0
@@ -35,13 +39,22 @@ def is_loopback(host: str) -> bool:
 
 def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
           app: EmbeddedApp | None = None, env_token: str | None = None,
-          duration_s: float | None = None, out: Callable[[str], None] = print) -> int:
+          duration_s: float | None = None, out: Callable[[str], None] = print,
+          sim_dir: Path | None = None) -> int:
+    logs.setup()  # mtc.* loggers: JSON lines off a terminal
     app = app or embedded(state_dir)
     ctx, auth = embedded_api(app, env_token)
-    server = make_server(host, port, create_app(ctx), threaded=False)
+    flask_app = create_app(ctx)
+    register_console(flask_app, ctx, sim_dir)
+    # /metrics and /alerts.json: open on loopback, a viewer token otherwise
+    add_observability(flask_app, Observability(app.store, app.deps.clock, ctx.guard,
+                                               open_access=is_loopback(host),
+                                               event_log=app.deps.event_log))
+    server = make_server(host, port, flask_app, threaded=False)
     server.timeout = PUMP_S
     url = f"http://{host}:{server.server_port}"
     out(f"mtc API on {url}  (state: {app.state_dir})")
+    out(f"console: {url}/console" + (f"  (twin results: {sim_dir})" if sim_dir else ""))
     if auth.admin_token_file is not None:
         out(f"admin token: {auth.admin_token_file}  "
             f"(curl -H \"Authorization: Bearer $(cat {auth.admin_token_file})\" ...)")

@@ -14,17 +14,23 @@ from typing import Any
 from services.checkpoint_resume import handlers as checkpoint_resume
 from services.health_triage import handlers as health_triage
 from services.job_submission import handlers as job_submission
+from services.observability import handlers as observability
+from services.pipelines import handlers as pipelines
 from services.provisioning import handlers as provisioning
 from services.repair import handlers as repair
+from services.tuning import handlers as tuning
 from shared.domain.events import Event
 from shared.handling import Handler, Routes
 
-_MODULES = {
+_MODULES: dict[str, Mapping[Any, Any]] = {  # event class -> handler, per service
     "provisioning": provisioning.SUBSCRIPTIONS,
     "health_triage": health_triage.SUBSCRIPTIONS,
     "repair": repair.SUBSCRIPTIONS,
     "checkpoint_resume": checkpoint_resume.SUBSCRIPTIONS,
     "job_submission": job_submission.SUBSCRIPTIONS,
+    "pipelines": pipelines.SUBSCRIPTIONS,  # the model upload when a pipeline's job ends
+    "tuning": tuning.SUBSCRIPTIONS,  # after job_submission: it reads the jobs' new states
+    "observability": observability.SUBSCRIPTIONS,  # last: it reads what the tick changed
 }
 SERVICES = tuple(_MODULES)
 
@@ -35,7 +41,7 @@ def _by_type(table: Mapping[type[Event], Any]) -> dict[str, Handler]:
 
 @functools.cache
 def control_plane_routes() -> Routes:
-    """The five control-plane services, in delivery order."""
+    """The control-plane services, in delivery order (observability last)."""
     return Routes({service: _by_type(table) for service, table in _MODULES.items()})
 
 

@@ -44,6 +44,7 @@ CHECKS = [not_a_server_error, response_schema_conformance, status_code_conforman
           content_type_conformance]
 CLUSTER, JOB = "st-cluster", "st-job"
 MODEL, PIPELINE = "st-model", "st-pipeline"
+TUNING = "st-hpt"
 CUSTOM_TASK = "gs://google-cloud-aiplatform/schema/trainingjob/definition/custom_task_1.0.0.yaml"
 
 
@@ -92,10 +93,19 @@ def live(tmp_path_factory: pytest.TempPathFactory
             "displayName": "st", "trainingTaskDefinition": CUSTOM_TASK,
             "trainingTaskInputs": job["jobSpec"]}, headers=AUTH, timeout=30)
         assert pipeline.status_code == 200, pipeline.text
+        tuning = requests.post(f"{url}/v1/{PARENT}/hyperparameterTuningJobs", params={
+            "hyperparameterTuningJobId": TUNING}, json={
+            "displayName": "st", "maxTrialCount": 1, "parallelTrialCount": 1,
+            "studySpec": {"metrics": [{"metricId": "m", "goal": "MAXIMIZE"}], "parameters": [
+                {"parameterId": "x", "discreteValueSpec": {"values": [1]}}]},
+            "trialJobSpec": job["jobSpec"]}, headers=AUTH, timeout=30)
+        assert tuning.status_code == 200, tuning.text
         project, location = PARENT.split("/")[1::2]
         known = {"project": project, "location": location, "customJob": JOB,
                  "modelDevelopmentCluster": CLUSTER, "operation": op["name"].rsplit("/", 1)[1],
-                 "model": MODEL, "trainingPipeline": PIPELINE}
+                 "model": MODEL, "trainingPipeline": PIPELINE,
+                 "hyperparameterTuningJob": TUNING,
+                 "node": f"{CLUSTER}-gpu-000"}  # a worker of CLUSTER (tests/serving.py's pool)
         yield url, schemathesis.openapi.from_url(f"{url}/openapi.json", headers=AUTH), known
 
 

@@ -254,7 +254,9 @@ def test_service_accounts_are_created_and_least_privilege(gcloud: Any) -> None:
 
 def test_every_topic_and_the_dead_letter_topic_are_created(gcloud: Any) -> None:
     created = {p[0] for _, path, p, _ in gcloud if path == ("pubsub", "topics", "create")}
-    assert created == {ps.topic_id(f) for f in families()} | {ps.dead_letter_topic_id()}
+    assert created == {ps.topic_id(f) for f in families()} | {ps.dead_letter_topic_id(),
+                                                              ps.alerts_topic_id()}
+    assert ps.alerts_topic_id() == "mtc-alerts"  # people subscribe to it; no service does
 
 
 def test_every_subscription_pushes_to_its_function_with_a_dead_letter_policy(
@@ -332,7 +334,8 @@ def test_firestore_indexes_are_deployed(gcloud: Any) -> None:
 def test_events_and_idempotency_records_have_a_ttl_policy(gcloud: Any) -> None:
     ttls = {(flag(f, "--collection-group"), p[0]) for _, path, p, f in gcloud
             if path == ("firestore", "fields", "ttls", "update") and "--enable-ttl" in f}
-    assert ttls == {("events", "expire_at"), ("processed_events", "expire_at")}
+    assert ttls == {("events", "expire_at"), ("processed_events", "expire_at"),
+                    ("alerts", "expire_at")}  # resolved alerts
 
 
 def test_the_tick_is_scheduled_against_the_steps_function(gcloud: Any) -> None:

@@ -6,6 +6,13 @@ into the registry when the job succeeds.
 backing CustomJob, the pipeline record and the link the pipelines handler follows on the
 job's ``JobFinished`` in one transaction. The pipeline's state is read from the job's and
 from the upload step's outcome when asked, so it is never stale.
+
+``trainingTaskInputs`` of the hyperparameter tuning task holds the tuning job's fields
+(``studySpec``, ``maxTrialCount``, ``parallelTrialCount``, ``maxFailedTrialCount``,
+``trialJobSpec``), checked as ``tuning_jobs`` checks them: create starts the tuning job in
+the same transaction (``trainingTaskMetadata.backingHyperparameterTuningJob``), the state
+follows the study's, and the pipelines handler uploads the best trial's model when the
+study ends SUCCEEDED (``TuningJobEnded``).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from services.api import custom_jobs
+from services.api import custom_jobs, tuning_jobs
 from services.api import models as model_api
 from services.api import operations as ops
 from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
@@ -25,9 +32,12 @@ from services.api.paging import matches, page_size, paginate, parse_filter
 from services.api.wire.custom_job import CustomJob, CustomJobSpec, RpcStatus
 from services.api.wire.models import ListTrainingPipelinesResponse, TrainingPipeline
 from services.api.wire.proto_json import timestamp
+from services.api.wire.tuning import HyperparameterTuningJob
 from services.api.wiremodel import parse_message
 from services.job_submission import handlers as h
 from services.pipelines import handlers as pipelines
+from services.tuning import handlers as tuning
+from shared.domain.errors import ValidationError
 from shared.domain.model import Job, JobState
 
 T = TypeVar("T")
@@ -56,11 +66,10 @@ def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None =
     if not message.display_name:
         raise invalid("displayName", "is required")
     if message.training_task_definition == TUNING_TASK:
-        raise invalid("trainingTaskDefinition", "hyperparameter tuning tasks are not "
-                      f"available in pipelines yet; use {CUSTOM_TASK}")
+        return _create_tuning(ctx, parent, message, pipeline_id)
     if message.training_task_definition != CUSTOM_TASK:
-        raise invalid("trainingTaskDefinition", f"must be {CUSTOM_TASK}; got "
-                      f"{message.training_task_definition!r}")
+        raise invalid("trainingTaskDefinition", f"must be {CUSTOM_TASK} or {TUNING_TASK}; "
+                      f"got {message.training_task_definition!r}")
     if message.training_task_inputs is None:
         raise invalid("trainingTaskInputs", "is required: a CustomJobSpec (workerPoolSpecs, "
                       "persistentResourceId, baseOutputDirectory, ...)")
@@ -96,6 +105,57 @@ def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None =
         return render(uow, parent, record)
 
 
+_TUNING_INPUT = ("studySpec", "maxTrialCount", "parallelTrialCount", "maxFailedTrialCount",
+                 "trialJobSpec")
+
+
+def _create_tuning(ctx: ApiContext, parent: Parent, message: TrainingPipeline,
+                   pipeline_id: str | None) -> dict[str, Any]:
+    inputs = message.training_task_inputs
+    if not isinstance(inputs, dict):
+        raise invalid("trainingTaskInputs", "is required: the tuning job's fields (studySpec, "
+                      "maxTrialCount, parallelTrialCount, maxFailedTrialCount, trialJobSpec)")
+    for key in inputs:
+        if key not in _TUNING_INPUT:
+            raise invalid(f"trainingTaskInputs.{key}", "is not a field of the hyperparameter "
+                          f"tuning task; expected one of {', '.join(_TUNING_INPUT)}")
+    body = {**inputs, "displayName": message.display_name, "labels": dict(message.labels)}
+    tuning_message = _renamed(lambda: parse_message(HyperparameterTuningJob, body))
+    domain = _renamed(lambda: tuning_jobs._domain(tuning_message))
+    stored = _stored(message)
+    with ctx.unit() as uow:
+        pipeline_id = pipeline_id or f"{uuid.uuid4().int % 10**18:018d}"
+        existing = uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id))
+        if existing is not None:
+            if existing["parent"] != parent.name or existing["resource"] != stored:
+                raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, pipeline_id)} "
+                               "already exists with a different body")
+            return render(uow, parent, existing)  # a retried create
+        parent_id = _check_model(uow, parent, message)
+        cluster_id = domain.pop("clusterId")
+        cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
+        if cluster is None or cluster["parent"] != parent.name:
+            raise invalid("trainingTaskInputs.trialJobSpec.persistentResourceId",
+                          f"no cluster {cluster_id!r} in {parent.name}")
+        study_id = f"{uuid.uuid4().int % 10**18:018d}"
+        where = {"parent": parent.name, "project": parent.project, "location": parent.location}
+        try:
+            tuning.create_study(study_id, where, cluster_id, domain, uow, ctx.runtime.deps)
+        except ValidationError as exc:  # the trial job's spec, as the cluster judges it
+            path = exc.path.removeprefix("jobSpec").lstrip(".")
+            raise invalid(f"trainingTaskInputs.trialJobSpec{'.' if path else ''}{path}",
+                          exc.reason) from None
+        save_record(uow, tuning_jobs.KIND, study_id, parent, tuning_jobs._stored(tuning_message),
+                    ctx.now)
+        save_record(uow, KIND, pipeline_id, parent, stored, ctx.now)
+        record = {**uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id)),
+                  "study_id": study_id, "parent_model_id": parent_id, "upload": None}
+        uow.put_record(RESOURCES, pipelines.pipeline_key(pipeline_id), record)
+        uow.put_record(pipelines.PIPELINE_STUDIES, study_id, {"pipeline": pipeline_id,
+                                                              "time": ctx.now})
+        return render(uow, parent, record)
+
+
 def get(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
     ctx.refresh()
     with ctx.unit() as uow:
@@ -119,6 +179,14 @@ def list_pipelines(ctx: ApiContext, parent: Parent, *, filter_text: str | None =
 def cancel(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
     with ctx.unit() as uow:
         record = _load(uow, parent, pipeline_id)
+        if record.get("study_id"):
+            study = tuning.get_study(record["study_id"], uow)
+            if study is None or study["state"] in tuning.TERMINAL:
+                state = render(uow, parent, record)["state"]
+                raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is "
+                               f"{state}: only a pipeline that has not ended can be cancelled")
+            tuning.cancel_study(record["study_id"], uow, ctx.runtime.deps)
+            return {}
         job = uow.jobs.get(f"cj-{record['job_id']}")
         if job is None or job.terminal:
             state = render(uow, parent, record)["state"]
@@ -143,7 +211,10 @@ def delete(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
                        generation=int(record["created"] * 1e6), now=ctx.now,
                        retention_s=ctx.runtime.deps.config.retention_s)
         uow.delete_record(RESOURCES, pipelines.pipeline_key(pipeline_id))
-        uow.delete_record(pipelines.PIPELINE_JOBS, f"cj-{record['job_id']}")
+        if record.get("study_id"):
+            uow.delete_record(pipelines.PIPELINE_STUDIES, record["study_id"])
+        else:
+            uow.delete_record(pipelines.PIPELINE_JOBS, f"cj-{record['job_id']}")
         return ops.render(uow, op, ctx.now)
 
 
@@ -151,6 +222,8 @@ def delete(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
 
 
 def render(uow: Any, parent: Parent, record: dict[str, Any]) -> dict[str, Any]:
+    if record.get("study_id"):
+        return _render_tuning(uow, parent, record)
     job = uow.jobs.get(f"cj-{record['job_id']}")
     upload = record.get("upload")
     resource = dict(record["resource"])
@@ -174,6 +247,60 @@ def render(uow: Any, parent: Parent, record: dict[str, Any]) -> dict[str, Any]:
     if upload and upload.get("model"):
         out["modelToUpload"] = {**resource["modelToUpload"], "name": upload["model"],
                                 "versionId": upload["versionId"]}
+    return TrainingPipeline.model_validate(out).to_json()
+
+
+_STUDY_STATE = {tuning.RUNNING: "PIPELINE_STATE_RUNNING",
+                tuning.CANCELLING: "PIPELINE_STATE_CANCELLING",
+                tuning.CANCELLED: "PIPELINE_STATE_CANCELLED",
+                tuning.FAILED: "PIPELINE_STATE_FAILED"}
+
+
+def _render_tuning(uow: Any, parent: Parent, record: dict[str, Any]) -> dict[str, Any]:
+    study = tuning.get_study(record["study_id"], uow)
+    upload = record.get("upload")
+    resource = dict(record["resource"])
+    error: dict[str, Any] | None = None
+    if study is None:
+        state, error = "PIPELINE_STATE_FAILED", {"code": 5, "message": "the backing "
+                                                 "hyperparameter tuning job was deleted"}
+    elif study["state"] == tuning.SUCCEEDED:
+        state = "PIPELINE_STATE_SUCCEEDED"
+        if resource.get("modelToUpload") and upload is None:
+            state = "PIPELINE_STATE_RUNNING"  # the upload step, on TuningJobEnded
+        elif upload and upload.get("error"):
+            state, error = "PIPELINE_STATE_FAILED", {
+                "code": 9, "message": f"the model upload failed: {upload['error']}"}
+    else:
+        state = _STUDY_STATE[study["state"]]
+        if study["state"] == tuning.FAILED:
+            error = {"code": 13, "message": study.get("error") or "the tuning job failed"}
+        elif study["state"] == tuning.CANCELLED:
+            error = {"code": 1, "message": "CANCELED"}
+    metadata: dict[str, Any] = {"backingHyperparameterTuningJob": parent.child(
+        tuning_jobs.COLLECTION, record["study_id"])}
+    out: dict[str, Any] = {
+        "name": parent.child(COLLECTION, record["id"]), **resource, "state": state,
+        "trainingTaskMetadata": metadata, "createTime": timestamp(record["created"]),
+        "updateTime": timestamp(max(record["time"], study["updated_at"] if study else 0,
+                                    (upload or {}).get("time", 0))),
+    }
+    if study is not None and study.get("started_at") is not None:
+        out["startTime"] = timestamp(study["started_at"])
+    if state in ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED",
+                 "PIPELINE_STATE_CANCELLED"):
+        end = (upload or {}).get("time") or (study or {}).get("ended_at") or record["time"]
+        out["endTime"] = timestamp(end)
+    if error is not None:
+        out["error"] = error
+    if upload and upload.get("model"):
+        out["modelToUpload"] = {**resource["modelToUpload"], "name": upload["model"],
+                                "versionId": upload["versionId"]}
+        best = pipelines.best_trial(study) if study else None
+        if best is not None:
+            metadata["bestTrial"] = best["id"]
+            metadata["bestTrialBackingCustomJob"] = parent.child("customJobs",
+                                                                 best["api_job_id"])
     return TrainingPipeline.model_validate(out).to_json()
 
 

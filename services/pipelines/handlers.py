@@ -7,6 +7,11 @@ as a new model or a new version of ``parentModel``, with the job's lineage, and 
 result on the pipeline. Nobody has to poll for it. Idempotent: a pipeline whose upload is
 recorded is left alone, and the model id is derived from the pipeline, so a redelivered
 event uploads nothing twice.
+
+A hyperparameter-tuning-task pipeline runs a tuning job instead (link ``training_pipeline_
+studies/{study id}``); on the tuning service's ``TuningJobEnded`` with SUCCEEDED, the model
+is uploaded from the best trial's ``AIP_MODEL_DIR`` (best by the study's first metric and its
+goal), its lineage naming that trial's job, attempt and checkpoint and the tuning job.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ from typing import Any
 
 from services.pipelines import registry
 from shared.domain.errors import MtcError
-from shared.domain.events import JobFinished
+from shared.domain.events import JobFinished, TuningJobEnded
 from shared.domain.model import JobState
 from shared.handling import Deps
 
 SERVICE = "pipelines"
 PIPELINE_JOBS = "training_pipeline_jobs"  # domain job id -> {"pipeline": the pipeline's id}
+PIPELINE_STUDIES = "training_pipeline_studies"  # tuning study id -> {"pipeline": ...}
+STUDIES = "tuning_studies"  # the tuning service's study records (services.tuning.handlers)
 RESOURCES = "api_resources"
 PIPELINE_KIND = "trainingPipeline"
 
@@ -46,10 +53,49 @@ def on_job_finished(event: JobFinished, uow: Any, deps: Deps) -> None:
     upload(uow, record, job, deps.clock.now(), deps)
 
 
-def upload(uow: Any, record: dict[str, Any], job: Any, now: float, deps: Deps) -> None:
+def on_tuning_job_ended(event: TuningJobEnded, uow: Any, deps: Deps) -> None:
+    link = uow.record(PIPELINE_STUDIES, event.study_id)
+    if link is None:
+        return  # not a pipeline's tuning job
+    record = uow.record(RESOURCES, pipeline_key(link["pipeline"]))
+    if record is None or record.get("upload") is not None:
+        return  # deleted, or uploaded already (a redelivery)
+    study = uow.record(STUDIES, event.study_id)
+    if study is None or study["state"] != "JOB_STATE_SUCCEEDED":
+        return  # failed or cancelled: the pipeline's state follows the study's
+    if not (record["resource"] or {}).get("modelToUpload"):
+        return
+    trial = best_trial(study)
+    job = uow.jobs.get(trial["job_id"]) if trial is not None else None
+    now = deps.clock.now()
+    if trial is None or job is None:
+        uow.put_record(RESOURCES, pipeline_key(record["id"]), {
+            **record, "upload": {"error": "no succeeded trial with a final measurement "
+                                 "(or its custom job is gone)", "time": now}})
+        return
+    tuning_job = f"{record['parent']}/hyperparameterTuningJobs/{event.study_id}"
+    upload(uow, record, job, now, deps, api_job_id=trial["api_job_id"],
+           extra={"tuningJob": tuning_job, "trial": trial["id"]})
+
+
+def best_trial(study: dict[str, Any]) -> dict[str, Any] | None:
+    """The SUCCEEDED trial with the best final value of the study's first metric."""
+    metrics = (study["body"].get("studySpec") or {}).get("metrics") or [{}]
+    maximize = str(metrics[0].get("goal", "")).upper() in ("MAXIMIZE", "1")
+    done = [t for t in study["trials"] if t["state"] == "SUCCEEDED" and t.get("final")]
+    if not done:
+        return None
+    key = (lambda t: float(t["final"][1])) if maximize else (lambda t: -float(t["final"][1]))
+    best: dict[str, Any] = max(done, key=key)
+    return best
+
+
+def upload(uow: Any, record: dict[str, Any], job: Any, now: float, deps: Deps, *,
+           api_job_id: str | None = None, extra: dict[str, Any] | None = None) -> None:
     resource = record["resource"]
     parent = record["parent"]
-    job_key = f"customJob:{record['job_id']}"
+    api_job_id = api_job_id or record["job_id"]
+    job_key = f"customJob:{api_job_id}"
     job_record = uow.record(RESOURCES, job_key)
     job_resource = job_record["resource"] if job_record else {}
     model = dict(resource["modelToUpload"])
@@ -60,8 +106,8 @@ def upload(uow: Any, record: dict[str, Any], job: Any, now: float, deps: Deps) -
     parent_model = record.get("parent_model_id")
     model_id = parent_model or resource.get("modelId") or registry.new_model_id(
         "pipeline", parent, record["id"])
-    lineage = registry.lineage(job, f"{parent}/customJobs/{record['job_id']}", job_resource,
-                               pipeline_name)
+    lineage = {**registry.lineage(job, f"{parent}/customJobs/{api_job_id}", job_resource,
+                                  pipeline_name), **(extra or {})}
     try:
         version = registry.add_version(uow, parent=parent, model_id=model_id,
                                        new_model=parent_model is None, model=model,
@@ -77,4 +123,5 @@ def upload(uow: Any, record: dict[str, Any], job: Any, now: float, deps: Deps) -
 
 SUBSCRIPTIONS = {
     JobFinished: on_job_finished,
+    TuningJobEnded: on_tuning_job_ended,
 }

@@ -43,7 +43,7 @@ from typing import Any
 
 from services.job_submission import handlers as jobs
 from shared.domain.errors import Conflict, NotFound
-from shared.domain.events import Event, FleetTicked, JobCheckpointSaved, JobFinished
+from shared.domain.events import Event, FleetTicked, JobCheckpointSaved, JobFinished, TuningJobEnded
 from shared.domain.model import JobState
 from shared.handling import Deps, Handler, Outcome
 from shared.policies import tuning as policy
@@ -189,7 +189,8 @@ def advance(study: dict[str, Any], uow: UnitOfWork, deps: Deps) -> None:
         else:
             study["state"], study["error"] = FAILED, "no trial succeeded"
     if study["state"] in TERMINAL and study["ended_at"] is None:
-        study["ended_at"] = now
+        study["ended_at"] = now  # once: what reacts to the end (pipelines) hears it once
+        uow.emit(TuningJobEnded(study["study_id"], study["cluster_id"], study["state"]))
     study["active"] = study["state"] not in TERMINAL or live
     if study != before:
         study["updated_at"] = now

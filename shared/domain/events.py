@@ -403,6 +403,17 @@ class JobFinished(Event):
     detail: str = ""
 
 
+@register
+@dataclass(frozen=True)
+class TuningJobEnded(Event):
+    """A hyperparameter tuning job (a study) reached SUCCEEDED, FAILED or CANCELLED."""
+    TYPE: ClassVar[str] = "mtc.job.tuning_ended.v1"
+    SUBJECT_FIELD: ClassVar[str] = "study_id"
+    study_id: str
+    cluster_id: str
+    state: str
+
+
 # ---------------------------------------------------------------- fleet
 
 

@@ -118,3 +118,56 @@ def test_pipeline_to_registry_through_the_official_sdk(server: str) -> None:
         models.get_model(name=model_name)
     assert list(models.list_models(parent=PARENT)) == []
     assert time.monotonic() - started < 40
+
+
+TUNING_TASK = ("gs://google-cloud-aiplatform/schema/trainingjob/definition/"
+               "hyperparameter_tuning_task_1.0.0.yaml")
+
+
+def test_tuning_task_pipeline_uploads_the_best_trial_through_the_official_sdk(server: str) -> None:
+    pipelines, models = clients(server)
+    program = [sys.executable, str(ROOT / "examples" / "hp_trial.py"), "--steps=6",
+               "--report-every=2", "--checkpoint-every=2"]
+    inputs = {
+        "maxTrialCount": 3, "parallelTrialCount": 3, "maxFailedTrialCount": 1,
+        "studySpec": {"metrics": [{"metricId": "loss", "goal": "MINIMIZE"}],
+                      "parameters": [{"parameterId": "learning_rate",
+                                      "discreteValueSpec": {"values": [0.01, 0.1, 0.2]}}],
+                      "algorithm": "GRID_SEARCH"},
+        "trialJobSpec": {
+            "persistentResourceId": "c1",
+            "baseOutputDirectory": {"outputUriPrefix": "gs://registry-test/hp1"},
+            "workerPoolSpecs": [{"machineSpec": {"machineType": "a3-highgpu-8g",
+                                                 "acceleratorType": "NVIDIA_H100_80GB",
+                                                 "acceleratorCount": 8},
+                                 "replicaCount": 1,
+                                 "containerSpec": {"imageUri": "local", "command": program}}]},
+    }
+    created = pipelines.create_training_pipeline(parent=PARENT, training_pipeline=aip.TrainingPipeline(
+        display_name="sdk-hp-pipeline", training_task_definition=TUNING_TASK,
+        training_task_inputs=json_format.ParseDict(inputs, struct_pb2.Value()),
+        model_to_upload=aip.Model(display_name="sdk-hp-model")))
+    tuning_job = created.training_task_metadata["backingHyperparameterTuningJob"]
+    assert tuning_job.startswith(f"{PARENT}/hyperparameterTuningJobs/")
+    deadline = time.monotonic() + 60
+    while True:
+        got = pipelines.get_training_pipeline(name=created.name)
+        if got.state in (aip.PipelineState.PIPELINE_STATE_SUCCEEDED,
+                         aip.PipelineState.PIPELINE_STATE_FAILED):
+            break
+        assert time.monotonic() < deadline, got.state
+        time.sleep(0.3)
+    assert got.state == aip.PipelineState.PIPELINE_STATE_SUCCEEDED, got.error
+    study = requests.get(f"{server}/v1/{tuning_job}", headers=AUTH, timeout=10).json()
+    assert study["state"] == "JOB_STATE_SUCCEEDED" and len(study["trials"]) == 3
+    best = min(study["trials"], key=lambda t: t["finalMeasurement"]["metrics"][0]["value"])
+    assert got.training_task_metadata["bestTrial"] == best["id"]
+    raw = requests.get(f"{server}/v1/{got.model_to_upload.name}", headers=AUTH, timeout=10).json()
+    lineage = raw["mtcLineage"]
+    assert lineage["job"] == best["customJob"] and lineage["trial"] == best["id"]
+    assert lineage["tuningJob"] == tuning_job and lineage["attempt"] == 1
+    assert lineage["checkpointStep"] == "6", lineage
+    model = models.get_model(name=got.model_to_upload.name)
+    assert model.artifact_uri == f"gs://registry-test/hp1/{best['id']}/model"
+    assert model.training_pipeline == created.name
+    models.delete_model(name=model.name).result(timeout=30)

@@ -73,6 +73,8 @@ class ModelLineage(Message):
     checkpoint_step: Int64 | None = None
     checkpoint_path: str | None = None
     training_pipeline: str | None = None
+    tuning_job: str | None = None  # a tuning-task pipeline's model: the study and its best
+    trial: str | None = None  # trial (whose CustomJob is ``job``)
     inputs: LineageInputs | None = None
 
 

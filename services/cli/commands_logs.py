@@ -9,12 +9,14 @@ import contextlib
 import importlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from services.api.errors import ApiError
@@ -96,6 +98,7 @@ def cmd_tensorboard(args: argparse.Namespace, app: EmbeddedApp) -> None:
     port = args.port if args.port else free_port()
     command = tensorboard_command(runs, port)
     proc = subprocess.Popen(command)
+    signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM stops TensorBoard too, no orphan
     print(f"TensorBoard for {args.job_id}: http://127.0.0.1:{port}/ "
           f"({len(runs)} log dir{'s' if len(runs) != 1 else ''}; Ctrl-C stops it)", flush=True)
     try:
@@ -110,6 +113,10 @@ def cmd_tensorboard(args: argparse.Namespace, app: EmbeddedApp) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def _parent(args: argparse.Namespace) -> Parent:

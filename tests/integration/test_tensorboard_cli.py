@@ -66,6 +66,14 @@ def test_mtc_tensorboard_serves_the_jobs_runs(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+    deadline = time.monotonic() + 15  # SIGTERM to mtc stops TensorBoard too: no orphan left
+    while True:
+        try:
+            requests.get(f"http://127.0.0.1:{port}/data/runs", timeout=1)
+        except requests.ConnectionError:
+            break
+        assert time.monotonic() < deadline, "TensorBoard outlived mtc tensorboard"
+        time.sleep(0.2)
 
 
 def test_mtc_tensorboard_refuses_api_and_unknown_jobs(tmp_path: Path) -> None:

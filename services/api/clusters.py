@@ -8,7 +8,6 @@ finds are reported at the wire field the caller wrote.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,7 +16,7 @@ from services.api import operations as ops
 from services.api.context import ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, FieldViolation, invalid, not_found
 from services.api.names import Parent, resource_id
-from services.api.paging import matches, page_size, paginate, parse_filter
+from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.cluster import (
     ClusterNode,
     ListClusterNodesResponse,
@@ -81,7 +80,7 @@ def list_clusters(ctx: ApiContext, parent: Parent, *, filter_text: str | None = 
             if cluster is None or cluster.state is ClusterState.DELETED:
                 continue
             item = render(uow, cluster, parent, record)
-            if matches(terms, functools.partial(_field, item)):
+            if matches_resource(terms, item):
                 out.append(item)
     page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
     return ListModelDevelopmentClustersResponse(
@@ -321,9 +320,3 @@ def _load(uow: Any, parent: Parent, cluster_id: str) -> dict[str, Any]:
     if cluster is None or cluster.state is ClusterState.DELETED:
         raise not_found(name)
     return render(uow, cluster, parent, record)
-
-
-def _field(item: dict[str, Any], name: str) -> Any:
-    if name.startswith("labels."):
-        return item.get("labels", {}).get(name.removeprefix("labels."))
-    return item.get(name)

@@ -7,7 +7,6 @@ job runs on the cluster its ``jobSpec.persistentResourceId`` names, in the same 
 
 from __future__ import annotations
 
-import functools
 import re
 import uuid
 from typing import Any
@@ -16,7 +15,7 @@ from services.api import operations as ops
 from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
-from services.api.paging import matches, page_size, paginate, parse_filter
+from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
@@ -48,7 +47,7 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
                                      or existing["resource"] != _stored(message)):
             raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, job_id)} already "
                            "exists with a different body")
-        job = h.submit_job(cluster_id, spec_body, uow, ctx.runtime.deps, _domain_id(job_id))
+        job = h.submit_job(cluster_id, spec_body, uow, ctx.runtime.deps, domain_job_id(job_id))
         if existing is None:
             save_record(uow, KIND, job_id, parent, _stored(message), ctx.now)
         record = {"resource": _stored(message), "parent": parent.name}
@@ -69,11 +68,11 @@ def list_jobs(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None
     with ctx.unit() as uow:
         rendered = []
         for record in records_of(uow, KIND, parent):
-            job = uow.jobs.get(_domain_id(record["id"]))
+            job = uow.jobs.get(domain_job_id(record["id"]))
             if job is None:
                 continue
             out = render(job, parent, record["id"], record)
-            if matches(terms, functools.partial(_field, out)):
+            if matches_resource(terms, out):
                 rendered.append(out)
     page = paginate(rendered, size=limit, token=token, filter_text=filter_text or "")
     return ListCustomJobsResponse(custom_jobs=[CustomJob.model_validate(j) for j in page.items],
@@ -83,7 +82,7 @@ def list_jobs(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None
 def cancel(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
     with ctx.unit() as uow:
         _load(uow, parent, job_id)
-        h.cancel_job(_domain_id(job_id), uow, ctx.runtime.deps)
+        h.cancel_job(domain_job_id(job_id), uow, ctx.runtime.deps)
     return {}
 
 
@@ -92,7 +91,7 @@ def delete(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
     ctx.refresh()
     with ctx.unit() as uow:
         record = load_record(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id))
-        job = uow.jobs.get(_domain_id(job_id))
+        job = uow.jobs.get(domain_job_id(job_id))
         if job is not None and not job.terminal:
             raise ApiError("FAILED_PRECONDITION", f"custom job {job_id} is {job.state.value}: "
                            "cancel it and wait for JOB_STATE_CANCELLED before deleting it")
@@ -100,7 +99,7 @@ def delete(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
                        generation=int(record["created"] * 1e6), now=ctx.now,
                        retention_s=ctx.runtime.deps.config.retention_s)
         uow.delete_record(RESOURCES, f"{KIND}:{job_id}")
-        uow.delete_record("jobs", _domain_id(job_id))
+        uow.delete_record("jobs", domain_job_id(job_id))
         return ops.render(uow, op, ctx.now)
 
 
@@ -199,18 +198,13 @@ def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dic
 def _load(uow: Any, parent: Parent, job_id: str) -> dict[str, Any]:
     name = parent.child(COLLECTION, job_id)
     record = load_record(uow, KIND, job_id, parent, name)
-    job = uow.jobs.get(_domain_id(job_id))
+    job = uow.jobs.get(domain_job_id(job_id))
     if job is None:
         raise not_found(name)
     return render(job, parent, job_id, record)
 
 
-def _field(job: dict[str, Any], name: str) -> Any:
-    if name.startswith("labels."):
-        return job.get("labels", {}).get(name.removeprefix("labels."))
-    return job.get(name)
 
-
-def _domain_id(job_id: str) -> str:
+def domain_job_id(job_id: str) -> str:
     """Vertex job ids are numbers; the domain's ids start with a letter."""
     return job_id if job_id[:1].isalpha() else f"cj-{job_id}"

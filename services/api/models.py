@@ -9,16 +9,16 @@ else the CustomJob of this parent whose ``AIP_MODEL_DIR`` is the ``artifactUri``
 
 from __future__ import annotations
 
-import functools
 import re
 import uuid
 from typing import Any
 
 from services.api import operations as ops
 from services.api.context import ApiContext, records_of
+from services.api.custom_jobs import domain_job_id
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
-from services.api.paging import matches, page_size, paginate, parse_filter
+from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.models import (
     ListModelsResponse,
     ListModelVersionsResponse,
@@ -98,7 +98,7 @@ def list_models(ctx: ApiContext, parent: Parent, *, filter_text: str | None = No
             if record is None:
                 continue
             item = render(record, top)
-            if matches(terms, functools.partial(_field, item)):
+            if matches_resource(terms, item):
                 out.append(item)
     page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
     return ListModelsResponse(models=[Model.model_validate(m) for m in page.items],
@@ -114,7 +114,7 @@ def list_versions(ctx: ApiContext, parent: Parent, model_id: str, *,
     with ctx.unit() as uow:
         top = _head(uow, parent, model_id)
         out = [item for item in (render(r, top) for r in registry.versions(uow, model_id))
-               if matches(terms, functools.partial(_field, item))]
+               if matches_resource(terms, item)]
     page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
     return ListModelVersionsResponse(models=[Model.model_validate(m) for m in page.items],
                                      next_page_token=page.next_page_token).to_json()
@@ -235,23 +235,12 @@ def _lineage(ctx: ApiContext, uow: Any, parent: Parent, model: Model
         uri = model.artifact_uri.rstrip("/")
         root = ctx.runtime.deps.config.output_root
         candidates = [r for r in candidates
-                      if registry.model_dir(r["resource"], root, _domain_id(r["id"])) == uri]
+                      if registry.model_dir(r["resource"], root, domain_job_id(r["id"])) == uri]
     else:
         return None, None
     for record in reversed(candidates):  # the newest job writing there
-        job = uow.jobs.get(_domain_id(record["id"]))
+        job = uow.jobs.get(domain_job_id(record["id"]))
         if job is not None:
             name = parent.child("customJobs", record["id"])
             return registry.lineage(job, name, record["resource"]), f"customJob:{record['id']}"
     return None, None
-
-
-def _domain_id(job_id: str) -> str:
-    return job_id if job_id[:1].isalpha() else f"cj-{job_id}"
-
-
-def _field(item: dict[str, Any], name: str) -> Any:
-    if name.startswith("labels."):
-        return item.get("labels", {}).get(name.removeprefix("labels."))
-    return item.get(name)
-

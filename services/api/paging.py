@@ -7,6 +7,7 @@ issued for, so a token replayed with another filter is refused instead of skippi
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import re
@@ -107,6 +108,17 @@ def matches(terms: Sequence[Term], get: Callable[[str], Any]) -> bool:
         if op == ":" and (actual is None or value not in text):
             return False
     return True
+
+
+def resource_field(item: dict[str, Any], name: str) -> Any:
+    """A rendered resource's field for a filter term: ``labels.<key>`` reads its labels."""
+    if name.startswith("labels."):
+        return item.get("labels", {}).get(name.removeprefix("labels."))
+    return item.get(name)
+
+
+def matches_resource(terms: Sequence[Term], item: dict[str, Any]) -> bool:
+    return matches(terms, functools.partial(resource_field, item))
 
 
 def _snake(name: str) -> str:

@@ -17,7 +17,6 @@ study ends SUCCEEDED (``TuningJobEnded``).
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -28,7 +27,7 @@ from services.api import operations as ops
 from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, FieldViolation, invalid
 from services.api.names import Parent, resource_id
-from services.api.paging import matches, page_size, paginate, parse_filter
+from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.custom_job import CustomJob, CustomJobSpec, RpcStatus
 from services.api.wire.models import ListTrainingPipelinesResponse, TrainingPipeline
 from services.api.wire.proto_json import timestamp
@@ -169,7 +168,7 @@ def list_pipelines(ctx: ApiContext, parent: Parent, *, filter_text: str | None =
     ctx.refresh()
     with ctx.unit() as uow:
         out = [item for item in (render(uow, parent, r) for r in records_of(uow, KIND, parent))
-               if matches(terms, functools.partial(_field, item))]
+               if matches_resource(terms, item)]
     page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
     return ListTrainingPipelinesResponse(
         training_pipelines=[TrainingPipeline.model_validate(p) for p in page.items],
@@ -374,9 +373,3 @@ def _renamed(call: Callable[[], T]) -> T:
 
 def _load(uow: Any, parent: Parent, pipeline_id: str) -> dict[str, Any]:
     return load_record(uow, KIND, pipeline_id, parent, parent.child(COLLECTION, pipeline_id))
-
-
-def _field(item: dict[str, Any], name: str) -> Any:
-    if name.startswith("labels."):
-        return item.get("labels", {}).get(name.removeprefix("labels."))
-    return item.get(name)

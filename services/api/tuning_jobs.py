@@ -8,7 +8,6 @@ spec through ``shared.policies.tuning.study_from_json``) and renders the stored 
 
 from __future__ import annotations
 
-import functools
 import uuid
 from typing import Any
 
@@ -17,7 +16,7 @@ from services.api import operations as ops
 from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
-from services.api.paging import matches, page_size, paginate, parse_filter
+from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.custom_job import CustomJob
 from services.api.wire.proto_json import format_duration, timestamp
 from services.api.wire.tuning import HyperparameterTuningJob, ListHyperparameterTuningJobsResponse
@@ -75,7 +74,7 @@ def list_jobs(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None
             if study is None:
                 continue
             out = render(study, parent, record["id"], record)
-            if matches(terms, functools.partial(_field, out)):
+            if matches_resource(terms, out):
                 rendered.append(out)
     page = paginate(rendered, size=limit, token=token, filter_text=filter_text or "")
     return ListHyperparameterTuningJobsResponse(
@@ -214,9 +213,3 @@ def _load(uow: Any, parent: Parent, study_id: str) -> dict[str, Any]:
     if study is None:
         raise not_found(name)
     return render(study, parent, study_id, record)
-
-
-def _field(job: dict[str, Any], name: str) -> Any:
-    if name.startswith("labels."):
-        return job.get("labels", {}).get(name.removeprefix("labels."))
-    return job.get(name)

@@ -130,14 +130,14 @@ def _parent(args: argparse.Namespace) -> Parent:
 def tensorboard_runs(app: EmbeddedApp, where: Parent, resource_id: str) -> dict[str, Path]:
     """The event directories to show: ``{name: dir}``. A CustomJob id gives one directory
     (its attempts are its runs); a HyperparameterTuningJob id gives one per trial."""
-    from services.api.custom_jobs import _domain_id
+    from services.api.custom_jobs import domain_job_id
     from services.cli.client import LocalClient
 
     client = LocalClient(app)
     with app.transaction() as uow:
         known = uow.record("api_resources", f"customJob:{resource_id}")
     if known is not None and known["parent"] == where.name:
-        return {"": _event_dir(app, _domain_id(resource_id))}
+        return {"": _event_dir(app, domain_job_id(resource_id))}
     try:  # HyperparameterTuningJobs: their trials are CustomJobs
         tuning_jobs: Any = importlib.import_module("services.api.tuning_jobs")
     except ImportError:  # pragma: no cover - a tree without tuning jobs
@@ -153,7 +153,7 @@ def tensorboard_runs(app: EmbeddedApp, where: Parent, resource_id: str) -> dict[
                       for t in study.get("trials", [])}
             if not trials:
                 raise ClientError("FAILED_PRECONDITION", f"{study['name']} has no trials yet")
-            return {name: _event_dir(app, _domain_id(job)) for name, job in trials.items()}
+            return {name: _event_dir(app, domain_job_id(job)) for name, job in trials.items()}
     raise ClientError("NOT_FOUND", f"{where.name}/customJobs/{resource_id} not found (nor a "
                       "hyperparameterTuningJob of that id)")
 

@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from shared.goodput_live import job_accounting
+    from shared.goodput import job_accounting
     from shared.timeline import describe, is_routine
     from shared.timeline import style as _style
 

@@ -12,8 +12,9 @@
 - ``jobs``: the analytic job model (attempts, checkpoints, exits, the truth ledger);
 - ``failure_processes``: node faults, stragglers, planned restarts over the fleet;
 - ``twin``: builds the handlers through ``services.wiring.embedded.build_deps`` and runs a scenario;
-- ``goodput``: goodput and badput from an event log (shared with the live system);
-- ``goodput_totals``: the badput categories, per-job and fleet totals, the goodput factors;
+- ``goodput``: goodput and badput from an event log: ``shared.goodput``, the live system's;
+- ``replay``, ``fit``, ``spares``: what-ifs from a recorded history (``mtc replay``,
+  ``mtc sim fit``, ``mtc sim plan-spares``);
 - ``stats``: means and confidence intervals over replications;
 - ``validation``: the twin against the analytic checkpointing models;
 - ``report``, ``sweep``, ``cli``: ``mtc sim run`` / ``mtc sim sweep`` (also ``python -m simulator``).

@@ -203,7 +203,8 @@ class JobModel:
         self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt, step=job.ckpt_step,
                                      path=f"sim://{job.job_id}/checkpoints/"
                                           f"ckpt-{job.ckpt_step:08d}",
-                                     saved_at=EPOCH_S + job.ckpt_at))
+                                     saved_at=EPOCH_S + job.ckpt_at,
+                                     save_s=job.cfg.checkpoint_save_s))
 
     def _periodic_checkpoint(self, att: Attempt, token: int) -> None:
         if token != att.token or not att.alive or att.exited:

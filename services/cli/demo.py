@@ -26,7 +26,7 @@ from shared.domain.errors import ValidationError
 from shared.domain.events import Envelope
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
 from shared.domain.model import JobState, NodeState
-from shared.goodput_live import job_accounting
+from shared.goodput import job_accounting
 from shared.handling import Outcome
 from shared.timeline import describe
 from shared.timeline import style as timeline_style

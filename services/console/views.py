@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.domain.model import IN_SERVICE, Job, Node, NodeRole, NodeState
-from shared.goodput_live import JobAccounting
+from shared.goodput import JobAccounting
 from shared.policies.repair import RepairConfig
 from shared.timeline import describe, is_routine
 from shared.views import iso
@@ -111,7 +111,7 @@ def _seconds(by: Mapping[str, float]) -> dict[str, float]:
 
 def job_row(job: Job, acct: JobAccounting, goodput: Any | None) -> dict[str, Any]:
     """A job with its attempts, checkpoints, lost work and (when accounted) the three goodputs
-    and badput by cause (``goodput``: simulator.goodput_totals.JobGoodput)."""
+    and badput by cause (``goodput``: shared.goodput.JobGoodput)."""
     latest = job.latest_checkpoint
     row: dict[str, Any] = {
         "id": job.job_id, "displayName": job.spec.display_name, "state": job.state.value,

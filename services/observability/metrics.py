@@ -33,16 +33,17 @@ from shared.adapters.docstore import JOBS, NODES, DocEventLog, EventCursor
 from shared.adapters.outbox import OUTBOX
 from shared.adapters.outbox_bus import DEAD_LETTERS
 from shared.domain.model import Node, NodeState
-from shared.goodput_live import job_accounting
+from shared.goodput import job_accounting
 from shared.ports import Clock, DocStore, EventLog
 
 BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 MAX_GOODPUT_JOBS = 200  # goodput gauges for the newest jobs only: bounded cardinality
 PENDING_HORIZON_S = 24 * 3600.0  # a fault never followed by a drain is forgotten after this
 _DRAIN_TYPES = ("mtc.node.draining.v1", "mtc.node.drained.v1", "mtc.node.repair_started.v1")
-_GOODPUT_TYPES = frozenset({"mtc.job.started.v1", "mtc.node.draining.v1",
-                            "mtc.job.interrupt_requested.v1", "mtc.job.checkpoint_saved.v1",
-                            "mtc.job.workers_exited.v1", "mtc.job.finished.v1"})
+_GOODPUT_TYPES = frozenset({"mtc.job.submitted.v1", "mtc.job.requeued.v1", "mtc.job.started.v1",
+                            "mtc.node.draining.v1", "mtc.job.interrupt_requested.v1",
+                            "mtc.job.checkpoint_saved.v1", "mtc.job.workers_exited.v1",
+                            "mtc.job.finished.v1"})
 
 
 @dataclass

@@ -357,6 +357,7 @@ class JobCheckpointSaved(Event):
     step: int
     path: str
     saved_at: float
+    save_s: float = 0.0  # how long the save blocked training, as measured (0: not measured)
 
 
 @register

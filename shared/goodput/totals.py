@@ -11,7 +11,7 @@ The badput category names follow ``BadputType`` of Google's calculator, ml-goodp
 ETTR, the effective training time ratio, is Meta's (Kokolis et al., "Revisiting Reliability in
 Large-Scale Machine Learning Research Clusters", arXiv:2410.21680, 2024).
 
-How a log becomes these totals is :mod:`simulator.goodput`.
+How a log becomes these totals is :mod:`shared.goodput.accounting`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ class JobParams:
     checkpoint_interval_s: float = 1800.0
     nodes: int = 1
     all_checkpoints: bool = False  # every checkpoint is logged (else only the newest ones)
+    # each attempt's startup (+ restore) measured from its first checkpoint, not the nominal
+    # figure: the live system knows no nominal figure, and a slow restart shows up as such
+    measure_startup: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="sim_command", required=True, metavar="{run,sweep}")
+    sub = parser.add_subparsers(dest="sim_command", required=True, metavar="{run,sweep,fit,plan-spares}")
     run = sub.add_parser("run", help="one seeded run: goodput table and a timeline plot")
     _common(run)
     run.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
@@ -48,6 +48,15 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument("--processes", type=int, default=None,
                        help="worker processes (default: every core)")
     sweep.set_defaults(func=cmd_sweep, fn=cmd_sweep)
+
+    fit = sub.add_parser("fit", help="a scenario estimated from a recorded event history")
+    fit.add_argument("events", type=Path, help="state dir / mtc.db, Firestore export JSON, or "
+                                               "events.jsonl (mtc sim run --events)")
+    fit.add_argument("-o", "--output", type=Path, required=True, help="scenario YAML to write")
+    fit.add_argument("--heartbeat-timeout", type=float, default=60.0,
+                     help="the control plane's heartbeat timeout, s (detection delays)")
+    fit.add_argument("--json", action="store_true", help="print the estimates as JSON")
+    fit.set_defaults(func=cmd_fit, fn=cmd_fit)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -158,6 +167,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     console.print(table)
     for path in paths:
         console.print(f"wrote {path}")
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    import yaml
+    from rich.console import Console
+
+    from simulator import fit, history
+
+    console = Console(stderr=args.json)
+    try:
+        result = fit.fit(history.load_events(args.events),
+                         heartbeat_timeout_s=args.heartbeat_timeout)
+    except ValueError as exc:  # HistoryError too
+        console.print(f"[red]cannot fit[/red] {exc}")
+        return 2
+    raw = fit.to_scenario(result, name=args.output.stem, source=str(args.events))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(yaml.safe_dump(raw, sort_keys=False))
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1))
+    else:
+        for line in fit.summary_lines(result):
+            console.print(line, highlight=False, markup=False)
+    console.print(f"wrote {args.output} (mtc sim run {args.output})")
     return 0
 
 

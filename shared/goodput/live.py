@@ -26,7 +26,7 @@ from typing import Any
 from shared.goodput.accounting import T_CKPT, T_FINISHED, T_STARTED, T_SUBMITTED, account
 from shared.goodput.totals import Badput, JobGoodput, JobParams
 
-__all__ = ["JobAccounting", "infer_params", "job_accounting", "save_costs", "step_time"]
+__all__ = ["JobAccounting", "infer_params", "job_accounting", "pace", "save_costs", "step_time"]
 
 # badput that is not the cost of a disruption: the first start, periodic saves, slowness
 _ROUTINE_CAUSES = frozenset({"initial_start", "checkpointing", "slow_program"})
@@ -78,15 +78,21 @@ def save_costs(docs: Iterable[Mapping[str, Any]], job_id: str) -> list[float]:
     return [c[3] for c in _ckpts(docs, job_id) if c[3] > 0]
 
 
-def step_time(docs: Iterable[Mapping[str, Any]], job_id: str, save_s: float = 0.0) -> float:
+def pace(docs: Iterable[Mapping[str, Any]], job_id: str, save_s: float = 0.0) -> float | None:
     """Seconds per step between two consecutive checkpoints of one attempt, the save taken
-    out; the stretch with the most steps wins (1.0 without two checkpoints in an attempt)."""
+    out; the stretch with the most steps wins (None without two checkpoints in an attempt)."""
     best = (0.0, 0)
     ckpts = _ckpts(docs, job_id)
     for (a0, t0, s0, _), (a1, t1, s1, _) in itertools.pairwise(ckpts):
         if a0 == a1 and s1 > s0 and t1 - t0 > save_s and s1 - s0 > best[1]:
             best = (t1 - t0 - save_s, s1 - s0)
-    return best[0] / best[1] if best[1] else 1.0
+    return best[0] / best[1] if best[1] else None
+
+
+def step_time(docs: Iterable[Mapping[str, Any]], job_id: str, save_s: float = 0.0) -> float:
+    """:func:`pace`, or 1.0 s when the log cannot tell (then only the ETTR is right)."""
+    measured = pace(docs, job_id, save_s)
+    return 1.0 if measured is None else measured
 
 
 def infer_params(docs: Sequence[Mapping[str, Any]], job_id: str, nodes: int = 1) -> JobParams:

@@ -1,0 +1,470 @@
+"""``mtc sim fit``: a scenario the twin runs, estimated from a recorded event history.
+
+What is estimated, from the rows of :mod:`simulator.history`:
+
+- per-cause failure rates, per node-day, with exact Poisson intervals (the Gamma quantiles of
+  Garwood, "Fiducial limits for the Poisson distribution", Biometrika 28, 1936). A fault is
+  either a node's health report turning a condition TRUE (its ``cause`` detail names it, else
+  the failure mode triage diagnosed) over the node-days the fleet was up, or, for causes with
+  no signal, an attempt's crash (``cause=`` in the exit detail) over the node-days jobs ran;
+- each cause's signal (the first report's condition) and true fix (the last repair action
+  before the node returned to service, ``replace`` when it was retired);
+- repair durations per action (lognormal: median and sigma of the logs) and the chance the
+  action itself failed (``ok=false``, except a node that "did not come back": that fault needed
+  a higher rung; Wilson score interval);
+- detection delays per signal kind (report time less the fault's ``since``; a lost heartbeat
+  less the heartbeat timeout);
+- the fleet (nodes, the job's nodes, spares) and each job's figures, measured as the live
+  goodput accounting measures them (``shared.goodput.infer_params``).
+
+Not estimated (left at the twin's defaults, said in the scenario's description): lemons, the
+diurnal slowdown, stragglers, planned restarts, the bus. Pure over the rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.goodput import infer_params
+from shared.goodput.live import pace
+
+__all__ = ["CauseFit", "Fit", "Interval", "RepairFit", "fit", "gamma_quantile",
+           "poisson_interval", "summary_lines", "to_scenario", "wilson_interval"]
+
+DAY_S = 86_400.0
+OPERATOR_TYPES = frozenset({"DrainedByOperator", "ResumedByOperator", "SlowSpeedCheck"})
+DETECTION_OF = {"XidError": "xid", "EccUncorrectable": "ecc", "RowRemapFailure": "ecc",
+                "DcgmDiagFailed": "dcgm", "DiskPressure": "disk", "ThermalThrottling": "thermal",
+                "HeartbeatLost": "heartbeat"}
+ACTIONS = ("reset_gpu", "reboot", "reimage", "replace")
+_TOKEN = re.compile(r"(\w+)=(\S+)")
+NOT_BACK = "did not come back"  # a repair's detail when the fault needed a higher rung
+
+
+# ---------------------------------------------------------------- intervals
+
+
+def _lower_gamma_p(a: float, x: float) -> float:
+    """The regularized lower incomplete gamma function P(a, x) (series, or Lentz's continued
+    fraction for the complement; Numerical Recipes 6.2)."""
+    if x <= 0:
+        return 0.0
+    log_front = -x + a * math.log(x) - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        n = a
+        for _ in range(10_000):
+            n += 1
+            term *= x / n
+            total += term
+            if abs(term) < abs(total) * 1e-15:
+                break
+        return total * math.exp(log_front)
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-15:
+            break
+    return 1.0 - math.exp(log_front) * h
+
+
+def gamma_quantile(q: float, shape: float) -> float:
+    """x with P(shape, x) = q (unit scale), by bisection: exact to 1e-12 relative."""
+    if not 0 < q < 1 or shape <= 0:
+        raise ValueError("need 0 < q < 1 and shape > 0")
+    lo, hi = 0.0, max(1.0, shape)
+    while _lower_gamma_p(shape, hi) < q:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if _lower_gamma_p(shape, mid) < q:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float
+    low: float
+    high: float
+
+    def __contains__(self, x: object) -> bool:
+        return isinstance(x, int | float) and self.low <= x <= self.high
+
+    def as_dict(self) -> dict[str, float]:
+        return {"value": self.value, "low": self.low, "high": self.high}
+
+
+def poisson_interval(count: int, exposure: float, confidence: float = 0.95) -> Interval:
+    """The rate ``count / exposure`` with its exact (Garwood) interval."""
+    if exposure <= 0:
+        raise ValueError("exposure must be positive")
+    alpha = 1 - confidence
+    low = gamma_quantile(alpha / 2, count) / exposure if count > 0 else 0.0
+    high = gamma_quantile(1 - alpha / 2, count + 1) / exposure
+    return Interval(count / exposure, low, high)
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Interval:
+    """A proportion with its Wilson score interval (z for ``confidence``, two-sided)."""
+    if n == 0:
+        return Interval(0.0, 0.0, 1.0)
+    z = statistics.NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+
+
+# ---------------------------------------------------------------- the fit
+
+
+@dataclass(frozen=True)
+class CauseFit:
+    name: str
+    count: int
+    exposure_node_days: float
+    per_node_day: Interval
+    observed: str  # health (a report) | exit (only a crash shows it)
+    signal: Mapping[str, Any]
+    fix: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class RepairFit:
+    action: str
+    count: int
+    median_s: float
+    sigma: float
+    failure: Interval
+
+
+@dataclass(frozen=True)
+class Fit:
+    window_s: float
+    nodes: int
+    job_nodes: int
+    node_days: float
+    job_node_days: float
+    causes: tuple[CauseFit, ...]
+    repairs: tuple[RepairFit, ...]
+    detection: Mapping[str, tuple[int, float, float]]  # kind -> (count, median s, sigma)
+    jobs: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def cause(self, name: str) -> CauseFit:
+        return next(c for c in self.causes if c.name == name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "window_s": self.window_s, "nodes": self.nodes, "job_nodes": self.job_nodes,
+            "node_days": self.node_days, "job_node_days": self.job_node_days,
+            "causes": {c.name: {"count": c.count, "observed": c.observed,
+                                "per_1000_node_days": {k: v * 1000 for k, v in
+                                                       c.per_node_day.as_dict().items()},
+                                "fix": dict(c.fix)} for c in self.causes},
+            "repairs": {r.action: {"count": r.count, "median_s": r.median_s, "sigma": r.sigma,
+                                   "failure": r.failure.as_dict()} for r in self.repairs},
+            "detection": {k: {"count": n, "median_s": m, "sigma": s}
+                          for k, (n, m, s) in self.detection.items()},
+            "jobs": {k: dict(v) for k, v in self.jobs.items()},
+        }
+
+
+def _lognormal(values: Sequence[float]) -> tuple[float, float]:
+    logs = [math.log(max(v, 1e-6)) for v in values]
+    sigma = statistics.pstdev(logs) if len(logs) > 1 else 0.0
+    return math.exp(statistics.fmean(logs)), sigma
+
+
+def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0) -> Fit:
+    """Estimate failure, repair, detection and fleet figures from ``rows`` (time order)."""
+    if not rows:
+        raise ValueError("the history is empty")
+    ready = next((float(r["time"]) for r in rows if r["type"] == "mtc.cluster.ready.v1"), None)
+    start = ready if ready is not None else float(rows[0]["time"])
+    end = float(rows[-1]["time"])
+    if end <= start:
+        raise ValueError("the history spans no time after the cluster was ready")
+    up_from: dict[str, float] = {}
+    retired: dict[str, float] = {}
+    replaced_at: dict[str, float] = {}  # replacement node -> when the old one was retired
+    faults: list[tuple[float, str, str, str, Mapping[str, Any]]] = []  # since, node, cause..
+    seen_faults: set[tuple[str, float]] = set()
+    delays: dict[str, list[float]] = defaultdict(list)
+    diagnosed: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    node_events: dict[str, list[tuple[float, str, str]]] = defaultdict(list)
+    repair_open: dict[tuple[str, int], tuple[float, str]] = {}
+    repair_runs: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    attempts: dict[tuple[str, int], tuple[float, tuple[str, ...]]] = {}
+    crashes: list[tuple[float, tuple[str, ...], str, float]] = []  # crash, nodes, cause, start
+    job_node_s = 0.0
+    reported: set[str] = set()
+    for r in rows:
+        t, d, type_ = float(r["time"]), r["data"], r["type"]
+        node = str(d.get("node_id", ""))
+        if type_ == "mtc.node.provisioned.v1" and d.get("ok", True):
+            up_from.setdefault(node, t)
+            if node in replaced_at:
+                repair_runs["replace"].append((t - replaced_at.pop(node), True))
+        elif type_ == "mtc.node.retired.v1":
+            retired.setdefault(node, t)
+            node_events[node].append((t, "retired", ""))
+            if d.get("replacement_id"):
+                replaced_at[str(d["replacement_id"])] = t
+        elif type_ == "mtc.node.health_reported.v1":
+            up_from.setdefault(node, start)
+            reported.add(node)
+            for c in d.get("conditions") or ():
+                ctype = str(c.get("type"))
+                if c.get("status") != "true" or ctype in OPERATOR_TYPES:
+                    continue
+                details = c.get("details") or {}
+                observed = float(d.get("observed_at", t))
+                since = float(c.get("since", t))
+                kind = DETECTION_OF.get(ctype)
+                delay = observed - since
+                if kind == "heartbeat":  # its since is the report's; the silence says more
+                    silent = float(details.get("silent_for_s", 0.0))
+                    since, delay = observed - silent, silent - heartbeat_timeout_s
+                key = (node, round(since, 3))
+                if key in seen_faults:
+                    continue  # the same fault reported again (or a second condition of it)
+                seen_faults.add(key)
+                if kind is not None:
+                    delays[kind].append(max(0.0, delay))
+                faults.append((since, node, str(details.get("cause") or ""), ctype, details))
+        elif type_ == "mtc.node.diagnosed.v1":
+            diagnosed[node].append((t, str(d.get("failure_mode", ""))))
+        elif type_ == "mtc.node.repair_started.v1":
+            repair_open[(node, int(d["attempt"]))] = (t, str(d["action"]))
+            node_events[node].append((t, "repair", str(d["action"])))
+        elif type_ == "mtc.node.repair_completed.v1":
+            opened = repair_open.pop((node, int(d["attempt"])), None)
+            # a node that does not come back needed a higher rung: the action did not fail
+            mechanical = not d.get("ok") and NOT_BACK not in str(d.get("detail", ""))
+            if mechanical:
+                node_events[node].append((t, "failed", str(d["action"])))
+            if opened is not None:
+                repair_runs[opened[1]].append((t - opened[0], not mechanical))
+        elif type_ == "mtc.node.returned_to_service.v1":
+            node_events[node].append((t, "returned", ""))
+        elif type_ == "mtc.job.started.v1":
+            attempts[(str(d["job_id"]), int(d["attempt"]))] = (t, tuple(d.get("node_ids", ())))
+        elif type_ == "mtc.job.workers_exited.v1":
+            began = attempts.get((str(d["job_id"]), int(d["attempt"])))
+            if began is not None:
+                job_node_s += (t - began[0]) * len(began[1])
+                tokens = dict(_TOKEN.findall(str(d.get("detail", ""))))
+                if int(d.get("exit_code", 0)) not in (0, 75) and "cause" in tokens:
+                    at = float(tokens.get("crashed_at", t))
+                    crashes.append((at, began[1], tokens["cause"], began[0]))
+    for (job_id, _), (t0, nodes) in attempts.items():  # attempts still running at the end
+        if not any(r["type"] == "mtc.job.workers_exited.v1" and r["data"]["job_id"] == job_id
+                   and float(r["time"]) >= t0 for r in rows):
+            job_node_s += (end - t0) * len(nodes)
+    # the fleet: nodes that reported health or ran a job (a login node does neither)
+    fleet = reported | {n for _, nodes in attempts.values() for n in nodes}
+    up_from = {n: t for n, t in up_from.items() if n in fleet}
+    node_s = sum(max(0.0, retired.get(n, end) - max(start, t)) for n, t in up_from.items())
+    initial = [n for n, t in up_from.items() if t <= start]
+    first_job = next((r["data"] for r in rows if r["type"] == "mtc.job.started.v1"), None)
+    job_nodes = len(first_job.get("node_ids", ())) if first_job else 0
+    by_cause: dict[str, list[tuple[float, str, str, Mapping[str, Any]]]] = defaultdict(list)
+    for since, node, cause, ctype, details in faults:
+        name = cause or _mode_after(diagnosed[node], since) or ctype
+        by_cause[name].append((since, node, ctype, details))
+    exit_only: dict[str, int] = defaultdict(int)
+    for at, nodes, cause, began in crashes:
+        if cause in by_cause and any(n in nodes and abs(s - at) < 1.0
+                                     for s, n, _, _ in by_cause[cause]):
+            continue  # the same fault, already counted from its report
+        if not any(n in nodes and began <= s <= at + 1.0
+                   for fs in by_cause.values() for s, n, _, _ in fs):
+            exit_only[cause] += 1
+    node_days, job_node_days = node_s / DAY_S, max(job_node_s / DAY_S, 1e-9)
+    causes = [CauseFit(name, len(fs), node_days, poisson_interval(len(fs), node_days), "health",
+                       _signal(fs[0][2], fs[0][3]), _fixes(fs, node_events))
+              for name, fs in sorted(by_cause.items())]
+    causes += [CauseFit(name, n, job_node_days, poisson_interval(n, job_node_days), "exit", {},
+                        {"none": 1.0}) for name, n in sorted(exit_only.items())
+               if name not in by_cause]
+    repairs = []
+    for action in ACTIONS:
+        runs = repair_runs.get(action, [])
+        if runs:
+            median, sigma = _lognormal([s for s, _ in runs])
+            fails = sum(1 for _, ok in runs if not ok)
+            repairs.append(RepairFit(action, len(runs), median, sigma,
+                                     wilson_interval(fails, len(runs))))
+    # a delay of 0 is a report sent as the fault happened (a launch on a broken node): it says
+    # nothing of the detection delay
+    detection = {k: (len(pos), *_lognormal(pos)) for k, v in sorted(delays.items())
+                 if (pos := [x for x in v if x > 0])}
+    jobs: dict[str, dict[str, float]] = {}
+    for job_id in sorted({k for k, _ in attempts}):
+        p = infer_params(rows, job_id, job_nodes)
+        jobs[job_id] = {"nodes": float(p.nodes)}
+        if pace(rows, job_id, p.checkpoint_save_s) is None:
+            continue  # fewer than two checkpoints in any attempt: the pace is unknown
+        gaps = _checkpoint_gaps(rows, job_id)
+        jobs[job_id].update(step_time_s=p.step_time_s, checkpoint_save_s=p.checkpoint_save_s,
+                            startup_s=p.startup_s,
+                            checkpoint_interval_s=statistics.median(gaps) - p.checkpoint_save_s)
+    return Fit(end - start, len(initial), job_nodes, node_days, job_node_days, tuple(causes),
+               tuple(repairs), detection, jobs)
+
+
+def _mode_after(diagnoses: list[tuple[float, str]], since: float) -> str:
+    return next((mode for t, mode in diagnoses if t >= since), "")
+
+
+def _checkpoint_gaps(rows: Sequence[Mapping[str, Any]], job_id: str) -> list[float]:
+    points = [(int(r["data"]["attempt"]), float(r["data"].get("saved_at", r["time"])))
+              for r in rows if r["type"] == "mtc.job.checkpoint_saved.v1"
+              and r["data"].get("job_id") == job_id]
+    return [t1 - t0 for (a0, t0), (a1, t1) in itertools.pairwise(points)
+            if a0 == a1 and t1 > t0]
+
+
+def _signal(ctype: str, details: Mapping[str, Any]) -> dict[str, Any]:
+    """The scenario ``signal`` that makes the twin report what the history reported."""
+    if ctype == "XidError":
+        return {"xid": [int(x) for x in details.get("xids", [])] or [79]}
+    if ctype == "EccUncorrectable":
+        return {"ecc_dbe": int(details.get("volatile_dbe", 1) or 1)}
+    if ctype == "RowRemapFailure":
+        return {"row_remap_failure": True}
+    if ctype == "DcgmDiagFailed":
+        return {"dcgm_level": int(details.get("level", 3))}
+    if ctype == "DiskPressure":
+        return {"disk_used": float(details.get("used_fraction", 0.99))}
+    if ctype == "ThermalThrottling":
+        return {"thermal_c": float(details.get("temperature_c", 95.0))}
+    return {"heartbeat_lost": True}
+
+
+def _fixes(faults: Sequence[tuple[float, str, str, Mapping[str, Any]]],
+           node_events: Mapping[str, list[tuple[float, str, str]]]) -> dict[str, float]:
+    """How often each action was the one that fixed the node: the last before it returned.
+    A chain in which a repair itself failed (``ok=false``) escalated for that reason, not for
+    the fault's: it is left out (censored) unless every chain is such."""
+    counts: dict[str, int] = defaultdict(int)
+    censored: dict[str, int] = defaultdict(int)
+    for since, node, _, _ in faults:
+        last, broken = "none", False
+        for t, kind, action in node_events.get(node, []):
+            if t < since:
+                continue
+            if kind == "repair":
+                last = action
+            elif kind == "failed":
+                broken = True
+            elif kind == "retired":
+                last = "replace"
+                break
+            elif kind == "returned":
+                break
+        (censored if broken else counts)[last] += 1
+    counts = counts or censored
+    total = sum(counts.values())
+    return {k: round(v / total, 4) for k, v in sorted(counts.items())}
+
+
+def summary_lines(f: Fit) -> list[str]:
+    """The estimates as plain lines (one fact a line: nothing to cut on a narrow terminal)."""
+    out = [f"{f.nodes} nodes ({f.job_nodes} in the job) over {f.window_s / DAY_S:.2f} days: "
+           f"{f.node_days:.1f} node-days up, {f.job_node_days:.1f} in jobs"]
+    out.append("failure rates per 1000 node-days (95% exact Poisson interval):")
+    for c in f.causes:
+        r = c.per_node_day
+        fixes = ", ".join(f"{k} {v:.0%}" for k, v in c.fix.items())
+        out.append(f"  {c.name}: {r.value * 1e3:.2f} [{r.low * 1e3:.2f}, {r.high * 1e3:.2f}]"
+                   f"  n={c.count} ({c.observed}); fixed by {fixes}")
+    out.append("repairs (lognormal median, sigma; chance the action fails, 95% Wilson):")
+    for rep in f.repairs:
+        out.append(f"  {rep.action}: n={rep.count} median {rep.median_s:.0f} s sigma "
+                   f"{rep.sigma:.2f}; fails {rep.failure.value:.1%} "
+                   f"[{rep.failure.low:.1%}, {rep.failure.high:.1%}]")
+    out.append("detection delays (report time less the fault's since):")
+    for kind, (n, median, sigma) in f.detection.items():
+        out.append(f"  {kind}: n={n} median {median:.1f} s sigma {sigma:.2f}")
+    for job_id, j in f.jobs.items():
+        if "step_time_s" not in j:
+            out.append(f"job {job_id}: {j['nodes']:.0f} nodes; pace unknown (no two checkpoints"
+                       " in one attempt): the twin's defaults")
+            continue
+        out.append(f"job {job_id}: step {j['step_time_s']:.3f} s, checkpoint every "
+                   f"{j['checkpoint_interval_s']:.0f} s, save {j['checkpoint_save_s']:.1f} s, "
+                   f"startup {j['startup_s']:.0f} s")
+    return out
+
+
+# ---------------------------------------------------------------- the scenario
+
+
+def _dist(median: float, sigma: float) -> Any:
+    return round(median, 3) if sigma < 1e-6 else {"median": round(median, 3),
+                                                  "sigma": round(sigma, 4)}
+
+
+def to_scenario(f: Fit, *, name: str = "fitted", source: str = "") -> dict[str, Any]:
+    """The fit as a scenario (``simulator/scenario.py`` format), ready for YAML."""
+    jobs = []
+    for job_id, j in f.jobs.items():
+        body: dict[str, Any] = {
+            "name": re.sub(r"[^a-z0-9-]", "-", job_id.lower()).strip("-") or "job",
+            "nodes": max(1, int(j["nodes"]))}
+        if "step_time_s" in j:  # measured; else the twin's defaults
+            step = max(j["step_time_s"], 1e-3)
+            body.update({"step_time": round(step, 4),
+                         "checkpoint_interval": round(max(j["checkpoint_interval_s"], step), 3),
+                         "checkpoint_save": round(j["checkpoint_save_s"], 3),
+                         "startup": round(j["startup_s"], 3)})
+        jobs.append(body)
+    causes: dict[str, Any] = {}
+    for c in f.causes:
+        body: dict[str, Any] = {"per_1000_node_days": round(c.per_node_day.value * 1000, 6)}
+        body["signal"] = dict(c.signal) if c.signal else "none"
+        fix = {k: v for k, v in c.fix.items() if v > 0}
+        body["fix"] = next(iter(fix)) if len(fix) == 1 else fix
+        causes[re.sub(r"\W", "_", c.name)] = body
+    detection = {k: _dist(m, s) for k, (_, m, s) in f.detection.items()}
+    repair = {"durations": {r.action: _dist(r.median_s, r.sigma) for r in f.repairs},
+              "mechanical_failure": {r.action: round(r.failure.value, 4) for r in f.repairs}}
+    job_nodes = max([j["nodes"] for j in jobs], default=f.job_nodes or f.nodes)
+    return {
+        "name": name,
+        "description": f"Fitted by mtc sim fit from {source or 'an event history'}: "
+                       f"{f.nodes} nodes over {f.window_s / DAY_S:.2f} days, "
+                       f"{sum(c.count for c in f.causes)} faults. Not fitted (defaults): "
+                       "lemons, diurnal slowdown, stragglers, planned restarts, the bus.",
+        "duration": round(f.window_s, 3),
+        "cluster": {"partitions": [{"name": "train", "nodes": int(job_nodes),
+                                    "spares": max(0, f.nodes - int(job_nodes))}]},
+        "jobs": jobs or [{"nodes": int(job_nodes)}],
+        "failures": {"causes": causes},
+        "repair": repair,
+        "detection": detection,
+    }

@@ -25,6 +25,59 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``replay`` (a recorded history through a candidate policy) to the ``mtc`` CLI."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "replay", help="a recorded event history through a candidate triage table and repair "
+                       "configuration: what would have been decided differently",
+        description="Replay a recorded event history through a candidate policy.")
+    p.add_argument("events", type=Path, help="state dir / mtc.db, Firestore export JSON, or "
+                                             "events.jsonl (mtc sim run --events)")
+    p.add_argument("--policy", type=Path, required=True, metavar="DIR",
+                   help="the candidate: a directory with triage_table*.yaml (and repair.yaml)")
+    p.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                   help="the policy to compare with (default: the packaged one)")
+    p.add_argument("--twin", action="store_true",
+                   help="also run the twin on a scenario fitted to the history under both "
+                        "policies and report the goodput difference")
+    p.add_argument("--replications", type=int, default=5, help="twin replications (--twin)")
+    p.add_argument("--seed", type=int, default=1, help="seed of twin replication 0")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=cmd_replay, fn=cmd_replay)
+    return p
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from simulator import fit, history, replay
+
+    console = Console(stderr=args.json)
+    try:
+        rows = history.load_events(args.events)
+        candidate = replay.load_policy(args.policy)
+        baseline = replay.load_policy(args.baseline, name="baseline")
+        if candidate.name == baseline.name:
+            candidate = replay.load_policy(args.policy, name=f"{candidate.name}-candidate")
+        if args.replications < 2:
+            raise replay.PolicyError("--replications must be at least 2 (an interval)")
+        durations = {r.action: r.median_s for r in fit.fit(rows).repairs} if rows else {}
+        result = replay.replay(rows, candidate, baseline, durations)
+        if args.twin:
+            with console.status("the twin, under both policies..."):
+                result.twin = replay.twin_diff(rows, candidate, baseline,
+                                               replications=args.replications, seed=args.seed)
+    except ValueError as exc:  # HistoryError, PolicyError, an empty history
+        console.print(f"[red]cannot replay[/red] {exc}")
+        return 2
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1))
+    else:
+        for line in result.lines():
+            console.print(line, highlight=False, markup=False)
+    return 0
+
+
 def add_commands(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="sim_command", required=True, metavar="{run,sweep,fit,plan-spares}")
     run = sub.add_parser("run", help="one seeded run: goodput table and a timeline plot")

@@ -7,8 +7,9 @@ What is estimated, from the rows of :mod:`simulator.history`:
   either a node's health report turning a condition TRUE (its ``cause`` detail names it, else
   the failure mode triage diagnosed) over the node-days the fleet was up, or, for causes with
   no signal, an attempt's crash (``cause=`` in the exit detail) over the node-days jobs ran;
-- each cause's signal (the first report's condition) and true fix (the last repair action
-  before the node returned to service, ``replace`` when it was retired);
+- each cause's signal (the first report's condition), true fix (the last repair action
+  before the node returned to service, ``replace`` when it was retired) and whether it kills
+  the job it hits (the attempt crashed soon after most of its faults on a job's node);
 - repair durations per action (lognormal: median and sigma of the logs) and the chance the
   action itself failed (``ok=false``, except a node that "did not come back": that fault needed
   a higher rung; Wilson score interval);
@@ -150,6 +151,7 @@ class CauseFit:
     observed: str  # health (a report) | exit (only a crash shows it)
     signal: Mapping[str, Any]
     fix: Mapping[str, float]
+    kills_job: bool = True
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,8 @@ class Fit:
             "causes": {c.name: {"count": c.count, "observed": c.observed,
                                 "per_1000_node_days": {k: v * 1000 for k, v in
                                                        c.per_node_day.as_dict().items()},
-                                "fix": dict(c.fix)} for c in self.causes},
+                                "fix": dict(c.fix), "kills_job": c.kills_job}
+                       for c in self.causes},
             "repairs": {r.action: {"count": r.count, "median_s": r.median_s, "sigma": r.sigma,
                                    "failure": r.failure.as_dict()} for r in self.repairs},
             "detection": {k: {"count": n, "median_s": m, "sigma": s}
@@ -221,6 +224,7 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
     crashes: list[tuple[float, tuple[str, ...], str, float]] = []  # crash, nodes, cause, start
     job_node_s = 0.0
     reported: set[str] = set()
+    ended: list[tuple[float, float, frozenset[str], int]] = []  # start, exit, nodes, code
     for r in rows:
         t, d, type_ = float(r["time"]), r["data"], r["type"]
         node = str(d.get("node_id", ""))
@@ -275,15 +279,17 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
         elif type_ == "mtc.job.workers_exited.v1":
             began = attempts.get((str(d["job_id"]), int(d["attempt"])))
             if began is not None:
+                ended.append((began[0], t, frozenset(began[1]), int(d.get("exit_code", 0))))
                 job_node_s += (t - began[0]) * len(began[1])
                 tokens = dict(_TOKEN.findall(str(d.get("detail", ""))))
                 if int(d.get("exit_code", 0)) not in (0, 75) and "cause" in tokens:
                     at = float(tokens.get("crashed_at", t))
                     crashes.append((at, began[1], tokens["cause"], began[0]))
-    for (job_id, _), (t0, nodes) in attempts.items():  # attempts still running at the end
-        if not any(r["type"] == "mtc.job.workers_exited.v1" and r["data"]["job_id"] == job_id
-                   and float(r["time"]) >= t0 for r in rows):
+    finished = {(t0, nodes) for t0, _, nodes, _ in ended}
+    for t0, nodes in attempts.values():  # attempts still running at the end
+        if (t0, frozenset(nodes)) not in finished:
             job_node_s += (end - t0) * len(nodes)
+            ended.append((t0, end, frozenset(nodes), 0))
     # the fleet: nodes that reported health or ran a job (a login node does neither)
     fleet = reported | {n for _, nodes in attempts.values() for n in nodes}
     up_from = {n: t for n, t in up_from.items() if n in fleet}
@@ -295,17 +301,21 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
     for since, node, cause, ctype, details in faults:
         name = cause or _mode_after(diagnosed[node], since) or ctype
         by_cause[name].append((since, node, ctype, details))
+    fault_times: dict[str, list[float]] = defaultdict(list)
+    for since, node, _, _, _ in faults:
+        fault_times[node].append(since)
     exit_only: dict[str, int] = defaultdict(int)
-    for at, nodes, cause, began in crashes:
+    for at, nodes, cause, attempt_start in crashes:
         if cause in by_cause and any(n in nodes and abs(s - at) < 1.0
                                      for s, n, _, _ in by_cause[cause]):
             continue  # the same fault, already counted from its report
-        if not any(n in nodes and began <= s <= at + 1.0
+        if not any(n in nodes and attempt_start <= s <= at + 1.0
                    for fs in by_cause.values() for s, n, _, _ in fs):
             exit_only[cause] += 1
     node_days, job_node_days = node_s / DAY_S, max(job_node_s / DAY_S, 1e-9)
     causes = [CauseFit(name, len(fs), node_days, poisson_interval(len(fs), node_days), "health",
-                       _signal(fs[0][2], fs[0][3]), _fixes(fs, node_events))
+                       _signal(fs[0][2], fs[0][3]), _fixes(fs, node_events, fault_times),
+                       _kills(fs, ended))
               for name, fs in sorted(by_cause.items())]
     causes += [CauseFit(name, n, job_node_days, poisson_interval(n, job_node_days), "exit", {},
                         {"none": 1.0}) for name, n in sorted(exit_only.items())
@@ -334,6 +344,24 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                             checkpoint_interval_s=statistics.median(gaps) - p.checkpoint_save_s)
     return Fit(end - start, len(initial), job_nodes, node_days, job_node_days, tuple(causes),
                tuple(repairs), detection, jobs)
+
+
+KILL_WINDOW_S = 900.0  # a fault that kills a job makes it crash within this (NCCL watchdog)
+
+
+def _kills(faults: Sequence[tuple[float, str, str, Mapping[str, Any]]],
+           ended: Sequence[tuple[float, float, frozenset[str], int]]) -> bool:
+    """Whether the cause kills the job it hits: most of its faults on a running attempt's
+    node were followed by that attempt crashing (True when none hit a job: the default)."""
+    hit = killed = 0
+    for since, node, _, _ in faults:
+        running = [(t1, code) for t0, t1, nodes, code in ended
+                   if node in nodes and t0 <= since <= t1]
+        if running:
+            hit += 1
+            t1, code = running[0]
+            killed += code not in (0, 75) and t1 - since <= KILL_WINDOW_S
+    return hit == 0 or killed * 2 >= hit
 
 
 def _mode_after(diagnoses: list[tuple[float, str]], since: float) -> str:
@@ -366,7 +394,8 @@ def _signal(ctype: str, details: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _fixes(faults: Sequence[tuple[float, str, str, Mapping[str, Any]]],
-           node_events: Mapping[str, list[tuple[float, str, str]]]) -> dict[str, float]:
+           node_events: Mapping[str, list[tuple[float, str, str]]],
+           fault_times: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """How often each action was the one that fixed the node: the last before it returned.
     A chain in which a repair itself failed (``ok=false``) escalated for that reason, not for
     the fault's: it is left out (censored) unless every chain is such."""
@@ -374,9 +403,12 @@ def _fixes(faults: Sequence[tuple[float, str, str, Mapping[str, Any]]],
     censored: dict[str, int] = defaultdict(int)
     for since, node, _, _ in faults:
         last, broken = "none", False
+        later = min((t for t in fault_times.get(node, ()) if t > since), default=math.inf)
         for t, kind, action in node_events.get(node, []):
             if t < since:
                 continue
+            if last == "none" and t >= later:
+                break  # another fault came before any repair: this one needed none
             if kind == "repair":
                 last = action
             elif kind == "failed":
@@ -445,11 +477,13 @@ def to_scenario(f: Fit, *, name: str = "fitted", source: str = "") -> dict[str, 
         jobs.append(body)
     causes: dict[str, Any] = {}
     for c in f.causes:
-        body: dict[str, Any] = {"per_1000_node_days": round(c.per_node_day.value * 1000, 6)}
-        body["signal"] = dict(c.signal) if c.signal else "none"
+        spec: dict[str, Any] = {"per_1000_node_days": round(c.per_node_day.value * 1000, 6)}
+        spec["signal"] = dict(c.signal) if c.signal else "none"
         fix = {k: v for k, v in c.fix.items() if v > 0}
-        body["fix"] = next(iter(fix)) if len(fix) == 1 else fix
-        causes[re.sub(r"\W", "_", c.name)] = body
+        spec["fix"] = next(iter(fix)) if len(fix) == 1 else fix
+        if not c.kills_job:
+            spec["kills_job"] = False
+        causes[re.sub(r"\W", "_", c.name)] = spec
     detection = {k: _dist(m, s) for k, (_, m, s) in f.detection.items()}
     repair = {"durations": {r.action: _dist(r.median_s, r.sigma) for r in f.repairs},
               "mechanical_failure": {r.action: round(r.failure.value, 4) for r in f.repairs}}

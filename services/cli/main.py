@@ -186,10 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     try:
         from simulator.cli import add_parser as add_sim
+        from simulator.cli import add_replay_parser as add_replay
     except ImportError:
         pass
     else:
         add_sim(sub)
+        add_replay(sub)
     return p
 
 
@@ -228,7 +230,7 @@ def api_token(args: argparse.Namespace, state_dir: Path) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "sim":
+    if args.command in ("sim", "replay"):
         return int(args.fn(args) or 0)
     named = args.state_dir or os.environ.get("MTC_STATE_DIR") or None
     state_dir = Path(named or DEFAULT_STATE_DIR)

@@ -150,6 +150,8 @@ def account(rows: Iterable[Mapping[str, Any]], *, params: Mapping[str, JobParams
         elif "job_id" in data and data["job_id"] in params:
             per_job[data["job_id"]].append(row)
     reports.sort()
+    for found in diagnoses.values():
+        found.sort()
     jobs = {job_id: _account_job(job_id, p, per_job.get(job_id, []), reports, diagnoses,
                                  drains.get(job_id, []), start, end)
             for job_id, p in params.items()}
@@ -360,7 +362,10 @@ def _evidence(att: _Attempt, p: JobParams, reports: list[tuple[float, str, str, 
             continue
         if ctype in NON_FATAL_TYPES:
             continue  # slow, hot or full: the job goes on until it is drained (a signal)
-        mode = _mode_after(diagnoses.get(node_id, []), since)
+        node_diagnoses = diagnoses.get(node_id, [])
+        if node_diagnoses and not _diagnosed_within(node_diagnoses, since):
+            continue  # triage found nothing to act on (a lone XID 45): the job went on
+        mode = _mode_after(node_diagnoses, since)
         report = (since, cause or mode or ctype, mode)
         break
     signal: tuple[float, str] | None = None  # a drain or an interrupt request: SIGTERM
@@ -392,6 +397,16 @@ def _evidence(att: _Attempt, p: JobParams, reports: list[tuple[float, str, str, 
     if report is None and "cause" in tokens:
         cause = tokens["cause"]
     return _Evidence(max(att.start, at), cause, mode, False)
+
+
+DIAGNOSIS_WINDOW_S = 6 * 3600.0  # a fault's diagnosis follows its report within this
+
+
+def _diagnosed_within(diagnoses: list[tuple[float, str]], since: float) -> bool:
+    """Triage acted on something the node reported at ``since`` (it emits a diagnosis only
+    for what needs an action: a benign report leaves none)."""
+    i = bisect.bisect_left(diagnoses, (since, ""))
+    return i < len(diagnoses) and diagnoses[i][0] <= since + DIAGNOSIS_WINDOW_S
 
 
 def _mode_after(diagnoses: list[tuple[float, str]], since: float) -> str:

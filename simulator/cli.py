@@ -111,6 +111,21 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     fit.add_argument("--json", action="store_true", help="print the estimates as JSON")
     fit.set_defaults(func=cmd_fit, fn=cmd_fit)
 
+    plan = sub.add_parser("plan-spares", help="the smallest hot-spare count that meets a "
+                                              "target, with a plot of the curve")
+    _common(plan)
+    plan.add_argument("--spares", default="0,1,2,4,8", metavar="N1,N2,...",
+                      help="spare counts to try (default 0,1,2,4,8)")
+    target = plan.add_mutually_exclusive_group(required=True)
+    target.add_argument("--p95-wait", metavar="DURATION",
+                        help="target: p95 wait for a spare at most this (10m, 600s)")
+    target.add_argument("--goodput-floor", type=float, metavar="G",
+                        help="target: mean job goodput at least G (0..1)")
+    plan.add_argument("--replications", type=int, default=5)
+    plan.add_argument("--seed", type=int, default=1, help="seed of replication 0")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(func=cmd_plan_spares, fn=cmd_plan_spares)
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", nargs="?", default=None,
@@ -246,6 +261,43 @@ def cmd_fit(args: argparse.Namespace) -> int:
             console.print(line, highlight=False, markup=False)
     console.print(f"wrote {args.output} (mtc sim run {args.output})")
     return 0
+
+
+def cmd_plan_spares(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from simulator import spares
+    from simulator.scenario import duration
+
+    console = Console(stderr=args.json)
+    try:
+        counts = [int(x) for x in args.spares.split(",") if x.strip()]
+        wait = duration(args.p95_wait, "--p95-wait") if args.p95_wait is not None else None
+        fixed = _overrides(args.set)
+        scenario = load_scenario(args.scenario, fixed)
+        with console.status(f"{scenario.name}: {len(counts)} spare counts x "
+                            f"{args.replications} replications..."):
+            plan = spares.plan_spares(args.scenario, counts, replications=args.replications,
+                                      seed=args.seed, max_p95_wait_s=wait,
+                                      min_goodput=args.goodput_floor, overrides=fixed)
+    except ScenarioError as exc:
+        console.print(f"[red]scenario error[/red] {exc}")
+        return 2
+    except ValueError as exc:
+        console.print(f"[red]cannot plan[/red] {exc}")
+        return 2
+    out = args.out or Path("sim-out") / f"{scenario.name}-spares"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan-spares.json").write_text(json.dumps(plan.as_dict(), indent=1))
+    png = spares.plot(plan, out / "plan-spares.png", max_p95_wait_s=wait,
+                      min_goodput=args.goodput_floor)
+    if args.json:
+        print(json.dumps(plan.as_dict(), indent=1))
+    else:
+        for line in plan.lines():
+            console.print(line, highlight=False, markup=False)
+    console.print(f"wrote {png} and {out / 'plan-spares.json'}")
+    return 0 if plan.best is not None else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -249,14 +249,17 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def atomic_write(path: Path, write: Any) -> None:
-    """Write through ``write(file)`` into a temp file beside ``path``, fsync, rename over it."""
+def atomic_write(path: Path, write: Any, before_rename: Any = None) -> None:
+    """Write through ``write(file)`` into a temp file beside ``path``, fsync, rename over it
+    (``before_rename()`` runs just before the rename: the file is complete, not yet visible)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -279,7 +282,13 @@ def save_checkpoint(directory: Path, state: State, lr: float, seed: int) -> Path
     arrays["rng_state"] = np.array(json.dumps(state.rng.bit_generator.state))
     arrays["config"] = np.array(json.dumps({"lr": lr, "seed": seed, "hidden": HIDDEN}))
     path = directory / checkpoint_name(state.step)
-    atomic_write(path, lambda f: np.savez(f, **arrays))
+    began = time.monotonic()
+
+    def timed() -> None:  # the save's cost, beside it before it appears (mtc's checkpoint advice)
+        cost = max(time.monotonic() - began, 1e-6)
+        atomic_write(path.with_name(path.name + ".save_s"), lambda f: f.write(f"{cost:.6f}\n".encode()))
+
+    atomic_write(path, lambda f: np.savez(f, **arrays), timed)
     atomic_write(directory / LATEST, lambda f: f.write(f"{path.name}\n".encode()))
     return path
 

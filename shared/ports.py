@@ -6,7 +6,7 @@ place that picks which.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from shared.domain.events import Envelope, Event
@@ -140,6 +140,15 @@ class WorkerSpec(NamedTuple):
     checkpoint_dir: str
     model_dir: str
     tensorboard_dir: str
+
+
+class AdviceSink(Protocol):
+    """Where a job's program can read what the control plane advises it (the checkpoint
+    interval): an environment file beside its checkpoint directory (``FileAdviceSink``)."""
+
+    def publish(self, checkpoint_path: str, job_id: str, env: Mapping[str, str]) -> None:
+        """``env`` for the job whose checkpoint is at ``checkpoint_path``; best effort."""
+        ...
 
 
 class Compute(Protocol):

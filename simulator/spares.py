@@ -24,7 +24,7 @@ from typing import Any
 from simulator.scenario import load_scenario
 from simulator.stats import mean_ci
 
-__all__ = ["Point", "Plan", "p95", "plan_spares", "plot", "spare_waits"]
+__all__ = ["Plan", "Point", "p95", "plan_spares", "plot", "spare_waits"]
 
 
 def spare_waits(rows: Sequence[Mapping[str, Any]]) -> list[float]:

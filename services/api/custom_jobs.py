@@ -190,6 +190,12 @@ def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dic
         **({"latestCheckpoint": {"step": str(latest.step), "path": latest.path,
                                  "time": timestamp(latest.at)}} if latest else {}),
     }
+    advice = job.checkpoint_advice
+    if advice:  # checkpoint_resume's advice (shared.policies.checkpointing.advise)
+        out["mtcProgress"]["checkpointAdvice"] = {
+            "intervalSeconds": advice["interval_s"], "mtbfSeconds": advice["mtbf_s"],
+            "saveSeconds": advice["save_s"], "interruptions": advice["interruptions"],
+            "basis": advice["basis"], "time": timestamp(advice["at"])}
     if record.get("models"):  # the registry's versions uploaded from it (services/pipelines)
         out["mtcModels"] = list(record["models"])
     return CustomJob.model_validate(out).to_json()

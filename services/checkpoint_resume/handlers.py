@@ -17,6 +17,8 @@ with the deadline error instead of being requeued, even if they exit 0 after the
 
 from __future__ import annotations
 
+import contextlib
+
 from services.checkpoint_resume import restarts
 from shared.domain import exits, lifecycle, progress, timeouts
 from shared.domain.errors import NotFound, TransientError
@@ -32,6 +34,7 @@ from shared.domain.events import (
 )
 from shared.domain.model import Checkpoint, Job, JobState, NodeState
 from shared.handling import Deps
+from shared.policies import checkpointing
 from shared.ports import UnitOfWork
 
 SERVICE = "checkpoint_resume"
@@ -72,10 +75,28 @@ def on_checkpoint_saved(event: JobCheckpointSaved, uow: UnitOfWork, deps: Deps) 
         raise NotFound("job", event.job_id)
     if any(c.step == event.step for c in job.checkpoints):
         return
-    job.checkpoints.append(Checkpoint(event.step, event.path, event.saved_at, event.attempt))
+    job.checkpoints.append(Checkpoint(event.step, event.path, event.saved_at, event.attempt,
+                                      max(0.0, event.save_s)))
     progress.progressed(job, event.attempt, event.saved_at)  # the watchdog's progress
     job.checkpoints.sort(key=lambda c: c.step)
     del job.checkpoints[:-KEEP_CHECKPOINTS]
+    advise(job, event.path, deps)
+
+
+def advise(job: Job, checkpoint_path: str, deps: Deps) -> None:
+    """The checkpoint interval the job's own history calls for (Young/Daly from its observed
+    MTBF and its measured save cost), in the job view and, where the deployment has one, in
+    the environment file its program reads. Nothing without a measured save."""
+    now = deps.clock.now()
+    running = max(0.0, now - job.started_at) if job.started_at is not None else 0.0
+    advice = checkpointing.advise([c.save_s for c in job.checkpoints], job.restart_count,
+                                  running, now, deps.config.checkpoint)
+    if advice is None:
+        return
+    job.checkpoint_advice = advice.as_dict()
+    if deps.advice is not None:
+        with contextlib.suppress(OSError):  # a file the program may read: best effort
+            deps.advice.publish(checkpoint_path, job.job_id, advice.env())
 
 
 def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> None:

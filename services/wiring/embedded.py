@@ -12,13 +12,14 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from services.observability.alert_sinks import webhook_from_env
 from services.wiring.builder import ComputeKind, build_deps, local_config, make_compute
 from services.wiring.routes import control_plane_routes
+from shared.adapters.advice_file import FileAdviceSink
 from shared.adapters.docstore import CLUSTERS, DocUnitOfWork
 from shared.adapters.outbox import make_envelope
 from shared.adapters.outbox_bus import OutboxBus
@@ -130,4 +131,6 @@ def embedded(state_dir: Path, *, compute: ComputeKind = "local", slurm_conf: str
                             options=compute_options)
     deps = build_deps(store, clock=clock, compute=machines, publisher=bus,
                       config=local_config(config, state_dir))
+    # the checkpoint advice, as a file beside each job's checkpoints (under the output root)
+    deps = replace(deps, advice=FileAdviceSink(deps.config.output_root))
     return EmbeddedApp(state_dir, store, bus, machines, deps)

@@ -404,6 +404,7 @@ class Checkpoint:
     path: str
     at: float
     attempt: int
+    save_s: float = 0.0  # how long its save blocked training, as measured (0: not measured)
 
 
 @dataclass
@@ -426,6 +427,8 @@ class Job:
     ended_at: float | None = None
     error: str = ""
     recovery: JobRecovery = field(default_factory=JobRecovery)  # backoff, suspects, progress
+    # the checkpoint interval its history calls for (checkpoint_resume; CheckpointAdvice)
+    checkpoint_advice: dict[str, Any] | None = None
 
     def transition(self, target: JobState, now: float) -> None:
         JOB_TRANSITIONS.check(self.job_id, self.state, target)
@@ -455,13 +458,15 @@ class Job:
             "restart_count": self.restart_count,
             "node_ids": list(self.node_ids),
             "previous_node_ids": list(self.previous_node_ids),
-            "checkpoints": [[c.step, c.path, c.at, c.attempt] for c in self.checkpoints],
+            "checkpoints": [[c.step, c.path, c.at, c.attempt, c.save_s]
+                            for c in self.checkpoints],
             "interrupt_reason": self.interrupt_reason,
             "interrupt_requested_at": self.interrupt_requested_at,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "error": self.error,
             "recovery": self.recovery.to_dict(),
+            "checkpoint_advice": self.checkpoint_advice,
         }
 
     @classmethod
@@ -478,11 +483,12 @@ class Job:
             restart_count=d.get("restart_count", 0),
             node_ids=list(d.get("node_ids", [])),
             previous_node_ids=list(d.get("previous_node_ids", [])),
-            checkpoints=[Checkpoint(c[0], c[1], c[2], c[3]) for c in d.get("checkpoints", [])],
+            checkpoints=[Checkpoint(*c[:5]) for c in d.get("checkpoints", [])],
             interrupt_reason=d.get("interrupt_reason", ""),
             interrupt_requested_at=d.get("interrupt_requested_at"),
             started_at=d.get("started_at"),
             ended_at=d.get("ended_at"),
             error=d.get("error", ""),
             recovery=JobRecovery.from_dict(d.get("recovery")),
+            checkpoint_advice=d.get("checkpoint_advice"),
         )

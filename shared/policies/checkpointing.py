@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "CheckpointAdvice",
     "CheckpointPolicy",
+    "advise",
     "daly_interval",
     "first_order_waste",
     "meta_ettr",
@@ -135,3 +137,55 @@ def recommend_interval(
     mtbf = observed_mtbf(interruption_times, window_start, now)
     interval = daly_interval(cost_s, policy.default_mtbf_s if mtbf is None else mtbf)
     return min(policy.max_interval_s, max(policy.min_interval_s, interval))
+
+
+@dataclass(frozen=True)
+class CheckpointAdvice:
+    """The checkpoint interval a job's own history calls for, and what it was computed from.
+
+    ``basis`` says where the MTBF came from: ``observed`` (the job's interruptions over its
+    running time) or ``default`` (none yet: the policy's assumed MTBF)."""
+
+    interval_s: float
+    mtbf_s: float
+    save_s: float
+    interruptions: int
+    running_s: float
+    basis: str
+    at: float
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {"interval_s": self.interval_s, "mtbf_s": self.mtbf_s, "save_s": self.save_s,
+                "interruptions": self.interruptions, "running_s": self.running_s,
+                "basis": self.basis, "at": self.at}
+
+    def env(self) -> dict[str, str]:
+        """The environment file a program reads (``MTC_ADVICE_FILE``): seconds, as text."""
+        return {"MTC_CHECKPOINT_INTERVAL_S": f"{self.interval_s:.1f}",
+                "MTC_CHECKPOINT_MTBF_S": f"{self.mtbf_s:.1f}",
+                "MTC_CHECKPOINT_SAVE_S": f"{self.save_s:.3f}",
+                "MTC_CHECKPOINT_INTERRUPTIONS": str(self.interruptions),
+                "MTC_CHECKPOINT_BASIS": self.basis,
+                "MTC_CHECKPOINT_ADVICE_AT": f"{self.at:.3f}"}
+
+
+def advise(save_costs: Sequence[float], interruptions: int, running_s: float, now: float,
+           policy: CheckpointPolicy) -> CheckpointAdvice | None:
+    """Daly's interval from the job's fitted MTBF (its running time / its interruptions) and
+    its measured save cost (the median of the saves it timed), clamped by ``policy``.
+
+    None when no save was measured: an interval from a guessed cost would be advice without
+    a basis."""
+    costs = sorted(c for c in save_costs if math.isfinite(c) and c > 0)
+    if not costs:
+        return None
+    if interruptions < 0:
+        raise ValueError(f"interruptions must not be negative, got {interruptions!r}")
+    _non_negative("running_s", running_s)
+    n = len(costs)
+    cost = costs[n // 2] if n % 2 else (costs[n // 2 - 1] + costs[n // 2]) / 2
+    observed = interruptions > 0 and running_s > 0
+    mtbf = running_s / interruptions if observed else policy.default_mtbf_s
+    interval = min(policy.max_interval_s, max(policy.min_interval_s, daly_interval(cost, mtbf)))
+    return CheckpointAdvice(interval, mtbf, cost, interruptions, running_s,
+                            "observed" if observed else "default", now)

@@ -152,6 +152,18 @@ class LatestCheckpoint(Message):
     time: Timestamp | None = None
 
 
+class CheckpointAdvice(Message):
+    """The checkpoint interval the job's history calls for (Young/Daly from its observed MTBF
+    and measured save cost; ``basis``: observed | default MTBF). Output only."""
+
+    interval_seconds: float
+    mtbf_seconds: float
+    save_seconds: float
+    interruptions: Int32
+    basis: str
+    time: Timestamp | None = None
+
+
 class JobProgress(Message):
     """mtc's extension on a CustomJob: how self-healing went for it (output only)."""
 
@@ -160,6 +172,7 @@ class JobProgress(Message):
     restart_count: Int32
     nodes: list[str] = Field(default_factory=list)
     latest_checkpoint: LatestCheckpoint | None = None
+    checkpoint_advice: CheckpointAdvice | None = None
 
 
 class CustomJob(Message):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from shared.adapters.compute.protocol import attempt_exit, checkpoint_steps
+from shared.adapters.compute.protocol import attempt_exit, checkpoint_steps, save_cost
 from shared.domain.events import JobCheckpointSaved, JobWorkersExited, NodeRepairCompleted
 
 CHECKPOINTS_SCHEMA = """
@@ -71,7 +71,8 @@ def report_checkpoints(store: LedgerStore, job_id: str, attempt: int, checkpoint
     out: list[JobCheckpointSaved] = []
     for step, path in new_checkpoints(found, store.seen_steps(checkpoint_dir)):
         if store.checkpoint(checkpoint_dir, step, job_id, attempt, str(path), now):
-            out.append(JobCheckpointSaved(job_id, attempt, step, str(path), now))
+            out.append(JobCheckpointSaved(job_id, attempt, step, str(path), now,
+                                          save_s=save_cost(path)))
     return out
 
 

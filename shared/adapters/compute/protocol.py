@@ -21,7 +21,13 @@ the same way everywhere (see ``examples/train.py``):
   ``ckpt-<step>`` with an optional extension (``ckpt-00000100.npz``, ``ckpt-100.pt``, a
   ``ckpt-100`` directory) is a complete checkpoint of that step. It must appear atomically
   (write a temp file, fsync, rename), so names starting with ``.`` and extensions ``.tmp``,
-  ``.part``, ``.partial`` are ignored; an ``.npz`` must also be a readable zip.
+  ``.part``, ``.partial`` are ignored; an ``.npz`` must also be a readable zip. A program
+  that times its saves may write, beside a checkpoint, ``<checkpoint name>.save_s``: the
+  seconds the save blocked training (a number); it is reported with the checkpoint
+  (``save_cost``) and the checkpoint advice is computed from it.
+* **Advice** (``MTC_ADVICE_FILE``, ``$AIP_CHECKPOINT_DIR/../mtc-advice.env``): ``KEY=value``
+  lines the control plane rewrites as the job's history grows, e.g.
+  ``MTC_CHECKPOINT_INTERVAL_S``, the checkpoint interval its failure rate calls for.
 * **Signals**: SIGTERM means "checkpoint and exit 75 within the grace period"; SIGKILL follows.
 """
 
@@ -36,13 +42,14 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
+from shared.adapters.advice_file import advice_path
 from shared.domain import exits
 from shared.ports import WorkerSpec
 
 LAUNCHER = Path(__file__).with_name("worker_launcher.py")
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 40000
 CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)(\.[A-Za-z0-9_]+)?$")
-IGNORED_SUFFIXES = frozenset({".tmp", ".part", ".partial"})
+IGNORED_SUFFIXES = frozenset({".tmp", ".part", ".partial", ".save_s"})  # .save_s: a save time
 
 
 class ExitCode(enum.IntEnum):
@@ -118,6 +125,7 @@ def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1") -> dict[str, s
         AIP_TENSORBOARD_LOG_DIR=str(spec.tensorboard_dir),
         MTC_NODE_ID=spec.node_id,
         MTC_JOB_ATTEMPT=str(spec.attempt),
+        MTC_ADVICE_FILE=str(advice_path(spec.checkpoint_dir)),
     )
     return env
 
@@ -142,6 +150,19 @@ def checkpoint_steps(directory: Path) -> dict[int, Path]:
             continue
         found.setdefault(int(m.group(1)), entry)
     return found
+
+
+MAX_SAVE_S = 7 * 86_400.0  # a larger figure in a .save_s file is not a save time
+
+
+def save_cost(checkpoint: Path) -> float:
+    """The save time the program wrote beside ``checkpoint`` (0.0: none, or not a number)."""
+    try:
+        text = checkpoint.with_name(checkpoint.name + ".save_s").read_text()[:32].strip()
+        value = float(text)
+    except (OSError, ValueError):
+        return 0.0
+    return value if 0.0 < value <= MAX_SAVE_S else 0.0
 
 
 def read_exit_file(path: Path) -> int | None:

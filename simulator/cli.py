@@ -79,7 +79,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="sim_command", required=True, metavar="{run,sweep,fit,plan-spares}")
+    sub = parser.add_subparsers(dest="sim_command", required=True,
+                                metavar="{run,sweep,fit,plan-spares,advise}")
     run = sub.add_parser("run", help="one seeded run: goodput table and a timeline plot")
     _common(run)
     run.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
@@ -125,6 +126,14 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--seed", type=int, default=1, help="seed of replication 0")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=cmd_plan_spares, fn=cmd_plan_spares)
+
+    adv = sub.add_parser("advise", help="what following checkpoint_resume's checkpoint-interval "
+                                        "advice gains (same seeds)")
+    _common(adv)
+    adv.add_argument("--replications", type=int, default=5)
+    adv.add_argument("--seed", type=int, default=1, help="seed of replication 0")
+    adv.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    adv.set_defaults(func=cmd_advise, fn=cmd_advise)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -298,6 +307,35 @@ def cmd_plan_spares(args: argparse.Namespace) -> int:
             console.print(line, highlight=False, markup=False)
     console.print(f"wrote {png} and {out / 'plan-spares.json'}")
     return 0 if plan.best is not None else 1
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from simulator import advice
+
+    console = Console(stderr=args.json)
+    try:
+        fixed = _overrides(args.set)
+        scenario = load_scenario(args.scenario, fixed)
+        with console.status(f"{scenario.name}: as written, then following the advice..."):
+            out = advice.follow_advice(args.scenario, replications=args.replications,
+                                       seed=args.seed, overrides=fixed)
+    except ScenarioError as exc:
+        console.print(f"[red]scenario error[/red] {exc}")
+        return 2
+    except ValueError as exc:
+        console.print(f"[red]cannot compare[/red] {exc}")
+        return 2
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "advice.json").write_text(json.dumps(out, indent=1))
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for line in advice.lines(out):
+            console.print(line, highlight=False, markup=False)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,13 +68,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 result.twin = replay.twin_diff(rows, candidate, baseline,
                                                replications=args.replications, seed=args.seed)
     except ValueError as exc:  # HistoryError, PolicyError, an empty history
-        console.print(f"[red]cannot replay[/red] {exc}")
-        return 2
-    if args.json:
-        print(json.dumps(result.as_dict(), indent=1))
-    else:
-        for line in result.lines():
-            console.print(line, highlight=False, markup=False)
+        return _refused(console, "replay", exc)
+    _emit(console, args.json, result.as_dict(), result.lines())
     return 0
 
 
@@ -153,6 +148,22 @@ def _overrides(items: list[str]) -> dict[str, Any]:
             raise ScenarioError(f"--set {item}", "must look like key=value")
         out[key.strip()] = parse_value(value.strip())
     return out
+
+
+def _refused(console: Any, what: str, exc: Exception) -> int:
+    """A bad scenario or input: said plainly, exit code 2."""
+    label = "scenario error" if isinstance(exc, ScenarioError) else f"cannot {what}"
+    console.print(f"[red]{label}[/red] {exc}")
+    return 2
+
+
+def _emit(console: Any, as_json: bool, data: Any, lines: list[str]) -> None:
+    """``--json``: the machine form on stdout; else plain lines (nothing cut when narrow)."""
+    if as_json:
+        print(json.dumps(data, indent=1))
+    else:
+        for line in lines:
+            console.print(line, highlight=False, markup=False)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -258,16 +269,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
         result = fit.fit(history.load_events(args.events),
                          heartbeat_timeout_s=args.heartbeat_timeout)
     except ValueError as exc:  # HistoryError too
-        console.print(f"[red]cannot fit[/red] {exc}")
-        return 2
+        return _refused(console, "fit", exc)
     raw = fit.to_scenario(result, name=args.output.stem, source=str(args.events))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(yaml.safe_dump(raw, sort_keys=False))
-    if args.json:
-        print(json.dumps(result.as_dict(), indent=1))
-    else:
-        for line in fit.summary_lines(result):
-            console.print(line, highlight=False, markup=False)
+    _emit(console, args.json, result.as_dict(), fit.summary_lines(result))
     console.print(f"wrote {args.output} (mtc sim run {args.output})")
     return 0
 
@@ -289,22 +295,14 @@ def cmd_plan_spares(args: argparse.Namespace) -> int:
             plan = spares.plan_spares(args.scenario, counts, replications=args.replications,
                                       seed=args.seed, max_p95_wait_s=wait,
                                       min_goodput=args.goodput_floor, overrides=fixed)
-    except ScenarioError as exc:
-        console.print(f"[red]scenario error[/red] {exc}")
-        return 2
-    except ValueError as exc:
-        console.print(f"[red]cannot plan[/red] {exc}")
-        return 2
+    except ValueError as exc:  # ScenarioError too
+        return _refused(console, "plan", exc)
     out = args.out or Path("sim-out") / f"{scenario.name}-spares"
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan-spares.json").write_text(json.dumps(plan.as_dict(), indent=1))
     png = spares.plot(plan, out / "plan-spares.png", max_p95_wait_s=wait,
                       min_goodput=args.goodput_floor)
-    if args.json:
-        print(json.dumps(plan.as_dict(), indent=1))
-    else:
-        for line in plan.lines():
-            console.print(line, highlight=False, markup=False)
+    _emit(console, args.json, plan.as_dict(), plan.lines())
     console.print(f"wrote {png} and {out / 'plan-spares.json'}")
     return 0 if plan.best is not None else 1
 
@@ -321,20 +319,12 @@ def cmd_advise(args: argparse.Namespace) -> int:
         with console.status(f"{scenario.name}: as written, then following the advice..."):
             out = advice.follow_advice(args.scenario, replications=args.replications,
                                        seed=args.seed, overrides=fixed)
-    except ScenarioError as exc:
-        console.print(f"[red]scenario error[/red] {exc}")
-        return 2
-    except ValueError as exc:
-        console.print(f"[red]cannot compare[/red] {exc}")
-        return 2
+    except ValueError as exc:  # ScenarioError too
+        return _refused(console, "compare", exc)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "advice.json").write_text(json.dumps(out, indent=1))
-    if args.json:
-        print(json.dumps(out, indent=1))
-    else:
-        for line in advice.lines(out):
-            console.print(line, highlight=False, markup=False)
+    _emit(console, args.json, out, advice.lines(out))
     return 0
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from simulator.scenario import Scenario, parse_scenario
 
@@ -43,3 +45,10 @@ def scenario(raw: dict[str, Any]) -> Scenario:
 @pytest.fixture
 def xid79() -> Scenario:
     return scenario(xid79_raw())
+
+
+def scenario_file(tmp_path: Path, raw: dict[str, Any]) -> Path:
+    """``raw`` written as a scenario YAML, for the commands that take a path."""
+    path = tmp_path / f"{raw.get('name', 'scenario')}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path

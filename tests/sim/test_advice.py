@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
-import yaml
 
 from simulator import advice, cli
+from tests.sim.conftest import scenario_file
 
 # A 16-node job checkpointing every 4 h with a 60 s save, interrupted about every 10 h:
 # Young/Daly call for about 35 minutes.
@@ -29,9 +29,7 @@ FLEET = {
 
 @pytest.fixture
 def scenario(tmp_path: Path) -> Path:
-    path = tmp_path / "adv.yaml"
-    path.write_text(yaml.safe_dump(FLEET))
-    return path
+    return scenario_file(tmp_path, FLEET)
 
 
 def test_following_the_advice_gains_goodput(scenario: Path) -> None:

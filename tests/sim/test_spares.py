@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from simulator import cli, spares
+from tests.sim.conftest import scenario_file
 
 # 16 nodes that all train: a reboot takes 30 min, a dead host is replaced in 8 h; without a
 # spare every interruption waits for the repair.
@@ -30,9 +30,7 @@ FLEET = {
 
 @pytest.fixture
 def scenario(tmp_path: Path) -> Path:
-    path = tmp_path / "sp.yaml"
-    path.write_text(yaml.safe_dump(FLEET))
-    return path
+    return scenario_file(tmp_path, FLEET)
 
 
 def test_spare_waits_and_p95() -> None:

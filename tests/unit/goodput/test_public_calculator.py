@@ -68,7 +68,10 @@ SLOW_RESTART = Trace(steps=200, startup_s=(120.0, 900.0),
 IN_CHECKPOINT = Trace(steps=200, faults=(Fault(after_s=120 + 3 * 120 + 100 + 7),))
 TWO_IN_ONE = Trace(steps=200, faults=(Fault(after_s=120 + 2 * 120 + 55),
                                       Fault(after_s=120 + 60 + 70, cause="network")))
-TRACES = {"one_failure": ONE_FAILURE, "slow_restart": SLOW_RESTART,
+# the case: a checkpoint every 10 min of steps, a fault 500 s after one (live used to
+# report 95% runtime goodput and no lost steps on such a trace)
+LATE_FAULT = Trace(steps=180, every=60, faults=(Fault(after_s=120 + 620 + 500, wait_s=215),))
+TRACES = {"one_failure": ONE_FAILURE, "late_fault": LATE_FAULT, "slow_restart": SLOW_RESTART,
           "failure_during_checkpoint": IN_CHECKPOINT, "two_failures_in_one_interval": TWO_IN_ONE}
 
 
@@ -113,6 +116,16 @@ def test_categories_map_onto_the_calculators(tmp_path: Path) -> None:
     assert ours_disruption == pytest.approx(theirs, abs=MS)
     assert ours["WASTED_PROGRESS_FROM_DISRUPTION"] == pytest.approx(150, abs=MS)
     assert jg.by_cause()["faulty_gpu"] > 0
+
+
+def test_live_counts_500_s_lost_since_the_last_checkpoint_as_50_steps(tmp_path: Path) -> None:
+    played = play(LATE_FAULT)
+    live = job_accounting(played.rows, JOB)
+    assert live.goodput is not None
+    assert live.goodput.lost(Badput.WASTED_PROGRESS_FROM_DISRUPTION) == pytest.approx(500, abs=MS)
+    assert live.lost_steps == 50
+    expected, _ = calculator(played, tmp_path)
+    assert live.goodput.ettr == pytest.approx(expected, abs=MS / live.goodput.total_s)
 
 
 def test_live_counts_the_progress_lost_since_the_last_checkpoint() -> None:

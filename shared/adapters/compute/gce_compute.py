@@ -89,7 +89,7 @@ CREATE TABLE IF NOT EXISTS nodes (
     requested_at REAL NOT NULL, provisioned INTEGER NOT NULL DEFAULT 0,
     handed INTEGER NOT NULL DEFAULT 0, deleted INTEGER NOT NULL DEFAULT 0,
     cordon_reason TEXT NOT NULL DEFAULT '', maintenance TEXT NOT NULL DEFAULT '',
-    next_watch_at REAL NOT NULL DEFAULT 0);
+    next_watch_at REAL NOT NULL DEFAULT 0, life INTEGER NOT NULL DEFAULT 1);
 CREATE TABLE IF NOT EXISTS repairs (
     node_id TEXT NOT NULL, attempt INTEGER NOT NULL, action TEXT NOT NULL,
     started_at REAL NOT NULL, completed_at REAL, PRIMARY KEY (node_id, attempt));
@@ -144,6 +144,7 @@ class GceCompute(FactState):
         capacity_initial_s: float = 30.0,
         capacity_max_s: float = 600.0,
         watch_interval_s: float = 60.0,
+        wait_operations: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -155,6 +156,7 @@ class GceCompute(FactState):
         self._retry = (retry_initial_s, retry_max_s)
         self._capacity = (capacity_initial_s, capacity_max_s)
         self._watch = watch_interval_s
+        self._wait = wait_operations  # zoneOperations.wait: a one-shot process (power saving)
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._init_state(_SCHEMA)
@@ -162,15 +164,22 @@ class GceCompute(FactState):
     # ------------------------------------------------------------ the port (machines)
 
     def provision_node(self, node: Node) -> None:
+        """Record the node and its provisioning task (once per life: a node deleted before,
+        a power-saved Slurm node resumed, gets a new instance)."""
         now = self._clock.now()
         name = instance_name(self.api.config, node.node_id)
         with self._tx() as db:
-            cur = db.execute(
-                "INSERT OR IGNORE INTO nodes (node_id, instance, data, requested_at)"
-                " VALUES (?, ?, ?, ?)", (node.node_id, name, json.dumps(node.to_dict()), now))
-            if cur.rowcount:
-                self._put_task(db, f"provision:{node.node_id}", node.node_id, "provision",
-                               ("insert",), now)
+            row = db.execute("SELECT deleted, life FROM nodes WHERE node_id = ?",
+                             (node.node_id,)).fetchone()
+            if row is not None and not row["deleted"]:
+                return
+            life = 1 if row is None else row["life"] + 1
+            db.execute(
+                "INSERT OR REPLACE INTO nodes (node_id, instance, data, requested_at, life)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (node.node_id, name, json.dumps(node.to_dict()), now, life))
+            self._put_task(db, f"provision:{node.node_id}:{life}", node.node_id, "provision",
+                           ("insert",), now)
 
     def cordon(self, node_id: str, reason: str) -> None:
         """Remember why (a replace reports it as the host's fault); the workers side fences."""
@@ -190,7 +199,8 @@ class GceCompute(FactState):
             db.execute("UPDATE nodes SET deleted = 1 WHERE node_id = ?", (node_id,))
             db.execute("UPDATE tasks SET status = 'cancelled', detail = 'node deleted'"
                        " WHERE node_id = ? AND status = 'active'", (node_id,))
-            self._put_task(db, f"delete:{node_id}", node_id, "delete", ("delete",), now)
+            self._put_task(db, f"delete:{node_id}:{node['life']}", node_id, "delete",
+                           ("delete",), now)
 
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
         action = RA(action)
@@ -200,7 +210,8 @@ class GceCompute(FactState):
                 return  # this attempt was asked for already, whatever the action
             if action is RA.MANUAL:
                 return  # a person repairs it; nothing completes by itself
-            self._put_task(db, f"repair:{node_id}:{attempt}", node_id, "repair",
+            self._put_task(db, f"repair:{node_id}:{attempt}:{self._life(db, node_id)}", node_id,
+                           "repair",
                            STEPS.get(action, ()), now, action=action.value, attempt=attempt)
 
     # ------------------------------------------------------------ what people look at
@@ -218,10 +229,19 @@ class GceCompute(FactState):
             rows = db.execute("SELECT * FROM alerts ORDER BY id").fetchall()
         return [GceAlert(r["at"], r["kind"], r["subject"], r["detail"]) for r in rows]
 
-    def task(self, key: str) -> dict[str, Any] | None:
+    def tasks(self, node_id: str) -> list[dict[str, Any]]:
+        """The node's tasks, oldest first (kind, status, detail...)."""
         with self._tx() as db:
-            row = db.execute("SELECT * FROM tasks WHERE key = ?", (key,)).fetchone()
-        return dict(row) if row else None
+            rows = db.execute("SELECT * FROM tasks WHERE node_id = ? ORDER BY seq",
+                              (node_id,)).fetchall()
+        return [dict(r) for r in rows]
+
+    def running(self, node_id: str) -> bool:
+        """Whether the node's present instance was made and is not being deleted."""
+        with self._tx() as db:
+            row = db.execute("SELECT provisioned, deleted FROM nodes WHERE node_id = ?",
+                             (node_id,)).fetchone()
+        return bool(row and row["provisioned"] and not row["deleted"])
 
     def instance_of(self, node_id: str) -> str | None:
         with self._tx() as db:
@@ -237,38 +257,44 @@ class GceCompute(FactState):
             due = db.execute("SELECT key FROM tasks WHERE status = 'active' AND next_at <= ?"
                              " ORDER BY seq", (now,)).fetchall()
         for row in due:
-            self._advance(row["key"])
+            for _ in range(8):  # a step that finished lets the next one start in this poll
+                if not self._advance(row["key"]):
+                    break
         self._watch_maintenance()
         self._drain()
         self._hand_over()
 
-    def _advance(self, key: str) -> None:
+    def _advance(self, key: str) -> bool:
+        """One move of the task; True when another may follow at once."""
         with self._tx() as db:
             task = db.execute("SELECT * FROM tasks WHERE key = ?", (key,)).fetchone()
+            if task["status"] != "active":
+                return False
             node = db.execute("SELECT * FROM nodes WHERE node_id = ?",
                               (task["node_id"],)).fetchone()
         steps: list[str] = json.loads(task["steps"])
         try:
             if task["op"]:
-                op = self.api.operation(task["op"])
+                op = self.api.operation(task["op"], wait=self._wait)
                 if op["status"] != "DONE":
                     if self._clock.now() > (task["deadline"] or float("inf")):
                         self._fail(key, f"{steps[task['step']]} operation {task['op']} not done"
                                    f" after {self._op_timeout:g}s")
-                    return
+                    return False
                 error = operation_error(op)
                 if error is not None:
                     raise error
                 self._next_step(key, task["step"] + 1)
-                return
+                return True
             if task["step"] < len(steps):
-                self._issue(key, task, node, steps[task["step"]])
-                return
+                return self._issue(key, task, node, steps[task["step"]]) or self._wait
             self._finish(key, task, node, steps)
         except GceError as exc:
             self._failed_try(key, task, exc)
+        return False
 
-    def _issue(self, key: str, task: sqlite3.Row, node: sqlite3.Row, step: str) -> None:
+    def _issue(self, key: str, task: sqlite3.Row, node: sqlite3.Row, step: str) -> bool:
+        """Start the step's operation; True when the step needed none (done already)."""
         name = node["instance"]
         rid = f"{key}/{task['step']}/{task['round']}"
         try:
@@ -284,15 +310,16 @@ class GceCompute(FactState):
         except GceError as exc:
             if step == "insert" and exc.code == "alreadyExists":
                 self._next_step(key, task["step"] + 1)  # made by an earlier try: fine
-                return
+                return True
             if step == "delete" and exc.code == "notFound":
                 self._next_step(key, task["step"] + 1)  # gone already: what delete wants
-                return
+                return True
             raise
         now = self._clock.now()
         with self._tx() as db:
             db.execute("UPDATE tasks SET op = ?, deadline = ?, next_at = ? WHERE key = ?",
                        (op, now + self._op_timeout, now, key))
+        return False
 
     def _next_step(self, key: str, step: int) -> None:
         with self._tx() as db:
@@ -462,6 +489,11 @@ class GceCompute(FactState):
         db.execute("INSERT OR REPLACE INTO tasks (key, seq, node_id, kind, action, attempt,"
                    " steps, next_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                    (key, seq, node_id, kind, action, attempt, json.dumps(list(steps)), now))
+
+    @staticmethod
+    def _life(db: sqlite3.Connection, node_id: str) -> int:
+        row = db.execute("SELECT life FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+        return int(row[0]) if row else 0
 
     def _alert(self, db: sqlite3.Connection, kind: str, subject: str, detail: str) -> None:
         log.warning("ALERT %s %s: %s", kind, subject, detail)

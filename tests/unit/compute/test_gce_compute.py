@@ -233,13 +233,17 @@ def test_delete_removes_the_instance_and_a_deleted_node_is_left_alone(rig: Rig) 
     assert len(rig.standin.calls("delete")) == 1
     rig.run(120, step=10.0)
     assert rig.gce.alerts() == []
+    rig.gce.provision_node(make_node("w0"))  # a new life (a power-saved node resumed)
+    rig.run(5)
+    assert rig.standin.instance(instance_name(rig.config, "w0")) is not None
+    assert [e.ok for e in rig.events.of(NodeProvisioned)] == [True, True]
 
 
 def test_a_new_process_carries_on_with_the_operation_in_flight(rig: Rig) -> None:
     rig.gce.provision_node(make_node("w0"))
     rig.clock.advance(1)
     rig.gce.poll()  # insert issued, its operation PENDING
-    assert rig.gce.task("provision:w0")["op"]  # type: ignore[index]
+    assert rig.gce.tasks("w0")[0]["op"]
     rig.gce.close()
     rig.gce = rig.make()  # the executor restarted
     rig.run(5)

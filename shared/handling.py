@@ -23,7 +23,7 @@ from shared import logs
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import PermanentError
 from shared.domain.events import Envelope
-from shared.ports import Clock, Compute, EventLog, Outbox, Publisher
+from shared.ports import Clock, Compute, EventLog, Outbox, Publisher, WorkflowRunner
 
 log = logging.getLogger("mtc.handling")
 
@@ -58,6 +58,7 @@ class Deps:
     dead_letters: DeadLetters
     event_log: EventLog | None = None
     outbox: Outbox | None = None
+    workflows: WorkflowRunner | None = None  # provisioning == "workflow": starts executions
 
 
 # (event, uow, deps) -> None, or Outcome.UNCHANGED when the event changed nothing that

@@ -6,7 +6,7 @@ place that picks which.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from shared.domain.events import Envelope, Event
@@ -124,6 +124,12 @@ class EventLog(Protocol):
 
     def append(self, envelope: Envelope, outcome: str, detail: str = "") -> None: ...
     def read(self, since: float = 0.0) -> Iterator[dict[str, Any]]: ...
+
+
+class WorkflowRunner(Protocol):
+    """Starts an execution of the provisioning workflow (Cloud Workflows) with its argument."""
+
+    def start(self, argument: Mapping[str, Any]) -> str: ...
 
 
 class WorkerSpec(NamedTuple):

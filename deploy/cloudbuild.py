@@ -72,7 +72,8 @@ SCHEDULER_SA = "mtc-scheduler"
 EXECUTOR_SA = "mtc-executor"
 NODE_SA = "mtc-node"
 COMPUTE_TOPIC = ps.topic_id("compute-requests")  # ordered per node (the ordering key)
-EXECUTOR_SUBSCRIPTION = "mtc-executor"
+# the executor's own pull subscription (services.executor: mtc-executor-<MTC_EXECUTOR_ID>)
+EXECUTOR_SUBSCRIPTION = "mtc-executor-${_EXECUTOR_ID}"
 GCLOUD_IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli:slim"
 EMULATORS_IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli:emulators"
 PYTHON_IMAGE = "python:3.11-slim"
@@ -91,6 +92,7 @@ SUBSTITUTIONS = {
     "_PROVISIONING": "workflow",
     "_COMPUTE": "none",
     "_EXECUTOR_GCE": "true",
+    "_EXECUTOR_ID": "controller",
     "_ACK_DEADLINE": "60",
     "_MIN_RETRY_DELAY": "10s",
     "_MAX_RETRY_DELAY": "600s",
@@ -199,7 +201,9 @@ def build() -> dict[str, Any]:
              f"--project={PROJECT}"],
             ["gcloud", "iam", "service-accounts", "create", account, f"--project={PROJECT}",
              f"--display-name=mtc {account}"]))
-    for name, _ in fns:  # Firestore has no finer grant than the database's project
+    # Firestore has no finer grant than the database's project (the executor writes its
+    # liveness document, executors/<id>)
+    for name in [*(n for n, _ in fns), EXECUTOR_SA]:
         lines.append(cmd("gcloud", "projects", "add-iam-policy-binding", PROJECT,
                          f"--member=serviceAccount:{sa_email(name)}",
                          "--role=roles/datastore.user", "--condition=None"))
@@ -229,11 +233,11 @@ def build() -> dict[str, Any]:
                              f"--project={PROJECT}"],
                             ["gcloud", "pubsub", "topics", "create", topic,
                              f"--project={PROJECT}"]))
-        if topic == ps.dead_letter_topic_id():
-            continue
         # every function may emit events of any family and ask compute for anything; the
-        # executor publishes what the machines did (events), never compute requests
-        publishers = [name for name, _ in fns] + ([EXECUTOR_SA] if topic in event_topics else [])
+        # executor publishes what the machines did (events) and the requests it refuses
+        # (dead letters), never compute requests
+        publishers = ([EXECUTOR_SA] if topic == ps.dead_letter_topic_id() else
+                      [name for name, _ in fns] + ([EXECUTOR_SA] if topic in event_topics else []))
         for name in publishers:
             lines.append(cmd("gcloud", "pubsub", "topics", "add-iam-policy-binding", topic,
                              f"--project={PROJECT}",

@@ -252,7 +252,8 @@ def test_service_accounts_are_created_and_least_privilege(gcloud: Any) -> None:
     # only the provisioning function starts workflows; only the executor manages instances
     assert {m for m, r in project_roles if r == "roles/workflows.invoker"} == {provisioning}
     assert {m for m, r in project_roles if r == "roles/compute.instanceAdmin.v1"} == {executor}
-    assert (executor, "roles/datastore.user") not in project_roles  # no Firestore for it
+    assert {r for m, r in project_roles if m == executor} == {
+        "roles/datastore.user", "roles/compute.instanceAdmin.v1"}  # its liveness document
     assert not any(r in ("roles/owner", "roles/editor", "roles/iam.serviceAccountAdmin")
                    for _, _, _, f in gcloud for r in [flag(f, "--role")])
     invokers = {(p[0], flag(f, "--member")) for _, path, p, f in gcloud
@@ -399,19 +400,20 @@ def test_the_executor_identity_pulls_ordered_requests_and_publishes_results(
     executor = "serviceAccount:mtc-executor@${_PROJECT}.iam.gserviceaccount.com"
     created = {p[0] for _, path, p, _ in gcloud if path == ("iam", "service-accounts", "create")}
     assert {"mtc-executor", "mtc-node"} <= created
+    name = "mtc-executor-${_EXECUTOR_ID}"  # services.executor's executor_subscription_id
     [sub] = [f for _, path, p, f in gcloud
-             if path == ("pubsub", "subscriptions", "create") and p == ["mtc-executor"]]
+             if path == ("pubsub", "subscriptions", "create") and p == [name]]
     assert flag(sub, "--topic") == "mtc-compute-requests"
     assert "--enable-message-ordering" in sub and flag(sub, "--push-endpoint") is None
     assert flag(sub, "--dead-letter-topic") == ps.dead_letter_topic_id()
     subscriber = {(p[0], flag(f, "--member")) for _, path, p, f in gcloud
                   if path == ("pubsub", "subscriptions", "add-iam-policy-binding")}
-    assert ("mtc-executor", executor) in subscriber
-    assert {s for s, m in subscriber if m == executor} == {"mtc-executor"}
+    assert {s for s, m in subscriber if m == executor} == {name}
     published = {p[0] for _, path, p, f in gcloud
                  if path == ("pubsub", "topics", "add-iam-policy-binding")
                  and flag(f, "--member") == executor}
-    assert published == {ps.topic_id(f) for f in families()} | {ps.alerts_topic_id()}
+    assert published == {ps.topic_id(f) for f in families()} | {ps.alerts_topic_id(),
+                                                                ps.dead_letter_topic_id()}
     requesters = {flag(f, "--member") for _, path, p, f in gcloud
                   if path == ("pubsub", "topics", "add-iam-policy-binding")
                   and p == ["mtc-compute-requests"]}

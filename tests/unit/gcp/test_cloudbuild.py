@@ -466,3 +466,35 @@ def test_the_tick_is_scheduled_against_the_steps_function(gcloud: Any) -> None:
         assert flag(flags, "--http-method") == "POST"
         assert flag(flags, "--oidc-service-account-email") == \
             "mtc-scheduler@${_PROJECT}.iam.gserviceaccount.com"
+
+
+# the role the deploying account needs for each gcloud command group the build runs
+DEPLOYER_ROLES = {
+    ("services",): "roles/serviceusage.serviceUsageAdmin",
+    ("firestore",): "roles/datastore.owner",
+    ("iam", "service-accounts", "create"): "roles/iam.serviceAccountAdmin",
+    ("iam", "service-accounts", "add-iam-policy-binding"): "roles/iam.serviceAccountAdmin",
+    ("projects", "add-iam-policy-binding"): "roles/resourcemanager.projectIamAdmin",
+    ("projects", "describe"): "roles/resourcemanager.projectIamAdmin",
+    ("pubsub",): "roles/pubsub.admin",
+    ("functions", "deploy"): "roles/cloudfunctions.admin",
+    ("functions", "add-invoker-policy-binding"): "roles/run.admin",
+    ("workflows",): "roles/workflows.admin",
+    ("scheduler",): "roles/cloudscheduler.admin",
+}
+
+
+def test_docs_list_the_roles_the_deploying_account_needs(gcloud: Any) -> None:
+    docs = (ROOT / "docs" / "gcp.md").read_text()
+    table = docs[docs.index("### Roles the deploying account needs"):]
+    table = table[:table.index("\n### ", 5)]
+    for _, path, _, _ in gcloud:
+        if path[:2] in (("iam", "service-accounts"),) and path[2] == "describe":
+            continue  # reads: covered by the admin role
+        if path[:2] == ("functions", "describe"):
+            continue
+        role = next((r for prefix, r in DEPLOYER_ROLES.items()
+                     if path[:len(prefix)] == prefix), None)
+        assert role is not None, f"no deployer role known for gcloud {' '.join(path)}"
+        assert f"`{role}`" in table, f"docs/gcp.md does not list {role} (gcloud {path})"
+    assert "`roles/iam.serviceAccountUser`" in table  # deploying as the runtime accounts

@@ -34,7 +34,7 @@ the task. Results are facts emitted once each through the fact outbox (``FactSta
 post-repair ``NodeHealthReported`` (what Compute Engine can vouch for: the VM runs, no
 maintenance pending; the node agent reports the GPU checks).
 
-Maintenance. Every ``watch_interval_s`` each running instance is read and its
+Maintenance (``gce_maintenance``). Every ``watch_interval_s`` each running instance is read and its
 ``resourceStatus.upcomingMaintenance`` turned into the ``UpcomingMaintenance`` condition,
 reported on change only (conditions are state) with source ``compute-engine``. Triage maps a
 TRUE one to a reboot: the node is cordoned, its job checkpoints and moves, and the reboot
@@ -55,7 +55,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.adapters.compute.fact_state import FactState
 from shared.adapters.compute.gce_api import (
     Failure,
     GceApi,
@@ -65,9 +64,10 @@ from shared.adapters.compute.gce_api import (
     instance_name,
     operation_error,
 )
+from shared.adapters.compute.gce_maintenance import MaintenanceWatch
 from shared.adapters.compute.ledger import repair_completed
-from shared.domain.events import AlertRaised, NodeHealthReported, NodeProvisioned
-from shared.domain.health import COMPUTE_SOURCE, Condition, ConditionStatus, ConditionType, RepairAction
+from shared.domain.events import AlertRaised, NodeProvisioned
+from shared.domain.health import COMPUTE_SOURCE, ConditionType, RepairAction
 from shared.domain.model import Node
 from shared.ports import Clock, Emitter
 
@@ -125,7 +125,7 @@ class GceAlert:
     detail: str
 
 
-class GceCompute(FactState):
+class GceCompute(MaintenanceWatch):
     """Machine lifecycle on Compute Engine (see the module docstring)."""
 
     DB_FILE = "gce_compute.sqlite3"
@@ -415,57 +415,6 @@ class GceCompute(FactState):
             kind="capacity_wait", target=task["node_id"], state="resolved", severity="warning",
             first_at=task["capacity_since"], node_id=task["node_id"], sent=2,
             summary=f"capacity wait for {task['node_id']} over ({task['status']})"))
-
-    # ------------------------------------------------------------ maintenance
-
-    def _watch_maintenance(self) -> None:
-        now = self._clock.now()
-        with self._tx() as db:
-            rows = db.execute(
-                "SELECT n.* FROM nodes n WHERE n.provisioned = 1 AND n.deleted = 0"
-                " AND n.next_watch_at <= ? AND NOT EXISTS (SELECT 1 FROM tasks t WHERE"
-                " t.node_id = n.node_id AND t.status = 'active') ORDER BY n.node_id",
-                (now,)).fetchall()
-        for node in rows:
-            try:
-                inst = self.api.get(node["instance"])
-            except GceError as exc:
-                log.warning("cannot read %s: %s", node["instance"], exc)
-                inst = None
-                if exc.kind is not Failure.PERMANENT:
-                    continue
-            with self._tx() as db:
-                db.execute("UPDATE nodes SET next_watch_at = ? WHERE node_id = ?",
-                           (now + self._watch, node["node_id"]))
-                if inst is not None:
-                    self._queue(db, self._report(db, node["node_id"], inst, now,
-                                                 COMPUTE_SOURCE))
-
-    def _report(self, db: sqlite3.Connection, node_id: str, inst: Mapping[str, Any] | None,
-                now: float, source: str, *, force: bool = False) -> NodeHealthReported | None:
-        """The ``UpcomingMaintenance`` condition of the instance; None when it did not change
-        (unless ``force``: a post-repair check always reports)."""
-        upcoming = ((inst or {}).get("resourceStatus") or {}).get("upcomingMaintenance") or {}
-        status = str(upcoming.get("maintenanceStatus") or "")
-        pending = bool(upcoming) and status != "UNKNOWN"
-        state = json.dumps(upcoming, sort_keys=True) if pending else ""
-        row = db.execute("SELECT maintenance FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
-        if row is None or (row["maintenance"] == state and not force):
-            return None
-        db.execute("UPDATE nodes SET maintenance = ? WHERE node_id = ?", (state, node_id))
-        if pending:
-            window = upcoming.get("windowStartTime") or upcoming.get("latestWindowStartTime") or ""
-            cond = Condition(MAINTENANCE, ConditionStatus.TRUE,
-                             f"{upcoming.get('type', 'SCHEDULED')} maintenance {status.lower()}"
-                             f" from {window or 'soon'}", now,
-                             {"type": upcoming.get("type", ""), "window_start": window,
-                              "window_end": upcoming.get("windowEndTime", ""),
-                              "maintenance_status": status,
-                              "can_reschedule": bool(upcoming.get("canReschedule", False))})
-        else:
-            cond = Condition(MAINTENANCE, ConditionStatus.FALSE,
-                             "no maintenance scheduled for the instance", now)
-        return NodeHealthReported(node_id, now, (cond.to_dict(),), source=source)
 
     # ------------------------------------------------------------ internals
 

@@ -254,8 +254,12 @@ class GceCompute(MaintenanceWatch):
         """Move every due task one step, watch for maintenance, emit what happened."""
         now = self._clock.now()
         with self._tx() as db:
-            due = db.execute("SELECT key FROM tasks WHERE status = 'active' AND next_at <= ?"
-                             " ORDER BY seq", (now,)).fetchall()
+            # a node's tasks run one at a time, in the order asked (a provision after a
+            # delete of the same node waits for the delete)
+            due = db.execute(
+                "SELECT key FROM tasks t WHERE status = 'active' AND next_at <= ? AND NOT EXISTS"
+                " (SELECT 1 FROM tasks o WHERE o.node_id = t.node_id AND o.status = 'active'"
+                " AND o.seq < t.seq) ORDER BY seq", (now,)).fetchall()
         for row in due:
             for _ in range(8):  # a step that finished lets the next one start in this poll
                 if not self._advance(row["key"]):

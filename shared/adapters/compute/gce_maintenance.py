@@ -51,9 +51,10 @@ class MaintenanceWatch(FactState):
             with self._tx() as db:
                 db.execute("UPDATE nodes SET next_watch_at = ? WHERE node_id = ?",
                            (now + self._watch, node["node_id"]))
-                if inst is not None:
-                    self._queue(db, self._report(db, node["node_id"], inst, now,
-                                                 COMPUTE_SOURCE))
+                if inst is None:  # gone without being asked (a preemption, a person)
+                    log.warning("instance %s of %s is gone", node["instance"], node["node_id"])
+                    continue
+                self._queue(db, self._report(db, node["node_id"], inst, now, COMPUTE_SOURCE))
 
     def _report(self, db: sqlite3.Connection, node_id: str, inst: Mapping[str, Any] | None,
                 now: float, source: str, *, force: bool = False) -> NodeHealthReported | None:

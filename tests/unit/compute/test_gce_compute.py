@@ -235,8 +235,12 @@ def test_delete_removes_the_instance_and_a_deleted_node_is_left_alone(rig: Rig) 
     assert rig.gce.alerts() == []
     rig.gce.provision_node(make_node("w0"))  # a new life (a power-saved node resumed)
     rig.run(5)
+    rig.gce.delete_node("w0")
+    rig.gce.provision_node(make_node("w0"))  # asked at once: it waits for the delete
+    rig.run(10)
+    assert [v for v, _ in rig.standin.calls()][-2:] == ["delete", "insert"]
     assert rig.standin.instance(instance_name(rig.config, "w0")) is not None
-    assert [e.ok for e in rig.events.of(NodeProvisioned)] == [True, True]
+    assert [e.ok for e in rig.events.of(NodeProvisioned)] == [True, True, True]
 
 
 def test_a_new_process_carries_on_with_the_operation_in_flight(rig: Rig) -> None:

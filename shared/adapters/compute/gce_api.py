@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from shared.domain.model import Node
 
@@ -84,6 +85,43 @@ class GceConfig:
 
     def pool(self, node: Node) -> PoolSettings:
         return self.pools.get(node.pool, self.default)
+
+
+POOL_FIELDS = ("image", "boot_disk_gb", "provisioning_model", "reservation",
+               "reservation_affinity", "max_run_duration_s", "network", "subnetwork",
+               "service_account", "labels")
+
+
+def config_from_dict(data: Mapping[str, Any], *, pools_key: str = "pools",
+                     name_prefix: str = "mtc-") -> GceConfig:
+    """``{"project", "zone", pools_key: {name: {PoolSettings fields...}}, "default": {...}}``
+    (other keys of a pool, such as a power-saving nodeset's shape, are ignored here)."""
+    for key in ("project", "zone"):
+        if not data.get(key):
+            raise ValueError(f"Compute Engine config: missing {key!r}")
+
+    def pool(spec: Mapping[str, Any]) -> PoolSettings:
+        return PoolSettings(**{k: v for k, v in spec.items() if k in POOL_FIELDS})
+
+    return GceConfig(str(data["project"]), str(data["zone"]),
+                     pools={n: pool(s) for n, s in (data.get(pools_key) or {}).items()},
+                     default=pool(data.get("default") or {}),
+                     name_prefix=str(data.get("name_prefix", name_prefix)))
+
+
+def api_from_dict(config: GceConfig, data: Mapping[str, Any]) -> GceApi:
+    """The client: Application Default Credentials, or with ``api_endpoint`` and
+    ``"anonymous": true`` (a loopback endpoint only) the test stand-in."""
+    endpoint = data.get("api_endpoint")
+    credentials = None
+    if data.get("anonymous"):
+        if not endpoint or urlsplit(str(endpoint)).hostname not in ("127.0.0.1", "localhost",
+                                                                    "::1"):
+            raise ValueError("anonymous credentials are only for a loopback api_endpoint")
+        from google.auth.credentials import AnonymousCredentials
+
+        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    return GceApi(config, api_endpoint=endpoint, credentials=credentials)
 
 
 def instance_name(config: GceConfig, node_id: str) -> str:

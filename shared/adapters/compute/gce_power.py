@@ -34,18 +34,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from shared.adapters.compute.gce_api import GceApi, GceConfig, PoolSettings
+from shared.adapters.compute.gce_api import GceConfig, api_from_dict, config_from_dict
 from shared.adapters.compute.gce_compute import GceCompute
 from shared.domain.events import Event, NodeProvisioned
 from shared.domain.model import Node, NodeRole, NodeState
 
 log = logging.getLogger("mtc.gce_power")
 Runner = Callable[[Sequence[str]], str]
-POOL_FIELDS = ("image", "boot_disk_gb", "provisioning_model", "reservation",
-               "reservation_affinity", "max_run_duration_s", "network", "subnetwork",
-               "service_account")
 
 
 class _Clock:
@@ -71,25 +67,10 @@ def nodeset_of(name: str, nodesets: Mapping[str, Any]) -> str | None:
 
 def load_config(path: Path) -> tuple[GceConfig, dict[str, Any]]:
     data = json.loads(path.read_text())
-    for key in ("project", "zone", "state_dir", "nodesets"):
-        if key not in data:
-            raise ValueError(f"{path}: missing {key!r}")
-    pools = {name: PoolSettings(**{k: v for k, v in spec.items() if k in POOL_FIELDS})
-             for name, spec in data["nodesets"].items()}
+    if "state_dir" not in data:
+        raise ValueError(f"{path}: missing 'state_dir'")
     # Slurm node name = instance name, as slurm-gcp has it
-    return GceConfig(data["project"], data["zone"], pools=pools, name_prefix=""), data
-
-
-def make_api(config: GceConfig, data: Mapping[str, Any]) -> GceApi:
-    endpoint = data.get("api_endpoint")
-    credentials = None
-    if data.get("anonymous"):
-        if not endpoint or urlsplit(endpoint).hostname not in ("127.0.0.1", "localhost", "::1"):
-            raise ValueError("anonymous credentials are only for a loopback api_endpoint")
-        from google.auth.credentials import AnonymousCredentials
-
-        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
-    return GceApi(config, api_endpoint=endpoint, credentials=credentials)
+    return config_from_dict(data, pools_key="nodesets", name_prefix=""), data
 
 
 def _node(name: str, nodeset: str, spec: Mapping[str, Any]) -> Node:
@@ -109,7 +90,7 @@ def resume(hostlist: str, config_path: Path, *, runner: Runner = run_scontrol,
         if isinstance(event, NodeProvisioned):
             up[event.node_id] = event
 
-    gce = GceCompute(Path(data["state_dir"]), record, _Clock(), make_api(config, data),
+    gce = GceCompute(Path(data["state_dir"]), record, _Clock(), api_from_dict(config, data),
                      wait_operations=True)
     down: dict[str, str] = {}
     try:
@@ -150,7 +131,7 @@ def suspend(hostlist: str, config_path: Path, *, runner: Runner = run_scontrol,
     config, data = load_config(config_path)
     names = hostnames(hostlist, runner)
     gce = GceCompute(Path(data["state_dir"]), lambda event: None, _Clock(),
-                     make_api(config, data), wait_operations=True)
+                     api_from_dict(config, data), wait_operations=True)
     try:
         for name in names:
             gce.delete_node(name)

@@ -17,13 +17,15 @@ routes each port call to the side that owns it:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
+from shared.adapters.compute.gce_api import api_from_dict, config_from_dict
 from shared.adapters.compute.gce_compute import GceCompute
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.ports import Compute, WorkerSpec
+from shared.ports import Clock, Compute, Emitter, WorkerSpec
 
 
 class PolledCompute(Compute, Protocol):
@@ -75,3 +77,18 @@ class MachinesAndWorkers:
         close = getattr(self.workers, "close", None)
         if close is not None:
             close()
+
+
+def gce_over_slurm(state_dir: Path, emit: Emitter, clock: Clock, *, gce: Mapping[str, Any],
+                   slurm_conf: str | None = None, **slurm_options: Any) -> MachinesAndWorkers:
+    """Compute Engine machines with Slurm workers (the executor on a cluster in the cloud):
+    ``gce`` is the ``config_from_dict`` document (project, zone, pools by mtc pool id, and
+    ``GceCompute`` timings under ``"options"``)."""
+    from shared.adapters.compute.slurm_compute import SlurmCompute
+
+    config = config_from_dict(gce)
+    machines = GceCompute(Path(state_dir) / "gce", emit, clock, api_from_dict(config, gce),
+                          **dict(gce.get("options") or {}))
+    workers = SlurmCompute(Path(state_dir) / "slurm", emit, clock, slurm_conf=slurm_conf,
+                           **slurm_options)
+    return MachinesAndWorkers(machines, workers)

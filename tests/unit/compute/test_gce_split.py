@@ -80,3 +80,36 @@ def test_a_drain_reaches_slurm_and_the_replace_reports_its_reason(rig: Rig) -> N
     [fault] = rig.standin.state.faults_reported
     assert fault["faultReasons"][0]["description"].endswith("XidError: xid 79")
     assert not any(c[0] == "reboot" for c in rig.slurm.calls)  # Compute Engine repaired it
+
+
+def test_the_composition_root_builds_it_from_configuration(tmp_path: Path) -> None:
+    from services.wiring.builder import make_compute
+    from shared.domain.events import Envelope
+
+    standin = ComputeStandin().start()
+    try:
+        got: list[Envelope] = []
+        clock = ManualClock(1000.0)
+        compute = make_compute("gce", tmp_path, got.append, clock, options={
+            "gce": {"project": "proj", "zone": "europe-west4-b", "api_endpoint": standin.endpoint,
+                    "anonymous": True, "pools": {"pool": {"provisioning_model": "SPOT"}},
+                    "options": {"watch_interval_s": 30.0}},
+            "cli": FakeSlurm(), "agent_probes": ("xid",), "observe_interval_s": 0.0,
+            "agent_interval_s": 1e9})
+        assert isinstance(compute, MachinesAndWorkers)
+        compute.provision_node(make_node("w0"))
+        for _ in range(10):
+            clock.advance(1.0)
+            compute.poll()
+        up = [e for e in got if isinstance(e.event, NodeProvisioned)]
+        assert [(e.event.node_id, e.source) for e in up] == [("w0", "//mtc/compute/gce")]
+        inst = standin.instance("mtc-w0")
+        assert inst is not None and inst["scheduling"]["provisioningModel"] == "SPOT"
+        assert inst["zone"].endswith("/zones/europe-west4-b")
+        compute.close()
+    finally:
+        standin.close()
+    with pytest.raises(ValueError, match="loopback"):
+        make_compute("gce", tmp_path / "x", got.append, clock, options={
+            "gce": {"project": "p", "zone": "z", "api_endpoint": "https://example.com",
+                    "anonymous": True}})

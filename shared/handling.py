@@ -23,7 +23,7 @@ from shared import logs
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import PermanentError
 from shared.domain.events import Envelope
-from shared.ports import AdviceSink, Clock, Compute, EventLog, Outbox, Publisher
+from shared.ports import AdviceSink, Clock, Compute, EventLog, Outbox, Publisher, WorkflowRunner
 
 log = logging.getLogger("mtc.handling")
 
@@ -59,6 +59,7 @@ class Deps:
     event_log: EventLog | None = None
     outbox: Outbox | None = None
     advice: AdviceSink | None = None  # a file the job's program reads (None: the view only)
+    workflows: WorkflowRunner | None = None  # provisioning == "workflow": starts executions
 
 
 # (event, uow, deps) -> None, or Outcome.UNCHANGED when the event changed nothing that

@@ -126,6 +126,12 @@ class EventLog(Protocol):
     def read(self, since: float = 0.0) -> Iterator[dict[str, Any]]: ...
 
 
+class WorkflowRunner(Protocol):
+    """Starts an execution of the provisioning workflow (Cloud Workflows) with its argument."""
+
+    def start(self, argument: Mapping[str, Any]) -> str: ...
+
+
 class WorkerSpec(NamedTuple):
     """What compute needs to start one replica of a job attempt (a tuple: a 2,048-node job
     builds 2,048 of these per restart)."""

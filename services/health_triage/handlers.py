@@ -30,7 +30,7 @@ from shared.domain.events import (
     NodeRepairHeld,
     NodeReturnedToService,
 )
-from shared.domain.health import Condition, HealthReport, RepairAction
+from shared.domain.health import REMOTE_SOURCES, Condition, HealthReport, RepairAction
 from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.handling import Deps, Outcome
@@ -39,7 +39,7 @@ from shared.policies.triage import triage, unconfirmed_sightings
 from shared.ports import UnitOfWork
 
 SERVICE = "health_triage"
-SYNTHETIC_SOURCES = frozenset({"heartbeat-monitor"})
+SYNTHETIC_SOURCES = REMOTE_SOURCES  # reports from outside the node are no heartbeat
 
 
 def on_health_reported(event: NodeHealthReported, uow: UnitOfWork, deps: Deps

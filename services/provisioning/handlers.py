@@ -226,15 +226,28 @@ def step_rollback(cluster_id: str, generation: int, reason: str, uow: UnitOfWork
 # ---------------------------------------------------------------- event handlers
 
 
+def start_workflow(cluster_id: str, generation: int, deps: Deps) -> None:
+    """The workflow runs the steps: start its execution for this generation (at least once;
+    a duplicate execution's ``validate`` step finds nothing left to do)."""
+    if deps.workflows is None:
+        log.warning("provisioning=workflow and no workflow runner: the execution for %s"
+                    " generation %d must be started by its caller", cluster_id, generation)
+        return
+    name = deps.workflows.start({"cluster_id": cluster_id, "generation": generation})
+    log.info("started %s for %s generation %d", name, cluster_id, generation)
+
+
 def on_create_requested(event: ClusterCreateRequested, uow: UnitOfWork, deps: Deps) -> None:
     if deps.config.provisioning == "workflow":
-        return  # the workflow runs these steps
+        start_workflow(event.cluster_id, event.generation, deps)
+        return
     step_create_nodes(event.cluster_id, event.generation, uow, deps)
     step_mark_ready(event.cluster_id, event.generation, uow, deps)
 
 
 def on_update_requested(event: ClusterUpdateRequested, uow: UnitOfWork, deps: Deps) -> None:
     if deps.config.provisioning == "workflow":
+        start_workflow(event.cluster_id, event.generation, deps)
         return
     step_create_nodes(event.cluster_id, event.generation, uow, deps)
     step_mark_ready(event.cluster_id, event.generation, uow, deps)

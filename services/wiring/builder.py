@@ -23,8 +23,9 @@ from shared.domain.events import Event, NodeHealthReported
 from shared.handling import DeadLetters, Deps
 from shared.ports import Clock, Compute, DocStore, Outbox, Publisher
 
-ComputeKind = Literal["local", "slurm"]
-COMPUTE_SOURCES: dict[str, str] = {"local": "//mtc/compute/local", "slurm": "//mtc/compute/slurm"}
+ComputeKind = Literal["local", "slurm", "gce"]
+COMPUTE_SOURCES: dict[str, str] = {"local": "//mtc/compute/local", "slurm": "//mtc/compute/slurm",
+                                   "gce": "//mtc/compute/gce"}
 
 
 def build_deps(store: DocStore, *, clock: Clock, compute: Compute, publisher: Publisher,
@@ -76,4 +77,10 @@ def make_compute(kind: ComputeKind, state_dir: Path, sink: Any, clock: Clock, *,
 
         emit = SourceEmitter(sink, clock, COMPUTE_SOURCES["slurm"], source_for=agent_source)
         return SlurmCompute(state_dir / "compute", emit, clock, slurm_conf=slurm_conf, **options)
-    raise ValueError(f"compute must be local or slurm, got {kind!r}")
+    if kind == "gce":  # machines from Compute Engine, workers through Slurm on them
+        from shared.adapters.compute.gce_split import gce_over_slurm
+
+        emit = SourceEmitter(sink, clock, COMPUTE_SOURCES["gce"], source_for=agent_source)
+        return gce_over_slurm(state_dir / "compute", emit, clock, slurm_conf=slurm_conf,
+                              **options)
+    raise ValueError(f"compute must be local, slurm or gce, got {kind!r}")

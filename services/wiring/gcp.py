@@ -17,6 +17,8 @@ Environment:
   MTC_REPAIR_CONFIG        JSON repair policy knobs (load_repair_config)   (default config)
   MTC_LOCAL_COMPUTE        JSON LocalCompute timings: provision_duration_s,
                            repair_durations_s {action: s}                 (LocalCompute's)
+  MTC_PROVISIONING         "events" or "workflow": the provisioning service starts the
+                           mtc-provision-cluster workflow in MTC_WORKFLOW_LOCATION
   K_SERVICE                the function's name (set by Cloud Run): the CloudEvent source
 """
 
@@ -57,6 +59,8 @@ class GcpSettings:
     repair_config: str = ""  # JSON for shared.policies.repair.load_repair_config
     local_compute: str = ""  # JSON: LocalCompute options (provision_duration_s, ...)
     source: str = "//mtc/control-plane"
+    provisioning: str = "events"  # "workflow": Cloud Workflows drives provisioning
+    workflow_location: str = ""
 
     def config(self) -> ControlPlaneConfig:
         """The control-plane settings these environment settings imply."""
@@ -70,7 +74,7 @@ class GcpSettings:
 
             repair = load_repair_config(json.loads(self.repair_config))
             config = dataclasses.replace(config, repair=repair)
-        return config
+        return dataclasses.replace(config, provisioning=self.provisioning)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GcpSettings:
@@ -97,6 +101,9 @@ class GcpSettings:
             repair_config=env.get("MTC_REPAIR_CONFIG", ""),
             local_compute=env.get("MTC_LOCAL_COMPUTE", ""),
             source=f"//mtc/{service}" if service else "//mtc/control-plane",
+            provisioning=_one_of(env.get("MTC_PROVISIONING", "events"), "MTC_PROVISIONING",
+                                 ("events", "workflow")),
+            workflow_location=env.get("MTC_WORKFLOW_LOCATION", ""),
         )
 
 
@@ -151,6 +158,11 @@ class GcpRuntime:
             config=config or settings.config(), source=settings.source, with_event_log=False,
             outbox=self.outbox,
             dead_letters=PubSubDeadLetters(self.store, self.publisher))
+        if settings.provisioning == "workflow":  # the provisioning function starts it
+            from shared.adapters.workflows import CloudWorkflows
+
+            self.deps = dataclasses.replace(self.deps, workflows=CloudWorkflows(
+                settings.project, settings.workflow_location or "us-central1"))
 
     def _make_compute(self) -> Compute:
         if self.settings.compute == "none":
@@ -190,3 +202,9 @@ def local_compute_options(text: str) -> dict[str, Any]:
 
 def gcp_runtime(**overrides: Any) -> GcpRuntime:
     return GcpRuntime(GcpSettings.from_env(), **overrides)
+
+
+def _one_of(value: str, name: str, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise RuntimeError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value

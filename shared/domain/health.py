@@ -38,12 +38,19 @@ class ConditionType(enum.StrEnum):
     # drain` sets it) and a resume they made of a node mtc holds out (the Slurm adapter).
     DRAINED_BY_OPERATOR = "DrainedByOperator"  # details: {"slurm_node", "slurm_reason"} | {"by"}
     RESUMED_BY_OPERATOR = "ResumedByOperator"  # details: {"slurm_node", "mtc_reason"}
+    # The cloud's own notice: the host under the node has maintenance scheduled (Compute
+    # Engine's resourceStatus.upcomingMaintenance), reported by the compute adapter.
+    UPCOMING_MAINTENANCE = "UpcomingMaintenance"  # details: {"type", "window_start", ...}
 
 
 # condition types only an operator sets and lifts: an agent's report cannot clear them
 OPERATOR_CONDITIONS = frozenset({ConditionType.DRAINED_BY_OPERATOR.value,
                                  ConditionType.RESUMED_BY_OPERATOR.value})
 OPERATOR_SOURCE = "operator"
+# reports made about a node from outside it (the heartbeat monitor, the cloud's compute API):
+# they say nothing about its agent being alive, so they are no heartbeat
+COMPUTE_SOURCE = "compute-engine"
+REMOTE_SOURCES = frozenset({"heartbeat-monitor", COMPUTE_SOURCE})
 
 
 class Severity(enum.StrEnum):

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from shared.domain.health import (
     OPERATOR_CONDITIONS,
     OPERATOR_SOURCE,
+    REMOTE_SOURCES,
     Condition,
     ConditionStatus,
     ConditionType,
@@ -97,7 +98,7 @@ def observe(node: Node, report: HealthReport) -> bool:
             node.conditions[cond.type] = NodeCondition(status, cond.reason, cond.since, at)
         else:
             prev.last_seen = max(prev.last_seen, at)
-    if report.source != "heartbeat-monitor" and report.condition(HEARTBEAT) is None:
+    if report.source not in REMOTE_SOURCES and report.condition(HEARTBEAT) is None:
         lost = node.conditions.get(HEARTBEAT)
         if lost is not None and lost.status == ConditionStatus.TRUE.value:
             node.conditions[HEARTBEAT] = NodeCondition(ConditionStatus.FALSE.value,

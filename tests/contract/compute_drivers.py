@@ -246,6 +246,41 @@ class SlurmDriver(FileCheckpoints, Driver):
         self.slurm_compute.close()
 
 
+class GceDriver(LocalDriver):
+    """``MachinesAndWorkers``: ``GceCompute`` through the real ``google-cloud-compute``
+    client against the local Compute Engine stand-in (``tests/gce_standin.py``; no emulator
+    exists), with ``LocalCompute``'s real subprocess workers on the machines."""
+
+    name = "gce"
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        from google.auth.credentials import AnonymousCredentials
+
+        from shared.adapters.compute.gce_api import GceApi, GceConfig
+        from shared.adapters.compute.gce_compute import GceCompute
+        from shared.adapters.compute.gce_split import MachinesAndWorkers
+        from tests.gce_standin import ComputeStandin
+
+        self.standin = ComputeStandin().start()
+        api = GceApi(GceConfig("contract", "us-central1-a"), api_endpoint=self.standin.endpoint,
+                     credentials=AnonymousCredentials())
+        self.machines = GceCompute(tmp / "gce", self.events, self.clock, api,
+                                   retry_initial_s=0.25, watch_interval_s=5.0)
+        self.split = MachinesAndWorkers(self.machines, self.local)
+        self.compute = self.split
+
+    def settle(self) -> None:
+        self.clock.advance(0.25)
+        self.split.poll()
+        time.sleep(0.02)
+
+    def close(self) -> None:
+        super().close()
+        self.machines.close()
+        self.standin.close()
+
+
 class _RecordingBus:
     """The simulator's bus, reduced to what SimCompute calls: events are recorded, not
     delivered to handlers (the contract is about the adapter, not the control plane)."""
@@ -321,4 +356,5 @@ DRIVERS: dict[str, type[Driver]] = {
     "local": LocalDriver,
     "slurm": SlurmDriver,
     "sim": SimDriver,
+    "gce": GceDriver,
 }

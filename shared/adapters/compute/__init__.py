@@ -13,4 +13,7 @@ contract suite in ``tests/contract/test_compute_port.py`` checks each of them.
   embedded default's simulated nodes and real worker processes.
 * ``slurm_compute`` (the port), ``slurm_api``, ``slurm_cli``, ``slurm_ops``, ``slurm_agents``,
   ``slurm_nodes``, ``slurm_scripts``, ``slurm_attempts``: a real Slurm cluster.
+* ``gce_compute`` (machine lifecycle on Compute Engine), ``gce_api``, ``gce_maintenance``,
+  ``gce_split`` (the port: machines from Compute Engine, workers from Slurm or local
+  processes), ``gce_power`` (Slurm's Resume/SuspendProgram on Compute Engine).
 """

@@ -29,6 +29,10 @@ ALLOWED: dict[tuple[str, ...], set[str]] = {
     ("iam", "service-accounts", "describe"): {"--project"},
     ("iam", "service-accounts", "create"): {"--project", "--display-name", "--description"},
     ("projects", "add-iam-policy-binding"): {"--member", "--role", "--condition"},
+    ("projects", "describe"): {"--format"},
+    ("iam", "service-accounts", "add-iam-policy-binding"): {"--project", "--member", "--role"},
+    ("firestore", "databases", "describe"): {"--database", "--project"},
+    ("firestore", "databases", "create"): {"--database", "--location", "--type", "--project"},
     ("pubsub", "topics", "describe"): {"--project"},
     ("pubsub", "topics", "create"): {"--project", "--message-retention-duration"},
     ("pubsub", "topics", "add-iam-policy-binding"): {"--project", "--member", "--role"},
@@ -37,7 +41,7 @@ ALLOWED: dict[tuple[str, ...], set[str]] = {
         "--project", "--topic", "--push-endpoint", "--push-auth-service-account",
         "--ack-deadline", "--min-retry-delay", "--max-retry-delay", "--dead-letter-topic",
         "--max-delivery-attempts", "--message-filter", "--expiration-period",
-        "--message-retention-duration"},
+        "--message-retention-duration", "--enable-message-ordering"},
     ("pubsub", "subscriptions", "update"): {
         "--project", "--push-endpoint", "--push-auth-service-account", "--ack-deadline",
         "--min-retry-delay", "--max-retry-delay", "--dead-letter-topic",
@@ -67,7 +71,8 @@ ALLOWED: dict[tuple[str, ...], set[str]] = {
     ("firestore", "fields", "ttls", "update"): {
         "--collection-group", "--enable-ttl", "--database", "--project", "--async"},
 }
-VALUELESS = {"--gen2", "--trigger-http", "--no-allow-unauthenticated", "--async", "--enable-ttl"}
+VALUELESS = {"--gen2", "--trigger-http", "--no-allow-unauthenticated", "--async", "--enable-ttl",
+             "--enable-message-ordering"}
 
 
 def load() -> dict[str, Any]:
@@ -155,7 +160,9 @@ def test_every_gcloud_command_is_well_formed(gcloud: Any) -> None:
                 assert not eq, f"{step_id}: {name} takes no value"
             else:
                 assert eq and value, f"{step_id}: {name} needs a value (--flag=value)"
-        expected = 0 if path == ("firestore", "indexes", "composite", "create") else 1
+        expected = 0 if path in (("firestore", "indexes", "composite", "create"),
+                                 ("firestore", "databases", "describe"),
+                                 ("firestore", "databases", "create")) else 1
         if path == ("services", "enable"):
             assert all(p.endswith(".googleapis.com") for p in positionals)
         else:
@@ -234,10 +241,20 @@ def test_service_accounts_are_created_and_least_privilege(gcloud: Any) -> None:
     created = {p[0] for _, path, p, _ in gcloud if path == ("iam", "service-accounts", "create")}
     for s in (*SERVICES, "api", "steps"):
         assert ps.function_name(s) in created
-    project_roles = {flag(f, "--role") for _, path, _, f in gcloud
+    project_roles = {(flag(f, "--member"), flag(f, "--role")) for _, path, _, f in gcloud
                      if path == ("projects", "add-iam-policy-binding")}
-    assert project_roles <= {"roles/datastore.user", "roles/logging.logWriter"}
-    assert not any("admin" in (r or "") or r in ("roles/owner", "roles/editor")
+    executor = "serviceAccount:mtc-executor@${_PROJECT}.iam.gserviceaccount.com"
+    provisioning = f"serviceAccount:{ps.function_name('provisioning')}@${{_PROJECT}}" \
+                   ".iam.gserviceaccount.com"
+    assert {r for _, r in project_roles} <= {"roles/datastore.user", "roles/logging.logWriter",
+                                             "roles/workflows.invoker",
+                                             "roles/compute.instanceAdmin.v1"}
+    # only the provisioning function starts workflows; only the executor manages instances
+    assert {m for m, r in project_roles if r == "roles/workflows.invoker"} == {provisioning}
+    assert {m for m, r in project_roles if r == "roles/compute.instanceAdmin.v1"} == {executor}
+    assert {r for m, r in project_roles if m == executor} == {
+        "roles/datastore.user", "roles/compute.instanceAdmin.v1"}  # its liveness document
+    assert not any(r in ("roles/owner", "roles/editor", "roles/iam.serviceAccountAdmin")
                    for _, _, _, f in gcloud for r in [flag(f, "--role")])
     invokers = {(p[0], flag(f, "--member")) for _, path, p, f in gcloud
                 if path == ("functions", "add-invoker-policy-binding")}
@@ -254,8 +271,8 @@ def test_service_accounts_are_created_and_least_privilege(gcloud: Any) -> None:
 
 def test_every_topic_and_the_dead_letter_topic_are_created(gcloud: Any) -> None:
     created = {p[0] for _, path, p, _ in gcloud if path == ("pubsub", "topics", "create")}
-    assert created == {ps.topic_id(f) for f in families()} | {ps.dead_letter_topic_id(),
-                                                              ps.alerts_topic_id()}
+    assert created == {ps.topic_id(f) for f in families()} | {
+        ps.dead_letter_topic_id(), ps.alerts_topic_id(), "mtc-compute-requests"}
     assert ps.alerts_topic_id() == "mtc-alerts"  # people subscribe to it; no service does
 
 
@@ -292,7 +309,7 @@ def test_push_urls_are_the_functions_urls(build: dict[str, Any]) -> None:
 
 
 def test_dead_letter_forwarding_has_its_permissions(gcloud: Any) -> None:
-    agent = "serviceAccount:service-${PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
+    agent = "serviceAccount:service-$${project_number}@gcp-sa-pubsub.iam.gserviceaccount.com"
     topic_grants = {(p[0], flag(f, "--member"), flag(f, "--role")) for _, path, p, f in gcloud
                     if path == ("pubsub", "topics", "add-iam-policy-binding")}
     assert (ps.dead_letter_topic_id(), agent, "roles/pubsub.publisher") in topic_grants
@@ -335,7 +352,109 @@ def test_events_and_idempotency_records_have_a_ttl_policy(gcloud: Any) -> None:
     ttls = {(flag(f, "--collection-group"), p[0]) for _, path, p, f in gcloud
             if path == ("firestore", "fields", "ttls", "update") and "--enable-ttl" in f}
     assert ttls == {("events", "expire_at"), ("processed_events", "expire_at"),
-                    ("alerts", "expire_at")}  # resolved alerts
+                    ("alerts", "expire_at"),  # resolved alerts
+                    ("operations", "expire_at"), ("audit_log", "expire_at")}
+
+
+def test_every_collection_written_with_expire_at_has_a_ttl_policy(gcloud: Any) -> None:
+    """Scan the code: a collection constant in a module that writes ``expire_at`` must be
+    covered, so a new retention-bound collection cannot be forgotten here."""
+    ttls = {flag(f, "--collection-group") for _, path, _, f in gcloud
+            if path == ("firestore", "fields", "ttls", "update")}
+    found = set()
+    for path in [*(ROOT / "shared").rglob("*.py"), *(ROOT / "services").rglob("*.py")]:
+        text = path.read_text()
+        if '"expire_at"' not in text and "expire_at=" not in text:
+            continue
+        found |= set(re.findall(r'^[A-Z_]*(?:COLLECTION|EVENTS|PROCESSED|ALERTS|OPERATIONS)'
+                                r'\s*=\s*"([a-z_]+)"', text, re.M))
+    assert found and found <= ttls, found - ttls
+
+
+def test_a_fresh_project_gets_its_firestore_database_first(build: dict[str, Any],
+                                                           gcloud: Any) -> None:
+    script = scripts(build)["firestore-database"]
+    assert "gcloud firestore databases describe" in script.split("||")[0]
+    assert "gcloud firestore databases create" in script.split("||")[1]
+    creates = [f for _, path, _, f in gcloud if path == ("firestore", "databases", "create")]
+    assert [flag(f, "--type") for f in creates] == ["firestore-native"]
+    assert flag(creates[0], "--location") == "${_FIRESTORE_LOCATION}"
+    for step in ("firestore-indexes", "firestore-ttls", *(
+            s["id"] for s in build["steps"] if s["id"].startswith("deploy-"))):
+        assert "firestore-database" in _ancestors(build, step), step
+
+
+def test_the_service_agent_is_the_target_projects_looked_up_not_assumed(
+        build: dict[str, Any]) -> None:
+    text = CLOUDBUILD.read_text()
+    assert "${PROJECT_NUMBER}" not in text  # Cloud Build's own: the build's project
+    for step_id, script in scripts(build).items():
+        if "gcp-sa-pubsub" in script:
+            first = script.splitlines()[0]
+            assert first == "project_number=$$(gcloud projects describe ${_PROJECT}" \
+                            " '--format=value(projectNumber)')", step_id
+
+
+def test_the_executor_identity_pulls_ordered_requests_and_publishes_results(
+        build: dict[str, Any], gcloud: Any) -> None:
+    executor = "serviceAccount:mtc-executor@${_PROJECT}.iam.gserviceaccount.com"
+    created = {p[0] for _, path, p, _ in gcloud if path == ("iam", "service-accounts", "create")}
+    assert {"mtc-executor", "mtc-node"} <= created
+    name = "mtc-executor-${_EXECUTOR_ID}"  # services.executor's executor_subscription_id
+    [sub] = [f for _, path, p, f in gcloud
+             if path == ("pubsub", "subscriptions", "create") and p == [name]]
+    assert flag(sub, "--topic") == "mtc-compute-requests"
+    assert "--enable-message-ordering" in sub and flag(sub, "--push-endpoint") is None
+    assert flag(sub, "--dead-letter-topic") == ps.dead_letter_topic_id()
+    subscriber = {(p[0], flag(f, "--member")) for _, path, p, f in gcloud
+                  if path == ("pubsub", "subscriptions", "add-iam-policy-binding")}
+    assert {s for s, m in subscriber if m == executor} == {name}
+    published = {p[0] for _, path, p, f in gcloud
+                 if path == ("pubsub", "topics", "add-iam-policy-binding")
+                 and flag(f, "--member") == executor}
+    assert published == {ps.topic_id(f) for f in families()} | {ps.alerts_topic_id(),
+                                                                ps.dead_letter_topic_id()}
+    requesters = {flag(f, "--member") for _, path, p, f in gcloud
+                  if path == ("pubsub", "topics", "add-iam-policy-binding")
+                  and p == ["mtc-compute-requests"]}
+    assert executor not in requesters and len(requesters) == len(SERVICES) + 2
+    line = next(x for x in scripts(build)["service-accounts"].splitlines()
+                if "compute.instanceAdmin.v1" in x)
+    assert line.startswith('if [ "${_EXECUTOR_GCE}" = true ]; then ')
+    assert "roles/iam.serviceAccountUser" in line and "mtc-node@" in line
+
+
+def test_functions_start_the_workflow_where_it_drives_provisioning(gcloud: Any,
+                                                                    build: dict[str, Any]) -> None:
+    for _, path, _p, f in gcloud:
+        if path == ("functions", "deploy"):
+            env = dict(kv.split("=", 1) for kv in (flag(f, "--set-env-vars") or "").split(","))
+            assert env["MTC_PROVISIONING"] == "${_PROVISIONING}"
+            assert env["MTC_WORKFLOW_LOCATION"] == "${_REGION}"
+    assert build["substitutions"]["_PROVISIONING"] == "workflow"
+    deployed = {p[0] for _, path, p, _ in gcloud if path == ("workflows", "deploy")}
+    from shared.adapters.workflows import WORKFLOW
+
+    assert WORKFLOW == "mtc-provision-cluster" and WORKFLOW in deployed  # what it starts
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path: Path) -> None:
+    before = CLOUDBUILD.read_text()
+    proc = subprocess.run([sys.executable, "-m", "deploy.cloudbuild", "--dry-run",
+                           "--substitutions=_PROJECT=my-proj,_REGION=europe-west1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("Deployment plan: ") and "project my-proj, region europe-west1" in out
+    assert "[1] unit-tests" in out and "firestore-database" in out
+    assert "gcloud firestore databases create --database=(default) --location=nam5" \
+           " --type=firestore-native" in out.replace('"', "")
+    assert "${_" not in out  # every substitution filled in
+    assert CLOUDBUILD.read_text() == before
+    bad = subprocess.run([sys.executable, "-m", "deploy.cloudbuild", "--dry-run",
+                          "--substitutions=_NOPE=1"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert bad.returncode != 0 and "_NOPE" in bad.stderr
 
 
 def test_the_tick_is_scheduled_against_the_steps_function(gcloud: Any) -> None:
@@ -347,3 +466,35 @@ def test_the_tick_is_scheduled_against_the_steps_function(gcloud: Any) -> None:
         assert flag(flags, "--http-method") == "POST"
         assert flag(flags, "--oidc-service-account-email") == \
             "mtc-scheduler@${_PROJECT}.iam.gserviceaccount.com"
+
+
+# the role the deploying account needs for each gcloud command group the build runs
+DEPLOYER_ROLES = {
+    ("services",): "roles/serviceusage.serviceUsageAdmin",
+    ("firestore",): "roles/datastore.owner",
+    ("iam", "service-accounts", "create"): "roles/iam.serviceAccountAdmin",
+    ("iam", "service-accounts", "add-iam-policy-binding"): "roles/iam.serviceAccountAdmin",
+    ("projects", "add-iam-policy-binding"): "roles/resourcemanager.projectIamAdmin",
+    ("projects", "describe"): "roles/resourcemanager.projectIamAdmin",
+    ("pubsub",): "roles/pubsub.admin",
+    ("functions", "deploy"): "roles/cloudfunctions.admin",
+    ("functions", "add-invoker-policy-binding"): "roles/run.admin",
+    ("workflows",): "roles/workflows.admin",
+    ("scheduler",): "roles/cloudscheduler.admin",
+}
+
+
+def test_docs_list_the_roles_the_deploying_account_needs(gcloud: Any) -> None:
+    docs = (ROOT / "docs" / "gcp.md").read_text()
+    table = docs[docs.index("### Roles the deploying account needs"):]
+    table = table[:table.index("\n### ", 5)]
+    for _, path, _, _ in gcloud:
+        if path[:2] in (("iam", "service-accounts"),) and path[2] == "describe":
+            continue  # reads: covered by the admin role
+        if path[:2] == ("functions", "describe"):
+            continue
+        role = next((r for prefix, r in DEPLOYER_ROLES.items()
+                     if path[:len(prefix)] == prefix), None)
+        assert role is not None, f"no deployer role known for gcloud {' '.join(path)}"
+        assert f"`{role}`" in table, f"docs/gcp.md does not list {role} (gcloud {path})"
+    assert "`roles/iam.serviceAccountUser`" in table  # deploying as the runtime accounts

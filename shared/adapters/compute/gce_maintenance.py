@@ -1,0 +1,84 @@
+"""Planned maintenance on Compute Engine: ``resourceStatus.upcomingMaintenance`` as a condition.
+
+Every ``watch_interval_s`` each running instance of ``GceCompute`` (with no task under way) is
+read and its ``upcomingMaintenance`` turned into the ``UpcomingMaintenance`` condition, reported
+on change only (conditions are state), with source ``compute-engine``: the cloud's notice,
+which says nothing of the node's agent (no heartbeat). Triage maps a TRUE one to a reboot, so
+the job checkpoints and moves before the window opens. The same report, forced, is the
+post-repair check of what Compute Engine can vouch for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Mapping
+from typing import Any
+
+from shared.adapters.compute.fact_state import FactState
+from shared.adapters.compute.gce_api import Failure, GceApi, GceError
+from shared.domain.events import NodeHealthReported
+from shared.domain.health import COMPUTE_SOURCE, Condition, ConditionStatus, ConditionType
+
+log = logging.getLogger("mtc.compute.gce")
+MAINTENANCE = ConditionType.UPCOMING_MAINTENANCE.value
+
+
+class MaintenanceWatch(FactState):
+    """Mixin of ``GceCompute`` (which sets ``api`` and ``_watch`` and has the ``nodes``
+    table with ``maintenance`` and ``next_watch_at``)."""
+
+    api: GceApi
+    _watch: float
+
+    def _watch_maintenance(self) -> None:
+        now = self._clock.now()
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT n.* FROM nodes n WHERE n.provisioned = 1 AND n.deleted = 0"
+                " AND n.next_watch_at <= ? AND NOT EXISTS (SELECT 1 FROM tasks t WHERE"
+                " t.node_id = n.node_id AND t.status = 'active') ORDER BY n.node_id",
+                (now,)).fetchall()
+        for node in rows:
+            try:
+                inst = self.api.get(node["instance"])
+            except GceError as exc:
+                log.warning("cannot read %s: %s", node["instance"], exc)
+                inst = None
+                if exc.kind is not Failure.PERMANENT:
+                    continue
+            with self._tx() as db:
+                db.execute("UPDATE nodes SET next_watch_at = ? WHERE node_id = ?",
+                           (now + self._watch, node["node_id"]))
+                if inst is None:  # gone without being asked (a preemption, a person)
+                    log.warning("instance %s of %s is gone", node["instance"], node["node_id"])
+                    continue
+                self._queue(db, self._report(db, node["node_id"], inst, now, COMPUTE_SOURCE))
+
+    def _report(self, db: sqlite3.Connection, node_id: str, inst: Mapping[str, Any] | None,
+                now: float, source: str, *, force: bool = False) -> NodeHealthReported | None:
+        """The ``UpcomingMaintenance`` condition of the instance; None when it did not change
+        (unless ``force``: a post-repair check always reports)."""
+        upcoming = ((inst or {}).get("resourceStatus") or {}).get("upcomingMaintenance") or {}
+        status = str(upcoming.get("maintenanceStatus") or "")
+        pending = bool(upcoming) and status != "UNKNOWN"
+        state = json.dumps(upcoming, sort_keys=True) if pending else ""
+        row = db.execute("SELECT maintenance FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+        if row is None or (row["maintenance"] == state and not force):
+            return None
+        db.execute("UPDATE nodes SET maintenance = ? WHERE node_id = ?", (state, node_id))
+        if pending:
+            window = upcoming.get("windowStartTime") or upcoming.get("latestWindowStartTime") or ""
+            cond = Condition(MAINTENANCE, ConditionStatus.TRUE,
+                             f"{upcoming.get('type', 'SCHEDULED')} maintenance {status.lower()}"
+                             f" from {window or 'soon'}", now,
+                             {"type": upcoming.get("type", ""), "window_start": window,
+                              "window_end": upcoming.get("windowEndTime", ""),
+                              "maintenance_status": status,
+                              "can_reschedule": bool(upcoming.get("canReschedule", False))})
+        else:
+            cond = Condition(MAINTENANCE, ConditionStatus.FALSE,
+                             "no maintenance scheduled for the instance", now)
+        return NodeHealthReported(node_id, now, (cond.to_dict(),), source=source)
+

@@ -43,9 +43,9 @@ def adopted_spec(*, name: str, slurm_job_id: int, user: str, command: str, machi
                  replicas: int) -> CustomJobSpec:
     """The CustomJob spec an adopted job is shown with: one pool, one replica per node, the
     batch script as its command, the origin labels."""
-    command_args: Sequence[str] = [command] if command else []
+    command_args: Sequence[str] = [command[:4096]] if command.strip() else []
     return CustomJobSpec.parse({
-        "displayName": (name or adopted_job_id(slurm_job_id))[:128],
+        "displayName": (name.strip() or adopted_job_id(slurm_job_id))[:128],
         "jobSpec": {"workerPoolSpecs": [{
             "machineSpec": {"machineType": machine_type},
             "replicaCount": max(1, replicas),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from services.job_submission import handlers as api
-from shared.domain.adopted import adopted
+from shared.domain.adopted import adopted, adopted_spec
 from shared.domain.errors import ValidationError
 from shared.domain.events import JobAdopted
 from shared.domain.model import JobState, NodeState
@@ -78,3 +78,12 @@ def test_api_jobs_may_not_claim_the_origin() -> None:
     body = job_body(1) | {"labels": {"mtc-origin": "slurm"}}
     with pytest.raises(ValidationError, match=r"labels\.mtc-origin"):
         plane.api(lambda u, d: api.submit_job("c1", body, u, d, "j1"))
+
+
+def test_what_slurm_says_about_a_job_cannot_make_its_adoption_fail() -> None:
+    spec = adopted_spec(name="   ", slurm_job_id=9, user="Üser Name!", command=" ",
+                        machine_type="a3-highgpu-8g", replicas=0)
+    assert spec.display_name == "slurm-9" and spec.replica_count == 1
+    assert dict(spec.labels)["mtc-slurm-user"] == "-ser-name-"
+    assert spec.worker_pool_specs[0].container_spec is not None
+    assert spec.worker_pool_specs[0].container_spec.command == ()

@@ -164,3 +164,19 @@ def test_no_managed_partitions_adopts_nothing(make: Make, slurm: FakeSlurm, even
     slurm.user_job(["n1"])
     compute.poll()
     assert events.of(JobAdopted) == []
+
+
+def test_a_restarted_adapter_does_not_adopt_or_requeue_again(
+        make: Make, slurm: FakeSlurm, events: Events, clock: Clock) -> None:
+    compute, _ = ready(make)
+    job = slurm.user_job(["n1"])
+    compute.poll()
+    compute.signal_workers(f"slurm-{job.job_id}", 1, 5.0)
+    clock.advance(6)
+    compute.poll()
+    compute.close()
+    again = make()  # same state dir: what was adopted and asked is remembered
+    again.poll()
+    again.poll()
+    assert len(events.of(JobAdopted)) == 1 and slurm.count("requeue") == 1
+    assert slurm.count("signal") == 1

@@ -21,9 +21,11 @@ drains the node in Slurm before it signals the job. The comment ``mtc:checkpoint
 each new one is reported as ``JobCheckpointSaved``.
 
 End of a run, from Slurm's view: requeued (restart count grew, or pending again) after mtc's
-signal: its exit as Slurm recorded it before the requeue (137 if the requeue ended it); requeued by Slurm itself (a node failure): 75, "resume
-me" (Slurm runs it again, mtc follows); ended and not requeued: its exit status (0:
-succeeded); gone from ``squeue``: 137. ``JobWorkersExited`` carries it once.
+signal: its exit as Slurm recorded it before the requeue (137 if the requeue ended it);
+requeued by Slurm itself (a node failure): 75, "resume me" (Slurm runs it again, mtc
+follows); ended and not requeued: its exit status (0: succeeded); gone from ``squeue``: 137.
+``JobWorkersExited`` carries it once. A requeue that fails for good ends the run with an
+alert; the job then waits in PENDING in mtc (Slurm will not run it again).
 """
 
 from __future__ import annotations

@@ -68,6 +68,9 @@ def describe(doc: dict[str, Any]) -> str:
                       if d.get("resume_step", -1) >= 0 else "from scratch")
             return (f"job {d['job_id']}: attempt {d['attempt']} started on "
                     f"{', '.join(d['node_ids'])}, {resume}")
+        case "mtc.job.adopted.v1":
+            return (f"job {d['job_id']}: Slurm job {d['slurm_job_id']} ({d.get('name', '')}, user "
+                    f"{d.get('user', '')}) run {d['attempt']} adopted on {', '.join(d['node_ids'])}")
         case "mtc.job.interrupt_requested.v1":
             return f"job {d['job_id']}: SIGTERM requested ({d['reason']})"
         case "mtc.job.signalled.v1":

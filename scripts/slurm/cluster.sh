@@ -4,10 +4,13 @@
 #   scripts/slurm/cluster.sh start|stop|status|env
 #
 # Four static nodes n[1-4] and two power-saving cloud nodes c[1-2], all slurmd processes on
-# 127.0.0.1 with distinct ports, one slurmctld and a private munged. Everything lives in a
+# 127.0.0.1 with distinct ports, one slurmctld, a private munged and (where the slurmrestd
+# package is installed) slurmrestd on 127.0.0.1:BASE+20 with JWT auth (AuthAltTypes=auth/jwt,
+# key $STATE/etc/jwt_hs256.key; tokens from `scontrol token`), running as user nobody. Everything lives in a
 # state dir ($MTC_SLURM_DIR, default /tmp/mtc-slurm); every PID we start is recorded under
 # $STATE/pids and `stop` kills exactly those (after cancelling this cluster's jobs).
-# Clients need SLURM_CONF=$STATE/etc/slurm.conf (`cluster.sh env` prints the export line).
+# Clients need SLURM_CONF=$STATE/etc/slurm.conf (`cluster.sh env` prints the export lines, and
+# MTC_SLURMRESTD_URL for mtc's Slurm Job API).
 #
 # Optional environment:
 #   MTC_SLURM_DIR                    state dir (default /tmp/mtc-slurm)
@@ -30,6 +33,9 @@ PIDS="$STATE/pids"
 MUNGE_DIR="$STATE/munge"
 MUNGE_SOCKET="$MUNGE_DIR/munge.socket"
 MUNGE_KEY="$MUNGE_DIR/munge.key"
+JWT_KEY="$STATE/etc/jwt_hs256.key"
+RESTD_PORT=$((PORT_BASE + 20))
+RESTD_USER="${MTC_SLURMRESTD_RUN_AS:-nobody}"  # slurmrestd refuses root and SlurmUser
 
 export SLURM_CONF="$CONF"
 export PATH="/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
@@ -44,10 +50,10 @@ have_binaries() {
 }
 
 install_packages() {
-    have_binaries && return 0
+    have_binaries && { have_restd || install_restd; return 0; }
     [[ $(id -u) -eq 0 ]] || die "slurm is not installed and we are not root to apt-get it"
     command -v apt-get >/dev/null || die "slurm is not installed and apt-get is missing"
-    local pkgs=(slurmctld slurmd slurm-client munge)
+    local pkgs=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge)
     log "installing ${pkgs[*]} with apt-get"
     export DEBIAN_FRONTEND=noninteractive
     # Refresh the package lists only when an install from the current ones fails (or none exist).
@@ -59,6 +65,18 @@ install_packages() {
             die "apt-get install failed, see $STATE/log/apt.log"
     fi
     have_binaries || die "slurm binaries still missing after install"
+}
+
+have_restd() {  # slurmrestd and the auth/jwt plugin slurmctld needs to check its tokens
+    command -v slurmrestd >/dev/null && compgen -G "/usr/lib/*/slurm-wlm/auth_jwt.so" >/dev/null
+}
+
+install_restd() {  # the Slurm Job API's backend; the cluster runs without it (tests skip)
+    [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null || return 0
+    log "installing slurmrestd and slurm-wlm-jwt-plugin with apt-get"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends \
+        slurmrestd slurm-wlm-jwt-plugin >>"$STATE/log/apt.log" 2>&1 ||
+        log "slurmrestd could not be installed (see $STATE/log/apt.log)"
 }
 
 # ---------------------------------------------------------------------------- pids
@@ -184,7 +202,11 @@ EOF
 }
 
 write_conf() {
-    local hc=""
+    local hc="" jwt=""
+    if have_restd; then
+        jwt="AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=$JWT_KEY"
+    fi
     if [[ -n $HC_PROGRAM ]]; then
         hc="HealthCheckProgram=$HC_PROGRAM
 HealthCheckInterval=$HC_INTERVAL
@@ -237,6 +259,7 @@ SuspendTimeout=5
 ResumeTimeout=30
 PrivateData=cloud
 TreeWidth=65533
+$jwt
 $hc
 NodeName=n[1-4] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT_BASE + 1))-$((PORT_BASE + 4)) CPUs=2 RealMemory=1000 State=UNKNOWN
 NodeName=c[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT_BASE + 11))-$((PORT_BASE + 12)) CPUs=2 RealMemory=1000 State=CLOUD
@@ -269,6 +292,35 @@ start_munged() {
     pid=$(wait_for_pidfile "$MUNGE_DIR/munged.pid" 10) || die "munged wrote no pid file"
     echo "$pid" >"$PIDS/munged.pid"
     log "munged pid $pid"
+}
+
+write_jwt_key() {  # slurmctld signs and checks the tokens with it; only root reads it
+    have_restd || return 0
+    [[ -s $JWT_KEY ]] || { (umask 077; dd if=/dev/urandom of="$JWT_KEY" bs=32 count=1 status=none); }
+    chmod 0600 "$JWT_KEY"
+}
+
+start_slurmrestd() {
+    have_restd || { log "slurmrestd (or its jwt plugin) not installed: no Slurm REST API"; return 0; }
+    recorded_alive slurmrestd && return 0
+    getent passwd "$RESTD_USER" >/dev/null || { log "user $RESTD_USER missing: no slurmrestd"; return 0; }
+    # SLURM_JWT=daemon: slurmrestd passes each client's token on to slurmctld (rest_auth/jwt)
+    /usr/bin/setsid /usr/sbin/runuser -u "$RESTD_USER" -- /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/bin \
+        SLURM_CONF="$CONF" SLURM_JWT=daemon /usr/sbin/slurmrestd -a rest_auth/jwt -s openapi/v0.0.38 \
+        "127.0.0.1:$RESTD_PORT" </dev/null >>"$STATE/log/slurmrestd.log" 2>&1 &
+    local pid=$! deadline=$((SECONDS + 10))
+    while ((SECONDS < deadline)); do  # runuser execs nothing itself: find its slurmrestd child
+        local child
+        child=$(pgrep -P "$pid" -x slurmrestd 2>/dev/null || true)
+        [[ -z $child ]] && pid_alive "$pid" slurmrestd && child=$pid
+        if [[ -n $child ]] && (exec 3<>"/dev/tcp/127.0.0.1/$RESTD_PORT") 2>/dev/null; then
+            echo "$child" >"$PIDS/slurmrestd.pid"
+            log "slurmrestd pid $child on 127.0.0.1:$RESTD_PORT"
+            return 0
+        fi
+        sleep 0.1
+    done
+    log "slurmrestd did not come up (see $STATE/log/slurmrestd.log)"
 }
 
 start_slurmctld() {
@@ -329,10 +381,12 @@ cmd_start() {
         write_helpers
         write_conf
     fi
+    write_jwt_key
     start_munged
     start_slurmctld
     start_slurmds
     wait_idle || die "cluster did not come up; logs in $STATE/log"
+    start_slurmrestd
     log "up: 4 static nodes idle after $(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b-a}')s (SLURM_CONF=$CONF)"
 }
 
@@ -392,6 +446,7 @@ cmd_stop() {
     for f in "$PIDS"/slurmd-*.pid; do
         [[ -e $f ]] && daemons+=("$(basename "$f" .pid)")
     done
+    kill_recorded slurmrestd
     kill_recorded "${daemons[@]}" slurmctld
     kill_recorded munged  # last: the others authenticate through it while shutting down
     log "stopped"
@@ -416,6 +471,9 @@ case "${1:-}" in
     start) cmd_start ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
-    env) echo "export SLURM_CONF=$CONF" ;;
+    env)
+        echo "export SLURM_CONF=$CONF"
+        recorded_alive slurmrestd && echo "export MTC_SLURMRESTD_URL=http://127.0.0.1:$RESTD_PORT"
+        ;;
     *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
 esac

@@ -33,8 +33,9 @@ def _perms(verbs: Iterable[str], *, operations: Iterable[str]) -> frozenset[str]
 
 
 _VIEWER = _perms(_READ_VERBS, operations=("get", "list", "wait"))
-_EDITOR = _VIEWER | _perms(_WRITE_VERBS, operations=("cancel", "delete"))
-_ADMIN = _EDITOR | {SLURM_RUN, TOKENS_MANAGE}
+# the Slurm Job API runs arbitrary code, as creating a CustomJob does: editors may
+_EDITOR = _VIEWER | _perms(_WRITE_VERBS, operations=("cancel", "delete")) | {SLURM_RUN}
+_ADMIN = _EDITOR | {TOKENS_MANAGE}
 
 # role -> the permissions it grants; read-only, so no caller can widen a role at runtime
 ROLES: MappingProxyType[str, frozenset[str]] = MappingProxyType(

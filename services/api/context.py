@@ -39,6 +39,7 @@ class ApiContext:
     audit: Audit | None = None
     max_wait_s: float = 60.0
     sleep: Callable[[float], None] = field(default=time.sleep)
+    slurm_rest: Any = None  # the Slurm Job API's SlurmRestConfig; None: from the environment
 
     @property
     def now(self) -> float:

@@ -20,6 +20,7 @@ from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
 from services.job_submission import handlers as h
+from shared.domain.adopted import adopted
 from shared.domain.model import Job, JobState
 
 KIND = "customJob"
@@ -67,7 +68,7 @@ def list_jobs(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None
     ctx.refresh()
     with ctx.unit() as uow:
         rendered = []
-        for record in records_of(uow, KIND, parent):
+        for record in [*records_of(uow, KIND, parent), *adopted_records(uow, parent)]:
             job = uow.jobs.get(domain_job_id(record["id"]))
             if job is None:
                 continue
@@ -201,8 +202,30 @@ def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dic
     return CustomJob.model_validate(out).to_json()
 
 
+def adopted_records(uow: Any, parent: Parent) -> list[dict[str, Any]]:
+    """The jobs users submitted with plain ``sbatch`` that mtc adopted (no API record: they
+    are shown under the parent of the cluster they run on, their spec as mtc recorded it)."""
+    out = []
+    for cluster in records_of(uow, "cluster", parent):
+        for job in uow.jobs.list(cluster["id"]):
+            if adopted(job.spec):
+                out.append(adopted_record(job))
+    return out
+
+
+def adopted_record(job: Job) -> dict[str, Any]:
+    """An adopted job's record: its pools and labels (mtc's scheduling fields are not its)."""
+    resource = job.spec.to_dict()
+    resource["jobSpec"].pop("scheduling", None)
+    return {"id": job.job_id, "resource": resource, "created": job.created_at}
+
+
 def _load(uow: Any, parent: Parent, job_id: str) -> dict[str, Any]:
     name = parent.child(COLLECTION, job_id)
+    job = uow.jobs.get(job_id)
+    if job is not None and adopted(job.spec):  # under its cluster's parent, or nowhere
+        load_record(uow, "cluster", job.cluster_id, parent, name)
+        return render(job, parent, job_id, adopted_record(job))
     record = load_record(uow, KIND, job_id, parent, name)
     job = uow.jobs.get(domain_job_id(job_id))
     if job is None:

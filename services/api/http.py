@@ -18,7 +18,15 @@ from typing import Any
 import flask
 from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 
-from services.api import clusters, custom_jobs, node_health, node_ops, operations_api, tuning_jobs
+from services.api import (
+    clusters,
+    custom_jobs,
+    node_health,
+    node_ops,
+    operations_api,
+    slurm_rest,
+    tuning_jobs,
+)
 from services.api import job_logs as logs_api
 from services.api import models as models_api
 from services.api import training_pipelines as pipelines_api
@@ -340,6 +348,8 @@ ROUTES: tuple[Route, ...] = (
                                                            read_body(r)), 200)),
     *(_route("POST", f"{CLUSTERS}/{_ID}/nodes/(?P<node>[^/:]+):{verb}", f"{C}.update",
              _node_op(verb), reasoned=True) for verb in node_ops.VERBS),
+    _route("POST", f"{CLUSTERS}/{_ID}:callSlurmRestApi", f"{C}.run",
+           lambda ctx, p, m, r: (slurm_rest.call(ctx, p, m["rid"], read_body(r)), 200)),
     _route("GET", OPS, f"{OP}.list", _ops_list),
     _route("GET", f"{OPS}/{_ID}", f"{OP}.get", _ops_get),
     _route("DELETE", f"{OPS}/{_ID}", f"{OP}.delete", _ops_delete),

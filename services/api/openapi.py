@@ -39,6 +39,7 @@ from services.api.wire.models import (
 )
 from services.api.wire.operation import ListOperationsResponse, Operation, WaitOperationRequest
 from services.api.wire.proto_json import Message
+from services.api.wire.slurm_rest import CallSlurmRestApiRequest, CallSlurmRestApiResponse
 from services.api.wire.tuning import HyperparameterTuningJob, ListHyperparameterTuningJobsResponse
 
 REF = "#/components/schemas/{model}"
@@ -102,6 +103,9 @@ SPECS: dict[tuple[str, str], Spec] = {
     ("POST", "modelDevelopmentClusters/{modelDevelopmentCluster}/nodes/{node}:reportHealth"): Spec(
         "reportHealth", ReportNodeHealthResponse, ReportNodeHealthRequest,
         summary="mtc extension: a node health report (faults), as its agent would send it"),
+    ("POST", "modelDevelopmentClusters/{modelDevelopmentCluster}:callSlurmRestApi"): Spec(
+        "callSlurmRestApi", CallSlurmRestApiResponse, CallSlurmRestApiRequest,
+        summary="The Slurm Job API: one call to the cluster's slurmrestd (/slurm/v0.0.38/...)"),
     ("GET", "operations"): Spec("list", ListOperationsResponse, query=(*PAGING, "filter"),
                                 summary="List Operations"),
     ("GET", "operations/{operation}"): Spec("get", Operation, summary="Get an Operation"),

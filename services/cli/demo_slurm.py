@@ -53,7 +53,7 @@ from shared.timeline import style as timeline_style
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = ROOT / "scripts" / "slurm" / "cluster.sh"
-PORT_OFFSETS = (0, 1, 2, 3, 4, 11, 12)  # slurmctld, n1-n4, c1-c2 (see cluster.sh)
+PORT_OFFSETS = (0, 1, 2, 3, 4, 11, 12, 20)  # slurmctld, n1-n4, c1-c2, slurmrestd (cluster.sh)
 CLUSTER_ID = "slurm-demo"
 STEP_TIME_S = 0.05
 CHECKPOINT_EVERY_STEPS = 20

@@ -16,7 +16,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from services.job_submission.adoption import on_job_adopted
 from shared.domain import lifecycle, progress, timeouts
+from shared.domain.adopted import RESERVED_LABELS, adopted
 from shared.domain.errors import Conflict, NotFound, ValidationError
 from shared.domain.events import (
     ClusterCreateRequested,
@@ -24,6 +26,7 @@ from shared.domain.events import (
     ClusterReady,
     ClusterUpdateRequested,
     FleetTicked,
+    JobAdopted,
     JobCancelRequested,
     JobFinished,
     JobInterruptRequested,
@@ -111,6 +114,8 @@ def submit_job(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps,
     if cluster.state in (ClusterState.DELETING, ClusterState.FAILED):
         raise Conflict(f"cluster {cluster_id} is {cluster.state.value}: it takes no jobs")
     spec = CustomJobSpec.parse(body)
+    for key in RESERVED_LABELS & {k for k, _ in spec.labels}:
+        raise ValidationError(f"labels.{key}", "is set by mtc on the jobs it adopts")
     if job_id is not None and not ID_PATTERN.match(job_id):
         raise ValidationError("jobId", "must be lowercase letters, digits and hyphens")
     check_fits(cluster, spec)
@@ -233,7 +238,7 @@ def watch_progress(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
         return
     now = deps.clock.now()
     for job in uow.jobs.list(cluster_id, state=JobState.RUNNING):
-        if progress.stalled(job, now, timeout, factor):
+        if progress.stalled(job, now, timeout, factor) and not adopted(job.spec):
             uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt, node_id="",
                                            reason=progress.no_progress_reason(job, now, timeout,
                                                                               factor)))
@@ -263,12 +268,14 @@ def enforce_timeouts(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
 
 def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     """Gang-place pending jobs on idle worker nodes and start their workers. A resumed job
-    still holds its healthy nodes: only the holes its lost nodes left are placed."""
+    still holds its healthy nodes: only the holes its lost nodes left are placed. Slurm, not
+    mtc, places the jobs mtc adopted (``adoption``)."""
     # (the query reads stored states: a job this transaction ended, e.g. timed out, is out)
     now = deps.clock.now()  # a job backing off after a restart waits for its time
     pending = [j for j in uow.jobs.list(cluster_id, state=JobState.PENDING)
                if j.state is JobState.PENDING
-               and (j.recovery.not_before is None or j.recovery.not_before <= now)]
+               and (j.recovery.not_before is None or j.recovery.not_before <= now)
+               and not adopted(j.spec)]
     if not pending:
         return
     for job in pending:
@@ -404,6 +411,7 @@ def describe_command(job: Job) -> str:
 
 SUBSCRIPTIONS = {
     JobSubmitted: on_job_submitted,
+    JobAdopted: on_job_adopted,
     JobRequeued: on_job_requeued,
     NodeReturnedToService: on_node_returned,
     ClusterReady: on_cluster_ready,

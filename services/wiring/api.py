@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from services.api.audit import AuditLog
 from services.api.context import ApiContext
 from services.api.security import LocalAuth, google_auth, local_auth
+from services.api.slurm_rest import SlurmRestConfig
 from services.wiring.embedded import EmbeddedApp
 from shared.handling import Deps, Runtime
 from shared.ports import DocStore
@@ -47,7 +48,11 @@ def embedded_api(app: EmbeddedApp, env_token: str | None = None) -> tuple[ApiCon
     audit = AuditLog(app.store, app.deps.config.retention_s)
     # one thread serves every caller here: a :wait answers within 10 s, done or not (AIP-151
     # lets a server return early); callers wait again
-    return ApiContext(EmbeddedApiRuntime(app), auth.guard, audit, max_wait_s=10.0), auth
+    ctx = ApiContext(EmbeddedApiRuntime(app), auth.guard, audit, max_wait_s=10.0)
+    slurm_conf = getattr(app.compute, "slurm_conf", None)  # embedded over Slurm: its tokens
+    if slurm_conf and not os.environ.get("MTC_SLURM_CONF"):
+        ctx.slurm_rest = SlurmRestConfig.from_env({**os.environ, "MTC_SLURM_CONF": slurm_conf})
+    return ctx, auth
 
 
 def cloud_api(runtime: Runtime, store: DocStore) -> ApiContext:

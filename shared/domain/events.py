@@ -323,6 +323,27 @@ class JobStarted(Event):
 
 @register
 @dataclass(frozen=True)
+class JobAdopted(Event):
+    """A job mtc did not submit (a user's own ``sbatch`` in a partition mtc manages) is seen
+    running on mtc's nodes: attempt ``attempt`` (Slurm's restart count + 1). The first one
+    adopts it as a job of origin "slurm"; a later one starts its next attempt, where Slurm,
+    not mtc, placed it."""
+
+    TYPE: ClassVar[str] = "mtc.job.adopted.v1"
+    SUBJECT_FIELD: ClassVar[str] = "job_id"
+    job_id: str
+    attempt: int
+    node_ids: tuple[str, ...]
+    slurm_job_id: int
+    name: str = ""
+    user: str = ""
+    partition: str = ""
+    command: str = ""
+    checkpoint_dir: str = ""
+
+
+@register
+@dataclass(frozen=True)
 class JobInterruptRequested(Event):
     """Tell the job's workers to checkpoint and stop (SIGTERM with a grace period)."""
 

@@ -42,6 +42,12 @@ JOB_GONE_SETTLE_S = 1.0  # exit files land before the task ends; allow for a slo
 class SlurmAttempts(SlurmNodes):
     """Attempts as Slurm batch jobs."""
 
+    def _origin(self, job_id: str, attempt: int) -> str:
+        """'slurm' for the run of a user's own job (``slurm_userjobs``), '' for mtc's."""
+        with self._tx() as db:
+            att = attempt_row(db, job_id, attempt)
+        return "" if att is None else str(att["origin"])
+
     def slurm_job_id(self, job_id: str, attempt: int) -> int | None:
         with self._tx() as db:
             row = db.execute(
@@ -103,6 +109,8 @@ class SlurmAttempts(SlurmNodes):
             job = next((j for j in self.cli.jobs() if j.job_id == slurm_id), None)
             if job is None or job.job_state in TERMINAL_JOB_STATES:
                 return OpResult(True)  # already over: nothing left to tell
+            if job.job_state == "PENDING" and self._origin(args["job_id"], args["attempt"]):
+                return OpResult(True)  # a user's job between runs: never cancel it
             if job.job_state == "PENDING":  # nothing runs yet, so nothing to checkpoint
                 self.cli.cancel(slurm_id)
                 return OpResult(True)
@@ -273,7 +281,8 @@ class SlurmAttempts(SlurmNodes):
 
     def _observe_attempts(self, db: sqlite3.Connection, now: float, fresh: bool) -> list[str]:
         keys: list[str] = []
-        for att in db.execute("SELECT * FROM attempts WHERE finalized = 0").fetchall():
+        # mtc's own attempts: the runs of users' jobs are followed by slurm_userjobs
+        for att in db.execute("SELECT * FROM attempts WHERE finalized = 0 AND origin = ''").fetchall():
             self._scan_checkpoints(db, att, now)
             if att["kill_deadline"] is not None and att["kill_deadline"] <= now and not att["cancel_sent"]:
                 keys.append(self._cancel(db, att))

@@ -146,10 +146,24 @@ class SlurmJob:
     requeue: bool = False
     state_reason: str = ""
     batch_host: str = ""
+    partition: str = ""
+    comment: str = ""
+    work_dir: str = ""  # current_working_directory
+    user: str = ""
+    exit_code: int | None = None  # the wait status Slurm records (code << 8 | signal)
+    command: str = ""
 
     @property
     def node_list(self) -> tuple[str, ...]:
         return expand_hostlist(self.nodes)
+
+    @property
+    def exit_status(self) -> int | None:
+        """The exit as a shell reports it: the code, or 128 + the signal that ended it."""
+        if self.exit_code is None:
+            return None
+        signal, code = self.exit_code & 0x7F, (self.exit_code >> 8) & 0xFF
+        return 128 + signal if signal else code
 
 
 def expand_hostlist(expr: str) -> tuple[str, ...]:
@@ -262,6 +276,12 @@ def parse_jobs(doc: Mapping[str, Any]) -> list[SlurmJob]:
                 requeue=bool(item.get("requeue", False)),
                 state_reason=str(item.get("state_reason") or ""),
                 batch_host=str(item.get("batch_host") or ""),
+                partition=str(item.get("partition") or ""),
+                comment=str(item.get("comment") or ""),
+                work_dir=str(item.get("current_working_directory") or ""),
+                user=str(item.get("user_name") or ""),
+                exit_code=_number(item.get("exit_code")),
+                command=str(item.get("command") or ""),
             )
         )
     return jobs
@@ -384,6 +404,10 @@ class SlurmCli:
 
     def requeue(self, job_id: int) -> None:
         self._check(["scontrol", "requeue", str(int(job_id))])
+
+    def start_now(self, job_id: int) -> None:
+        """Make a pending job eligible at once (a requeued job waits out a BeginTime delay)."""
+        self._check(["scontrol", "update", f"jobid={int(job_id)}", "StartTime=now"])
 
     def signal_job(self, job_id: int, signal: str = "TERM", full: bool = False) -> None:
         """Send a signal to the job's steps; ``full`` also signals the batch shell itself."""

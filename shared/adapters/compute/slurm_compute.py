@@ -77,7 +77,8 @@ Layout, one concern a module, stacked as mixins (each layer uses the ones below 
 the shared state), ``slurm_agents`` (the node agents), ``slurm_drains`` (whose drain it is),
 ``slurm_nodes`` (mapping, cordons,
 repairs, provisioning), ``slurm_scripts`` (the batch scripts), ``slurm_attempts`` (attempts as
-batch jobs) and this module (the port: construction, observing Slurm, ``poll``).
+batch jobs), ``slurm_userjobs`` (the jobs users submit with plain ``sbatch``) and this
+module (the port: construction, observing Slurm, ``poll``).
 """
 
 from __future__ import annotations
@@ -91,9 +92,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shared.adapters.compute.slurm_api import NodeRecord, SlurmApi, SlurmControl
-from shared.adapters.compute.slurm_attempts import SlurmAttempts
 from shared.adapters.compute.slurm_cli import SlurmError, SlurmJob, SlurmTransientError
 from shared.adapters.compute.slurm_ops import log
+from shared.adapters.compute.slurm_userjobs import SlurmUserJobs
 from shared.ports import Clock, Emitter
 from shared.probes.agent import AgentState
 from shared.probes.commands import Runner as ProbeRunner
@@ -129,7 +130,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
-class SlurmCompute(SlurmAttempts):
+class SlurmCompute(SlurmUserJobs):
     """The ``Compute`` port over a real Slurm cluster (see the module docstring)."""
 
     DB_FILE = "slurm_compute.sqlite3"
@@ -156,6 +157,7 @@ class SlurmCompute(SlurmAttempts):
         retry_initial_s: float = 0.5,
         retry_max_s: float = 30.0,
         master_addr: str = "127.0.0.1",
+        user_job_partitions: Sequence[str] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self._emit = emit
@@ -185,9 +187,14 @@ class SlurmCompute(SlurmAttempts):
         self._down_since: float | None = None  # slurmctld unreachable since
         self._up_since = clock.now()  # timeouts do not run while Slurm cannot be asked
         self._partition_ready = False
+        # where users' own sbatch jobs are adopted and healed (slurm_userjobs); () for none
+        default_user = (partition,) if partition else ()
+        self._user_partitions = (tuple(user_job_partitions) if user_job_partitions is not None
+                                 else default_user)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._init_state(_SCHEMA)
         self._migrate_drains()
+        self._migrate_user_jobs()
         with self._tx() as db:
             db.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('instance', ?)", (os.urandom(3).hex(),)
@@ -241,6 +248,7 @@ class SlurmCompute(SlurmAttempts):
                 self._observe_provisioning(db, now)
                 self._observe_repairs(db, now)
                 keys += self._observe_drains(db, now)
+                keys += self._observe_user_jobs(db, now)
             keys += self._observe_attempts(db, now, fresh)
         if keys or self._down_since is None:
             self._run_ops()  # what this poll asked for, and retries whose backoff ran out

@@ -63,7 +63,8 @@ def test_roles_nest_and_name_permissions_as_vertex_does() -> None:
     assert "aiplatform.customJobs.create" not in viewer
     assert {"aiplatform.trainingPipelines.cancel", "aiplatform.operations.delete"} <= editor
     assert "aiplatform.operations.create" not in admin  # operations have no create/update
-    assert SLURM_RUN not in editor and TOKENS_MANAGE not in editor
+    assert SLURM_RUN not in viewer and SLURM_RUN in editor  # the Slurm Job API: editor and up
+    assert TOKENS_MANAGE not in editor
     assert {SLURM_RUN, TOKENS_MANAGE} <= admin
     with pytest.raises(ValueError, match="unknown role"):
         permissions_of("owner")

@@ -35,9 +35,17 @@ class FakeJob:
     state: str = "RUNNING"
     restart_cnt: int = 0
     argv: dict[str, Any] = field(default_factory=dict)
+    partition: str = ""
+    requeue: bool = True
+    exit_code: int | None = None  # a wait status, as squeue --json gives it
+    comment: str = ""
+    work_dir: str = ""
 
     def record(self) -> SlurmJob:
-        return SlurmJob(self.job_id, self.name, self.state, ",".join(self.nodes), self.restart_cnt, True)
+        return SlurmJob(self.job_id, self.name, self.state, ",".join(self.nodes), self.restart_cnt,
+                        self.requeue, partition=self.partition, exit_code=self.exit_code,
+                        comment=self.comment, work_dir=self.work_dir, user="alice",
+                        command="/home/alice/job.sh")
 
 
 class FakeSlurm:
@@ -118,6 +126,27 @@ class FakeSlurm:
         self._call("signal", str(job_id), signal)
         if job_id not in self.queue:
             raise SlurmPermanentError("Invalid job id specified")
+
+    def requeue(self, job_id: int) -> None:
+        """As Slurm 22.05 does: back to PENDING, one more restart, the exit code cleared."""
+        self._call("requeue", str(job_id))
+        if job_id not in self.queue:
+            raise SlurmPermanentError("Invalid job id specified")
+        job = self.queue[job_id]
+        job.state, job.restart_cnt, job.exit_code, job.nodes = "PENDING", job.restart_cnt + 1, 0, ()
+
+    def start_now(self, job_id: int) -> None:
+        self._call("start_now", str(job_id))
+        if self.queue.get(job_id) is None or self.queue[job_id].state != "PENDING":
+            raise SlurmPermanentError("Job is no longer pending execution")
+
+    def user_job(self, nodes: Sequence[str], *, partition: str = "mtc", name: str = "train",
+                 **kw: Any) -> FakeJob:
+        """A job a user submitted with plain sbatch, already running on ``nodes``."""
+        self._next_job += 1
+        job = FakeJob(self._next_job, name, tuple(nodes), partition=partition, **kw)
+        self.queue[job.job_id] = job
+        return job
 
     def cancel(self, job_id: int) -> None:
         self._call("cancel", str(job_id))

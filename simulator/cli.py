@@ -102,16 +102,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         report.print_run(result, console)
     if not args.no_plot:
         path = report.plot_timeline(result, out / "timeline.png")
-        console.print(f"wrote {path} and {out / 'summary.json'}")
+        console.print(f"wrote {path} and {out / 'summary.json'}", soft_wrap=True)
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-    from rich.table import Table
 
-    from simulator import sweep
+    from simulator import layout, report, sweep
 
     console = Console()
     try:
@@ -142,22 +141,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     paths = sweep.write_results(out, rows, summary, meta)
     if vary:
         paths += sweep.plot_sweep(out, summary, vary)
-    table = Table(title=f"{scenario.name}: mean over {args.replications} replications "
-                        f"(95% CI)", title_justify="left")
-    for key in keys:
-        table.add_column(key)
-    for metric in ("goodput", "ettr", "scheduling_goodput", "interruptions", "waiting_h"):
-        table.add_column(metric, justify="right")
-    for row in summary:
-        cells = [str(row[k]) for k in keys]
-        for metric in ("goodput", "ettr", "scheduling_goodput", "interruptions", "waiting_h"):
-            ci = row[f"{metric}_ci"]
-            ci_text = "" if ci != ci else f" ± {ci:.3f}"
-            cells.append(f"{row[metric]:.3f}{ci_text}")
-        table.add_row(*cells)
-    console.print(table)
+    layout.render(console, report.sweep_grid(summary, keys, f"{scenario.name}: mean over "
+                                         f"{args.replications} replications (95% CI)"))
     for path in paths:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", soft_wrap=True)
     return 0
 
 

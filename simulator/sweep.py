@@ -108,8 +108,8 @@ def run_sweep(all_tasks: Sequence[Task], *, processes: int | None = None,
         return []
     validate(all_tasks[0])
     processes = max(1, min(processes or os.cpu_count() or 1, len(all_tasks)))
-    rows: list[dict[str, Any]] = []
     if processes == 1:
+        rows: list[dict[str, Any]] = []
         for i, task in enumerate(all_tasks):
             rows.append(run_task(task))
             if progress:
@@ -117,14 +117,19 @@ def run_sweep(all_tasks: Sequence[Task], *, processes: int | None = None,
         return rows
     ctx = multiprocessing.get_context("fork" if "fork" in
                                       multiprocessing.get_all_start_methods() else "spawn")
+    indexed: list[tuple[int, dict[str, Any]]] = []
     with ctx.Pool(processes) as pool:
-        for i, row in enumerate(pool.imap_unordered(run_task, all_tasks)):
-            rows.append(row)
+        for i, pair in enumerate(pool.imap_unordered(_run_indexed, enumerate(all_tasks))):
+            indexed.append(pair)
             if progress:
                 progress(i + 1, len(all_tasks))
-    keys = [k for k, _ in all_tasks[0].point]
-    rows.sort(key=lambda r: ([str(r[k]) for k in keys], r["replication"]))
-    return rows
+    # task order (the grid as written, then replication), whichever worker finished first:
+    # numeric values keep their order (a sort on strings put 14003 before 1750)
+    return [row for _, row in sorted(indexed, key=lambda pair: pair[0])]
+
+
+def _run_indexed(item: tuple[int, Task]) -> tuple[int, dict[str, Any]]:
+    return item[0], run_task(item[1])
 
 
 def aggregate(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],

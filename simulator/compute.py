@@ -123,7 +123,8 @@ class SimCompute(FailureProcesses):
         if obtain is not None:  # a new VM for a preempted one, not a hardware swap
             unbilled += obtain
             took = self.sc.cluster.provision.sample(self.rng)
-        self.capacity.meter.start(node.node_id, float(self.env.now) + unbilled)
+        if node.role is NodeRole.WORKER:  # GPU nodes, spares included (not a login VM)
+            self.capacity.meter.start(node.node_id, float(self.env.now) + unbilled)
         took += unbilled
         call_later(self.env, took, self._provisioned, node.node_id, node.partition,
                    node.role is NodeRole.WORKER, replacement)

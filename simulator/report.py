@@ -95,7 +95,32 @@ def run_grids(result: RunResult) -> list[Grid]:
     other.add("wall time (s)", f"{t.wall_s:.2f} (handlers {t.handlers_s:.2f}, "
                                f"accounting {t.accounting_s:.2f}, twin {t.twin_s:.2f})")
     grids.append(other)
+    if sc.availability.explicit:
+        grids.append(cost_grid(result.cost))
     return grids
+
+
+def cost_grid(cost: Mapping[str, Any]) -> Grid:
+    """Capacity and its cost beside the goodput: ``unknown`` where the scenario names no
+    price."""
+    def money(key: str, digits: int = 2) -> str:
+        value = cost.get(key)
+        return "unknown" if value is None else f"{value:,.{digits}f}"
+
+    grid = Grid(f"Capacity and cost ({cost['mode']})", ("what", "value"))
+    grid.add("price per node-hour", money("price_per_node_hour"))
+    grid.add("node-hours billed (spares incl.)", f"{cost['node_hours']:,.1f}")
+    grid.add("cost", money("cost", 0))
+    grid.add("useful GPU-hours (productive)", f"{cost['useful_gpu_hours']:,.1f}")
+    grid.add("cost per useful GPU-hour", money("cost_per_useful_gpu_hour", 3))
+    if cost["mode"] == "spot":
+        grid.add("preemptions (with a job on the node)",
+                 f"{cost['preemptions']} ({cost['with_job']})")
+        grid.add("jobs caught before their save", cost["job_lost_progress"])
+    if cost["mode"] == "queued":
+        grid.add("queue wait, hours (requests)",
+                 f"{cost['queue_wait_h']:.2f} ({cost['queue_waits']})")
+    return grid
 
 
 # ---------------------------------------------------------------- plots
@@ -196,17 +221,19 @@ def _attempt_spans(result: RunResult, job: str, t0: float) -> list[tuple[float, 
     return [((s - t0) / DAY, (ends.get(a, end) - t0) / DAY) for a, s in sorted(starts.items())]
 
 
-SWEEP_METRICS = ("goodput", "ettr", "scheduling_goodput", "interruptions", "waiting_h")
+SWEEP_METRICS = ("goodput", "ettr", "scheduling_goodput", "interruptions", "waiting_h",
+                 "cost_per_useful_gpu_h")
 
 
 def sweep_grid(summary: Sequence[Mapping[str, Any]], keys: Sequence[str], title: str,
                metrics: Sequence[str] = SWEEP_METRICS) -> Grid:
     """A sweep's summary as one table: the varied keys, then each metric's mean ± 95% CI."""
-    grid = Grid(title, (*keys, *metrics) if keys else ("point", *metrics),
+    known = [m for m in metrics if any(row[m] == row[m] for row in summary)]  # NaN: unknown
+    grid = Grid(title, (*keys, *known) if keys else ("point", *known),
                 left=max(1, len(keys)))
     for row in summary:
         cells = [str(row[k]) for k in keys] or ["all"]
-        for metric in metrics:
+        for metric in known:
             ci = row[f"{metric}_ci"]
             cells.append(f"{row[metric]:.3f}" + ("" if ci != ci else f" ± {ci:.3f}"))
         grid.add(*cells)

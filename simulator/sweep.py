@@ -24,7 +24,8 @@ from simulator.stats import mean_ci
 
 METRICS = ("goodput", "ettr", "scheduling_goodput", "runtime_goodput", "program_goodput",
            "interruptions", "restarts", "waiting_h", "recovery_h", "wasted_h", "save_h",
-           "startup_restore_h", "replacements", "events", "wall_s")
+           "startup_restore_h", "replacements", "events", "node_h", "useful_gpu_h", "cost",
+           "cost_per_useful_gpu_h", "preemptions", "queue_wait_h", "wall_s")
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,19 @@ def run_task(task: Task) -> dict[str, Any]:
                startup_restore_h=lost(Badput.PROGRAM_STARTUP,
                                       Badput.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME),
                replacements=result.repairs.get("replace", 0), events=result.events,
-               wall_s=wall)
+               **_cost_columns(result.cost), wall_s=wall)
     return row
+
+
+def _cost_columns(cost: Mapping[str, Any]) -> dict[str, float | None]:
+    """The run's cost figures (None where unknown: no price in the scenario)."""
+    def known(key: str) -> float | None:
+        value = cost.get(key)
+        return None if value is None else float(value)
+
+    return {"node_h": known("node_hours"), "useful_gpu_h": known("useful_gpu_hours"),
+            "cost": known("cost"), "cost_per_useful_gpu_h": known("cost_per_useful_gpu_hour"),
+            "preemptions": known("preemptions"), "queue_wait_h": known("queue_wait_h")}
 
 
 def run_sweep(all_tasks: Sequence[Task], *, processes: int | None = None,
@@ -147,7 +159,9 @@ def aggregate(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
         agg: dict[str, Any] = dict(zip(keys, key, strict=True))
         agg["n"] = len(group)
         for metric in METRICS:
-            mean, half, sd = mean_ci((r[metric] for r in group), confidence)
+            # unknown (None) values are left out; none known: NaN
+            mean, half, sd = mean_ci((r[metric] for r in group if r[metric] is not None),
+                                     confidence)
             agg[metric] = mean
             agg[f"{metric}_ci"] = half
             agg[f"{metric}_sd"] = sd
@@ -168,10 +182,16 @@ def write_results(out_dir: Path, rows: Sequence[Mapping[str, Any]],
                 writer.writerows(data)
         paths.append(path)
     path = out_dir / "summary.json"
-    path.write_text(json.dumps({"meta": meta, "summary": list(summary), "runs": list(rows)},
-                               indent=1, default=str))
+    data = {"meta": meta, "summary": [_no_nan(r) for r in summary],
+            "runs": [_no_nan(r) for r in rows]}
+    path.write_text(json.dumps(data, indent=1, default=str, allow_nan=False))
     paths.append(path)
     return paths
+
+
+def _no_nan(row: Mapping[str, Any]) -> dict[str, Any]:
+    """NaN (no value: one replication's CI, an unknown cost) as JSON null, not ``NaN``."""
+    return {k: None if isinstance(v, float) and v != v else v for k, v in row.items()}
 
 
 def _numeric(values: Sequence[str]) -> list[float] | None:

@@ -48,6 +48,7 @@ class SlurmOptions:
     poll_s: float = 1.0
     retries: int = 1
     job_name: str = "mtc-sim-sweep"
+    max_array: int = 1000  # array indices stay below this (Slurm's MaxArraySize: 1001)
     env: Mapping[str, str] | None = None  # for sbatch/squeue (SLURM_CONF); default os.environ
 
 
@@ -77,7 +78,8 @@ def load_task(data: Mapping[str, Any]) -> Task:
 
 
 def array_script(work: Path, options: SlurmOptions) -> str:
-    """The batch script every array task runs: one task of ``tasks.json`` by its index."""
+    """The batch script every array task runs: task ``$1 + SLURM_ARRAY_TASK_ID`` of
+    ``tasks.json`` (the offset keeps array indices under the cluster's MaxArraySize)."""
     q = shlex.quote
     return "\n".join([
         "#!/bin/bash",
@@ -85,22 +87,35 @@ def array_script(work: Path, options: SlurmOptions) -> str:
         f"cd {q(str(options.workdir))}",
         f"export PYTHONPATH={q(str(options.workdir))}",
         f"exec {q(options.python)} -m simulator.sweep_slurm task "
-        f"{q(str(work / TASKS_FILE))} {q(str(work / RESULTS))} \"$SLURM_ARRAY_TASK_ID\"",
+        f"{q(str(work / TASKS_FILE))} {q(str(work / RESULTS))} "
+        "\"$(( ${1:-0} + SLURM_ARRAY_TASK_ID ))\"",
         "",
     ])
 
 
-def sbatch_argv(work: Path, indices: Sequence[int], options: SlurmOptions) -> list[str]:
+def chunks(indices: Sequence[int], max_array: int) -> list[tuple[int, list[int]]]:
+    """(offset, array indices) groups whose indices stay below ``max_array``."""
+    out: list[tuple[int, list[int]]] = []
+    for i in sorted(indices):
+        if out and i - out[-1][0] < max_array:
+            out[-1][1].append(i - out[-1][0])
+        else:
+            out.append((i, [0]))
+    return out
+
+
+def sbatch_argv(work: Path, offset: int, indices: Sequence[int],
+                options: SlurmOptions) -> list[str]:
     spec = ",".join(str(i) for i in indices) if len(indices) < _span(indices) \
         else f"{indices[0]}-{indices[-1]}"
     if options.max_parallel:
         spec += f"%{options.max_parallel}"
     argv = ["sbatch", "--parsable", f"--array={spec}", f"--job-name={options.job_name}",
-            f"--output={work / LOGS / 'task-%a.out'}", f"--chdir={options.workdir}",
+            f"--output={work / LOGS / f'task-{offset}+%a.out'}", f"--chdir={options.workdir}",
             "--ntasks=1", "--cpus-per-task=1"]
     if options.partition:
         argv.append(f"--partition={options.partition}")
-    argv.append(str(work / "array.sh"))
+    argv += [str(work / "array.sh"), str(offset)]
     return argv
 
 
@@ -116,14 +131,20 @@ def _slurm(argv: list[str], options: SlurmOptions) -> subprocess.CompletedProces
         raise SlurmSweepError(f"{argv[0]} failed: {exc}") from None
 
 
-def submit(work: Path, indices: Sequence[int], options: SlurmOptions) -> str:
+def submit(work: Path, indices: Sequence[int], options: SlurmOptions) -> list[str]:
+    """One array per chunk of ``indices``; their job ids."""
     script = work / "array.sh"
     script.write_text(array_script(work, options))
     script.chmod(0o755)
-    proc = _slurm(sbatch_argv(work, indices, options), options)
-    if proc.returncode != 0:
-        raise SlurmSweepError(f"sbatch exited {proc.returncode}: {proc.stderr.strip()}")
-    return proc.stdout.strip().split(";")[0]  # --parsable: "jobid[;cluster]"
+    ids = []
+    for offset, group in chunks(indices, options.max_array):
+        proc = _slurm(sbatch_argv(work, offset, group, options), options)
+        if proc.returncode != 0:
+            for job_id in ids:
+                _slurm(["scancel", job_id], options)
+            raise SlurmSweepError(f"sbatch exited {proc.returncode}: {proc.stderr.strip()}")
+        ids.append(proc.stdout.strip().split(";")[0])  # --parsable: "jobid[;cluster]"
+    return ids
 
 
 def in_queue(job_id: str, options: SlurmOptions) -> bool:
@@ -137,16 +158,17 @@ def in_queue(job_id: str, options: SlurmOptions) -> bool:
     return bool(proc.stdout.strip())
 
 
-def wait(job_id: str, work: Path, total: int, options: SlurmOptions,
+def wait(job_ids: Sequence[str], work: Path, total: int, options: SlurmOptions,
          progress: Callable[[int, int], None] | None = None) -> None:
     deadline = time.monotonic() + options.timeout_s
-    while in_queue(job_id, options):
+    while any(in_queue(job_id, options) for job_id in job_ids):
         if progress:
             progress(len(list((work / RESULTS).glob("result-*.json"))), total)
         if time.monotonic() > deadline:
-            _slurm(["scancel", job_id], options)
-            raise SlurmSweepError(f"array {job_id} still queued after {options.timeout_s:g} s;"
-                                  " cancelled")
+            for job_id in job_ids:
+                _slurm(["scancel", job_id], options)
+            raise SlurmSweepError(f"arrays {', '.join(job_ids)} still queued after "
+                                  f"{options.timeout_s:g} s; cancelled")
         time.sleep(options.poll_s)
 
 
@@ -164,13 +186,13 @@ def run_on_slurm(all_tasks: Sequence[Task], work: Path, options: SlurmOptions | 
     write_tasks(work, all_tasks)
     todo = list(range(len(all_tasks)))
     for _ in range(options.retries + 1):
-        job_id = submit(work, todo, options)
-        wait(job_id, work, len(all_tasks), options, progress)
+        job_ids = submit(work, todo, options)
+        wait(job_ids, work, len(all_tasks), options, progress)
         todo = missing(work, len(all_tasks))
         if not todo:
             break
     if todo:
-        logs = ", ".join(str(work / LOGS / f"task-{i}.out") for i in todo[:5])
+        logs = str(work / LOGS / "task-OFFSET+INDEX.out")
         raise SlurmSweepError(f"{len(todo)} of {len(all_tasks)} tasks left no result after "
                               f"{options.retries} retries (tasks {todo[:10]}; logs: {logs})")
     if progress:

@@ -26,19 +26,29 @@ def test_the_array_script_quotes_every_path(tmp_path: Path) -> None:
     path.write_text(script)
     subprocess.run(["bash", "-n", str(path)], check=True)
     traced = subprocess.run(["bash", "-c", script.replace("exec ", "printf '%s\\n' ")
-                             .replace("set -euo pipefail", "set -u; cd / ; SLURM_ARRAY_TASK_ID=3")
-                             .replace("cd '", ": '")],
+                             .replace("set -euo pipefail", "set -u; SLURM_ARRAY_TASK_ID=3")
+                             .replace("cd '", ": '"), "array.sh", "1000"],
                             capture_output=True, text=True, check=True).stdout.splitlines()
     assert traced == ["/opt/my python/bin/python3", "-m", "simulator.sweep_slurm", "task",
-                      str(work / "tasks.json"), str(work / "results"), "3"]
+                      str(work / "tasks.json"), str(work / "results"), "1003"]
     assert not (Path("/") / "pwned").exists()
 
 
 def test_sbatch_gets_an_argv_with_a_range_or_the_list_left(tmp_path: Path) -> None:
     opts = sweep_slurm.SlurmOptions(partition="main", max_parallel=4)
-    argv = sweep_slurm.sbatch_argv(tmp_path, [0, 1, 2, 3], opts)
+    argv = sweep_slurm.sbatch_argv(tmp_path, 0, [0, 1, 2, 3], opts)
     assert argv[0] == "sbatch" and "--array=0-3%4" in argv and "--partition=main" in argv
-    assert "--array=1,3%4" in sweep_slurm.sbatch_argv(tmp_path, [1, 3], opts)
+    assert argv[-2:] == [str(tmp_path / "array.sh"), "0"]
+    assert "--array=1,3%4" in sweep_slurm.sbatch_argv(tmp_path, 0, [1, 3], opts)
+
+
+def test_big_sweeps_split_into_arrays_below_max_array_size() -> None:
+    assert sweep_slurm.chunks(range(5), 1000) == [(0, [0, 1, 2, 3, 4])]
+    assert sweep_slurm.chunks(range(2500), 1000) == [
+        (0, list(range(1000))), (1000, list(range(1000))), (2000, list(range(500)))]
+    # retries: only the missing tasks, each chunk from its own first index
+    assert sweep_slurm.chunks([3, 7, 1500, 1999, 2600], 1000) == [
+        (3, [0, 4]), (1500, [0, 499]), (2600, [0])]
 
 
 def test_one_array_task_writes_the_row_a_local_run_gives(tmp_path: Path) -> None:

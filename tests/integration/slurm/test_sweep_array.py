@@ -46,4 +46,5 @@ def test_a_slurm_array_sweep_equals_the_local_sweep(cluster: Cluster, tmp_path: 
     work = tmp_path / "slurm" / "slurm"
     assert sorted(p.name for p in (work / "results").glob("*.json")) == [
         f"result-{i:06d}.json" for i in range(6)]
-    assert len(list((work / "logs").glob("task-*.out"))) == 6
+    assert sorted(p.name for p in (work / "logs").glob("task-*.out")) == [
+        f"task-0+{i}.out" for i in range(6)]

@@ -182,9 +182,9 @@ def write_results(out_dir: Path, rows: Sequence[Mapping[str, Any]],
                 writer.writerows(data)
         paths.append(path)
     path = out_dir / "summary.json"
-    data = {"meta": meta, "summary": [_no_nan(r) for r in summary],
-            "runs": [_no_nan(r) for r in rows]}
-    path.write_text(json.dumps(data, indent=1, default=str, allow_nan=False))
+    everything = {"meta": meta, "summary": [_no_nan(r) for r in summary],
+                  "runs": [_no_nan(r) for r in rows]}
+    path.write_text(json.dumps(everything, indent=1, default=str, allow_nan=False))
     paths.append(path)
     return paths
 

@@ -136,7 +136,7 @@ def submit(work: Path, indices: Sequence[int], options: SlurmOptions) -> list[st
     script = work / "array.sh"
     script.write_text(array_script(work, options))
     script.chmod(0o755)
-    ids = []
+    ids: list[str] = []
     for offset, group in chunks(indices, options.max_array):
         proc = _slurm(sbatch_argv(work, offset, group, options), options)
         if proc.returncode != 0:

@@ -24,7 +24,9 @@ ELLIPSIS = "…"
 
 @pytest.fixture(scope="module")
 def result() -> twin.RunResult:
-    return twin.run(load_scenario(SMALL, {"duration": "2d"}))
+    spot = {"mode": "spot", "price_per_node_hour": 30.0,
+            "spot": {"preemptions_per_node_day": 0.2}}
+    return twin.run(load_scenario(SMALL, {"duration": "2d", "availability": spot}))
 
 
 def _printed(result: twin.RunResult, width: int) -> str:
@@ -45,6 +47,7 @@ def test_every_header_and_number_is_whole(result: twin.RunResult, width: int) ->
     assert ELLIPSIS not in text
     grids = report.run_grids(result)
     assert sum(len(g.rows) for g in grids) > 10
+    assert grids[-1].title == "Capacity and cost (spot)"
     for grid in grids:
         assert grid.title in text
         for header in grid.headers:

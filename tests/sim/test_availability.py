@@ -4,6 +4,8 @@ node-hours billed x price over the accounting's productive GPU-hours."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from shared.domain.health import (
 )
 from shared.policies.repair import DecisionKind, PartitionView, RepairConfig, plan_repair
 from shared.policies.triage import load_triage_table, triage
-from simulator import report, twin
+from simulator import cli, report, twin
 from simulator.availability import AvailabilityCfg
 from simulator.cost import CostInputs, cost_summary
 from simulator.scenario import ScenarioError, parse_scenario
@@ -187,3 +189,23 @@ def test_a_bad_availability_block_names_the_field(availability: dict[str, Any],
     with pytest.raises(ScenarioError) as err:
         parse_scenario(quiet_raw(availability))
     assert str(err.value).startswith(path)
+
+
+def test_a_sweep_reports_cost_per_useful_gpu_hour_and_null_without_a_price(
+        tmp_path: Path) -> None:
+    scenarios = Path(__file__).resolve().parents[2] / "simulator" / "scenarios"
+    for name, priced in (("spot16", True), ("small", False)):
+        out = tmp_path / name
+        assert cli.main(["sweep", str(scenarios / f"{name}.yaml"), "--set", "duration=12h",
+                         "--replications", "2", "--processes", "1", "--out", str(out)]) == 0
+        data = json.loads((out / "summary.json").read_text())  # strict JSON: no NaN
+        for run in data["runs"]:
+            assert run["node_h"] > 0 and run["useful_gpu_h"] > 0
+            if priced:
+                assert run["cost"] == pytest.approx(run["node_h"] * 30.0)
+                assert run["cost_per_useful_gpu_h"] == pytest.approx(
+                    run["cost"] / run["useful_gpu_h"])
+            else:
+                assert run["cost"] is None and run["cost_per_useful_gpu_h"] is None
+        mean = data["summary"][0]["cost_per_useful_gpu_h"]
+        assert (mean is not None) is priced

@@ -95,7 +95,27 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument("--replications", type=int, default=10)
     sweep.add_argument("--seed", type=int, default=1, help="seed of replication 0")
     sweep.add_argument("--processes", type=int, default=None,
-                       help="worker processes (default: every core)")
+                       help="worker processes (default: every core; local runs only)")
+    slurm = sweep.add_argument_group(
+        "on a Slurm cluster (--on slurm)",
+        "one job array, a task per (configuration, replication); sbatch and squeue use the "
+        "environment's SLURM_CONF; the work folder must be on storage the nodes share")
+    sweep.add_argument("--on", choices=("local", "slurm"), default="local",
+                       help="where the replications run (default: local processes)")
+    slurm.add_argument("--slurm-dir", type=Path, default=None,
+                       help="shared work folder for tasks, results and logs (default: "
+                            "OUT/slurm)")
+    slurm.add_argument("--slurm-partition", default=None, help="partition to submit to")
+    slurm.add_argument("--slurm-max-parallel", type=int, default=None,
+                       help="at most this many array tasks at once (the %%N throttle)")
+    slurm.add_argument("--slurm-python", default=sys.executable,
+                       help="the Python on the nodes (default: this one)")
+    slurm.add_argument("--slurm-workdir", type=Path, default=None,
+                       help="the mtc checkout on the nodes (default: this one)")
+    slurm.add_argument("--slurm-timeout", type=float, default=3600.0,
+                       help="seconds to wait for the array before cancelling it")
+    slurm.add_argument("--slurm-retries", type=int, default=1,
+                       help="resubmit tasks that left no result this many times")
     sweep.set_defaults(func=cmd_sweep, fn=cmd_sweep)
 
     fit = sub.add_parser("fit", help="a scenario estimated from a recorded event history")
@@ -199,16 +219,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         report.print_run(result, console)
     if not args.no_plot:
         path = report.plot_timeline(result, out / "timeline.png")
-        console.print(f"wrote {path} and {out / 'summary.json'}")
+        console.print(f"wrote {path} and {out / 'summary.json'}", soft_wrap=True)
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-    from rich.table import Table
 
-    from simulator import sweep
+    from simulator import layout, report, sweep
 
     console = Console()
     try:
@@ -224,37 +243,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.replications < 1:
         console.print("[red]--replications must be at least 1[/red]")
         return 2
+    out = args.out or Path("sim-out") / f"{scenario.name}-sweep"
     started = time.perf_counter()
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task(f"{scenario.name}: {len(all_tasks)} runs", total=len(all_tasks))
-        rows = sweep.run_sweep(all_tasks, processes=args.processes,
-                               progress=lambda done, _: progress.update(bar, completed=done))
+        def tick(done: int, _total: int) -> None:
+            progress.update(bar, completed=done)
+
+        try:
+            rows = _run_rows(args, all_tasks, out, tick)
+        except RuntimeError as exc:  # SlurmSweepError: submit, timeout, tasks left undone
+            console.print(f"[red]sweep failed[/red] {exc}")
+            return 1
     keys = [k for k, _ in vary]
     summary = sweep.aggregate(rows, keys)
-    out = args.out or Path("sim-out") / f"{scenario.name}-sweep"
     meta = {"scenario": str(args.scenario or DEFAULT_SCENARIO), "vary": vary,
             "set": args.set, "replications": args.replications, "seed": args.seed,
-            "wall_s": time.perf_counter() - started}
+            "on": args.on, "wall_s": time.perf_counter() - started}
     paths = sweep.write_results(out, rows, summary, meta)
     if vary:
         paths += sweep.plot_sweep(out, summary, vary)
-    table = Table(title=f"{scenario.name}: mean over {args.replications} replications "
-                        f"(95% CI)", title_justify="left")
-    for key in keys:
-        table.add_column(key)
-    for metric in ("goodput", "ettr", "scheduling_goodput", "interruptions", "waiting_h"):
-        table.add_column(metric, justify="right")
-    for row in summary:
-        cells = [str(row[k]) for k in keys]
-        for metric in ("goodput", "ettr", "scheduling_goodput", "interruptions", "waiting_h"):
-            ci = row[f"{metric}_ci"]
-            ci_text = "" if ci != ci else f" ± {ci:.3f}"
-            cells.append(f"{row[metric]:.3f}{ci_text}")
-        table.add_row(*cells)
-    console.print(table)
+    layout.render(console, report.sweep_grid(summary, keys, f"{scenario.name}: mean over "
+                                         f"{args.replications} replications (95% CI)"))
     for path in paths:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", soft_wrap=True)
     return 0
 
 
@@ -326,6 +339,21 @@ def cmd_advise(args: argparse.Namespace) -> int:
         (args.out / "advice.json").write_text(json.dumps(out, indent=1))
     _emit(console, args.json, out, advice.lines(out))
     return 0
+
+
+def _run_rows(args: argparse.Namespace, all_tasks: list[Any], out: Path,
+              tick: Any) -> list[dict[str, Any]]:
+    from simulator import sweep
+
+    if args.on == "local":
+        return sweep.run_sweep(all_tasks, processes=args.processes, progress=tick)
+    from simulator import sweep_slurm
+
+    options = sweep_slurm.SlurmOptions(
+        partition=args.slurm_partition, max_parallel=args.slurm_max_parallel,
+        python=args.slurm_python, workdir=(args.slurm_workdir or sweep_slurm.REPO).resolve(),
+        timeout_s=args.slurm_timeout, retries=max(0, args.slurm_retries))
+    return sweep_slurm.run_on_slurm(all_tasks, args.slurm_dir or out / "slurm", options, tick)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,7 @@ from shared.domain.health import RepairAction
 from shared.domain.model import Node, NodeRole
 from shared.ports import WorkerSpec
 from simulator.bus import SimBus
+from simulator.capacity import Capacity, rng_for
 from simulator.clock import EPOCH_S, call_later
 from simulator.failure_processes import FailureProcesses
 from simulator.failures import FailureModel, Fault, fault_conditions, healthy_conditions, repair_fixes
@@ -56,7 +57,8 @@ class SimCompute(FailureProcesses):
 
     def __init__(self, env: simpy.Environment, scenario: Scenario, bus: SimBus,
                  model: FailureModel, rng: np.random.Generator, *,
-                 return_after_passes: int, heartbeat_timeout_s: float) -> None:
+                 return_after_passes: int, heartbeat_timeout_s: float,
+                 capacity: Capacity | None = None) -> None:
         self.env = env
         self.sc = scenario
         self.bus = bus
@@ -78,6 +80,9 @@ class SimCompute(FailureProcesses):
         self.calls = 0
         self.horizon = math.inf
         self.failing = False  # node faults start with the run, not during bring-up
+        # how capacity is bought (queue waits, spot preemptions) and the node-hour meter
+        self.capacity = capacity or Capacity(env, scenario.availability,
+                                             rng_for(0))
         bus.listeners.append(self._observe)
 
     def emit(self, event: Event, source: str = COMPUTE_SOURCE) -> None:
@@ -112,6 +117,15 @@ class SimCompute(FailureProcesses):
             took = self.sc.repair.durations["replace"].sample(self.rng)
         else:
             took = self.sc.cluster.provision.sample(self.rng)
+        # waiting for capacity (a queue's grant, a new spot VM) is not billed; booting is
+        unbilled = self.capacity.arrival_wait(node.replaces)
+        obtain = self.capacity.replacement_time(node.replaces)
+        if obtain is not None:  # a new VM for a preempted one, not a hardware swap
+            unbilled += obtain
+            took = self.sc.cluster.provision.sample(self.rng)
+        if node.role is NodeRole.WORKER:  # GPU nodes, spares included (not a login VM)
+            self.capacity.meter.start(node.node_id, float(self.env.now) + unbilled)
+        took += unbilled
         call_later(self.env, took, self._provisioned, node.node_id, node.partition,
                    node.role is NodeRole.WORKER, replacement)
 
@@ -131,6 +145,7 @@ class SimCompute(FailureProcesses):
             self.timeline.append((float(self.env.now), "replaced", node_id, ""))
         if self.failing:
             self._renew_life(node)
+            self.capacity.arm(node)
         self._verify(node)
 
     def cordon(self, node_id: str, reason: str) -> None:
@@ -149,6 +164,7 @@ class SimCompute(FailureProcesses):
             return
         node.deleted = True
         node.up = False
+        self.capacity.meter.stop(node_id, float(self.env.now))
         node.life_token += 1
         node.verify_token += 1
         self.stragglers.pop(node_id, None)

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from simulator.clock import EPOCH_S
 from simulator.failures import LLAMA3_DAYS, LLAMA3_NODES, LLAMA3_UNEXPECTED
 from simulator.goodput import Badput
+from simulator.layout import Grid, render_all
 from simulator.twin import RunResult
 
 HOUR = 3600.0
@@ -24,42 +25,44 @@ def _pct(x: float) -> str:
 
 
 def print_run(result: RunResult, console: Console | None = None) -> None:
+    """The run's tables on ``console``, boxed where they fit and stacked where they do not
+    (:mod:`simulator.layout`): no header or number is ever cut."""
     console = console or Console()
     sc = result.scenario
-    console.print(f"[bold]{sc.name}[/bold]: {sc.description}")
-    console.print(f"seed {result.seed}; {sc.cluster.nodes} nodes x {sc.cluster.gpus_per_node} "
-                  f"GPUs ({sc.cluster.gpus} GPUs); {sc.duration_s / DAY:g} days after the "
-                  f"cluster was ready (bring-up took {result.ready_at / 60:.0f} simulated min)")
+    console.print(Text(f"{sc.name}: {sc.description}"), highlight=False)
+    console.print(Text(f"seed {result.seed}; {sc.cluster.nodes} nodes x "
+                       f"{sc.cluster.gpus_per_node} GPUs ({sc.cluster.gpus} GPUs); "
+                       f"{sc.duration_s / DAY:g} days after the cluster was ready (bring-up "
+                       f"took {result.ready_at / 60:.0f} simulated min)"), highlight=False)
+    render_all(console, run_grids(result))
 
-    table = Table(title="Goodput per job", title_justify="left")
-    for col in ("job", "nodes", "sched", "runtime", "program", "goodput",
-                "ETTR", "restarts", "state"):
-        table.add_column(col, justify="right" if col != "job" else "left", no_wrap=True)
+
+def run_grids(result: RunResult) -> list[Grid]:
+    """What ``print_run`` shows, as plain tables of strings."""
+    sc = result.scenario
+    table = Grid("Goodput per job", ("job", "nodes", "sched", "runtime", "program", "goodput",
+                                     "ETTR", "restarts", "state"))
     for name, jg in sorted(result.accounting.jobs.items()):
-        table.add_row(name, str(jg.params.nodes), _pct(jg.scheduling_goodput),
-                      _pct(jg.runtime_goodput), _pct(jg.program_goodput), _pct(jg.goodput),
-                      _pct(jg.ettr), str(result.restarts.get(name, 0)),
-                      result.job_states.get(name, "").removeprefix("JOB_STATE_"))
+        table.add(name, jg.params.nodes, _pct(jg.scheduling_goodput),
+                  _pct(jg.runtime_goodput), _pct(jg.program_goodput), _pct(jg.goodput),
+                  _pct(jg.ettr), result.restarts.get(name, 0),
+                  result.job_states.get(name, "").removeprefix("JOB_STATE_"))
     fleet = result.accounting.fleet
-    table.add_row("fleet", str(sc.cluster.nodes), "", "", "", _pct(fleet.goodput),
-                  _pct(fleet.utilization), "", "")
-    console.print(table)
+    table.add("fleet", sc.cluster.nodes, "", "", "", _pct(fleet.goodput),
+              _pct(fleet.utilization), "", "")
+    grids = [table]
 
-    bad = Table(title="Badput by category (job hours, share of job time)", title_justify="left")
-    bad.add_column("category")
-    bad.add_column("hours", justify="right")
-    bad.add_column("share", justify="right")
+    bad = Grid("Badput by category (job hours, share of job time)",
+               ("category", "hours", "share"))
     for name, jg in sorted(result.accounting.jobs.items()):
         total = jg.total_s or 1.0
         for cat, secs in jg.by_category().items():
             if secs > 0:
-                bad.add_row(f"{name}: {cat}", f"{secs / HOUR:.1f}", _pct(secs / total))
-    console.print(bad)
+                bad.add(f"{name}: {cat}", f"{secs / HOUR:.1f}", _pct(secs / total))
+    grids.append(bad)
 
-    causes = Table(title="Lost job hours by the cause that started them", title_justify="left")
-    causes.add_column("cause")
-    causes.add_column("interruptions", justify="right")
-    causes.add_column("hours lost", justify="right")
+    causes = Grid("Lost job hours by the cause that started them",
+                  ("cause", "interruptions", "hours lost"))
     per_cause: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     for jg in result.accounting.jobs.values():
@@ -69,34 +72,55 @@ def print_run(result: RunResult, console: Console | None = None) -> None:
         for cause, n in jg.interruptions().items():
             counts[cause] += n
     for cause, secs in sorted(per_cause.items(), key=lambda kv: -kv[1]):
-        causes.add_row(cause, str(counts.get(cause, "")), f"{secs / HOUR:.1f}")
-    console.print(causes)
+        causes.add(cause, counts.get(cause, ""), f"{secs / HOUR:.1f}")
+    grids.append(causes)
 
-    inter = Table(title="Interruptions by root cause (simulated truth)", title_justify="left")
-    inter.add_column("cause")
-    inter.add_column("simulated", justify="right")
     scale = (sc.cluster.nodes - sum(p.spares for p in sc.cluster.partitions)) \
         * (sc.duration_s / DAY) / (LLAMA3_NODES * LLAMA3_DAYS) * sc.failures.rate_scale
-    inter.add_column(f"Llama 3 x {scale:.3g}", justify="right")
+    inter = Grid("Interruptions by root cause (simulated truth)",
+                 ("cause", "simulated", f"Llama 3 x {scale:.3g}"))
     for cause, n in sorted(result.interruptions.items(), key=lambda kv: -kv[1]):
         published = LLAMA3_UNEXPECTED.get(cause)
-        ref = f"{published[2] * scale:.1f}" if published else ""
-        inter.add_row(cause, str(n), ref)
-    console.print(inter)
+        inter.add(cause, n, f"{published[2] * scale:.1f}" if published else "")
+    grids.append(inter)
 
-    other = Table(title="Repairs and the run", title_justify="left")
-    other.add_column("what")
-    other.add_column("count", justify="right")
+    other = Grid("Repairs and the run", ("what", "count"))
     for action, n in sorted(result.repairs.items()):
-        other.add_row(f"repair: {action}", str(n))
-    other.add_row("events delivered", str(result.events))
-    other.add_row("duplicates / reordered", f"{result.bus['duplicates']} / "
-                                            f"{result.bus['reordered']}")
-    other.add_row("dead letters", str(result.dead_letters))
+        other.add(f"repair: {action}", n)
+    other.add("events delivered", result.events)
+    other.add("duplicates / reordered", f"{result.bus['duplicates']} / "
+                                        f"{result.bus['reordered']}")
+    other.add("dead letters", result.dead_letters)
     t = result.timings
-    other.add_row("wall time (s)", f"{t.wall_s:.2f} (handlers {t.handlers_s:.2f}, "
-                                   f"accounting {t.accounting_s:.2f}, twin {t.twin_s:.2f})")
-    console.print(other)
+    other.add("wall time (s)", f"{t.wall_s:.2f} (handlers {t.handlers_s:.2f}, "
+                               f"accounting {t.accounting_s:.2f}, twin {t.twin_s:.2f})")
+    grids.append(other)
+    if sc.availability.explicit:
+        grids.append(cost_grid(result.cost))
+    return grids
+
+
+def cost_grid(cost: Mapping[str, Any]) -> Grid:
+    """Capacity and its cost beside the goodput: ``unknown`` where the scenario names no
+    price."""
+    def money(key: str, digits: int = 2) -> str:
+        value = cost.get(key)
+        return "unknown" if value is None else f"{value:,.{digits}f}"
+
+    grid = Grid(f"Capacity and cost ({cost['mode']})", ("what", "value"))
+    grid.add("price per node-hour", money("price_per_node_hour"))
+    grid.add("node-hours billed (spares incl.)", f"{cost['node_hours']:,.1f}")
+    grid.add("cost", money("cost", 0))
+    grid.add("useful GPU-hours (productive)", f"{cost['useful_gpu_hours']:,.1f}")
+    grid.add("cost per useful GPU-hour", money("cost_per_useful_gpu_hour", 3))
+    if cost["mode"] == "spot":
+        grid.add("preemptions (with a job on the node)",
+                 f"{cost['preemptions']} ({cost['with_job']})")
+        grid.add("jobs caught before their save", cost["job_lost_progress"])
+    if cost["mode"] == "queued":
+        grid.add("queue wait, hours (requests)",
+                 f"{cost['queue_wait_h']:.2f} ({cost['queue_waits']})")
+    return grid
 
 
 # ---------------------------------------------------------------- plots
@@ -195,3 +219,22 @@ def _attempt_spans(result: RunResult, job: str, t0: float) -> list[tuple[float, 
             ends.setdefault(int(data["attempt"]), float(r["time"]))
     end = EPOCH_S + result.horizon
     return [((s - t0) / DAY, (ends.get(a, end) - t0) / DAY) for a, s in sorted(starts.items())]
+
+
+SWEEP_METRICS = ("goodput", "ettr", "scheduling_goodput", "interruptions", "waiting_h",
+                 "cost_per_useful_gpu_h")
+
+
+def sweep_grid(summary: Sequence[Mapping[str, Any]], keys: Sequence[str], title: str,
+               metrics: Sequence[str] = SWEEP_METRICS) -> Grid:
+    """A sweep's summary as one table: the varied keys, then each metric's mean ± 95% CI."""
+    known = [m for m in metrics if any(row[m] == row[m] for row in summary)]  # NaN: unknown
+    grid = Grid(title, (*keys, *known) if keys else ("point", *known),
+                left=max(1, len(keys)))
+    for row in summary:
+        cells = [str(row[k]) for k in keys] or ["all"]
+        for metric in known:
+            ci = row[f"{metric}_ci"]
+            cells.append(f"{row[metric]:.3f}" + ("" if ci != ci else f" ± {ci:.3f}"))
+        grid.add(*cells)
+    return grid

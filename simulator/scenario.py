@@ -24,6 +24,7 @@ import yaml
 
 from shared.domain.errors import ValidationError
 from shared.policies.repair import load_repair_config
+from simulator.availability import parse_availability
 from simulator.failure_config import parse_failures
 from simulator.readers import (
     DURATION_RE,
@@ -92,7 +93,9 @@ DEFAULT_SCENARIO = SCENARIO_DIR / "llama3.yaml"
 
 
 TOP_KEYS = ("name", "description", "seed", "duration", "cluster", "jobs", "failures", "repair",
-            "detection", "bus", "control_plane", "checkpoint_events")
+            "detection", "bus", "control_plane", "checkpoint_events",
+            # the capacity's mode and price (simulator.availability), apart from the rest
+            "availability")
 DETECTION_KEYS = ("xid", "ecc", "dcgm", "disk", "thermal", "heartbeat", "speed")
 
 
@@ -301,6 +304,8 @@ def parse_scenario(data: Any, *, source: str = "") -> Scenario:
         control_plane=parse_control_plane(top.get("control_plane"), "control_plane"),
         checkpoint_events=events,
         raw=copy.deepcopy(dict(top)),
+        availability=parse_availability(top.get("availability"), "availability",
+                                        cluster.nodes),
     )
 
 
@@ -345,6 +350,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "bus_latency": ("bus.latency",),
     "duplicate": ("bus.duplicate",),
     "seed": ("seed",),
+    "availability_mode": ("availability.mode",),
+    "price": ("availability.price_per_node_hour",),
+    "preemption_rate": ("availability.spot.preemptions_per_node_day",),
 }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from simulator.availability import AvailabilityCfg
 from simulator.failures import FailureCfg
 from simulator.readers import Dist
 
@@ -138,3 +139,5 @@ class Scenario:
     control_plane: ControlPlaneCfg
     checkpoint_events: str  # latest | all
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    # how the capacity is bought and what it costs (simulator.availability): its own block
+    availability: AvailabilityCfg = field(default_factory=AvailabilityCfg)

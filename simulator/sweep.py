@@ -24,7 +24,8 @@ from simulator.stats import mean_ci
 
 METRICS = ("goodput", "ettr", "scheduling_goodput", "runtime_goodput", "program_goodput",
            "interruptions", "restarts", "waiting_h", "recovery_h", "wasted_h", "save_h",
-           "startup_restore_h", "replacements", "events", "wall_s")
+           "startup_restore_h", "replacements", "events", "node_h", "useful_gpu_h", "cost",
+           "cost_per_useful_gpu_h", "preemptions", "queue_wait_h", "wall_s")
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,19 @@ def run_task(task: Task) -> dict[str, Any]:
                startup_restore_h=lost(Badput.PROGRAM_STARTUP,
                                       Badput.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME),
                replacements=result.repairs.get("replace", 0), events=result.events,
-               wall_s=wall)
+               **_cost_columns(result.cost), wall_s=wall)
     return row
+
+
+def _cost_columns(cost: Mapping[str, Any]) -> dict[str, float | None]:
+    """The run's cost figures (None where unknown: no price in the scenario)."""
+    def known(key: str) -> float | None:
+        value = cost.get(key)
+        return None if value is None else float(value)
+
+    return {"node_h": known("node_hours"), "useful_gpu_h": known("useful_gpu_hours"),
+            "cost": known("cost"), "cost_per_useful_gpu_h": known("cost_per_useful_gpu_hour"),
+            "preemptions": known("preemptions"), "queue_wait_h": known("queue_wait_h")}
 
 
 def run_sweep(all_tasks: Sequence[Task], *, processes: int | None = None,
@@ -108,8 +120,8 @@ def run_sweep(all_tasks: Sequence[Task], *, processes: int | None = None,
         return []
     validate(all_tasks[0])
     processes = max(1, min(processes or os.cpu_count() or 1, len(all_tasks)))
-    rows: list[dict[str, Any]] = []
     if processes == 1:
+        rows: list[dict[str, Any]] = []
         for i, task in enumerate(all_tasks):
             rows.append(run_task(task))
             if progress:
@@ -117,14 +129,19 @@ def run_sweep(all_tasks: Sequence[Task], *, processes: int | None = None,
         return rows
     ctx = multiprocessing.get_context("fork" if "fork" in
                                       multiprocessing.get_all_start_methods() else "spawn")
+    indexed: list[tuple[int, dict[str, Any]]] = []
     with ctx.Pool(processes) as pool:
-        for i, row in enumerate(pool.imap_unordered(run_task, all_tasks)):
-            rows.append(row)
+        for i, pair in enumerate(pool.imap_unordered(_run_indexed, enumerate(all_tasks))):
+            indexed.append(pair)
             if progress:
                 progress(i + 1, len(all_tasks))
-    keys = [k for k, _ in all_tasks[0].point]
-    rows.sort(key=lambda r: ([str(r[k]) for k in keys], r["replication"]))
-    return rows
+    # task order (the grid as written, then replication), whichever worker finished first:
+    # numeric values keep their order (a sort on strings put 14003 before 1750)
+    return [row for _, row in sorted(indexed, key=lambda pair: pair[0])]
+
+
+def _run_indexed(item: tuple[int, Task]) -> tuple[int, dict[str, Any]]:
+    return item[0], run_task(item[1])
 
 
 def aggregate(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
@@ -142,7 +159,9 @@ def aggregate(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
         agg: dict[str, Any] = dict(zip(keys, key, strict=True))
         agg["n"] = len(group)
         for metric in METRICS:
-            mean, half, sd = mean_ci((r[metric] for r in group), confidence)
+            # unknown (None) values are left out; none known: NaN
+            mean, half, sd = mean_ci((r[metric] for r in group if r[metric] is not None),
+                                     confidence)
             agg[metric] = mean
             agg[f"{metric}_ci"] = half
             agg[f"{metric}_sd"] = sd
@@ -163,10 +182,16 @@ def write_results(out_dir: Path, rows: Sequence[Mapping[str, Any]],
                 writer.writerows(data)
         paths.append(path)
     path = out_dir / "summary.json"
-    path.write_text(json.dumps({"meta": meta, "summary": list(summary), "runs": list(rows)},
-                               indent=1, default=str))
+    everything = {"meta": meta, "summary": [_no_nan(r) for r in summary],
+                  "runs": [_no_nan(r) for r in rows]}
+    path.write_text(json.dumps(everything, indent=1, default=str, allow_nan=False))
     paths.append(path)
     return paths
+
+
+def _no_nan(row: Mapping[str, Any]) -> dict[str, Any]:
+    """NaN (no value: one replication's CI, an unknown cost) as JSON null, not ``NaN``."""
+    return {k: None if isinstance(v, float) and v != v else v for k, v in row.items()}
 
 
 def _numeric(values: Sequence[str]) -> list[float] | None:

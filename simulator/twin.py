@@ -46,8 +46,11 @@ from shared.policies.repair import load_repair_config
 from shared.policies.triage import load_triage_table
 from simulator import goodput
 from simulator.bus import SimBus
+from simulator.capacity import Capacity
+from simulator.capacity import rng_for as availability_rng
 from simulator.clock import EPOCH_S, SimClock, call_later
 from simulator.compute import SimCompute
+from simulator.cost import CostInputs, cost_summary
 from simulator.failures import FailureModel
 from simulator.scenario import Scenario
 
@@ -141,6 +144,8 @@ class RunResult:
     timings: Timings
     timeline: list[tuple[float, str, str, str]]
     rows: list[dict[str, Any]] = field(repr=False)
+    # the availability mode's counts and the cost per useful GPU-hour (simulator.cost)
+    cost: dict[str, Any] = field(default_factory=dict)
 
     @property
     def events(self) -> int:
@@ -167,6 +172,8 @@ class RunResult:
         }
         for name, jg in sorted(self.accounting.jobs.items()):
             out[f"job:{name}"] = _rounded(jg.as_dict())
+        if self.scenario.availability.explicit:  # (left out otherwise: goldens unchanged)
+            out["cost"] = _rounded(self.cost)
         return out
 
 
@@ -200,7 +207,9 @@ class Twin:
         self.model = FailureModel(scenario.failures, rng_fail)
         self.compute = SimCompute(self.env, scenario, self.bus, self.model, rng_compute,
                                   return_after_passes=self.config.repair.return_after_passes,
-                                  heartbeat_timeout_s=self.config.heartbeat_timeout_s)
+                                  heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+                                  capacity=Capacity(self.env, scenario.availability,
+                                                    availability_rng(self.seed)))
         self.store = store if store is not None else MemoryDocStore()
         self.deps: Deps = build_deps(self.store, clock=self.clock, compute=self.compute,
                                      publisher=self.bus, config=self.config, source=SIM_SOURCE,
@@ -260,6 +269,7 @@ class Twin:
         self.compute.start_failures()
         self.compute.start_stragglers()
         self.compute.start_planned()
+        self.compute.capacity.start(self.compute)
         self.env.run(until=horizon)
         self.compute.finish()
         handlers_s = sum(self.bus.stats.handler_s.values())
@@ -326,7 +336,14 @@ class Twin:
                  "outcomes": dict(stats.outcomes), "by_type": dict(stats.by_type),
                  "errors": dict(self.bus.errors)},
             dead_letters=dead, timings=timings, timeline=list(self.compute.timeline),
-            rows=self.bus.rows)
+            rows=self.bus.rows, cost=self._cost(acc, horizon))
+
+    def _cost(self, acc: goodput.Accounting, horizon: float) -> dict[str, Any]:
+        capacity = self.compute.capacity
+        inputs = CostInputs(node_hours_metered=capacity.meter.node_hours(horizon),
+                            run_hours=horizon / 3600.0, cluster_nodes=self.scenario.cluster.nodes,
+                            productive_gpu_s=acc.fleet.productive_gpu_s)
+        return {**cost_summary(self.scenario.availability, inputs), **capacity.summary()}
 
 
 GC_THRESHOLD = (100_000, 50, 100)  # the handlers allocate many short-lived documents

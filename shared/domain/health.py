@@ -33,6 +33,10 @@ class ConditionType(enum.StrEnum):
     DISK_PRESSURE = "DiskPressure"  # details: {"mount": str, "used_fraction": float}
     SLOW_SPEED_CHECK = "SlowSpeedCheck"  # details: {"ratio_to_baseline": float}
     HEARTBEAT_LOST = "HeartbeatLost"  # details: {"silent_for_s": float}
+    # The provider will take the machine away soon: a spot/preemptible VM's preemption or a
+    # host maintenance it cannot live-migrate through (GCE's metadata ``instance/preempted``,
+    # ``maintenance-event``). ``since`` is when the notice came; the node is gone after it.
+    PREEMPTION_NOTICE = "PreemptionNotice"  # details: {"notice_s": float, "kind": str}
     # A person's decisions, not a machine's: an administrator's own drain (TRUE with their
     # reason, FALSE once lifted; the Slurm adapter reports one it did not make, `mtc node
     # drain` sets it) and a resume they made of a node mtc holds out (the Slurm adapter).

@@ -10,6 +10,10 @@ Three rules, in this order:
    HOLD (the node stays in, an alert is raised), because mass removal is far more often a
    misclassification or a shared cause (switch, bad driver push) than many broken nodes.
 
+A failure mode the provider enforces (``PROVIDER_FORCED_MODES``: a spot VM's preemption
+notice) skips the guard: the node leaves whether mtc acts or not, so holding it saves no
+capacity and only costs the job its checkpoint before the VM goes.
+
 "Node-level failure" means a FailureRecord whose action takes the node out of service; records
 with action NONE (e.g. unconfirmed sightings triage asked to keep) or RESTART_JOB (application
 faults) neither climb the ladder nor make a lemon. ``history`` holds the node's earlier
@@ -160,6 +164,10 @@ class RepairDecision:
     rung: int = -1  # index of ``action`` in the ladder, -1 when off the ladder
 
 
+# the triage table's failure modes for a machine the provider takes away after a notice
+PROVIDER_FORCED_MODES = frozenset({"preemption_notice"})
+
+
 def plan_repair(
     diagnosis: Diagnosis,
     history: Sequence[FailureRecord],
@@ -176,6 +184,11 @@ def plan_repair(
         return RepairDecision(
             DecisionKind.RESTART_JOB, wanted, f"{diagnosis.failure_mode}: restart the job only"
         )
+
+    if diagnosis.failure_mode in PROVIDER_FORCED_MODES:
+        rung = config.ladder.index(wanted) if wanted in config.ladder else -1
+        return RepairDecision(DecisionKind.REPAIR, wanted, f"{diagnosis.failure_mode}: {wanted}"
+                              " (the provider takes the node: not held)", False, rung)
 
     past = [r for r in history if r.at <= now and r.action.takes_node_out]
     in_lemon_window = [r for r in past if r.at >= now - config.lemon_window_s]

@@ -77,6 +77,7 @@ class SlurmWatch:
     node: str = ""
     fault_at: float | None = None
     drained_at: float | None = None
+    drain_reason: str = ""
     resumed_at: float | None = None
     resumed_step: int | None = None
     _resumed_before: int = 0
@@ -105,8 +106,9 @@ class SlurmWatch:
             now = time.time()
             if self.drained_at is None:
                 with contextlib.suppress(SlurmError):
-                    if any(n.name == self.node and n.drained for n in self.slurm.nodes()):
-                        self.drained_at = now
+                    for n in self.slurm.nodes():
+                        if n.name == self.node and n.drained:
+                            self.drained_at, self.drain_reason = now, n.reason
             if self.resumed_at is None:
                 lines = self._resumed()
                 if len(lines) > self._resumed_before:
@@ -281,6 +283,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             "ok": ok, "state": job["state"], "restarts": progress.get("restartCount"),
             "victim": victim, "attempt_nodes": attempts,
             "resumed_step": stack.watch.resumed_step,
+            "drain_reason": stack.watch.drain_reason,
             "last_checkpoint": (progress.get("latestCheckpoint") or {}).get("step"),
             "victim_final": {"state": final.get(victim, ("?", True))[0],
                              "drained": final.get(victim, ("?", True))[1]},

@@ -10,7 +10,10 @@ For each delivery, in the order received (in order per node, by the ordering key
   take it from there;
 * otherwise applied with the real adapter, recorded, acknowledged. A call that raises is
   not recorded and the delivery is nacked: it comes back (and, past the subscription's
-  ``max_delivery_attempts``, goes to the dead-letter topic).
+  ``max_delivery_attempts``, goes to the dead-letter topic). Until it does, later requests
+  with its ordering key that were already handed over are nacked too (held), so they are
+  applied after it, as Pub/Sub redelivers them (at most ``HOLD_S`` or the failed request's
+  deadline: one that was dead-lettered does not hold its node forever).
 
 Applying and recording are not one transaction (Slurm is not transactional): a crash in
 between applies the request again on redelivery, which the adapters make harmless (every
@@ -40,8 +43,9 @@ from shared.ports import Clock, Compute
 log = logging.getLogger("mtc.executor")
 
 EXECUTORS = alerts.EXECUTORS  # the liveness collection: one document per executor
-APPLIED, DUPLICATE, REFUSED, MALFORMED, RETRY = (
-    "applied", "duplicate", "refused", "malformed", "retry")
+APPLIED, DUPLICATE, REFUSED, MALFORMED, RETRY, HELD = (
+    "applied", "duplicate", "refused", "malformed", "retry", "held")
+HOLD_S = 120.0  # at most this long a key waits for its failed request to come back
 
 
 class Refusals(Protocol):
@@ -80,6 +84,7 @@ class Executor:
     heartbeat_s: float = 5.0
     batch: int = 50
     counts: Counter[str] = field(default_factory=Counter)
+    _held: dict[str, tuple[str, float]] = field(default_factory=dict)
     _last_beat: float = float("-inf")
     _started_at: float | None = None
 
@@ -91,10 +96,26 @@ class Executor:
             self._refuse(delivery, f"malformed compute request: {exc}")
             delivery.ack()
             return self._count(MALFORMED)
+        now = self.clock.now()
+        held = self._held.get(request.ordering_key)
+        if held is not None:
+            if now > held[1]:
+                del self._held[request.ordering_key]
+            elif held[0] != request.request_id:
+                delivery.nack()  # after the failed one, which comes back first
+                return self._count(HELD)
+        outcome = self._handle(delivery, request, now)
+        if outcome == RETRY:
+            self._held[request.ordering_key] = (request.request_id,
+                                                min(request.deadline, now + HOLD_S))
+        elif held is not None and held[0] == request.request_id:
+            self._held.pop(request.ordering_key, None)
+        return outcome
+
+    def _handle(self, delivery: Delivery, request: ComputeRequest, now: float) -> str:
         if self.dedup.seen(request.request_id) is not None:
             delivery.ack()
             return self._count(DUPLICATE)
-        now = self.clock.now()
         if request.expired(now):
             self._refuse(delivery, f"{request.op} {request.ordering_key}: past its deadline "
                          f"by {now - request.deadline:.1f} s (issued {request.issued_at:.3f}); "

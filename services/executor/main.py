@@ -139,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         executor.run(stop)
     finally:
+        close_source = getattr(executor.source, "close", None)
+        if close_source is not None:
+            close_source()
         close = getattr(compute, "close", None)
         if close is not None:
             close()

@@ -100,7 +100,7 @@ class MemoryRequestBus:
 
     def _take(self, max_messages: int) -> list[MemoryDelivery]:
         blocked = {e.ordering_key for e in self._queue if e.out and e.ordering_key}
-        out = []
+        out: list[MemoryDelivery] = []
         for entry in self._queue:
             if len(out) >= max_messages:
                 break

@@ -2,8 +2,7 @@
 
 ``mtc-compute-requests`` carries every request (``remote_codec``) with its ordering key; the
 executor pulls from ``mtc-executor-<id>`` (message ordering on, so one node's requests
-arrive in the order they were published, and a key's next message waits until the previous
-one is acknowledged). Refusals (a request past its deadline, a malformed one) go to the
+arrive in the order they were published). Refusals (a request past its deadline, a malformed one) go to the
 dead-letter topic with the reason, beside what Pub/Sub itself forwards there after
 ``max_delivery_attempts``. Nothing here creates a client at import time.
 """
@@ -11,6 +10,7 @@ dead-letter topic with the reason, beside what Pub/Sub itself forwards there aft
 from __future__ import annotations
 
 import contextlib
+import queue
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -69,41 +69,65 @@ class PubSubRequestSink(PubSubPublisher):
 
 @dataclass
 class PubSubDelivery:
-    source: PubSubRequestSource
-    ack_id: str
+    """One message of the streaming pull, acknowledged through the client's message."""
+
+    message: Any
     data: bytes
     attributes: Mapping[str, str]
     ordering_key: str
     delivery_attempt: int
 
     def ack(self) -> None:
-        self.source.subscriber.acknowledge(request={
-            "subscription": self.source.path, "ack_ids": [self.ack_id]})
+        self.message.ack()
 
     def nack(self) -> None:
-        self.source.subscriber.modify_ack_deadline(request={
-            "subscription": self.source.path, "ack_ids": [self.ack_id],
-            "ack_deadline_seconds": 0})
+        self.message.nack()
 
 
 class PubSubRequestSource:
-    """``RequestSource`` over a synchronous pull of the executor's subscription."""
+    """``RequestSource`` over a streaming pull of the executor's subscription: the client
+    library hands messages over (one key's in order) as they arrive, and ``receive`` waits
+    on that hand-over, so a request is applied within milliseconds of its publish and an
+    idle executor does not spin. ``max_outstanding`` bounds what is held unacknowledged."""
 
-    def __init__(self, project: str, subscription: str, *, subscriber: Any = None) -> None:
+    def __init__(self, project: str, subscription: str, *, subscriber: Any = None,
+                 max_outstanding: int = 100) -> None:
         self.subscriber = subscriber or subscriber_client()
         self.path = self.subscriber.subscription_path(project, subscription)
+        self.max_outstanding = max_outstanding
+        self._arrived: queue.Queue[Any] = queue.Queue()
+        self._future: Any = None
+
+    def _stream(self) -> None:
+        if self._future is None or self._future.done():
+            from google.cloud.pubsub_v1 import types
+
+            self._future = self.subscriber.subscribe(
+                self.path, callback=self._arrived.put,
+                flow_control=types.FlowControl(max_messages=self.max_outstanding))
 
     def receive(self, max_messages: int, timeout_s: float) -> list[Delivery]:
+        self._stream()
+        out: list[Delivery] = []
         try:
-            response = self.subscriber.pull(
-                request={"subscription": self.path, "max_messages": max_messages},
-                timeout=max(timeout_s, 1.0))
-        except (gexc.DeadlineExceeded, gexc.ServiceUnavailable):
-            return []
-        return [PubSubDelivery(self, m.ack_id, bytes(m.message.data),
-                               dict(m.message.attributes), m.message.ordering_key,
-                               m.delivery_attempt or 1)
-                for m in response.received_messages]
+            message = self._arrived.get(timeout=timeout_s) if timeout_s > 0 else \
+                self._arrived.get_nowait()
+            while True:
+                out.append(PubSubDelivery(message, bytes(message.data),
+                                          dict(message.attributes), message.ordering_key,
+                                          message.delivery_attempt or 1))
+                if len(out) >= max_messages:
+                    break
+                message = self._arrived.get_nowait()
+        except queue.Empty:
+            pass
+        return out
+
+    def close(self) -> None:
+        if self._future is not None:
+            self._future.cancel()
+            with contextlib.suppress(Exception):
+                self._future.result(timeout=10)
 
 
 def ensure_request_topology(project: str, executor_id: str, *, prefix: str = PREFIX,

@@ -108,5 +108,6 @@ def test_requests_over_pubsub_are_applied_once_in_order_and_results_published(
         [doc] = store.read(EXECUTORS, {})
         assert doc["executor_id"] == "it" and doc["last_seen"] == clock.now()
     finally:
+        executor.source.close()  # type: ignore[attr-defined]
         machines.close()
         executor.dedup.close()

@@ -15,6 +15,7 @@ from services.executor.executor import (
     APPLIED,
     DUPLICATE,
     EXECUTORS,
+    HELD,
     MALFORMED,
     REFUSED,
     RETRY,
@@ -23,7 +24,7 @@ from services.executor.executor import (
 )
 from services.observability import alerts
 from shared.adapters.compute.remote import RemoteCompute
-from shared.adapters.compute.remote_bus import Delivery, MemoryRequestBus
+from shared.adapters.compute.remote_bus import Delivery, MemoryDelivery, MemoryRequestBus
 from shared.adapters.compute.remote_codec import decode, encode, make_request
 from shared.adapters.memory_store import MemoryDocStore
 from shared.domain.health import RepairAction
@@ -217,6 +218,39 @@ def test_a_call_that_fails_is_redelivered_before_the_nodes_next_request(rig: Rig
     assert rig.drain() == [APPLIED, APPLIED]
     assert rig.machines.calls == [("uncordon", "n2"), ("cordon", "n1", "xid"),
                                   ("repair", "n1", RepairAction.REBOOT, 1)]
+
+
+def test_a_streamed_later_request_waits_behind_the_failed_one(rig: Rig) -> None:
+    # a streaming pull may already have handed over a node's next request when the one
+    # before it fails: that one is held (nacked) until the failed one is applied
+    rig.compute.cordon("n1", "xid")
+    rig.compute.start_repair("n1", RepairAction.REBOOT, 1)
+    rig.compute.cordon("n2", "other")
+    entries = list(rig.bus._queue)
+    first, second, other = (MemoryDelivery(rig.bus, e, e.data, e.attributes, e.ordering_key, 1)
+                            for e in entries)
+    rig.machines.fail = 1
+    assert rig.executor.handle(first) == RETRY
+    assert rig.executor.handle(second) == HELD  # not applied before the cordon
+    assert rig.executor.handle(other) == APPLIED  # another node is not held up
+    assert rig.executor.handle(first) == APPLIED  # redelivered: the key is free again
+    assert rig.executor.handle(second) == APPLIED
+    assert rig.machines.calls == [("cordon", "n2", "other"), ("cordon", "n1", "xid"),
+                                  ("repair", "n1", RepairAction.REBOOT, 1)]
+
+
+def test_a_hold_ends_with_the_failed_requests_deadline(rig: Rig) -> None:
+    rig.compute.cordon("n1", "xid")
+    rig.clock.advance(1.0)
+    rig.compute.uncordon("n1")
+    first, second = (MemoryDelivery(rig.bus, e, e.data, e.attributes, e.ordering_key, 1)
+                     for e in list(rig.bus._queue))
+    rig.machines.fail = 1
+    assert rig.executor.handle(first) == RETRY
+    assert rig.executor.handle(second) == HELD
+    rig.clock.advance(60.0)  # the cordon was dead-lettered and never comes back
+    assert rig.executor.handle(second) == APPLIED
+    assert rig.machines.calls == [("uncordon", "n1")]
 
 
 def test_one_nodes_requests_are_applied_in_the_order_they_were_asked(rig: Rig) -> None:

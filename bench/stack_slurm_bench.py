@@ -40,7 +40,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from stack_slurm import SlurmWatch  # noqa: E402
+from stack_slurm import MILESTONES, SlurmWatch, milestones  # noqa: E402
 
 from services.cli import demo_slurm  # noqa: E402
 from shared.adapters.compute.slurm_cli import SlurmCli  # noqa: E402
@@ -67,11 +67,13 @@ def embedded_trial(steps: int) -> dict[str, Any]:
         return inject(node_id, xid, **line)
 
     compute.inject_xid = armed  # type: ignore[method-assign]
+    seen: list[Any] = []
+    app.bus.listeners.append(lambda env, outcomes: seen.append(env))
     try:
         final = demo_slurm.run_story(app, steps=steps)
         ok = final.state is JobState.SUCCEEDED
         time.sleep(0.5)
-        return {"ok": ok, **watch.latencies()}
+        return {"ok": ok, **watch.latencies(), "milestones": milestones(seen, watch.fault_at)}
     finally:
         watch.stop()
         compute.kill_all()
@@ -94,7 +96,8 @@ def production_trial(steps: int) -> dict[str, Any]:
             raise SystemExit(f"stack_slurm.py failed ({proc.returncode}):\n{tail}")
         result = json.loads((tmp / "r.json").read_text())
         return {"ok": bool(result["ok"]), "fault_to_drain_s": result["fault_to_drain_s"],
-                "fault_to_resumed_s": result["fault_to_resumed_s"]}
+                "fault_to_resumed_s": result["fault_to_resumed_s"],
+                "milestones": result.get("milestones", {})}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -136,6 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         ratios[key] = round(prod / emb, 2) if prod and emb else None
     print(f"production / embedded: drain x{ratios['fault_to_drain_s']}, "
           f"resumed x{ratios['fault_to_resumed_s']}")
+    print("\nfrom the fault to each event (median s):  embedded  production")
+    hops: dict[str, dict[str, float | None]] = {}
+    for kind in MILESTONES:
+        hop = kind.split(".")[2]
+        hops[hop] = {}
+        for name, trials in results.items():
+            values = [t["milestones"][hop] for t in trials if hop in t.get("milestones", {})]
+            hops[hop][name] = round(statistics.median(values), 3) if values else None
+        print(f"  {hop:38s}{hops[hop]['embedded']!s:>10s}{hops[hop]['production']!s:>12s}")
+    table["milestones"] = hops
     if args.out:
         args.out.write_text(json.dumps({"trials": results, "summary": table,
                                         "ratios": ratios}, indent=1))

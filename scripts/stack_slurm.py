@@ -63,6 +63,31 @@ from shared.adapters.compute.slurm_cli import SlurmCli, SlurmError  # noqa: E402
 from shared.domain.events import Envelope  # noqa: E402
 
 RESUMED_RE = re.compile(r"resumed from step (\d+)")
+# the hops between a fault and its job resumed, in order: where the time goes
+MILESTONES = ("mtc.node.health_reported.v1", "mtc.node.diagnosed.v1",
+              "mtc.node.draining.v1", "mtc.job.signalled.v1", "mtc.job.workers_exited.v1",
+              "mtc.job.requeued.v1", "mtc.job.started.v1", "mtc.node.repair_started.v1",
+              "mtc.node.repair_completed.v1", "mtc.node.returned_to_service.v1")
+
+
+def milestones(envelopes: list[Envelope], fault_at: float | None) -> dict[str, float]:
+    """Seconds from the fault to the first event of each ``MILESTONES`` type after it (a
+    health report only if it carries a problem, a start only of a later attempt)."""
+    out: dict[str, float] = {}
+    if fault_at is None:
+        return out
+    for env in sorted(envelopes, key=lambda e: e.time):
+        kind = env.type
+        if env.time < fault_at or kind not in MILESTONES or kind in out:
+            continue
+        data = env.event.to_dict()
+        if kind == "mtc.node.health_reported.v1" and not any(
+                c.get("status") == "true" for c in data.get("conditions", [])):
+            continue
+        if kind == "mtc.job.started.v1" and int(data.get("attempt", 1)) < 2:
+            continue
+        out[kind.split(".")[2]] = round(env.time - fault_at, 3)
+    return out
 
 
 @dataclass
@@ -287,7 +312,8 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             "last_checkpoint": (progress.get("latestCheckpoint") or {}).get("step"),
             "victim_final": {"state": final.get(victim, ("?", True))[0],
                              "drained": final.get(victim, ("?", True))[1]},
-            **latencies, "sinfo": snapshots, "wall_s": round(time.time() - t0, 1),
+            **latencies, "milestones": milestones(timeline.seen, stack.watch.fault_at),
+            "sinfo": snapshots, "wall_s": round(time.time() - t0, 1),
             "executor_counts": _executor_counts(stack)}
         console.print(f"fault-to-drain: {latencies['fault_to_drain_s']} s (sinfo shows "
                       f"{victim} DRAIN); fault-to-resumed: {latencies['fault_to_resumed_s']} s "

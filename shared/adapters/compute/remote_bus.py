@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -48,19 +48,21 @@ class _Entry:
 
 
 @dataclass
-class MemoryDelivery:
-    bus: MemoryRequestBus
-    entry: _Entry
+class Received:
+    """A ``Delivery``: the message and how to answer it (each transport's ack and nack)."""
+
     data: bytes
     attributes: Mapping[str, str]
     ordering_key: str
     delivery_attempt: int
+    on_ack: Callable[[], None]
+    on_nack: Callable[[], None]
 
     def ack(self) -> None:
-        self.bus._ack(self.entry)
+        self.on_ack()
 
     def nack(self) -> None:
-        self.bus._nack(self.entry)
+        self.on_nack()
 
 
 @dataclass
@@ -98,9 +100,18 @@ class MemoryRequestBus:
                     return list(out)
                 self._cond.wait(left)
 
-    def _take(self, max_messages: int) -> list[MemoryDelivery]:
+    def delivery_of(self, entry: _Entry) -> Received:
+        return Received(entry.data, entry.attributes, entry.ordering_key, entry.attempts,
+                        lambda: self._ack(entry), lambda: self._nack(entry))
+
+    def entries(self) -> list[_Entry]:
+        """What is queued now (tests hand them over themselves)."""
+        with self._cond:
+            return list(self._queue)
+
+    def _take(self, max_messages: int) -> list[Received]:
         blocked = {e.ordering_key for e in self._queue if e.out and e.ordering_key}
-        out: list[MemoryDelivery] = []
+        out: list[Received] = []
         for entry in self._queue:
             if len(out) >= max_messages:
                 break
@@ -110,8 +121,7 @@ class MemoryRequestBus:
             entry.attempts += 1
             if entry.ordering_key:
                 blocked.add(entry.ordering_key)
-            out.append(MemoryDelivery(self, entry, entry.data, entry.attributes,
-                                      entry.ordering_key, entry.attempts))
+            out.append(self.delivery_of(entry))
         return out
 
     def _ack(self, entry: _Entry) -> None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 import contextlib
 import queue
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from shared.adapters.compute.remote_bus import Delivery
+from shared.adapters.compute.remote_bus import Delivery, Received
 from shared.adapters.compute.remote_codec import ComputeRequest, encode, topic_id
 from shared.adapters.pubsub import PREFIX, PubSubPublisher, dead_letter_topic_id, subscriber_client
 
@@ -67,23 +66,6 @@ class PubSubRequestSink(PubSubPublisher):
                                         "mtc-reason": reason[:1024]})
 
 
-@dataclass
-class PubSubDelivery:
-    """One message of the streaming pull, acknowledged through the client's message."""
-
-    message: Any
-    data: bytes
-    attributes: Mapping[str, str]
-    ordering_key: str
-    delivery_attempt: int
-
-    def ack(self) -> None:
-        self.message.ack()
-
-    def nack(self) -> None:
-        self.message.nack()
-
-
 class PubSubRequestSource:
     """``RequestSource`` over a streaming pull of the executor's subscription: the client
     library hands messages over (one key's in order) as they arrive, and ``receive`` waits
@@ -113,9 +95,9 @@ class PubSubRequestSource:
             message = self._arrived.get(timeout=timeout_s) if timeout_s > 0 else \
                 self._arrived.get_nowait()
             while True:
-                out.append(PubSubDelivery(message, bytes(message.data),
-                                          dict(message.attributes), message.ordering_key,
-                                          message.delivery_attempt or 1))
+                out.append(Received(bytes(message.data), dict(message.attributes),
+                                    message.ordering_key, message.delivery_attempt or 1,
+                                    message.ack, message.nack))
                 if len(out) >= max_messages:
                     break
                 message = self._arrived.get_nowait()

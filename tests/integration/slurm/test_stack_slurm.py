@@ -5,31 +5,16 @@ every step is checked on what Slurm and the API showed, and nothing it started i
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.integration.slurm.conftest import REPO, Cluster
+from tests.stack_support import pids_of, run_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _pids_of(pattern: str) -> set[int]:
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if pattern in cmdline:
-                out.add(int(entry.name))
-    return out
 
 
 def test_the_production_topology_heals_a_job_on_real_slurm(cluster: Cluster,
@@ -41,20 +26,8 @@ def test_the_production_topology_heals_a_job_on_real_slurm(cluster: Cluster,
     if check.returncode != 0:
         pytest.skip(f"the Pub/Sub and Firestore emulators are not installed: {check.stderr}")
     state, result_file = tmp_path / "stack", tmp_path / "result.json"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST", "SLURM_CONF")}
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "stack_slurm.py"), "--state-dir", str(state),
-         "--steps", "200", "--json-out", str(result_file)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**env, "COLUMNS": "200"}, cwd=REPO)
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the stack stops what it started, by PID
-        out, err = proc.communicate(timeout=90)
-        pytest.fail(f"stack-slurm took over 240 s:\n{out[-4000:]}\n{err[-2000:]}")
-    assert proc.returncode == 0, out[-5000:] + err[-3000:]
+    out = run_script("stack_slurm.py", "--state-dir", str(state), "--steps", "200",
+                     "--json-out", str(result_file), timeout_s=240, drop_env=("SLURM_CONF",))
     result = json.loads(result_file.read_text())
     victim = result["victim"]
     # the fault was seen in Slurm: the node drained, by mtc, in seconds
@@ -80,4 +53,4 @@ def test_the_production_topology_heals_a_job_on_real_slurm(cluster: Cluster,
                  "repair started: reboot", "back in service", "via pubsub",
                  "stopped functions", "executor (pid", "stopped the Slurm cluster"):
         assert line in out, f"missing {line!r}"
-    assert not _pids_of(str(state)), "something the stack started is still running"
+    assert not pids_of(str(state)), "something the stack started is still running"

@@ -24,7 +24,7 @@ from services.executor.executor import (
 )
 from services.observability import alerts
 from shared.adapters.compute.remote import RemoteCompute
-from shared.adapters.compute.remote_bus import Delivery, MemoryDelivery, MemoryRequestBus
+from shared.adapters.compute.remote_bus import Delivery, MemoryRequestBus
 from shared.adapters.compute.remote_codec import decode, encode, make_request
 from shared.adapters.memory_store import MemoryDocStore
 from shared.domain.health import RepairAction
@@ -226,9 +226,7 @@ def test_a_streamed_later_request_waits_behind_the_failed_one(rig: Rig) -> None:
     rig.compute.cordon("n1", "xid")
     rig.compute.start_repair("n1", RepairAction.REBOOT, 1)
     rig.compute.cordon("n2", "other")
-    entries = list(rig.bus._queue)
-    first, second, other = (MemoryDelivery(rig.bus, e, e.data, e.attributes, e.ordering_key, 1)
-                            for e in entries)
+    first, second, other = (rig.bus.delivery_of(e) for e in rig.bus.entries())
     rig.machines.fail = 1
     assert rig.executor.handle(first) == RETRY
     assert rig.executor.handle(second) == HELD  # not applied before the cordon
@@ -243,8 +241,7 @@ def test_a_hold_ends_with_the_failed_requests_deadline(rig: Rig) -> None:
     rig.compute.cordon("n1", "xid")
     rig.clock.advance(1.0)
     rig.compute.uncordon("n1")
-    first, second = (MemoryDelivery(rig.bus, e, e.data, e.attributes, e.ordering_key, 1)
-                     for e in list(rig.bus._queue))
+    first, second = (rig.bus.delivery_of(e) for e in rig.bus.entries())
     rig.machines.fail = 1
     assert rig.executor.handle(first) == RETRY
     assert rig.executor.handle(second) == HELD

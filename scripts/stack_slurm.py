@@ -78,7 +78,8 @@ def milestones(envelopes: list[Envelope], fault_at: float | None) -> dict[str, f
         return out
     for env in sorted(envelopes, key=lambda e: e.time):
         kind = env.type
-        if env.time < fault_at or kind not in MILESTONES or kind in out:
+        hop = kind.split(".")[2]
+        if env.time < fault_at or kind not in MILESTONES or hop in out:
             continue
         data = env.event.to_dict()
         if kind == "mtc.node.health_reported.v1" and not any(
@@ -86,7 +87,7 @@ def milestones(envelopes: list[Envelope], fault_at: float | None) -> dict[str, f
             continue
         if kind == "mtc.job.started.v1" and int(data.get("attempt", 1)) < 2:
             continue
-        out[kind.split(".")[2]] = round(env.time - fault_at, 3)
+        out[hop] = round(env.time - fault_at, 3)
     return out
 
 

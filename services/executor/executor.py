@@ -187,11 +187,14 @@ class Executor:
         except Exception as exc:  # a missed beat reads as silence, which is the truth
             log.warning("could not record liveness: %s", exc)
 
-    def run(self, stop: threading.Event, timeout_s: float = 1.0) -> None:
+    def run(self, stop: threading.Event, poll_s: float = 0.1) -> None:
+        """Until ``stop``: requests are handled as they arrive, and the machines are polled
+        at least every ``poll_s`` (how soon an exit, a checkpoint or a node agent's report
+        is published)."""
         self.beat(force=True)
         while not stop.is_set():
             try:
-                self.step(timeout_s)
+                self.step(poll_s)
             except Exception:  # the bus unreachable: keep going, the beat says how long
                 log.exception("executor step failed")
                 stop.wait(1.0)

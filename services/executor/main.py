@@ -17,6 +17,7 @@ Environment:
                            agent_probes for SlurmCompute)
   MTC_TOPIC_PREFIX / MTC_COLLECTION_PREFIX   as for the functions          (default "mtc-"/"")
   MTC_EXECUTOR_HEARTBEAT_S how often the liveness doc is overwritten      (default 5)
+  MTC_EXECUTOR_POLL_S      how often the adapter is polled at least        (default 0.1)
 
 SIGTERM or SIGINT stops it after the current step; what it had pulled but not acknowledged
 is redelivered to its next run.
@@ -57,6 +58,7 @@ class ExecutorSettings:
     topic_prefix: str = PREFIX
     collection_prefix: str = ""
     heartbeat_s: float = 5.0
+    poll_s: float = 0.1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ExecutorSettings:
@@ -78,7 +80,8 @@ class ExecutorSettings:
                    options=env.get("MTC_EXECUTOR_OPTIONS", ""),
                    topic_prefix=env.get("MTC_TOPIC_PREFIX", PREFIX),
                    collection_prefix=env.get("MTC_COLLECTION_PREFIX", ""),
-                   heartbeat_s=float(env.get("MTC_EXECUTOR_HEARTBEAT_S", "5")))
+                   heartbeat_s=float(env.get("MTC_EXECUTOR_HEARTBEAT_S", "5")),
+                   poll_s=float(env.get("MTC_EXECUTOR_POLL_S", "0.1")))
 
     def adapter_options(self) -> dict[str, Any]:
         if not self.options:
@@ -137,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        executor.run(stop)
+        executor.run(stop, settings.poll_s)
     finally:
         close_source = getattr(executor.source, "close", None)
         if close_source is not None:

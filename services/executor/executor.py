@@ -89,7 +89,8 @@ class Executor:
     _started_at: float | None = None
 
     def handle(self, delivery: Delivery) -> str:
-        """What happened to one delivery (one of APPLIED ... RETRY)."""
+        """What happened to one delivery (APPLIED, DUPLICATE, REFUSED, MALFORMED, RETRY or
+        HELD)."""
         try:
             request = decode(delivery.data, delivery.attributes, delivery.ordering_key)
         except PermanentError as exc:

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-fast lint bench bench-stack bench-slurm clean stack demo-slurm
+.PHONY: demo test test-fast lint bench bench-stack bench-slurm clean stack demo-slurm stack-slurm bench-stack-slurm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,15 @@ stack: $(STAMP)
 
 bench-stack: $(STAMP)
 	$(BIN)/python bench/stack_bench.py
+
+# The production topology here: the emulators, every function (MTC_COMPUTE=remote), the
+# compute executor with SlurmCompute and a real Slurm cluster; the story with sinfo at each
+# step (root: scripts/slurm/cluster.sh). Stops everything it started (by PID).
+stack-slurm: $(STAMP)
+	$(BIN)/python scripts/stack_slurm.py
+
+bench-stack-slurm: $(STAMP)
+	$(BIN)/python bench/stack_slurm_bench.py
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache

@@ -220,6 +220,8 @@ class Stack:
             self._pulls.append(sub.subscribe(path, callback=callback))
 
     def _start_machines(self) -> None:
+        """LocalCompute polled here (``make stack``); ``stack_slurm`` starts an executor
+        over a Slurm cluster instead."""
         from services.wiring.builder import make_compute
         from shared.adapters.clock import SystemClock
 
@@ -231,9 +233,13 @@ class Stack:
                                     options={"agent_interval_s": self.agent_interval_s})
         self._threads.append(threading.Thread(target=self._machines, name="machines",
                                               daemon=True))
+        self._threads[-1].start()
+        self._start_ticks()
+
+    def _start_ticks(self) -> None:
+        """POST /tick on the steps function every ``tick_s``, as Cloud Scheduler would."""
         self._threads.append(threading.Thread(target=self._ticks, name="ticks", daemon=True))
-        for t in self._threads:
-            t.start()
+        self._threads[-1].start()
 
     def _machines(self) -> None:
         while not self._stop.wait(0.2):
@@ -364,13 +370,76 @@ def running(stack: Stack, on_event: Callable[[Envelope], None] | None = None
         signal.signal(signal.SIGTERM, previous)
 
 
+class Timeline:
+    """The events read off the tap, printed as they flow (routine heartbeats and ticks are
+    kept but not printed) and recorded in the Firestore event log for ``mtc events``."""
+
+    def __init__(self, console: Any, t0: float, stack: Stack,
+                 after: Callable[[Envelope], None] | None = None) -> None:
+        self.console = console
+        self.t0 = t0
+        self.stack = stack
+        self.after = after
+        self.seen: list[Envelope] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, env: Envelope) -> None:
+        from rich.markup import escape
+
+        from shared.timeline import describe, is_routine
+        from shared.timeline import style as _style
+
+        doc = envelope_to_doc(env)
+        with self.lock:
+            self.seen.append(env)
+        if is_routine(doc):
+            return
+        if self.stack.store is not None:
+            with contextlib.suppress(Exception):
+                DocEventLog(self.stack.store).append(env, "published")
+        lag = max(0.0, time.time() - env.time)
+        style = _style(env.type)
+        self.console.print(f"[dim]{env.time - self.t0:7.2f}s[/dim]  [{style}]"
+                           f"{escape(describe(doc))}[/{style}] [dim](+{lag * 1000:.0f} ms via "
+                           "pubsub)[/dim]")
+        if self.after is not None:
+            self.after(env)
+
+    def docs(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [envelope_to_doc(e) for e in self.seen]
+
+
+def print_result(console: Any, stack: Stack, timeline: Timeline, job: dict[str, Any],
+                 t0: float) -> bool:
+    """The job, its goodput, the events and the node list; whether the job succeeded."""
+    from shared.goodput import job_accounting
+    from shared.timeline import is_routine
+
+    ok = job["state"] == "JOB_STATE_SUCCEEDED"
+    time.sleep(1.0)  # let the last events reach the tap
+    console.rule("[bold]result")
+    docs = timeline.docs()
+    acct = job_accounting(docs, JOB_ID)
+    colour = "green" if ok else "red"
+    progress = job["mtcProgress"]
+    checkpoint = progress.get("latestCheckpoint", {}).get("step", "-")
+    console.print(f"job {JOB_ID}: [bold {colour}]{job['state']}[/]  restarts: "
+                  f"{progress['restartCount']}  attempts: {progress['attempt']}  "
+                  f"last checkpoint: step {checkpoint}")
+    console.print(f"lost work: {acct.lost_steps} step(s) recomputed; goodput: "
+                  f"runtime {acct.runtime_goodput:.1%} (recovery {acct.recovery_s:.1f} s "
+                  f"of {acct.wall_s:.1f} s)")
+    console.print(f"events through Pub/Sub: {len(docs)} "
+                  f"({sum(1 for d in docs if is_routine(d))} routine heartbeats/ticks)")
+    console.print(node_table(stack.nodes(CLUSTER_ID)))
+    console.print(f"stack wall time: {time.time() - t0:.1f} s")
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.markup import escape
-
-    from shared.goodput import job_accounting
-    from shared.timeline import describe, is_routine
-    from shared.timeline import style as _style
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--state-dir", type=Path, default=ROOT / "var" / "stack")
@@ -381,49 +450,15 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(highlight=False)
     t0 = time.time()
-    seen: list[Envelope] = []
-    lock = threading.Lock()
     stack = Stack(args.state_dir.resolve(), log=lambda m: console.print(f"[dim]{escape(m)}"))
-
-    def on_event(env: Envelope) -> None:
-        doc = envelope_to_doc(env)
-        with lock:
-            seen.append(env)
-        if is_routine(doc):
-            return
-        if stack.store is not None:
-            with contextlib.suppress(Exception):
-                DocEventLog(stack.store).append(env, "published")
-        lag = max(0.0, time.time() - env.time)
-        style = _style(env.type)
-        console.print(f"[dim]{env.time - t0:7.2f}s[/dim]  [{style}]{escape(describe(doc))}"
-                      f"[/{style}] [dim](+{lag * 1000:.0f} ms via pubsub)[/dim]")
-
+    timeline = Timeline(console, t0, stack)
     console.rule("[bold]mtc self-healing on the emulator stack (Firestore, Pub/Sub push, "
                  "functions-framework)")
     ok = False
     try:
-        with running(stack, on_event):
+        with running(stack, timeline):
             job = story(stack, args.steps, console, t0)
-            ok = job["state"] == "JOB_STATE_SUCCEEDED"
-            time.sleep(1.0)  # let the last events reach the tap
-            console.rule("[bold]result")
-            with lock:
-                docs = [envelope_to_doc(e) for e in seen]
-            acct = job_accounting(docs, JOB_ID)
-            colour = "green" if ok else "red"
-            progress = job["mtcProgress"]
-            checkpoint = progress.get("latestCheckpoint", {}).get("step", "-")
-            console.print(f"job {JOB_ID}: [bold {colour}]{job['state']}[/]  restarts: "
-                          f"{progress['restartCount']}  attempts: {progress['attempt']}  "
-                          f"last checkpoint: step {checkpoint}")
-            console.print(f"lost work: {acct.lost_steps} step(s) recomputed; goodput: "
-                          f"runtime {acct.runtime_goodput:.1%} (recovery {acct.recovery_s:.1f} s "
-                          f"of {acct.wall_s:.1f} s)")
-            console.print(f"events through Pub/Sub: {len(docs)} "
-                          f"({sum(1 for d in docs if is_routine(d))} routine heartbeats/ticks)")
-            console.print(node_table(stack.nodes(CLUSTER_ID)))
-            console.print(f"stack wall time: {time.time() - t0:.1f} s")
+            ok = print_result(console, stack, timeline, job, t0)
             if args.keep:
                 console.print("[bold]running; Ctrl-C stops everything")
                 while True:

@@ -137,10 +137,22 @@ def custom_job_body(steps: int) -> dict[str, Any]:
     }
 
 
-def story(stack: Stack, steps: int, console: Any, t0: float) -> dict[str, Any]:
-    """The self-healing story through the API; the job as the API last showed it."""
-    from services.cli.demo import CHECKPOINT_EVERY_STEPS, STEP_TIME_S
+def inject_xid_79(stack: Stack, victim: str) -> str:
+    """``make stack``'s fault: an XID 79 condition on the simulated node."""
     from shared.domain.health import Condition, ConditionStatus, ConditionType
+
+    stack.compute.inject_fault(victim, [Condition(ConditionType.XID_ERROR.value,
+                                                  ConditionStatus.TRUE, "NVRM: Xid 79",
+                                                  time.time(), {"xids": [79]})])
+    return f"injecting XID 79 (GPU fell off the bus) on {victim}"
+
+
+def story(stack: Stack, steps: int, console: Any, t0: float, *,
+          inject: Callable[[Stack, str], str] = inject_xid_79, timeout_s: float = 180
+          ) -> dict[str, Any]:
+    """The self-healing story through the API; the job as the API last showed it.
+    ``inject(stack, node)`` breaks the node and says how."""
+    from services.cli.demo import CHECKPOINT_EVERY_STEPS, STEP_TIME_S
 
     def node_state(node_id: str) -> str | None:
         return next((n.get("state") for n in stack.nodes(CLUSTER_ID)
@@ -163,14 +175,10 @@ def story(stack: Stack, steps: int, console: Any, t0: float) -> dict[str, Any]:
     time.sleep(CHECKPOINT_EVERY_STEPS * STEP_TIME_S / 2)  # mid-interval: the SIGTERM save counts
     # read again: between the two reads the job may have been requeued and placed anew
     victim = job_nodes(wait_for_running_job(read_job, timeout_s=60))[0]
-    console.print(f"[bold magenta]>>> injecting XID 79 (GPU fell off the bus) on {victim}")
-    now = time.time()
-    stack.compute.inject_fault(victim, [Condition(ConditionType.XID_ERROR.value,
-                                                  ConditionStatus.TRUE, "NVRM: Xid 79", now,
-                                                  {"xids": [79]})])
+    console.print(f"[bold magenta]>>> {inject(stack, victim)}")
     return wait_for("the job to finish and the node to return", lambda: (
         job if (job := read_job())["state"] in TERMINAL_JOB_STATES
-        and node_state(victim) == "idle" else None), timeout_s=180,
+        and node_state(victim) == "idle" else None), timeout_s=timeout_s,
         describe=lambda: f"job: {_summary(read_job())}; {victim}: {node_state(victim)}")
 
 

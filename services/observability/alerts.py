@@ -21,7 +21,14 @@ Kinds (``KINDS``):
 - ``controller_unreachable``: no fleet tick for ``controller_stale_s``. A stopped controller
   cannot deliver its own alert: this one is evaluated by readers (``/alerts.json``, the
   ``mtc_controller_last_tick_age_seconds`` gauge, a Prometheus rule), never by the tick.
-  An executor-liveness alert comes with the executor (issue 11).
+  On the embedded default the machines are polled by that same controller, so its tick age
+  is also the machines' liveness;
+- ``executor_silent``: in the cloud topology the machines are driven by executors
+  (``services.executor``), each overwriting ``executors/<id>`` with its ``last_seen``
+  every few seconds (state, not events). One silent past ``executor_stale_s`` raises this
+  alert, evaluated by readers like the controller's. It never drains or repairs anything:
+  a silent executor means requests wait (and past their deadline are refused), not that
+  the machines are sick.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ CONTROLLER_TICKS = "controller_ticks"
 FIRING, RESOLVED = "firing", "resolved"
 LEMON_ALERT_S = 24 * 3600.0  # a lemon's replacement is news for a day
 CONTROLLER_STALE_S = 180.0  # no tick for this long: the controller is unreachable
+EXECUTORS = "executors"  # one liveness document per executor (services.executor)
+EXECUTOR_STALE_S = 60.0  # no liveness write for this long: the executor is silent
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ KINDS: dict[str, Kind] = {
                          "events the control plane gave up on wait in the dead letters"),
     "controller_unreachable": Kind("CRITICAL", True, "reader",
                                    "no fleet tick: the controller is not running"),
+    "executor_silent": Kind("CRITICAL", True, "reader",
+                            "a compute executor stopped reporting: compute requests wait"),
 }
 
 
@@ -150,6 +161,27 @@ def controller_alert(last_tick_at: float | None, now: float,
                  details={"last_tick_at": last_tick_at})
 
 
+def executor_alerts(docs: Iterable[dict[str, Any]], now: float,
+                    stale_s: float = EXECUTOR_STALE_S) -> list[Alert]:
+    """One alert per executor whose liveness document is older than ``stale_s`` (or than
+    three of its own heartbeats, if those are longer). Nothing else follows from it."""
+    out = []
+    for doc in docs:
+        seen = doc.get("last_seen")
+        if seen is None:
+            continue
+        limit = max(stale_s, 3 * float(doc.get("heartbeat_s") or 0.0))
+        age = now - float(seen)
+        if age > limit:
+            name = str(doc.get("executor_id") or doc.get("_id") or "?")
+            out.append(Alert("executor_silent", name,
+                             f"executor {name} silent for {age:.0f} s (limit {limit:.0f} s) "
+                             f"on {doc.get('host', '?')}: compute requests wait for it; "
+                             "is `python -m services.executor` running?",
+                             details={"last_seen": float(seen), "host": doc.get("host", "")}))
+    return out
+
+
 # ---------------------------------------------------------------- deduplication
 
 
@@ -221,15 +253,18 @@ def global_kinds() -> frozenset[str]:
 
 
 def listing(stored: Iterable[dict[str, Any]], now: float, last_tick_at: float | None,
-            stale_s: float = CONTROLLER_STALE_S, *, include_resolved: bool = False
-            ) -> list[dict[str, Any]]:
+            stale_s: float = CONTROLLER_STALE_S, *, include_resolved: bool = False,
+            executors: Iterable[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """What ``/alerts.json`` answers: the stored alerts (firing ones, or all), plus the
-    reader-evaluated controller alert, newest first."""
+    reader-evaluated controller and executor alerts, newest first."""
     out = [{k: v for k, v in d.items() if k != "_id"} for d in stored
            if include_resolved or d.get("state") == FIRING]
     controller = controller_alert(last_tick_at, now, stale_s)
     if controller is not None:
         out.append({**_doc(controller, now, last_tick_at or now), "sent": 0,
+                    "last_sent_at": None})
+    for silent in executor_alerts(executors, now):
+        out.append({**_doc(silent, now, float(silent.details["last_seen"])), "sent": 0,
                     "last_sent_at": None})
     out.sort(key=lambda d: (-(d.get("first_at") or 0.0), d["kind"], d["subject"]))
     return out

@@ -73,7 +73,8 @@ class Observability:
         now = self.clock.now()
         tick = metrics.last_tick(self.store.read(alerts.CONTROLLER_TICKS, {}))
         listed = alerts.listing(self.store.read(alerts.ALERTS, {}), now, tick,
-                                include_resolved=flag in ("true", "1"))
+                                include_resolved=flag in ("true", "1"),
+                                executors=self.store.read(alerts.EXECUTORS, {}))
         return flask.Response(json.dumps({"alerts": listed, "now": now}, indent=1),
                               status=200, mimetype="application/json")
 

@@ -235,10 +235,21 @@ class StoreCollector:
             stamp.add_metric([], tick)
         yield age
         yield stamp
+        executors = self.store.read(alerts.EXECUTORS, {})
+        seen = GaugeMetricFamily("mtc_executor_last_seen_age_seconds", "Seconds since each "
+                                 "compute executor last recorded that it is alive",
+                                 labels=["executor"])
+        for doc in executors:
+            if doc.get("last_seen") is not None:
+                seen.add_metric([str(doc.get("executor_id", ""))],
+                                max(0.0, now - float(doc["last_seen"])))
+        yield seen
         firing = Counter(d["kind"] for d in self.store.read(alerts.ALERTS, {"state": alerts.FIRING}))
         controller = alerts.controller_alert(tick, now)
         if controller is not None:
             firing[controller.kind] += 1
+        for silent in alerts.executor_alerts(executors, now):
+            firing[silent.kind] += 1
         active = GaugeMetricFamily("mtc_alerts_firing", "Alerts firing, by kind",
                                    labels=["kind"])
         for kind in alerts.KINDS:

@@ -9,7 +9,10 @@ Environment:
   MTC_TOPIC_PREFIX         topic/subscription prefix                      (default "mtc-")
   MTC_COLLECTION_PREFIX    Firestore collection prefix                    (default "")
   MTC_COMPUTE              "local": LocalCompute over MTC_STATE_DIR (the emulator stack);
+                           "remote": each call is a request on mtc-compute-requests for the
+                           executor beside the machines (services.executor);
                            "none": requests are logged only                (default "local")
+  MTC_COMPUTE_TTL_S        remote: a request's deadline after it was issued (default 300)
   MTC_STATE_DIR            LocalCompute's state and job outputs           (default var/gcp)
   MTC_AGENT_INTERVAL_S     LocalCompute's heartbeat period                (default 1.0)
   MTC_GRACE_PERIOD_S       SIGTERM-to-SIGKILL grace given to jobs          (default config)
@@ -35,6 +38,7 @@ from typing import Any
 
 from services.wiring.builder import build_deps, local_config, make_compute
 from shared.adapters.clock import SystemClock
+from shared.adapters.compute.remote_codec import DEFAULT_TTL_S
 from shared.adapters.firestore_store import FirestoreDocStore
 from shared.adapters.outbox import DocOutbox
 from shared.adapters.pubsub import PREFIX, PubSubDeadLetters, PubSubPublisher
@@ -58,6 +62,7 @@ class GcpSettings:
     heartbeat_timeout_s: float | None = None
     repair_config: str = ""  # JSON for shared.policies.repair.load_repair_config
     local_compute: str = ""  # JSON: LocalCompute options (provision_duration_s, ...)
+    compute_ttl_s: float = DEFAULT_TTL_S  # remote: how long a request may wait to be applied
     source: str = "//mtc/control-plane"
     provisioning: str = "events"  # "workflow": Cloud Workflows drives provisioning
     workflow_location: str = ""
@@ -84,8 +89,11 @@ class GcpSettings:
             raise RuntimeError("MTC_BACKEND=gcp needs GOOGLE_CLOUD_PROJECT (any id works "
                                "against the emulators)")
         compute = env.get("MTC_COMPUTE", "local")
-        if compute not in ("local", "none"):
-            raise RuntimeError(f"MTC_COMPUTE must be local or none, got {compute!r}")
+        if compute not in ("local", "remote", "none"):
+            raise RuntimeError(f"MTC_COMPUTE must be local, remote or none, got {compute!r}")
+        ttl = float(env.get("MTC_COMPUTE_TTL_S") or DEFAULT_TTL_S)
+        if not ttl > 0:
+            raise RuntimeError(f"MTC_COMPUTE_TTL_S must be positive, got {ttl!r}")
         grace = env.get("MTC_GRACE_PERIOD_S")
         heartbeat = env.get("MTC_HEARTBEAT_TIMEOUT_S")
         service = env.get("K_SERVICE")
@@ -100,6 +108,7 @@ class GcpSettings:
             heartbeat_timeout_s=float(heartbeat) if heartbeat else None,
             repair_config=env.get("MTC_REPAIR_CONFIG", ""),
             local_compute=env.get("MTC_LOCAL_COMPUTE", ""),
+            compute_ttl_s=ttl,
             source=f"//mtc/{service}" if service else "//mtc/control-plane",
             provisioning=_one_of(env.get("MTC_PROVISIONING", "events"), "MTC_PROVISIONING",
                                  ("events", "workflow")),
@@ -167,6 +176,12 @@ class GcpRuntime:
     def _make_compute(self) -> Compute:
         if self.settings.compute == "none":
             return NullCompute()
+        if self.settings.compute == "remote":
+            from shared.adapters.compute.remote import RemoteCompute
+            from shared.adapters.compute.remote_pubsub import PubSubRequestSink
+
+            sink = PubSubRequestSink(self.settings.project, prefix=self.settings.topic_prefix)
+            return RemoteCompute(sink, self.clock, ttl_s=self.settings.compute_ttl_s)
         options = {"agent_interval_s": self.settings.agent_interval_s,
                    **local_compute_options(self.settings.local_compute)}
         return make_compute("local", self.settings.state_dir, self.publisher.publish,

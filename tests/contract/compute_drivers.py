@@ -21,7 +21,7 @@ from shared.adapters.compute.local_compute import LocalCompute
 from shared.adapters.compute.protocol import ExitCode, checkpoint_name, checkpoint_steps
 from shared.adapters.compute.slurm_api import job_name
 from shared.adapters.compute.slurm_compute import SlurmCompute
-from shared.domain.events import Event
+from shared.domain.events import Envelope, Event
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.ports import Compute, WorkerSpec
 from tests.harness import FakeCompute, ManualClock, Recorder
@@ -162,13 +162,17 @@ class LocalDriver(FileCheckpoints, Driver):
     def __init__(self, tmp: Path) -> None:
         super().__init__(tmp)
         self.clock = ManualClock(1000.0)
-        self.local = LocalCompute(tmp / "state", self.events, self.clock, heartbeats=False,
+        self.local = LocalCompute(tmp / "state", self.results(), self.clock, heartbeats=False,
                                   python=sys.executable)
         self.compute = self.local
         self.ctrl = tmp / "ctrl"
         self.ctrl.mkdir()
         self.program = tmp / "program.py"
         self.program.write_text(PROGRAM)
+
+    def results(self) -> Callable[[Event], None]:
+        """Where the adapter's events go: straight to the recorder."""
+        return self.events
 
     def settle(self) -> None:
         self.clock.advance(0.25)
@@ -195,6 +199,49 @@ class LocalDriver(FileCheckpoints, Driver):
     def close(self) -> None:
         self.local.kill_all()
         self.local.close()
+
+
+class RemoteDriver(LocalDriver):
+    """``RemoteCompute`` -> an in-process bus that delivers every request twice, in order per
+    key -> the executor (``services.executor``) -> ``LocalCompute``, whose results travel
+    back through the Pub/Sub binding (``shared.codec``) as the executor publishes them."""
+
+    name = "remote"
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        from services.executor.dedup import DedupRecord
+        from services.executor.executor import Executor
+        from shared.adapters.compute.remote import RemoteCompute
+        from shared.adapters.compute.remote_bus import MemoryRequestBus
+
+        self.bus = MemoryRequestBus(duplicate=True)
+        self.compute = RemoteCompute(self.bus, self.clock, ttl_s=120.0)
+        self.dedup = DedupRecord(tmp / "executor")
+        self.executor = Executor(self.bus, self.local, self.dedup, self.clock)
+
+    def results(self) -> Callable[[Event], None]:
+        from shared.adapters.outbox import SourceEmitter
+        from shared.codec import from_pubsub_message, to_pubsub
+
+        def over_pubsub(envelope: Envelope) -> None:
+            data, attributes = to_pubsub(envelope)
+            self.events(from_pubsub_message({"attributes": attributes, "data": data}).event)
+
+        return SourceEmitter(over_pubsub, self.clock, "//mtc/compute/local")
+
+    def settle(self) -> None:
+        self.clock.advance(0.25)
+        self.executor.step(timeout_s=0.0)  # the requests that arrived, then a poll
+        time.sleep(0.02)
+
+    def running(self, attempt: int) -> None:
+        self.executor.step(timeout_s=0.0)  # the start request reaches the machines
+        super().running(attempt)
+
+    def close(self) -> None:
+        super().close()
+        self.dedup.close()
 
 
 class SlurmDriver(FileCheckpoints, Driver):
@@ -354,6 +401,7 @@ class SimDriver(Driver):
 DRIVERS: dict[str, type[Driver]] = {
     "fake": FakeDriver,
     "local": LocalDriver,
+    "remote": RemoteDriver,
     "slurm": SlurmDriver,
     "sim": SimDriver,
     "gce": GceDriver,

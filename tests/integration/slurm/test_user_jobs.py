@@ -26,7 +26,7 @@ from services.wiring.embedded import EmbeddedApp
 from shared.adapters.compute.slurm_compute import SlurmCompute
 from shared.domain.adopted import adopted
 from shared.domain.model import JobState, NodeState
-from shared.goodput_live import job_accounting
+from shared.goodput import job_accounting
 
 from .conftest import Cluster, timing
 from .test_e2e_selfheal import Recorder, create, get_job, make_app, node_state, run_until

@@ -1,0 +1,1 @@
+"""The compute executor: applies the cloud control plane's compute requests beside the machines."""

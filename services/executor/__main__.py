@@ -1,0 +1,3 @@
+from services.executor.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,206 @@
+"""The executor's loop: pull compute requests, apply each once, let the machines report.
+
+For each delivery, in the order received (in order per node, by the ordering key):
+
+* malformed -> refused (to the dead-letter topic with the reason), acknowledged;
+* already recorded (a redelivery, a duplicate, a handler that ran again) -> acknowledged,
+  nothing applied;
+* past its deadline -> refused and recorded, acknowledged, never applied: a drain or a
+  reboot asked for minutes ago may be wrong now, and the control plane's own timeouts
+  take it from there;
+* otherwise applied with the real adapter, recorded, acknowledged. A call that raises is
+  not recorded and the delivery is nacked: it comes back (and, past the subscription's
+  ``max_delivery_attempts``, goes to the dead-letter topic). Until it does, later requests
+  with its ordering key that were already handed over are nacked too (held), so they are
+  applied after it, as Pub/Sub redelivers them (at most ``HOLD_S`` or the failed request's
+  deadline: one that was dead-lettered does not hold its node forever).
+
+Applying and recording are not one transaction (Slurm is not transactional): a crash in
+between applies the request again on redelivery, which the adapters make harmless (every
+port call is idempotent by its key). Between pulls the adapter is polled, which is how its
+results (node.provisioned, job.workers_exited, ...) are published, and the executor's
+liveness record is overwritten every ``heartbeat_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from services.executor.dedup import DedupRecord
+from services.observability import alerts
+from shared.adapters.compute.remote_bus import Delivery, RequestSource
+from shared.adapters.compute.remote_codec import ComputeRequest, apply, decode
+from shared.domain.errors import PermanentError
+from shared.ports import Clock, Compute
+
+log = logging.getLogger("mtc.executor")
+
+EXECUTORS = alerts.EXECUTORS  # the liveness collection: one document per executor
+APPLIED, DUPLICATE, REFUSED, MALFORMED, RETRY, HELD = (
+    "applied", "duplicate", "refused", "malformed", "retry", "held")
+HOLD_S = 120.0  # at most this long a key waits for its failed request to come back
+
+
+class Refusals(Protocol):
+    def refuse(self, data: bytes, attributes: Mapping[str, str], reason: str,
+               service: str = "executor") -> None: ...
+
+
+class Liveness(Protocol):
+    def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
+
+
+class LoggedRefusals:
+    """Refusals that are only logged (tests, and where no dead-letter topic exists)."""
+
+    def __init__(self) -> None:
+        self.refused: list[tuple[Mapping[str, str], str]] = []
+
+    def refuse(self, data: bytes, attributes: Mapping[str, str], reason: str,
+               service: str = "executor") -> None:
+        self.refused.append((dict(attributes), reason))
+
+
+@dataclass
+class Executor:
+    """One executor (see the module docstring). ``compute`` is the real adapter; its
+    ``poll()``, where it has one, is called after every pull."""
+
+    source: RequestSource
+    compute: Compute
+    dedup: DedupRecord
+    clock: Clock
+    refusals: Refusals = field(default_factory=LoggedRefusals)
+    liveness: Liveness | None = None
+    executor_id: str = "executor"
+    kind: str = ""
+    heartbeat_s: float = 5.0
+    batch: int = 50
+    counts: Counter[str] = field(default_factory=Counter)
+    _held: dict[str, tuple[str, float]] = field(default_factory=dict)
+    _last_beat: float = float("-inf")
+    _started_at: float | None = None
+
+    def handle(self, delivery: Delivery) -> str:
+        """What happened to one delivery (APPLIED, DUPLICATE, REFUSED, MALFORMED, RETRY or
+        HELD)."""
+        try:
+            request = decode(delivery.data, delivery.attributes, delivery.ordering_key)
+        except PermanentError as exc:
+            self._refuse(delivery, f"malformed compute request: {exc}")
+            delivery.ack()
+            return self._count(MALFORMED)
+        now = self.clock.now()
+        held = self._held.get(request.ordering_key)
+        if held is not None:
+            if now > held[1]:
+                del self._held[request.ordering_key]
+            elif held[0] != request.request_id:
+                delivery.nack()  # after the failed one, which comes back first
+                return self._count(HELD)
+        outcome = self._handle(delivery, request, now)
+        if outcome == RETRY:
+            self._held[request.ordering_key] = (request.request_id,
+                                                min(request.deadline, now + HOLD_S))
+        elif held is not None and held[0] == request.request_id:
+            self._held.pop(request.ordering_key, None)
+        return outcome
+
+    def _handle(self, delivery: Delivery, request: ComputeRequest, now: float) -> str:
+        if self.dedup.seen(request.request_id) is not None:
+            delivery.ack()
+            return self._count(DUPLICATE)
+        if request.expired(now):
+            self._refuse(delivery, f"{request.op} {request.ordering_key}: past its deadline "
+                         f"by {now - request.deadline:.1f} s (issued {request.issued_at:.3f}); "
+                         "not applied")
+            self.dedup.record(request.request_id, request.op, REFUSED, request.deadline, now)
+            delivery.ack()
+            return self._count(REFUSED)
+        try:
+            apply(request, self.compute)
+        except PermanentError as exc:
+            self._refuse(delivery, f"{request.op} {request.ordering_key}: {exc}")
+            self.dedup.record(request.request_id, request.op, MALFORMED, request.deadline, now)
+            delivery.ack()
+            return self._count(MALFORMED)
+        except Exception:
+            log.exception("applying %s %s failed; it will be redelivered", request.op,
+                          request.request_id)
+            delivery.nack()
+            return self._count(RETRY)
+        self.dedup.record(request.request_id, request.op, APPLIED, request.deadline, now)
+        delivery.ack()
+        log.info("applied %s %s (%s)", request.op, request.ordering_key, request.request_id)
+        return self._count(APPLIED)
+
+    def _count(self, outcome: str) -> str:
+        self.counts[outcome] += 1
+        return outcome
+
+    def _refuse(self, delivery: Delivery, reason: str) -> None:
+        log.warning("refused compute request %s: %s",
+                    delivery.attributes.get("mtc-request-id", "?"), reason)
+        try:
+            self.refusals.refuse(delivery.data, delivery.attributes, reason)
+        except Exception as exc:  # the refusal is logged; the request is still not applied
+            log.warning("could not publish the refusal: %s", exc)
+
+    def step(self, timeout_s: float = 1.0) -> int:
+        """One pull (waiting up to ``timeout_s``), its deliveries handled in order, one
+        poll of the machines, the liveness record if due; returns how many were handled."""
+        deliveries = self.source.receive(self.batch, timeout_s)
+        for delivery in deliveries:
+            self.handle(delivery)
+        poll: Callable[[], None] | None = getattr(self.compute, "poll", None)
+        if poll is not None:
+            try:
+                poll()
+            except Exception:
+                log.exception("polling the machines failed")
+        self.beat()
+        return len(deliveries)
+
+    def beat(self, *, force: bool = False) -> None:
+        """Overwrite ``executors/<id>`` with when this executor was last alive (state, not
+        an event stream: the control plane reads its age)."""
+        now = self.clock.now()
+        if self._started_at is None:
+            self._started_at = now
+        if self.liveness is None or (not force and now - self._last_beat < self.heartbeat_s):
+            return
+        self._last_beat = now
+        self.dedup.prune(now)
+        doc = {"executor_id": self.executor_id, "last_seen": now,
+               "started_at": self._started_at, "compute": self.kind,
+               "host": socket.gethostname(), "pid": os.getpid(),
+               "heartbeat_s": self.heartbeat_s, "counts": dict(self.counts),
+               "expire_at": now + 7 * 24 * 3600.0}
+        try:
+            self.liveness.write(EXECUTORS, self.executor_id, doc)
+        except Exception as exc:  # a missed beat reads as silence, which is the truth
+            log.warning("could not record liveness: %s", exc)
+
+    def run(self, stop: threading.Event, poll_s: float = 0.1) -> None:
+        """Until ``stop``: requests are handled as they arrive, and the machines are polled
+        at least every ``poll_s`` (how soon an exit, a checkpoint or a node agent's report
+        is published)."""
+        self.beat(force=True)
+        while not stop.is_set():
+            try:
+                self.step(poll_s)
+            except Exception:  # the bus unreachable: keep going, the beat says how long
+                log.exception("executor step failed")
+                stop.wait(1.0)
+
+
+def request_of(delivery: Delivery) -> ComputeRequest:
+    """Decode a delivery (tools and tests)."""
+    return decode(delivery.data, delivery.attributes, delivery.ordering_key)

@@ -1,0 +1,187 @@
+"""Compute requests on the wire: what ``RemoteCompute`` publishes and the executor applies.
+
+One ``Compute`` call is one message on ``mtc-compute-requests``: JSON data ``{"op", "args"}``
+and attributes naming the request (``mtc-request-id``), the operation, when it was issued and
+its deadline. The ordering key is the node id (the job id for worker calls), so what is asked
+of one node is applied in the order it was asked.
+
+Request ids are deterministic, derived from the call's idempotency key (the port's: provision
+and delete by node, a repair by node and attempt whatever the action, worker calls by job and
+attempt), so a handler that runs again after a crash asks for the same request and the
+executor applies it once. Cordon and uncordon set a state that can legitimately be asked for
+again later (cordon, uncordon, cordon), so their key includes the time they were issued and
+the caller's call counter: each is its own request, and applying one twice (a handler that
+ran again) changes nothing anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared.domain.errors import ValidationError
+from shared.domain.health import RepairAction
+from shared.domain.model import Node
+from shared.ports import Compute, WorkerSpec
+
+TOPIC = "compute-requests"  # the topic is ``<prefix>compute-requests``
+SCHEMA = "mtc.compute.request.v1"
+DEFAULT_TTL_S = 300.0  # a request not applied within this long is refused, not applied late
+OPS = ("provision_node", "cordon", "uncordon", "delete_node", "start_repair",
+       "start_workers", "signal_workers", "stop_workers")
+ATTR_ID, ATTR_OP = "mtc-request-id", "mtc-op"
+ATTR_ISSUED, ATTR_DEADLINE, ATTR_SCHEMA = "mtc-issued-at", "mtc-deadline", "mtc-schema"
+
+
+def topic_id(prefix: str = "mtc-") -> str:
+    return f"{prefix}{TOPIC}"
+
+
+@dataclass(frozen=True)
+class ComputeRequest:
+    """One Compute call, addressed to the executor."""
+
+    op: str
+    args: Mapping[str, Any]
+    request_id: str
+    ordering_key: str
+    issued_at: float
+    deadline: float
+
+    def expired(self, now: float) -> bool:
+        return now > self.deadline
+
+
+def request_id(op: str, key: str) -> str:
+    return hashlib.sha256(f"{op}:{key}".encode()).hexdigest()[:32]
+
+
+def _key(op: str, args: Mapping[str, Any], issued_at: float) -> tuple[str, str]:
+    """(idempotency key, ordering key) of a call."""
+    if op == "provision_node":
+        node_id = str(args["node"]["node_id"])
+        return node_id, node_id
+    if op in ("cordon", "uncordon"):
+        node_id = str(args["node_id"])
+        return f"{node_id}|{args.get('reason', '')}|{issued_at!r}|{args.get('seq', 0)}", node_id
+    if op == "delete_node":
+        return str(args["node_id"]), str(args["node_id"])
+    if op == "start_repair":
+        return f"{args['node_id']}|{args['attempt']}", str(args["node_id"])
+    if op == "start_workers":
+        first = args["workers"][0]
+        return f"{first['job_id']}|{first['attempt']}", str(first["job_id"])
+    return f"{args['job_id']}|{args['attempt']}", str(args["job_id"])
+
+
+def make_request(op: str, args: Mapping[str, Any], issued_at: float, ttl_s: float
+                 ) -> ComputeRequest:
+    key, ordering = _key(op, args, issued_at)
+    return ComputeRequest(op, dict(args), request_id(op, key), ordering, issued_at,
+                          issued_at + ttl_s)
+
+
+def worker_to_dict(spec: WorkerSpec) -> dict[str, Any]:
+    d = spec._asdict()
+    d["command"] = list(spec.command)
+    d["env"] = [list(pair) for pair in spec.env]
+    return d
+
+
+def worker_from_dict(d: Mapping[str, Any]) -> WorkerSpec:
+    try:
+        return WorkerSpec(
+            job_id=str(d["job_id"]), attempt=int(d["attempt"]), rank=int(d["rank"]),
+            world_size=int(d["world_size"]), node_id=str(d["node_id"]),
+            command=tuple(str(c) for c in d["command"]),
+            env=tuple((str(k), str(v)) for k, v in d["env"]),
+            checkpoint_dir=str(d["checkpoint_dir"]), model_dir=str(d["model_dir"]),
+            tensorboard_dir=str(d["tensorboard_dir"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValidationError("args.workers", f"not a worker spec: {exc}") from exc
+
+
+def encode(request: ComputeRequest) -> tuple[bytes, dict[str, str]]:
+    """The message body and attributes (the ordering key travels beside them)."""
+    data = json.dumps({"op": request.op, "args": request.args}, separators=(",", ":"))
+    return data.encode(), {
+        ATTR_SCHEMA: SCHEMA, ATTR_ID: request.request_id, ATTR_OP: request.op,
+        ATTR_ISSUED: repr(request.issued_at), ATTR_DEADLINE: repr(request.deadline)}
+
+
+def _float(attributes: Mapping[str, str], name: str) -> float:
+    try:
+        value = float(attributes[name])
+    except (KeyError, ValueError) as exc:
+        raise ValidationError(name, "is required (seconds since the epoch)") from exc
+    if not math.isfinite(value):
+        raise ValidationError(name, "must be finite")
+    return value
+
+
+def decode(data: bytes, attributes: Mapping[str, str], ordering_key: str = ""
+           ) -> ComputeRequest:
+    """A message back into a request; anything malformed is a ValidationError naming it."""
+    if attributes.get(ATTR_SCHEMA) != SCHEMA:
+        raise ValidationError(ATTR_SCHEMA, f"must be {SCHEMA}")
+    rid = attributes.get(ATTR_ID, "")
+    if not rid:
+        raise ValidationError(ATTR_ID, "is required")
+    try:
+        body = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValidationError("data", f"is not JSON: {exc}") from exc
+    if not isinstance(body, dict) or body.get("op") not in OPS:
+        raise ValidationError("data.op", f"must be one of {', '.join(OPS)}")
+    if attributes.get(ATTR_OP) != body["op"]:
+        raise ValidationError(ATTR_OP, "does not match data.op")
+    if not isinstance(body.get("args"), dict):
+        raise ValidationError("data.args", "must be an object")
+    return ComputeRequest(body["op"], body["args"], rid, ordering_key,
+                          _float(attributes, ATTR_ISSUED), _float(attributes, ATTR_DEADLINE))
+
+
+def apply(request: ComputeRequest, compute: Compute) -> None:
+    """Make the call on a real Compute. Ill-typed arguments are a ValidationError, raised
+    before anything is asked of the machines; what the call itself raises is passed on."""
+    call = _call(request, compute)
+    call()
+
+
+def _call(request: ComputeRequest, compute: Compute) -> Callable[[], None]:
+    a = request.args
+    try:
+        if request.op == "provision_node":
+            node = Node.from_dict(dict(a["node"]))
+            return lambda: compute.provision_node(node)
+        if request.op == "cordon":
+            node_id, reason = str(a["node_id"]), str(a["reason"])
+            return lambda: compute.cordon(node_id, reason)
+        if request.op == "uncordon":
+            node_id = str(a["node_id"])
+            return lambda: compute.uncordon(node_id)
+        if request.op == "delete_node":
+            node_id = str(a["node_id"])
+            return lambda: compute.delete_node(node_id)
+        if request.op == "start_repair":
+            node_id, action, attempt = (str(a["node_id"]), RepairAction(a["action"]),
+                                        int(a["attempt"]))
+            return lambda: compute.start_repair(node_id, action, attempt)
+        if request.op == "start_workers":
+            workers = [worker_from_dict(w) for w in a["workers"]]
+            return lambda: compute.start_workers(workers)
+        job_id, attempt = str(a["job_id"]), int(a["attempt"])
+        if request.op == "signal_workers":
+            grace_s = float(a["grace_s"])
+            return lambda: compute.signal_workers(job_id, attempt, grace_s)
+        return lambda: compute.stop_workers(job_id, attempt)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValidationError(f"args ({request.op})", f"ill-typed: {exc!r}") from exc
+
+
+def workers_args(workers: Sequence[WorkerSpec]) -> dict[str, Any]:
+    return {"workers": [worker_to_dict(w) for w in workers]}

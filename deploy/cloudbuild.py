@@ -90,7 +90,7 @@ SUBSTITUTIONS = {
     "_FIRESTORE_DATABASE": "(default)",
     "_FIRESTORE_LOCATION": "nam5",
     "_PROVISIONING": "workflow",
-    "_COMPUTE": "none",
+    "_COMPUTE": "remote",  # compute requests to the executor beside the machines
     "_EXECUTOR_GCE": "true",
     "_EXECUTOR_ID": "controller",
     "_ACK_DEADLINE": "60",

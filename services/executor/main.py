@@ -10,7 +10,8 @@ Environment:
   PUBSUB_EMULATOR_HOST / FIRESTORE_EMULATOR_HOST: use the emulators (read by the clients)
   MTC_EXECUTOR_ID          this executor's name: its subscription and liveness doc (default
                            the host name)
-  MTC_EXECUTOR_COMPUTE     "slurm" (SlurmCompute) or "local" (LocalCompute)  (default slurm)
+  MTC_EXECUTOR_COMPUTE     "slurm" (SlurmCompute), "gce" (Compute Engine machines, Slurm
+                           workers) or "local" (LocalCompute)  (default slurm)
   MTC_STATE_DIR            the adapter's state and the dedup record      (default var/executor)
   SLURM_CONF               the cluster's slurm.conf (slurm)
   MTC_EXECUTOR_OPTIONS     JSON keyword arguments for the adapter (e.g. agent_interval_s,
@@ -67,8 +68,8 @@ class ExecutorSettings:
         if not project:
             raise SystemExit("executor: GOOGLE_CLOUD_PROJECT is required")
         compute = env.get("MTC_EXECUTOR_COMPUTE", "slurm")
-        if compute not in ("slurm", "local"):
-            raise SystemExit(f"executor: MTC_EXECUTOR_COMPUTE must be slurm or local, "
+        if compute not in ("slurm", "gce", "local"):
+            raise SystemExit(f"executor: MTC_EXECUTOR_COMPUTE must be slurm, gce or local, "
                              f"got {compute!r}")
         executor_id = env.get("MTC_EXECUTOR_ID") or socket.gethostname()
         if not executor_id.replace("-", "").isalnum() or len(executor_id) > 60:

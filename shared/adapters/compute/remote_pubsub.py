@@ -117,16 +117,17 @@ def ensure_request_topology(project: str, executor_id: str, *, prefix: str = PRE
                             publisher: Any = None, subscriber: Any = None) -> str:
     """The requests topic, the dead-letter topic and the executor's ordered pull
     subscription (dead-lettered after ``max_delivery_attempts``). Idempotent; returns the
-    subscription id."""
+    subscription id. In production the deployment creates them (cloudbuild.yaml) and the
+    executor's least-privilege identity may not: a refusal (403) means "already there"."""
     pub = publisher or ordered_publisher_client()
     sub = subscriber or subscriber_client()
     topic = pub.topic_path(project, topic_id(prefix))
     dead = pub.topic_path(project, dead_letter_topic_id(prefix))
     for path in (topic, dead):
-        with contextlib.suppress(gexc.AlreadyExists):
+        with contextlib.suppress(gexc.AlreadyExists, gexc.Forbidden):
             pub.create_topic(request={"name": path})
     name = executor_subscription_id(executor_id, prefix)
-    with contextlib.suppress(gexc.AlreadyExists):
+    with contextlib.suppress(gexc.AlreadyExists, gexc.Forbidden):
         sub.create_subscription(request={
             "name": sub.subscription_path(project, name), "topic": topic,
             "ack_deadline_seconds": ack_deadline_s, "enable_message_ordering": True,

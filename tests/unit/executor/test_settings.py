@@ -37,7 +37,7 @@ def test_executor_settings_name_what_is_wrong() -> None:
         "ctl-1", "slurm", "/etc/slurm.conf", Path("/x"))
     assert ok.adapter_options() == {"agent_probes": ("xid",)}
     for env, message in (({}, "GOOGLE_CLOUD_PROJECT"),
-                         ({"MTC_EXECUTOR_COMPUTE": "gce"}, "MTC_EXECUTOR_COMPUTE"),
+                         ({"MTC_EXECUTOR_COMPUTE": "vmware"}, "MTC_EXECUTOR_COMPUTE"),
                          ({"MTC_EXECUTOR_ID": "a/b"}, "MTC_EXECUTOR_ID")):
         base = {"GOOGLE_CLOUD_PROJECT": "p"} if "GOOGLE_CLOUD_PROJECT" not in message else {}
         with pytest.raises(SystemExit, match=message):

@@ -9,7 +9,8 @@ Decisions are state-based: a report for a node already out of service changes no
 older report arriving after a newer one is ignored, and a report observed before the node's
 last repair started (or before it was provisioned) is stale (``Outcome.STALE``, nothing
 changes), so replays, redeliveries and XID storms cannot re-drain or escalate a node that
-was repaired since.
+was repaired since. So is a report observed longer than ``max_event_age_s`` ago (an agent's
+spool delivering late after a bus outage): it is recorded, never acted on.
 
 This service owns **return to service**: it counts the passing checks (hysteresis), moves
 the node back to IDLE and into its partition, uncordons it in compute and announces it
@@ -49,6 +50,10 @@ def on_health_reported(event: NodeHealthReported, uow: UnitOfWork, deps: Deps
         raise NotFound("node", event.node_id)
     if lifecycle.stale_report(node, event.observed_at):
         return Outcome.STALE  # from before its last repair (or provisioning): history
+    if deps.clock.now() - event.observed_at > deps.config.max_event_age_s:
+        # aged by when it was OBSERVED, whatever carried it: an agent's spool can send a
+        # report hours late through a transport that stamps its own time (the API)
+        return Outcome.STALE
     conditions = tuple(Condition.from_dict(c) for c in event.conditions)
     report = HealthReport(event.node_id, event.observed_at, conditions, event.source)
     return None if assess(node, report, uow, deps) else Outcome.UNCHANGED

@@ -114,8 +114,12 @@ def pubsub_sender(project: str, topic: str = NODE_TOPIC, timeout_s: float = 10.0
         attrs["content-type"] = "application/json"
         message = pubsub_v1.types.PubsubMessage(
             data=json.dumps(dict(report.data), separators=(",", ":")).encode(), attributes=attrs)
-        publisher.api.publish(topic=state["topic"], messages=[message], retry=None,
-                              timeout=timeout_s)
+        try:
+            publisher.api.publish(topic=state["topic"], messages=[message], retry=None,
+                                  timeout=timeout_s)
+        except Exception:
+            state.clear()  # a fresh channel next time, not gRPC's growing reconnect backoff
+            raise
 
     return send
 

@@ -33,6 +33,9 @@ class ConditionType(enum.StrEnum):
     DISK_PRESSURE = "DiskPressure"  # details: {"mount": str, "used_fraction": float}
     SLOW_SPEED_CHECK = "SlowSpeedCheck"  # details: {"ratio_to_baseline": float}
     HEARTBEAT_LOST = "HeartbeatLost"  # details: {"silent_for_s": float}
+    # The deep checks' collective test (all_reduce_perf with peers), not a periodic probe:
+    # details: {"busbw_gbps", "min_busbw_gbps", "ratio_to_threshold", "wrong", "corrupt"}
+    COLLECTIVE_BANDWIDTH_LOW = "CollectiveBandwidthLow"
     # A person's decisions, not a machine's: an administrator's own drain (TRUE with their
     # reason, FALSE once lifted; the Slurm adapter reports one it did not make, `mtc node
     # drain` sets it) and a resume they made of a node mtc holds out (the Slurm adapter).

@@ -5,9 +5,9 @@ A node that passes its own GPU diagnostics can still slow every job it joins: a 
 a bad cable, a mis-set PCIe/NVLink link. ``all_reduce_perf`` across the node and a healthy
 peer measures what a job would see. Its output is a table, one row per message size::
 
-    #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
-    #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
-       8589934592    2147483648     float     sum      -1    47535  180.71  338.82      0    47743  179.92  337.35      0
+    #  size      count   type redop root   time  algbw  busbw #wrong   time  algbw  busbw #wrong
+    #   (B) (elements)                     (us) (GB/s) (GB/s)          (us) (GB/s) (GB/s)
+    8589934592 2147483648 float  sum   -1  47535 180.71 338.82      0  47743 179.92 337.35      0
     # Out of bounds values : 0 OK
     # Avg bus bandwidth    : 70.742
 
@@ -111,7 +111,7 @@ def _row(header: Sequence[str], tokens: Sequence[str]) -> BandwidthRow:
     busbw = [i for i, name in enumerate(header) if name == "busbw"]
     wrong = [i for i, name in enumerate(header) if name == "#wrong"]
     values = [_number(tokens[i]) for i in busbw]
-    oop, ip = (values + [None])[:2]
+    oop, ip = [*values, None][:2]
     wrongs = [int(tokens[i]) for i in wrong if tokens[i].isdigit()]
     return BandwidthRow(int(tokens[0]), oop or 0.0, ip if ip is not None else (oop or 0.0),
                         sum(wrongs))

@@ -12,7 +12,10 @@ changes), so replays, redeliveries and XID storms cannot re-drain or escalate a 
 was repaired since. So is a report observed longer than ``max_event_age_s`` ago (an agent's
 spool delivering late after a bus outage): it is recorded, never acted on.
 
-This service owns **return to service**: it counts the passing checks (hysteresis), moves
+This service owns **return to service**: it counts the passing checks (hysteresis), holds
+a node whose deep-check gate is not clear (``shared.deep_checks``: pending, failed, or
+unknown under a "hold" policy; a deep check's results come as a report from source
+``deep-check``, outside the agent's report order), moves
 the node back to IDLE and into its partition, uncordons it in compute and announces it
 (NodeReturnedToService); it also releases a held node that reports healthy. Taking nodes
 out of service (cordon, drain, repair) belongs to the repair service. A node an operator
@@ -22,6 +25,7 @@ until an operator resumes it (``resume``), and no agent report can lift the drai
 
 from __future__ import annotations
 
+from shared import deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound
 from shared.domain.events import (
@@ -35,7 +39,7 @@ from shared.domain.health import Condition, HealthReport, RepairAction
 from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.handling import Deps, Outcome
-from shared.policies.repair import ready_to_return
+from shared.policies.repair import DEEP_CHECK_SOURCE, ready_to_return
 from shared.policies.triage import triage, unconfirmed_sightings
 from shared.ports import UnitOfWork
 
@@ -63,7 +67,7 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
     """Triage ``report`` for ``node``; False when it changed nothing but "last seen"."""
     if node.state in (NodeState.RETIRED,) or node.role is NodeRole.LOGIN:
         return False
-    synthetic = report.source in SYNTHETIC_SOURCES
+    synthetic = report.source in SYNTHETIC_SOURCES or report.source == DEEP_CHECK_SOURCE
     if not synthetic:
         if node.last_report_at is not None and report.observed_at < node.last_report_at:
             return False  # reordered: a newer report was already assessed
@@ -72,6 +76,8 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
     drained = lifecycle.operator_drained(node)
     changed = lifecycle.observe(node, report)
     now = deps.clock.now()
+    if report.source == DEEP_CHECK_SOURCE:  # the verdict that gates its return
+        changed |= deep_checks.record(node, report, now)
     if drained and not lifecycle.operator_drained(node):  # they lifted their own drain
         resume(node, uow, deps, node.conditions[lifecycle.OPERATOR_DRAIN].reason)
     table = deps.config.triage_table
@@ -118,6 +124,8 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
     lifecycle.count_pass(node, report.observed_at)
     if not ready_to_return(node.passes, node.first_pass_at, now, deps.config.repair):
         return
+    if not deep_checks.allows_return(node, deps):
+        return  # deep checks pending, failed, or unknown under a "hold" policy
     lifecycle.return_to_service(node, uow.partitions.get(node.cluster_id, node.partition), now)
     deps.compute.uncordon(node.node_id)
     uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id))

@@ -139,6 +139,7 @@ class FakeDriver(Driver):
         self.fake.clock.advance(1.0)
         self.fake.complete_provisioning()
         self.fake.complete_repairs()
+        self.fake.complete_deep_checks()
         for job_id, attempt in self.fake.signalled:  # the program's answer to SIGTERM
             self.checkpoint(attempt)
             self.fake.exit_workers(job_id, attempt, ExitCode.PREEMPTED)

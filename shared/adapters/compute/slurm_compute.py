@@ -94,6 +94,7 @@ from shared.adapters.compute.slurm_api import NodeRecord, SlurmApi, SlurmControl
 from shared.adapters.compute.slurm_attempts import SlurmAttempts
 from shared.adapters.compute.slurm_cli import SlurmError, SlurmJob, SlurmTransientError
 from shared.adapters.compute.slurm_ops import log
+from shared.adapters.compute.slurm_reservations import DEEP_SCHEMA, DeepCheckSpec, SlurmDeepChecks
 from shared.ports import Clock, Emitter
 from shared.probes.agent import AgentState
 from shared.probes.commands import Runner as ProbeRunner
@@ -129,7 +130,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
-class SlurmCompute(SlurmAttempts):
+class SlurmCompute(SlurmDeepChecks, SlurmAttempts):
     """The ``Compute`` port over a real Slurm cluster (see the module docstring)."""
 
     DB_FILE = "slurm_compute.sqlite3"
@@ -156,6 +157,8 @@ class SlurmCompute(SlurmAttempts):
         retry_initial_s: float = 0.5,
         retry_max_s: float = 30.0,
         master_addr: str = "127.0.0.1",
+        deep_check_spec: DeepCheckSpec | None = None,
+        deep_check_runner: ProbeRunner | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self._emit = emit
@@ -175,6 +178,8 @@ class SlurmCompute(SlurmAttempts):
         self._retry_initial = retry_initial_s
         self._retry_max = retry_max_s
         self._master_addr = master_addr
+        self.deep_check_spec = deep_check_spec or DeepCheckSpec(slurm_conf=slurm_conf)
+        self._deep_runner = deep_check_runner or agent_runner
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._agents: dict[str, AgentState] = {}
@@ -186,13 +191,14 @@ class SlurmCompute(SlurmAttempts):
         self._up_since = clock.now()  # timeouts do not run while Slurm cannot be asked
         self._partition_ready = False
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._init_state(_SCHEMA)
+        self._init_state(_SCHEMA + DEEP_SCHEMA)
         self._migrate_drains()
         with self._tx() as db:
             db.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('instance', ?)", (os.urandom(3).hex(),)
             )
             self.instance: str = db.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()[0]
+        self._resume_deep_checks()
 
 
     # ------------------------------------------------------------ poll
@@ -242,6 +248,7 @@ class SlurmCompute(SlurmAttempts):
                 self._observe_repairs(db, now)
                 keys += self._observe_drains(db, now)
             keys += self._observe_attempts(db, now, fresh)
+            self._report_deep_checks(db, now)
         if keys or self._down_since is None:
             self._run_ops()  # what this poll asked for, and retries whose backoff ran out
         self._drain()

@@ -29,10 +29,11 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from shared.adapters.compute.fact_state import FactState
 from shared.adapters.compute.slurm_cli import SlurmCli, SlurmError, expand_hostlist
 from shared.domain.events import NodeHealthReported
 from shared.domain.health import Condition, ConditionType
@@ -207,7 +208,7 @@ def _guard(ctype: str, now: Callable[[], float], probe: Callable[[], Condition])
         return unknown(ctype, now(), f"deep check crashed: {type(exc).__name__}: {exc}"[:300])
 
 
-class SlurmDeepChecks:
+class SlurmDeepChecks(FactState):
     """``start_deep_check`` for ``SlurmCompute`` (which provides the attributes below)."""
 
     cli: Any
@@ -215,11 +216,6 @@ class SlurmDeepChecks:
     _view: dict[str, Any]
     deep_check_spec: DeepCheckSpec
     _deep_runner: ProbeRunner
-
-    if TYPE_CHECKING:  # provided by SlurmOps / FactState
-        def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
-        @staticmethod
-        def _queue(db: sqlite3.Connection, event: Any) -> None: ...
 
     def start_deep_check(self, node_id: str, attempt: int) -> None:
         """Once per (node, attempt); runs in a thread, ``poll()`` reports the results."""

@@ -223,13 +223,17 @@ class SlurmDeepChecks(FactState):
             row = db.execute("SELECT slurm_node FROM nodes WHERE node_id = ?", (node_id,)
                              ).fetchone()
             slurm_node = row["slurm_node"] if row is not None else None
-            if slurm_node is None:
-                return  # not a node of this adapter (or not mapped yet): nothing to check
+            now = self._clock.now()
+            result = None
+            if slurm_node is None:  # no Slurm node to check: say so, never leave it pending
+                reason = f"{node_id} has no Slurm node here: deep checks could not run"
+                result = json.dumps([{**unknown(t, now, reason).to_dict(), "details": {
+                    "deep_check_attempt": attempt}} for t in (DCGM_TYPE, BANDWIDTH_TYPE)])
             cur = db.execute("INSERT OR IGNORE INTO deep_checks (node_id, attempt, slurm_node,"
-                             " started_at) VALUES (?, ?, ?, ?)",
-                             (node_id, attempt, slurm_node, self._clock.now()))
-            started = cur.rowcount == 1
-        if started:
+                             " started_at, result) VALUES (?, ?, ?, ?, ?)",
+                             (node_id, attempt, slurm_node or "", now, result))
+            started = cur.rowcount == 1 and slurm_node is not None
+        if started and slurm_node is not None:
             self._deep_thread(node_id, attempt, slurm_node)
 
     def _resume_deep_checks(self) -> None:

@@ -100,12 +100,17 @@ def test_the_agent_reports_through_the_api_with_a_token_and_its_spool(tmp_path: 
         # observed during the outage is older than a report already assessed: triage keeps
         # the newer state. On a real node the agent is the node's only reporter.)
 
-        with (tmp_path / "kern.log").open("a") as log:  # a fresh fault, the API up
-            log.write(XID_79)
-        done = agent_once(tmp_path, url)
-        assert len(Spool(tmp_path / "spool.db")) == 0, done.stderr
-        seen = node(url)
-        assert seen["failures"] == 1 and seen["fault"], seen  # taken out for it
+        for _ in range(5):  # a fresh fault, the API up: the node is taken out for it
+            # (tried again if the simulated fleet's own report of this node, observed a few
+            # milliseconds later, was assessed first: the older agent report then loses)
+            with (tmp_path / "kern.log").open("a") as log:
+                log.write(XID_79)
+            done = agent_once(tmp_path, url)
+            assert len(Spool(tmp_path / "spool.db")) == 0, done.stderr
+            seen = node(url)
+            if seen["failures"]:
+                break
+        assert seen["failures"] == 1 and seen["fault"], seen
 
         # a bad agent report: 400 naming the field, nothing changes
         bad = requests.post(

@@ -12,7 +12,8 @@
 #   --project P              Pub/Sub project (default: the VM's own, from its credentials)
 #   --topic T                Pub/Sub topic (default mtc-node)
 #   --api-url URL --cluster NAME --token-file FILE   the embedded default's API and a token
-#                            (copied to /etc/mtc/agent.token, mode 0600, passed to the
+#                            (mint it with `mtc token create --role node-agent --name N`;
+#                            copied to /etc/mtc/agent.token, mode 0600, passed to the
 #                            service as a systemd credential)
 #   --node-id ID             default: this host's name
 #   --node-type T            selects the speed-check baseline

@@ -5,7 +5,8 @@ The real agent (a subprocess) posts its spooled reports to ``nodes/{node}:report
   (older than the age limit and than what the node already reported; which rule fires is
   pinned in tests/unit/handlers/test_stale_reports.py).
 - An XID observed while the API is unreachable is spooled and delivered once it is back.
-- A token file others can read is refused by the agent (nothing sent, still spooled).
+- The agent's token has role ``node-agent`` (reportHealth only: a 403 elsewhere); a token
+  file others can read is refused by the agent (nothing sent, still spooled).
 - A fresh XID takes the node out of service; a malformed report gets a 400 naming the field.
 """
 
@@ -58,12 +59,22 @@ def test_the_agent_reports_through_the_api_with_a_token_and_its_spool(tmp_path: 
     state = tmp_path / "state"
     state.mkdir()
     (tmp_path / "kern.log").write_text("")
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
     with mtc_serve(state, TOKEN) as url:
         create_cluster(url, TOKEN)
         assert node(url)["state"] == "idle"
+        # the agent's own token: role node-agent, which may report health and nothing else
+        minted = subprocess.run([sys.executable, "-m", "services.cli.main", "--state-dir",
+                                 str(state), "token", "create", "--role", "node-agent",
+                                 "--name", "agent-c1-gpu-000"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert minted.returncode == 0, minted.stderr
+        agent_token = minted.stdout.strip().splitlines()[0]
+        token = tmp_path / "token"
+        token.write_text(agent_token + "\n")
+        token.chmod(0o600)
+        denied = requests.get(f"{url}/v1beta1/{PARENT}/modelDevelopmentClusters",
+                              headers={"Authorization": f"Bearer {agent_token}"}, timeout=10)
+        assert denied.status_code == 403, denied.text  # least privilege
 
         # an XID report observed two hours ago, still spooled: stale when it finally arrives
         spool = Spool(tmp_path / "spool.db")

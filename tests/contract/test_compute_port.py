@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.deep_checks import DeepChecks
 from shared.domain.events import (
     Event,
     JobCheckpointSaved,
@@ -37,7 +38,6 @@ from shared.domain.events import (
     NodeProvisioned,
     NodeRepairCompleted,
 )
-from shared.deep_checks import DeepChecks
 from shared.domain.health import RepairAction
 from shared.policies.repair import DEEP_CHECK_SOURCE, DEEP_CHECK_TYPES
 from tests.contract.compute_drivers import DRIVERS, JOB, WORLD, Driver, make_node

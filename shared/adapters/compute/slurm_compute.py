@@ -87,8 +87,9 @@ import shutil
 import sqlite3
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from shared.adapters.compute.slurm_api import NodeRecord, SlurmApi, SlurmControl
 from shared.adapters.compute.slurm_attempts import SlurmAttempts
@@ -157,7 +158,7 @@ class SlurmCompute(SlurmDeepChecks, SlurmAttempts):
         retry_initial_s: float = 0.5,
         retry_max_s: float = 30.0,
         master_addr: str = "127.0.0.1",
-        deep_check_spec: DeepCheckSpec | None = None,
+        deep_check_spec: DeepCheckSpec | Mapping[str, Any] | None = None,
         deep_check_runner: ProbeRunner | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
@@ -178,7 +179,10 @@ class SlurmCompute(SlurmDeepChecks, SlurmAttempts):
         self._retry_initial = retry_initial_s
         self._retry_max = retry_max_s
         self._master_addr = master_addr
-        self.deep_check_spec = deep_check_spec or DeepCheckSpec(slurm_conf=slurm_conf)
+        if deep_check_spec is None or isinstance(deep_check_spec, Mapping):
+            deep_check_spec = DeepCheckSpec.from_dict({"slurm_conf": slurm_conf,
+                                                       **(deep_check_spec or {})})
+        self.deep_check_spec = deep_check_spec
         self._deep_runner = deep_check_runner or agent_runner
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None

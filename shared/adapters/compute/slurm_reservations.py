@@ -28,13 +28,14 @@ import logging
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 from shared.adapters.compute.fact_state import FactState
 from shared.adapters.compute.slurm_cli import SlurmCli, SlurmError, expand_hostlist
+from shared.domain.errors import ValidationError
 from shared.domain.events import NodeHealthReported
 from shared.domain.health import Condition, ConditionType
 from shared.probes import dcgm, nccl
@@ -129,6 +130,35 @@ class DeepCheckSpec:
     reservation_minutes: int = 180
     user: str = ""  # the reservation's user: "" = the user mtc runs as
     slurm_conf: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dcgm_level not in (2, 3, 4):
+            raise ValidationError("deep_check_spec.dcgm_level", "must be 2, 3 or 4")
+        for name in ("dcgm_timeout_s", "nccl_timeout_s", "tasks_per_node",
+                     "reservation_minutes"):
+            if getattr(self, name) <= 0:
+                raise ValidationError(f"deep_check_spec.{name}", "must be positive")
+        if self.min_busbw_gbps is not None and self.min_busbw_gbps <= 0:
+            raise ValidationError("deep_check_spec.min_busbw_gbps", "must be positive")
+        if self.peers < 0:
+            raise ValidationError("deep_check_spec.peers", "must not be negative")
+        if not self.nccl_argv:
+            raise ValidationError("deep_check_spec.nccl_argv", "must name the test to run")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DeepCheckSpec:
+        """From plain data (a JSON compute option); an unknown key is refused, naming it."""
+        known = {f.name for f in fields(cls)}
+        extra = sorted(set(data) - known)
+        if extra:
+            raise ValidationError(f"deep_check_spec.{extra[0]}", "unknown key")
+        values = dict(data)
+        if "nccl_argv" in values:
+            argv = values["nccl_argv"]
+            if not isinstance(argv, list | tuple) or not all(isinstance(a, str) for a in argv):
+                raise ValidationError("deep_check_spec.nccl_argv", "must be a list of strings")
+            values["nccl_argv"] = tuple(argv)
+        return cls(**values)
 
 
 def reservation_name(slurm_node: str, attempt: int) -> str:

@@ -7,8 +7,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from shared.adapters.compute.slurm_compute import SlurmCompute
-from shared.adapters.compute.slurm_reservations import parse_reservation
+from shared.adapters.compute.slurm_reservations import DeepCheckSpec, parse_reservation
+from shared.domain.errors import ValidationError
 from shared.domain.events import NodeHealthReported, NodeProvisioned
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.probes.commands import CommandResult
@@ -126,3 +129,22 @@ def test_a_check_cut_short_by_a_restart_runs_again(tmp_path: Path) -> None:
         assert len(deep(events)) == 1
     finally:
         again.close()
+
+
+def test_the_spec_from_plain_data_names_a_bad_field(tmp_path: Path) -> None:
+    spec = DeepCheckSpec.from_dict({"min_busbw_gbps": 300, "dcgm_level": 2,
+                                    "nccl_argv": ["all_reduce_perf", "-b", "1G"]})
+    assert spec.nccl_argv == ("all_reduce_perf", "-b", "1G") and spec.dcgm_level == 2
+    for bad, field in (({"level": 3}, "deep_check_spec.level"),
+                       ({"dcgm_level": 1}, "deep_check_spec.dcgm_level"),
+                       ({"min_busbw_gbps": 0}, "deep_check_spec.min_busbw_gbps"),
+                       ({"nccl_argv": "all_reduce_perf"}, "deep_check_spec.nccl_argv")):
+        with pytest.raises(ValidationError) as err:
+            DeepCheckSpec.from_dict(bad)
+        assert err.value.path == field
+    compute = SlurmCompute(tmp_path / "c", Recorder(), ManualClock(), cli=FakeSlurm(),
+                           deep_check_spec={"min_busbw_gbps": 350.0})
+    try:
+        assert compute.deep_check_spec.min_busbw_gbps == 350.0
+    finally:
+        compute.close()

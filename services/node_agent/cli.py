@@ -5,6 +5,7 @@
     mtc-agent --interval 30 --config /etc/mtc/agent.json   production (systemd): the config's
         "delivery" object picks the transport (pubsub with the machine's identity, or the API
         with a token file) and the spool every report is written to before it is sent
+    mtc-agent --spool-status --config /etc/mtc/agent.json   queued, coalesced, dropped, sent
     mtc-agent --slurm-healthcheck [--drain-on-fault]
         one check for the node in $SLURMD_NODENAME; with --drain-on-fault a node with any
         problem condition drains itself through scontrol (the "plain drain" baseline the
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="collect one report and print it")
     mode.add_argument("--interval", type=float, metavar="S", help="collect every S seconds")
+    mode.add_argument("--spool-status", action="store_true",
+                      help="print the spool's counters (queued, coalesced, dropped, sent)")
     mode.add_argument(
         "--slurm-healthcheck",
         action="store_true",
@@ -156,6 +159,12 @@ def main(
         log.error("bad configuration: %s", exc)
         return 0 if args.slurm_healthcheck else 2
     state = AgentState()
+    if args.spool_status:
+        if spool is None:
+            log.error("no spool configured (delivery.spool_path or --spool)")
+            return 2
+        out.write(json.dumps(spool.stats(), sort_keys=True) + "\n")
+        return 0
 
     def flush() -> None:
         if spool is None or send is None:

@@ -68,3 +68,22 @@ def test_every_transport_carries_the_observation_time_and_the_event_id() -> None
     [cond] = body["conditions"]
     assert cond["status"] == "TRUE" and cond["details"] == {"xids": [79]}
     assert dt.datetime.fromisoformat(cond["since"]).timestamp() == AT - 5
+
+
+def test_spool_status_prints_the_counters(tmp_path: Path) -> None:
+    import io
+
+    from services.node_agent.cli import main
+    from services.node_agent.spool import Spool
+
+    spool = Spool(tmp_path / "s.db", max_reports=2)
+    for i in range(3):
+        spool.append(f"e{i}", {"node_id": "n1", "observed_at": float(i), "source": "agent",
+                               "conditions": [{"type": "XidError", "status": "true",
+                                               "reason": f"XID {i}"}]})
+    out = io.StringIO()
+    assert main(["--spool-status", "--node-id", "n1", "--spool", str(tmp_path / "s.db")],
+                stdout=out) == 0
+    stats = json.loads(out.getvalue())
+    assert (stats["queued"], stats["dropped"], stats["spooled"]) == (2, 1, 3)
+    assert main(["--spool-status", "--node-id", "n1"], stdout=io.StringIO()) == 2

@@ -34,7 +34,7 @@ from shared.domain.events import (
     NodeRetired,
     NodeReturnedToService,
 )
-from shared.domain.health import RepairAction
+from shared.domain.health import ConditionType, RepairAction
 from shared.domain.model import Node, NodeRole
 from shared.ports import WorkerSpec
 from simulator.bus import SimBus
@@ -71,6 +71,7 @@ class SimCompute(FailureProcesses):
         self.jobs: dict[str, SimJob] = {}
         self.stragglers: dict[str, float] = {}
         self._provisioning: set[str] = set()
+        self._deep_checks: set[tuple[str, int]] = set()
         self.ledger = MemoryLedger()
         self.cordoned: set[str] = set()
         self.failures: dict[str, int] = defaultdict(int)  # root faults by cause (every node)
@@ -207,6 +208,39 @@ class SimCompute(FailureProcesses):
                                       attempt=attempt, ok=ok, detail=detail))
         if ok:
             self._verify(node)
+
+    # DCGM level 3 on 8 GPUs (tens of minutes) plus the collective test, in simulated seconds
+    DEEP_CHECK_S = 2700.0
+
+    def start_deep_check(self, node_id: str, attempt: int) -> None:
+        """Deep checks once per (node, attempt), reporting after ``DEEP_CHECK_S``: a node
+        with a fault fails DCGM level 3 (the simulated fleet's checks see its faults, as its
+        post-repair checks do); a sound one passes both."""
+        self.calls += 1
+        node = self.nodes.get(node_id)
+        if node is None or (node_id, attempt) in self._deep_checks:
+            return
+        self._deep_checks.add((node_id, attempt))
+        call_later(self.env, self.DEEP_CHECK_S, self._deep_checked, node, attempt)
+
+    def _deep_checked(self, node: SimNode, attempt: int) -> None:
+        if node.deleted:
+            return
+        observed = EPOCH_S + float(self.env.now)
+        fault = node.fault
+        failed = fault is not None and not fault.signal.empty
+        dcgm = ("true", f"simulated fault: {fault.cause.name}") if failed and fault else (
+            "false", "simulated node: passed")
+        details = {"deep_check_attempt": attempt}
+        conditions = (
+            {"type": ConditionType.DCGM_DIAG_FAILED.value, "status": dcgm[0], "reason": dcgm[1],
+             "since": observed, "details": {**details, "level": 3}},
+            {"type": ConditionType.COLLECTIVE_BANDWIDTH_LOW.value, "status": "false",
+             "reason": "simulated node: passed", "since": observed,
+             "details": {**details, "corrupt": False}},
+        )
+        self.emit(NodeHealthReported(node_id=node.node_id, observed_at=observed,
+                                     conditions=conditions, source="deep-check"), AGENT_SOURCE)
 
     def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
         self.calls += 1

@@ -75,10 +75,12 @@ class FakeCompute:
     signalled: list[tuple[str, int]] = field(default_factory=list)
     stopped: list[tuple[str, int]] = field(default_factory=list)
     cordoned: set[str] = field(default_factory=set)
+    deep_checks: list[tuple[str, int]] = field(default_factory=list)
     emit: Callable[[Event], None] | None = None
     clock: ManualClock = field(default_factory=ManualClock)
     ledger: MemoryLedger = field(default_factory=MemoryLedger)
     _up: set[str] = field(default_factory=set)
+    _checked: set[tuple[str, int]] = field(default_factory=set)
 
     def provision_node(self, node: Node) -> None:
         if node.node_id not in self.provisioned:
@@ -100,6 +102,11 @@ class FakeCompute:
             self.repairs.append((node_id, action, attempt))
             self.ledger.start_repair(node_id, attempt, RepairAction(action).value,
                                      self.clock.now())
+
+    def start_deep_check(self, node_id: str, attempt: int) -> None:
+        """Once per (node, attempt); ``complete_deep_checks`` (or a test) answers."""
+        if (node_id, attempt) not in self.deep_checks:
+            self.deep_checks.append((node_id, attempt))
 
     def start_workers(self, workers: Any) -> None:
         for w in workers:
@@ -139,6 +146,17 @@ class FakeCompute:
                                                 conditions=healthy(now),
                                                 source="post-repair-check"))
 
+    def complete_deep_checks(self) -> None:
+        """Every deep check not answered yet passes (both checks ``false``), once."""
+        now = self.clock.now()
+        for node_id, attempt in self.deep_checks:
+            if (node_id, attempt) in self._checked:
+                continue
+            self._checked.add((node_id, attempt))
+            self._answer(NodeHealthReported(node_id=node_id, observed_at=now,
+                                            conditions=deep_check_results(now, attempt),
+                                            source="deep-check"))
+
     def checkpoint(self, job_id: str, attempt: int, step: int) -> None:
         path = f"fake://{job_id}/ckpt-{step:08d}"
         self._answer(checkpoint_saved(self.ledger, job_id, attempt, f"fake://{job_id}", step,
@@ -152,6 +170,18 @@ def healthy(observed_at: float) -> tuple[dict[str, Any], ...]:
     return tuple(
         Condition(t.value, ConditionStatus.FALSE, "checked", observed_at).to_dict()
         for t in ConditionType if t is not ConditionType.HEARTBEAT_LOST
+    )
+
+
+def deep_check_results(observed_at: float, attempt: int, *, dcgm: str = "false",
+                       bandwidth: str = "false") -> tuple[dict[str, Any], ...]:
+    """What a deep check reports: DCGM level 3 and the collective test, tagged with its key."""
+    return (
+        Condition(ConditionType.DCGM_DIAG_FAILED.value, ConditionStatus(dcgm), f"dcgm {dcgm}",
+                  observed_at, {"level": 3, "deep_check_attempt": attempt}).to_dict(),
+        Condition(ConditionType.COLLECTIVE_BANDWIDTH_LOW.value, ConditionStatus(bandwidth),
+                  f"busbw {bandwidth}", observed_at,
+                  {"deep_check_attempt": attempt, "corrupt": False}).to_dict(),
     )
 
 

@@ -24,6 +24,9 @@ _READ_VERBS = ("get", "list")
 _WRITE_VERBS = ("create", "update", "cancel", "delete")
 SLURM_RUN = "aiplatform.modelDevelopmentClusters.run"  # the Slurm Job API: runs arbitrary code
 TOKENS_MANAGE = "mtc.tokens.manage"  # minting/revoking tokens and editing the policy
+# a node's health report (``nodes/{node}:reportHealth``): what a node agent's token may do,
+# and nothing else (role "node-agent"); editors hold it too (they inject faults with it)
+NODE_REPORT = "mtc.nodes.reportHealth"
 
 
 def _perms(verbs: Iterable[str], *, operations: Iterable[str]) -> frozenset[str]:
@@ -34,12 +37,13 @@ def _perms(verbs: Iterable[str], *, operations: Iterable[str]) -> frozenset[str]
 
 _VIEWER = _perms(_READ_VERBS, operations=("get", "list", "wait"))
 # the Slurm Job API runs arbitrary code, as creating a CustomJob does: editors may
-_EDITOR = _VIEWER | _perms(_WRITE_VERBS, operations=("cancel", "delete")) | {SLURM_RUN}
+_EDITOR = _VIEWER | _perms(_WRITE_VERBS, operations=("cancel", "delete")) | {SLURM_RUN, NODE_REPORT}
 _ADMIN = _EDITOR | {TOKENS_MANAGE}
 
 # role -> the permissions it grants; read-only, so no caller can widen a role at runtime
 ROLES: MappingProxyType[str, frozenset[str]] = MappingProxyType(
-    {"viewer": _VIEWER, "editor": _EDITOR, "admin": _ADMIN})
+    {"viewer": _VIEWER, "editor": _EDITOR, "admin": _ADMIN,
+     "node-agent": frozenset({NODE_REPORT})})
 PERMISSIONS: frozenset[str] = _ADMIN  # every permission some role grants
 
 MISSING_CREDENTIALS = ("Request is missing required authentication credential. Expected OAuth 2 "

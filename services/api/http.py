@@ -30,6 +30,7 @@ from services.api import (
 from services.api import job_logs as logs_api
 from services.api import models as models_api
 from services.api import training_pipelines as pipelines_api
+from services.api.auth import NODE_REPORT
 from services.api.context import ApiContext
 from services.api.errors import ApiError, FieldViolation
 from services.api.names import Parent, parent
@@ -343,7 +344,7 @@ ROUTES: tuple[Route, ...] = (
     _route("PATCH", f"{CLUSTERS}/{_ID}", f"{C}.update", _clusters_update),
     _route("DELETE", f"{CLUSTERS}/{_ID}", f"{C}.delete", _clusters_delete),
     _route("GET", f"{CLUSTERS}/{_ID}/nodes", f"{C}.get", _cluster_nodes),
-    _route("POST", f"{CLUSTERS}/{_ID}/nodes/(?P<node>[^/:]+):reportHealth", f"{C}.update",
+    _route("POST", f"{CLUSTERS}/{_ID}/nodes/(?P<node>[^/:]+):reportHealth", NODE_REPORT,
            lambda ctx, p, m, r: (node_health.report_health(ctx, p, m["rid"], m["node"],
                                                            read_body(r)), 200)),
     *(_route("POST", f"{CLUSTERS}/{_ID}/nodes/(?P<node>[^/:]+):{verb}", f"{C}.update",

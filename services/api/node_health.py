@@ -5,10 +5,16 @@ heat, disk, a slow speed check): validated by the rules ``mtc node fault`` uses
 (``shared.domain.faults``), then injected the same way, so the control plane diagnoses,
 drains, repairs and returns the node as it would for a real fault. Only where the compute
 backend can take an injected fault (the local fleet); elsewhere health comes from the agents.
+
+A node agent on the embedded default reports here too (``mtc-agent`` with transport "api"):
+a body with ``conditions`` and ``observedAt`` is the agent's own report, published as the
+``NodeHealthReported`` its Pub/Sub message would be, with its ORIGINAL observation time, so
+health triage ages it (a spooled report sent after an outage can be stale) and orders it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from services.api.context import ApiContext, load_record
@@ -21,6 +27,7 @@ from services.api.wire.health_report import (
 )
 from services.api.wiremodel import parse_message
 from shared.domain.errors import NotFound, ValidationError
+from shared.domain.events import NodeHealthReported
 from shared.domain.faults import FaultRequest, check_fault_target, fault_conditions, validate_fault
 
 # FaultRequest field -> the wire field that sets it (errors name the wire field)
@@ -46,11 +53,43 @@ def fault_of(body: Any) -> FaultRequest:
                        [FieldViolation(exc.path, exc.reason)]) from None
 
 
+def _epoch(text: str, field: str) -> float:
+    try:
+        value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise invalid(field, f"is not an RFC 3339 timestamp: {text!r}") from None
+    if value.tzinfo is None:
+        raise invalid(field, "needs a time zone (use Z)")
+    return value.timestamp()
+
+
+def agent_report(m: ReportNodeHealthRequest, node_id: str, now: float) -> NodeHealthReported:
+    """An agent's report as the event its Pub/Sub message would carry; 400s name the field."""
+    faults = [w for f, w in FIELDS.items() if getattr(m, f) not in (None, [])]
+    if m.row_remap_failure is not None:
+        faults.append("rowRemapFailure")
+    if faults:
+        raise invalid(faults[0], "an agent report (conditions) carries no injected faults")
+    if m.observed_at is None:
+        raise invalid("observedAt", "is required with conditions")
+    observed = _epoch(m.observed_at, "observedAt")
+    if observed > now + 300:
+        raise invalid("observedAt", "is in the future (more than 5 minutes ahead)")
+    conds = []
+    for i, c in enumerate(m.conditions):
+        since = observed if c.since is None else _epoch(c.since, f"conditions[{i}].since")
+        conds.append({"type": c.type, "status": c.status.lower(), "reason": c.reason,
+                      "since": since, "details": dict(c.details)})
+    return NodeHealthReported(node_id, observed, tuple(conds), source="agent")
+
+
 def report_health(ctx: ApiContext, parent: Parent, cluster_id: str, node_id: str, body: Any
                   ) -> dict[str, Any]:
-    fault = fault_of(body)
     cluster_name = parent.child("modelDevelopmentClusters", cluster_id)
     name = f"{cluster_name}/nodes/{node_id}"
+    if isinstance(body, dict) and "conditions" in body:
+        return _agent_report(ctx, cluster_id, cluster_name, parent, node_id, body)
+    fault = fault_of(body)
     inject = getattr(ctx.runtime.deps.compute, "inject_fault", None)
     if inject is None:
         raise ApiError("FAILED_PRECONDITION", "this server's compute backend takes node "
@@ -74,3 +113,21 @@ def report_health(ctx: ApiContext, parent: Parent, cluster_id: str, node_id: str
     ctx.refresh()
     return ReportNodeHealthResponse(node=name, conditions=[
         ReportedCondition(type=c.type, reason=c.reason) for c in conditions]).to_json()
+
+
+def _agent_report(ctx: ApiContext, cluster_id: str, cluster_name: str, parent: Parent,
+                  node_id: str, body: Any) -> dict[str, Any]:
+    name = f"{cluster_name}/nodes/{node_id}"
+    m = parse_message(ReportNodeHealthRequest, body)
+    if not m.conditions:
+        raise invalid("conditions", "name at least one condition")
+    event = agent_report(m, node_id, ctx.now)
+    with ctx.unit() as uow:
+        load_record(uow, "cluster", cluster_id, parent, cluster_name)
+        node = uow.nodes.get(node_id)
+        if node is None or node.cluster_id != cluster_id:
+            raise ApiError("NOT_FOUND", f"{name} not found")
+        uow.emit(event)
+    return ReportNodeHealthResponse(node=name, conditions=[
+        ReportedCondition(type=c["type"], reason=c["reason"]) for c in event.conditions]
+    ).to_json()

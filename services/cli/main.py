@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("token", help="API tokens for `mtc serve` (local state only)")
     tsub = t.add_subparsers(dest="action", required=True)
     x = leaf(tsub, "create", "mint a token (printed once); " + LOCAL_ONLY)
-    x.add_argument("--role", required=True, choices=["viewer", "editor", "admin"])
+    x.add_argument("--role", required=True,
+                   choices=["viewer", "editor", "admin", "node-agent"])
     x.add_argument("--name", required=True, help="the principal is token:NAME")
     x.epilog = "--project P binds the role on P only (default: every project, '*')"
     leaf(tsub, "list", "the tokens (ids, principals, roles; never the tokens)")

@@ -9,9 +9,13 @@ Decisions are state-based: a report for a node already out of service changes no
 older report arriving after a newer one is ignored, and a report observed before the node's
 last repair started (or before it was provisioned) is stale (``Outcome.STALE``, nothing
 changes), so replays, redeliveries and XID storms cannot re-drain or escalate a node that
-was repaired since.
+was repaired since. So is a report observed longer than ``max_event_age_s`` ago (an agent's
+spool delivering late after a bus outage): it is recorded, never acted on.
 
-This service owns **return to service**: it counts the passing checks (hysteresis), moves
+This service owns **return to service**: it counts the passing checks (hysteresis), holds
+a node whose deep-check gate is not clear (``shared.deep_checks``: pending, failed, or
+unknown under a "hold" policy; a deep check's results come as a report from source
+``deep-check``, outside the agent's report order), moves
 the node back to IDLE and into its partition, uncordons it in compute and announces it
 (NodeReturnedToService); it also releases a held node that reports healthy. Taking nodes
 out of service (cordon, drain, repair) belongs to the repair service. A node an operator
@@ -21,6 +25,7 @@ until an operator resumes it (``resume``), and no agent report can lift the drai
 
 from __future__ import annotations
 
+from shared import deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound
 from shared.domain.events import (
@@ -34,7 +39,7 @@ from shared.domain.health import REMOTE_SOURCES, Condition, HealthReport, Repair
 from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.handling import Deps, Outcome
-from shared.policies.repair import ready_to_return
+from shared.policies.repair import DEEP_CHECK_SOURCE, ready_to_return
 from shared.policies.triage import triage, unconfirmed_sightings
 from shared.ports import UnitOfWork
 
@@ -49,6 +54,10 @@ def on_health_reported(event: NodeHealthReported, uow: UnitOfWork, deps: Deps
         raise NotFound("node", event.node_id)
     if lifecycle.stale_report(node, event.observed_at):
         return Outcome.STALE  # from before its last repair (or provisioning): history
+    if deps.clock.now() - event.observed_at > deps.config.max_event_age_s:
+        # aged by when it was OBSERVED, whatever carried it: an agent's spool can send a
+        # report hours late through a transport that stamps its own time (the API)
+        return Outcome.STALE
     conditions = tuple(Condition.from_dict(c) for c in event.conditions)
     report = HealthReport(event.node_id, event.observed_at, conditions, event.source)
     return None if assess(node, report, uow, deps) else Outcome.UNCHANGED
@@ -58,7 +67,7 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
     """Triage ``report`` for ``node``; False when it changed nothing but "last seen"."""
     if node.state in (NodeState.RETIRED,) or node.role is NodeRole.LOGIN:
         return False
-    synthetic = report.source in SYNTHETIC_SOURCES
+    synthetic = report.source in SYNTHETIC_SOURCES or report.source == DEEP_CHECK_SOURCE
     if not synthetic:
         if node.last_report_at is not None and report.observed_at < node.last_report_at:
             return False  # reordered: a newer report was already assessed
@@ -67,6 +76,8 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
     drained = lifecycle.operator_drained(node)
     changed = lifecycle.observe(node, report)
     now = deps.clock.now()
+    if report.source == DEEP_CHECK_SOURCE:  # the verdict that gates its return
+        changed |= deep_checks.record(node, report, now)
     if drained and not lifecycle.operator_drained(node):  # they lifted their own drain
         resume(node, uow, deps, node.conditions[lifecycle.OPERATOR_DRAIN].reason)
     table = deps.config.triage_table
@@ -113,6 +124,8 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
     lifecycle.count_pass(node, report.observed_at)
     if not ready_to_return(node.passes, node.first_pass_at, now, deps.config.repair):
         return
+    if not deep_checks.allows_return(node, deps):
+        return  # deep checks pending, failed, or unknown under a "hold" policy
     lifecycle.return_to_service(node, uow.partitions.get(node.cluster_id, node.partition), now)
     deps.compute.uncordon(node.node_id)
     uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id))

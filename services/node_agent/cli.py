@@ -2,6 +2,10 @@
 
     mtc-agent --once [--publish-url URL]         print (and publish) one report
     mtc-agent --interval 30 --publish-url URL    report every 30 s until killed
+    mtc-agent --interval 30 --config /etc/mtc/agent.json   production (systemd): the config's
+        "delivery" object picks the transport (pubsub with the machine's identity, or the API
+        with a token file) and the spool every report is written to before it is sent
+    mtc-agent --spool-status --config /etc/mtc/agent.json   queued, coalesced, dropped, sent
     mtc-agent --slurm-healthcheck [--drain-on-fault]
         one check for the node in $SLURMD_NODENAME; with --drain-on-fault a node with any
         problem condition drains itself through scontrol (the "plain drain" baseline the
@@ -19,10 +23,13 @@ import logging
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
 from services.node_agent.publish import Publish, http_publisher, report_data, report_to_cloudevent
+from services.node_agent.spool import Send, Spool, SpooledReport
+from services.node_agent.transports import DeliveryConfig, cloudevent_attributes, sender
 from shared.adapters.compute.slurm_cli import SlurmCli
 from shared.domain.errors import ValidationError
 from shared.domain.health import ConditionStatus, HealthReport
@@ -42,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="collect one report and print it")
     mode.add_argument("--interval", type=float, metavar="S", help="collect every S seconds")
+    mode.add_argument("--spool-status", action="store_true",
+                      help="print the spool's counters (queued, coalesced, dropped, sent)")
     mode.add_argument(
         "--slurm-healthcheck",
         action="store_true",
@@ -61,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"probe(s) to skip, comma separated: {','.join(ALL_PROBES)}",
     )
     parser.add_argument("--publish-url", help="POST each report there as a binary CloudEvent")
+    parser.add_argument("--spool", metavar="FILE",
+                        help="sqlite spool every report is written to before it is sent")
     parser.add_argument(
         "--drain-on-fault",
         action="store_true",
@@ -69,6 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slurm-conf", help="SLURM_CONF for the drain command")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
+
+
+def load_delivery(args: argparse.Namespace) -> DeliveryConfig:
+    """The config file's "delivery" object (absent: no transport), --spool overriding."""
+    data: dict[str, Any] = {}
+    if args.config:
+        with open(args.config, encoding="utf-8") as handle:
+            doc = json.load(handle)
+        data = dict(doc.get("delivery") or {}) if isinstance(doc, dict) else {}
+    if args.spool:
+        data["spool_path"] = args.spool
+    return DeliveryConfig.from_dict(data)
 
 
 def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentConfig:
@@ -107,6 +130,7 @@ def main(
     argv: Sequence[str] | None = None,
     *,
     publish_factory: Callable[[str], Publish] = http_publisher,
+    sender_factory: Callable[[DeliveryConfig], Send | None] = sender,
     drainer_factory: Callable[[str | None], Drainer] | None = None,
     runner: Runner = run_command,
     clock: Callable[[], float] = time.time,
@@ -126,21 +150,50 @@ def main(
     )
     try:
         config = load_config(args, env)
+        delivery = load_delivery(args)
+        spool = (Spool(delivery.spool_path, max_reports=delivery.spool_max_reports,
+                       max_bytes=delivery.spool_max_bytes) if delivery.spool_path else None)
+        publish = publish_factory(args.publish_url) if args.publish_url else None
+        send = _url_send(publish) if publish is not None else sender_factory(delivery)
     except (ValidationError, OSError, ValueError, TypeError) as exc:
         log.error("bad configuration: %s", exc)
         return 0 if args.slurm_healthcheck else 2
-    publish = publish_factory(args.publish_url) if args.publish_url else None
     state = AgentState()
+    if args.spool_status:
+        if spool is None:
+            log.error("no spool configured (delivery.spool_path or --spool)")
+            return 2
+        out.write(json.dumps(spool.stats(), sort_keys=True) + "\n")
+        return 0
+
+    def flush() -> None:
+        if spool is None or send is None:
+            return
+        result = spool.flush(send)
+        if result.error:
+            log.warning("%d report(s) spooled, delivery failing: %s", result.left, result.error)
+        elif result.sent:
+            log.info("delivered %d report(s); stats %s", result.sent, spool.stats())
 
     def once(acknowledge: bool = True) -> HealthReport:
         report = collect(config, clock(), runner=runner, state=state)
         out.write(json.dumps(report_data(report), sort_keys=True) + "\n")
         out.flush()
-        if publish is not None:
+        if spool is not None:  # durable from here on: the XIDs it holds are delivered later
+            spool.append(str(uuid.uuid4()), report_data(report))
+            if acknowledge:
+                state.acknowledge()
+            flush()
+            return report
+        if send is not None:  # no spool: one try; the XIDs stay pending if it fails
             try:
-                publish(report_to_cloudevent(report))
+                if publish is not None:
+                    publish(report_to_cloudevent(report))
+                else:
+                    send(SpooledReport(0, str(uuid.uuid4()), report.node_id, report.observed_at,
+                                       report_data(report)))
             except Exception as exc:  # keep the XIDs pending: the next report repeats them
-                log.warning("publishing to %s failed: %s", args.publish_url, exc)
+                log.warning("publishing (%s) failed: %s", delivery.transport, exc)
                 return report
         if acknowledge:
             state.acknowledge()
@@ -158,6 +211,10 @@ def main(
             once()
         except Exception:  # keep the agent alive: a dead agent reads as a lost heartbeat
             log.exception("collection failed")
+            try:
+                flush()  # what is spooled still goes out
+            except Exception:
+                log.exception("flushing the spool failed")
         iterations += 1
         if max_iterations is None or iterations < max_iterations:
             sleep(max(0.0, args.interval - (clock() - started)))
@@ -185,6 +242,15 @@ def _healthcheck(
     except Exception:
         log.exception("slurm health check failed")
     return 0
+
+
+def _url_send(publish: Publish) -> Send:
+    from cloudevents.http import CloudEvent
+
+    def send(report: SpooledReport) -> None:
+        publish(CloudEvent(cloudevent_attributes(report), dict(report.data)))
+
+    return send
 
 
 def _default_drainer(slurm_conf: str | None) -> Drainer:

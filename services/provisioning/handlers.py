@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from shared import deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
@@ -275,6 +276,8 @@ def on_node_provisioned(event: NodeProvisioned, uow: UnitOfWork, deps: Deps) -> 
         _maybe_ready(node.cluster_id, uow, deps)
         return
     node.transition(NodeState.VERIFYING, now, "up; running its first checks")
+    # first join (or a replacement's): deep checks gate its entry when policy asks for them
+    deep_checks.request(node, "replace" if node.replaces else "first_join", deps)
 
 
 def on_node_returned(event: NodeReturnedToService, uow: UnitOfWork, deps: Deps) -> None:

@@ -5,12 +5,17 @@ the node lifecycle rules are domain (shared/domain/lifecycle); this module loads
 and emits. A held repair or a node that needs a person raises its alert (NodeRepairHeld)
 once, and again only when the hold changes or after ``alert_reminder_s``.
 
+A completed reimage (or replace) opens the deep-check gate (``shared.deep_checks``) when
+policy asks for it: the node stays VERIFYING until DCGM level 2/3 and the collective test
+pass (or, by policy, could not run), and a failed check is diagnosed and repaired like any.
+
 This service owns **taking nodes out of service**: cordon, drain, repair, replace. Returning
 a repaired node to service (the passing checks, the uncordon) belongs to health_triage.
 """
 
 from __future__ import annotations
 
+from shared import deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
@@ -36,6 +41,7 @@ from shared.policies.repair import (
 from shared.ports import UnitOfWork
 
 SERVICE = "repair"
+DEEP_CHECK_TRIGGER = {RepairAction.REIMAGE: "reimage", RepairAction.REPLACE: "replace"}
 
 
 def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
@@ -131,6 +137,9 @@ def on_repair_completed(event: NodeRepairCompleted, uow: UnitOfWork, deps: Deps)
     if event.ok:
         node.transition(NodeState.VERIFYING, now, f"{event.action} done; verifying")
         node.repair_action = RepairAction(event.action)
+        # a reimaged (or replaced) node, or one that failed its deep checks before this
+        # repair, passes them before it returns
+        deep_checks.request(node, DEEP_CHECK_TRIGGER.get(node.repair_action, "repair"), deps)
         return
     escalated = next_rung_after_failure(RepairAction(event.action), deps.config.repair)
     node.transition(NodeState.REPAIRING, now, f"{event.action} failed: {event.detail}")

@@ -37,6 +37,9 @@ class ConditionType(enum.StrEnum):
     # host maintenance it cannot live-migrate through (GCE's metadata ``instance/preempted``,
     # ``maintenance-event``). ``since`` is when the notice came; the node is gone after it.
     PREEMPTION_NOTICE = "PreemptionNotice"  # details: {"notice_s": float, "kind": str}
+    # The deep checks' collective test (all_reduce_perf with peers), not a periodic probe:
+    # details: {"busbw_gbps", "min_busbw_gbps", "ratio_to_threshold", "wrong", "corrupt"}
+    COLLECTIVE_BANDWIDTH_LOW = "CollectiveBandwidthLow"
     # A person's decisions, not a machine's: an administrator's own drain (TRUE with their
     # reason, FALSE once lifted; the Slurm adapter reports one it did not make, `mtc node
     # drain` sets it) and a resume they made of a node mtc holds out (the Slurm adapter).

@@ -10,6 +10,11 @@ Three rules, in this order:
    HOLD (the node stays in, an alert is raised), because mass removal is far more often a
    misclassification or a shared cause (switch, bad driver push) than many broken nodes.
 
+4. Deep-check gate (``deep_check_*`` below): before a node first joins, and before a reimaged or
+   replaced one returns, it must pass DCGM level 2/3 and a collective bandwidth test; the
+   verdict is a condition (``DeepCheck``) and ``gate_allows_return`` decides, by a table, what a
+   passed, failed, unknown or pending verdict means for the return to service.
+
 A failure mode the provider enforces (``PROVIDER_FORCED_MODES``: a spot VM's preemption
 notice) skips the guard: the node leaves whether mtc acts or not, so holding it saves no
 capacity and only costs the job its checkpoint before the VM goes.
@@ -29,7 +34,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from shared.domain.errors import ValidationError
-from shared.domain.health import Diagnosis, FailureRecord, RepairAction
+from shared.domain.health import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    Diagnosis,
+    FailureRecord,
+    RepairAction,
+)
 from shared.policies.ranking import action_rank
 
 DEFAULT_LADDER: tuple[RepairAction, ...] = (
@@ -55,6 +67,13 @@ class RepairConfig:
     max_removals_in_window: int | None = None
     return_after_passes: int = 2
     return_min_interval_s: float = 0.0
+    # Deep checks (DCGM level 2/3 and all_reduce_perf, in a Slurm maintenance reservation)
+    # before a node enters service on these occasions (DEEP_CHECK_TRIGGERS); none by default
+    # because they take minutes to hours of a node's time.
+    deep_checks_on: frozenset[str] = frozenset()
+    # What a check that could not run (tools absent, no threshold) means: "pass" returns the
+    # node with the "unknown" verdict recorded on it, "hold" keeps it out until a person looks.
+    deep_check_on_unknown: str = "pass"
 
     def __post_init__(self) -> None:
         if not self.ladder:
@@ -85,6 +104,17 @@ class RepairConfig:
             raise ValidationError("max_removals_in_window", "must not be negative")
         if self.return_after_passes < 1:
             raise ValidationError("return_after_passes", "must be at least 1")
+        object.__setattr__(self, "deep_checks_on", frozenset(self.deep_checks_on))
+        unknown = sorted(set(self.deep_checks_on) - set(DEEP_CHECK_TRIGGERS))
+        if unknown:
+            raise ValidationError("deep_checks_on", f"unknown trigger {unknown[0]!r} (expected "
+                                  f"some of {list(DEEP_CHECK_TRIGGERS)})")
+        if self.deep_check_on_unknown not in UNKNOWN_POLICIES:
+            raise ValidationError("deep_check_on_unknown", f"must be one of {list(UNKNOWN_POLICIES)}")
+
+
+DEEP_CHECK_TRIGGERS = ("first_join", "reimage", "replace")
+UNKNOWN_POLICIES = ("pass", "hold")
 
 
 def load_repair_config(mapping: Mapping[str, Any]) -> RepairConfig:
@@ -98,6 +128,14 @@ def load_repair_config(mapping: Mapping[str, Any]) -> RepairConfig:
             raise ValidationError(str(key), f"unknown key (expected one of {sorted(known)})")
         if key == "ladder":
             kwargs[key] = _parse_ladder(value)
+        elif key == "deep_checks_on":
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise ValidationError(key, "must be a list of triggers")
+            kwargs[key] = frozenset(value)
+        elif key == "deep_check_on_unknown":
+            if not isinstance(value, str):
+                raise ValidationError(key, f"must be a string, got {value!r}")
+            kwargs[key] = value
         elif key in ("lemon_failure_count", "min_out_of_service_allowed", "return_after_passes"):
             kwargs[key] = _int(value, key)
         elif key == "max_removals_in_window":
@@ -314,3 +352,68 @@ def ready_to_return(
     if config.return_min_interval_s <= 0:
         return True
     return first_pass_at is not None and now - first_pass_at >= config.return_min_interval_s
+
+
+# ---------------------------------------------------------------- the deep-check gate
+
+DEEP_CHECK = "DeepCheck"  # the verdict's condition type on the node (set by mtc, not an agent)
+DEEP_CHECK_SOURCE = "deep-check"  # the HealthReport source of a deep check's results
+DEEP_CHECK_TYPES = (ConditionType.DCGM_DIAG_FAILED.value,
+                    ConditionType.COLLECTIVE_BANDWIDTH_LOW.value)
+PENDING = "pending"  # reason prefix of a verdict not in yet
+
+
+@dataclass(frozen=True)
+class DeepCheckVerdict:
+    """The gate's condition: TRUE = failed, FALSE = passed, UNKNOWN = could not tell."""
+
+    status: ConditionStatus
+    reason: str
+    failed: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+
+
+def deep_check_wanted(trigger: str, gate_status: str | None, config: RepairConfig) -> bool:
+    """Whether the node must pass deep checks before it (re)enters service: on a configured
+    occasion, and always after a repair of a node that failed them (it must pass them again,
+    or the failed verdict would keep it out for ever)."""
+    return trigger in config.deep_checks_on or gate_status == ConditionStatus.TRUE.value
+
+
+def deep_check_verdict(conditions: Sequence[Condition], level: int | None = None
+                       ) -> DeepCheckVerdict:
+    """Fold the deep check's results into one verdict. A check missing from the results is
+    unknown; any failure fails the gate; unknown is never reported as passed."""
+    by_type = {c.type: c for c in conditions if c.type in DEEP_CHECK_TYPES}
+    failed = tuple(f"{t}: {by_type[t].reason}" for t in DEEP_CHECK_TYPES
+                   if t in by_type and by_type[t].status is ConditionStatus.TRUE)
+    unknown = tuple(f"{t}: {by_type[t].reason}" if t in by_type else f"{t}: not run"
+                    for t in DEEP_CHECK_TYPES
+                    if t not in by_type or by_type[t].status is ConditionStatus.UNKNOWN)
+    what = f"deep checks (dcgm level {level})" if level else "deep checks"
+    if failed:
+        return DeepCheckVerdict(ConditionStatus.TRUE, f"{what} failed: " + "; ".join(failed),
+                                failed, unknown)
+    if unknown:
+        return DeepCheckVerdict(ConditionStatus.UNKNOWN,
+                                f"{what} could not tell: " + "; ".join(unknown), (), unknown)
+    return DeepCheckVerdict(ConditionStatus.FALSE, f"{what} passed")
+
+
+# verdict status -> (on_unknown policy -> may the node return?)
+GATE_TABLE: Mapping[str, Mapping[str, bool]] = {
+    ConditionStatus.FALSE.value: {"pass": True, "hold": True},
+    ConditionStatus.TRUE.value: {"pass": False, "hold": False},
+    ConditionStatus.UNKNOWN.value: {"pass": True, "hold": False},
+}
+
+
+def gate_allows_return(status: str | None, reason: str, config: RepairConfig) -> bool:
+    """May a node whose deep-check verdict is (status, reason) return to service? No verdict
+    at all: no deep check was asked of this node. Pending: not yet."""
+    if status is None:
+        return True
+    if status == ConditionStatus.UNKNOWN.value and reason.startswith(PENDING):
+        return False
+    return GATE_TABLE.get(status, GATE_TABLE[ConditionStatus.UNKNOWN.value])[
+        config.deep_check_on_unknown]

@@ -80,6 +80,7 @@ class AgentConfig:
             data = json.load(handle)
         if not isinstance(data, dict):
             raise ValidationError("", "config must be a JSON object")
+        data.pop("delivery", None)  # the transport and spool: services.node_agent reads it
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)
 

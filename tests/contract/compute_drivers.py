@@ -24,6 +24,7 @@ from shared.adapters.compute.slurm_compute import SlurmCompute
 from shared.domain.events import Envelope, Event
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.ports import Compute, WorkerSpec
+from shared.probes.commands import ToolNotFound
 from tests.harness import FakeCompute, ManualClock, Recorder
 from tests.unit.compute.slurm.fake_slurm import FakeSlurm
 
@@ -139,6 +140,7 @@ class FakeDriver(Driver):
         self.fake.clock.advance(1.0)
         self.fake.complete_provisioning()
         self.fake.complete_repairs()
+        self.fake.complete_deep_checks()
         for job_id, attempt in self.fake.signalled:  # the program's answer to SIGTERM
             self.checkpoint(attempt)
             self.fake.exit_workers(job_id, attempt, ExitCode.PREEMPTED)
@@ -244,6 +246,11 @@ class RemoteDriver(LocalDriver):
         self.dedup.close()
 
 
+def no_gpu_tools(argv: Sequence[str], timeout_s: float) -> Any:
+    """The in-memory Slurm's nodes have no srun, dcgmi or all_reduce_perf."""
+    raise ToolNotFound(f"{argv[0]} not found on PATH")
+
+
 class SlurmDriver(FileCheckpoints, Driver):
     """``SlurmCompute`` over the in-memory Slurm of its unit tests; the driver plays slurmd
     (a reboot finishes) and the batch job's ranks (checkpoint and exit files)."""
@@ -256,7 +263,8 @@ class SlurmDriver(FileCheckpoints, Driver):
         self.slurm = FakeSlurm()
         self.slurm_compute = SlurmCompute(tmp / "compute", self.events, self.clock,
                                           cli=self.slurm, agent_probes=("xid", "disk"),
-                                          observe_interval_s=0.0, agent_interval_s=1e9)
+                                          observe_interval_s=0.0, agent_interval_s=1e9,
+                                          deep_check_runner=no_gpu_tools)
         self.compute = self.slurm_compute
         self._answered: set[str] = set()
 

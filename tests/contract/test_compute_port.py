@@ -13,7 +13,10 @@ node and attempt, whatever the action; start_workers by job and attempt); result
 later as events, once each: one ``NodeProvisioned`` per node, one ``NodeRepairCompleted`` per
 repair followed by its post-repair ``NodeHealthReported``, every ``JobCheckpointSaved`` step
 once (attempts of a job share its checkpoints) and before the attempt's one
-``JobWorkersExited``; a signalled attempt checkpoints and exits 75.
+``JobWorkersExited``; a signalled attempt checkpoints and exits 75. An adapter that runs
+deep checks (``start_deep_check``, ``shared.deep_checks.DeepChecks``) runs one per (node,
+attempt) as an action that takes time, reporting DCGM and the collective test once, tagged
+with the attempt; one that cannot is skipped here and the gate records "unknown".
 
 A new Compute adapter must pass this module unchanged: add a driver for it to
 ``compute_drivers.DRIVERS``, never a special case here.
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.deep_checks import DeepChecks
 from shared.domain.events import (
     Event,
     JobCheckpointSaved,
@@ -35,6 +39,7 @@ from shared.domain.events import (
     NodeRepairCompleted,
 )
 from shared.domain.health import RepairAction
+from shared.policies.repair import DEEP_CHECK_SOURCE, DEEP_CHECK_TYPES
 from tests.contract.compute_drivers import DRIVERS, JOB, WORLD, Driver, make_node
 
 NODES = tuple(f"w{i}" for i in range(WORLD))
@@ -109,6 +114,36 @@ def test_a_repair_runs_once_per_attempt_and_completes_once_with_its_post_repair_
     for _ in range(3):
         driver.settle()
     assert [e.attempt for e in driver.events.of(NodeRepairCompleted)] == [1, 2]
+
+
+def deep_reports(driver: Driver, node_id: str) -> list[NodeHealthReported]:
+    return [e for e in driver.events.of(NodeHealthReported)
+            if e.node_id == node_id and e.source == DEEP_CHECK_SOURCE]
+
+
+def test_a_deep_check_takes_time_runs_once_per_attempt_and_reports_each_check(
+    driver: Driver,
+) -> None:
+    if not hasattr(driver.compute, "start_deep_check"):
+        pytest.skip(f"{driver.name} runs no deep checks (the gate records unknown)")
+    compute: DeepChecks = driver.compute  # type: ignore[assignment]
+    up(driver, "w0")
+    compute.start_deep_check("w0", 1)
+    compute.start_deep_check("w0", 1)
+    assert not deep_reports(driver, "w0")  # an action with a duration: nothing at once
+    driver.until(lambda: bool(deep_reports(driver, "w0")), "the deep check reports")
+    for _ in range(5):
+        driver.settle()
+    [report] = deep_reports(driver, "w0")
+    by_type = {c["type"]: c for c in report.conditions}
+    assert set(DEEP_CHECK_TYPES) <= set(by_type)
+    assert {c["details"]["deep_check_attempt"] for c in report.conditions} == {1}
+    assert all(c["status"] != "true" for c in report.conditions)  # nothing was wrong
+
+    compute.start_deep_check("w0", 2)
+    driver.until(lambda: len(deep_reports(driver, "w0")) == 2, "the second deep check")
+    assert {c["details"]["deep_check_attempt"] for c in deep_reports(driver, "w0")[1].conditions
+            } == {2}
 
 
 def test_repeated_start_workers_is_one_attempt_ending_in_one_workers_exited(driver: Driver) -> None:

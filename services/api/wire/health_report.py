@@ -6,19 +6,35 @@ of ``shared.domain.faults`` (checked there again, so every entry point refuses t
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from services.api.wire.proto_json import Int32, Int64, Message
+from services.api.wire.proto_json import Int32, Int64, Message, Timestamp
 from shared.domain.faults import THERMAL_MAX_C, THERMAL_MIN_C, XID_MAX, XID_MIN
 
 Xid = Annotated[Int32, Field(ge=XID_MIN, le=XID_MAX)]
 
 
+class AgentCondition(Message):
+    """One condition of a node agent's own report (node-problem-detector shape)."""
+
+    type: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9]*$")
+    status: Literal["TRUE", "FALSE", "UNKNOWN"]
+    reason: str = Field(default="", max_length=500)
+    since: Timestamp | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
 class ReportNodeHealthRequest(Message):
-    """At least one fault: XID codes, uncorrectable ECC errors, a row-remap failure, a failed
-    DCGM diagnostic, a temperature, disk use, a slow speed check."""
+    """Either a node agent's own report (``conditions`` with ``observedAt``: what the agent
+    observed, sent as it is, however late) or at least one fault to inject: XID codes,
+    uncorrectable ECC errors, a row-remap failure, a failed DCGM diagnostic, a temperature,
+    disk use, a slow speed check."""
+
+    report_id: str | None = Field(default=None, min_length=1, max_length=64)
+    observed_at: Timestamp | None = None
+    conditions: list[AgentCondition] = Field(default_factory=list, max_length=64)
 
     xids: list[Xid] = Field(default_factory=list, max_length=16)
     ecc_dbe: Int64 | None = Field(default=None, ge=1, le=2**31 - 1)

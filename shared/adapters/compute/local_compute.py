@@ -109,6 +109,7 @@ class LocalCompute(LocalNodes):
         agent_interval_s: float = 1.0,
         heartbeats: bool = True,
         gang_grace_s: float = 10.0,
+        deep_check_duration_s: float = 2.0,
     ) -> None:
         self.state_dir = Path(state_dir)
         self._emit = emit
@@ -119,6 +120,7 @@ class LocalCompute(LocalNodes):
         self._interval = agent_interval_s
         self._heartbeats = heartbeats
         self._gang_grace = gang_grace_s
+        self._deep_check_s = deep_check_duration_s
         self._lock = threading.Lock()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._db: sqlite3.Connection | None = None
@@ -343,6 +345,7 @@ class LocalCompute(LocalNodes):
         with self._tx() as db:
             self._complete_provisioning(db, now)
             self._complete_repairs(db, now)
+            self._complete_deep_checks(db, now)
             self._observe_workers(db, now)
             if self._heartbeats:
                 self._send_heartbeats(db, now)

@@ -44,7 +44,13 @@ CREATE TABLE IF NOT EXISTS repairs (
     node_id TEXT NOT NULL, attempt INTEGER NOT NULL, action TEXT NOT NULL,
     started_at REAL NOT NULL, completes_at REAL, completed_at REAL,
     PRIMARY KEY (node_id, attempt));
+CREATE TABLE IF NOT EXISTS deep_checks (
+    node_id TEXT NOT NULL, attempt INTEGER NOT NULL, started_at REAL NOT NULL,
+    completes_at REAL NOT NULL, completed_at REAL, PRIMARY KEY (node_id, attempt));
 """
+DEEP_CHECK_TYPES = (ConditionType.DCGM_DIAG_FAILED.value,
+                    ConditionType.COLLECTIVE_BANDWIDTH_LOW.value)
+NO_DEEP_TOOLS = "simulated local node: dcgmi and all_reduce_perf are not run on it"
 
 
 class LocalNodes(FactState):
@@ -53,6 +59,7 @@ class LocalNodes(FactState):
     _durations: dict[RepairAction, float]
     _provision_s: float
     _interval: float
+    _deep_check_s: float
 
     def provision_node(self, node: Node) -> None:
         """Record the node; ``poll()`` reports it up after ``provision_duration_s``."""
@@ -183,6 +190,44 @@ class LocalNodes(FactState):
             report = self._snapshot(db, node)
             self._queue(db, NodeHealthReported(node_id, now, report, source="post-repair-check"))
 
+
+    # ------------------------------------------------------------ deep checks
+
+    def start_deep_check(self, node_id: str, attempt: int) -> None:
+        """Deep checks once per (node, attempt), completing after ``deep_check_duration_s``.
+        A simulated node runs no GPU tools: a check reports the fault injected for it
+        (``mtc node fault --dcgm-level 3``) or ``unknown``, never a pass it did not run."""
+        now = self._clock.now()
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO deep_checks (node_id, attempt, started_at,"
+                       " completes_at) VALUES (?, ?, ?, ?)",
+                       (node_id, attempt, now, now + self._deep_check_s))
+
+    def _complete_deep_checks(self, db: sqlite3.Connection, now: float) -> None:
+        for row in db.execute("SELECT * FROM deep_checks WHERE completed_at IS NULL AND"
+                              " completes_at <= ? ORDER BY completes_at, node_id, attempt",
+                              (now,)).fetchall():
+            node_id, attempt = row["node_id"], row["attempt"]
+            db.execute("UPDATE deep_checks SET completed_at = ? WHERE node_id = ? AND"
+                       " attempt = ?", (now, node_id, attempt))
+            node = db.execute("SELECT * FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+            if node is None or node["deleted"]:
+                continue
+            injected: dict[str, Condition] = {}
+            for fault in db.execute("SELECT condition FROM faults WHERE node_id = ? ORDER BY id",
+                                    (node_id,)):
+                cond = Condition.from_dict(json.loads(fault["condition"]))
+                if cond.type in DEEP_CHECK_TYPES:
+                    injected[cond.type] = cond
+            conditions = []
+            for ctype in DEEP_CHECK_TYPES:
+                cond = injected.get(ctype) or Condition(ctype, ConditionStatus.UNKNOWN,
+                                                        NO_DEEP_TOOLS, now)
+                details = {**cond.details, "deep_check_attempt": attempt}
+                conditions.append(Condition(cond.type, cond.status, cond.reason, now,
+                                            details).to_dict())
+            self._queue(db, NodeHealthReported(node_id, now, tuple(conditions),
+                                               source="deep-check"))
 
     def _complete_provisioning(self, db: sqlite3.Connection, now: float) -> None:
         for node in db.execute(

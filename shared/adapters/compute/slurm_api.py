@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shared.adapters.compute.slurm_cli import SlurmCli, SlurmJob, SlurmNode
+from shared.adapters.compute.slurm_cli import SlurmJob, SlurmNode
+from shared.adapters.compute.slurm_reservations import ReservationCli
 from shared.domain.health import RepairAction
 
 RA = RepairAction
@@ -87,9 +88,10 @@ def _plain_int(value: Any) -> int:
     return int(value)
 
 
-class SlurmControl(SlurmCli):
-    """``SlurmCli`` as this adapter reads it: node records carry the slurmd start time, and a
-    repair reboot keeps the node drained until mtc's own checks pass."""
+class SlurmControl(ReservationCli):
+    """``SlurmCli`` as this adapter reads it: node records carry the slurmd start time, a
+    repair reboot keeps the node drained until mtc's own checks pass, and deep checks run in
+    maintenance reservations (``slurm_reservations``)."""
 
     def node_records(self) -> list[NodeRecord]:
         return [NodeRecord(n, n.slurmd_start_time) for n in self.nodes()]

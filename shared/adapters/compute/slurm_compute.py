@@ -88,12 +88,14 @@ import shutil
 import sqlite3
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from shared.adapters.compute.slurm_api import NodeRecord, SlurmApi, SlurmControl
 from shared.adapters.compute.slurm_cli import SlurmError, SlurmJob, SlurmTransientError
 from shared.adapters.compute.slurm_ops import log
+from shared.adapters.compute.slurm_reservations import DEEP_SCHEMA, DeepCheckSpec, SlurmDeepChecks
 from shared.adapters.compute.slurm_userjobs import SlurmUserJobs
 from shared.ports import Clock, Emitter
 from shared.probes.agent import AgentState
@@ -130,7 +132,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
-class SlurmCompute(SlurmUserJobs):
+class SlurmCompute(SlurmDeepChecks, SlurmUserJobs):
     """The ``Compute`` port over a real Slurm cluster (see the module docstring)."""
 
     DB_FILE = "slurm_compute.sqlite3"
@@ -158,6 +160,8 @@ class SlurmCompute(SlurmUserJobs):
         retry_max_s: float = 30.0,
         master_addr: str = "127.0.0.1",
         user_job_partitions: Sequence[str] | None = None,
+        deep_check_spec: DeepCheckSpec | Mapping[str, Any] | None = None,
+        deep_check_runner: ProbeRunner | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self._emit = emit
@@ -177,6 +181,11 @@ class SlurmCompute(SlurmUserJobs):
         self._retry_initial = retry_initial_s
         self._retry_max = retry_max_s
         self._master_addr = master_addr
+        if deep_check_spec is None or isinstance(deep_check_spec, Mapping):
+            deep_check_spec = DeepCheckSpec.from_dict({"slurm_conf": slurm_conf,
+                                                       **(deep_check_spec or {})})
+        self.deep_check_spec = deep_check_spec
+        self._deep_runner = deep_check_runner or agent_runner
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._agents: dict[str, AgentState] = {}
@@ -192,7 +201,7 @@ class SlurmCompute(SlurmUserJobs):
         self._user_partitions = (tuple(user_job_partitions) if user_job_partitions is not None
                                  else default_user)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._init_state(_SCHEMA)
+        self._init_state(_SCHEMA + DEEP_SCHEMA)
         self._migrate_drains()
         self._migrate_user_jobs()
         with self._tx() as db:
@@ -200,6 +209,7 @@ class SlurmCompute(SlurmUserJobs):
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('instance', ?)", (os.urandom(3).hex(),)
             )
             self.instance: str = db.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()[0]
+        self._resume_deep_checks()
 
 
     # ------------------------------------------------------------ poll
@@ -250,6 +260,7 @@ class SlurmCompute(SlurmUserJobs):
                 keys += self._observe_drains(db, now)
                 keys += self._observe_user_jobs(db, now)
             keys += self._observe_attempts(db, now, fresh)
+            self._report_deep_checks(db, now)
         if keys or self._down_since is None:
             self._run_ops()  # what this poll asked for, and retries whose backoff ran out
         self._drain()

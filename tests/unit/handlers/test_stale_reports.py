@@ -111,3 +111,18 @@ def test_report_older_than_provisioning_is_stale() -> None:
     assert node.state is NodeState.VERIFYING
     assert node.last_report_at is None and not node.conditions
     assert plane.compute.repairs == [] and not plane.compute.cordoned
+
+
+def test_a_spooled_report_delivered_after_its_age_limit_is_stale_however_it_travelled() -> None:
+    """An agent's spool sends a report hours late through a transport that stamps its own
+    time (the API): triage ages it by when it was observed, records it, acts on nothing."""
+    plane, outcomes = ready_plane()
+    max_age = plane.deps.config.max_event_age_s
+    plane.clock.advance(max_age + 100)
+    env = late(plane, plane.clock.now() - max_age - 10)  # envelope time: now
+    assert outcomes[env.id] == {"health_triage": Outcome.STALE}
+    assert plane.node(NODE).state is NodeState.IDLE and plane.compute.repairs == []
+
+    env = late(plane, plane.clock.now() - max_age + 60)  # late, but young enough: acted on
+    assert outcomes[env.id] == {"health_triage": Outcome.HANDLED}
+    assert plane.compute.repairs == [(NODE, RepairAction.REBOOT, 1)]

@@ -56,6 +56,7 @@ class FakeSlurm:
         self.calls: list[tuple[str, ...]] = []
         self.down = False
         self.partitions: dict[str, str] = {}
+        self.reservations: dict[str, tuple[str, ...]] = {}
         self._next_job = 100
 
     # -- helpers for tests
@@ -121,6 +122,15 @@ class FakeSlurm:
     def ensure_partition(self, name: str, nodes: str = "ALL") -> None:
         self._call("partition", name, nodes)
         self.partitions[name] = nodes
+
+    def create_maint_reservation(self, name: str, nodes: Sequence[str], minutes: int,
+                                 user: str) -> None:
+        self._call("reserve", name, ",".join(nodes))
+        self.reservations.setdefault(name, tuple(nodes))
+
+    def delete_reservation(self, name: str) -> None:
+        self._call("unreserve", name)
+        self.reservations.pop(name, None)
 
     def signal_job(self, job_id: int, signal: str = "TERM", full: bool = False) -> None:
         self._call("signal", str(job_id), signal)

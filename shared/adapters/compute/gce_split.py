@@ -61,6 +61,11 @@ class MachinesAndWorkers:
     def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
         self.workers.start_workers(workers)
 
+    def start_deep_check(self, node_id: str, attempt: int) -> None:
+        """The checks run on the machine through the workers' scheduler (Slurm: srun in a
+        maintenance reservation), not through the Compute Engine API."""
+        self.workers.start_deep_check(node_id, attempt)  # type: ignore[attr-defined]
+
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         self.workers.signal_workers(job_id, attempt, grace_s)
 

@@ -69,6 +69,10 @@ class RemoteCompute:
         if workers:
             self._send("start_workers", **workers_args(workers))
 
+    def start_deep_check(self, node_id: str, attempt: int) -> None:
+        """The gate's checks (shared.deep_checks), run by the executor's adapter."""
+        self._send("start_deep_check", node_id=node_id, attempt=attempt)
+
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         self._send("signal_workers", job_id=job_id, attempt=attempt, grace_s=grace_s)
 

@@ -32,7 +32,7 @@ TOPIC = "compute-requests"  # the topic is ``<prefix>compute-requests``
 SCHEMA = "mtc.compute.request.v1"
 DEFAULT_TTL_S = 300.0  # a request not applied within this long is refused, not applied late
 OPS = ("provision_node", "cordon", "uncordon", "delete_node", "start_repair",
-       "start_workers", "signal_workers", "stop_workers")
+       "start_workers", "signal_workers", "stop_workers", "start_deep_check")
 ATTR_ID, ATTR_OP = "mtc-request-id", "mtc-op"
 ATTR_ISSUED, ATTR_DEADLINE, ATTR_SCHEMA = "mtc-issued-at", "mtc-deadline", "mtc-schema"
 
@@ -70,7 +70,7 @@ def _key(op: str, args: Mapping[str, Any], issued_at: float) -> tuple[str, str]:
         return f"{node_id}|{args.get('reason', '')}|{issued_at!r}|{args.get('seq', 0)}", node_id
     if op == "delete_node":
         return str(args["node_id"]), str(args["node_id"])
-    if op == "start_repair":
+    if op in ("start_repair", "start_deep_check"):  # the op is part of the request id
         return f"{args['node_id']}|{args['attempt']}", str(args["node_id"])
     if op == "start_workers":
         first = args["workers"][0]
@@ -171,6 +171,12 @@ def _call(request: ComputeRequest, compute: Compute) -> Callable[[], None]:
             node_id, action, attempt = (str(a["node_id"]), RepairAction(a["action"]),
                                         int(a["attempt"]))
             return lambda: compute.start_repair(node_id, action, attempt)
+        if request.op == "start_deep_check":
+            node_id, attempt = str(a["node_id"]), int(a["attempt"])
+            start = getattr(compute, "start_deep_check", None)
+            if start is None:  # refused: the control plane's gate stays pending, never "ok"
+                raise ValidationError("op", "this executor's compute runs no deep checks")
+            return lambda: start(node_id, attempt)
         if request.op == "start_workers":
             workers = [worker_from_dict(w) for w in a["workers"]]
             return lambda: compute.start_workers(workers)

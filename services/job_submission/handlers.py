@@ -299,7 +299,10 @@ def _drop_unfit(job: Job, uow: UnitOfWork, deps: Deps) -> None:
     if not any(job.node_ids):
         return
     now = deps.clock.now()
-    for node_id in [n for n in job.node_ids if n]:
+    # a sound node allocated to the job keeps it: read only the others (keys-only query)
+    sound = uow.nodes.ids(job.cluster_id, job_id=job.job_id, state=NodeState.ALLOCATED,
+                          sound=True)
+    for node_id in [n for n in job.node_ids if n and n not in sound]:
         node = uow.nodes.get(node_id)
         if node is not None and node.job_id == job.job_id and lifecycle.takes_work(node):
             continue

@@ -49,6 +49,9 @@ class _Repo:
     def _list(self, equals: dict[str, Any]) -> list[Any]:
         return self._uow._query(self._collection, equals, self._id_of, self._load)
 
+    def _ids(self, equals: dict[str, Any]) -> set[str]:
+        return self._uow._query_ids(self._collection, equals, self._id_of, self._load)
+
 
 class ClusterRepository(_Repo):
     def get(self, cluster_id: str) -> Cluster | None:
@@ -64,6 +67,11 @@ class NodeRepository(_Repo):
 
     def list(self, cluster_id: str, **equals: Any) -> list[Node]:
         return self._list({"cluster_id": cluster_id, **equals})
+
+    def ids(self, cluster_id: str, **equals: Any) -> set[str]:
+        """The ids ``list`` would return, without reading the nodes (a keys-only query):
+        a restart asks which of a job's 2,048 nodes are sound, and loads only the others."""
+        return self._ids({"cluster_id": cluster_id, **equals})
 
 
 class JobRepository(_Repo):
@@ -169,6 +177,26 @@ class DocUnitOfWork:
             if all(doc.get(k) == v for k, v in plain.items()):
                 out.append(entity)
         return out
+
+    def _query_ids(self, collection: str, equals: dict[str, Any], id_of: Callable[[Any], str],
+                   load: Callable[[dict[str, Any]], Any]) -> set[str]:
+        plain = {k: _enum_plain(v) for k, v in equals.items()}
+        txn = self._require_txn()
+        keys_only = getattr(txn, "ids", None)
+        if keys_only is not None:
+            found = set(keys_only(collection, plain))
+        else:  # a store without keys-only queries: read the documents
+            found = {id_of(load(doc)) for doc in txn.query(collection, plain)}
+        # what this transaction changed answers from its entities, not the stored documents
+        for (coll, doc_id), (entity, _) in self._tracked.items():
+            if coll != collection:
+                continue
+            doc = entity.to_dict()
+            if all(doc.get(k) == v for k, v in plain.items()):
+                found.add(doc_id)
+            else:
+                found.discard(doc_id)
+        return found
 
     def _track(self, collection: str, doc_id: str, entity: Any, loaded: dict[str, Any] | None
                ) -> None:

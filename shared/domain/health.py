@@ -40,6 +40,11 @@ class ConditionType(enum.StrEnum):
     RESUMED_BY_OPERATOR = "ResumedByOperator"  # details: {"slurm_node", "mtc_reason"}
 
 
+# conditions that slow or warn but do not end a job's attempt (a node with only these is sound)
+NON_FATAL_CONDITIONS = frozenset({ConditionType.SLOW_SPEED_CHECK.value,
+                                  ConditionType.THERMAL_THROTTLING.value,
+                                  ConditionType.DISK_PRESSURE.value})
+
 # condition types only an operator sets and lifts: an agent's report cannot clear them
 OPERATOR_CONDITIONS = frozenset({ConditionType.DRAINED_BY_OPERATOR.value,
                                  ConditionType.RESUMED_BY_OPERATOR.value})

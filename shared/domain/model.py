@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.domain.health import FailureRecord, RepairAction
+from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus, FailureRecord, RepairAction
 from shared.domain.recovery import JobRecovery
 from shared.domain.specs import ClusterSpec, CustomJobSpec
 from shared.domain.statemachine import TransitionTable
@@ -216,6 +216,12 @@ NODE_TRANSITIONS: TransitionTable[NodeState] = TransitionTable(
 
 IN_SERVICE = frozenset({NS.IDLE, NS.ALLOCATED, NS.SUSPECT})
 SCHEDULABLE = frozenset({NS.IDLE})
+# states a node may keep new work in: idle, or allocated to the pending job that holds it
+TAKES_WORK = frozenset({NS.IDLE, NS.ALLOCATED})
+_TRUE = ConditionStatus.TRUE.value
+# value -> member without Enum.__call__ (a node document is decoded millions of times a run)
+_NODE_STATES = {s.value: s for s in NodeState}
+_REPAIR_ACTIONS = {a.value: a for a in RepairAction}
 
 
 @dataclass
@@ -239,6 +245,9 @@ class NodeCondition:
 class NodeRole(enum.StrEnum):
     LOGIN = "login"
     WORKER = "worker"
+
+
+_NODE_ROLES = {r.value: r for r in NodeRole}
 
 
 @dataclass
@@ -294,6 +303,16 @@ class Node:
     def in_service(self) -> bool:
         return self.state in IN_SERVICE
 
+    @property
+    def sound(self) -> bool:
+        """Free to work and nothing against it: idle or allocated, no active fault, no
+        condition present that ends a job (an operator's drain is one). Stored in the
+        document (``sound``) so that a restart can ask the store which of a job's nodes are
+        *not* sound and read only those, instead of every node of the job."""
+        return self.state in TAKES_WORK and not self.fault and not any(
+            c.status == _TRUE and t not in NON_FATAL_CONDITIONS
+            for t, c in self.conditions.items())
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id,
@@ -327,6 +346,7 @@ class Node:
             "renewed_at": self.renewed_at,
             "fault": self.fault,
             "operator_request": self.operator_request,
+            "sound": self.sound,  # derived, for the store's index (ignored by from_dict)
         }
 
     @classmethod
@@ -336,18 +356,19 @@ class Node:
             cluster_id=d["cluster_id"],
             pool=d["pool"],
             partition=d["partition"],
-            role=NodeRole(d["role"]),
+            role=_NODE_ROLES[d["role"]],
             machine_type=d["machine_type"],
             accelerator_type=d.get("accelerator_type"),
             accelerator_count=d.get("accelerator_count", 0),
-            state=NodeState(d["state"]),
+            state=_NODE_STATES[d["state"]],
             since=d["since"],
             is_spare=d.get("is_spare", False),
             reason=d.get("reason", ""),
             job_id=d.get("job_id"),
-            repair_action=RepairAction(d["repair_action"]) if d.get("repair_action") else None,
+            repair_action=_REPAIR_ACTIONS[d["repair_action"]] if d.get("repair_action") else None,
             repair_attempt=d.get("repair_attempt", 0),
-            history=[FailureRecord(h[0], h[1], RepairAction(h[2])) for h in d.get("history", [])],
+            history=[FailureRecord(h[0], h[1], _REPAIR_ACTIONS[h[2]])
+                     for h in d.get("history", [])],
             passes=d.get("passes", 0),
             first_pass_at=d.get("first_pass_at"),
             last_report_at=d.get("last_report_at"),

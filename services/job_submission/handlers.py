@@ -373,15 +373,16 @@ def local_output_dir(uri: str | None, root: Path, job_id: str) -> str:
 def worker_specs(job: Job, deps: Deps) -> list[WorkerSpec]:
     ckpt, model, logs = output_dirs(job, deps)
     world = job.spec.replica_count
-    specs = []
-    rank = 0
-    node_iter = iter(job.node_ids)
+    specs: list[WorkerSpec] = []
+    node_ids = job.node_ids
+    job_id, attempt = job.job_id, job.attempt
+    new = tuple.__new__  # WorkerSpec(...) without its keyword-parsing __new__: 2,048 a restart
     for pool in job.spec.worker_pool_specs:
         command, env = _command(pool, deps)
-        for _ in range(pool.replica_count):
-            specs.append(WorkerSpec(job.job_id, job.attempt, rank, world, next(node_iter),
-                                    command, env, ckpt, model, logs))
-            rank += 1
+        first = len(specs)
+        specs.extend(new(WorkerSpec, (job_id, attempt, rank, world, node_ids[rank], command,
+                                      env, ckpt, model, logs))
+                     for rank in range(first, first + pool.replica_count))
     return specs
 
 

@@ -7,10 +7,12 @@ Entities are plain mutable objects owned by a unit of work; every state change g
 from __future__ import annotations
 
 import bisect
+import copy
 import enum
 import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus, FailureRecord, RepairAction
 from shared.domain.recovery import JobRecovery
@@ -20,6 +22,31 @@ from shared.domain.statemachine import TransitionTable
 
 def _fs(*states: Any) -> frozenset[Any]:
     return frozenset(states)
+
+
+S = TypeVar("S")
+
+
+class _ParseCache(Generic[S]):
+    """Parsed specs by entity id. A job or cluster document is decoded on every event that
+    touches it, its spec far more rarely changes, and parsing validates every field: an equal
+    spec document (compared with a private copy, so a caller mutating its own dict cannot
+    poison the cache) gives the same, immutable, spec back."""
+
+    def __init__(self, parse: Callable[[Mapping[str, Any]], S], size: int = 4096) -> None:
+        self._parse = parse
+        self._size = size
+        self._entries: dict[str, tuple[Any, S]] = {}
+
+    def __call__(self, key: str, doc: Mapping[str, Any]) -> S:
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] == doc:
+            return hit[1]
+        spec = self._parse(doc)
+        if len(self._entries) >= self._size:
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = (copy.deepcopy(doc), spec)
+        return spec
 
 
 # ---------------------------------------------------------------- clusters
@@ -79,13 +106,16 @@ class Cluster:
     def from_dict(cls, d: dict[str, Any]) -> Cluster:
         return cls(
             cluster_id=d["cluster_id"],
-            spec=ClusterSpec.from_dict(d["spec"]),
+            spec=_cluster_spec(d["cluster_id"], d["spec"]),
             state=ClusterState(d["state"]),
             created_at=d["created_at"],
             updated_at=d["updated_at"],
             generation=d.get("generation", 1),
             message=d.get("message", ""),
         )
+
+
+_cluster_spec = _ParseCache(ClusterSpec.from_dict)
 
 
 # ---------------------------------------------------------------- partitions
@@ -390,6 +420,8 @@ class Node:
 
 # ---------------------------------------------------------------- jobs
 
+_job_spec = _ParseCache(CustomJobSpec.from_dict)
+
 
 class JobState(enum.StrEnum):
     """The states users know from managed training (JOB_STATE_*)."""
@@ -490,7 +522,7 @@ class Job:
         return cls(
             job_id=d["job_id"],
             cluster_id=d["cluster_id"],
-            spec=CustomJobSpec.from_dict(d["spec"]),
+            spec=_job_spec(d["job_id"], d["spec"]),
             state=JobState(d["state"]),
             created_at=d["created_at"],
             updated_at=d["updated_at"],

@@ -33,6 +33,10 @@ class NodeRepo(Protocol):
     def ids(self, cluster_id: str, **equals: Any) -> set[str]:
         """The ids ``list`` would return, without reading the nodes (keys only)."""
         ...
+    def project(self, cluster_id: str, fields: tuple[str, ...], **equals: Any
+                ) -> list[tuple[Any, ...]]:
+        """The stored fields ``fields`` of the nodes ``list`` would return (a projection)."""
+        ...
 
 
 class JobRepo(Protocol):

@@ -46,7 +46,8 @@ from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.scenario_types import Scenario
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode
 
-_RANK = operator.attrgetter("rank")  # sorts a 2,048-rank gang without a Python call per rank
+# a 2,048-rank gang sorted and listed without a Python call per rank
+_RANK, _NODE_ID = operator.attrgetter("rank"), operator.attrgetter("node_id")
 
 
 class SimCompute(FailureProcesses):
@@ -208,7 +209,7 @@ class SimCompute(FailureProcesses):
             return
         now = float(self.env.now)
         cfg = job.cfg
-        node_ids = tuple(w.node_id for w in sorted(workers, key=_RANK))
+        node_ids = tuple(map(_NODE_ID, sorted(workers, key=_RANK)))
         resume = job.ckpt_step >= 0
         startup = cfg.startup_s
         restore = cfg.checkpoint_restore_s if resume else 0.0

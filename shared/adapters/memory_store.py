@@ -64,6 +64,13 @@ class MemoryTransaction:
         """The ids of the documents ``query`` would return (a keys-only query)."""
         return self._store.matching_ids(collection, equals)
 
+    def project(self, collection: str, equals: dict[str, Any], fields: tuple[str, ...]
+                ) -> list[tuple[str, tuple[Any, ...]]]:
+        """(id, the values of ``fields``) of the documents ``query`` would return, in its
+        order, without copying them (a projection: Firestore's ``select``)."""
+        return [(i, tuple(map(d.get, fields))) for i, d in self._store.matching(collection,
+                                                                                 equals)]
+
     def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
         self._writes[(collection, doc_id)] = doc
 

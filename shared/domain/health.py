@@ -8,6 +8,7 @@ check could not run (never read as healthy).
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,9 @@ class ConditionStatus(enum.StrEnum):
     TRUE = "true"
     FALSE = "false"
     UNKNOWN = "unknown"
+
+
+_STATUSES = {s.value: s for s in ConditionStatus}
 
 
 class ConditionType(enum.StrEnum):
@@ -93,6 +97,14 @@ class Condition:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Condition:
+        # a well-formed condition (every agent report, thousands a run) is built after a few
+        # type checks; anything else takes the validators below, which name the bad field
+        if type(data) is dict:
+            ctype, since, details = data.get("type"), data.get("since"), data.get("details")
+            parsed = _STATUSES.get(data.get("status"))  # type: ignore[arg-type]
+            if parsed is not None and type(ctype) is str and ctype and type(since) is float \
+                    and math.isfinite(since) and (details is None or type(details) is dict):
+                return cls(ctype, parsed, str(data.get("reason", "")), since, dict(details or {}))
         status = require_str(data, "status")
         try:
             parsed_status = ConditionStatus(status.lower())

@@ -254,7 +254,7 @@ _NODE_STATES = {s.value: s for s in NodeState}
 _REPAIR_ACTIONS = {a.value: a for a in RepairAction}
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeCondition:
     """A node's current state of one condition type: status and reason as last reported,
     ``since`` when the status last changed, ``last_seen`` the newest report that carried it."""
@@ -405,8 +405,7 @@ class Node:
             last_diagnosis=d.get("last_diagnosis", ""),
             last_action=d.get("last_action", ""),
             diagnosed_at=d.get("diagnosed_at"),
-            conditions={t: NodeCondition.from_list(c)
-                        for t, c in (d.get("conditions") or {}).items()},
+            conditions={t: NodeCondition(*c) for t, c in (d.get("conditions") or {}).items()},
             alert=d.get("alert", ""),
             alerted_at=d.get("alerted_at"),
             replaces=d.get("replaces"),

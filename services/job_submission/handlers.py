@@ -281,7 +281,8 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     waiting = [j for j in pending if not (j.node_ids and all(j.node_ids))]
     if not waiting:
         return
-    slots = idle_slots(cluster_id, uow)
+    partitions = {j.spec.scheduling.partition for j in waiting}
+    slots = idle_slots(cluster_id, uow, None if None in partitions else partitions)
     if not slots:
         return
     requests = [_request(job) for job in waiting]
@@ -295,14 +296,22 @@ SLOT_FIELDS = ("node_id", "partition", "machine_type", "accelerator_type", "acce
                "is_spare", "role", "sound")
 
 
-def idle_slots(cluster_id: str, uow: UnitOfWork) -> list[NodeSlot]:
-    """The idle worker nodes that take work, as placement sees them. A projection of the
-    stored fields, not every idle node decoded (and compared again at commit): a 16,000-node
-    fleet waiting for its jobs has 16,000 idle nodes, and only the nodes placed are read.
-    A sound node takes work; only the others are read to ask ``lifecycle.takes_work``."""
+def idle_slots(cluster_id: str, uow: UnitOfWork, partitions: set[str | None] | None = None
+               ) -> list[NodeSlot]:
+    """The idle worker nodes that take work, as placement sees them (only those of
+    ``partitions`` when given: jobs that name a partition are placed nowhere else). A
+    projection of the stored fields, not every idle node decoded (and compared again at
+    commit): a 16,000-node fleet waiting for its jobs has 16,000 idle nodes, and only the
+    nodes placed are read. A sound node takes work; only the others are read to ask
+    ``lifecycle.takes_work``."""
+    if partitions is None:
+        rows = uow.nodes.project(cluster_id, SLOT_FIELDS, state=NodeState.IDLE)
+    else:
+        rows = [row for p in sorted(partitions, key=str)
+                for row in uow.nodes.project(cluster_id, SLOT_FIELDS, state=NodeState.IDLE,
+                                             partition=p)]
     slots = []
-    for node_id, partition, machine, accel, count, spare, role, sound in uow.nodes.project(
-            cluster_id, SLOT_FIELDS, state=NodeState.IDLE):
+    for node_id, partition, machine, accel, count, spare, role, sound in rows:
         if role != NodeRole.WORKER.value:
             continue
         if not sound:

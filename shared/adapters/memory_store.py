@@ -169,8 +169,12 @@ class MemoryDocStore:
         docs = self.data[collection]
         items = equals.items()
         found, exact = self._candidates(collection, equals)
-        if found is None or len(found) > SCAN_FRACTION * len(docs):
+        if found is None:
             return [(i, d) for i, d in docs.items() if _matches(d, items)]
+        if len(found) > SCAN_FRACTION * len(docs):  # most documents: a scan keeps the order
+            if exact:
+                return [(i, d) for i, d in docs.items() if i in found]
+            return [(i, d) for i, d in docs.items() if i in found and _matches(d, items)]
         order = self._order[collection]
         hits = [(i, docs[i]) for i in sorted(found, key=order.__getitem__)]
         return hits if exact else [(i, d) for i, d in hits if _matches(d, items)]

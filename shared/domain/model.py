@@ -28,25 +28,41 @@ S = TypeVar("S")
 
 
 class _ParseCache(Generic[S]):
-    """Parsed specs by entity id. A job or cluster document is decoded on every event that
-    touches it, its spec far more rarely changes, and parsing validates every field: an equal
-    spec document (compared with a private copy, so a caller mutating its own dict cannot
-    poison the cache) gives the same, immutable, spec back."""
+    """Specs and their documents by entity id. A job or cluster document is decoded and
+    re-encoded (at commit, to see whether it changed) on every event that touches it, its
+    spec far more rarely changes, and parsing validates every field, while a cluster of 128
+    partitions encodes hundreds of dicts. An equal spec document gives the same immutable
+    spec back; the same spec gives the same document back. Documents are values: nothing
+    mutates a stored or loaded document in place (stores hand out shallow copies, so nested
+    values are shared already)."""
 
-    def __init__(self, parse: Callable[[Mapping[str, Any]], S], size: int = 4096) -> None:
+    def __init__(self, parse: Callable[[Mapping[str, Any]], S],
+                 encode: Callable[[S], dict[str, Any]], size: int = 4096) -> None:
         self._parse = parse
+        self._encode = encode
         self._size = size
         self._entries: dict[str, tuple[Any, S]] = {}
 
     def __call__(self, key: str, doc: Mapping[str, Any]) -> S:
         hit = self._entries.get(key)
-        if hit is not None and hit[0] == doc:
+        if hit is not None and (hit[0] is doc or hit[0] == doc):
             return hit[1]
         spec = self._parse(doc)
-        if len(self._entries) >= self._size:
-            del self._entries[next(iter(self._entries))]
-        self._entries[key] = (copy.deepcopy(doc), spec)
+        self._keep(key, copy.deepcopy(doc), spec)
         return spec
+
+    def doc(self, key: str, spec: S) -> dict[str, Any]:
+        hit = self._entries.get(key)
+        if hit is not None and hit[1] is spec:
+            return hit[0]  # type: ignore[no-any-return]
+        doc = self._encode(spec)
+        self._keep(key, doc, spec)
+        return doc
+
+    def _keep(self, key: str, doc: Any, spec: S) -> None:
+        if key not in self._entries and len(self._entries) >= self._size:
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = (doc, spec)
 
 
 # ---------------------------------------------------------------- clusters
@@ -94,7 +110,7 @@ class Cluster:
     def to_dict(self) -> dict[str, Any]:
         return {
             "cluster_id": self.cluster_id,
-            "spec": self.spec.to_dict(),
+            "spec": _cluster_spec.doc(self.cluster_id, self.spec),
             "state": self.state.value,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
@@ -115,7 +131,7 @@ class Cluster:
         )
 
 
-_cluster_spec = _ParseCache(ClusterSpec.from_dict)
+_cluster_spec = _ParseCache(ClusterSpec.from_dict, ClusterSpec.to_dict)
 
 
 # ---------------------------------------------------------------- partitions
@@ -419,7 +435,7 @@ class Node:
 
 # ---------------------------------------------------------------- jobs
 
-_job_spec = _ParseCache(CustomJobSpec.from_dict)
+_job_spec = _ParseCache(CustomJobSpec.from_dict, CustomJobSpec.to_dict)
 
 
 class JobState(enum.StrEnum):
@@ -498,7 +514,7 @@ class Job:
         return {
             "job_id": self.job_id,
             "cluster_id": self.cluster_id,
-            "spec": self.spec.to_dict(),
+            "spec": _job_spec.doc(self.job_id, self.spec),
             "state": self.state.value,
             "created_at": self.created_at,
             "updated_at": self.updated_at,

@@ -6,6 +6,7 @@ place that picks which.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -34,7 +35,7 @@ class NodeRepo(Protocol):
         """The ids ``list`` would return, without reading the nodes (keys only)."""
         ...
     def project(self, cluster_id: str, fields: tuple[str, ...], **equals: Any
-                ) -> list[tuple[Any, ...]]:
+                ) -> builtins.list[tuple[Any, ...]]:
         """The stored fields ``fields`` of the nodes ``list`` would return (a projection)."""
         ...
 

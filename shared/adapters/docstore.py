@@ -7,6 +7,7 @@ once here on top of that primitive, so every backend gets the same semantics.
 
 from __future__ import annotations
 
+import builtins
 import json
 import operator
 from collections.abc import Callable, Iterator
@@ -78,7 +79,7 @@ class NodeRepository(_Repo):
         return self._ids({"cluster_id": cluster_id, **equals})
 
     def project(self, cluster_id: str, fields: tuple[str, ...], **equals: Any
-                ) -> list[tuple[Any, ...]]:
+                ) -> builtins.list[tuple[Any, ...]]:
         """The document fields ``fields`` of the nodes ``list`` would return, in its order,
         without reading them into entities (a projection): scheduling's view of 16,000 idle
         nodes is six fields each, not 16,000 decoded nodes written back at commit."""

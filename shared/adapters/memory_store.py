@@ -140,12 +140,12 @@ class MemoryDocStore:
             index[_key(old.get(name))].discard(doc_id)
 
     # -- queries
-    def _candidates(self, collection: str, equals: dict[str, Any]) -> tuple[set[str] | None,
-                                                                          bool]:
+    def _candidates(self, collection: str, equals: dict[str, Any]
+                    ) -> tuple[set[str] | frozenset[str] | None, bool]:
         """The ids the indexes allow for ``equals`` (None: no field to index), and whether
         they are exact (False: some documents hold values an index cannot key, so the
         candidates still have to be checked)."""
-        buckets: list[set[str]] = []
+        buckets: list[set[str] | frozenset[str]] = []
         exact = True
         for name, value in equals.items():
             key = _key(value)
@@ -162,7 +162,8 @@ class MemoryDocStore:
         if not buckets:
             return None, False
         buckets.sort(key=len)
-        return buckets[0].intersection(*buckets[1:]), exact
+        first, *rest = buckets
+        return (first.intersection(*rest) if rest else first), exact
 
     def matching(self, collection: str, equals: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         """(id, document) of every document whose fields equal ``equals``, in scan order."""

@@ -7,62 +7,21 @@ Entities are plain mutable objects owned by a unit of work; every state change g
 from __future__ import annotations
 
 import bisect
-import copy
 import enum
 import itertools
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus, FailureRecord, RepairAction
 from shared.domain.recovery import JobRecovery
+from shared.domain.spec_cache import cluster_specs as _cluster_spec
+from shared.domain.spec_cache import job_specs as _job_spec
 from shared.domain.specs import ClusterSpec, CustomJobSpec
 from shared.domain.statemachine import TransitionTable
 
 
 def _fs(*states: Any) -> frozenset[Any]:
     return frozenset(states)
-
-
-S = TypeVar("S")
-
-
-class _ParseCache(Generic[S]):
-    """Specs and their documents by entity id. A job or cluster document is decoded and
-    re-encoded (at commit, to see whether it changed) on every event that touches it, its
-    spec far more rarely changes, and parsing validates every field, while a cluster of 128
-    partitions encodes hundreds of dicts. An equal spec document gives the same immutable
-    spec back; the same spec gives the same document back. Documents are values: nothing
-    mutates a stored or loaded document in place (stores hand out shallow copies, so nested
-    values are shared already)."""
-
-    def __init__(self, parse: Callable[[Mapping[str, Any]], S],
-                 encode: Callable[[S], dict[str, Any]], size: int = 4096) -> None:
-        self._parse = parse
-        self._encode = encode
-        self._size = size
-        self._entries: dict[str, tuple[Any, S]] = {}
-
-    def __call__(self, key: str, doc: Mapping[str, Any]) -> S:
-        hit = self._entries.get(key)
-        if hit is not None and (hit[0] is doc or hit[0] == doc):
-            return hit[1]
-        spec = self._parse(doc)
-        self._keep(key, copy.deepcopy(doc), spec)
-        return spec
-
-    def doc(self, key: str, spec: S) -> dict[str, Any]:
-        hit = self._entries.get(key)
-        if hit is not None and hit[1] is spec:
-            return hit[0]  # type: ignore[no-any-return]
-        doc = self._encode(spec)
-        self._keep(key, doc, spec)
-        return doc
-
-    def _keep(self, key: str, doc: Any, spec: S) -> None:
-        if key not in self._entries and len(self._entries) >= self._size:
-            del self._entries[next(iter(self._entries))]
-        self._entries[key] = (doc, spec)
 
 
 # ---------------------------------------------------------------- clusters
@@ -129,9 +88,6 @@ class Cluster:
             generation=d.get("generation", 1),
             message=d.get("message", ""),
         )
-
-
-_cluster_spec = _ParseCache(ClusterSpec.from_dict, ClusterSpec.to_dict)
 
 
 # ---------------------------------------------------------------- partitions
@@ -262,12 +218,8 @@ NODE_TRANSITIONS: TransitionTable[NodeState] = TransitionTable(
 
 IN_SERVICE = frozenset({NS.IDLE, NS.ALLOCATED, NS.SUSPECT})
 SCHEDULABLE = frozenset({NS.IDLE})
-# states a node may keep new work in: idle, or allocated to the pending job that holds it
-TAKES_WORK = frozenset({NS.IDLE, NS.ALLOCATED})
+TAKES_WORK = frozenset({NS.IDLE, NS.ALLOCATED})  # may keep new work: idle, or its pending job's
 _TRUE = ConditionStatus.TRUE.value
-# value -> member without Enum.__call__ (a node document is decoded millions of times a run)
-_NODE_STATES = {s.value: s for s in NodeState}
-_REPAIR_ACTIONS = {a.value: a for a in RepairAction}
 
 
 @dataclass(slots=True)
@@ -283,17 +235,15 @@ class NodeCondition:
     def to_list(self) -> list[Any]:
         return [self.status, self.reason, self.since, self.last_seen]
 
-    @classmethod
-    def from_list(cls, v: list[Any]) -> NodeCondition:
-        return cls(v[0], v[1], v[2], v[3])
-
 
 class NodeRole(enum.StrEnum):
     LOGIN = "login"
     WORKER = "worker"
 
 
-_NODE_ROLES = {r.value: r for r in NodeRole}
+# value -> member without Enum.__call__ (a node document is decoded millions of times a run)
+_NODE_STATES, _NODE_ROLES = dict(NodeState._value2member_map_), dict(NodeRole._value2member_map_)
+_ACTIONS = dict(RepairAction._value2member_map_)
 
 
 @dataclass
@@ -351,13 +301,9 @@ class Node:
 
     @property
     def sound(self) -> bool:
-        """Free to work and nothing against it: idle or allocated, no active fault, no
-        condition present that ends a job (an operator's drain is one). Stored in the
-        document (``sound``) so that a restart can ask the store which of a job's nodes are
-        *not* sound and read only those, instead of every node of the job."""
+        """Takes work, no fault, no condition that ends a job; stored and indexed (restarts)."""
         return self.state in TAKES_WORK and not self.fault and not any(
-            c.status == _TRUE and t not in NON_FATAL_CONDITIONS
-            for t, c in self.conditions.items())
+            c.status == _TRUE and t not in NON_FATAL_CONDITIONS for t, c in self.conditions.items())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -411,10 +357,9 @@ class Node:
             is_spare=d.get("is_spare", False),
             reason=d.get("reason", ""),
             job_id=d.get("job_id"),
-            repair_action=_REPAIR_ACTIONS[d["repair_action"]] if d.get("repair_action") else None,
+            repair_action=_ACTIONS[d["repair_action"]] if d.get("repair_action") else None,
             repair_attempt=d.get("repair_attempt", 0),
-            history=[FailureRecord(h[0], h[1], _REPAIR_ACTIONS[h[2]])
-                     for h in d.get("history", [])],
+            history=[FailureRecord(h[0], h[1], _ACTIONS[h[2]]) for h in d.get("history", [])],
             passes=d.get("passes", 0),
             first_pass_at=d.get("first_pass_at"),
             last_report_at=d.get("last_report_at"),
@@ -435,7 +380,6 @@ class Node:
 
 # ---------------------------------------------------------------- jobs
 
-_job_spec = _ParseCache(CustomJobSpec.from_dict, CustomJobSpec.to_dict)
 
 
 class JobState(enum.StrEnum):

@@ -3,6 +3,7 @@ count, where the time goes, the twin's overhead over calling the same handlers d
 wall time vs fleet size and duration.
 
     taskset -c 0 .venv/bin/python bench/sim_bench.py llama3 [--repeat 3] [--duration 54d]
+    taskset -c 0 .venv/bin/python bench/sim_bench.py handlers [--duration 54d]
     taskset -c 0 .venv/bin/python bench/sim_bench.py overhead [--scenario small.yaml]
     taskset -c 0 .venv/bin/python bench/sim_bench.py scale [--max-gpus 131072]
 
@@ -21,6 +22,8 @@ node and job documents; twin wall time / replay wall time is the twin's overhead
 
 ``scale``: fleets of 1,024-node partitions (+16 spares) running 128-node jobs, from 2,048 to
 ``--max-gpus`` GPUs, for 54 days and a year: events, wall time, and wall time per event.
+
+``handlers``: one Llama 3 replication, handler CPU seconds by service and event type.
 
 ``--profile`` (llama3) prints cProfile's top functions by cumulative time for one run.
 """
@@ -170,6 +173,38 @@ def cmd_llama3(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def cmd_handlers(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One Llama 3 replication; handler CPU seconds by (service, event type)."""
+    from simulator import bus
+
+    scenario = load_scenario(None, {"duration": args.duration} if args.duration else None)
+    cpu: dict[tuple[str, str], list[float]] = {}
+    names = vars(bus)  # the bus calls run_handler through its module globals
+    real = names["run_handler"]
+
+    def timed(service: str, handler: Any, envelope: Any, deps: Any, **kw: Any) -> Any:
+        started = time.process_time()
+        try:
+            return real(service, handler, envelope, deps, **kw)
+        finally:
+            row = cpu.setdefault((service, envelope.type), [0, 0.0])
+            row[0] += 1
+            row[1] += time.process_time() - started
+
+    names["run_handler"] = timed
+    try:
+        result, total = timed_run(scenario)
+    finally:
+        names["run_handler"] = real
+    rows: list[dict[str, Any]] = [
+        {"service": k[0], "event": k[1], "calls": int(n), "cpu_s": round(s, 3),
+         "us_per_call": round(1e6 * s / n)} for k, (n, s) in cpu.items()]
+    rows.sort(key=lambda r: -r["cpu_s"])
+    handlers = sum(r["cpu_s"] for r in rows)
+    return [{"cpu_s": round(total, 2), "handlers_cpu_s": round(handlers, 2),
+             "events": result.events}, *rows]
+
+
 def cmd_overhead(args: argparse.Namespace) -> dict[str, Any]:
     scenario = load_scenario(args.scenario, {"duration": args.duration} if args.duration
                              else None)
@@ -269,6 +304,8 @@ def main() -> None:
     p.add_argument("--duration", default=None)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--repeat", type=int, default=3, help="runs; the fastest counts")
+    p = sub.add_parser("handlers", help="handler CPU time by service and event type")
+    p.add_argument("--duration", default=None)
     p = sub.add_parser("overhead")
     p.add_argument("--scenario", default=None)
     p.add_argument("--duration", default=None)
@@ -279,7 +316,8 @@ def main() -> None:
     p.add_argument("--sizes", default="2048,16384,131072", help="GPU counts")
     p.add_argument("--days", default="54,365", help="durations in days")
     args = parser.parse_args()
-    out = {"llama3": cmd_llama3, "overhead": cmd_overhead, "scale": cmd_scale}[args.cmd](args)
+    out = {"llama3": cmd_llama3, "handlers": cmd_handlers, "overhead": cmd_overhead,
+           "scale": cmd_scale}[args.cmd](args)
     print(json.dumps(out, indent=1, default=str))
 
 

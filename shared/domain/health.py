@@ -130,7 +130,10 @@ class HealthReport:
     source: str = "agent"  # agent | post-repair-check | heartbeat-monitor | operator
 
     def condition(self, ctype: str) -> Condition | None:
-        return next((c for c in self.conditions if c.type == ctype), None)
+        for c in self.conditions:  # (a loop, not next() over a generator: every report asks)
+            if c.type == ctype:
+                return c
+        return None
 
 
 @dataclass(frozen=True)

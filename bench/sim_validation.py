@@ -1,7 +1,7 @@
 """Regenerate the figures and tables of docs/validation.md.
 
     .venv/bin/python bench/sim_validation.py analytic            # ~2 min on one core
-    .venv/bin/python bench/sim_validation.py llama3 --replications 4 [--proposed]
+    .venv/bin/python bench/sim_validation.py llama3 --replications 4
 
 ``analytic``: the twin's ETTR against Meta's model and 1 - first-order waste over a grid of
 job sizes, job MTBFs and checkpoint intervals, with Young's and Daly's intervals marked
@@ -9,9 +9,7 @@ job sizes, job MTBFs and checkpoint intervals, with Young's and Daly's intervals
 
 ``llama3``: the default scenario, several seeds on every core: interruptions by cause against
 the published table, effective training time (docs/img/llama3_causes.png,
-docs/img/llama3_timeline.png, docs/img/llama3.json). ``--proposed`` applies the proposed
-provisioning change (bench/sim_proposed.py) so bring-up takes seconds, not minutes; it does not
-change any outcome (the benchmark checks that the summaries are identical).
+docs/img/llama3_timeline.png, docs/img/llama3.json).
 """
 
 from __future__ import annotations
@@ -90,11 +88,7 @@ def _point(nodes: int, mtbf_h: float, interval_min: int) -> dict[str, float]:
                      failures=300).as_dict()
 
 
-def _llama_run(seed: int, proposed: bool) -> dict[str, Any]:
-    if proposed:
-        import sim_proposed
-
-        sim_proposed.apply()
+def _llama_run(seed: int) -> dict[str, Any]:
     from simulator import twin
     from simulator.goodput import Badput
     from simulator.scenario import load_scenario
@@ -130,7 +124,7 @@ def llama3(args: argparse.Namespace) -> None:
 
     seeds = list(range(1, args.replications + 1))
     with multiprocessing.get_context("fork").Pool(args.processes) as pool:
-        runs = pool.starmap(_llama_run, [(s, args.proposed) for s in seeds])
+        runs = pool.map(_llama_run, seeds)
     mean: dict[str, float] = defaultdict(float)
     for run in runs:
         for cause, n in run["interruptions"].items():
@@ -161,7 +155,6 @@ def main() -> None:
     p = sub.add_parser("llama3")
     p.add_argument("--replications", type=int, default=4)
     p.add_argument("--processes", type=int, default=None)
-    p.add_argument("--proposed", action="store_true")
     args = parser.parse_args()
     {"analytic": analytic, "llama3": llama3}[args.cmd](args)
 

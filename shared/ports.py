@@ -6,6 +6,7 @@ place that picks which.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -30,6 +31,13 @@ class NodeRepo(Protocol):
     def get(self, node_id: str) -> Node | None: ...
     def add(self, node: Node) -> None: ...
     def list(self, cluster_id: str, **equals: Any) -> list[Node]: ...
+    def ids(self, cluster_id: str, **equals: Any) -> set[str]:
+        """The ids ``list`` would return, without reading the nodes (keys only)."""
+        ...
+    def project(self, cluster_id: str, fields: tuple[str, ...], **equals: Any
+                ) -> builtins.list[tuple[Any, ...]]:
+        """The stored fields ``fields`` of the nodes ``list`` would return (a projection)."""
+        ...
 
 
 class JobRepo(Protocol):

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 from shared.domain import lifecycle
 from shared.domain.events import NodeDiagnosed, NodeDrained
-from shared.domain.health import ConditionStatus, ConditionType
+from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus
 from shared.domain.model import Job, Node, NodeState
 from shared.handling import Deps
 from shared.policies import restarts
 from shared.ports import UnitOfWork
 
 # conditions that slow or warn but do not end an attempt (as the goodput accounting reads them)
-NON_FATAL = frozenset({ConditionType.SLOW_SPEED_CHECK.value,
-                       ConditionType.THERMAL_THROTTLING.value,
-                       ConditionType.DISK_PRESSURE.value})
+NON_FATAL = NON_FATAL_CONDITIONS
 
 
 def faulty(node: Node) -> bool:
@@ -40,11 +38,17 @@ def evidence(job: Job, uow: UnitOfWork) -> tuple[bool, list[str]]:
     """Whether a node under the attempt failed (lost, out of service, faulty), and the nodes
     still in service to blame for it (faulty, or held SUSPECT)."""
     out = lifecycle.out_of_service(uow.partitions.list(job.cluster_id))
+    # a sound node allocated to the job has nothing against it: only the others are read
+    # (a keys-only query: a restart reads a handful of nodes, not all 2,048 of the job)
+    sound = uow.nodes.ids(job.cluster_id, job_id=job.job_id, state=NodeState.ALLOCATED,
+                          sound=True)
     lost = False
     blamed: set[str] = set()
     for node_id in filter(None, job.node_ids):
         if node_id in out:
             lost = True
+            continue
+        if node_id in sound:
             continue
         node = uow.nodes.get(node_id)
         if node is None or node.state not in (NodeState.ALLOCATED, NodeState.SUSPECT):

@@ -7,7 +7,9 @@ once here on top of that primitive, so every backend gets the same semantics.
 
 from __future__ import annotations
 
+import builtins
 import json
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -49,6 +51,12 @@ class _Repo:
     def _list(self, equals: dict[str, Any]) -> list[Any]:
         return self._uow._query(self._collection, equals, self._id_of, self._load)
 
+    def _ids(self, equals: dict[str, Any]) -> set[str]:
+        return self._uow._query_ids(self._collection, equals, self._id_of, self._load)
+
+    def _project(self, equals: dict[str, Any], fields: tuple[str, ...]) -> list[tuple[Any, ...]]:
+        return self._uow._project(self._collection, equals, fields)
+
 
 class ClusterRepository(_Repo):
     def get(self, cluster_id: str) -> Cluster | None:
@@ -64,6 +72,18 @@ class NodeRepository(_Repo):
 
     def list(self, cluster_id: str, **equals: Any) -> list[Node]:
         return self._list({"cluster_id": cluster_id, **equals})
+
+    def ids(self, cluster_id: str, **equals: Any) -> set[str]:
+        """The ids ``list`` would return, without reading the nodes (a keys-only query):
+        a restart asks which of a job's 2,048 nodes are sound, and loads only the others."""
+        return self._ids({"cluster_id": cluster_id, **equals})
+
+    def project(self, cluster_id: str, fields: tuple[str, ...], **equals: Any
+                ) -> builtins.list[tuple[Any, ...]]:
+        """The document fields ``fields`` of the nodes ``list`` would return, in its order,
+        without reading them into entities (a projection): scheduling's view of 16,000 idle
+        nodes is six fields each, not 16,000 decoded nodes written back at commit."""
+        return self._project({"cluster_id": cluster_id, **equals}, fields)
 
 
 class JobRepository(_Repo):
@@ -85,6 +105,12 @@ class PartitionRepository(_Repo):
         return self._list({"cluster_id": cluster_id})
 
 
+_cluster_id = operator.attrgetter("cluster_id")
+_node_id = operator.attrgetter("node_id")
+_job_id = operator.attrgetter("job_id")
+_partition_key = operator.attrgetter("key")
+
+
 def _enum_plain(value: Any) -> Any:
     return getattr(value, "value", value)
 
@@ -97,10 +123,10 @@ class DocUnitOfWork:
         self._store = store
         self._source = source
         self._clock = clock
-        self.clusters = ClusterRepository(self, CLUSTERS, lambda c: c.cluster_id, Cluster.from_dict)
-        self.nodes = NodeRepository(self, NODES, lambda n: n.node_id, Node.from_dict)
-        self.jobs = JobRepository(self, JOBS, lambda j: j.job_id, Job.from_dict)
-        self.partitions = PartitionRepository(self, PARTITIONS, lambda p: p.key,
+        self.clusters = ClusterRepository(self, CLUSTERS, _cluster_id, Cluster.from_dict)
+        self.nodes = NodeRepository(self, NODES, _node_id, Node.from_dict)
+        self.jobs = JobRepository(self, JOBS, _job_id, Job.from_dict)
+        self.partitions = PartitionRepository(self, PARTITIONS, _partition_key,
                                               Partition.from_dict)
         self._txn: DocTransaction | None = None
         self._tracked: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}
@@ -169,6 +195,57 @@ class DocUnitOfWork:
             if all(doc.get(k) == v for k, v in plain.items()):
                 out.append(entity)
         return out
+
+    def _query_ids(self, collection: str, equals: dict[str, Any], id_of: Callable[[Any], str],
+                   load: Callable[[dict[str, Any]], Any]) -> set[str]:
+        plain = {k: _enum_plain(v) for k, v in equals.items()}
+        txn = self._require_txn()
+        keys_only = getattr(txn, "ids", None)
+        if keys_only is not None:
+            found = set(keys_only(collection, plain))
+        else:  # a store without keys-only queries: read the documents
+            found = {id_of(load(doc)) for doc in txn.query(collection, plain)}
+        # what this transaction changed answers from its entities, not the stored documents
+        for (coll, doc_id), (entity, _) in self._tracked.items():
+            if coll != collection:
+                continue
+            doc = entity.to_dict()
+            if all(doc.get(k) == v for k, v in plain.items()):
+                found.add(doc_id)
+            else:
+                found.discard(doc_id)
+        return found
+
+    def _project(self, collection: str, equals: dict[str, Any], fields: tuple[str, ...]
+                 ) -> list[tuple[Any, ...]]:
+        """What ``_query`` returns, as field tuples: stored matches in store order (those this
+        transaction tracks from their entities), then tracked entities that now match."""
+        plain = {k: _enum_plain(v) for k, v in equals.items()}
+        txn = self._require_txn()
+        select = getattr(txn, "project", None)
+        if select is not None:
+            rows = select(collection, plain, fields)
+        else:  # a store without projections: read the documents
+            rows = [(self._id_field(collection, doc), tuple(map(doc.get, fields)))
+                    for doc in txn.query(collection, plain)]
+        tracked = {key[1]: entity for key, (entity, _) in self._tracked.items()
+                   if key[0] == collection}
+        if not tracked:
+            return [row for _, row in rows]
+        out = []
+        for doc_id, row in rows:
+            entity = tracked.pop(doc_id, None)
+            out.append(row if entity is None else tuple(map(entity.to_dict().get, fields)))
+        for entity in tracked.values():
+            doc = entity.to_dict()
+            if all(doc.get(k) == v for k, v in plain.items()):
+                out.append(tuple(map(doc.get, fields)))
+        return out
+
+    def _id_field(self, collection: str, doc: dict[str, Any]) -> str:
+        repo = {NODES: self.nodes, JOBS: self.jobs, CLUSTERS: self.clusters,
+                PARTITIONS: self.partitions}[collection]
+        return str(repo._id_of(repo._load(doc)))
 
     def _track(self, collection: str, doc_id: str, entity: Any, loaded: dict[str, Any] | None
                ) -> None:

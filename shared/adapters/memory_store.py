@@ -2,6 +2,12 @@
 
 Transactions are serialized by one lock and buffer their writes, so a rollback leaves
 nothing behind, as in the real stores.
+
+Equality queries use indexes, as Firestore's single-field indexes do: the first query on a
+field of a collection builds an index of it (value -> document ids), which every write then
+keeps up to date, so a query reads the documents that match instead of the whole
+collection (scheduling's "idle nodes of this cluster" no longer scans every node). Results
+keep the order a scan gives (the order the documents were first written).
 """
 
 from __future__ import annotations
@@ -13,6 +19,26 @@ from collections import defaultdict
 from typing import Any
 
 _DELETED = object()
+_EMPTY: frozenset[str] = frozenset()
+_UNHASHABLE = object()  # the index bucket of values a dict cannot key (lists, dicts)
+SCAN_FRACTION = 0.5  # an index that narrows a query to more than this is not worth using
+
+
+def _matches(doc: dict[str, Any], items: Any) -> bool:
+    return all(doc.get(k) == v for k, v in items)
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _key(value: Any) -> Any:
+    if type(value) in _PLAIN:
+        return value
+    try:
+        hash(value)
+    except TypeError:
+        return _UNHASHABLE
+    return value
 
 
 class MemoryTransaction:
@@ -32,9 +58,18 @@ class MemoryTransaction:
         return None if doc is None else dict(doc)
 
     def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
-        docs = self._store.data[collection]
-        items = equals.items()
-        return [dict(d) for d in docs.values() if all(d.get(k) == v for k, v in items)]
+        return [dict(d) for _, d in self._store.matching(collection, equals)]
+
+    def ids(self, collection: str, equals: dict[str, Any]) -> set[str]:
+        """The ids of the documents ``query`` would return (a keys-only query)."""
+        return self._store.matching_ids(collection, equals)
+
+    def project(self, collection: str, equals: dict[str, Any], fields: tuple[str, ...]
+                ) -> list[tuple[str, tuple[Any, ...]]]:
+        """(id, the values of ``fields``) of the documents ``query`` would return, in its
+        order, without copying them (a projection: Firestore's ``select``)."""
+        return [(i, tuple(map(d.get, fields))) for i, d in self._store.matching(collection,
+                                                                                 equals)]
 
     def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
         self._writes[(collection, doc_id)] = doc
@@ -44,11 +79,12 @@ class MemoryTransaction:
 
     def commit(self) -> None:
         try:
+            store = self._store
             for (collection, doc_id), doc in self._writes.items():
                 if doc is _DELETED:
-                    self._store.data[collection].pop(doc_id, None)
+                    store.discard(collection, doc_id)
                 else:
-                    self._store.data[collection][doc_id] = doc
+                    store.store(collection, doc_id, doc)
         finally:
             self._release()
 
@@ -66,22 +102,117 @@ class MemoryDocStore:
     def __init__(self) -> None:
         self.data: defaultdict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         self.lock = threading.RLock()
+        # collection -> field -> value -> ids; only fields something has queried
+        self._indexes: dict[str, dict[str, dict[Any, set[str]]]] = {}
+        # collection -> id -> when first written (a scan's order), for indexed collections
+        self._order: dict[str, dict[str, int]] = {}
+        self._written = 0
 
     def begin(self) -> MemoryTransaction:
         return MemoryTransaction(self)
 
+    # -- writes keep the indexes (every write to ``data`` goes through these two)
+    def store(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
+        docs = self.data[collection]
+        indexes = self._indexes.get(collection)
+        if indexes is not None:
+            old = docs.get(doc_id)
+            if old is None:
+                self._written += 1
+                self._order[collection][doc_id] = self._written
+            for name, index in indexes.items():
+                new_key = _key(doc.get(name))
+                if old is not None:
+                    old_key = _key(old.get(name))
+                    if old_key is new_key or old_key == new_key:
+                        continue
+                    index[old_key].discard(doc_id)
+                index.setdefault(new_key, set()).add(doc_id)
+        docs[doc_id] = doc
+
+    def discard(self, collection: str, doc_id: str) -> None:
+        old = self.data[collection].pop(doc_id, None)
+        indexes = self._indexes.get(collection)
+        if old is None or indexes is None:
+            return
+        del self._order[collection][doc_id]
+        for name, index in indexes.items():
+            index[_key(old.get(name))].discard(doc_id)
+
+    # -- queries
+    def _candidates(self, collection: str, equals: dict[str, Any]
+                    ) -> tuple[set[str] | frozenset[str] | None, bool]:
+        """The ids the indexes allow for ``equals`` (None: no field to index), and whether
+        they are exact (False: some documents hold values an index cannot key, so the
+        candidates still have to be checked)."""
+        buckets: list[set[str] | frozenset[str]] = []
+        exact = True
+        for name, value in equals.items():
+            key = _key(value)
+            if key is _UNHASHABLE:
+                exact = False
+                continue
+            index = self._index(collection, name)
+            found = index.get(key, _EMPTY)
+            unhashable = index.get(_UNHASHABLE)
+            if unhashable:
+                found = found | unhashable
+                exact = False
+            buckets.append(found)
+        if not buckets:
+            return None, False
+        buckets.sort(key=len)
+        first, *rest = buckets
+        return (first.intersection(*rest) if rest else first), exact
+
+    def matching(self, collection: str, equals: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """(id, document) of every document whose fields equal ``equals``, in scan order."""
+        docs = self.data[collection]
+        items = equals.items()
+        found, exact = self._candidates(collection, equals)
+        if found is None:
+            return [(i, d) for i, d in docs.items() if _matches(d, items)]
+        if len(found) > SCAN_FRACTION * len(docs):  # most documents: a scan keeps the order
+            if exact:
+                return [(i, d) for i, d in docs.items() if i in found]
+            return [(i, d) for i, d in docs.items() if i in found and _matches(d, items)]
+        order = self._order[collection]
+        hits = [(i, docs[i]) for i in sorted(found, key=order.__getitem__)]
+        return hits if exact else [(i, d) for i, d in hits if _matches(d, items)]
+
+    def matching_ids(self, collection: str, equals: dict[str, Any]) -> set[str]:
+        """The ids of the documents ``matching`` returns, from the indexes alone."""
+        found, exact = self._candidates(collection, equals)
+        if found is not None and exact:
+            return set(found)
+        return {i for i, _ in self.matching(collection, equals)}
+
+    def _index(self, collection: str, name: str) -> dict[Any, set[str]]:
+        indexes = self._indexes.setdefault(collection, {})
+        index = indexes.get(name)
+        if index is None:
+            docs = self.data[collection]
+            if collection not in self._order:
+                order = self._order[collection] = {}
+                for doc_id in docs:
+                    self._written += 1
+                    order[doc_id] = self._written
+            index = indexes[name] = {}
+            for doc_id, doc in docs.items():
+                index.setdefault(_key(doc.get(name)), set()).add(doc_id)
+        return index
+
     def read(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
         with self.lock:
-            return [copy.deepcopy(d) for d in self.data[collection].values()
-                    if all(d.get(k) == v for k, v in equals.items())]
+            return [copy.deepcopy(d) for _, d in self.matching(collection, equals)]
 
     def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
         with self.lock:
-            self.data[collection][doc_id] = doc
+            self.store(collection, doc_id, doc)
 
     def remove(self, collection: str, doc_id: str) -> None:
         with self.lock:
-            self.data[collection].pop(doc_id, None)
+            self.discard(collection, doc_id)
 
     def oldest(self, collection: str, limit: int) -> list[dict[str, Any]]:
         with self.lock:
@@ -104,7 +235,7 @@ class MemoryDocStore:
                                           if d.get("time", 0.0) < before),
                                   key=lambda k: docs[k]["time"])
             for key in old:
-                del docs[key]
+                self.discard(collection, key)
             return len(old)
 
     def snapshot(self) -> dict[str, dict[str, dict[str, Any]]]:

@@ -34,7 +34,7 @@ class Event:
         return self.TYPE.split(".")[1]
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {name: _plain(getattr(self, name)) for name in _field_names(type(self))}
 
     @classmethod
     def from_dict(cls: type[E], data: Mapping[str, Any]) -> E:
@@ -54,9 +54,21 @@ E = TypeVar("E", bound=Event)
 
 
 def _plain(value: Any) -> Any:
+    """Tuples become lists, all the way down (a JobStarted carries 2,048 node ids: the
+    elements are checked inline, not by a call each)."""
     if isinstance(value, tuple):
-        return [_plain(v) for v in value]
+        return [_plain(v) if isinstance(v, tuple) else v for v in value]
     return value
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[Event]) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 @functools.cache

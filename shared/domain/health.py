@@ -8,6 +8,7 @@ check could not run (never read as healthy).
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,9 @@ class ConditionStatus(enum.StrEnum):
     TRUE = "true"
     FALSE = "false"
     UNKNOWN = "unknown"
+
+
+_STATUSES = {s.value: s for s in ConditionStatus}
 
 
 class ConditionType(enum.StrEnum):
@@ -49,6 +53,11 @@ class ConditionType(enum.StrEnum):
     # Engine's resourceStatus.upcomingMaintenance), reported by the compute adapter.
     UPCOMING_MAINTENANCE = "UpcomingMaintenance"  # details: {"type", "window_start", ...}
 
+
+# conditions that slow or warn but do not end a job's attempt (a node with only these is sound)
+NON_FATAL_CONDITIONS = frozenset({ConditionType.SLOW_SPEED_CHECK.value,
+                                  ConditionType.THERMAL_THROTTLING.value,
+                                  ConditionType.DISK_PRESSURE.value})
 
 # condition types only an operator sets and lifts: an agent's report cannot clear them
 OPERATOR_CONDITIONS = frozenset({ConditionType.DRAINED_BY_OPERATOR.value,
@@ -102,6 +111,14 @@ class Condition:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Condition:
+        # a well-formed condition (every agent report, thousands a run) is built after a few
+        # type checks; anything else takes the validators below, which name the bad field
+        if type(data) is dict:
+            ctype, since, details = data.get("type"), data.get("since"), data.get("details")
+            parsed = _STATUSES.get(data.get("status"))  # type: ignore[arg-type]
+            if parsed is not None and type(ctype) is str and ctype and type(since) is float \
+                    and math.isfinite(since) and (details is None or type(details) is dict):
+                return cls(ctype, parsed, str(data.get("reason", "")), since, dict(details or {}))
         status = require_str(data, "status")
         try:
             parsed_status = ConditionStatus(status.lower())
@@ -127,7 +144,10 @@ class HealthReport:
     source: str = "agent"  # agent | post-repair-check | heartbeat-monitor | operator
 
     def condition(self, ctype: str) -> Condition | None:
-        return next((c for c in self.conditions if c.type == ctype), None)
+        for c in self.conditions:  # (a loop, not next() over a generator: every report asks)
+            if c.type == ctype:
+                return c
+        return None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from shared.domain.health import (
 )
 from shared.domain.model import (
     IN_SERVICE,
+    TAKES_WORK,
     Node,
     NodeCondition,
     NodeState,
@@ -47,8 +48,6 @@ HEARTBEAT = ConditionType.HEARTBEAT_LOST.value
 COMING_UP = frozenset({NodeState.PROVISIONING, NodeState.VERIFYING})
 OPERATOR_DRAIN = ConditionType.DRAINED_BY_OPERATOR.value
 OPERATOR_DRAIN_MODE = "drained_by_operator"  # the triage table's failure mode for it
-# states a node may keep new work in: idle, or allocated to the pending job that holds it
-TAKES_WORK = frozenset({NodeState.IDLE, NodeState.ALLOCATED})
 
 
 # ---------------------------------------------------------------- history

@@ -12,8 +12,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.domain.health import FailureRecord, RepairAction
+from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus, FailureRecord, RepairAction
 from shared.domain.recovery import JobRecovery
+from shared.domain.spec_cache import cluster_specs as _cluster_spec
+from shared.domain.spec_cache import job_specs as _job_spec
 from shared.domain.specs import ClusterSpec, CustomJobSpec
 from shared.domain.statemachine import TransitionTable
 
@@ -67,7 +69,7 @@ class Cluster:
     def to_dict(self) -> dict[str, Any]:
         return {
             "cluster_id": self.cluster_id,
-            "spec": self.spec.to_dict(),
+            "spec": _cluster_spec.doc(self.cluster_id, self.spec),
             "state": self.state.value,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
@@ -79,7 +81,7 @@ class Cluster:
     def from_dict(cls, d: dict[str, Any]) -> Cluster:
         return cls(
             cluster_id=d["cluster_id"],
-            spec=ClusterSpec.from_dict(d["spec"]),
+            spec=_cluster_spec(d["cluster_id"], d["spec"]),
             state=ClusterState(d["state"]),
             created_at=d["created_at"],
             updated_at=d["updated_at"],
@@ -216,9 +218,11 @@ NODE_TRANSITIONS: TransitionTable[NodeState] = TransitionTable(
 
 IN_SERVICE = frozenset({NS.IDLE, NS.ALLOCATED, NS.SUSPECT})
 SCHEDULABLE = frozenset({NS.IDLE})
+TAKES_WORK = frozenset({NS.IDLE, NS.ALLOCATED})  # may keep new work: idle, or its pending job's
+_TRUE = ConditionStatus.TRUE.value
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeCondition:
     """A node's current state of one condition type: status and reason as last reported,
     ``since`` when the status last changed, ``last_seen`` the newest report that carried it."""
@@ -231,14 +235,15 @@ class NodeCondition:
     def to_list(self) -> list[Any]:
         return [self.status, self.reason, self.since, self.last_seen]
 
-    @classmethod
-    def from_list(cls, v: list[Any]) -> NodeCondition:
-        return cls(v[0], v[1], v[2], v[3])
-
 
 class NodeRole(enum.StrEnum):
     LOGIN = "login"
     WORKER = "worker"
+
+
+# value -> member without Enum.__call__ (a node document is decoded millions of times a run)
+_NODE_STATES, _NODE_ROLES = dict(NodeState._value2member_map_), dict(NodeRole._value2member_map_)
+_ACTIONS = dict(RepairAction._value2member_map_)
 
 
 @dataclass
@@ -294,6 +299,12 @@ class Node:
     def in_service(self) -> bool:
         return self.state in IN_SERVICE
 
+    @property
+    def sound(self) -> bool:
+        """Takes work, no fault, no condition that ends a job; stored and indexed (restarts)."""
+        return self.state in TAKES_WORK and not self.fault and not any(
+            c.status == _TRUE and t not in NON_FATAL_CONDITIONS for t, c in self.conditions.items())
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id,
@@ -327,6 +338,7 @@ class Node:
             "renewed_at": self.renewed_at,
             "fault": self.fault,
             "operator_request": self.operator_request,
+            "sound": self.sound,  # derived, for the store's index (ignored by from_dict)
         }
 
     @classmethod
@@ -336,26 +348,25 @@ class Node:
             cluster_id=d["cluster_id"],
             pool=d["pool"],
             partition=d["partition"],
-            role=NodeRole(d["role"]),
+            role=_NODE_ROLES[d["role"]],
             machine_type=d["machine_type"],
             accelerator_type=d.get("accelerator_type"),
             accelerator_count=d.get("accelerator_count", 0),
-            state=NodeState(d["state"]),
+            state=_NODE_STATES[d["state"]],
             since=d["since"],
             is_spare=d.get("is_spare", False),
             reason=d.get("reason", ""),
             job_id=d.get("job_id"),
-            repair_action=RepairAction(d["repair_action"]) if d.get("repair_action") else None,
+            repair_action=_ACTIONS[d["repair_action"]] if d.get("repair_action") else None,
             repair_attempt=d.get("repair_attempt", 0),
-            history=[FailureRecord(h[0], h[1], RepairAction(h[2])) for h in d.get("history", [])],
+            history=[FailureRecord(h[0], h[1], _ACTIONS[h[2]]) for h in d.get("history", [])],
             passes=d.get("passes", 0),
             first_pass_at=d.get("first_pass_at"),
             last_report_at=d.get("last_report_at"),
             last_diagnosis=d.get("last_diagnosis", ""),
             last_action=d.get("last_action", ""),
             diagnosed_at=d.get("diagnosed_at"),
-            conditions={t: NodeCondition.from_list(c)
-                        for t, c in (d.get("conditions") or {}).items()},
+            conditions={t: NodeCondition(*c) for t, c in (d.get("conditions") or {}).items()},
             alert=d.get("alert", ""),
             alerted_at=d.get("alerted_at"),
             replaces=d.get("replaces"),
@@ -368,6 +379,7 @@ class Node:
 
 
 # ---------------------------------------------------------------- jobs
+
 
 
 class JobState(enum.StrEnum):
@@ -449,7 +461,7 @@ class Job:
         return {
             "job_id": self.job_id,
             "cluster_id": self.cluster_id,
-            "spec": self.spec.to_dict(),
+            "spec": _job_spec.doc(self.job_id, self.spec),
             "state": self.state.value,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
@@ -474,7 +486,7 @@ class Job:
         return cls(
             job_id=d["job_id"],
             cluster_id=d["cluster_id"],
-            spec=CustomJobSpec.from_dict(d["spec"]),
+            spec=_job_spec(d["job_id"], d["spec"]),
             state=JobState(d["state"]),
             created_at=d["created_at"],
             updated_at=d["updated_at"],

@@ -1,0 +1,112 @@
+"""Queries through the unit of work answer the same on every store, with or without indexes.
+
+MemoryDocStore indexes the fields it is queried on (built on the first query, kept by every
+write); sqlite answers from SQL. ``list``, the keys-only ``ids`` and the projection
+``project`` must agree with each other and with a plain scan, see the transaction's own
+changes, and keep answering right after writes, deletes and prunes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.adapters.docstore import DocUnitOfWork
+from shared.adapters.memory_store import MemoryDocStore
+from shared.adapters.sqlite_store import SqliteDocStore
+from shared.domain.model import Node, NodeCondition, NodeRole, NodeState
+
+T = 1_800_000_000.0
+FIELDS = ("node_id", "partition", "sound")
+IDLE = NodeState.IDLE.value
+
+
+def node(node_id: str, state: NodeState = NodeState.IDLE, job_id: str | None = None,
+         partition: str = "a") -> Node:
+    return Node(node_id, "c1", "gpu", partition, NodeRole.WORKER, "a3", "H100", 8, state, T,
+                job_id=job_id)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    yield MemoryDocStore() if request.param == "memory" else SqliteDocStore(tmp_path / "s.db")
+
+
+def add(store: Any, *nodes: Node) -> None:
+    with DocUnitOfWork(store) as uow:
+        for n in nodes:
+            uow.nodes.add(n)
+        uow.commit()
+
+
+def ids_in_order(store: Any, **equals: Any) -> list[str]:
+    with DocUnitOfWork(store) as uow:
+        return [n.node_id for n in uow.nodes.list("c1", **equals)]
+
+
+def test_list_ids_and_project_agree_and_follow_writes(store: Any) -> None:
+    add(store, *(node(f"n{i}", partition="a" if i % 2 else "b") for i in range(10)))
+    assert ids_in_order(store, state=NodeState.IDLE, partition="a") == ["n1", "n3", "n5", "n7",
+                                                                         "n9"]
+    with DocUnitOfWork(store) as uow:  # the job takes n3 and n5; n7 leaves the fleet
+        for node_id in ("n3", "n5"):
+            n = uow.nodes.get(node_id)
+            assert n is not None
+            n.transition(NodeState.ALLOCATED, T + 1)
+            n.job_id = "j1"
+        uow.delete_record("nodes", "n7")
+        uow.commit()
+    assert ids_in_order(store, state=NodeState.IDLE, partition="a") == ["n1", "n9"]
+    assert ids_in_order(store, job_id="j1") == ["n3", "n5"]
+    with DocUnitOfWork(store) as uow:
+        assert uow.nodes.ids("c1", job_id="j1", state=NodeState.ALLOCATED, sound=True) == {
+            "n3", "n5"}
+        assert uow.nodes.project("c1", FIELDS, state=NodeState.IDLE, partition="a") == [
+            ("n1", "a", True), ("n9", "a", True)]
+
+
+def test_the_transactions_own_changes_answer_before_the_stored_documents(store: Any) -> None:
+    add(store, node("n1"), node("n2"), node("n3"))
+    with DocUnitOfWork(store) as uow:
+        n2 = uow.nodes.get("n2")
+        assert n2 is not None
+        n2.transition(NodeState.ALLOCATED, T + 1)
+        n2.job_id = "j1"
+        uow.nodes.add(node("n4", NodeState.ALLOCATED, "j1"))
+        assert uow.nodes.ids("c1", job_id="j1") == {"n2", "n4"}
+        assert uow.nodes.ids("c1", state=NodeState.IDLE) == {"n1", "n3"}
+        # a stored match this transaction changed is answered from its entity, in place
+        assert uow.nodes.project("c1", ("node_id", "state"), state=NodeState.IDLE) == [
+            ("n1", IDLE), ("n2", NodeState.ALLOCATED.value), ("n3", IDLE)]
+        assert [n.node_id for n in uow.nodes.list("c1", state=NodeState.IDLE)] == [
+            "n1", "n2", "n3"]
+
+
+def test_a_condition_that_ends_a_job_makes_a_node_unsound(store: Any) -> None:
+    sick, slow = node("n1", NodeState.ALLOCATED, "j1"), node("n2", NodeState.ALLOCATED, "j1")
+    sick.conditions["XidError"] = NodeCondition("true", "xid 79", T, T)
+    slow.conditions["SlowSpeedCheck"] = NodeCondition("true", "0.7x", T, T)
+    faulted = node("n3", NodeState.ALLOCATED, "j1")
+    faulted.fault = "gpu_fell_off_bus"
+    add(store, sick, slow, faulted, node("n4", NodeState.ALLOCATED, "j1"))
+    with DocUnitOfWork(store) as uow:
+        assert uow.nodes.ids("c1", job_id="j1", sound=True) == {"n2", "n4"}
+        assert uow.nodes.ids("c1", job_id="j1", sound=False) == {"n1", "n3"}
+
+
+def test_memory_indexes_survive_prunes_and_unhashable_values() -> None:
+    store = MemoryDocStore()
+    for i in range(6):
+        store.write("events", f"e{i}", {"time": float(i), "kind": "a" if i < 3 else ["b"]})
+    assert [d["time"] for d in store.read("events", {"kind": "a"})] == [0.0, 1.0, 2.0]
+    assert [d["time"] for d in store.read("events", {"kind": ["b"]})] == [3.0, 4.0, 5.0]
+    assert store.prune("events", 2.0, 10) == 2
+    assert [d["time"] for d in store.read("events", {"kind": "a"})] == [2.0]
+    store.write("events", "e1", {"time": 9.0, "kind": "a"})  # back, now last in scan order
+    assert [d["time"] for d in store.read("events", {"kind": "a"})] == [2.0, 9.0]
+    store.write("events", "e2", {"time": 2.0, "kind": "c"})  # a value changed in place
+    assert [d["time"] for d in store.read("events", {"kind": "a"})] == [9.0]
+    assert store.read("events", {"kind": "c"}) == [{"time": 2.0, "kind": "c"}]

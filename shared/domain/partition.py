@@ -1,0 +1,98 @@
+"""The per-partition aggregate the blast-radius guard reads (split out of ``model``, which
+re-exports it): counts and the ids taken out, without scanning every node."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Partition:
+    """Per-partition aggregate the blast-radius guard reads without scanning every node.
+
+    ``out_of_service`` holds the nodes taken out (repairs, replacements); ``settling`` counts
+    the nodes still coming up for the first time, which are not in service either but need
+    no ids here: a 16k-node partition coming up would otherwise rewrite a 16k-id document
+    for every node that enters service. ``down`` is what the blast-radius guard counts.
+    ``out_of_service`` changes through ``take_out``/``put_back``/``set_out_of_service``; the
+    sorted list its document stores is kept beside it (no re-sort per write)."""
+
+    cluster_id: str
+    name: str
+    total_nodes: int = 0
+    out_of_service: set[str] = field(default_factory=set)
+    removed_at: list[float] = field(default_factory=list)
+    settling: int = 0
+    _sorted: list[str] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def key(self) -> str:
+        return partition_key(self.cluster_id, self.name)
+
+    def take_out(self, node_id: str, now: float, window_s: float) -> None:
+        if node_id not in self.out_of_service:
+            self.out_of_service.add(node_id)
+            if self._sorted is not None:
+                bisect.insort(self._sorted, node_id)
+            self.removed_at = [t for t in self.removed_at if t >= now - window_s] + [now]
+
+    def put_back(self, node_id: str) -> None:
+        if node_id in self.out_of_service:
+            self.out_of_service.discard(node_id)
+            if self._sorted is not None:
+                i = bisect.bisect_left(self._sorted, node_id)
+                if i < len(self._sorted) and self._sorted[i] == node_id:
+                    del self._sorted[i]
+                else:
+                    self._sorted = None
+
+    @property
+    def down(self) -> int:
+        """Nodes not in service: taken out, or still coming up."""
+        return len(self.out_of_service) + self.settling
+
+    def entered_service(self, node_id: str) -> None:
+        """A node passed its checks: out of the taken-out set, or one fewer coming up."""
+        if node_id in self.out_of_service:
+            self.put_back(node_id)
+        elif self.settling > 0:
+            self.settling -= 1
+
+    def set_out_of_service(self, node_ids: set[str]) -> None:
+        self.out_of_service = set(node_ids)
+        self._sorted = None
+
+    def _ids(self) -> list[str]:
+        if self._sorted is None or len(self._sorted) != len(self.out_of_service):
+            self._sorted = sorted(self.out_of_service)
+        return list(self._sorted)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.cluster_id,
+            "name": self.name,
+            "total_nodes": self.total_nodes,
+            "out_of_service": self._ids(),
+            "removed_at": list(self.removed_at),
+            "settling": self.settling,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Partition:
+        ids = list(d.get("out_of_service", []))
+        return cls(
+            cluster_id=d["cluster_id"],
+            name=d["name"],
+            total_nodes=d.get("total_nodes", 0),
+            out_of_service=set(ids),
+            removed_at=list(d.get("removed_at", [])),
+            settling=d.get("settling", 0),
+            _sorted=ids if all(a < b for a, b in itertools.pairwise(ids)) else None,
+        )
+
+
+def partition_key(cluster_id: str, name: str) -> str:
+    return f"{cluster_id}:{name}"

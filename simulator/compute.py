@@ -40,7 +40,15 @@ from shared.ports import WorkerSpec
 from simulator.bus import SimBus
 from simulator.clock import EPOCH_S, call_later
 from simulator.failure_processes import FailureProcesses
-from simulator.failures import FailureModel, Fault, fault_conditions, healthy_conditions, repair_fixes
+from simulator.failures import (
+    PROVISION_DOMAIN,
+    REPAIR_DOMAIN,
+    FailureModel,
+    Fault,
+    fault_conditions,
+    healthy_conditions,
+    repair_fixes,
+)
 from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.scenario_types import Scenario
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode
@@ -95,11 +103,15 @@ class SimCompute(FailureProcesses):
             self.bus.emit(event, source)
 
     def _observe(self, envelope: Envelope) -> None:
-        """The agent stops its post-repair checks once the control plane has decided."""
+        """The agent stops its post-repair checks once the control plane has decided: the
+        node is back (or gone). A repair's start stops them in ``start_repair`` itself; its
+        event, delivered later, must not stop the checks that follow the repair (with an
+        instant repair they have started by then, and the node was lost in VERIFYING). A
+        return announced before the current checks began is an older one: they go on."""
         event = envelope.event
-        if isinstance(event, NodeReturnedToService | NodeRepairStarted | NodeRetired):
+        if isinstance(event, NodeReturnedToService | NodeRetired):
             node = self.nodes.get(event.node_id)
-            if node is not None:
+            if node is not None and envelope.time > node.verify_since:
                 node.verify_token += 1
 
     def provision_node(self, node: Node) -> None:
@@ -108,18 +120,20 @@ class SimCompute(FailureProcesses):
             return
         self._provisioning.add(node.node_id)
         replacement = node.replaces is not None
+        rng = self.model.streams.rng(PROVISION_DOMAIN, node.node_id)
         if replacement:
-            took = self.sc.repair.durations["replace"].sample(self.rng)
+            took = 0.0 if self.sc.repair.instant else \
+                self.sc.repair.durations["replace"].sample(rng)
         else:
-            took = self.sc.cluster.provision.sample(self.rng)
+            took = self.sc.cluster.provision.sample(rng)
         call_later(self.env, took, self._provisioned, node.node_id, node.partition,
                    node.role is NodeRole.WORKER, replacement)
 
     def _provisioned(self, node_id: str, partition: str, worker: bool, replacement: bool) -> None:
         index = len(self.by_partition[partition])
-        node = SimNode(node_id, partition, index,
-                       self.model.node_multiplier(replacement=replacement), up=True,
-                       replacement=replacement)
+        stream = self.model.node_stream(node_id, replacement=replacement)
+        node = SimNode(node_id, partition, index, stream.multiplier, up=True,
+                       replacement=replacement, stream=stream)
         self.nodes[node_id] = node
         self._provisioning.discard(node_id)
         self.emit(NodeProvisioned(node_id=node_id))
@@ -130,7 +144,7 @@ class SimCompute(FailureProcesses):
             self.repairs_done["replace"] += 1
             self.timeline.append((float(self.env.now), "replaced", node_id, ""))
         if self.failing:
-            self._renew_life(node)
+            self._start_life(node)
         self._verify(node)
 
     def cordon(self, node_id: str, reason: str) -> None:
@@ -164,16 +178,25 @@ class SimCompute(FailureProcesses):
         if node is None:
             return
         node.verify_token += 1
-        took = self.sc.repair.durations[action.value].sample(self.rng)
+        node.repairing = True
+        node.repairs += 1
+        # keyed by (node, repair number): other repairs' durations do not shift this one's
+        rng = self.model.streams.rng(REPAIR_DOMAIN, node_id, node.repairs)
+        instant = self.sc.repair.instant
+        took = 0.0 if instant else self.sc.repair.durations[action.value].sample(rng)
+        mech_ok = instant or rng.random() >= self.sc.repair.mechanical_failure.get(
+            action.value, 0.0)
         self.timeline.append((float(self.env.now), "repair", node_id, action.value))
-        call_later(self.env, took, self._repaired, node, action, attempt)
+        call_later(self.env, took, self._repaired, node, action, attempt, mech_ok)
 
-    def _repaired(self, node: SimNode, action: RepairAction, attempt: int) -> None:
+    def _repaired(self, node: SimNode, action: RepairAction, attempt: int,
+                  mech_ok: bool) -> None:
+        node.repairing = False
         if node.deleted:
             return
-        mech_ok = self.rng.random() >= self.sc.repair.mechanical_failure.get(action.value, 0.0)
         fault = node.fault
-        fixes = fault is None or repair_fixes(action, fault.fix)
+        # an instant repair (scenario ``repair.instant``) clears whatever the fault was
+        fixes = fault is None or self.sc.repair.instant or repair_fixes(action, fault.fix)
         if fault is not None and fault.signal.node_down and not fixes:
             ok, detail = False, f"node did not come back after {action.value}"
         elif not mech_ok:
@@ -207,7 +230,7 @@ class SimCompute(FailureProcesses):
         cfg = job.cfg
         node_ids = tuple(w.node_id for w in sorted(workers, key=lambda w: w.rank))
         resume = job.ckpt_step >= 0
-        startup = cfg.startup_s
+        startup = cfg.startup_s + cfg.warmup_s  # a slow first step is startup too
         restore = cfg.checkpoint_restore_s if resume else 0.0
         att = Attempt(job, first.attempt, node_ids, now, now + startup + restore,
                       max(job.ckpt_step, 0))
@@ -237,6 +260,7 @@ class SimCompute(FailureProcesses):
             return
         if cfg.work_s is not None:
             self._plan_completion(att)
+        call_later(self.env, att.ready + cfg.step_time_s - now, self._first_step, att)
         if self.sc.checkpoint_events == "all":
             call_later(self.env, att.ready + cfg.checkpoint_interval_s + cfg.checkpoint_save_s
                        - now, self._periodic_checkpoint, att, att.token)
@@ -298,6 +322,7 @@ class SimCompute(FailureProcesses):
     def _verify(self, node: SimNode) -> None:
         """Post-provision / post-repair checks: the agent reports until the node is back."""
         node.verify_token += 1
+        node.verify_since = self.bus.clock.now()
         call_later(self.env, self.sc.repair.verify_interval_s, self._verify_report, node,
                    node.verify_token, 1)
 

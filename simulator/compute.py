@@ -54,6 +54,13 @@ from simulator.scenario_types import Scenario
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode
 
 
+MAX_STARTS_AT_ONE_INSTANT = 1000  # attempts of one job at one simulated time: a livelock
+
+
+class WedgedClock(RuntimeError):
+    """The simulation stopped making progress in simulated time."""
+
+
 class SimCompute(FailureProcesses):
     """The Compute port over a simulated fleet (see the module docstring).
 
@@ -227,6 +234,7 @@ class SimCompute(FailureProcesses):
         if job is None:
             return
         now = float(self.env.now)
+        self._check_wedged(job, now)
         cfg = job.cfg
         node_ids = tuple(w.node_id for w in sorted(workers, key=lambda w: w.rank))
         resume = job.ckpt_step >= 0
@@ -264,6 +272,21 @@ class SimCompute(FailureProcesses):
         if self.sc.checkpoint_events == "all":
             call_later(self.env, att.ready + cfg.checkpoint_interval_s + cfg.checkpoint_save_s
                        - now, self._periodic_checkpoint, att, att.token)
+
+    def _check_wedged(self, job: SimJob, now: float) -> None:
+        """A job started again and again at one simulated instant is a livelock (with zero
+        delays nothing moves the clock on): the run stops with a :class:`WedgedClock` that
+        names it, instead of spinning and growing for ever. Raised from a timer, outside the
+        handler that called us, so the bus cannot take it for a handler error."""
+        if job.same_instant[0] != now:
+            job.same_instant = (now, 0)
+        job.same_instant = (now, job.same_instant[1] + 1)
+        if job.same_instant[1] == MAX_STARTS_AT_ONE_INSTANT:
+            call_later(self.env, 0.0, self._wedged, job.job_id, now)
+
+    def _wedged(self, job_id: str, now: float) -> None:
+        raise WedgedClock(f"job {job_id} started {MAX_STARTS_AT_ONE_INSTANT} times at "
+                          f"simulated t={now:.3f} s (day {now / 86_400:.1f}): the clock is wedged")
 
     def _running(self, job_id: str, attempt: int) -> Attempt | None:
         """The job's current attempt if it is ``attempt`` and has not exited: what a signal

@@ -77,7 +77,7 @@ class FailureProcesses(JobModel):
     def _scripted(self, index: int) -> None:
         """A fault the scenario scripted at a fixed time on a fixed node slot."""
         spec = self.sc.failures.scripted[index]
-        slots = self.by_partition.get(spec.partition or next(iter(self.by_partition), ""), [])
+        slots = self.by_partition.get(spec.partition or self.sc.cluster.partitions[0].name, [])
         node = self.nodes.get(slots[spec.node]) if spec.node < len(slots) else None
         if node is None or node.deleted or not node.up or node.fault is not None:
             self.timeline.append((float(self.env.now), "scripted_dropped",

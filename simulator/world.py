@@ -67,6 +67,7 @@ class SimJob:
     steps_done: int = 0
     finished: bool = False
     attempt: Attempt | None = None
+    same_instant: tuple[float, int] = (-1.0, 0)  # (simulated t, starts at it): livelock guard
     truth: JobTruth = field(default_factory=JobTruth)
 
 

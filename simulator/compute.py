@@ -30,7 +30,6 @@ from shared.domain.events import (
     NodeHealthReported,
     NodeProvisioned,
     NodeRepairCompleted,
-    NodeRepairStarted,
     NodeRetired,
     NodeReturnedToService,
 )
@@ -52,7 +51,6 @@ from simulator.failures import (
 from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.scenario_types import Scenario
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode
-
 
 MAX_STARTS_AT_ONE_INSTANT = 1000  # attempts of one job at one simulated time: a livelock
 
@@ -345,7 +343,7 @@ class SimCompute(FailureProcesses):
     def _verify(self, node: SimNode) -> None:
         """Post-provision / post-repair checks: the agent reports until the node is back."""
         node.verify_token += 1
-        node.verify_since = self.bus.clock.now()
+        node.verify_since = EPOCH_S + float(self.env.now)
         call_later(self.env, self.sc.repair.verify_interval_s, self._verify_report, node,
                    node.verify_token, 1)
 

@@ -27,10 +27,11 @@ How the log is read. An *attempt* runs from ``JobStarted`` to ``JobWorkersExited
 of the window). Its startup (launch, restore, a slow first step) runs to its ``JobFirstStep``
 less one nominal step, measured, not taken from the job's figures (those are used only for an
 attempt that never logged its first step, split startup / restore by the restore figure). A
-job that finishes (exit 0, no disruption) is not interrupted: its final save is the only cost. Its progress stops at the first evidence of a disruption: the ``since`` of a
-TRUE condition in a health report of one of its nodes (the kernel-log time of an XID, the last
-heartbeat), an interrupt request or a drain of one of its nodes, a ``crashed_at=`` token in the
-exit detail, else the exit itself. Kept progress ends at the newest ``JobCheckpointSaved`` of
+job that finishes (exit 0, no disruption) is not interrupted: its final save is the only cost.
+Its progress stops at the first evidence of a disruption: the ``since`` of a TRUE condition
+in a health report of one of its nodes (the kernel-log time of an XID, the last heartbeat),
+an interrupt request or a drain of one of its nodes, a ``crashed_at=`` token in the exit
+detail, else the exit itself. Kept progress ends at the newest ``JobCheckpointSaved`` of
 the attempt (all of it when the attempt stopped gracefully or is still running at the end).
 Checkpoint saves are counted from the events when every checkpoint is logged, otherwise from
 the time-based schedule (``checkpoint_interval_s`` of compute, then a ``checkpoint_save_s``

@@ -212,7 +212,7 @@ def parse_repair(value: Any, path: str) -> RepairCfg:
 
 def parse_detection(value: Any, path: str) -> dict[str, Dist]:
     data = {k: v for k, v in mapping(value, path).items() if k != "report_interval"}
-    only_keys(data, path, DETECTION_KEYS + ("report_interval",))
+    only_keys(data, path, (*DETECTION_KEYS, "report_interval"))
     defaults: dict[str, Any] = {
         "xid": {"median": DEFAULT_DETECT_MEDIAN_S, "sigma": 0.5},
         "ecc": {"median": 30.0, "sigma": 0.5},

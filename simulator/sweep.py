@@ -13,8 +13,8 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-import multiprocessing
 import math
+import multiprocessing
 import os
 import signal
 import threading

@@ -180,7 +180,7 @@ def _parse_scripted(value: Any, path: str, causes: tuple[Cause, ...]
         out.append(ScriptedFault(duration(data["at"], join(ipath, "at")),
                                  integer(data["node"], join(ipath, "node"), low=0), partition,
                                  name, variant, fix))
-    return tuple(sorted(out, key=lambda f: f.at_s))
+    return tuple(out)  # in the order written: error paths name these indexes
 
 
 CAUSE_KEYS = ("label", "category", "count", "per_1000_node_days", "kills_job", "hang",

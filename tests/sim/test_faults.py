@@ -55,7 +55,7 @@ def test_held_repair_is_planned_again_one_node_zero_delay_xid() -> None:
     """The regression case: 1 node, zero delays, XID 79 (a reboot fixes it) ten times a day.
     Two removals within the blast window make the guard hold the next repair. Before the fix
     the twin never reported the node again: it stayed held, the job pending, for the rest of
-    the run (38 events in 60 days for seed 0). Now the agent re-reports the persisting fault
+    the run (35 events in 60 days for seed 0, the job PENDING). Now the agent re-reports the persisting fault
     every ``detection.report_interval``, triage diagnoses the held node again once per alert
     reminder, and the repair runs when the guard allows it: the job keeps training to the
     horizon, and simulated time moved on all the way (no wedge)."""
@@ -77,7 +77,10 @@ def test_a_restart_only_xid_on_a_broken_node_is_not_lost() -> None:
     job: the held reboot was forgotten when the node was diagnosed again with the lesser
     restart (repair), the job kept excluding its suspect after it was repaired
     (job_submission), and a held node released by a healthy report woke no pending job
-    (health_triage). Now the job trains to the horizon."""
+    (health_triage). Before those, the twin itself lost the node: a zero-time repair's
+    post-repair checks were stopped by the late delivery of its own NodeRepairStarted, and
+    the node stayed VERIFYING (the original code: 26-30 events in a year, job PENDING). Now
+    the job trains to the horizon."""
     for xid, seed in ((13, 0), (45, 0)):
         result = twin.run(scenario(one_node_zero_delay(xid, "reboot", 300, "365d")),
                           seed=seed)

@@ -31,7 +31,6 @@ from shared.domain.events import (
     NodeHealthReported,
     NodeProvisioned,
     NodeRepairCompleted,
-    NodeRepairStarted,
     NodeRetired,
     NodeReturnedToService,
 )
@@ -42,13 +41,27 @@ from simulator.bus import SimBus
 from simulator.capacity import Capacity, rng_for
 from simulator.clock import EPOCH_S, call_later
 from simulator.failure_processes import FailureProcesses
-from simulator.failures import FailureModel, Fault, fault_conditions, healthy_conditions, repair_fixes
+from simulator.failures import (
+    PROVISION_DOMAIN,
+    REPAIR_DOMAIN,
+    FailureModel,
+    Fault,
+    fault_conditions,
+    healthy_conditions,
+    repair_fixes,
+)
 from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.scenario_types import Scenario
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode
 
 # a 2,048-rank gang sorted and listed without a Python call per rank
 _RANK, _NODE_ID = operator.attrgetter("rank"), operator.attrgetter("node_id")
+
+MAX_STARTS_AT_ONE_INSTANT = 1000  # attempts of one job at one simulated time: a livelock
+
+
+class WedgedClock(RuntimeError):
+    """The simulation stopped making progress in simulated time."""
 
 
 class SimCompute(FailureProcesses):
@@ -105,11 +118,15 @@ class SimCompute(FailureProcesses):
             self.bus.emit(event, source)
 
     def _observe(self, envelope: Envelope) -> None:
-        """The agent stops its post-repair checks once the control plane has decided."""
+        """The agent stops its post-repair checks once the control plane has decided: the
+        node is back (or gone). A repair's start stops them in ``start_repair`` itself; its
+        event, delivered later, must not stop the checks that follow the repair (with an
+        instant repair they have started by then, and the node was lost in VERIFYING). A
+        return announced before the current checks began is an older one: they go on."""
         event = envelope.event
-        if isinstance(event, NodeReturnedToService | NodeRepairStarted | NodeRetired):
+        if isinstance(event, NodeReturnedToService | NodeRetired):
             node = self.nodes.get(event.node_id)
-            if node is not None:
+            if node is not None and envelope.time > node.verify_since:
                 node.verify_token += 1
 
     def provision_node(self, node: Node) -> None:
@@ -118,16 +135,18 @@ class SimCompute(FailureProcesses):
             return
         self._provisioning.add(node.node_id)
         replacement = node.replaces is not None
+        rng = self.model.streams.rng(PROVISION_DOMAIN, node.node_id)
         if replacement:
-            took = self.sc.repair.durations["replace"].sample(self.rng)
+            took = 0.0 if self.sc.repair.instant else \
+                self.sc.repair.durations["replace"].sample(rng)
         else:
-            took = self.sc.cluster.provision.sample(self.rng)
+            took = self.sc.cluster.provision.sample(rng)
         # waiting for capacity (a queue's grant, a new spot VM) is not billed; booting is
         unbilled = self.capacity.arrival_wait(node.replaces)
         obtain = self.capacity.replacement_time(node.replaces)
         if obtain is not None:  # a new VM for a preempted one, not a hardware swap
             unbilled += obtain
-            took = self.sc.cluster.provision.sample(self.rng)
+            took = self.sc.cluster.provision.sample(rng)
         if node.role is NodeRole.WORKER:  # GPU nodes, spares included (not a login VM)
             self.capacity.meter.start(node.node_id, float(self.env.now) + unbilled)
         took += unbilled
@@ -136,9 +155,9 @@ class SimCompute(FailureProcesses):
 
     def _provisioned(self, node_id: str, partition: str, worker: bool, replacement: bool) -> None:
         index = len(self.by_partition[partition])
-        node = SimNode(node_id, partition, index,
-                       self.model.node_multiplier(replacement=replacement), up=True,
-                       replacement=replacement)
+        stream = self.model.node_stream(node_id, replacement=replacement)
+        node = SimNode(node_id, partition, index, stream.multiplier, up=True,
+                       replacement=replacement, stream=stream)
         self.nodes[node_id] = node
         self._provisioning.discard(node_id)
         self.emit(NodeProvisioned(node_id=node_id))
@@ -149,7 +168,7 @@ class SimCompute(FailureProcesses):
             self.repairs_done["replace"] += 1
             self.timeline.append((float(self.env.now), "replaced", node_id, ""))
         if self.failing:
-            self._renew_life(node)
+            self._start_life(node)
             self.capacity.arm(node)
         self._verify(node)
 
@@ -185,16 +204,25 @@ class SimCompute(FailureProcesses):
         if node is None:
             return
         node.verify_token += 1
-        took = self.sc.repair.durations[action.value].sample(self.rng)
+        node.repairing = True
+        node.repairs += 1
+        # keyed by (node, repair number): other repairs' durations do not shift this one's
+        rng = self.model.streams.rng(REPAIR_DOMAIN, node_id, node.repairs)
+        instant = self.sc.repair.instant
+        took = 0.0 if instant else self.sc.repair.durations[action.value].sample(rng)
+        mech_ok = instant or rng.random() >= self.sc.repair.mechanical_failure.get(
+            action.value, 0.0)
         self.timeline.append((float(self.env.now), "repair", node_id, action.value))
-        call_later(self.env, took, self._repaired, node, action, attempt)
+        call_later(self.env, took, self._repaired, node, action, attempt, mech_ok)
 
-    def _repaired(self, node: SimNode, action: RepairAction, attempt: int) -> None:
+    def _repaired(self, node: SimNode, action: RepairAction, attempt: int,
+                  mech_ok: bool) -> None:
+        node.repairing = False
         if node.deleted:
             return
-        mech_ok = self.rng.random() >= self.sc.repair.mechanical_failure.get(action.value, 0.0)
         fault = node.fault
-        fixes = fault is None or repair_fixes(action, fault.fix)
+        # an instant repair (scenario ``repair.instant``) clears whatever the fault was
+        fixes = fault is None or self.sc.repair.instant or repair_fixes(action, fault.fix)
         if fault is not None and fault.signal.node_down and not fixes:
             ok, detail = False, f"node did not come back after {action.value}"
         elif not mech_ok:
@@ -258,10 +286,11 @@ class SimCompute(FailureProcesses):
         if job is None:
             return
         now = float(self.env.now)
+        self._check_wedged(job, now)
         cfg = job.cfg
         node_ids = tuple(map(_NODE_ID, sorted(workers, key=_RANK)))
         resume = job.ckpt_step >= 0
-        startup = cfg.startup_s
+        startup = cfg.startup_s + cfg.warmup_s  # a slow first step is startup too
         restore = cfg.checkpoint_restore_s if resume else 0.0
         att = Attempt(job, first.attempt, node_ids, now, now + startup + restore,
                       max(job.ckpt_step, 0))
@@ -291,9 +320,25 @@ class SimCompute(FailureProcesses):
             return
         if cfg.work_s is not None:
             self._plan_completion(att)
+        call_later(self.env, att.ready + cfg.step_time_s - now, self._first_step, att)
         if self.sc.checkpoint_events == "all":
             call_later(self.env, att.ready + cfg.checkpoint_interval_s + cfg.checkpoint_save_s
                        - now, self._periodic_checkpoint, att, att.token)
+
+    def _check_wedged(self, job: SimJob, now: float) -> None:
+        """A job started again and again at one simulated instant is a livelock (with zero
+        delays nothing moves the clock on): the run stops with a :class:`WedgedClock` that
+        names it, instead of spinning and growing for ever. Raised from a timer, outside the
+        handler that called us, so the bus cannot take it for a handler error."""
+        if job.same_instant[0] != now:
+            job.same_instant = (now, 0)
+        job.same_instant = (now, job.same_instant[1] + 1)
+        if job.same_instant[1] == MAX_STARTS_AT_ONE_INSTANT:
+            call_later(self.env, 0.0, self._wedged, job.job_id, now)
+
+    def _wedged(self, job_id: str, now: float) -> None:
+        raise WedgedClock(f"job {job_id} started {MAX_STARTS_AT_ONE_INSTANT} times at "
+                          f"simulated t={now:.3f} s (day {now / 86_400:.1f}): the clock is wedged")
 
     def _running(self, job_id: str, attempt: int) -> Attempt | None:
         """The job's current attempt if it is ``attempt`` and has not exited: what a signal
@@ -352,6 +397,7 @@ class SimCompute(FailureProcesses):
     def _verify(self, node: SimNode) -> None:
         """Post-provision / post-repair checks: the agent reports until the node is back."""
         node.verify_token += 1
+        node.verify_since = EPOCH_S + float(self.env.now)
         call_later(self.env, self.sc.repair.verify_interval_s, self._verify_report, node,
                    node.verify_token, 1)
 

@@ -19,6 +19,7 @@ from simulator.failures import (
     Lemons,
     Lifetime,
     Planned,
+    ScriptedFault,
     Signal,
     Stragglers,
     Variant,
@@ -69,7 +70,7 @@ def parse_signal(value: Any, path: str) -> Signal:
 def parse_failures(value: Any, path: str) -> FailureCfg:
     data = mapping(value, path)
     only_keys(data, path, ("reference", "rate_scale", "causes", "lifetime", "lemons", "planned",
-                           "diurnal", "stragglers"))
+                           "diurnal", "stragglers", "scripted"))
     ref_path = join(path, "reference")
     ref = mapping(get(data, "reference", {}), ref_path)
     only_keys(ref, ref_path, ("nodes", "days"))
@@ -136,7 +137,50 @@ def parse_failures(value: Any, path: str) -> FailureCfg:
         ),
         rate_scale=scale,
         reference_node_days=node_days,
+        scripted=_parse_scripted(data.get("scripted"), join(path, "scripted"), causes),
     )
+
+
+def _parse_scripted(value: Any, path: str, causes: tuple[Cause, ...]
+                    ) -> tuple[ScriptedFault, ...]:
+    """``scripted: [{at: 2h, node: 0, cause: faulty_gpu}, ...]``: the cause must be one of
+    ``causes`` (a count of 0 keeps it out of the random faults); ``variant`` and ``fix``
+    are optional. The partition is checked against the cluster by the scenario parser."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ScenarioError(path, "must be a list of {at, node, cause}")
+    by_name = {c.name: c for c in causes}
+    out: list[ScriptedFault] = []
+    for i, item in enumerate(value):
+        ipath = join(path, i)
+        data = mapping(item, ipath)
+        only_keys(data, ipath, ("at", "node", "partition", "cause", "variant", "fix"))
+        for key in ("at", "node", "cause"):
+            if key not in data:
+                raise ScenarioError(join(ipath, key), "is required")
+        name = text(data["cause"], join(ipath, "cause"))
+        cause = by_name.get(name)
+        if cause is None:
+            raise ScenarioError(join(ipath, "cause"),
+                                f"no cause {name!r} in failures.causes")
+        variant = None
+        if "variant" in data:
+            variant = integer(data["variant"], join(ipath, "variant"), low=0)
+            if variant >= len(cause.variants):
+                raise ScenarioError(join(ipath, "variant"),
+                                    f"{name!r} has {len(cause.variants)} variant(s)")
+        fix = None
+        if "fix" in data:
+            fix = text(data["fix"], join(ipath, "fix"))
+            if fix not in FIXES:
+                raise ScenarioError(join(ipath, "fix"), f"must be one of {', '.join(FIXES)}")
+        partition = text(data["partition"], join(ipath, "partition")) \
+            if "partition" in data else None
+        out.append(ScriptedFault(duration(data["at"], join(ipath, "at")),
+                                 integer(data["node"], join(ipath, "node"), low=0), partition,
+                                 name, variant, fix))
+    return tuple(out)  # in the order written: error paths name these indexes
 
 
 CAUSE_KEYS = ("label", "category", "count", "per_1000_node_days", "kills_job", "hang",

@@ -14,7 +14,14 @@ import numpy as np
 
 from shared.domain.events import JobInterruptRequested, NodeHealthReported
 from simulator.clock import EPOCH_S, call_later
-from simulator.failures import FailureModel, Fault, fault_conditions
+from simulator.failures import (
+    DETECT_DOMAIN,
+    FAILURES_DOMAIN,
+    FailureModel,
+    Fault,
+    fault_conditions,
+    healthy_conditions,
+)
 from simulator.jobs import JobModel
 from simulator.world import AGENT_SOURCE, OPERATOR_SOURCE, SimNode
 
@@ -33,23 +40,55 @@ class FailureProcesses(JobModel):
     planned: int
 
     def start_failures(self) -> None:
-        """Start every node's failure clock (bring-up is taken as failure-free)."""
+        """Start every node's failure clock (bring-up is taken as failure-free) and the
+        scenario's scripted faults."""
         self.failing = True
         for node in self.nodes.values():
             if node.up and not node.deleted and node.partition:
-                self._renew_life(node)
+                self._start_life(node)
+        for i, spec in enumerate(self.sc.failures.scripted):
+            call_later(self.env, spec.at_s, self._scripted, i)
 
-    def _renew_life(self, node: SimNode) -> None:
+    def _start_life(self, node: SimNode) -> None:
+        """Schedule the node's next fault arrival from now."""
+        assert node.stream is not None
         node.life_token += 1
-        life = self.model.lifetime_s(node.multiplier)
-        if math.isfinite(life) and float(self.env.now) + life < self.horizon:
+        now = float(self.env.now)
+        life = self.model.lifetime_s(node.stream)
+        if math.isfinite(life) and now + life < self.horizon:
             call_later(self.env, life, self._fail, node, node.life_token)
 
+    def _renew_life(self, node: SimNode) -> None:
+        """A fault cleared: a Weibull lifetime starts again (an exponential node's arrivals
+        never stopped; see :class:`~simulator.failures.FailureModel`)."""
+        if self.model.renewing:
+            self._start_life(node)
+
     def _fail(self, node: SimNode, token: int) -> None:
-        if token != node.life_token or node.deleted or not node.up or node.fault is not None:
+        if token != node.life_token or node.deleted:
             return
-        now = float(self.env.now)
-        fault = self.model.fault(now)
+        assert node.stream is not None
+        fault = self.model.fault(node.stream, float(self.env.now))  # drawn whatever it finds
+        if not self.model.renewing:
+            self._start_life(node)  # the next arrival, whatever this one finds
+        if node.up and node.fault is None:
+            self._strike(node, fault)
+
+    def _scripted(self, index: int) -> None:
+        """A fault the scenario scripted at a fixed time on a fixed node slot."""
+        spec = self.sc.failures.scripted[index]
+        slots = self.by_partition.get(spec.partition or self.sc.cluster.partitions[0].name, [])
+        node = self.nodes.get(slots[spec.node]) if spec.node < len(slots) else None
+        if node is None or node.deleted or not node.up or node.fault is not None:
+            self.timeline.append((float(self.env.now), "scripted_dropped",
+                                  node.node_id if node else f"#{spec.node}", spec.cause))
+            return
+        cause = next(c for c in self.sc.failures.causes if c.name == spec.cause)
+        rng = self.model.streams.rng(FAILURES_DOMAIN, "scripted", index)
+        self._strike(node, self.model.fault_of(cause, float(self.env.now), rng, spec.variant,
+                                               spec.fix))
+
+    def _strike(self, node: SimNode, fault: Fault) -> None:
         victims = [node]
         if fault.group > 1:
             peers = self.by_partition[node.partition]
@@ -66,7 +105,10 @@ class FailureProcesses(JobModel):
         cause = fault.cause
         self.failures[cause.name] += 1
         self.timeline.append((now, "fault", node.node_id, cause.name))
-        node.life_token += 1
+        node.faults += 1
+        node.fault_reports = 0
+        if self.model.renewing:
+            node.life_token += 1  # a Weibull age restarts when the fault clears
         att = node.attempt
         if att is not None and att.alive and not att.exited and cause.kills_job:
             att.job.truth.interruptions[cause.name] += 1
@@ -81,7 +123,9 @@ class FailureProcesses(JobModel):
 
     def _report_fault(self, node: SimNode, fault: Fault, now: float) -> None:
         signal = fault.signal
-        delay = self.sc.detection[signal.detection].sample(self.rng)
+        rng = self.model.streams.rng(DETECT_DOMAIN, node.node_id, node.faults, node.fault_reports)
+        node.fault_reports += 1
+        delay = self.sc.detection[signal.detection].sample(rng)
         if signal.heartbeat:
             delay += self.heartbeat_timeout_s
         call_later(self.env, delay, self._send_fault_report, node, fault, now)
@@ -89,13 +133,42 @@ class FailureProcesses(JobModel):
     def _send_fault_report(self, node: SimNode, fault: Fault, fault_at: float) -> None:
         if node.deleted or (node.fault is not fault and fault.fix != "none"):
             return  # repaired (or replaced) before anyone noticed
+        self._emit_fault(node, fault, fault_at)
+        if node.reporting is not fault:  # the condition persists: the agent says so again
+            node.reporting = fault
+            call_later(self.env, self.sc.report_interval_s, self._still_broken, node, fault,
+                       fault_at)
+
+    def _emit_fault(self, node: SimNode, fault: Fault, fault_at: float,
+                    source: str | None = None) -> None:
         observed = EPOCH_S + float(self.env.now)
-        source = "heartbeat-monitor" if fault.signal.heartbeat else "agent"
         self.emit(NodeHealthReported(
             node_id=node.node_id, observed_at=observed,
             conditions=fault_conditions(fault.signal, EPOCH_S + fault_at, observed,
                                         fault.cause.name),
-            source=source), AGENT_SOURCE)
+            source=source or ("heartbeat-monitor" if fault.signal.heartbeat else "agent")),
+            AGENT_SOURCE)
+
+    def _still_broken(self, node: SimNode, fault: Fault, fault_at: float) -> None:
+        """The agent's next periodic report: a fault that is still there is reported again
+        (so a repair the blast-radius guard held is planned again once the guard allows it:
+        without it the node was lost for the rest of the run); a transient one that has
+        cleared is reported healthy, once (which releases a node held for it). During a
+        repair the agent is silent and the post-repair checks report instead."""
+        if node.deleted or node.reporting is not fault:
+            return
+        if node.fault is fault:
+            if not node.repairing:
+                self._emit_fault(node, fault, fault_at)
+            call_later(self.env, self.sc.report_interval_s, self._still_broken, node, fault,
+                       fault_at)
+            return
+        node.reporting = None
+        if fault.fix == "none" and node.fault is None and not node.repairing:
+            observed = EPOCH_S + float(self.env.now)
+            self.emit(NodeHealthReported(node_id=node.node_id, observed_at=observed,
+                                         conditions=healthy_conditions(observed)),
+                      AGENT_SOURCE)
 
     def start_stragglers(self) -> None:
         cfg = self.sc.failures.stragglers

@@ -25,6 +25,7 @@ stragglers (a node that runs slow for a while, reported by the speed check).
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -228,6 +229,18 @@ class Stragglers:
 
 
 @dataclass(frozen=True)
+class ScriptedFault:
+    """A fault at a fixed time on a fixed node slot (traces, regression cases, formulas)."""
+
+    at_s: float  # simulated seconds after the cluster is ready
+    node: int  # the slot's index in its partition (the original node, not a replacement)
+    partition: str | None  # None: the first partition
+    cause: str  # a key of ``failures.causes``
+    variant: int | None  # which of the cause's variants; None: drawn by weight
+    fix: str | None  # force the true fix; None: drawn from the variant's
+
+
+@dataclass(frozen=True)
 class FailureCfg:
     causes: tuple[Cause, ...]
     lifetime: Lifetime
@@ -237,6 +250,7 @@ class FailureCfg:
     stragglers: Stragglers
     rate_scale: float
     reference_node_days: float
+    scripted: tuple[ScriptedFault, ...] = ()
 
     @property
     def rate_per_node_day(self) -> float:
@@ -266,41 +280,99 @@ class Fault:
     group: int = 1
 
 
+# stream domains: each kind of randomness has its own keyed family of streams
+FAILURES_DOMAIN = 1  # per node: lemon draw, fault arrivals, causes, variants, true fixes
+REPAIR_DOMAIN = 2  # per (node, repair attempt): duration, mechanical failure
+DETECT_DOMAIN = 3  # per (node, fault number): detection delay
+PROVISION_DOMAIN = 4  # per node: boot time (or the replacement's lead time)
+
+
+def stable_key(text: str) -> int:
+    """A 32-bit key for a name, the same in every process (``hash()`` is salted)."""
+    return zlib.crc32(text.encode("utf-8"))
+
+
+class Streams:
+    """Random streams keyed by what they are for, so common random numbers survive changes
+    of fleet size, spares and repair times: node ``n``'s faults come from the stream keyed
+    (seed, node id) whatever other nodes exist, and the duration of its ``k``-th repair from
+    the stream keyed (seed, node id, k), whatever was drawn before (numpy ``SeedSequence``
+    entropy lists: independent streams for distinct keys)."""
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+
+    @classmethod
+    def from_rng(cls, rng: np.random.Generator) -> Streams:
+        return cls(int(rng.integers(2**63)))
+
+    def rng(self, domain: int, name: str, *index: int) -> np.random.Generator:
+        return np.random.default_rng([self.base, domain, stable_key(name), *index])
+
+
+class NodeStream:
+    """One node's failure randomness: its rate multiplier and its fault arrivals."""
+
+    __slots__ = ("multiplier", "next_at", "rng")
+
+    def __init__(self, rng: np.random.Generator, multiplier: float) -> None:
+        self.rng = rng
+        self.multiplier = multiplier
+        self.next_at = math.inf
+
+
 class FailureModel:
-    """Samples lifetimes, causes and true fixes; owns nothing about the control plane."""
+    """Samples lifetimes, causes and true fixes; owns nothing about the control plane.
+
+    Every node draws from its own stream (:class:`Streams`, keyed by node id). With
+    exponential lifetimes the faults of a node are a Poisson process of arrivals that does
+    not depend on what happens to the node: an arrival while the node is already broken, in
+    repair or down finds nothing to break and is dropped, so the failure times of a node are
+    the same whatever the repair times, the spares or the fleet size. Weibull lifetimes have
+    an age, which a repair that clears the fault renews: there the next fault is drawn from
+    the repair (or the transient fault) on."""
 
     def __init__(self, cfg: FailureCfg, rng: np.random.Generator) -> None:
         self.cfg = cfg
-        self.rng = rng
+        self.streams = Streams.from_rng(rng)
         rates = np.array([c.rate_per_node_day for c in cfg.causes], dtype=float)
         self.total_rate = float(rates.sum())  # per node-day, fleet average
         self._cum = np.cumsum(rates / self.total_rate) if self.total_rate > 0 else np.array([])
         lem = cfg.lemons
         # normalise so that the fleet average stays the calibrated rate
         self._base = 1.0 / (1.0 - lem.fraction + lem.fraction * lem.multiplier)
+        self.renewing = cfg.lifetime.kind == "weibull"
 
-    def node_multiplier(self, *, replacement: bool) -> float:
+    def node_stream(self, node_id: str, *, replacement: bool) -> NodeStream:
+        rng = self.streams.rng(FAILURES_DOMAIN, node_id)
         lem = self.cfg.lemons
-        lemon = not replacement and lem.fraction > 0 and self.rng.random() < lem.fraction
-        return self._base * (lem.multiplier if lemon else 1.0)
+        lemon = rng.random() < lem.fraction and not replacement and lem.fraction > 0
+        return NodeStream(rng, self._base * (lem.multiplier if lemon else 1.0))
 
-    def lifetime_s(self, multiplier: float) -> float:
-        """Seconds until the next fault of a node whose rate is ``multiplier`` x average."""
-        rate_per_s = self.total_rate * multiplier / 86_400.0
+    def lifetime_s(self, stream: NodeStream) -> float:
+        """Seconds until the next fault of a node (its rate is ``multiplier`` x average)."""
+        rate_per_s = self.total_rate * stream.multiplier / 86_400.0
         if rate_per_s <= 0:
             return math.inf
         mean = 1.0 / rate_per_s
         if self.cfg.lifetime.kind == "weibull":
             k = self.cfg.lifetime.shape
-            return float(mean / math.gamma(1.0 + 1.0 / k) * self.rng.weibull(k))
-        return float(self.rng.exponential(mean))
+            return float(mean / math.gamma(1.0 + 1.0 / k) * stream.rng.weibull(k))
+        return float(stream.rng.exponential(mean))
 
-    def fault(self, at: float) -> Fault:
-        index = int(np.searchsorted(self._cum, self.rng.random(), side="right"))
-        cause = self.cfg.causes[min(index, len(self.cfg.causes) - 1)]
-        variant = _pick(cause.variants, [v.weight for v in cause.variants], self.rng)
-        fix = _pick([f for f, _ in variant.fix], [p for _, p in variant.fix], self.rng)
-        return Fault(cause, variant.signal, fix, at, variant.group)
+    def fault(self, stream: NodeStream, at: float) -> Fault:
+        rng = stream.rng
+        index = int(np.searchsorted(self._cum, rng.random(), side="right"))
+        return self.fault_of(self.cfg.causes[min(index, len(self.cfg.causes) - 1)], at, rng)
+
+    def fault_of(self, cause: Cause, at: float, rng: np.random.Generator,
+                 variant: int | None = None, fix: str | None = None) -> Fault:
+        """A fault of ``cause`` (a scripted one may name its variant and force its fix)."""
+        chosen = (_pick(cause.variants, [v.weight for v in cause.variants], rng)
+                  if variant is None else cause.variants[variant])
+        if fix is None:
+            fix = _pick([f for f, _ in chosen.fix], [p for _, p in chosen.fix], rng)
+        return Fault(cause, chosen.signal, fix, at, chosen.group)
 
 
 def _pick(items: Sequence[Any], weights: Sequence[float], rng: np.random.Generator) -> Any:

@@ -17,7 +17,7 @@ import math
 import simpy
 
 from shared.adapters.compute.protocol import ExitCode
-from shared.domain.events import Event, JobCheckpointSaved, JobWorkersExited
+from shared.domain.events import Event, JobCheckpointSaved, JobFirstStep, JobWorkersExited
 from simulator.bus import SimBus
 from simulator.clock import EPOCH_S, call_later
 from simulator.failures import Fault, diurnal_integral
@@ -101,7 +101,7 @@ class JobModel:
         """Progress stops at ``t``: split the attempt's time into the truth ledger."""
         cfg = att.job.cfg
         truth = att.job.truth
-        startup_end = att.start + cfg.startup_s
+        startup_end = att.start + cfg.startup_s + cfg.warmup_s
         truth.startup_s += max(0.0, min(t, startup_end) - att.start)
         truth.restore_s += max(0.0, min(t, att.ready) - startup_end)
         if t <= att.ready:
@@ -204,6 +204,13 @@ class JobModel:
                                           f"ckpt-{job.ckpt_step:08d}",
                                      saved_at=EPOCH_S + job.ckpt_at,
                                      save_s=job.cfg.checkpoint_save_s))
+
+    def _first_step(self, att: Attempt) -> None:
+        """The workers log their first step: the accounting measures startup up to it."""
+        if att.exited or (att.stopped_at is not None and att.stopped_at < float(self.env.now)):
+            return
+        self.emit(JobFirstStep(job_id=att.job.job_id, attempt=att.number,
+                               step=att.base_step + 1))
 
     def _periodic_checkpoint(self, att: Attempt, token: int) -> None:
         if token != att.token or not att.alive or att.exited:

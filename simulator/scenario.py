@@ -26,6 +26,7 @@ from shared.domain.errors import ValidationError
 from shared.policies.repair import load_repair_config
 from simulator.availability import parse_availability
 from simulator.failure_config import parse_failures
+from simulator.failures import ScriptedFault
 from simulator.readers import (
     DURATION_RE,
     Dist,
@@ -61,6 +62,7 @@ from simulator.scenario_types import (
     DEFAULT_MFU_FRACTION,
     DEFAULT_PROVISION_MEDIAN_S,
     DEFAULT_REPAIR_MEDIAN_S,
+    DEFAULT_REPORT_INTERVAL_S,
     DEFAULT_SEED,
     DEFAULT_STARTUP_S,
     DEFAULT_STEP_TIME_S,
@@ -133,7 +135,7 @@ def parse_cluster(value: Any, path: str) -> ClusterCfg:
 
 
 JOB_KEYS = ("name", "partition", "nodes", "step_time", "checkpoint_interval", "checkpoint_save",
-            "checkpoint_restore", "startup", "mfu", "work", "submit_at", "priority",
+            "checkpoint_restore", "startup", "warmup", "mfu", "work", "submit_at", "priority",
             "crash_exit", "hang_exit", "launch_fail", "max_restarts")
 
 
@@ -173,6 +175,7 @@ def parse_job(value: Any, path: str, cluster: ClusterCfg, index: int) -> JobCfg:
                                           DEFAULT_CHECKPOINT_RESTORE_S),
                                       join(path, "checkpoint_restore")),
         startup_s=duration(get(data, "startup", DEFAULT_STARTUP_S), join(path, "startup")),
+        warmup_s=duration(get(data, "warmup", 0.0), join(path, "warmup")),
         mfu=number(get(data, "mfu", DEFAULT_MFU_FRACTION), join(path, "mfu"), low=0.0,
                    high=1.0),
         work_s=None if work is None else duration(work, join(path, "work")),
@@ -194,7 +197,7 @@ ACTIONS = ("reset_gpu", "reboot", "reimage", "replace")
 
 def parse_repair(value: Any, path: str) -> RepairCfg:
     data = mapping(value, path)
-    only_keys(data, path, ("durations", "mechanical_failure", "verify_interval"))
+    only_keys(data, path, ("durations", "mechanical_failure", "verify_interval", "instant"))
     dpath = join(path, "durations")
     raw = mapping(data.get("durations"), dpath)
     only_keys(raw, dpath, ACTIONS)
@@ -204,14 +207,15 @@ def parse_repair(value: Any, path: str) -> RepairCfg:
     mraw = mapping(data.get("mechanical_failure"), mpath)
     only_keys(mraw, mpath, ACTIONS)
     mech = {a: number(get(mraw, a, 0.0), join(mpath, a), low=0.0, high=1.0) for a in ACTIONS}
-    return RepairCfg(durations, mech, duration(get(data, "verify_interval",
-                                                   DEFAULT_VERIFY_INTERVAL_S),
-                                               join(path, "verify_interval")))
+    instant = boolean(get(data, "instant", False), join(path, "instant"))
+    verify = 0.0 if instant else DEFAULT_VERIFY_INTERVAL_S
+    return RepairCfg(durations, mech, duration(get(data, "verify_interval", verify),
+                                               join(path, "verify_interval")), instant)
 
 
 def parse_detection(value: Any, path: str) -> dict[str, Dist]:
-    data = mapping(value, path)
-    only_keys(data, path, DETECTION_KEYS)
+    data = {k: v for k, v in mapping(value, path).items() if k != "report_interval"}
+    only_keys(data, path, (*DETECTION_KEYS, "report_interval"))
     defaults: dict[str, Any] = {
         "xid": {"median": DEFAULT_DETECT_MEDIAN_S, "sigma": 0.5},
         "ecc": {"median": 30.0, "sigma": 0.5},
@@ -290,6 +294,13 @@ def parse_scenario(data: Any, *, source: str = "") -> Scenario:
     if events not in ("latest", "all"):
         raise ScenarioError("checkpoint_events", f"must be 'latest' or 'all', got {events!r}")
     name = get(top, "name", Path(source).stem if source else "scenario")
+    failures = parse_failures(top.get("failures"), "failures")
+    _check_scripted(failures.scripted, cluster)
+    detection = mapping(top.get("detection"), "detection")
+    report_interval = duration(get(detection, "report_interval", DEFAULT_REPORT_INTERVAL_S),
+                               "detection.report_interval")
+    if report_interval <= 0:
+        raise ScenarioError("detection.report_interval", "must be positive")
     return Scenario(
         name=text(name, "name"),
         description=str(get(top, "description", "")).strip(),
@@ -297,16 +308,30 @@ def parse_scenario(data: Any, *, source: str = "") -> Scenario:
         duration_s=duration(get(top, "duration", DEFAULT_DURATION_S), "duration"),
         cluster=cluster,
         jobs=jobs,
-        failures=parse_failures(top.get("failures"), "failures"),
+        failures=failures,
         repair=parse_repair(top.get("repair"), "repair"),
         detection=parse_detection(top.get("detection"), "detection"),
         bus=parse_bus(top.get("bus"), "bus"),
         control_plane=parse_control_plane(top.get("control_plane"), "control_plane"),
         checkpoint_events=events,
+        report_interval_s=report_interval,
         raw=copy.deepcopy(dict(top)),
         availability=parse_availability(top.get("availability"), "availability",
                                         cluster.nodes),
     )
+
+
+def _check_scripted(scripted: tuple[ScriptedFault, ...], cluster: ClusterCfg) -> None:
+    for i, spec in enumerate(scripted):
+        path = join(join("failures", "scripted"), i)
+        part = cluster.partitions[0] if spec.partition is None else next(
+            (p for p in cluster.partitions if p.name == spec.partition), None)
+        if part is None:
+            raise ScenarioError(join(path, "partition"),
+                                f"no partition {spec.partition!r} in cluster.partitions")
+        if spec.node >= part.nodes:
+            raise ScenarioError(join(path, "node"),
+                                f"partition {part.name!r} has nodes 0..{part.nodes - 1}")
 
 
 def load_raw(path: str | Path | None = None) -> dict[str, Any]:

@@ -32,6 +32,7 @@ DEFAULT_LAUNCH_FAIL_S = 60.0  # workers started on a broken node fail after this
 DEFAULT_MAX_RESTARTS = 1_000_000
 DEFAULT_BUS_LATENCY_S = 0.05  # control-plane event delivery (Pub/Sub push) median
 DEFAULT_VERIFY_INTERVAL_S = 60.0  # post-repair / post-provision health check cadence
+DEFAULT_REPORT_INTERVAL_S = 300.0  # the agent re-reports a fault that persists this often
 DEFAULT_SPEED_CHECK_INTERVAL_S = 1800.0  # how often a straggler's slowness is reported
 DEFAULT_GRACE_PERIOD_S = 30.0  # SIGTERM to SIGKILL
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
@@ -83,6 +84,7 @@ class JobCfg:
     checkpoint_save_s: float
     checkpoint_restore_s: float
     startup_s: float
+    warmup_s: float  # the first step after every start takes this much longer
     mfu: float
     work_s: float | None  # nominal compute time to finish; None: train until the horizon
     submit_at_s: float  # after the cluster is ready
@@ -102,6 +104,7 @@ class RepairCfg:
     durations: Mapping[str, Dist]  # per RepairAction value
     mechanical_failure: Mapping[str, float]  # the action itself fails (probability)
     verify_interval_s: float
+    instant: bool = False  # every repair takes no time, fixes any fault and never fails
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ class Scenario:
     bus: BusCfg
     control_plane: ControlPlaneCfg
     checkpoint_events: str  # latest | all
+    report_interval_s: float = DEFAULT_REPORT_INTERVAL_S  # detection.report_interval
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
     # how the capacity is bought and what it costs (simulator.availability): its own block
     availability: AvailabilityCfg = field(default_factory=AvailabilityCfg)

@@ -1,7 +1,11 @@
 """What-if sweeps: a grid of scenario overrides x replications, on every core.
 
 Replication ``r`` of every grid point uses seed ``base + r``: the grid points see the same
-random failures (common random numbers), so their differences are not sampling noise.
+random failures (common random numbers: every node's faults come from a stream keyed by the
+seed and the node, see ``simulator.failures.Streams``), so their differences are not sampling
+noise. Each run has a wall-clock limit (``timeout_s``): a run past it is reported as timed out
+(``status``), as is one whose simulated clock wedged (``WedgedClock``), left out of the means
+and counted (``failed``), instead of holding a worker and its memory for ever.
 """
 
 from __future__ import annotations
@@ -9,15 +13,20 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simulator.compute import WedgedClock
 from simulator.goodput import Badput
 from simulator.scenario import ScenarioError, duration, load_scenario, parse_value
 from simulator.stats import mean_ci
@@ -28,6 +37,9 @@ METRICS = ("goodput", "ettr", "scheduling_goodput", "runtime_goodput", "program_
            "cost_per_useful_gpu_h", "preemptions", "queue_wait_h", "wall_s")
 
 
+DEFAULT_RUN_TIMEOUT_S = 1800.0  # wall-clock seconds one run may take (0: no limit)
+
+
 @dataclass(frozen=True)
 class Task:
     scenario: str | None
@@ -35,6 +47,35 @@ class Task:
     point: tuple[tuple[str, str], ...]  # the varied values, as written
     replication: int
     seed: int
+    timeout_s: float = DEFAULT_RUN_TIMEOUT_S
+
+
+class RunTimedOut(BaseException):
+    """One run went past its wall-clock limit. A BaseException (like KeyboardInterrupt), so
+    that the handlers' and the bus's ``except Exception`` (a transient error: redeliver) do
+    not swallow it wherever in the run the alarm strikes."""
+
+
+@contextmanager
+def wall_clock_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`RunTimedOut` in this thread after ``seconds`` of wall time (SIGALRM:
+    the main thread of a process, as in a sweep's worker; elsewhere no limit)."""
+    usable = (seconds > 0 and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise RunTimedOut(f"run took more than {seconds:g} s of wall time")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def parse_vary(specs: Sequence[str]) -> list[tuple[str, list[str]]]:
@@ -54,12 +95,13 @@ def grid(vary: Sequence[tuple[str, list[str]]]) -> list[tuple[tuple[str, str], .
 
 
 def tasks(scenario: str | None, vary: Sequence[tuple[str, list[str]]], replications: int,
-          base_seed: int, fixed: Mapping[str, Any] | None = None) -> list[Task]:
+          base_seed: int, fixed: Mapping[str, Any] | None = None,
+          timeout_s: float = DEFAULT_RUN_TIMEOUT_S) -> list[Task]:
     out = []
     for point in grid(vary):
         overrides = tuple((fixed or {}).items()) + tuple((k, parse_value(v)) for k, v in point)
         for r in range(replications):
-            out.append(Task(scenario, overrides, point, r, base_seed + r))
+            out.append(Task(scenario, overrides, point, r, base_seed + r, timeout_s))
     return out
 
 
@@ -73,7 +115,16 @@ def run_task(task: Task) -> dict[str, Any]:
 
     scenario = load_scenario(task.scenario, dict(task.overrides))
     t0 = time.perf_counter()
-    result = twin.run(scenario, seed=task.seed)
+    try:
+        with wall_clock_limit(task.timeout_s):
+            result = twin.run(scenario, seed=task.seed)
+    except (RunTimedOut, WedgedClock) as exc:
+        status = "timed_out" if isinstance(exc, RunTimedOut) else "wedged"
+        row_out: dict[str, Any] = {k: v for k, v in task.point}
+        row_out.update(replication=task.replication, seed=task.seed, status=status)
+        row_out.update({m: math.nan for m in METRICS})
+        row_out["wall_s"] = time.perf_counter() - t0
+        return row_out
     wall = time.perf_counter() - t0
     jobs = list(result.accounting.jobs.values())
     total = sum(j.total_s for j in jobs) or 1.0
@@ -85,7 +136,7 @@ def run_task(task: Task) -> dict[str, Any]:
         return sum(j.lost(c) for j in jobs for c in cats) / 3600.0
 
     row: dict[str, Any] = {k: v for k, v in task.point}
-    row.update(replication=task.replication, seed=task.seed,
+    row.update(replication=task.replication, seed=task.seed, status="ok",
                goodput=weighted("goodput"), ettr=weighted("ettr"),
                scheduling_goodput=weighted("scheduling_goodput"),
                runtime_goodput=weighted("runtime_goodput"),
@@ -144,6 +195,24 @@ def _run_indexed(item: tuple[int, Task]) -> tuple[int, dict[str, Any]]:
     return item[0], run_task(item[1])
 
 
+def value_key(value: Any) -> tuple[int, float, str]:
+    """Sort a varied value as what it means: numbers and durations by size (1750 before
+    14003, 90s before 15m), anything else after them, as text."""
+    text_ = str(value)
+    try:
+        return (0, float(text_), text_)
+    except ValueError:
+        pass
+    try:
+        return (0, duration(text_, "value"), text_)
+    except ScenarioError:
+        return (1, 0.0, text_)
+
+
+def point_key(row: Mapping[str, Any], keys: Sequence[str]) -> list[tuple[int, float, str]]:
+    return [value_key(row[k]) for k in keys]
+
+
 def aggregate(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
               confidence: float = 0.95) -> list[dict[str, Any]]:
     groups: dict[tuple[str, ...], list[Mapping[str, Any]]] = defaultdict(list)
@@ -153,11 +222,13 @@ def aggregate(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
         if key not in groups:
             order.append(key)
         groups[key].append(row)
+    order.sort(key=lambda k: [value_key(v) for v in k])
     out = []
     for key in order:
-        group = groups[key]
+        group = [r for r in groups[key] if r.get("status", "ok") == "ok"]
         agg: dict[str, Any] = dict(zip(keys, key, strict=True))
         agg["n"] = len(group)
+        agg["failed"] = len(groups[key]) - len(group)  # timed out or wedged
         for metric in METRICS:
             # unknown (None) values are left out; none known: NaN
             mean, half, sd = mean_ci((r[metric] for r in group if r[metric] is not None),

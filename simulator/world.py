@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from simulator.failures import Fault
+from simulator.failures import Fault, NodeStream
 from simulator.scenario_types import JobCfg
 
 COMPUTE_SOURCE = "//mtc/sim/compute"
@@ -30,8 +30,15 @@ class SimNode:
     straggle: float = 1.0  # speed ratio while straggling
     life_token: int = 0
     verify_token: int = 0
+    verify_since: float = 0.0  # when the current post-repair checks began (epoch s)
     attempt: Attempt | None = None
     replacement: bool = False
+    stream: NodeStream | None = None  # its own failure randomness (simulator.failures.Streams)
+    faults: int = 0  # faults so far: keys the detection-delay streams
+    fault_reports: int = 0  # reports of the current fault so far (the same)
+    repairs: int = 0  # repairs started so far
+    repairing: bool = False  # a repair is in flight: the agent is not reporting
+    reporting: Fault | None = None  # the fault the agent keeps reporting at its interval
 
 
 @dataclass
@@ -60,6 +67,7 @@ class SimJob:
     steps_done: int = 0
     finished: bool = False
     attempt: Attempt | None = None
+    same_instant: tuple[float, int] = (-1.0, 0)  # (simulated t, starts at it): livelock guard
     truth: JobTruth = field(default_factory=JobTruth)
 
 

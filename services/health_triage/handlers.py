@@ -119,7 +119,11 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
     if lifecycle.operator_drained(node):  # a person keeps it out: it never returns by itself
         lifecycle.park(node, now)
         return
-    if lifecycle.release_hold(node, now) or node.state is not NodeState.VERIFYING:
+    if lifecycle.release_hold(node, now):
+        if node.state is NodeState.IDLE:  # free again: a job waiting for a node may start
+            uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id))
+        return
+    if node.state is not NodeState.VERIFYING:
         return
     lifecycle.count_pass(node, report.observed_at)
     if not ready_to_return(node.passes, node.first_pass_at, now, deps.config.repair):

@@ -292,6 +292,8 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     slots = idle_slots(cluster_id, uow, None if None in partitions else partitions)
     if not slots:
         return
+    for job in waiting:
+        _clear_cleared_suspects(job, uow)
     requests = [_request(job) for job in waiting]
     placements = place_jobs(requests, slots, now, backfill=deps.config.backfill)
     by_id = {j.job_id: j for j in waiting}
@@ -370,6 +372,24 @@ def _request(job: Job) -> JobRequest:
     return JobRequest(job.job_id, job.spec.scheduling.partition, tuple(groups), job.priority,
                       job.created_at, job.restart_count > 0, tuple(job.previous_node_ids),
                       tuple(job.recovery.excluded_node_ids))
+
+
+def _clear_cleared_suspects(job: Job, uow: UnitOfWork) -> None:
+    """A suspect is kept out of the job's next placement while it is held or repaired; once
+    it takes work again after the job was requeued (returned by its repair and checks, or
+    released by a healthy report), the suspicion was answered and it may be placed again.
+    Without this a job whose only fitting node was its suspect waited for ever beside the
+    repaired node, idle."""
+    rec = job.recovery
+    if not rec.excluded_node_ids:
+        return
+    kept = []
+    for node_id in rec.excluded_node_ids:
+        node = uow.nodes.get(node_id)
+        if node is not None and lifecycle.takes_work(node) and node.since >= job.updated_at:
+            continue
+        kept.append(node_id)
+    rec.excluded_node_ids = kept
 
 
 def _start(job: Job, placed: list[str], uow: UnitOfWork, deps: Deps) -> None:

@@ -15,6 +15,8 @@ a repaired node to service (the passing checks, the uncordon) belongs to health_
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shared import deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound, TransientError
@@ -32,6 +34,7 @@ from shared.domain.health import Diagnosis, FailureRecord, RepairAction, Severit
 from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeState, Partition
 from shared.handling import Deps
+from shared.policies.ranking import action_rank
 from shared.policies.repair import (
     DecisionKind,
     PartitionView,
@@ -61,6 +64,12 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
         return
     diagnosis = Diagnosis(event.failure_mode, Severity(event.severity),
                           RepairAction(event.action), event.reasons, event.unmapped_xids)
+    held = node.repair_action if node.state is NodeState.SUSPECT else None
+    if held is not None and action_rank(held) > action_rank(diagnosis.action):
+        # a repair the guard held is still owed when the node, still sick, is diagnosed
+        # again with a lesser action (a suspect whose XID only asks for a job restart):
+        # planning the lesser one dropped the held repair and lost the node for good
+        diagnosis = replace(diagnosis, action=held)
     partition = _partition(uow, node)
     view = PartitionView(partition.name, partition.total_nodes,
                          frozenset(partition.out_of_service), tuple(partition.removed_at),

@@ -279,6 +279,19 @@ class JobCheckpointSaved(Event):
 
 @register
 @dataclass(frozen=True)
+class JobFirstStep(Event):
+    """The first training step of an attempt has run: everything before it (launch,
+    checkpoint restore, a slow first step) was startup. ``step`` is that step's number."""
+
+    TYPE: ClassVar[str] = "mtc.job.first_step.v1"
+    SUBJECT_FIELD: ClassVar[str] = "job_id"
+    job_id: str
+    attempt: int
+    step: int
+
+
+@register
+@dataclass(frozen=True)
 class JobWorkersExited(Event):
     """All workers of one attempt have exited; exit_code is the worst (first non-zero)."""
 

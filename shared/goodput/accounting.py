@@ -24,10 +24,14 @@ category *and* tied to the cause of the disruption that started it:
 ETTR (Meta's effective training time ratio, arXiv:2410.21680) is kept compute / total time.
 
 How the log is read. An *attempt* runs from ``JobStarted`` to ``JobWorkersExited`` (or the end
-of the window). Its progress stops at the first evidence of a disruption: the ``since`` of a
-TRUE condition in a health report of one of its nodes (the kernel-log time of an XID, the last
-heartbeat), an interrupt request or a drain of one of its nodes, a ``crashed_at=`` token in the
-exit detail, else the exit itself. Kept progress ends at the newest ``JobCheckpointSaved`` of
+of the window). Its startup (launch, restore, a slow first step) runs to its ``JobFirstStep``
+less one nominal step, measured, not taken from the job's figures (those are used only for an
+attempt that never logged its first step, split startup / restore by the restore figure). A
+job that finishes (exit 0, no disruption) is not interrupted: its final save is the only cost.
+Its progress stops at the first evidence of a disruption: the ``since`` of a TRUE condition
+in a health report of one of its nodes (the kernel-log time of an XID, the last heartbeat),
+an interrupt request or a drain of one of its nodes, a ``crashed_at=`` token in the exit
+detail, else the exit itself. Kept progress ends at the newest ``JobCheckpointSaved`` of
 the attempt (all of it when the attempt stopped gracefully or is still running at the end).
 Checkpoint saves are counted from the events when every checkpoint is logged, otherwise from
 the time-based schedule (``checkpoint_interval_s`` of compute, then a ``checkpoint_save_s``
@@ -80,6 +84,7 @@ T_CKPT = "mtc.job.checkpoint_saved.v1"
 T_REQUEUED = "mtc.job.requeued.v1"
 T_SUBMITTED = "mtc.job.submitted.v1"
 T_FINISHED = "mtc.job.finished.v1"
+T_FIRST_STEP = "mtc.job.first_step.v1"
 T_INTERRUPT = "mtc.job.interrupt_requested.v1"
 T_DRAINING = "mtc.node.draining.v1"
 T_HEALTH = "mtc.node.health_reported.v1"
@@ -182,6 +187,7 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
     interrupts: dict[int, list[tuple[float, str]]] = defaultdict(list)
     submitted: float | None = None
     finished: float | None = None
+    first_steps: dict[int, float] = {}  # attempt -> when its first step had run
     for row in rows:
         t = float(row["time"])
         data = row["data"]
@@ -205,6 +211,8 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
             interrupts[int(data["attempt"])].append((t, str(data.get("reason", ""))))
         elif type_ == T_FINISHED and finished is None:
             finished = t
+        elif type_ == T_FIRST_STEP:
+            first_steps.setdefault(int(data["attempt"]), t)
     jg.start = max(start, submitted) if submitted is not None else start
     jg.end = min(end, finished) if finished is not None else end
     if jg.end <= jg.start:
@@ -241,10 +249,15 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
         resume_step = max((c[1] for c in ckpts if c[0] <= att.start), default=0)
         mine = [c for c in ckpts if att.start < c[0] <= stop + 1e-6 and c[2] == att.number]
         startup, restore = p.startup_s, (p.checkpoint_restore_s if resumed else 0.0)
-        if p.measure_startup and mine:
-            startup, restore = _measured_startup(p, att.start, mine[0], resume_step, restore)
-        ready0 = att.start + startup
-        ready = ready0 + restore
+        first = first_steps.get(att.number)
+        if first is not None:  # measured: start to the end of the first step, less its
+            ready = max(att.start, first - p.step_time_s)  # nominal compute
+            ready0 = max(att.start, ready - restore)
+        else:  # no first step logged: from the first checkpoint (live), else nominal
+            if p.measure_startup and mine:
+                startup, restore = _measured_startup(p, att.start, mine[0], resume_step, restore)
+            ready0 = att.start + startup
+            ready = ready0 + restore
         ev = _evidence(att, p, reports, diagnoses, drains, interrupts.get(att.number, []),
                        stop, jg.end)
         halt = min(ev.at, stop) if ev is not None else stop
@@ -291,9 +304,12 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
         if still_running:
             cursor = jg.end
             break
-        cause = ev.cause if ev is not None else _exit_cause(att)
-        jg.disruptions.append(Disruption(halt, att.number, cause,
-                                         ev.failure_mode if ev else "", graceful))
+        if att.exit_code == 0 and ev is None:  # training finished: no interruption
+            cause = CHECKPOINTING  # (its final save, below, is the only cost)
+        else:
+            cause = ev.cause if ev is not None else _exit_cause(att)
+            jg.disruptions.append(Disruption(halt, att.number, cause,
+                                             ev.failure_mode if ev else "", graceful))
         if graceful and mine and mine[-1][0] > halt:  # the save on SIGTERM
             segment(Badput.UNPRODUCTIVE_CHECKPOINT_SAVE_TIME, cause, halt, mine[-1][0])
             cursor = max(halt, min(mine[-1][0], stop))
@@ -358,8 +374,8 @@ def _evidence(att: _Attempt, p: JobParams, reports: list[tuple[float, str, str, 
     for since, node_id, cause, ctype in reports[lo:]:
         if since > horizon:
             break
-        if node_id not in att.members:
-            continue
+        if node_id not in att.members or since <= att.start:
+            continue  # (a fault at the very instant it started is the previous attempt's)
         if ctype in NON_FATAL_TYPES:
             continue  # slow, hot or full: the job goes on until it is drained (a signal)
         node_diagnoses = diagnoses.get(node_id, [])

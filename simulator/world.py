@@ -30,7 +30,7 @@ class SimNode:
     straggle: float = 1.0  # speed ratio while straggling
     life_token: int = 0
     verify_token: int = 0
-    attempt: Attempt | None = None
+    attempt: Attempt | None = None  # the last one started here; an exited one counts as none
     replacement: bool = False
 
 

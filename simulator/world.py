@@ -18,7 +18,7 @@ AGENT_SOURCE = "//mtc/sim/agent"
 OPERATOR_SOURCE = "//mtc/sim/operator"
 
 
-@dataclass
+@dataclass(slots=True)
 class SimNode:
     node_id: str
     partition: str
@@ -63,7 +63,7 @@ class SimJob:
     truth: JobTruth = field(default_factory=JobTruth)
 
 
-@dataclass
+@dataclass(slots=True)
 class Attempt:
     job: SimJob
     number: int

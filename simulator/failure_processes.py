@@ -221,7 +221,7 @@ class FailureProcesses(JobModel):
 
     def _refactor(self, node: SimNode) -> None:
         att = node.attempt
-        if att is None or not att.alive or att.stopped_at is not None:
+        if att is None or att.exited or not att.alive or att.stopped_at is not None:
             return
         members = set(att.node_ids)
         factor = min((r for n, r in self.stragglers.items() if n in members), default=1.0)

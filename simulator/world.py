@@ -18,7 +18,7 @@ AGENT_SOURCE = "//mtc/sim/agent"
 OPERATOR_SOURCE = "//mtc/sim/operator"
 
 
-@dataclass
+@dataclass(slots=True)
 class SimNode:
     node_id: str
     partition: str
@@ -31,7 +31,7 @@ class SimNode:
     life_token: int = 0
     verify_token: int = 0
     verify_since: float = 0.0  # when the current post-repair checks began (epoch s)
-    attempt: Attempt | None = None
+    attempt: Attempt | None = None  # the last one started here; an exited one counts as none
     replacement: bool = False
     stream: NodeStream | None = None  # its own failure randomness (simulator.failures.Streams)
     faults: int = 0  # faults so far: keys the detection-delay streams
@@ -71,7 +71,7 @@ class SimJob:
     truth: JobTruth = field(default_factory=JobTruth)
 
 
-@dataclass
+@dataclass(slots=True)
 class Attempt:
     job: SimJob
     number: int

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import json
 import operator
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -123,10 +124,14 @@ class DocUnitOfWork:
         self._store = store
         self._source = source
         self._clock = clock
-        self.clusters = ClusterRepository(self, CLUSTERS, _cluster_id, Cluster.from_dict)
-        self.nodes = NodeRepository(self, NODES, _node_id, Node.from_dict)
-        self.jobs = JobRepository(self, JOBS, _job_id, Job.from_dict)
-        self.partitions = PartitionRepository(self, PARTITIONS, _partition_key,
+        # the repositories reach back through a weak reference: no cycle, so a finished unit
+        # of work and every entity it loaded are freed at once, not by the cyclic collector
+        # (one per event: a million objects in a 54-day Llama 3 run)
+        me = weakref.proxy(self)
+        self.clusters = ClusterRepository(me, CLUSTERS, _cluster_id, Cluster.from_dict)
+        self.nodes = NodeRepository(me, NODES, _node_id, Node.from_dict)
+        self.jobs = JobRepository(me, JOBS, _job_id, Job.from_dict)
+        self.partitions = PartitionRepository(me, PARTITIONS, _partition_key,
                                               Partition.from_dict)
         self._txn: DocTransaction | None = None
         self._tracked: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}

@@ -147,6 +147,7 @@ class MemoryDocStore:
         candidates still have to be checked)."""
         buckets: list[set[str] | frozenset[str]] = []
         exact = True
+        every = len(self.data[collection])
         for name, value in equals.items():
             key = _key(value)
             if key is _UNHASHABLE:
@@ -161,6 +162,8 @@ class MemoryDocStore:
             buckets.append(found)
         if not buckets:
             return None, False
+        # a bucket holding every document narrows nothing (a fleet's one cluster_id)
+        buckets = [b for b in buckets if len(b) != every] or buckets[:1]
         buckets.sort(key=len)
         first, *rest = buckets
         return (first.intersection(*rest) if rest else first), exact

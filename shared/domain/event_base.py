@@ -52,8 +52,13 @@ def _plain(value: Any) -> Any:
     """Tuples become lists, all the way down (a JobStarted carries 2,048 node ids: the
     elements are checked inline, not by a call each)."""
     if isinstance(value, tuple):
+        if _SCALARS.issuperset(map(type, value)):  # no tuple inside: copied in C
+            return list(value)
         return [_plain(v) if isinstance(v, tuple) else v for v in value]
     return value
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

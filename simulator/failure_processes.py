@@ -121,14 +121,16 @@ class FailureProcesses(JobModel):
         if not fault.signal.empty:
             self._report_fault(node, fault, now)
 
-    def _report_fault(self, node: SimNode, fault: Fault, now: float) -> None:
+    def _report_fault(self, node: SimNode, fault: Fault, fault_at: float) -> None:
+        """Report ``fault`` after its detection delay; ``fault_at`` is the condition's
+        ``since`` (when the fault happened, whoever notices it and when)."""
         signal = fault.signal
         rng = self.model.streams.rng(DETECT_DOMAIN, node.node_id, node.faults, node.fault_reports)
         node.fault_reports += 1
         delay = self.sc.detection[signal.detection].sample(rng)
         if signal.heartbeat:
             delay += self.heartbeat_timeout_s
-        call_later(self.env, delay, self._send_fault_report, node, fault, now)
+        call_later(self.env, delay, self._send_fault_report, node, fault, fault_at)
 
     def _send_fault_report(self, node: SimNode, fault: Fault, fault_at: float) -> None:
         if node.deleted or (node.fault is not fault and fault.fix != "none"):

@@ -6,7 +6,11 @@ What is estimated, from the rows of :mod:`simulator.history`:
   Garwood, "Fiducial limits for the Poisson distribution", Biometrika 28, 1936). A fault is
   either a node's health report turning a condition TRUE (its ``cause`` detail names it, else
   the failure mode triage diagnosed) over the node-days the fleet was up, or, for causes with
-  no signal, an attempt's crash (``cause=`` in the exit detail) over the node-days jobs ran;
+  no signal, an attempt's crash (``cause=`` in the exit detail) over the node-days jobs ran.
+  One fault is one count until the node is cleared (returned to service, retired, or a report
+  in which every check passed): what a post-repair check, a deep check or a failed launch
+  finds on it before then, with whatever ``since`` (a rebooted node logs its XID anew), is
+  the fault the repair did not fix, not a new one;
 - each cause's signal (the first report's condition), true fix (the last repair action
   before the node returned to service, ``replace`` when it was retired) and whether it kills
   the job it hits (the attempt crashed soon after most of its faults on a job's node);
@@ -126,6 +130,7 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
     replaced_at: dict[str, float] = {}  # replacement node -> when the old one was retired
     faults: list[tuple[float, str, str, str, Mapping[str, Any]]] = []  # since, node, cause..
     seen_faults: set[tuple[str, float]] = set()
+    open_fault: set[str] = set()  # nodes with a counted fault not yet cleared (see _same_fault)
     delays: dict[str, list[float]] = defaultdict(list)
     diagnosed: dict[str, list[tuple[float, str]]] = defaultdict(list)
     node_events: dict[str, list[tuple[float, str, str]]] = defaultdict(list)
@@ -144,6 +149,7 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
             if node in replaced_at:
                 repair_runs["replace"].append((t - replaced_at.pop(node), True))
         elif type_ == "mtc.node.retired.v1":
+            open_fault.discard(node)
             retired.setdefault(node, t)
             node_events[node].append((t, "retired", ""))
             if d.get("replacement_id"):
@@ -151,7 +157,10 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
         elif type_ == "mtc.node.health_reported.v1":
             up_from.setdefault(node, start)
             reported.add(node)
-            for c in d.get("conditions") or ():
+            conditions = d.get("conditions") or ()
+            if conditions and all(c.get("status") != "true" for c in conditions):
+                open_fault.discard(node)  # every check passed: whatever it had is gone
+            for c in conditions:
                 ctype = str(c.get("type"))
                 if c.get("status") != "true" or ctype in OPERATOR_TYPES:
                     continue
@@ -164,9 +173,10 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                     silent = float(details.get("silent_for_s", 0.0))
                     since, delay = observed - silent, silent - heartbeat_timeout_s
                 key = (node, round(since, 3))
-                if key in seen_faults:
+                if key in seen_faults or node in open_fault:
                     continue  # the same fault reported again (or a second condition of it)
                 seen_faults.add(key)
+                open_fault.add(node)
                 if kind is not None:
                     delays[kind].append(max(0.0, delay))
                 faults.append((since, node, str(details.get("cause") or ""), ctype, details))
@@ -184,6 +194,7 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
             if opened is not None:
                 repair_runs[opened[1]].append((t - opened[0], not mechanical))
         elif type_ == "mtc.node.returned_to_service.v1":
+            open_fault.discard(node)
             node_events[node].append((t, "returned", ""))
         elif type_ == "mtc.job.started.v1":
             attempts[(str(d["job_id"]), int(d["attempt"]))] = (t, tuple(d.get("node_ids", ())))

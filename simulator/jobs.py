@@ -177,7 +177,9 @@ class JobModel:
         self._settle(att, now, saved=False)
         for nid, fault in broken:
             if fault is not None and not fault.signal.empty:
-                self._report_fault(self.nodes[nid], fault, now)
+                # the condition has been true since the fault, not since this launch: a
+                # report with a new ``since`` reads as a second fault (``mtc sim fit``)
+                self._report_fault(self.nodes[nid], fault, fault.at)
         self._exit(att, EXIT_CRASH, f"cause={att.cause} crashed_at={EPOCH_S + now:.3f} "
                                     f"launch failed on {broken[0][0]}")
 
@@ -279,6 +281,6 @@ class JobModel:
                 att.stopped_at = now
                 self._settle(att, now, saved=False)
 
-    def _report_fault(self, node: SimNode, fault: Fault, now: float) -> None:
+    def _report_fault(self, node: SimNode, fault: Fault, fault_at: float) -> None:
         """A broken node that failed a launch reports its fault (the failure processes)."""
         raise NotImplementedError

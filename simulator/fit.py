@@ -8,9 +8,10 @@ What is estimated, from the rows of :mod:`simulator.history`:
   the failure mode triage diagnosed) over the node-days the fleet was up, or, for causes with
   no signal, an attempt's crash (``cause=`` in the exit detail) over the node-days jobs ran.
   One fault is one count until the node is cleared (returned to service, retired, or a report
-  in which every check passed): what a post-repair check, a deep check or a failed launch
-  finds on it before then, with whatever ``since`` (a rebooted node logs its XID anew), is
-  the fault the repair did not fix, not a new one;
+  in which every check passed): what a post-repair or deep check finds on it before then
+  (its ``since`` is the check's time) is the fault the repair did not fix, and so is a report
+  whose ``since`` is before the last repair; only a fault that began after a repair completed
+  is a new one;
 - each cause's signal (the first report's condition), true fix (the last repair action
   before the node returned to service, ``replace`` when it was retired) and whether it kills
   the job it hits (the attempt crashed soon after most of its faults on a job's node);
@@ -130,7 +131,8 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
     replaced_at: dict[str, float] = {}  # replacement node -> when the old one was retired
     faults: list[tuple[float, str, str, str, Mapping[str, Any]]] = []  # since, node, cause..
     seen_faults: set[tuple[str, float]] = set()
-    open_fault: set[str] = set()  # nodes with a counted fault not yet cleared (see _same_fault)
+    # node -> when a repair of its counted, not yet cleared fault last completed (-inf: none)
+    open_fault: dict[str, float] = {}
     delays: dict[str, list[float]] = defaultdict(list)
     diagnosed: dict[str, list[tuple[float, str]]] = defaultdict(list)
     node_events: dict[str, list[tuple[float, str, str]]] = defaultdict(list)
@@ -149,7 +151,7 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
             if node in replaced_at:
                 repair_runs["replace"].append((t - replaced_at.pop(node), True))
         elif type_ == "mtc.node.retired.v1":
-            open_fault.discard(node)
+            open_fault.pop(node, None)
             retired.setdefault(node, t)
             node_events[node].append((t, "retired", ""))
             if d.get("replacement_id"):
@@ -159,7 +161,7 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
             reported.add(node)
             conditions = d.get("conditions") or ()
             if conditions and all(c.get("status") != "true" for c in conditions):
-                open_fault.discard(node)  # every check passed: whatever it had is gone
+                open_fault.pop(node, None)  # every check passed: whatever it had is gone
             for c in conditions:
                 ctype = str(c.get("type"))
                 if c.get("status") != "true" or ctype in OPERATOR_TYPES:
@@ -173,10 +175,11 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                     silent = float(details.get("silent_for_s", 0.0))
                     since, delay = observed - silent, silent - heartbeat_timeout_s
                 key = (node, round(since, 3))
-                if key in seen_faults or node in open_fault:
+                if key in seen_faults or _same_fault(open_fault.get(node), since,
+                                                     str(d.get("source", ""))):
                     continue  # the same fault reported again (or a second condition of it)
                 seen_faults.add(key)
-                open_fault.add(node)
+                open_fault[node] = -math.inf
                 if kind is not None:
                     delays[kind].append(max(0.0, delay))
                 faults.append((since, node, str(details.get("cause") or ""), ctype, details))
@@ -191,10 +194,12 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
             mechanical = not d.get("ok") and NOT_BACK not in str(d.get("detail", ""))
             if mechanical:
                 node_events[node].append((t, "failed", str(d["action"])))
+            if d.get("ok") and node in open_fault:
+                open_fault[node] = t  # a fault since now is a new one, unless checks find it
             if opened is not None:
                 repair_runs[opened[1]].append((t - opened[0], not mechanical))
         elif type_ == "mtc.node.returned_to_service.v1":
-            open_fault.discard(node)
+            open_fault.pop(node, None)
             node_events[node].append((t, "returned", ""))
         elif type_ == "mtc.job.started.v1":
             attempts[(str(d["job_id"]), int(d["attempt"]))] = (t, tuple(d.get("node_ids", ())))
@@ -266,6 +271,19 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                             checkpoint_interval_s=statistics.median(gaps) - p.checkpoint_save_s)
     return Fit(end - start, len(initial), job_nodes, node_days, job_node_days, tuple(causes),
                tuple(repairs), detection, jobs)
+
+
+CHECK_SOURCES = frozenset({"post-repair-check", "deep-check"})  # their since: the check's time
+
+
+def _same_fault(repaired_at: float | None, since: float, source: str) -> bool:
+    """Whether a TRUE condition on a node with a counted, not yet cleared fault is that fault.
+    ``repaired_at`` is when a repair of it last completed (-inf: none yet). A check after the
+    repair finding one, with the check's time as ``since``, is the fault the repair did not
+    fix; the agent's own report says when its fault happened: after the repair, a new one."""
+    if repaired_at is None:
+        return False
+    return source in CHECK_SOURCES or since <= repaired_at
 
 
 KILL_WINDOW_S = 900.0  # a fault that kills a job makes it crash within this (NCCL watchdog)

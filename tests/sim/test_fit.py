@@ -19,7 +19,9 @@ from simulator.scenario import load_scenario, parse_scenario
 
 KNOWN: dict[str, Any] = {
     "name": "known",
-    "seed": 2,  # seed 5 drew 17 hbm faults of 28 expected after the keyed streams (see docs)
+    # not 5: its keyed streams draw 18 hbm arrivals (17 strike) of ~28 expected, a 2% tail
+    # draw, not a bias (160 seeds: 27.8 a run; docs/simulator.md), outside the 95% interval
+    "seed": 2,
     "duration": "40d",
     "cluster": {"cluster_id": "k", "partitions": [{"name": "train", "nodes": 24, "spares": 4}],
                 "provision": "5m"},
@@ -176,3 +178,18 @@ def test_a_climbing_ladder_counts_each_fault_once() -> None:
     assert sum(c.count for c in health) > 30
     for c in health:
         assert c.count == result.failures[c.name], c.name
+
+
+def test_a_fault_that_began_after_a_repair_is_a_new_one() -> None:
+    """Seed 125: a reboot fixed the XID; another struck 54 s later, while the post-repair
+    checks ran. The check finds it (its since: the check's time), then the agent reports it
+    with its own since, after the repair: two faults, as the twin drew."""
+    rows = [_row(0, "cluster.ready", cluster_id="c"), _row(0, "node.provisioned", node_id="n1"),
+            _xid(100, 90),
+            _row(120, "node.repair_started", node_id="n1", attempt=1, action="reboot"),
+            _row(1000, "node.repair_completed", node_id="n1", attempt=1, action="reboot",
+                 ok=True),
+            _xid(1060, 1060, "post-repair-check"),
+            _xid(1070, 1054),  # the agent: it began at 1054, after the reboot
+            _xid(1400, 90)]  # a late re-report of the first: still one
+    assert fitting.fit(rows).cause("gpu_off_bus").count == 2

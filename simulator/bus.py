@@ -98,14 +98,18 @@ class SimBus:
     def _deliver(self, envelope: Envelope, services: tuple[str, ...] | None, n: int) -> None:
         deps = self.deps
         assert deps is not None, "SimBus.deps must be set before the simulation runs"
+        at = self.env.now  # one read of the clock per delivery (every name below is local)
+        etype = envelope.event.TYPE
         if self.record is not None:
-            self.record.append((float(self.env.now), envelope, services, None))
+            self.record.append((float(at), envelope, services, None))
         stats = self.stats
+        handler_s, outcomes = stats.handler_s, stats.outcomes
         failed: list[str] = []
-        for service, handler in self.routes.subscribers(envelope.type):
+        clock = time.perf_counter
+        for service, handler in self.routes.subscribers(etype):
             if services is not None and service not in services:
                 continue
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 outcome = run_handler(service, handler, envelope, deps)
             except PermanentError:  # pragma: no cover - run_handler dead-letters these
@@ -114,9 +118,9 @@ class SimBus:
                 failed.append(service)
                 outcome = None
                 self.errors[f"{service}: {type(exc).__name__}: {exc}"[:200]] += 1
-            stats.handler_s[service] += time.perf_counter() - t0
+            handler_s[service] += clock() - t0
             if outcome is not None:
-                stats.outcomes[outcome.value] += 1
+                outcomes[outcome._value_] += 1
         if failed:
             if n < self.cfg.max_deliveries:
                 stats.retries += 1
@@ -124,17 +128,18 @@ class SimBus:
                            envelope, tuple(failed), n + 1)
             else:
                 stats.gave_up += 1
-                log.warning("gave up delivering %s to %s after %d attempts", envelope.type,
+                log.warning("gave up delivering %s to %s after %d attempts", etype,
                             ",".join(failed), n)
-        if services is not None or envelope.id in self._seen:
+        seen = self._seen
+        if services is not None or envelope.id in seen:
             return
-        now = self.clock.now()
-        self._seen[envelope.id] = now
-        if len(self._seen) >= self._next_prune:
+        now = self.clock.epoch_s + float(at)
+        seen[envelope.id] = now
+        if len(seen) >= self._next_prune:
             self._prune_seen(now)
         stats.delivered += 1
-        stats.by_type[envelope.type] += 1
-        self.rows.append({"type": envelope.type, "time": envelope.time,
+        stats.by_type[etype] += 1
+        self.rows.append({"type": etype, "time": envelope.time,
                           "data": envelope.event.to_dict(), "id": envelope.id,
                           "source": envelope.source, "delivered_at": now})
         for listener in self.listeners:

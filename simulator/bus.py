@@ -8,7 +8,9 @@ event log (``rows``) the goodput accounting reads, and per-service handler time.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -18,7 +20,6 @@ from typing import Any
 import numpy as np
 import simpy
 
-from shared.adapters.outbox import make_envelope
 from shared.domain.errors import PermanentError
 from shared.domain.events import Envelope, Event
 from shared.handling import Deps, Outcome, Routes, run_handler
@@ -42,6 +43,7 @@ class BusStats:
 
 
 Listener = Callable[[Envelope], None]
+PRUNE_EVERY = 4096  # deliveries between two looks at the oldest ids in ``SimBus._seen``
 
 
 class SimBus:
@@ -61,7 +63,13 @@ class SimBus:
         # (time, envelope, services, api call): what was delivered, for replays (bench)
         self.record: list[tuple[float, Envelope | None, tuple[str, ...] | None, Any]] | None = (
             [] if record else None)
-        self._seen: set[str] = set()
+        # ids already logged, in delivery order, with the delivery time: a duplicate is
+        # logged once; ids older than the idempotency window are forgotten (as the handlers
+        # forget theirs), so the set does not grow with the run
+        self._seen: dict[str, float] = {}
+        self._seen_window_s = math.inf
+        self._next_prune = PRUNE_EVERY
+        self._ids = itertools.count(1)
         self.errors: dict[str, int] = defaultdict(int)  # handler exceptions, by message
         self._fixed_latency = cfg.latency.kind == "fixed"
 
@@ -80,21 +88,28 @@ class SimBus:
 
     def emit(self, event: Event, source: str) -> Envelope:
         """Publish an event from outside any transaction (compute, agents, operators)."""
-        envelope = make_envelope(event, source, self.clock.now())
+        # the id from a counter, not uuid4: unique within the run, and cheaper (one per
+        # agent report); nothing reads more into it than uniqueness
+        envelope = Envelope(event=event, id=f"sim-{next(self._ids):x}", source=source,
+                            time=self.clock.now())
         self.publish(envelope)
         return envelope
 
     def _deliver(self, envelope: Envelope, services: tuple[str, ...] | None, n: int) -> None:
         deps = self.deps
         assert deps is not None, "SimBus.deps must be set before the simulation runs"
+        at = self.env.now  # one read of the clock per delivery (every name below is local)
+        etype = envelope.event.TYPE
         if self.record is not None:
-            self.record.append((float(self.env.now), envelope, services, None))
+            self.record.append((float(at), envelope, services, None))
         stats = self.stats
+        handler_s, outcomes = stats.handler_s, stats.outcomes
         failed: list[str] = []
-        for service, handler in self.routes.subscribers(envelope.type):
+        clock = time.perf_counter
+        for service, handler in self.routes.subscribers(etype):
             if services is not None and service not in services:
                 continue
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 outcome = run_handler(service, handler, envelope, deps)
             except PermanentError:  # pragma: no cover - run_handler dead-letters these
@@ -103,9 +118,9 @@ class SimBus:
                 failed.append(service)
                 outcome = None
                 self.errors[f"{service}: {type(exc).__name__}: {exc}"[:200]] += 1
-            stats.handler_s[service] += time.perf_counter() - t0
+            handler_s[service] += clock() - t0
             if outcome is not None:
-                stats.outcomes[outcome.value] += 1
+                outcomes[outcome._value_] += 1
         if failed:
             if n < self.cfg.max_deliveries:
                 stats.retries += 1
@@ -113,15 +128,34 @@ class SimBus:
                            envelope, tuple(failed), n + 1)
             else:
                 stats.gave_up += 1
-                log.warning("gave up delivering %s to %s after %d attempts", envelope.type,
+                log.warning("gave up delivering %s to %s after %d attempts", etype,
                             ",".join(failed), n)
-        if services is not None or envelope.id in self._seen:
+        seen = self._seen
+        if services is not None or envelope.id in seen:
             return
-        self._seen.add(envelope.id)
+        now = self.clock.epoch_s + float(at)
+        seen[envelope.id] = now
+        if len(seen) >= self._next_prune:
+            self._prune_seen(now)
         stats.delivered += 1
-        stats.by_type[envelope.type] += 1
-        self.rows.append({"type": envelope.type, "time": envelope.time,
+        stats.by_type[etype] += 1
+        self.rows.append({"type": etype, "time": envelope.time,
                           "data": envelope.event.to_dict(), "id": envelope.id,
-                          "source": envelope.source, "delivered_at": self.clock.now()})
+                          "source": envelope.source, "delivered_at": now})
         for listener in self.listeners:
             listener(envelope)
+
+    def _prune_seen(self, now: float) -> None:
+        """Forget the ids logged longer ago than the idempotency window (oldest first)."""
+        if self._seen_window_s == math.inf and self.deps is not None:
+            self._seen_window_s = self.deps.config.idempotency_window_s
+        cutoff = now - self._seen_window_s
+        seen = self._seen
+        stale = []
+        for key, at in seen.items():
+            if at >= cutoff:
+                break
+            stale.append(key)
+        for key in stale:
+            del seen[key]
+        self._next_prune = len(seen) + PRUNE_EVERY

@@ -297,16 +297,21 @@ class SimCompute(FailureProcesses):
         job.attempt = att
         job.truth.attempts += 1
         broken: list[tuple[str, Fault | None]] = []
+        # one pass over the gang (2,048 nodes per restart): locals only, one read of each
+        # node's previous attempt and fault
+        get = self.nodes.get
         for nid in node_ids:
-            node = self.nodes.get(nid)
+            node = get(nid)
             if node is None or node.deleted or not node.up:
                 broken.append((nid, None))
                 continue
-            if node.attempt is not None and node.attempt.alive and node.attempt is not att:
-                self._kill(node.attempt, now, "node taken by another attempt", hang=False)
+            prev = node.attempt
+            if prev is not None and prev.alive and prev is not att:
+                self._kill(prev, now, "node taken by another attempt", hang=False)
             node.attempt = att
-            if node.fault is not None and node.fault.signal.blocks_launch:
-                broken.append((nid, node.fault))
+            fault = node.fault
+            if fault is not None and fault.signal.blocks_launch:
+                broken.append((nid, fault))
         factor = 1.0
         if self.stragglers:
             members = set(node_ids)

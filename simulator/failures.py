@@ -169,8 +169,8 @@ _HEALTHY_TYPES = tuple(t.value for t in ConditionType if t is not ConditionType.
 
 def healthy_conditions(observed_at: float) -> tuple[dict[str, Any], ...]:
     """A full agent report in which every check ran and found nothing."""
-    return tuple({"type": t, "status": "false", "reason": "checked", "since": observed_at,
-                  "details": {}} for t in _HEALTHY_TYPES)
+    return tuple([{"type": t, "status": "false", "reason": "checked", "since": observed_at,
+                   "details": {}} for t in _HEALTHY_TYPES])  # (a list: no generator frame)
 
 
 
@@ -287,6 +287,10 @@ DETECT_DOMAIN = 3  # per (node, fault number): detection delay
 PROVISION_DOMAIN = 4  # per node: boot time (or the replacement's lead time)
 
 
+_Generator, _PCG64, _SeedSequence = np.random.Generator, np.random.PCG64, np.random.SeedSequence
+_WORD = 0xFFFF_FFFF
+
+
 def stable_key(text: str) -> int:
     """A 32-bit key for a name, the same in every process (``hash()`` is salted)."""
     return zlib.crc32(text.encode("utf-8"))
@@ -301,13 +305,28 @@ class Streams:
 
     def __init__(self, base: int) -> None:
         self.base = base
+        # the base as SeedSequence reads an int: 32-bit words, least significant first
+        words, rest = [], base
+        while True:
+            words.append(rest & _WORD)
+            rest >>= 32
+            if not rest:
+                break
+        self._words = tuple(words)
 
     @classmethod
     def from_rng(cls, rng: np.random.Generator) -> Streams:
         return cls(int(rng.integers(2**63)))
 
     def rng(self, domain: int, name: str, *index: int) -> np.random.Generator:
-        return np.random.default_rng([self.base, domain, stable_key(name), *index])
+        # what ``default_rng([base, domain, key, *index])`` builds, with the entropy handed
+        # over as the uint32 words SeedSequence would make of that list (the same numbers,
+        # a quarter cheaper: two streams per node)
+        key = stable_key(name)
+        if domain > _WORD or any(not 0 <= i <= _WORD for i in index):
+            return _Generator(_PCG64(_SeedSequence([self.base, domain, key, *index])))
+        words = np.array((*self._words, domain, key, *index), dtype=np.uint32)
+        return _Generator(_PCG64(_SeedSequence(words)))
 
 
 class NodeStream:

@@ -1,0 +1,60 @@
+"""SimBus logs each envelope once (duplicates included) and forgets the ids it logged longer
+ago than the idempotency window, so its dedup set does not grow with the run."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import simpy
+
+from shared.domain.events import NodeProvisioned
+from shared.handling import Routes
+from simulator import bus as bus_module
+from simulator.bus import SimBus
+from simulator.clock import SimClock, call_later
+from simulator.readers import Dist
+from simulator.scenario_types import BusCfg
+
+WINDOW_S = 3600.0
+
+
+def _bus(duplicate: float) -> tuple[simpy.Environment, SimBus]:
+    env = simpy.Environment()
+    cfg = BusCfg(latency=Dist.fixed(0.05), duplicate=duplicate, reorder=0.0,
+                 reorder_delay=Dist.fixed(0.0), retry_delay_s=1.0, max_deliveries=3)
+    bus = SimBus(env, cfg, np.random.default_rng(1), SimClock(env), Routes({}))
+    deps: Any = SimpleNamespace(config=SimpleNamespace(idempotency_window_s=WINDOW_S))
+    bus.deps = deps
+    return env, bus
+
+
+def _emit(bus: SimBus, i: int) -> None:
+    bus.emit(NodeProvisioned(node_id=f"n{i}"), "test")
+
+
+def test_a_duplicate_is_logged_once() -> None:
+    env, bus = _bus(duplicate=1.0)  # every envelope delivered twice
+    for i in range(50):
+        call_later(env, float(i), _emit, bus, i)
+    env.run()
+    assert bus.stats.duplicates == 50
+    assert bus.stats.delivered == 50
+    assert len(bus.rows) == 50
+    assert len({row["id"] for row in bus.rows}) == 50
+
+
+def test_ids_older_than_the_window_are_forgotten(monkeypatch: Any) -> None:
+    monkeypatch.setattr(bus_module, "PRUNE_EVERY", 100)
+    env, bus = _bus(duplicate=0.0)
+    bus._next_prune = 100
+    events = 2_000  # one a minute for 33 hours: the window holds 60 of them
+    for i in range(events):
+        call_later(env, 60.0 * i, _emit, bus, i)
+    env.run()
+    assert bus.stats.delivered == events
+    assert len(bus.rows) == events  # the event log keeps everything; only the ids go
+    assert len(bus._seen) <= 60 + 100 + 1
+    newest = max(bus._seen.values())
+    assert all(newest - at <= WINDOW_S + 60.0 * 100 for at in bus._seen.values())

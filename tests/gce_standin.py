@@ -107,6 +107,16 @@ class ComputeStandin:
                 "type": kind, "canReschedule": can_reschedule, "windowStartTime": start,
                 "maintenanceStatus": "PENDING"}
 
+    def preempt(self, name: str) -> None:
+        """What Compute Engine does to a SPOT or FLEX_START VM it reclaims: it stops it."""
+        with self.lock:
+            self.state.instances[name].update(status="TERMINATED", lastStopTimestamp=_stamp())
+
+    def lose(self, name: str) -> None:
+        """An instance deleted behind mtc's back (a person, another tool)."""
+        with self.lock:
+            self.state.instances.pop(name, None)
+
     def instance(self, name: str) -> dict[str, Any] | None:
         with self.lock:
             inst = self.state.instances.get(name)

@@ -89,7 +89,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     requested_at REAL NOT NULL, provisioned INTEGER NOT NULL DEFAULT 0,
     handed INTEGER NOT NULL DEFAULT 0, deleted INTEGER NOT NULL DEFAULT 0,
     cordon_reason TEXT NOT NULL DEFAULT '', maintenance TEXT NOT NULL DEFAULT '',
-    next_watch_at REAL NOT NULL DEFAULT 0, life INTEGER NOT NULL DEFAULT 1);
+    next_watch_at REAL NOT NULL DEFAULT 0, life INTEGER NOT NULL DEFAULT 1,
+    lost TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS repairs (
     node_id TEXT NOT NULL, attempt INTEGER NOT NULL, action TEXT NOT NULL,
     started_at REAL NOT NULL, completed_at REAL, PRIMARY KEY (node_id, attempt));
@@ -160,6 +161,7 @@ class GceCompute(MaintenanceWatch):
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._init_state(_SCHEMA)
+        self._migrate_lost()
 
     # ------------------------------------------------------------ the port (machines)
 
@@ -317,6 +319,11 @@ class GceCompute(MaintenanceWatch):
                 return True
             if step == "delete" and exc.code == "notFound":
                 self._next_step(key, task["step"] + 1)  # gone already: what delete wants
+                return True
+            if step == "faulty" and exc.code == "notFound":
+                # no instance to report (preempted and deleted, or removed behind mtc's
+                # back): no host to vouch against, so the replace goes on to recreate it
+                self._next_step(key, task["step"] + 1)
                 return True
             raise
         now = self._clock.now()

@@ -1,4 +1,6 @@
-"""Planned maintenance on Compute Engine: ``resourceStatus.upcomingMaintenance`` as a condition.
+"""Planned maintenance on Compute Engine: ``resourceStatus.upcomingMaintenance`` as a condition,
+and an instance the provider took away (a SPOT/FLEX_START preemption, a stop nobody asked for,
+an instance gone) as a ``PreemptionNotice`` with no notice left.
 
 Every ``watch_interval_s`` each running instance of ``GceCompute`` (with no task under way) is
 read and its ``upcomingMaintenance`` turned into the ``UpcomingMaintenance`` condition, reported
@@ -23,6 +25,9 @@ from shared.domain.health import COMPUTE_SOURCE, Condition, ConditionStatus, Con
 
 log = logging.getLogger("mtc.compute.gce")
 MAINTENANCE = ConditionType.UPCOMING_MAINTENANCE.value
+LOST = ConditionType.PREEMPTION_NOTICE.value
+# instance states mtc did not ask for when no task is under way: the machine is not serving
+_NOT_SERVING = frozenset({"STOPPING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED"})
 
 
 class MaintenanceWatch(FactState):
@@ -51,10 +56,41 @@ class MaintenanceWatch(FactState):
             with self._tx() as db:
                 db.execute("UPDATE nodes SET next_watch_at = ? WHERE node_id = ?",
                            (now + self._watch, node["node_id"]))
+                self._queue(db, self._lost(db, node["node_id"], inst, now))
                 if inst is None:  # gone without being asked (a preemption, a person)
                     log.warning("instance %s of %s is gone", node["instance"], node["node_id"])
                     continue
                 self._queue(db, self._report(db, node["node_id"], inst, now, COMPUTE_SOURCE))
+
+    def _migrate_lost(self) -> None:
+        """State written before the ``lost`` column existed gets it (empty: serving)."""
+        with self._tx() as db:
+            columns = {row[1] for row in db.execute("PRAGMA table_info(nodes)")}
+            if "lost" not in columns:
+                db.execute("ALTER TABLE nodes ADD COLUMN lost TEXT NOT NULL DEFAULT ''")
+
+    def _lost(self, db: sqlite3.Connection, node_id: str, inst: Mapping[str, Any] | None,
+              now: float) -> NodeHealthReported | None:
+        """A machine the provider took away while no task of ours was under way is reported
+        once as a ``PreemptionNotice`` with 0 s of notice (triage: checkpoint what can be,
+        replace the node), and once FALSE when it serves again; None when nothing changed."""
+        status = str((inst or {}).get("status") or "GONE")
+        scheduling = (inst or {}).get("scheduling") or {}
+        lost = status if inst is None or status in _NOT_SERVING else ""
+        row = db.execute("SELECT lost FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+        if row is None or row["lost"] == lost:
+            return None
+        db.execute("UPDATE nodes SET lost = ? WHERE node_id = ?", (lost, node_id))
+        if not lost:
+            cond = Condition(LOST, ConditionStatus.FALSE, "the instance is running again", now)
+        else:
+            model = str(scheduling.get("provisioningModel") or "STANDARD")
+            kind = ("preempted" if model in ("SPOT", "FLEX_START") or scheduling.get("preemptible")
+                    else "gone" if inst is None else "stopped")
+            cond = Condition(LOST, ConditionStatus.TRUE,
+                             f"instance {status.lower()} without being asked ({kind}, {model})",
+                             now, {"notice_s": 0.0, "kind": kind, "instance_status": status})
+        return NodeHealthReported(node_id, now, (cond.to_dict(),), source=COMPUTE_SOURCE)
 
     def _report(self, db: sqlite3.Connection, node_id: str, inst: Mapping[str, Any] | None,
                 now: float, source: str, *, force: bool = False) -> NodeHealthReported | None:

@@ -224,6 +224,41 @@ def test_planned_maintenance_is_reported_once_and_triage_moves_the_job_before_it
     assert [c["status"] for c in post[0].conditions] == ["false"]
 
 
+def lost_reports(rig: Rig, node_id: str) -> list[dict[str, object]]:
+    return [c for e in rig.events.of(NodeHealthReported) if e.node_id == node_id
+            for c in e.conditions if c["type"] == "PreemptionNotice"]
+
+
+def test_a_preempted_spot_vm_is_reported_once_and_triage_replaces_it(rig: Rig) -> None:
+    rig.up("w0")  # pool "pool" is SPOT
+    rig.run(120, step=10.0)
+    assert lost_reports(rig, "w0") == []  # a serving VM says nothing of preemption
+    rig.standin.preempt(instance_name(rig.config, "w0"))
+    rig.run(240, step=10.0)  # four watch intervals: one report, on the change
+    [cond] = lost_reports(rig, "w0")
+    assert (cond["status"], cond["details"]["kind"], cond["details"]["notice_s"]) == (
+        "true", "preempted", 0.0)
+    report = [e for e in rig.events.of(NodeHealthReported)
+              if any(c["type"] == "PreemptionNotice" for c in e.conditions)][0]
+    health = HealthReport("w0", report.observed_at,
+                          tuple(Condition.from_dict(c) for c in report.conditions), report.source)
+    diagnosis = triage(health, (), report.observed_at, load_triage_table())
+    assert (diagnosis.failure_mode, diagnosis.action) == ("preemption_notice",
+                                                          RepairAction.REPLACE)
+
+
+def test_an_instance_gone_behind_mtcs_back_is_reported_and_cleared_when_it_serves_again(
+        rig: Rig) -> None:
+    rig.up("w1", pool="resv")  # STANDARD with a reservation: not preemptible
+    rig.standin.lose(instance_name(rig.config, "w1"))
+    rig.run(120, step=10.0)
+    [cond] = lost_reports(rig, "w1")
+    assert (cond["status"], cond["details"]["kind"]) == ("true", "gone")
+    rig.gce.start_repair("w1", RepairAction.REPLACE, 1)  # recreated from the template
+    rig.run(240, step=5.0)
+    assert [c["status"] for c in lost_reports(rig, "w1")] == ["true", "false"]
+
+
 def test_delete_removes_the_instance_and_a_deleted_node_is_left_alone(rig: Rig) -> None:
     rig.up("w0")
     rig.gce.delete_node("w0")

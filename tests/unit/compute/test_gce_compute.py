@@ -238,8 +238,8 @@ def test_a_preempted_spot_vm_is_reported_once_and_triage_replaces_it(rig: Rig) -
     [cond] = lost_reports(rig, "w0")
     assert (cond["status"], cond["details"]["kind"], cond["details"]["notice_s"]) == (
         "true", "preempted", 0.0)
-    report = [e for e in rig.events.of(NodeHealthReported)
-              if any(c["type"] == "PreemptionNotice" for c in e.conditions)][0]
+    report = next(e for e in rig.events.of(NodeHealthReported)
+              if any(c["type"] == "PreemptionNotice" for c in e.conditions))
     health = HealthReport("w0", report.observed_at,
                           tuple(Condition.from_dict(c) for c in report.conditions), report.source)
     diagnosis = triage(health, (), report.observed_at, load_triage_table())

@@ -44,14 +44,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.soak_controller import open_app  # noqa: E402
+from bench.soak_controller import PROGRESS_TIMEOUT_S, open_app  # noqa: E402
 from services.cli.commands_local import fault_conditions  # noqa: E402
 from services.job_submission import handlers as api  # noqa: E402
 from services.repair import operator  # noqa: E402
 from services.wiring.builder import COMPUTE_SOURCES  # noqa: E402
 from services.wiring.embedded import EmbeddedApp  # noqa: E402
 from shared.adapters.outbox import envelope_from_doc, make_envelope  # noqa: E402
-from shared.domain import lifecycle  # noqa: E402
+from shared.config import ControlPlaneConfig  # noqa: E402
+from shared.domain import lifecycle, progress  # noqa: E402
 from shared.domain.errors import MtcError  # noqa: E402
 from shared.domain.events import Envelope, NodeHealthReported  # noqa: E402
 from shared.domain.health import Condition, ConditionStatus, ConditionType  # noqa: E402
@@ -1096,7 +1097,12 @@ class Soak:
             has_room, why = room.get(job.job_id, (True, ""))
             had_room = has_room and p.capacity_since is not None \
                 and now - p.capacity_since > FINAL_QUIET_S
-            if (waiting and had_room) or (not waiting and quiet > FINAL_QUIET_S):
+            # a running job silent no longer than the hung-job watchdog allows it (its limit,
+            # then the grace to checkpoint and leave) is still the system's to catch
+            watched = progress.limit(job, SETTINGS.get("progress_timeout_s", PROGRESS_TIMEOUT_S),
+                                     ControlPlaneConfig().progress_interval_factor) or 0.0
+            allowed = FINAL_QUIET_S + watched + SETTINGS["grace_period_s"]
+            if (waiting and had_room) or (not waiting and quiet > allowed):
                 self.violate(("unfinished", p.job_id), "job makes progress",
                              f"{p.job_id} ({p.replicas}x{p.steps} steps) still "
                              f"{job.state.value} (attempt {job.attempt}) {self.settle_s:.0f} s "

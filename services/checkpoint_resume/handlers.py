@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 
 from services.checkpoint_resume import restarts
-from shared.domain import exits, lifecycle, progress, timeouts
+from shared.domain import exits, lifecycle, progress, ranks, timeouts
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
     JobCheckpointSaved,
@@ -153,26 +153,21 @@ def _finish(job: Job, state: JobState, detail: str, uow: UnitOfWork, deps: Deps)
 def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps) -> None:
     """Replace only what failed: nodes taken out of service leave the allocation, the healthy
     rest stay allocated to the job, and scheduling fills the holes (spares first)."""
-    out = _out_of_service(job.cluster_id, uow)
-    lost = [n for n in job.node_ids if n and n in out]
-    _release(lost, job.job_id, uow, deps)
+    gone = restarts.out_of_service(job, uow).intersection(job.node_ids)
+    gone.discard("")
+    _release(ranks.in_rank_order(gone, job.node_ids), job.job_id, uow, deps)
     job.transition(JobState.PENDING, deps.clock.now())
     job.restart_count += 1
-    job.previous_node_ids = [n for n in job.node_ids if n]
-    job.node_ids = ["" if n in lost else n for n in job.node_ids]
+    job.previous_node_ids = list(filter(None, job.node_ids))
+    job.node_ids = ranks.with_holes(job.node_ids, gone)
     job.interrupt_requested_at = None
     job.interrupt_reason = ""
     uow.emit(JobRequeued(job_id=job.job_id, cluster_id=job.cluster_id,
                          restart_count=job.restart_count, reason=reason))
 
 
-def _out_of_service(cluster_id: str, uow: UnitOfWork) -> set[str]:
-    """From the partition aggregates: no need to read every node of a 2,048-node job."""
-    return lifecycle.out_of_service(uow.partitions.list(cluster_id))
-
-
 def _release_nodes(job: Job, uow: UnitOfWork, deps: Deps) -> None:
-    _release([n for n in job.node_ids if n], job.job_id, uow, deps)
+    _release(list(filter(None, job.node_ids)), job.job_id, uow, deps)
 
 
 def _release(node_ids: list[str], job_id: str, uow: UnitOfWork, deps: Deps) -> None:
@@ -193,7 +188,7 @@ def _release_orphan(node_id: str, uow: UnitOfWork, deps: Deps) -> None:
             and node_id in job.node_ids:
         return
     if job is not None and job.state is JobState.PENDING and node_id in job.node_ids:
-        job.node_ids = ["" if n == node_id else n for n in job.node_ids]  # held, now lost
+        job.node_ids = ranks.with_holes(job.node_ids, {node_id})  # held, now lost
     if lifecycle.release_from_job(node, None, deps.clock.now()):
         uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
 

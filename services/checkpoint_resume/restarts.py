@@ -16,7 +16,8 @@ and reboot it, or hold it). Nodes already out of service are repair's and not co
 
 from __future__ import annotations
 
-from shared.domain import lifecycle
+from shared.domain import lifecycle, ranks
+from shared.domain.adopted import adopted
 from shared.domain.events import NodeDiagnosed, NodeDrained
 from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus
 from shared.domain.model import Job, Node, NodeState
@@ -34,22 +35,29 @@ def faulty(node: Node) -> bool:
                for t, c in node.conditions.items())
 
 
+def out_of_service(job: Job, uow: UnitOfWork) -> set[str]:
+    """The nodes out of service where ``job`` can have nodes, from the partition aggregates
+    (no node read): the partition it names (placement gives it no other), else every
+    partition of its cluster. Slurm places the jobs mtc adopted: all partitions for those."""
+    name = job.spec.scheduling.partition
+    if name and not adopted(job.spec):
+        partition = uow.partitions.get(job.cluster_id, name)
+        return lifecycle.out_of_service([partition] if partition is not None else [])
+    return lifecycle.out_of_service(uow.partitions.list(job.cluster_id))
+
+
 def evidence(job: Job, uow: UnitOfWork) -> tuple[bool, list[str]]:
     """Whether a node under the attempt failed (lost, out of service, faulty), and the nodes
     still in service to blame for it (faulty, or held SUSPECT)."""
-    out = lifecycle.out_of_service(uow.partitions.list(job.cluster_id))
+    out = out_of_service(job, uow)
     # a sound node allocated to the job has nothing against it: only the others are read
     # (a keys-only query: a restart reads a handful of nodes, not all 2,048 of the job)
     sound = uow.nodes.ids(job.cluster_id, job_id=job.job_id, state=NodeState.ALLOCATED,
                           sound=True)
-    lost = False
+    held = ranks.members(job.node_ids)
+    lost = not out.isdisjoint(held)
     blamed: set[str] = set()
-    for node_id in filter(None, job.node_ids):
-        if node_id in out:
-            lost = True
-            continue
-        if node_id in sound:
-            continue
+    for node_id in ranks.in_rank_order((held - sound) - out, job.node_ids):
         node = uow.nodes.get(node_id)
         if node is None or node.state not in (NodeState.ALLOCATED, NodeState.SUSPECT):
             lost = True  # gone or taken out: repair has it already
@@ -83,7 +91,7 @@ def after_failed_attempt(job: Job, blamed: list[str], uow: UnitOfWork, deps: Dep
     if suspects:
         rec.failed_on = restarts.forget(rec.failed_on, suspects)
         rec.excluded_node_ids = sorted(set(rec.excluded_node_ids) | set(suspects))
-        job.node_ids = ["" if n in suspects else n for n in job.node_ids]
+        job.node_ids = ranks.with_holes(job.node_ids, set(suspects))
     return suspects
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from services.job_submission.adoption import on_job_adopted
-from shared.domain import lifecycle, progress, timeouts
+from shared.domain import lifecycle, progress, ranks, timeouts
 from shared.domain.adopted import RESERVED_LABELS, adopted
 from shared.domain.errors import Conflict, NotFound, ValidationError
 from shared.domain.events import (
@@ -342,14 +342,14 @@ def _drop_unfit(job: Job, uow: UnitOfWork, deps: Deps) -> None:
     # a sound node allocated to the job keeps it: read only the others (keys-only query)
     sound = uow.nodes.ids(job.cluster_id, job_id=job.job_id, state=NodeState.ALLOCATED,
                           sound=True)
-    for node_id in [n for n in job.node_ids if n and n not in sound]:
+    for node_id in ranks.in_rank_order(ranks.members(job.node_ids) - sound, job.node_ids):
         node = uow.nodes.get(node_id)
         if node is not None and node.job_id == job.job_id and lifecycle.takes_work(node):
             continue
         if node is not None and lifecycle.release_from_job(node, job.job_id, now,
                                                            "takes no new work"):
             uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
-        job.node_ids = ["" if n == node_id else n for n in job.node_ids]
+        job.node_ids = ranks.with_holes(job.node_ids, {node_id})
 
 
 def _ranks(job: Job) -> list[str]:
@@ -394,8 +394,7 @@ def _clear_cleared_suspects(job: Job, uow: UnitOfWork) -> None:
 
 def _start(job: Job, placed: list[str], uow: UnitOfWork, deps: Deps) -> None:
     now = deps.clock.now()
-    fill = iter(placed)
-    job.node_ids = [n or next(fill) for n in _ranks(job)]
+    job.node_ids = ranks.fill_holes(_ranks(job), placed)
     job.transition(JobState.RUNNING, now)
     job.attempt += 1
     job.started_at = job.started_at or now

@@ -112,6 +112,16 @@ _job_id = operator.attrgetter("job_id")
 _partition_key = operator.attrgetter("key")
 
 
+def _partition_doc_key(doc: dict[str, Any]) -> str:
+    return partition_key(doc["cluster_id"], doc["name"])
+
+
+# collection -> the id of a stored document, read without decoding it
+_DOC_KEYS: dict[str, Callable[[dict[str, Any]], str]] = {
+    CLUSTERS: operator.itemgetter("cluster_id"), NODES: operator.itemgetter("node_id"),
+    JOBS: operator.itemgetter("job_id"), PARTITIONS: _partition_doc_key}
+
+
 def _enum_plain(value: Any) -> Any:
     return getattr(value, "value", value)
 
@@ -183,13 +193,19 @@ class DocUnitOfWork:
         plain = {k: _enum_plain(v) for k, v in equals.items()}
         out = []
         seen = set()
+        tracked = self._tracked
+        doc_key = _DOC_KEYS.get(collection)
         for doc in self._require_txn().query(collection, plain):
-            entity = load(doc)
-            key = (collection, id_of(entity))
-            if key in self._tracked:
-                entity = self._tracked[key][0]
+            # a document this transaction already holds is not decoded again (a restart
+            # lists a cluster's partitions twice; the second list is the first's entities)
+            key = (collection, doc_key(doc)) if doc_key is not None else None
+            if key is None or key not in tracked:
+                entity = load(doc)
+                key = (collection, id_of(entity))
+            if key in tracked:
+                entity = tracked[key][0]
             else:
-                self._tracked[key] = (entity, doc)
+                tracked[key] = (entity, doc)
             seen.add(key)
             out.append(entity)
         # entities added or changed in this transaction must be visible to its own queries
@@ -207,7 +223,7 @@ class DocUnitOfWork:
         txn = self._require_txn()
         keys_only = getattr(txn, "ids", None)
         if keys_only is not None:
-            found = set(keys_only(collection, plain))
+            found: set[str] = keys_only(collection, plain)  # a set of our own
         else:  # a store without keys-only queries: read the documents
             found = {id_of(load(doc)) for doc in txn.query(collection, plain)}
         # what this transaction changed answers from its entities, not the stored documents

@@ -61,7 +61,8 @@ class MemoryTransaction:
         return [dict(d) for _, d in self._store.matching(collection, equals)]
 
     def ids(self, collection: str, equals: dict[str, Any]) -> set[str]:
-        """The ids of the documents ``query`` would return (a keys-only query)."""
+        """The ids of the documents ``query`` would return (a keys-only query), as a set
+        the caller owns."""
         return self._store.matching_ids(collection, equals)
 
     def project(self, collection: str, equals: dict[str, Any], fields: tuple[str, ...]
@@ -141,10 +142,11 @@ class MemoryDocStore:
 
     # -- queries
     def _candidates(self, collection: str, equals: dict[str, Any]
-                    ) -> tuple[set[str] | frozenset[str] | None, bool]:
-        """The ids the indexes allow for ``equals`` (None: no field to index), and whether
+                    ) -> tuple[set[str] | frozenset[str] | None, bool, bool]:
+        """The ids the indexes allow for ``equals`` (None: no field to index), whether
         they are exact (False: some documents hold values an index cannot key, so the
-        candidates still have to be checked)."""
+        candidates still have to be checked), and whether the set is a new one (an
+        intersection), not an index's own bucket that a caller must copy before keeping."""
         buckets: list[set[str] | frozenset[str]] = []
         exact = True
         every = len(self.data[collection])
@@ -161,18 +163,20 @@ class MemoryDocStore:
                 exact = False
             buckets.append(found)
         if not buckets:
-            return None, False
+            return None, False, False
         # a bucket holding every document narrows nothing (a fleet's one cluster_id)
         buckets = [b for b in buckets if len(b) != every] or buckets[:1]
         buckets.sort(key=len)
         first, *rest = buckets
-        return (first.intersection(*rest) if rest else first), exact
+        if rest:
+            return first.intersection(*rest), exact, True
+        return first, exact, False
 
     def matching(self, collection: str, equals: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         """(id, document) of every document whose fields equal ``equals``, in scan order."""
         docs = self.data[collection]
         items = equals.items()
-        found, exact = self._candidates(collection, equals)
+        found, exact, _ = self._candidates(collection, equals)
         if found is None:
             return [(i, d) for i, d in docs.items() if _matches(d, items)]
         if len(found) > SCAN_FRACTION * len(docs):  # most documents: a scan keeps the order
@@ -185,9 +189,9 @@ class MemoryDocStore:
 
     def matching_ids(self, collection: str, equals: dict[str, Any]) -> set[str]:
         """The ids of the documents ``matching`` returns, from the indexes alone."""
-        found, exact = self._candidates(collection, equals)
+        found, exact, owned = self._candidates(collection, equals)
         if found is not None and exact:
-            return set(found)
+            return found if owned and isinstance(found, set) else set(found)
         return {i for i, _ in self.matching(collection, equals)}
 
     def _index(self, collection: str, name: str) -> dict[Any, set[str]]:

@@ -153,7 +153,11 @@ def _assign(job: JobRequest, free: dict[str, NodeSlot]) -> tuple[str, ...] | Non
                 taken.add(node_id)
 
     # 2. Fill the remaining ranks: other previous nodes, then spares, then the rest.
-    previous_order = {node_id: i for i, node_id in enumerate(job.previous_node_ids)}
+    # (only the eligible nodes' places: a 2,048-node job's previous list is long, and the
+    # nodes free for its holes are few; its nodes are unique, so the first place is the one)
+    previous = job.previous_node_ids
+    was_here = eligible.keys() & set(previous)
+    previous_order = {node_id: previous.index(node_id) for node_id in was_here}
 
     def preference(node: NodeSlot) -> tuple[int, int, str]:
         if node.node_id in previous_order:

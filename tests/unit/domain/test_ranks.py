@@ -1,0 +1,53 @@
+"""The rank helpers give what the per-rank loops they replaced gave, for small and large sets."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.domain import ranks
+
+NODES = [f"n{i}" for i in range(100)]
+
+
+@st.composite
+def ranked(draw: st.DrawFn) -> tuple[list[str], set[str]]:
+    """A job's ranks (unique nodes, some holes) and a subset of its nodes."""
+    node_ids = draw(st.lists(st.sampled_from(NODES), unique=True, max_size=80))
+    holes = draw(st.lists(st.integers(0, max(0, len(node_ids) - 1)), max_size=5))
+    for i in holes:
+        if node_ids:
+            node_ids[i] = ""
+    held = [n for n in node_ids if n]
+    subset = set(draw(st.lists(st.sampled_from(held), max_size=len(held)))) if held else set()
+    return node_ids, subset
+
+
+@given(ranked())
+def test_in_rank_order_is_the_loop(case: tuple[list[str], set[str]]) -> None:
+    node_ids, subset = case
+    assert ranks.in_rank_order(subset, node_ids) == [n for n in node_ids if n in subset]
+
+
+@given(ranked())
+def test_with_holes_is_the_loop(case: tuple[list[str], set[str]]) -> None:
+    node_ids, gone = case
+    out = ranks.with_holes(node_ids, gone)
+    assert out == ["" if n in gone else n for n in node_ids]
+    assert out is not node_ids
+
+
+def test_members_leave_holes_out() -> None:
+    assert ranks.members(["a", "", "b", ""]) == {"a", "b"}
+
+
+def test_fill_holes_in_rank_order() -> None:
+    assert ranks.fill_holes(["a", "", "c", ""], ["x", "y"]) == ["a", "x", "c", "y"]
+    assert ranks.fill_holes(["", ""], ["x", "y"]) == ["x", "y"]
+
+
+@pytest.mark.parametrize("placed", [["x"], ["x", "y", "z"]])
+def test_fill_holes_refuses_a_count_that_does_not_match(placed: list[str]) -> None:
+    with pytest.raises(ValueError, match="rank"):
+        ranks.fill_holes(["a", "", ""], placed)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 
 from services.checkpoint_resume import restarts
+from shared import job_nodes
 from shared.domain import exits, lifecycle, progress, ranks, timeouts
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
@@ -153,7 +154,7 @@ def _finish(job: Job, state: JobState, detail: str, uow: UnitOfWork, deps: Deps)
 def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps) -> None:
     """Replace only what failed: nodes taken out of service leave the allocation, the healthy
     rest stay allocated to the job, and scheduling fills the holes (spares first)."""
-    gone = restarts.out_of_service(job, uow).intersection(job.node_ids)
+    gone = job_nodes.out_of_service(job, uow).intersection(job.node_ids)
     gone.discard("")
     _release(ranks.in_rank_order(gone, job.node_ids), job.job_id, uow, deps)
     job.transition(JobState.PENDING, deps.clock.now())

@@ -16,8 +16,8 @@ and reboot it, or hold it). Nodes already out of service are repair's and not co
 
 from __future__ import annotations
 
+from shared import job_nodes
 from shared.domain import lifecycle, ranks
-from shared.domain.adopted import adopted
 from shared.domain.events import NodeDiagnosed, NodeDrained
 from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus
 from shared.domain.model import Job, Node, NodeState
@@ -35,29 +35,15 @@ def faulty(node: Node) -> bool:
                for t, c in node.conditions.items())
 
 
-def out_of_service(job: Job, uow: UnitOfWork) -> set[str]:
-    """The nodes out of service where ``job`` can have nodes, from the partition aggregates
-    (no node read): the partition it names (placement gives it no other), else every
-    partition of its cluster. Slurm places the jobs mtc adopted: all partitions for those."""
-    name = job.spec.scheduling.partition
-    if name and not adopted(job.spec):
-        partition = uow.partitions.get(job.cluster_id, name)
-        return lifecycle.out_of_service([partition] if partition is not None else [])
-    return lifecycle.out_of_service(uow.partitions.list(job.cluster_id))
-
-
 def evidence(job: Job, uow: UnitOfWork) -> tuple[bool, list[str]]:
     """Whether a node under the attempt failed (lost, out of service, faulty), and the nodes
     still in service to blame for it (faulty, or held SUSPECT)."""
-    out = out_of_service(job, uow)
+    out = job_nodes.out_of_service(job, uow)
     # a sound node allocated to the job has nothing against it: only the others are read
     # (a keys-only query: a restart reads a handful of nodes, not all 2,048 of the job)
-    sound = uow.nodes.ids(job.cluster_id, job_id=job.job_id, state=NodeState.ALLOCATED,
-                          sound=True)
-    held = ranks.members(job.node_ids)
-    lost = not out.isdisjoint(held)
+    lost = not out.isdisjoint(job.node_ids)
     blamed: set[str] = set()
-    for node_id in ranks.in_rank_order((held - sound) - out, job.node_ids):
+    for node_id in [n for n in job_nodes.unsound(job, uow) if n not in out]:
         node = uow.nodes.get(node_id)
         if node is None or node.state not in (NodeState.ALLOCATED, NodeState.SUSPECT):
             lost = True  # gone or taken out: repair has it already

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from services.job_submission.adoption import on_job_adopted
+from shared import job_nodes
 from shared.domain import lifecycle, progress, ranks, timeouts
 from shared.domain.adopted import RESERVED_LABELS, adopted
 from shared.domain.errors import Conflict, NotFound, ValidationError
@@ -340,9 +341,7 @@ def _drop_unfit(job: Job, uow: UnitOfWork, deps: Deps) -> None:
         return
     now = deps.clock.now()
     # a sound node allocated to the job keeps it: read only the others (keys-only query)
-    sound = uow.nodes.ids(job.cluster_id, job_id=job.job_id, state=NodeState.ALLOCATED,
-                          sound=True)
-    for node_id in ranks.in_rank_order(ranks.members(job.node_ids) - sound, job.node_ids):
+    for node_id in job_nodes.unsound(job, uow):
         node = uow.nodes.get(node_id)
         if node is not None and node.job_id == job.job_id and lifecycle.takes_work(node):
             continue

@@ -216,7 +216,14 @@ class Node:
         return self.state in TAKES_WORK and not self.fault and not any(
             c.status == _TRUE and t not in NON_FATAL_CONDITIONS for t, c in self.conditions.items())
 
+    @property
+    def sound_for(self) -> str | None:
+        """The job this node is allocated to and sound under, else None; stored and
+        indexed, so a restart reads one bucket for which of its 2,048 nodes are sound."""
+        return self.job_id if self.state is NodeState.ALLOCATED and self.sound else None
+
     def to_dict(self) -> dict[str, Any]:
+        sound = self.sound
         return {
             "node_id": self.node_id,
             "cluster_id": self.cluster_id,
@@ -249,7 +256,8 @@ class Node:
             "renewed_at": self.renewed_at,
             "fault": self.fault,
             "operator_request": self.operator_request,
-            "sound": self.sound,  # derived, for the store's index (ignored by from_dict)
+            "sound": sound,  # derived, for the store's indexes (ignored by from_dict)
+            "sound_for": self.job_id if sound and self.state is NodeState.ALLOCATED else None,
         }
 
     @classmethod

@@ -165,12 +165,20 @@ def _assign(job: JobRequest, free: dict[str, NodeSlot]) -> tuple[str, ...] | Non
         return (1 if node.is_spare else 2, 0, node.node_id)
 
     candidates = sorted(eligible.values(), key=preference)
+    # where each group's scan resumes: a candidate passed over was taken or does not fit the
+    # group, and stays so (a 2,048-rank first placement is one pass, not 2,048)
+    resume_at: dict[ReplicaGroup, int] = {}
     for rank, group in enumerate(slots):
         if chosen[rank] is not None:
             continue
-        pick = next((n for n in candidates if n.node_id not in taken and group.fits(n)), None)
-        if pick is None:
+        at = resume_at.get(group, 0)
+        while at < len(candidates) and (candidates[at].node_id in taken
+                                        or not group.fits(candidates[at])):
+            at += 1
+        if at == len(candidates):
             return None
+        pick = candidates[at]
+        resume_at[group] = at + 1
         chosen[rank] = pick.node_id
         taken.add(pick.node_id)
     return tuple(node_id for node_id in chosen if node_id is not None)

@@ -110,3 +110,27 @@ def test_memory_indexes_survive_prunes_and_unhashable_values() -> None:
     store.write("events", "e2", {"time": 2.0, "kind": "c"})  # a value changed in place
     assert [d["time"] for d in store.read("events", {"kind": "a"})] == [9.0]
     assert store.read("events", {"kind": "c"}) == [{"time": 2.0, "kind": "c"}]
+
+
+def test_a_restart_reads_only_the_unsound_nodes_of_its_job(store: Any) -> None:
+    """``job_nodes.unsound``: from the ``sound_for`` index, in rank order; none when every
+    rank's node is sound and allocated to the job (holes hold no node)."""
+    from shared import job_nodes
+    from shared.domain.model import Job
+
+    add(store, *(node(f"n{i}", NodeState.ALLOCATED, "j1") for i in range(6)))
+    job = Job.__new__(Job)
+    job.cluster_id, job.job_id = "c1", "j1"
+    job.node_ids = ["n0", "n1", "", "n3", "n4", "n5"]
+    with DocUnitOfWork(store) as uow:
+        assert job_nodes.unsound(job, uow) == []
+        hot = uow.nodes.get("n4")
+        assert hot is not None
+        hot.conditions["XidError"] = NodeCondition("true", "xid 79", T, T)
+        released = uow.nodes.get("n1")
+        assert released is not None
+        released.job_id = None
+        uow.commit()
+    with DocUnitOfWork(store) as uow:
+        assert job_nodes.unsound(job, uow) == ["n1", "n4"]
+        assert uow.nodes.ids("c1", sound_for="j1") == {"n0", "n2", "n3", "n5"}

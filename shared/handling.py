@@ -89,8 +89,11 @@ def run_handler(service: str, handler: Handler, envelope: Envelope, deps: Deps, 
 
     Every line logged meanwhile names the service, the event and its node, job and cluster
     (``shared.logs.context``)."""
-    with logs.context(service=service, **event_fields(envelope)):
+    token = logs.enter(lambda: {"service": service, **event_fields(envelope)})
+    try:
         return _run_handler(service, handler, envelope, deps, report_unchanged)
+    finally:
+        logs.leave(token)
 
 
 def event_fields(envelope: Envelope) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, TextIO
 
@@ -50,6 +50,43 @@ def context(**fields: Any) -> Iterator[None]:
         yield
     finally:
         _context.reset(token)
+
+
+class _Deferred(Mapping[str, Any]):
+    """Context fields worked out when a line is logged, not for every event handled (the
+    handler runner enters one per delivery; most deliveries log nothing)."""
+
+    __slots__ = ("_outer", "_make", "_fields")
+
+    def __init__(self, outer: Mapping[str, Any], make: Callable[[], Mapping[str, Any]]) -> None:
+        self._outer = outer
+        self._make = make
+        self._fields: dict[str, Any] | None = None
+
+    def _all(self) -> dict[str, Any]:
+        if self._fields is None:
+            self._fields = {**self._outer, **{k: v for k, v in self._make().items()
+                                              if v not in (None, "")}}
+        return self._fields
+
+    def __getitem__(self, key: str) -> Any:
+        return self._all()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+def enter(make: Callable[[], Mapping[str, Any]]) -> contextvars.Token[Mapping[str, Any]]:
+    """What :func:`context` does, with the fields from ``make`` only if a line is logged;
+    :func:`leave` with the token ends it."""
+    return _context.set(_Deferred(_context.get(), make))
+
+
+def leave(token: contextvars.Token[Mapping[str, Any]]) -> None:
+    _context.reset(token)
 
 
 def current() -> Mapping[str, Any]:

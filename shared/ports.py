@@ -7,7 +7,10 @@ place that picks which.
 from __future__ import annotations
 
 import builtins
+import functools
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, NamedTuple, Protocol
 
 from shared.domain.events import Envelope, Event
@@ -141,8 +144,7 @@ class WorkflowRunner(Protocol):
 
 
 class WorkerSpec(NamedTuple):
-    """What compute needs to start one replica of a job attempt (a tuple: a 2,048-node job
-    builds 2,048 of these per restart)."""
+    """One rank of a ``Gang``: the view of adapters that start a process per rank."""
 
     job_id: str
     attempt: int
@@ -154,6 +156,67 @@ class WorkerSpec(NamedTuple):
     checkpoint_dir: str
     model_dir: str
     tensorboard_dir: str
+
+
+_new_spec = functools.partial(tuple.__new__, WorkerSpec)  # a WorkerSpec from a tuple, in C
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchGroup:
+    """The ranks of one worker pool: ``count`` ranks from ``first_rank`` run one command with
+    one environment, so the command and env exist once per pool, not once per rank."""
+
+    first_rank: int
+    count: int
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """One job attempt's workers, started together: one value per restart whatever the job's
+    size (a 2,048-node job is one gang, not 2,048 specs). ``node_ids[r]`` runs rank ``r``;
+    the groups number the ranks pool after pool and must cover 0..world_size-1 exactly."""
+
+    job_id: str
+    attempt: int
+    node_ids: tuple[str, ...]
+    groups: tuple[LaunchGroup, ...]
+    checkpoint_dir: str
+    model_dir: str
+    tensorboard_dir: str
+
+    def __post_init__(self) -> None:
+        """O(pools), not O(ranks): a gang that exists is one an adapter can start."""
+        if not self.node_ids:
+            raise ValueError(f"gang {self.job_id}/{self.attempt}: no ranks (node_ids is empty)")
+        first = 0
+        for i, g in enumerate(self.groups):
+            if g.first_rank != first:
+                raise ValueError(f"gang {self.job_id}/{self.attempt}: groups[{i}].first_rank is "
+                                 f"{g.first_rank}, expected {first} (pool after pool)")
+            if g.count < 1:
+                raise ValueError(f"gang {self.job_id}/{self.attempt}: groups[{i}].count is "
+                                 f"{g.count}, must be at least 1")
+            first += g.count
+        if first != len(self.node_ids):
+            raise ValueError(f"gang {self.job_id}/{self.attempt}: groups cover {first} ranks, "
+                             f"node_ids {len(self.node_ids)}")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.node_ids)
+
+    def workers(self) -> Iterator[WorkerSpec]:
+        """The per-rank specs, by rank (made in C: no Python call per rank)."""
+        world, nodes = len(self.node_ids), self.node_ids
+        for g in self.groups:
+            n, first = g.count, g.first_rank
+            yield from map(_new_spec, zip(
+                repeat(self.job_id, n), repeat(self.attempt, n), range(first, first + n),
+                repeat(world, n), nodes[first:first + n], repeat(g.command, n),
+                repeat(g.env, n), repeat(self.checkpoint_dir, n), repeat(self.model_dir, n),
+                repeat(self.tensorboard_dir, n), strict=True))
 
 
 class AdviceSink(Protocol):
@@ -179,7 +242,9 @@ class Compute(Protocol):
         ...
     def delete_node(self, node_id: str) -> None: ...
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None: ...
-    def start_workers(self, workers: Sequence[WorkerSpec]) -> None: ...
+    def start_workers(self, gang: Gang) -> None:
+        """Start the attempt's ranks; a repeat for the same (job, attempt) is a no-op."""
+        ...
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         """SIGTERM now, SIGKILL after the grace period: the job checkpoints and exits."""
         ...

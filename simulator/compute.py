@@ -15,9 +15,7 @@ ends in one ``JobWorkersExited``, each checkpoint step is reported once, a repai
 from __future__ import annotations
 
 import math
-import operator
 from collections import defaultdict
-from collections.abc import Sequence
 
 import numpy as np
 import simpy
@@ -36,7 +34,7 @@ from shared.domain.events import (
 )
 from shared.domain.health import ConditionType, RepairAction
 from shared.domain.model import Node, NodeRole
-from shared.ports import WorkerSpec
+from shared.ports import Gang
 from simulator.bus import SimBus
 from simulator.capacity import Capacity, rng_for
 from simulator.clock import EPOCH_S, call_later
@@ -53,9 +51,6 @@ from simulator.failures import (
 from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.scenario_types import Scenario
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode
-
-# a 2,048-rank gang sorted and listed without a Python call per rank
-_RANK, _NODE_ID = operator.attrgetter("rank"), operator.attrgetter("node_id")
 
 MAX_STARTS_AT_ONE_INSTANT = 1000  # attempts of one job at one simulated time: a livelock
 
@@ -274,25 +269,22 @@ class SimCompute(FailureProcesses):
         self.emit(NodeHealthReported(node_id=node.node_id, observed_at=observed,
                                      conditions=conditions, source="deep-check"), AGENT_SOURCE)
 
-    def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
+    def start_workers(self, gang: Gang) -> None:
         self.calls += 1
-        if not workers:
+        if not self.ledger.start_attempt(gang.job_id, gang.attempt, gang.world_size,
+                                         gang.checkpoint_dir, float(self.env.now)):
             return
-        first = workers[0]
-        if not self.ledger.start_attempt(first.job_id, first.attempt, len(workers),
-                                         first.checkpoint_dir, float(self.env.now)):
-            return
-        job = self.jobs.get(first.job_id)
+        job = self.jobs.get(gang.job_id)
         if job is None:
             return
         now = float(self.env.now)
         self._check_wedged(job, now)
         cfg = job.cfg
-        node_ids = tuple(map(_NODE_ID, sorted(workers, key=_RANK)))
+        node_ids = gang.node_ids  # by rank already: no per-rank work per restart
         resume = job.ckpt_step >= 0
         startup = cfg.startup_s + cfg.warmup_s  # a slow first step is startup too
         restore = cfg.checkpoint_restore_s if resume else 0.0
-        att = Attempt(job, first.attempt, node_ids, now, now + startup + restore,
+        att = Attempt(job, gang.attempt, node_ids, now, now + startup + restore,
                       max(job.ckpt_step, 0))
         job.attempt = att
         job.truth.attempts += 1

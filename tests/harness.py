@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from services.wiring.builder import build_deps
@@ -30,7 +31,7 @@ from shared.domain.events import (
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
 from shared.domain.model import Node
 from shared.handling import Deps
-from shared.ports import WorkerSpec
+from shared.ports import Gang, LaunchGroup, WorkerSpec
 
 E = TypeVar("E", bound=Event)
 
@@ -71,7 +72,7 @@ class FakeCompute:
     provisioned: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     repairs: list[tuple[str, RepairAction, int]] = field(default_factory=list)
-    started: list[WorkerSpec] = field(default_factory=list)
+    gangs: list[Gang] = field(default_factory=list)
     signalled: list[tuple[str, int]] = field(default_factory=list)
     stopped: list[tuple[str, int]] = field(default_factory=list)
     cordoned: set[str] = field(default_factory=set)
@@ -108,14 +109,20 @@ class FakeCompute:
         if (node_id, attempt) not in self.deep_checks:
             self.deep_checks.append((node_id, attempt))
 
-    def start_workers(self, workers: Any) -> None:
-        for w in workers:
-            if all((s.job_id, s.attempt, s.rank) != (w.job_id, w.attempt, w.rank)
-                   for s in self.started):
-                self.started.append(w)
-                self.ledger.start_attempt(w.job_id, w.attempt, w.world_size,
-                                          w.checkpoint_dir, self.clock.now())
-                self.ledger.start_rank(w.job_id, w.attempt, w.rank)
+    @property
+    def started(self) -> list[WorkerSpec]:
+        """Every rank started so far, gang after gang (what tests read)."""
+        return [w for g in self.gangs for w in g.workers()]
+
+    def start_workers(self, gang: Gang) -> None:
+        """Once per (job, attempt)."""
+        if any((g.job_id, g.attempt) == (gang.job_id, gang.attempt) for g in self.gangs):
+            return
+        self.gangs.append(gang)
+        self.ledger.start_attempt(gang.job_id, gang.attempt, gang.world_size,
+                                  gang.checkpoint_dir, self.clock.now())
+        for rank in range(gang.world_size):
+            self.ledger.start_rank(gang.job_id, gang.attempt, rank)
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         if (job_id, attempt) not in self.signalled:
@@ -164,6 +171,15 @@ class FakeCompute:
 
     def exit_workers(self, job_id: str, attempt: int, code: int) -> None:
         self._answer(workers_exited(self.ledger, job_id, attempt, code, f"exit code {code}"))
+
+
+def one_pool_gang(job_id: str, attempt: int, node_ids: Sequence[str], command: Sequence[str],
+                  env: Sequence[tuple[str, str]] = (), *, out: Path | str) -> Gang:
+    """A gang of one worker pool, its outputs under ``out`` (checkpoints/, model/, logs/)."""
+    base = Path(out)
+    return Gang(job_id, attempt, tuple(node_ids),
+                (LaunchGroup(0, len(node_ids), tuple(command), tuple(env)),),
+                str(base / "checkpoints"), str(base / "model"), str(base / "logs"))
 
 
 def healthy(observed_at: float) -> tuple[dict[str, Any], ...]:

@@ -10,11 +10,9 @@ job until then.
 
 from __future__ import annotations
 
-import functools
 import json
 import shlex
 import uuid
-from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +41,7 @@ from shared.domain.model import Cluster, ClusterState, Job, JobState, NodeRole, 
 from shared.domain.specs import ID_PATTERN, ClusterSpec, CustomJobSpec, WorkerPoolSpec
 from shared.handling import Deps, Outcome
 from shared.policies.scheduling import JobRequest, NodeSlot, ReplicaGroup, place_jobs
-from shared.ports import UnitOfWork, WorkerSpec
+from shared.ports import Gang, LaunchGroup, UnitOfWork
 
 SERVICE = "job_submission"
 
@@ -404,9 +402,10 @@ def _start(job: Job, placed: list[str], uow: UnitOfWork, deps: Deps) -> None:
         node = uow.nodes.get(node_id)
         assert node is not None, f"placed on {node_id}, which is gone"
         lifecycle.assign_to_job(node, job.job_id, now)
-    deps.compute.start_workers(worker_specs(job, deps))
+    workers = gang(job, deps)
+    deps.compute.start_workers(workers)
     latest = job.latest_checkpoint
-    uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=tuple(job.node_ids),
+    uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=workers.node_ids,
                         resume_step=latest.step if latest else -1))
 
 
@@ -427,26 +426,22 @@ def local_output_dir(uri: str | None, root: Path, job_id: str) -> str:
     return uri.removeprefix("file://").rstrip("/")  # the twin's sim:// names, tests' own paths
 
 
-_new_spec = functools.partial(tuple.__new__, WorkerSpec)  # a WorkerSpec from a tuple, in C
-
-
-def worker_specs(job: Job, deps: Deps) -> list[WorkerSpec]:
+def gang(job: Job, deps: Deps) -> Gang:
+    """The attempt's one start request: a launch group per pool, ranks pool after pool."""
     ckpt, model, logs = output_dirs(job, deps)
-    world = job.spec.replica_count
-    specs: list[WorkerSpec] = []
-    node_ids = job.node_ids
-    job_id, attempt = job.job_id, job.attempt
+    node_ids = tuple(job.node_ids)
+    groups: list[LaunchGroup] = []
+    first = 0
     for pool in job.spec.worker_pool_specs:
         command, env = _command(pool, deps)
-        first, n = len(specs), pool.replica_count
+        n = pool.replica_count
         if len(node_ids) < first + n:
-            raise ValueError(f"job {job_id}: {len(node_ids)} nodes for {first + n} ranks")
-        # 2,048 specs a restart: zipped and made in C, no Python call per rank
-        specs.extend(map(_new_spec, zip(
-            repeat(job_id, n), repeat(attempt, n), range(first, first + n), repeat(world, n),
-            node_ids[first:first + n], repeat(command, n), repeat(env, n), repeat(ckpt, n),
-            repeat(model, n), repeat(logs, n), strict=True)))
-    return specs
+            raise ValueError(f"job {job.job_id}: {len(node_ids)} nodes for {first + n} ranks")
+        groups.append(LaunchGroup(first, n, command, env))
+        first += n
+    # node_ids[:first] is node_ids itself (one tuple, shared with JobStarted) unless the job
+    # holds more nodes than ranks
+    return Gang(job.job_id, job.attempt, node_ids[:first], tuple(groups), ckpt, model, logs)
 
 
 def _command(pool: WorkerPoolSpec, deps: Deps) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:

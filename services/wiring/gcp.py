@@ -45,7 +45,7 @@ from shared.adapters.pubsub import PREFIX, PubSubDeadLetters, PubSubPublisher
 from shared.config import ControlPlaneConfig
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.ports import Clock, Compute, DocStore, WorkerSpec
+from shared.ports import Clock, Compute, DocStore, Gang
 
 log = logging.getLogger("mtc.gcp")
 
@@ -134,8 +134,9 @@ class NullCompute:
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
         log.info("compute: repair %s %s #%d", node_id, action, attempt)
 
-    def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
-        log.info("compute: start %d worker(s)", len(workers))
+    def start_workers(self, gang: Gang) -> None:
+        log.info("compute: start %s attempt %d, %d worker(s)", gang.job_id, gang.attempt,
+                 gang.world_size)
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         log.info("compute: SIGTERM %s attempt %d", job_id, attempt)

@@ -23,9 +23,9 @@ from shared.adapters.compute.slurm_api import job_name
 from shared.adapters.compute.slurm_compute import SlurmCompute
 from shared.domain.events import Envelope, Event
 from shared.domain.model import Node, NodeRole, NodeState
-from shared.ports import Compute, WorkerSpec
+from shared.ports import Compute, Gang
 from shared.probes.commands import ToolNotFound
-from tests.harness import FakeCompute, ManualClock, Recorder
+from tests.harness import FakeCompute, ManualClock, Recorder, one_pool_gang
 from tests.unit.compute.slurm.fake_slurm import FakeSlurm
 
 JOB = "train"  # the simulator's job model knows its jobs by the scenario's names
@@ -85,13 +85,8 @@ class Driver:
             raise AssertionError(f"{self.name}: {what} did not happen")
 
     # -- workers
-    def specs(self, attempt: int, node_ids: Sequence[str]) -> list[WorkerSpec]:
-        base = self.tmp / "out" / JOB
-        return [
-            WorkerSpec(JOB, attempt, rank, len(node_ids), node_id, self.command(),
-                       (), str(base / "checkpoints"), str(base / "model"), str(base / "logs"))
-            for rank, node_id in enumerate(node_ids)
-        ]
+    def gang(self, attempt: int, node_ids: Sequence[str]) -> Gang:
+        return one_pool_gang(JOB, attempt, node_ids, self.command(), out=self.tmp / "out" / JOB)
 
     def command(self) -> tuple[str, ...]:
         return ("true",)

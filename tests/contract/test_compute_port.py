@@ -148,14 +148,14 @@ def test_a_deep_check_takes_time_runs_once_per_attempt_and_reports_each_check(
 
 def test_repeated_start_workers_is_one_attempt_ending_in_one_workers_exited(driver: Driver) -> None:
     up(driver, *NODES)
-    specs = driver.specs(1, NODES)
-    driver.compute.start_workers(specs)
-    driver.compute.start_workers(specs)
+    gang = driver.gang(1, NODES)
+    driver.compute.start_workers(gang)
+    driver.compute.start_workers(gang)
     driver.running(1)
-    driver.compute.start_workers(specs)
+    driver.compute.start_workers(gang)
     assert driver.launches(1) == 1
     stop_by_signal(driver, 1)
-    driver.compute.start_workers(specs)  # after the end: still the same, finished, attempt
+    driver.compute.start_workers(gang)  # after the end: still the same, finished, attempt
     for _ in range(3):
         driver.settle()
     assert driver.launches(1) == 1
@@ -166,7 +166,7 @@ def test_signal_then_a_checkpoint_then_exit_75_then_exactly_one_workers_exited(
     driver: Driver,
 ) -> None:
     up(driver, *NODES)
-    driver.compute.start_workers(driver.specs(1, NODES))
+    driver.compute.start_workers(driver.gang(1, NODES))
     driver.running(1)
     before = len(driver.events.events)
     exited = stop_by_signal(driver, 1)
@@ -187,7 +187,7 @@ def test_each_checkpoint_is_reported_once_across_attempts_and_before_the_exit(
 ) -> None:
     up(driver, *NODES)
     for attempt in (1, 2):
-        driver.compute.start_workers(driver.specs(attempt, NODES))
+        driver.compute.start_workers(driver.gang(attempt, NODES))
         driver.running(attempt)
         for _ in range(2):
             driver.checkpoint(attempt)

@@ -17,7 +17,7 @@ routes each port call to the side that owns it:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,7 +25,7 @@ from shared.adapters.compute.gce_api import api_from_dict, config_from_dict
 from shared.adapters.compute.gce_compute import GceCompute
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.ports import Clock, Compute, Emitter, WorkerSpec
+from shared.ports import Clock, Compute, Emitter, Gang
 
 
 class PolledCompute(Compute, Protocol):
@@ -58,8 +58,8 @@ class MachinesAndWorkers:
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
         self.machines.start_repair(node_id, action, attempt)
 
-    def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
-        self.workers.start_workers(workers)
+    def start_workers(self, gang: Gang) -> None:
+        self.workers.start_workers(gang)
 
     def start_deep_check(self, node_id: str, attempt: int) -> None:
         """The checks run on the machine through the workers' scheduler (Slurm: srun in a

@@ -39,7 +39,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +62,7 @@ from shared.adapters.compute.local_procs import (
 from shared.adapters.compute.protocol import managed_env, safe_name
 from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.health import RepairAction
-from shared.ports import Clock, Emitter, WorkerSpec
+from shared.ports import Clock, Emitter, Gang, WorkerSpec
 
 
 @dataclass(frozen=True)
@@ -133,13 +133,13 @@ class LocalCompute(LocalNodes):
 
     # ------------------------------------------------------------ workers
 
-    def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
-        """Launch each (job, attempt, rank) once; a repeat is a no-op."""
+    def start_workers(self, gang: Gang) -> None:
+        """Launch each (job, attempt, rank) once, a process per rank; a repeat is a no-op."""
         now = self._clock.now()
         launched: list[int] = []
         try:
             with self._tx() as db:
-                self._start_new(db, workers, now, launched)
+                self._start_new(db, gang, now, launched)
         except BaseException:
             for pid in launched:  # rolled back: nothing records them, so nothing may run
                 with contextlib.suppress(OSError):
@@ -147,9 +147,9 @@ class LocalCompute(LocalNodes):
             raise
 
     def _start_new(
-        self, db: sqlite3.Connection, workers: Sequence[WorkerSpec], now: float, launched: list[int]
+        self, db: sqlite3.Connection, gang: Gang, now: float, launched: list[int]
     ) -> None:
-        for spec in sorted(workers, key=lambda w: (w.job_id, w.attempt, w.rank)):
+        for spec in gang.workers():  # by rank
             key = (spec.job_id, spec.attempt, spec.rank)
             if db.execute(
                 "SELECT 1 FROM workers WHERE job_id = ? AND attempt = ? AND rank = ?", key

@@ -15,18 +15,17 @@ request id, so the executor applies it once.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from typing import Protocol
 
 from shared.adapters.compute.remote_codec import (
     DEFAULT_TTL_S,
     ComputeRequest,
+    gang_args,
     make_request,
-    workers_args,
 )
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.ports import Clock, WorkerSpec
+from shared.ports import Clock, Gang
 
 
 class RequestSink(Protocol):
@@ -65,9 +64,8 @@ class RemoteCompute:
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
         self._send("start_repair", node_id=node_id, action=action.value, attempt=attempt)
 
-    def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
-        if workers:
-            self._send("start_workers", **workers_args(workers))
+    def start_workers(self, gang: Gang) -> None:
+        self._send("start_workers", **gang_args(gang))
 
     def start_deep_check(self, node_id: str, attempt: int) -> None:
         """The gate's checks (shared.deep_checks), run by the executor's adapter."""

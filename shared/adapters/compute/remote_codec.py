@@ -12,6 +12,12 @@ executor applies it once. Cordon and uncordon set a state that can legitimately 
 again later (cordon, uncordon, cordon), so their key includes the time they were issued and
 the caller's call counter: each is its own request, and applying one twice (a handler that
 ran again) changes nothing anyway.
+
+``start_workers`` carries the attempt as one gang (``{"gang": {...}}``: the node per rank and
+one command and environment per worker pool), so a 2,048-rank restart is a few tens of KB, not
+2,048 copies of the command and env against Pub/Sub's 10 MB limit. The per-rank form of
+earlier control planes (``{"workers": [...]}``) is still applied, as the same gang, so
+executors can be upgraded first; both forms of one attempt have the same request id.
 """
 
 from __future__ import annotations
@@ -19,14 +25,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.ports import Compute, WorkerSpec
+from shared.ports import Compute, Gang, LaunchGroup, WorkerSpec
 
 TOPIC = "compute-requests"  # the topic is ``<prefix>compute-requests``
 SCHEMA = "mtc.compute.request.v1"
@@ -72,8 +79,8 @@ def _key(op: str, args: Mapping[str, Any], issued_at: float) -> tuple[str, str]:
         return str(args["node_id"]), str(args["node_id"])
     if op in ("start_repair", "start_deep_check"):  # the op is part of the request id
         return f"{args['node_id']}|{args['attempt']}", str(args["node_id"])
-    if op == "start_workers":
-        first = args["workers"][0]
+    if op == "start_workers":  # the gang, or the first of the per-rank form's workers
+        first = args["gang"] if "gang" in args else args["workers"][0]
         return f"{first['job_id']}|{first['attempt']}", str(first["job_id"])
     return f"{args['job_id']}|{args['attempt']}", str(args["job_id"])
 
@@ -86,6 +93,7 @@ def make_request(op: str, args: Mapping[str, Any], issued_at: float, ttl_s: floa
 
 
 def worker_to_dict(spec: WorkerSpec) -> dict[str, Any]:
+    """One rank in the per-rank form earlier control planes sent (``gang_of_workers``)."""
     d = spec._asdict()
     d["command"] = list(spec.command)
     d["env"] = [list(pair) for pair in spec.env]
@@ -178,8 +186,8 @@ def _call(request: ComputeRequest, compute: Compute) -> Callable[[], None]:
                 raise ValidationError("op", "this executor's compute runs no deep checks")
             return lambda: start(node_id, attempt)
         if request.op == "start_workers":
-            workers = [worker_from_dict(w) for w in a["workers"]]
-            return lambda: compute.start_workers(workers)
+            gang = gang_of_args(a)
+            return lambda: compute.start_workers(gang)
         job_id, attempt = str(a["job_id"]), int(a["attempt"])
         if request.op == "signal_workers":
             grace_s = float(a["grace_s"])
@@ -189,5 +197,82 @@ def _call(request: ComputeRequest, compute: Compute) -> Callable[[], None]:
         raise ValidationError(f"args ({request.op})", f"ill-typed: {exc!r}") from exc
 
 
-def workers_args(workers: Sequence[WorkerSpec]) -> dict[str, Any]:
-    return {"workers": [worker_to_dict(w) for w in workers]}
+def gang_args(gang: Gang) -> dict[str, Any]:
+    """``start_workers``'s arguments: the gang once, its command and env once per pool."""
+    return {"gang": {
+        "job_id": gang.job_id, "attempt": gang.attempt, "node_ids": list(gang.node_ids),
+        "groups": [{"first_rank": g.first_rank, "count": g.count, "command": list(g.command),
+                    "env": [list(pair) for pair in g.env]} for g in gang.groups],
+        "checkpoint_dir": gang.checkpoint_dir, "model_dir": gang.model_dir,
+        "tensorboard_dir": gang.tensorboard_dir}}
+
+
+def gang_of_args(args: Mapping[str, Any]) -> Gang:
+    """The gang of ``start_workers``'s arguments, in either form; a ValidationError names the
+    bad field (``args.gang.groups[0].count``)."""
+    if "gang" not in args and "workers" in args:
+        return gang_of_workers(args["workers"])
+    path = "args.gang"
+    d = kit.mapping(args.get("gang"), path, noun="an object")
+    job_id = cast(str, kit.string(d, "job_id", path))
+    attempt = kit.int_field(d, "attempt", path)
+    node_ids = kit.field(d, "node_ids", path, list, required=True)
+    bad = next((i for i, n in enumerate(node_ids) if not (isinstance(n, str) and n)), None)
+    if bad is not None or not node_ids:
+        raise ValidationError(f"{path}.node_ids" + ("" if bad is None else f"[{bad}]"),
+                              "must be a non-empty list of node ids (non-empty strings)")
+    groups = kit.list_field(d, "groups", path, _group)
+    ckpt, model, logs = (cast(str, kit.string(d, k, path))
+                         for k in ("checkpoint_dir", "model_dir", "tensorboard_dir"))
+    try:
+        return Gang(job_id, attempt, tuple(node_ids), groups, ckpt, model, logs)
+    except ValueError as exc:  # the groups do not cover the ranks exactly
+        raise ValidationError(f"{path}.groups", str(exc)) from exc
+
+
+def _group(value: Any, path: str) -> LaunchGroup:
+    d = kit.mapping(value, path, noun="an object")
+    command = kit.list_field(d, "command", path, _arg)  # its program and arguments
+    env = kit.list_field(d, "env", path, _env_pair, non_empty=False)
+    return LaunchGroup(kit.int_field(d, "first_rank", path), kit.int_field(d, "count", path, minimum=1),
+                       command, env)
+
+
+def _arg(value: Any, path: str) -> str:
+    if not isinstance(value, str):  # an empty argument is still an argument
+        raise ValidationError(path, f"must be a string, got {value!r}")
+    return value
+
+
+def _env_pair(value: Any, path: str) -> tuple[str, str]:
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+        raise ValidationError(path, f"must be a [name, value] pair of strings, got {value!r}")
+    return value[0], value[1]
+
+
+def gang_of_workers(workers: Any) -> Gang:
+    """The gang an earlier control plane sent as one spec per rank (a rolling upgrade)."""
+    if not isinstance(workers, list) or not workers:
+        raise ValidationError("args.workers", "must be a non-empty list of worker specs")
+    specs = sorted((worker_from_dict(w) for w in workers), key=lambda s: s.rank)
+    first = specs[0]
+    attempt = (first.job_id, first.attempt, first.world_size, first.checkpoint_dir,
+               first.model_dir, first.tensorboard_dir)
+    for i, s in enumerate(specs):
+        if s.rank != i:
+            raise ValidationError("args.workers", f"not one spec per rank: rank {i} is missing")
+        if (s.job_id, s.attempt, s.world_size, s.checkpoint_dir, s.model_dir,
+                s.tensorboard_dir) != attempt:
+            raise ValidationError("args.workers", f"rank {i} is not of rank 0's attempt")
+    if len(specs) != first.world_size:
+        raise ValidationError("args.workers",
+                              f"{len(specs)} workers for world size {first.world_size}")
+    groups: list[LaunchGroup] = []
+    for s in specs:  # a run of ranks with one command and env is one group
+        last = groups[-1] if groups else None
+        if last is not None and (last.command, last.env) == (s.command, s.env):
+            groups[-1] = LaunchGroup(last.first_rank, last.count + 1, last.command, last.env)
+        else:
+            groups.append(LaunchGroup(s.rank, 1, s.command, s.env))
+    return Gang(first.job_id, first.attempt, tuple(s.node_id for s in specs), tuple(groups),
+                first.checkpoint_dir, first.model_dir, first.tensorboard_dir)

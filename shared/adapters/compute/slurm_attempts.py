@@ -33,7 +33,7 @@ from shared.adapters.compute.slurm_cli import SlurmError, SlurmPermanentError
 from shared.adapters.compute.slurm_nodes import SlurmNodes
 from shared.adapters.compute.slurm_ops import OpResult, log
 from shared.adapters.compute.slurm_scripts import write_scripts
-from shared.ports import WorkerSpec
+from shared.ports import Gang, WorkerSpec
 
 EXIT_SUBMIT_FAILED = int(ExitCode.FAILED)
 JOB_GONE_SETTLE_S = 1.0  # exit files land before the task ends; allow for a slow file system
@@ -155,63 +155,56 @@ class SlurmAttempts(SlurmNodes):
 
     # ------------------------------------------------------------ workers
 
-    def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
+    def start_workers(self, gang: Gang) -> None:
         """One ``sbatch`` per (job, attempt), one srun task per node; a repeat is a no-op."""
-        groups: dict[tuple[str, int], list[WorkerSpec]] = {}
-        for spec in workers:
-            groups.setdefault((spec.job_id, spec.attempt), []).append(spec)
-        keys: list[str] = []
+        job_id, attempt = gang.job_id, gang.attempt
         now = self._clock.now()
-        for (job_id, attempt), specs in sorted(groups.items()):
-            specs.sort(key=lambda s: s.rank)
-            with self._tx() as db:
-                if attempt_row(db, job_id, attempt) is not None:
-                    continue
-                names = {s.node_id: self._slurm_name(db, s.node_id) for s in specs}
-                run_dir = self.run_dir(job_id, attempt)
-                output = self.job_log(job_id)
-                slurm_nodes = [names[s.node_id] or "" for s in specs]
-                self._ledger(db).start_attempt(
-                    job_id,
-                    attempt,
-                    specs[0].world_size,
-                    str(Path(specs[0].checkpoint_dir).absolute()),
-                    now,
-                    slurm_nodes=json.dumps(slurm_nodes),
-                    run_dir=str(run_dir),
-                    output=str(output),
+        with self._tx() as db:
+            if attempt_row(db, job_id, attempt) is not None:
+                return
+            names = {n: self._slurm_name(db, n) for n in gang.node_ids}
+            run_dir = self.run_dir(job_id, attempt)
+            output = self.job_log(job_id)
+            slurm_nodes = [names[n] or "" for n in gang.node_ids]
+            self._ledger(db).start_attempt(
+                job_id,
+                attempt,
+                gang.world_size,
+                str(Path(gang.checkpoint_dir).absolute()),
+                now,
+                slurm_nodes=json.dumps(slurm_nodes),
+                run_dir=str(run_dir),
+                output=str(output),
+            )
+            missing = [n for n in gang.node_ids if not names[n]]
+            if missing:
+                att = attempt_row(db, job_id, attempt)
+                assert att is not None
+                self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: no Slurm node for {missing}")
+                return
+            try:
+                write_scripts(
+                    gang, names, run_dir, output, python=self._python, master_addr=self._master_addr
                 )
-                missing = [s.node_id for s in specs if not names[s.node_id]]
-                if missing or len(specs) != specs[0].world_size:
-                    att = attempt_row(db, job_id, attempt)
-                    assert att is not None
-                    why = f"no Slurm node for {missing}" if missing else "not one spec per rank"
-                    self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: {why}")
-                    continue
-                try:
-                    write_scripts(
-                        specs, names, run_dir, output, python=self._python, master_addr=self._master_addr
-                    )
-                except ValueError as exc:  # job input the scripts cannot carry safely
-                    att = attempt_row(db, job_id, attempt)
-                    assert att is not None
-                    self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: {exc}")
-                    continue
-                key = f"submit:{job_id}:{attempt}"
-                self._put_op(
-                    db,
-                    key,
-                    "submit",
-                    {
-                        "job_id": job_id,
-                        "attempt": attempt,
-                        "slurm_nodes": slurm_nodes,
-                        "run_dir": str(run_dir),
-                        "output": str(output),
-                    },
-                )
-                keys.append(key)
-        self._kick(*keys)
+            except ValueError as exc:  # job input the scripts cannot carry safely
+                att = attempt_row(db, job_id, attempt)
+                assert att is not None
+                self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: {exc}")
+                return
+            key = f"submit:{job_id}:{attempt}"
+            self._put_op(
+                db,
+                key,
+                "submit",
+                {
+                    "job_id": job_id,
+                    "attempt": attempt,
+                    "slurm_nodes": slurm_nodes,
+                    "run_dir": str(run_dir),
+                    "output": str(output),
+                },
+            )
+        self._kick(key)
 
     def _slurm_name(self, db: sqlite3.Connection, node_id: str) -> str | None:
         row = self._node(db, node_id)

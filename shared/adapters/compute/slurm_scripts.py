@@ -25,11 +25,11 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from shared.adapters.compute.protocol import LAUNCHER, managed_env
-from shared.ports import WorkerSpec
+from shared.ports import Gang
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -47,7 +47,7 @@ def comment(text: str) -> str:
 
 
 def write_scripts(
-specs: Sequence[WorkerSpec],
+gang: Gang,
 names: Mapping[str, str | None],
 run_dir: Path,
 output: Path,
@@ -55,9 +55,9 @@ output: Path,
 python: str,
 master_addr: str,
 ) -> None:
-    """Write the attempt's scripts into ``run_dir`` (``specs``: one per rank, by rank;
-    ``names``: mtc node id -> Slurm node)."""
-    first = specs[0]
+    """Write the attempt's scripts into ``run_dir`` (``names``: mtc node id -> Slurm node).
+    One task.sh serves every rank: it runs rank 0's command and environment."""
+    first = next(gang.workers())
     env = managed_env(first, master_addr)
     exports = [f"export {env_name(k)}={shlex.quote(v)}" for k, v in sorted(env.items())
                if k not in ("CLUSTER_SPEC", "RANK", "MTC_NODE_ID")]  # refused before any write
@@ -79,7 +79,7 @@ master_addr: str,
         'export RANK="${SLURM_PROCID:?task.sh runs under srun}"',
         'case "${SLURMD_NODENAME:-}" in',
     ]
-    lines += [f"    {q(names[s.node_id] or '')}) MTC_NODE_ID={q(s.node_id)} ;;" for s in specs]
+    lines += [f"    {q(names[n] or '')}) MTC_NODE_ID={q(n)} ;;" for n in gang.node_ids]
     lines += [
         '    *) MTC_NODE_ID="${SLURMD_NODENAME:-unknown}" ;;',
         "esac",
@@ -96,7 +96,7 @@ master_addr: str,
         f" -- {shlex.join(first.command)}",
     ]
     write_executable(run_dir / "task.sh", "\n".join(lines) + "\n")
-    k = len(specs)
+    k = gang.world_size
     tag = q(f"[mtc] job {first.job_id} attempt {first.attempt}")
     batch = [
         "#!/bin/bash",

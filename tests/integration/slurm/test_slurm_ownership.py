@@ -21,7 +21,7 @@ from shared.adapters.compute.slurm_cli import SlurmCli, SlurmError
 from shared.adapters.compute.slurm_compute import SlurmCompute
 from shared.domain.events import JobWorkersExited, NodeHealthReported, NodeProvisioned
 from shared.domain.model import Node, NodeRole, NodeState
-from shared.ports import WorkerSpec
+from shared.ports import Gang, LaunchGroup
 from tests.harness import Recorder
 
 from .conftest import Cluster
@@ -166,9 +166,9 @@ def test_one_rank_killed_ends_the_gang(
                                for n in mapping.values()), 30, "nodes in service")
     out = tmp_path / "out"
     payload = "$(touch PWNED) `touch PWNED2`; touch PWNED3 'q' \"d\""
-    specs = [WorkerSpec("gang", 1, r, 2, f"g{r}", (sys.executable, "-c", TRAIN), (("PAYLOAD", payload),),
-                        str(out / "c"), str(out / "m"), str(out / "t")) for r in range(2)]
-    compute.start_workers(specs)
+    group = LaunchGroup(0, 2, (sys.executable, "-c", TRAIN), (("PAYLOAD", payload),))
+    compute.start_workers(Gang("gang", 1, ("g0", "g1"), (group,), str(out / "c"), str(out / "m"),
+                               str(out / "t")))
     pids: dict[int, int] = {}
 
     def started() -> bool:

@@ -3,7 +3,6 @@ safe under redelivery, duplicates and a restart mid-stream."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,10 @@ from services.executor.executor import (
 from services.observability import alerts
 from shared.adapters.compute.remote import RemoteCompute
 from shared.adapters.compute.remote_bus import Delivery, MemoryRequestBus
-from shared.adapters.compute.remote_codec import decode, encode, make_request
+from shared.adapters.compute.remote_codec import decode, encode, gang_args, make_request
 from shared.adapters.memory_store import MemoryDocStore
 from shared.domain.health import RepairAction
-from shared.ports import WorkerSpec
+from shared.ports import Gang, LaunchGroup
 from tests.contract.compute_drivers import make_node
 from tests.harness import ManualClock
 
@@ -61,8 +60,8 @@ class CallLog:
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
         self._call("repair", node_id, action, attempt)
 
-    def start_workers(self, workers: Sequence[WorkerSpec]) -> None:
-        self._call("start", tuple(workers))
+    def start_workers(self, gang: Gang) -> None:
+        self._call("start", gang)
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         self._call("signal", job_id, attempt, grace_s)
@@ -104,9 +103,9 @@ def rig(tmp_path: Path) -> Rig:
     return Rig(tmp_path)
 
 
-def worker(attempt: int = 1, rank: int = 0) -> WorkerSpec:
-    return WorkerSpec("job", attempt, rank, 2, f"n{rank}", ("python", "train.py"),
-                      (("A", "1"),), "/ck", "/model", "/tb")
+def gang(attempt: int = 1) -> Gang:
+    group = LaunchGroup(0, 2, ("python", "train.py"), (("A", "1"),))
+    return Gang("job", attempt, ("n0", "n1"), (group,), "/ck", "/model", "/tb")
 
 
 def test_every_call_reaches_the_machines_with_its_arguments(rig: Rig) -> None:
@@ -115,7 +114,7 @@ def test_every_call_reaches_the_machines_with_its_arguments(rig: Rig) -> None:
     rig.compute.start_repair("n1", RepairAction.REBOOT, 2)
     rig.compute.uncordon("n1")
     rig.compute.delete_node("n1")
-    rig.compute.start_workers([worker(rank=0), worker(rank=1)])
+    rig.compute.start_workers(gang())
     rig.compute.signal_workers("job", 1, 30.0)
     rig.compute.stop_workers("job", 1)
     assert rig.drain() == [APPLIED] * 8
@@ -124,7 +123,7 @@ def test_every_call_reaches_the_machines_with_its_arguments(rig: Rig) -> None:
     assert node == [("provision", "n1"), ("cordon", "n1", "xid 79"),
                     ("repair", "n1", RepairAction.REBOOT, 2), ("uncordon", "n1"),
                     ("delete", "n1")]
-    assert jobs == [("start", (worker(rank=0), worker(rank=1))), ("signal", "job", 1, 30.0),
+    assert jobs == [("start", gang()), ("signal", "job", 1, 30.0),
                     ("stop", "job", 1)]
 
 
@@ -145,9 +144,11 @@ def test_request_ids_follow_the_ports_idempotency_keys() -> None:
                                                                reason="r")
     assert rid("cordon", 1.0, node_id="n1", reason="r", seq=1) != rid(
         "cordon", 1.0, node_id="n1", reason="r", seq=3)
-    req = make_request("start_workers", {"workers": []} | {"workers": [
-        {"job_id": "j", "attempt": 3}]}, 1.0, 60.0)
+    req = make_request("start_workers", {"gang": {"job_id": "j", "attempt": 3}}, 1.0, 60.0)
     assert req.ordering_key == "j"
+    # an earlier control plane's per-rank form of the same attempt is the same request
+    assert req.request_id == make_request("start_workers", {"workers": [
+        {"job_id": "j", "attempt": 3}]}, 5.0, 60.0).request_id
     assert make_request("uncordon", {"node_id": "n7"}, 1.0, 60.0).ordering_key == "n7"
 
 
@@ -326,8 +327,7 @@ def test_liveness_is_one_overwritten_document_and_silence_is_an_alert(rig: Rig) 
 
 
 def test_the_request_codec_round_trips() -> None:
-    req = make_request("start_workers", {"workers": [
-        {**worker()._asdict(), "command": ["python"], "env": [["A", "1"]]}]}, 12.5, 30.0)
+    req = make_request("start_workers", gang_args(gang()), 12.5, 30.0)
     data, attributes = encode(req)
     back = decode(data, attributes, req.ordering_key)
     assert back == req

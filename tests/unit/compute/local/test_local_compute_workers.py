@@ -19,8 +19,8 @@ from local_compute_support import FakeClock, poll_until
 from shared.adapters.compute.local_compute import LocalCompute
 from shared.adapters.compute.protocol import EXIT_KILLED, master_port
 from shared.domain.events import JobCheckpointSaved, JobWorkersExited
-from shared.ports import WorkerSpec
-from tests.harness import Recorder
+from shared.ports import Gang
+from tests.harness import Recorder, one_pool_gang
 
 REPO = Path(__file__).resolve().parents[4]
 TRAIN = REPO / "examples" / "train.py"
@@ -31,7 +31,7 @@ MANAGED = (
 )  # fmt: skip
 
 
-def specs(
+def gang(
     tmp_path: Path,
     command: tuple[str, ...],
     *,
@@ -39,23 +39,9 @@ def specs(
     attempt: int = 1,
     world_size: int = 1,
     env: tuple[tuple[str, str], ...] = (),
-) -> list[WorkerSpec]:
-    out = tmp_path / "out" / job_id
-    return [
-        WorkerSpec(
-            job_id=job_id,
-            attempt=attempt,
-            rank=rank,
-            world_size=world_size,
-            node_id=f"n{rank}",
-            command=command,
-            env=env,
-            checkpoint_dir=str(out / "checkpoints"),
-            model_dir=str(out / "model"),
-            tensorboard_dir=str(out / "logs"),
-        )
-        for rank in range(world_size)
-    ]
+) -> Gang:
+    nodes = [f"n{rank}" for rank in range(world_size)]
+    return one_pool_gang(job_id, attempt, nodes, command, env, out=tmp_path / "out" / job_id)
 
 
 def py(code: str) -> tuple[str, ...]:
@@ -79,7 +65,7 @@ def test_workers_get_the_managed_environment(
 ) -> None:
     compute = make_compute()
     dump = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {MANAGED!r}}}))"
-    workers = specs(tmp_path, py(dump), world_size=2, env=(("USER_VAR", "x"), ("RANK", "99")))
+    workers = gang(tmp_path, py(dump), world_size=2, env=(("USER_VAR", "x"), ("RANK", "99")))
     compute.start_workers(workers)
     poll_until(compute, lambda: bool(exits(recorder)))
     port = master_port("job-1", 1)
@@ -95,9 +81,9 @@ def test_workers_get_the_managed_environment(
         assert cluster["task"]["type"] == "workerpool0" and cluster["task"]["index"] == rank
         assert cluster["job"]["job_id"] == "job-1" and cluster["job"]["attempt"] == 1
         for var, spec_dir in (
-            ("AIP_CHECKPOINT_DIR", workers[rank].checkpoint_dir),
-            ("AIP_MODEL_DIR", workers[rank].model_dir),
-            ("AIP_TENSORBOARD_LOG_DIR", workers[rank].tensorboard_dir),
+            ("AIP_CHECKPOINT_DIR", workers.checkpoint_dir),
+            ("AIP_MODEL_DIR", workers.model_dir),
+            ("AIP_TENSORBOARD_LOG_DIR", workers.tensorboard_dir),
         ):
             assert env[var] == spec_dir and Path(spec_dir).is_dir()
     assert 20000 <= port < 60000 and port == master_port("job-1", 1) != master_port("job-1", 2)
@@ -108,7 +94,7 @@ def test_exit_is_observed_once_with_the_first_nonzero_code(
 ) -> None:
     compute = make_compute()
     code = "import os, sys, time; r = int(os.environ['RANK']); time.sleep(0.2 * r); sys.exit(r)"
-    compute.start_workers(specs(tmp_path, py(code), world_size=3))
+    compute.start_workers(gang(tmp_path, py(code), world_size=3))
     poll_until(compute, lambda: bool(exits(recorder)))
     for _ in range(3):
         compute.poll()
@@ -124,10 +110,10 @@ def test_start_workers_is_idempotent(
     make_compute: Callable[..., LocalCompute], recorder: Recorder, tmp_path: Path
 ) -> None:
     compute = make_compute()
-    workers = specs(tmp_path, py("print('hello')"), world_size=2)
+    workers = gang(tmp_path, py("print('hello')"), world_size=2)
     compute.start_workers(workers)
     compute.start_workers(workers)
-    compute.start_workers(workers[1:])
+    compute.start_workers(gang(tmp_path, py("print('other')"), world_size=2))  # same attempt
     poll_until(compute, lambda: bool(exits(recorder)))
     compute.start_workers(workers)  # even after they exited: the same attempt is not rerun
     compute.poll()
@@ -140,7 +126,7 @@ def test_sigterm_reaches_the_program_which_checkpoints_and_exits_75(
 ) -> None:
     compute = make_compute()
     cmd = (PY, str(TRAIN), "--steps", "100000", "--checkpoint-every", "5", "--step-time", "0.01")
-    compute.start_workers(specs(tmp_path, cmd))
+    compute.start_workers(gang(tmp_path, cmd))
     poll_until(compute, lambda: bool(recorder.of(JobCheckpointSaved)))
     compute.signal_workers("job-1", 1, grace_s=30.0)
     compute.signal_workers("job-1", 1, grace_s=60.0)  # a repeat sends nothing more
@@ -173,7 +159,7 @@ def test_sigkill_after_the_grace_period(
         print('ready', flush=True)
         time.sleep(60)
     """
-    compute.start_workers(specs(tmp_path, py(stubborn)))
+    compute.start_workers(gang(tmp_path, py(stubborn)))
     wait_for_log(compute, "job-1", 1, "ready")
     compute.signal_workers("job-1", 1, grace_s=5.0)
     wait_for_log(compute, "job-1", 1, "got SIGTERM")
@@ -191,7 +177,7 @@ def test_stop_workers_kills_now_and_is_harmless_to_repeat(
     make_compute: Callable[..., LocalCompute], recorder: Recorder, tmp_path: Path
 ) -> None:
     compute = make_compute()
-    compute.start_workers(specs(tmp_path, py("import time; time.sleep(60)"), world_size=2))
+    compute.start_workers(gang(tmp_path, py("import time; time.sleep(60)"), world_size=2))
     compute.stop_workers("job-1", 1)
     compute.stop_workers("job-1", 1)
     poll_until(compute, lambda: bool(exits(recorder)))
@@ -208,8 +194,8 @@ def test_checkpoints_follow_the_file_name_convention(
     make_compute: Callable[..., LocalCompute], recorder: Recorder, tmp_path: Path
 ) -> None:
     compute = make_compute()
-    compute.start_workers(specs(tmp_path, py("import time; time.sleep(60)")))
-    ckpt = Path(specs(tmp_path, ())[0].checkpoint_dir)
+    compute.start_workers(gang(tmp_path, py("import time; time.sleep(60)")))
+    ckpt = Path(gang(tmp_path, ()).checkpoint_dir)
     np.savez(ckpt / "ckpt-00000010.npz", w=np.zeros(2))
     (ckpt / "ckpt-00000020.npz").write_bytes(b"PK\x03\x04 truncated")  # not a readable zip
     (ckpt / ".ckpt-00000030.npz.abc.tmp").write_bytes(b"")  # a writer's temp file
@@ -227,7 +213,7 @@ def test_checkpoints_follow_the_file_name_convention(
 
     # The next attempt shares the directory: old checkpoints are not reported again.
     recorder.events.clear()
-    compute.start_workers(specs(tmp_path, py("print('attempt 2')"), attempt=2))
+    compute.start_workers(gang(tmp_path, py("print('attempt 2')"), attempt=2))
     np.savez(ckpt / "ckpt-00000060.npz", w=np.zeros(2))
     poll_until(compute, lambda: bool(exits(recorder)))
     assert [(c.attempt, c.step) for c in recorder.of(JobCheckpointSaved)] == [(2, 60)]
@@ -245,7 +231,7 @@ def test_another_process_sees_workers_this_one_started(
         import sys
         from pathlib import Path
         from shared.adapters.compute.local_compute import LocalCompute
-        from shared.ports import WorkerSpec
+        from shared.ports import Gang, LaunchGroup
 
         class Clock:
             def now(self): return 1000.0
@@ -254,12 +240,10 @@ def test_another_process_sees_workers_this_one_started(
 
         compute = LocalCompute(Path({str(state_dir)!r}), emit, Clock(), heartbeats=False)
         out = Path({str(tmp_path / "other")!r})
-        spec = dict(world_size=2, node_id="n", env=(), checkpoint_dir=str(out / "c"),
-                    model_dir=str(out / "m"), tensorboard_dir=str(out / "t"))
-        compute.start_workers([
-            WorkerSpec("bg", 1, 0, command=({PY!r}, "-c", "import time; time.sleep(0.3)"), **spec),
-            WorkerSpec("bg", 1, 1, command=({PY!r}, "-c", "import time; time.sleep(60)"), **spec),
-        ])
+        compute.start_workers(Gang("bg", 1, ("n", "n"), (
+            LaunchGroup(0, 1, ({PY!r}, "-c", "import time; time.sleep(0.3)"), ()),
+            LaunchGroup(1, 1, ({PY!r}, "-c", "import time; time.sleep(60)"), ()),
+        ), str(out / "c"), str(out / "m"), str(out / "t")))
         compute.close()
         """
     )
@@ -282,7 +266,8 @@ def test_kill_all_stops_every_live_worker(
 ) -> None:
     compute = make_compute()
     sleep = py("import time; time.sleep(60)")
-    compute.start_workers(specs(tmp_path, sleep, job_id="a") + specs(tmp_path, sleep, job_id="b"))
+    compute.start_workers(gang(tmp_path, sleep, job_id="a"))
+    compute.start_workers(gang(tmp_path, sleep, job_id="b"))
     compute.kill_all()
     compute.poll()
     assert sorted((e.job_id, e.exit_code) for e in exits(recorder)) == [("a", 137), ("b", 137)]
@@ -297,7 +282,7 @@ def test_a_command_that_cannot_start_exits_127(
     code: int,
 ) -> None:
     compute = make_compute()
-    compute.start_workers(specs(tmp_path, command))
+    compute.start_workers(gang(tmp_path, command))
     poll_until(compute, lambda: bool(exits(recorder)))
     assert exits(recorder)[0].exit_code == code
     assert "cannot start" in compute.log_path("job-1", 1, 0).read_text()

@@ -22,8 +22,8 @@ from shared.adapters.clock import SystemClock
 from shared.adapters.compute.local_compute import LocalCompute
 from shared.adapters.compute.protocol import EXIT_KILLED, checkpoint_steps
 from shared.domain.events import JobWorkersExited
-from shared.ports import WorkerSpec
-from tests.harness import Recorder
+from shared.ports import Gang
+from tests.harness import Recorder, one_pool_gang
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -50,13 +50,9 @@ TRAIN = textwrap.dedent(
 )
 
 
-def gang(tmp_path: Path, job_id: str, env: tuple[tuple[str, str], ...] = ()) -> list[WorkerSpec]:
-    out = tmp_path / "out" / job_id
-    return [
-        WorkerSpec(job_id, 1, rank, 2, f"n{rank}", (sys.executable, "-c", TRAIN), env,
-                   str(out / "checkpoints"), str(out / "model"), str(out / "logs"))
-        for rank in range(2)
-    ]
+def gang(tmp_path: Path, job_id: str, env: tuple[tuple[str, str], ...] = ()) -> Gang:
+    return one_pool_gang(job_id, 1, ("n0", "n1"), (sys.executable, "-c", TRAIN), env,
+                         out=tmp_path / "out" / job_id)
 
 
 def children(pid: int) -> list[int]:
@@ -149,8 +145,8 @@ def test_killed_launcher_leaves_no_orphans(
     compute: tuple[LocalCompute, Recorder], tmp_path: Path
 ) -> None:
     local, recorder = compute
-    specs = gang(tmp_path, "g2")
-    local.start_workers(specs)
+    workers = gang(tmp_path, "g2")
+    local.start_workers(workers)
     pids = trainers(local, "g2")
     launcher = local.workers("g2")[1].pid
     os.kill(launcher, signal.SIGKILL)  # the launcher, not its training process
@@ -159,7 +155,7 @@ def test_killed_launcher_leaves_no_orphans(
     wait(local, lambda: bool(exits(recorder)), GRACE_S + MARGIN_S)
     [ended] = exits(recorder)
     assert ended.exit_code == EXIT_KILLED and "rank 1 failed first" in ended.detail
-    ckpts = Path(specs[1].checkpoint_dir)
+    ckpts = Path(workers.checkpoint_dir)
     before = set(checkpoint_steps(ckpts))
     time.sleep(0.5)  # it checkpointed every 50 ms while it ran
     assert set(checkpoint_steps(ckpts)) == before

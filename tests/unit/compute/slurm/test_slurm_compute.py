@@ -23,9 +23,9 @@ from shared.domain.events import (
 )
 from shared.domain.health import RepairAction
 from shared.domain.model import Node, NodeRole, NodeState
-from shared.ports import WorkerSpec
+from shared.ports import Gang
 from shared.probes.commands import CommandResult, ToolNotFound
-from tests.harness import ManualClock, Recorder
+from tests.harness import ManualClock, Recorder, one_pool_gang
 
 from .fake_slurm import FakeJob, FakeSlurm
 
@@ -98,28 +98,10 @@ def no_tools(argv: Sequence[str], timeout_s: float) -> CommandResult:
     raise ToolNotFound(f"{argv[0]} not found on PATH")
 
 
-def spec(
-    job_id: str,
-    attempt: int,
-    rank: int,
-    node_id: str,
-    tmp: Path,
-    world: int = 2,
-    command: tuple[str, ...] = ("true",),
-) -> WorkerSpec:
-    base = tmp / "out" / job_id
-    return WorkerSpec(
-        job_id,
-        attempt,
-        rank,
-        world,
-        node_id,
-        command,
-        (("USER_VAR", "a,b=c"),),
-        str(base / "checkpoints"),
-        str(base / "model"),
-        str(base / "logs"),
-    )
+def gang(job_id: str, attempt: int, tmp: Path, command: tuple[str, ...] = ("true",)) -> Gang:
+    """Ranks 0 and 1 on w0 and w1."""
+    return one_pool_gang(job_id, attempt, ("w0", "w1"), command, (("USER_VAR", "a,b=c"),),
+                         out=tmp / "out" / job_id)
 
 
 # ---------------------------------------------------------------- nodes
@@ -263,9 +245,9 @@ def test_one_sbatch_per_attempt_with_the_managed_environment(
 ) -> None:
     compute = make()
     provisioned(compute, "w0", "w1")
-    specs = [spec("job-a", 1, r, f"w{r}", tmp_path) for r in range(2)]
-    compute.start_workers(specs)
-    compute.start_workers(specs)  # a repeat is a no-op
+    workers = gang("job-a", 1, tmp_path)
+    compute.start_workers(workers)
+    compute.start_workers(workers)  # a repeat is a no-op
     assert slurm.count("sbatch") == 1
     [job] = slurm.queue.values()
     assert job.name == job_name("job-a", 1, compute.instance) and job.nodes == ("n1", "n2")
@@ -284,9 +266,7 @@ def test_the_task_script_gives_each_rank_its_identity(
     compute = make()
     provisioned(compute, "w0", "w1")
     probe = "import json, os; print(json.dumps(dict(os.environ)))"
-    compute.start_workers(
-        [spec("job-b", 3, r, f"w{r}", tmp_path, command=(sys.executable, "-c", probe)) for r in range(2)]
-    )
+    compute.start_workers(gang("job-b", 3, tmp_path, command=(sys.executable, "-c", probe)))
     run_dir = compute.run_dir("job-b", 3)
     env = {"PATH": os.environ["PATH"], "SLURM_PROCID": "1", "SLURMD_NODENAME": "n2"}
     out = subprocess.run(
@@ -306,13 +286,13 @@ def test_exit_files_give_one_workers_exited_after_the_checkpoints(
 ) -> None:
     compute = make()
     provisioned(compute, "w0", "w1")
-    specs = [spec("job-c", 1, r, f"w{r}", tmp_path) for r in range(2)]
-    compute.start_workers(specs)
+    workers = gang("job-c", 1, tmp_path)
+    compute.start_workers(workers)
     run_dir = compute.run_dir("job-c", 1)
     (run_dir / "rank-1.exit").write_text("75\n")
     compute.poll()
     assert events.of(JobWorkersExited) == []
-    ckpt = Path(specs[0].checkpoint_dir)
+    ckpt = Path(workers.checkpoint_dir)
     (ckpt / "ckpt-00000040.tmp").write_text("partial")  # not complete: ignored
     (ckpt / "ckpt-40").mkdir()
     (run_dir / "rank-0.exit").write_text("75\n")
@@ -330,7 +310,7 @@ def test_a_job_gone_without_exit_files_counts_as_killed(
 ) -> None:
     compute = make()
     provisioned(compute, "w0", "w1")
-    compute.start_workers([spec("job-d", 1, r, f"w{r}", tmp_path) for r in range(2)])
+    compute.start_workers(gang("job-d", 1, tmp_path))
     (compute.run_dir("job-d", 1) / "rank-0.exit").write_text("0\n")
     slurm.queue.clear()  # gone from squeue (NODE_FAIL long ago, or scancel)
     compute.poll()
@@ -345,7 +325,7 @@ def test_slurm_requeueing_an_attempt_by_itself_ends_it(
 ) -> None:
     compute = make()
     provisioned(compute, "w0", "w1")
-    compute.start_workers([spec("job-e", 1, r, f"w{r}", tmp_path) for r in range(2)])
+    compute.start_workers(gang("job-e", 1, tmp_path))
     [job] = slurm.queue.values()
     job.state, job.restart_cnt = "PENDING", 1
     compute.poll()
@@ -361,7 +341,7 @@ def test_signal_is_scancel_term_then_cancel_after_the_grace(
 ) -> None:
     compute = make()
     provisioned(compute, "w0", "w1")
-    compute.start_workers([spec("job-f", 1, r, f"w{r}", tmp_path) for r in range(2)])
+    compute.start_workers(gang("job-f", 1, tmp_path))
     [job] = slurm.queue.values()
     compute.signal_workers("job-f", 1, 10.0)
     compute.signal_workers("job-f", 1, 10.0)  # once only
@@ -381,7 +361,7 @@ def test_a_lost_sbatch_answer_is_adopted_not_submitted_twice(
     provisioned(compute, "w0", "w1")
     name = job_name("job-g", 1, compute.instance)
     slurm.queue[77] = FakeJob(77, name, ("n1", "n2"))
-    compute.start_workers([spec("job-g", 1, r, f"w{r}", tmp_path) for r in range(2)])
+    compute.start_workers(gang("job-g", 1, tmp_path))
     assert slurm.count("sbatch") == 0 and compute.slurm_job_id("job-g", 1) == 77
 
 
@@ -393,7 +373,7 @@ def test_an_unreachable_controller_is_retried_with_backoff_and_an_alert(
 ) -> None:
     compute = make(retry_initial_s=1.0, retry_max_s=8.0)
     provisioned(compute, "w0", "w1")
-    compute.start_workers([spec("job-h", 1, r, f"w{r}", tmp_path) for r in range(2)])
+    compute.start_workers(gang("job-h", 1, tmp_path))
     slurm.down = True
     compute.cordon("w0", "xid 79")  # must not raise into the handler
     assert [a.kind for a in compute.alerts()][:1] == ["slurm-unreachable"]

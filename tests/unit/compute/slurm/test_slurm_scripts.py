@@ -11,15 +11,16 @@ import pytest
 
 from shared.adapters.compute.protocol import read_exit_file
 from shared.adapters.compute.slurm_scripts import write_scripts
-from shared.ports import WorkerSpec
+from shared.ports import Gang, LaunchGroup
 
 NASTY = "$(touch PWNED) `touch PWNED2` 'single' \"double\" ; touch PWNED3 \\ $HOME\nnext line"
 
 
-def spec(tmp: Path, env: tuple[tuple[str, str], ...], job_id: str = "job-1") -> WorkerSpec:
+def gang(tmp: Path, env: tuple[tuple[str, str], ...], job_id: str = "job-1") -> Gang:
     out = tmp / "out"
     command = (sys.executable, "-c", "import os; open('seen', 'w').write(os.environ['PAYLOAD'])")
-    return WorkerSpec(job_id, 1, 0, 1, "w0", command, env, str(out / "c"), str(out / "m"), str(out / "t"))
+    return Gang(job_id, 1, ("w0",), (LaunchGroup(0, 1, command, env),), str(out / "c"), str(out / "m"),
+                str(out / "t"))
 
 
 def test_env_name_injection_is_refused_and_quoted(tmp_path: Path) -> None:
@@ -29,12 +30,12 @@ def test_env_name_injection_is_refused_and_quoted(tmp_path: Path) -> None:
     # a bad name is refused, and nothing is written
     for bad in ("X; touch PWNED; Y", "1X", "A-B", "A B", "X=Y", "", "A\nB", "$(touch PWNED)"):
         with pytest.raises(ValueError, match="invalid environment variable name"):
-            write_scripts([spec(tmp_path, ((bad, "v"),))], {"w0": "n1"}, run_dir,
+            write_scripts(gang(tmp_path, ((bad, "v"),)), {"w0": "n1"}, run_dir,
                           tmp_path / "slurm.out", python=sys.executable, master_addr="127.0.0.1")
         assert not (run_dir / "task.sh").exists()
     # a hostile value (and job id) stays literal
     job_id = "j$(touch PWNED4)\ntouch PWNED5"
-    write_scripts([spec(tmp_path, (("PAYLOAD", NASTY),), job_id)], {"w0": "n1"}, run_dir,
+    write_scripts(gang(tmp_path, (("PAYLOAD", NASTY),), job_id), {"w0": "n1"}, run_dir,
                   tmp_path / "slurm.out", python=sys.executable, master_addr="127.0.0.1")
     for name in ("task.sh", "batch.sh"):
         check = subprocess.run(["bash", "-n", str(run_dir / name)], capture_output=True, text=True)

@@ -13,6 +13,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import flask
@@ -124,31 +125,9 @@ def _too_large() -> ApiError:
 # ---------------------------------------------------------------- routes
 
 
-def _jobs_create(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
-                 ) -> tuple[Any, int]:
-    return custom_jobs.create(ctx, p, read_body(r), r.args.get("customJobId") or None), 200
 
 
-def _jobs_list(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
-               ) -> tuple[Any, int]:
-    return custom_jobs.list_jobs(ctx, p, filter_text=r.args.get("filter"),
-                                 size=r.args.get("pageSize"), token=r.args.get("pageToken")), 200
 
-
-def _jobs_get(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
-              ) -> tuple[Any, int]:
-    return custom_jobs.get(ctx, p, m["rid"]), 200
-
-
-def _jobs_cancel(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
-                 ) -> tuple[Any, int]:
-    read_body(r, required=False)
-    return custom_jobs.cancel(ctx, p, m["rid"]), 200
-
-
-def _jobs_delete(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
-                 ) -> tuple[Any, int]:
-    return custom_jobs.delete(ctx, p, m["rid"]), 200
 
 
 def _jobs_logs(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
@@ -158,32 +137,9 @@ def _jobs_logs(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
                          token=r.args.get("pageToken")), 200
 
 
-def _hpt_create(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
-                ) -> tuple[Any, int]:
-    return tuning_jobs.create(ctx, p, read_body(r),
-                              r.args.get("hyperparameterTuningJobId") or None), 200
 
 
-def _hpt_list(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
-              ) -> tuple[Any, int]:
-    return tuning_jobs.list_jobs(ctx, p, filter_text=r.args.get("filter"),
-                                 size=r.args.get("pageSize"), token=r.args.get("pageToken")), 200
 
-
-def _hpt_get(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
-             ) -> tuple[Any, int]:
-    return tuning_jobs.get(ctx, p, m["rid"]), 200
-
-
-def _hpt_cancel(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
-                ) -> tuple[Any, int]:
-    read_body(r, required=False)
-    return tuning_jobs.cancel(ctx, p, m["rid"]), 200
-
-
-def _hpt_delete(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
-                ) -> tuple[Any, int]:
-    return tuning_jobs.delete(ctx, p, m["rid"]), 200
 
 
 def _clusters_create(ctx: ApiContext, p: Parent, m: dict[str, str], r: flask.Request
@@ -289,6 +245,27 @@ def _listing(r: flask.Request) -> dict[str, str | None]:
             "token": r.args.get("pageToken")}
 
 
+def _collection_routes(path: str, permission: str, api: ModuleType, id_param: str,
+                       lister: str = "list_jobs") -> tuple[Route, ...]:
+    """Create, list, get, delete and cancel of one resource collection (custom jobs, tuning
+    jobs, training pipelines), each served the same way by its module's functions of those
+    names (``lister`` lists); the client's id for a new resource comes in ``id_param``."""
+    list_resources = getattr(api, lister)
+    return (
+        _route("POST", path, f"{permission}.create",
+               lambda ctx, p, m, r: (api.create(ctx, p, read_body(r),
+                                                r.args.get(id_param) or None), 200)),
+        _route("GET", path, f"{permission}.list",
+               lambda ctx, p, m, r: (list_resources(ctx, p, **_listing(r)), 200)),
+        _route("GET", f"{path}/{_ID}", f"{permission}.get",
+               lambda ctx, p, m, r: (api.get(ctx, p, m["rid"]), 200)),
+        _route("DELETE", f"{path}/{_ID}", f"{permission}.delete",
+               lambda ctx, p, m, r: (api.delete(ctx, p, m["rid"]), 200)),
+        _route("POST", f"{path}/{_ID}:cancel", f"{permission}.cancel",
+               lambda ctx, p, m, r: (_no_body(r) | api.cancel(ctx, p, m["rid"]), 200)),
+    )
+
+
 MODELS = f"/{_V}/{_P}/models"
 PIPELINES = f"/{_V}/{_P}/trainingPipelines"
 MO, TP = "aiplatform.models", "aiplatform.trainingPipelines"
@@ -307,17 +284,7 @@ REGISTRY_ROUTES: tuple[Route, ...] = (  # the Model Registry and training pipeli
     _route("POST", f"{MODELS}/{_ID}:mergeVersionAliases", f"{MO}.update",
            lambda ctx, p, m, r: (models_api.merge_version_aliases(
                ctx, p, *_model_ref(m), read_body(r)), 200)),
-    _route("POST", PIPELINES, f"{TP}.create",
-           lambda ctx, p, m, r: (pipelines_api.create(ctx, p, read_body(r),
-                                                      r.args.get("trainingPipelineId")), 200)),
-    _route("GET", PIPELINES, f"{TP}.list",
-           lambda ctx, p, m, r: (pipelines_api.list_pipelines(ctx, p, **_listing(r)), 200)),
-    _route("GET", f"{PIPELINES}/{_ID}", f"{TP}.get",
-           lambda ctx, p, m, r: (pipelines_api.get(ctx, p, m["rid"]), 200)),
-    _route("DELETE", f"{PIPELINES}/{_ID}", f"{TP}.delete",
-           lambda ctx, p, m, r: (pipelines_api.delete(ctx, p, m["rid"]), 200)),
-    _route("POST", f"{PIPELINES}/{_ID}:cancel", f"{TP}.cancel",
-           lambda ctx, p, m, r: (_no_body(r) | pipelines_api.cancel(ctx, p, m["rid"]), 200)),
+    *_collection_routes(PIPELINES, TP, pipelines_api, "trainingPipelineId", "list_pipelines"),
 )
 
 
@@ -327,17 +294,9 @@ OPS = f"/{_V}/{_P}/operations"
 HPT, HT = f"/{_V}/{_P}/hyperparameterTuningJobs", "aiplatform.hyperparameterTuningJobs"
 J, C, OP = "aiplatform.customJobs", "aiplatform.modelDevelopmentClusters", "aiplatform.operations"
 ROUTES: tuple[Route, ...] = (
-    _route("POST", JOBS, f"{J}.create", _jobs_create),
-    _route("GET", JOBS, f"{J}.list", _jobs_list),
-    _route("GET", f"{JOBS}/{_ID}", f"{J}.get", _jobs_get),
-    _route("DELETE", f"{JOBS}/{_ID}", f"{J}.delete", _jobs_delete),
-    _route("POST", f"{JOBS}/{_ID}:cancel", f"{J}.cancel", _jobs_cancel),
+    *_collection_routes(JOBS, J, custom_jobs, "customJobId"),
     _route("GET", f"{JOBS}/{_ID}/logs", f"{J}.get", _jobs_logs),
-    _route("POST", HPT, f"{HT}.create", _hpt_create),
-    _route("GET", HPT, f"{HT}.list", _hpt_list),
-    _route("GET", f"{HPT}/{_ID}", f"{HT}.get", _hpt_get),
-    _route("DELETE", f"{HPT}/{_ID}", f"{HT}.delete", _hpt_delete),
-    _route("POST", f"{HPT}/{_ID}:cancel", f"{HT}.cancel", _hpt_cancel),
+    *_collection_routes(HPT, HT, tuning_jobs, "hyperparameterTuningJobId"),
     _route("POST", CLUSTERS, f"{C}.create", _clusters_create),
     _route("GET", CLUSTERS, f"{C}.list", _clusters_list),
     _route("GET", f"{CLUSTERS}/{_ID}", f"{C}.get", _clusters_get),

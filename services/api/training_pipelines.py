@@ -79,19 +79,13 @@ def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None =
     stored = _stored(message)
     with ctx.unit() as uow:
         pipeline_id = pipeline_id or f"{uuid.uuid4().int % 10**18:018d}"
-        existing = uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id))
-        if existing is not None:
-            if existing["parent"] != parent.name or existing["resource"] != stored:
-                raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, pipeline_id)} "
-                               "already exists with a different body")
-            return render(uow, parent, existing)  # a retried create
+        retried = _retried_create(uow, parent, pipeline_id, stored)
+        if retried is not None:
+            return retried
         parent_id = _check_model(uow, parent, message)
-        cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
-        if cluster is None or cluster["parent"] != parent.name:
-            raise invalid("trainingTaskInputs.persistentResourceId",
-                          f"no cluster {cluster_id!r} in {parent.name}")
+        _require_cluster(uow, parent, cluster_id, "trainingTaskInputs.persistentResourceId")
         job_id = f"{uuid.uuid4().int % 10**18:018d}"
-        job = h.submit_job(cluster_id, job_body, uow, ctx.runtime.deps, f"cj-{job_id}")
+        job = h.submit_job(cluster_id, job_body, uow, ctx.runtime.deps, custom_jobs.domain_job_id(job_id))
         save_record(uow, custom_jobs.KIND, job_id, parent,
                     {k: v for k, v in job_message.to_json().items()
                      if k in ("displayName", "jobSpec", "labels")}, ctx.now)
@@ -102,6 +96,27 @@ def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None =
         uow.put_record(pipelines.PIPELINE_JOBS, job.job_id, {"pipeline": pipeline_id,
                                                              "time": ctx.now})
         return render(uow, parent, record)
+
+
+def _retried_create(uow: Any, parent: Parent, pipeline_id: str, stored: dict[str, Any]
+                    ) -> dict[str, Any] | None:
+    """A create retried with the same id and body answers what the first one made (None: no
+    such pipeline yet); the same id with another body is ALREADY_EXISTS."""
+    existing = uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id))
+    if existing is None:
+        return None
+    if existing["parent"] != parent.name or existing["resource"] != stored:
+        raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, pipeline_id)} "
+                       "already exists with a different body")
+    return render(uow, parent, existing)
+
+
+def _require_cluster(uow: Any, parent: Parent, cluster_id: str, field: str) -> None:
+    """The cluster a pipeline's job runs on exists under the pipeline's parent (a 400 naming
+    ``field`` otherwise: the caller's reference is wrong, not the server)."""
+    cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
+    if cluster is None or cluster["parent"] != parent.name:
+        raise invalid(field, f"no cluster {cluster_id!r} in {parent.name}")
 
 
 _TUNING_INPUT = ("studySpec", "maxTrialCount", "parallelTrialCount", "maxFailedTrialCount",
@@ -124,18 +139,13 @@ def _create_tuning(ctx: ApiContext, parent: Parent, message: TrainingPipeline,
     stored = _stored(message)
     with ctx.unit() as uow:
         pipeline_id = pipeline_id or f"{uuid.uuid4().int % 10**18:018d}"
-        existing = uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id))
-        if existing is not None:
-            if existing["parent"] != parent.name or existing["resource"] != stored:
-                raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, pipeline_id)} "
-                               "already exists with a different body")
-            return render(uow, parent, existing)  # a retried create
+        retried = _retried_create(uow, parent, pipeline_id, stored)
+        if retried is not None:
+            return retried
         parent_id = _check_model(uow, parent, message)
         cluster_id = domain.pop("clusterId")
-        cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
-        if cluster is None or cluster["parent"] != parent.name:
-            raise invalid("trainingTaskInputs.trialJobSpec.persistentResourceId",
-                          f"no cluster {cluster_id!r} in {parent.name}")
+        _require_cluster(uow, parent, cluster_id,
+                         "trainingTaskInputs.trialJobSpec.persistentResourceId")
         study_id = f"{uuid.uuid4().int % 10**18:018d}"
         where = {"parent": parent.name, "project": parent.project, "location": parent.location}
         try:
@@ -186,7 +196,7 @@ def cancel(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
                                f"{state}: only a pipeline that has not ended can be cancelled")
             tuning.cancel_study(record["study_id"], uow, ctx.runtime.deps)
             return {}
-        job = uow.jobs.get(f"cj-{record['job_id']}")
+        job = uow.jobs.get(custom_jobs.domain_job_id(record["job_id"]))
         if job is None or job.terminal:
             state = render(uow, parent, record)["state"]
             raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
@@ -213,7 +223,7 @@ def delete(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
         if record.get("study_id"):
             uow.delete_record(pipelines.PIPELINE_STUDIES, record["study_id"])
         else:
-            uow.delete_record(pipelines.PIPELINE_JOBS, f"cj-{record['job_id']}")
+            uow.delete_record(pipelines.PIPELINE_JOBS, custom_jobs.domain_job_id(record["job_id"]))
         return ops.render(uow, op, ctx.now)
 
 
@@ -223,7 +233,7 @@ def delete(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
 def render(uow: Any, parent: Parent, record: dict[str, Any]) -> dict[str, Any]:
     if record.get("study_id"):
         return _render_tuning(uow, parent, record)
-    job = uow.jobs.get(f"cj-{record['job_id']}")
+    job = uow.jobs.get(custom_jobs.domain_job_id(record["job_id"]))
     upload = record.get("upload")
     resource = dict(record["resource"])
     state, error = _state(job, upload, bool(resource.get("modelToUpload")))

@@ -56,7 +56,7 @@ class _Deferred(Mapping[str, Any]):
     """Context fields worked out when a line is logged, not for every event handled (the
     handler runner enters one per delivery; most deliveries log nothing)."""
 
-    __slots__ = ("_outer", "_make", "_fields")
+    __slots__ = ("_fields", "_make", "_outer")
 
     def __init__(self, outer: Mapping[str, Any], make: Callable[[], Mapping[str, Any]]) -> None:
         self._outer = outer

@@ -30,6 +30,7 @@ import requests
 
 from services.node_agent.publish import EVENT_TYPE, event_source, http_publisher
 from services.node_agent.spool import Send, SpooledReport
+from shared.domain import validation
 from shared.domain.errors import ValidationError
 
 TRANSPORTS = ("none", "url", "pubsub", "api")
@@ -64,12 +65,8 @@ class DeliveryConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DeliveryConfig:
-        if not isinstance(data, Mapping):
-            raise ValidationError("delivery", "must be a JSON object")
-        known = {f.name for f in fields(cls)}
-        extra = sorted(set(data) - known)
-        if extra:
-            raise ValidationError(f"delivery.{extra[0]}", "unknown config key")
+        data = validation.mapping(data, "delivery", noun="a JSON object")
+        validation.only_keys(data, "delivery", (f.name for f in fields(cls)))  # typos too
         return cls(**data)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from shared.domain import validation
 from shared.domain.errors import ValidationError
 
 ALL_PROBES: tuple[str, ...] = ("xid", "nvidia_smi", "dcgm", "disk", "speed")
@@ -56,12 +57,8 @@ class AgentConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AgentConfig:
         """Build from a JSON object; unknown keys are an error (a typo must not go unnoticed)."""
-        if not isinstance(data, Mapping):
-            raise ValidationError("", "config must be a JSON object")
-        known = {f.name for f in fields(cls)}
-        extra = sorted(set(data) - known)
-        if extra:
-            raise ValidationError(extra[0], "unknown config key")
+        data = validation.mapping(data, "", noun="a JSON object (the agent's config)")
+        validation.only_keys(data, "", (f.name for f in fields(cls)))
         values = dict(data)
         for key in ("probes", "mounts"):
             if key in values:

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,20 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 PARENT = "projects/p/locations/l"
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 30.0,
+               interval_s: float = 0.2) -> Any:
+    """``check()``'s first truthy answer, polled every ``interval_s``; an AssertionError
+    naming ``what`` and the last answer when ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}; last saw {last!r}")
 
 
 def free_port() -> int:

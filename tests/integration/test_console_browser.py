@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from tests.cli_support import job_body
-from tests.serving import PARENT, ROOT, create_cluster, mtc_serve
+from tests.serving import PARENT, ROOT, create_cluster, mtc_serve, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -59,14 +59,6 @@ def _job(url: str) -> dict[str, Any]:
     return r.json()  # type: ignore[no-any-return]
 
 
-def _until(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_console_shows_an_xid_repaired_and_the_job_resumed(browser: Any, tmp_path: Path
@@ -85,7 +77,7 @@ def test_console_shows_an_xid_repaired_and_the_job_resumed(browser: Any, tmp_pat
         r = requests.post(f"{url}/v1/{PARENT}/customJobs", params={"customJobId": "long"},
                           json=body, headers=H, timeout=30)
         assert r.status_code == 200, r.text
-        job = _until("a first checkpoint", lambda: (j := _job(url))["mtcProgress"].get(
+        job = wait_until("a first checkpoint", lambda: (j := _job(url))["mtcProgress"].get(
             "latestCheckpoint") and j)
         victim = job["mtcProgress"]["nodes"][0]
 

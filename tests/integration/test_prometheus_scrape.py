@@ -8,7 +8,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import requests
 
 from tests.cli_support import job_body
-from tests.serving import PARENT, ROOT, create_cluster, free_port, mtc_serve
+from tests.serving import PARENT, ROOT, create_cluster, free_port, mtc_serve, wait_until
 
 PROMETHEUS = Path("/usr/bin/prometheus")
 TOKEN = "prometheus-scrape-test-token"
@@ -70,14 +69,7 @@ def scalar(prom: str, promql: str) -> float | None:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; last saw {last!r}")
+    return wait_until(what, check, timeout_s, interval_s=0.5)
 
 
 def test_prometheus_scrapes_nodes_and_fault_to_drain(tmp_path: Path) -> None:

@@ -6,8 +6,9 @@ For each delivery, in the order received (in order per node, by the ordering key
 * already recorded (a redelivery, a duplicate, a handler that ran again) -> acknowledged,
   nothing applied;
 * past its deadline -> refused and recorded, acknowledged, never applied: a drain or a
-  reboot asked for minutes ago may be wrong now, and the control plane's own timeouts
-  take it from there;
+  reboot asked for minutes ago may be wrong now. A call the control plane waits on (a
+  start of workers, a repair, a deep check) is answered as not done (``answers``), so the
+  job is requeued, the repair planned again, the checks judged unknown;
 * otherwise applied with the real adapter, recorded, acknowledged. A call that raises is
   not recorded and the delivery is nacked: it comes back (and, past the subscription's
   ``max_delivery_attempts``, goes to the dead-letter topic). Until it does, later requests
@@ -33,12 +34,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.executor.answers import refusal_answer
 from services.executor.dedup import DedupRecord
 from services.observability import alerts
 from shared.adapters.compute.remote_bus import Delivery, RequestSource
 from shared.adapters.compute.remote_codec import ComputeRequest, apply, decode
 from shared.domain.errors import PermanentError
-from shared.ports import Clock, Compute
+from shared.ports import Clock, Compute, Emitter
 
 log = logging.getLogger("mtc.executor")
 
@@ -79,6 +81,7 @@ class Executor:
     clock: Clock
     refusals: Refusals = field(default_factory=LoggedRefusals)
     liveness: Liveness | None = None
+    report: Emitter | None = None  # where a refused call's answer goes (the event topics)
     executor_id: str = "executor"
     kind: str = ""
     heartbeat_s: float = 5.0
@@ -118,15 +121,19 @@ class Executor:
             delivery.ack()
             return self._count(DUPLICATE)
         if request.expired(now):
-            self._refuse(delivery, f"{request.op} {request.ordering_key}: past its deadline "
-                         f"by {now - request.deadline:.1f} s (issued {request.issued_at:.3f}); "
-                         "not applied")
+            late = f"past its deadline by {now - request.deadline:.1f} s"
+            if not self._answer(delivery, request, f"refused by the executor, {late}", now):
+                return self._count(RETRY)
+            self._refuse(delivery, f"{request.op} {request.ordering_key}: {late} "
+                         f"(issued {request.issued_at:.3f}); not applied")
             self.dedup.record(request.request_id, request.op, REFUSED, request.deadline, now)
             delivery.ack()
             return self._count(REFUSED)
         try:
             apply(request, self.compute)
         except PermanentError as exc:
+            if not self._answer(delivery, request, f"refused by the executor: {exc}", now):
+                return self._count(RETRY)
             self._refuse(delivery, f"{request.op} {request.ordering_key}: {exc}")
             self.dedup.record(request.request_id, request.op, MALFORMED, request.deadline, now)
             delivery.ack()
@@ -144,6 +151,25 @@ class Executor:
     def _count(self, outcome: str) -> str:
         self.counts[outcome] += 1
         return outcome
+
+    def _answer(self, delivery: Delivery, request: ComputeRequest, reason: str, now: float
+                ) -> bool:
+        """Tell the control plane a call it waits on was not done (``answers``), before the
+        refusal is recorded: a crash in between repeats the answer, never loses it. False
+        (and the delivery nacked, to come back) when it could not be sent."""
+        answer = refusal_answer(request, reason, now)
+        if answer is None or self.report is None:
+            return True
+        try:
+            self.report(answer)
+        except Exception:
+            log.exception("could not answer refused %s %s; it will be redelivered",
+                          request.op, request.request_id)
+            delivery.nack()
+            return False
+        log.info("answered refused %s %s with %s", request.op, request.ordering_key,
+                 answer.TYPE)
+        return True
 
     def _refuse(self, delivery: Delivery, reason: str) -> None:
         log.warning("refused compute request %s: %s",

@@ -40,9 +40,10 @@ from typing import Any
 
 from services.executor.dedup import DedupRecord
 from services.executor.executor import Executor
-from services.wiring.builder import make_compute
+from services.wiring.builder import COMPUTE_SOURCES, make_compute
 from shared import logs
 from shared.adapters.clock import SystemClock
+from shared.adapters.outbox import SourceEmitter
 from shared.adapters.pubsub import PREFIX, PubSubPublisher
 
 log = logging.getLogger("mtc.executor")
@@ -118,7 +119,9 @@ def build(settings: ExecutorSettings) -> tuple[Executor, Any]:
         liveness=FirestoreDocStore.connect(settings.project,
                                            prefix=settings.collection_prefix),
         executor_id=settings.executor_id, kind=settings.compute,
-        heartbeat_s=settings.heartbeat_s)
+        heartbeat_s=settings.heartbeat_s,
+        report=SourceEmitter(publisher.publish, clock,
+                             COMPUTE_SOURCES.get(settings.compute, "//mtc/executor")))
     log.info("executor %s: %s compute over %s, pulling %s", settings.executor_id,
              settings.compute, settings.state_dir, subscription)
     return executor, compute

@@ -16,7 +16,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_stack_tells_the_self_healing_story(emulators: dict[str, str],
                                             tmp_path: Path) -> None:
     state = tmp_path / "stack"
-    out = run_script("stack.py", "--state-dir", str(state), "--steps", "80", timeout_s=300)
+    # 200 steps (about 10 s of training): the drain must land before the job ends, and on a
+    # loaded machine the repair function took 3 s to act on the diagnosis (80 steps left 2.5 s)
+    out = run_script("stack.py", "--state-dir", str(state), "--steps", "200", timeout_s=300)
     for line in ("diagnosed gpu_fell_off_bus", "draining, job train-1 must checkpoint",
                  "attempt 1 workers exited, code", "requeued (restart 1)",
                  "attempt 2 started", "resuming from checkpoint step", "repair started: reboot",

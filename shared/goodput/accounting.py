@@ -43,6 +43,7 @@ else the prefix of the interrupt reason, else ``exit_code_N``.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import re
 from collections import defaultdict
@@ -155,9 +156,12 @@ def account(rows: Iterable[Mapping[str, Any]], *, params: Mapping[str, JobParams
         elif "job_id" in data and data["job_id"] in params:
             per_job[data["job_id"]].append(row)
     reports.sort()
+    by_node: dict[str, list[tuple[float, str, str, str]]] = defaultdict(list)
+    for found_report in reports:  # each node's in the same order
+        by_node[found_report[1]].append(found_report)
     for found in diagnoses.values():
         found.sort()
-    jobs = {job_id: _account_job(job_id, p, per_job.get(job_id, []), reports, diagnoses,
+    jobs = {job_id: _account_job(job_id, p, per_job.get(job_id, []), by_node, diagnoses,
                                  drains.get(job_id, []), start, end)
             for job_id, p in params.items()}
     gpus = fleet_gpus if fleet_gpus is not None else sum(
@@ -176,7 +180,7 @@ def account(rows: Iterable[Mapping[str, Any]], *, params: Mapping[str, JobParams
 
 
 def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
-                 reports: list[tuple[float, str, str, str]],
+                 reports: Mapping[str, list[tuple[float, str, str, str]]],
                  diagnoses: Mapping[str, list[tuple[float, str]]],
                  drains: list[tuple[float, str]], start: float, end: float) -> JobGoodput:
     jg = JobGoodput(job_id, p, start=start, end=end)
@@ -219,6 +223,8 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
         jg.end = jg.start
         return jg
     ckpts.sort()
+    ckpt_times = [c[0] for c in ckpts]
+    best_step = list(itertools.accumulate((c[1] for c in ckpts), max))  # newest by then
     ordered = sorted(attempts.values(), key=lambda a: a.start)
     jg.attempts = len(ordered)
     add = jg.badput
@@ -245,9 +251,12 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
         stop = min(att.exit_at if att.exit_at is not None else math.inf, jg.end)
         nxt = ordered[i + 1].start if i + 1 < len(ordered) else math.inf
         stop = min(stop, nxt)
-        resumed = any(c[0] <= att.start for c in ckpts)
-        resume_step = max((c[1] for c in ckpts if c[0] <= att.start), default=0)
-        mine = [c for c in ckpts if att.start < c[0] <= stop + 1e-6 and c[2] == att.number]
+        # (the checkpoints are sorted by time: bisected, not scanned once per attempt)
+        saved_by_start = bisect.bisect_right(ckpt_times, att.start)
+        resumed = saved_by_start > 0
+        resume_step = best_step[saved_by_start - 1] if saved_by_start else 0
+        until = bisect.bisect_right(ckpt_times, stop + 1e-6, lo=saved_by_start)
+        mine = [c for c in ckpts[saved_by_start:until] if c[2] == att.number]
         startup, restore = p.startup_s, (p.checkpoint_restore_s if resumed else 0.0)
         first = first_steps.get(att.number)
         if first is not None:  # measured: start to the end of the first step, less its
@@ -363,27 +372,36 @@ def _exit_cause(att: _Attempt) -> str:
 NON_FATAL_TYPES = frozenset({"SlowSpeedCheck", "ThermalThrottling", "DiskPressure"})
 
 
-def _evidence(att: _Attempt, p: JobParams, reports: list[tuple[float, str, str, str]],
+def _evidence(att: _Attempt, p: JobParams, reports: Mapping[str, list[tuple[float, str, str, str]]],
               diagnoses: Mapping[str, list[tuple[float, str]]],
               drains: list[tuple[float, str]], interrupts: list[tuple[float, str]],
               stop: float, end: float) -> _Evidence | None:
     """When the attempt's progress stopped, and why (None: it never was disrupted)."""
     horizon = min(stop, end)
     report: tuple[float, str, str] | None = None  # (fault time, cause, failure mode)
-    lo = bisect.bisect_left(reports, (att.start, "", "", ""))
-    for since, node_id, cause, ctype in reports[lo:]:
-        if since > horizon:
+    # the first report that counts, in (time, node, ...) order: each member's own first,
+    # then the least of those (a fleet's reports are many; a node's are few)
+    first: tuple[float, str, str, str] | None = None
+    started = att.start
+    for node_id in att.members & reports.keys():
+        mine = reports[node_id]
+        for found in itertools.islice(mine, bisect.bisect_left(mine, (started,)), None):
+            since = found[0]
+            if since > horizon or (first is not None and found >= first):
+                break
+            if since <= started:
+                continue  # (a fault at the very instant it started is the previous attempt's)
+            if found[3] in NON_FATAL_TYPES:
+                continue  # slow, hot or full: the job goes on until it is drained (a signal)
+            node_diagnoses = diagnoses.get(node_id, [])
+            if node_diagnoses and not _diagnosed_within(node_diagnoses, since):
+                continue  # triage found nothing to act on (a lone XID 45): the job went on
+            first = found
             break
-        if node_id not in att.members or since <= att.start:
-            continue  # (a fault at the very instant it started is the previous attempt's)
-        if ctype in NON_FATAL_TYPES:
-            continue  # slow, hot or full: the job goes on until it is drained (a signal)
-        node_diagnoses = diagnoses.get(node_id, [])
-        if node_diagnoses and not _diagnosed_within(node_diagnoses, since):
-            continue  # triage found nothing to act on (a lone XID 45): the job went on
-        mode = _mode_after(node_diagnoses, since)
+    if first is not None:
+        since, node_id, cause, ctype = first
+        mode = _mode_after(diagnoses.get(node_id, []), since)
         report = (since, cause or mode or ctype, mode)
-        break
     signal: tuple[float, str] | None = None  # a drain or an interrupt request: SIGTERM
     for t, reason in [*interrupts, *drains]:
         if att.start <= t <= horizon and (signal is None or t < signal[0]):

@@ -9,6 +9,10 @@ the same way everywhere (see ``examples/train.py``):
   ``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``, ``AIP_TENSORBOARD_LOG_DIR``:
   https://cloud.google.com/vertex-ai/docs/training/code-requirements) plus the
   ``torch.distributed`` rendezvous (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+  ``CLUSTER_SPEC`` has Vertex's distributed-training shape: a list of addresses per worker
+  pool (``workerpool0``, ``workerpool1``, ...) and the replica's ``task`` as its pool and its
+  index within it (https://cloud.google.com/vertex-ai/docs/training/distributed-training);
+  ``RANK`` counts across the pools, pool after pool.
 * **Exit codes** (``ExitCode``): 0 done; 75 (``EX_TEMPFAIL`` of BSD ``sysexits.h``) preempted
   with a checkpoint saved; 128+N killed by signal N (the shell's convention); 137 also when a
   worker vanished without leaving its code; 127/126 command not found / not executable. An

@@ -1,11 +1,18 @@
-"""The batch scripts of one attempt: ``batch.sh`` (one srun step) and ``task.sh`` (one rank).
+"""The batch scripts of one attempt: ``batch.sh`` (one srun step), ``task.sh`` (one rank)
+and ``hostfile``.
 
-Each task gets the worker protocol's environment (``protocol.managed_env``) with
-``RANK=$SLURM_PROCID``, ``MTC_NODE_ID`` from ``$SLURMD_NODENAME`` and ``CLUSTER_SPEC``'s task
-filled in to match (Slurm, not mtc, decides which node gets which task id: see
-https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES), and runs under
-``worker_launcher``, which leaves each rank's exit code in ``rank-<RANK>.exit``. A batch job
-Slurm requeues by itself exits at once: mtc runs the next attempt instead.
+Placement: srun puts task r on line r of ``hostfile``, the Slurm node of ``gang.node_ids[r]``
+(``--distribution=arbitrary`` with ``SLURM_HOSTFILE``:
+https://slurm.schedmd.com/srun.html#OPT_distribution), so a pool's ranks run on the machines
+chosen for that pool, not wherever Slurm's own order would put them.
+
+Pools: one ``task.sh`` serves every rank. It takes ``RANK=$SLURM_PROCID``, picks the launch
+group whose ranks hold it (``if (( RANK < end ))`` per group) and exports that group's
+environment (``protocol.managed_env``) and command (a bash array); ``MTC_NODE_ID`` comes from
+``$SLURMD_NODENAME`` and ``CLUSTER_SPEC``'s task index (``RANK`` less the group's first rank)
+and node are filled in by the shell. It runs the command under ``worker_launcher``, which
+leaves each rank's exit code in ``rank-<RANK>.exit``. A batch job Slurm requeues by itself
+exits at once: mtc runs the next attempt instead.
 
 Gangs: the step runs with ``srun --kill-on-bad-exit=1``, so a task that exits non-zero or is
 killed ends the step for every task (https://slurm.schedmd.com/srun.html#OPT_kill-on-bad-exit),
@@ -16,7 +23,9 @@ ranks still saving theirs.
 
 Quoting: everything that comes from the job (environment names and values, the command, ids,
 paths) is written with ``shlex.quote`` or as a checked name; an environment variable name
-that is not ``[A-Za-z_][A-Za-z0-9_]*`` is refused (``ValueError``), never written.
+that is not ``[A-Za-z_][A-Za-z0-9_]*``, or a Slurm node name the hostfile cannot carry as one
+host, is refused (``ValueError``), never written. A ``SLURM_PROCID`` that is not a number
+ends the task before it reaches shell arithmetic.
 """
 
 from __future__ import annotations

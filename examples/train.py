@@ -123,7 +123,8 @@ def read_env(env: dict[str, str]) -> Env:
         pool = re.fullmatch(r"workerpool(\d+)", str(task.get("type", "workerpool0")))
         cluster = spec.get("cluster")
         pools: dict[str, Any] = cluster if isinstance(cluster, dict) else {}
-        offset: int = sum(len(pools.get(f"workerpool{i}") or ()) for i in range(int(pool[1]) if pool else 0))
+        before = [pools.get(f"workerpool{i}") for i in range(int(pool[1]) if pool else 0)]
+        offset: int = sum(len(p) for p in before if isinstance(p, list))
         spec_rank = index + offset
     rank = _int_var(env, "RANK", spec_rank if spec_rank is not None else 0, 0)
     if spec_rank is not None and rank != spec_rank:

@@ -119,7 +119,13 @@ def read_env(env: dict[str, str]) -> Env:
         index = task.get("index") if isinstance(task, dict) else None
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise ConfigError(f"CLUSTER_SPEC task.index must be an integer >= 0, got {index!r}")
-        spec_rank = index
+        # the index is within the task's pool; RANK counts the pools before it too
+        pool = re.fullmatch(r"workerpool(\d+)", str(task.get("type", "workerpool0")))
+        cluster = spec.get("cluster")
+        pools: dict[str, Any] = cluster if isinstance(cluster, dict) else {}
+        before = [pools.get(f"workerpool{i}") for i in range(int(pool[1]) if pool else 0)]
+        offset: int = sum(len(p) for p in before if isinstance(p, list))
+        spec_rank = index + offset
     rank = _int_var(env, "RANK", spec_rank if spec_rank is not None else 0, 0)
     if spec_rank is not None and rank != spec_rank:
         raise ConfigError(f"RANK={rank} disagrees with CLUSTER_SPEC task.index={spec_rank}")

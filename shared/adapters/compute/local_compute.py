@@ -39,7 +39,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +149,7 @@ class LocalCompute(LocalNodes):
     def _start_new(
         self, db: sqlite3.Connection, gang: Gang, now: float, launched: list[int]
     ) -> None:
+        pools = tuple(g.count for g in gang.groups)
         for spec in gang.workers():  # by rank
             key = (spec.job_id, spec.attempt, spec.rank)
             if db.execute(
@@ -157,7 +158,7 @@ class LocalCompute(LocalNodes):
                 continue
             self._ledger(db).start_attempt(spec.job_id, spec.attempt, spec.world_size,
                                            str(Path(spec.checkpoint_dir).absolute()), now)
-            pid, exit_file, log_path = self._launch(spec)
+            pid, exit_file, log_path = self._launch(spec, pools)
             launched.append(pid)
             self._children.add(pid)
             db.execute(
@@ -166,15 +167,15 @@ class LocalCompute(LocalNodes):
                 (*key, spec.node_id, pid, start_ticks(pid), exit_file, log_path, now),
             )
 
-    def worker_env(self, spec: WorkerSpec) -> dict[str, str]:
+    def worker_env(self, spec: WorkerSpec, pools: Sequence[int] = ()) -> dict[str, str]:
         """The environment a managed service gives a replica (the spec's env cannot
-        override the service's own variables)."""
-        return {**os.environ, **managed_env(spec)}
+        override the service's own variables); ``pools``: the gang's replicas per pool."""
+        return {**os.environ, **managed_env(spec, pools=pools)}
 
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         return self.state_dir / "logs" / safe_name(job_id) / f"attempt-{attempt}-rank-{rank}.log"
 
-    def _launch(self, spec: WorkerSpec) -> tuple[int, str, str]:
+    def _launch(self, spec: WorkerSpec, pools: Sequence[int]) -> tuple[int, str, str]:
         """Start the launcher in a new session: it survives us and records the exit code."""
         for d in (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
@@ -184,7 +185,7 @@ class LocalCompute(LocalNodes):
         run_dir.mkdir(parents=True, exist_ok=True)
         exit_file = run_dir / f"attempt-{spec.attempt}-rank-{spec.rank}.exit"
         exit_file.unlink(missing_ok=True)
-        pid = spawn_launcher(self._python, exit_file, spec.command, self.worker_env(spec), log)
+        pid = spawn_launcher(self._python, exit_file, spec.command, self.worker_env(spec, pools), log)
         return pid, str(exit_file), str(log)
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:

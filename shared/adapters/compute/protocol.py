@@ -9,6 +9,10 @@ the same way everywhere (see ``examples/train.py``):
   ``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``, ``AIP_TENSORBOARD_LOG_DIR``:
   https://cloud.google.com/vertex-ai/docs/training/code-requirements) plus the
   ``torch.distributed`` rendezvous (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+  ``CLUSTER_SPEC`` has Vertex's distributed-training shape: a list of addresses per worker
+  pool (``workerpool0``, ``workerpool1``, ...) and the replica's ``task`` as its pool and its
+  index within it (https://cloud.google.com/vertex-ai/docs/training/distributed-training);
+  ``RANK`` counts across the pools, pool after pool.
 * **Exit codes** (``ExitCode``): 0 done; 75 (``EX_TEMPFAIL`` of BSD ``sysexits.h``) preempted
   with a checkpoint saved; 128+N killed by signal N (the shell's convention); 137 also when a
   worker vanished without leaving its code; 127/126 command not found / not executable. An
@@ -39,7 +43,7 @@ import re
 import signal
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from shared.adapters.advice_file import advice_path
@@ -97,14 +101,36 @@ def master_port(job_id: str, attempt: int) -> int:
     return MASTER_PORT_BASE + zlib.crc32(f"{job_id}/{attempt}".encode()) % MASTER_PORT_SPAN
 
 
-def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1") -> dict[str, str]:
+def pool_of(rank: int, pools: Sequence[int]) -> tuple[int, int]:
+    """``rank``'s worker pool and its index within that pool (ranks run pool after pool)."""
+    first = 0
+    for pool, count in enumerate(pools):
+        if rank < first + count:
+            return pool, rank - first
+        first += count
+    raise ValueError(f"rank {rank} is outside the pools {list(pools)}")
+
+
+def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
+                pools: Sequence[int] = ()) -> dict[str, str]:
     """What a managed service adds to a replica's environment (the spec's env cannot
-    override the service's own variables)."""
+    override the service's own variables). ``pools``: the replica count of each worker pool
+    (none: one pool), so ``CLUSTER_SPEC`` has Vertex's shape: one address list per pool and
+    the task's index within its pool; ``RANK`` stays global, as torch needs it."""
     port = master_port(spec.job_id, spec.attempt)
+    counts = tuple(pools) or (spec.world_size,)
+    if sum(counts) != spec.world_size:
+        raise ValueError(f"pools {list(counts)} do not add up to world size {spec.world_size}")
+    pool, index = pool_of(spec.rank, counts)
+    cluster: dict[str, list[str]] = {}
+    first = 0
+    for i, count in enumerate(counts):
+        cluster[f"workerpool{i}"] = [f"{master_addr}:{port + r}" for r in range(first, first + count)]
+        first += count
     cluster_spec = {
-        "cluster": {"workerpool0": [f"{master_addr}:{port + r}" for r in range(spec.world_size)]},
+        "cluster": cluster,
         "environment": "cloud",
-        "task": {"type": "workerpool0", "index": spec.rank, "node_id": spec.node_id},
+        "task": {"type": f"workerpool{pool}", "index": index, "node_id": spec.node_id},
         "job": {
             "job_id": spec.job_id,
             "attempt": spec.attempt,

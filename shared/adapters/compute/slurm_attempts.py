@@ -1,12 +1,12 @@
 """The Slurm adapter's attempts: one batch job per (job, attempt), its signals and its end.
 
 ``start_workers`` submits one batch job per attempt (``sbatch --requeue --open-mode=append
---exclusive --nodelist=<mapped nodes>``, one ``srun`` task per node; scripts by
-``slurm_scripts``). ``poll()`` reports each new checkpoint once and the attempt's one
-``JobWorkersExited`` (the shared ledger): when every rank left an exit code, or when the Slurm
-job ended or was requeued by Slurm itself without them (missing ranks count 137).
-``signal_workers`` = ``scancel --signal=TERM`` (steps only), then ``scancel`` after the grace
-period; ``stop_workers`` = ``scancel``.
+--exclusive --nodelist=<mapped nodes>``, one ``srun`` task per node, placed by rank and
+running its worker pool's command; scripts by ``slurm_scripts``). ``poll()`` reports each
+new checkpoint once and the attempt's one ``JobWorkersExited`` (the shared ledger): when
+every rank left an exit code, or when the Slurm job ended or was requeued by Slurm itself
+without them (missing ranks count 137). ``signal_workers`` = ``scancel --signal=TERM``
+(steps only), then ``scancel`` after the grace period; ``stop_workers`` = ``scancel``.
 """
 
 from __future__ import annotations
@@ -210,10 +210,10 @@ class SlurmAttempts(SlurmNodes):
         row = self._node(db, node_id)
         return None if row is None or row["deleted"] else cast("str | None", row["slurm_node"])
 
-    def managed_env(self, spec: WorkerSpec) -> dict[str, str]:
+    def managed_env(self, spec: WorkerSpec, pools: Sequence[int] = ()) -> dict[str, str]:
         """What a managed service adds to a replica's environment: ``LocalCompute``'s
         ``worker_env`` less what the process environment already holds."""
-        return managed_env(spec, self._master_addr)
+        return managed_env(spec, self._master_addr, pools)
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         """``scancel --signal=TERM`` now, ``scancel`` after ``grace_s`` (from ``poll()``). A

@@ -43,9 +43,10 @@ lapses, as a dead node's would) and while a repair of the node is under way.
 
 Jobs. ``start_workers`` submits one batch job per attempt: ``sbatch --requeue
 --open-mode=append --exclusive --nodelist=<mapped nodes> -N k -p mtc`` running one ``srun``
-task per node. Each task gets the worker protocol's environment (``protocol``), with
-``RANK=$SLURM_PROCID``, ``MTC_NODE_ID`` from ``$SLURMD_NODENAME`` and ``CLUSTER_SPEC``'s task
-filled in to match (Slurm, not mtc, decides which node gets which task id), and runs under
+task per node, task r on the node of rank r (``--distribution=arbitrary`` with a hostfile).
+Each task runs its worker pool's command with the worker protocol's environment
+(``protocol``), ``RANK=$SLURM_PROCID``, ``MTC_NODE_ID`` from ``$SLURMD_NODENAME`` and
+``CLUSTER_SPEC``'s task (its pool and index in it) filled in to match, under
 ``worker_launcher``, which leaves each rank's exit code in ``rank-<RANK>.exit``. ``poll()``
 emits ``JobCheckpointSaved`` for each new ``ckpt-<step>`` (``protocol.checkpoint_steps``) and
 ``JobWorkersExited`` once per attempt: when every rank left an exit code, or when the Slurm

@@ -1,11 +1,18 @@
-"""The batch scripts of one attempt: ``batch.sh`` (one srun step) and ``task.sh`` (one rank).
+"""The batch scripts of one attempt: ``batch.sh`` (one srun step), ``task.sh`` (one rank)
+and ``hostfile``.
 
-Each task gets the worker protocol's environment (``protocol.managed_env``) with
-``RANK=$SLURM_PROCID``, ``MTC_NODE_ID`` from ``$SLURMD_NODENAME`` and ``CLUSTER_SPEC``'s task
-filled in to match (Slurm, not mtc, decides which node gets which task id: see
-https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES), and runs under
-``worker_launcher``, which leaves each rank's exit code in ``rank-<RANK>.exit``. A batch job
-Slurm requeues by itself exits at once: mtc runs the next attempt instead.
+Placement: srun puts task r on line r of ``hostfile``, the Slurm node of ``gang.node_ids[r]``
+(``--distribution=arbitrary`` with ``SLURM_HOSTFILE``:
+https://slurm.schedmd.com/srun.html#OPT_distribution), so a pool's ranks run on the machines
+chosen for that pool, not wherever Slurm's own order would put them.
+
+Pools: one ``task.sh`` serves every rank. It takes ``RANK=$SLURM_PROCID``, picks the launch
+group whose ranks hold it (``if (( RANK < end ))`` per group) and exports that group's
+environment (``protocol.managed_env``) and command (a bash array); ``MTC_NODE_ID`` comes from
+``$SLURMD_NODENAME`` and ``CLUSTER_SPEC``'s task index (``RANK`` less the group's first rank)
+and node are filled in by the shell. It runs the command under ``worker_launcher``, which
+leaves each rank's exit code in ``rank-<RANK>.exit``. A batch job Slurm requeues by itself
+exits at once: mtc runs the next attempt instead.
 
 Gangs: the step runs with ``srun --kill-on-bad-exit=1``, so a task that exits non-zero or is
 killed ends the step for every task (https://slurm.schedmd.com/srun.html#OPT_kill-on-bad-exit),
@@ -16,7 +23,9 @@ ranks still saving theirs.
 
 Quoting: everything that comes from the job (environment names and values, the command, ids,
 paths) is written with ``shlex.quote`` or as a checked name; an environment variable name
-that is not ``[A-Za-z_][A-Za-z0-9_]*`` is refused (``ValueError``), never written.
+that is not ``[A-Za-z_][A-Za-z0-9_]*``, or a Slurm node name the hostfile cannot carry as one
+host, is refused (``ValueError``), never written. A ``SLURM_PROCID`` that is not a number
+ends the task before it reaches shell arithmetic.
 """
 
 from __future__ import annotations
@@ -29,9 +38,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from shared.adapters.compute.protocol import LAUNCHER, managed_env
-from shared.ports import Gang
+from shared.ports import Gang, WorkerSpec
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SLURM_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def env_name(name: str) -> str:
@@ -55,28 +65,37 @@ output: Path,
 python: str,
 master_addr: str,
 ) -> None:
-    """Write the attempt's scripts into ``run_dir`` (``names``: mtc node id -> Slurm node).
-    One task.sh serves every rank: it runs rank 0's command and environment."""
-    first = next(gang.workers())
-    env = managed_env(first, master_addr)
-    exports = [f"export {env_name(k)}={shlex.quote(v)}" for k, v in sorted(env.items())
-               if k not in ("CLUSTER_SPEC", "RANK", "MTC_NODE_ID")]  # refused before any write
-    for d in (first.checkpoint_dir, first.model_dir, first.tensorboard_dir):
+    """Write the attempt's scripts into ``run_dir`` (``names``: mtc node id -> Slurm node):
+    ``hostfile`` (rank r's Slurm node on line r, so srun puts each pool's ranks on the
+    machines chosen for them), one ``task.sh`` that picks its launch group's command and
+    environment by ``$RANK``, and ``batch.sh``. Job input the scripts cannot carry safely
+    is refused (``ValueError``) before anything is written."""
+    pools = tuple(g.count for g in gang.groups)
+    envs = [managed_env(WorkerSpec(gang.job_id, gang.attempt, g.first_rank, gang.world_size,
+                                   gang.node_ids[g.first_rank], g.command, g.env, gang.checkpoint_dir,
+                                   gang.model_dir, gang.tensorboard_dir), master_addr, pools)
+            for g in gang.groups]
+    templates = [spec_template(env.pop("CLUSTER_SPEC")) for env in envs]
+    exports = [{env_name(k): v for k, v in env.items() if k not in ("RANK", "MTC_NODE_ID")}
+               for env in envs]
+    common = set.intersection(*(set(e.items()) for e in exports))
+    hosts = [slurm_node(names.get(n)) for n in gang.node_ids]
+    for d in (gang.checkpoint_dir, gang.model_dir, gang.tensorboard_dir):
         Path(d).mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob("*.exit"):
         stale.unlink()
-    spec_doc = json.loads(env.pop("CLUSTER_SPEC"))
-    spec_doc["task"]["index"] = "__MTC_RANK__"
-    spec_doc["task"]["node_id"] = "__MTC_NODE__"
-    template = json.dumps(spec_doc).replace('"__MTC_RANK__"', "__MTC_RANK__")
     q = shlex.quote
     lines = [
         "#!/bin/bash",
-        f"# mtc job {comment(first.job_id)} attempt {first.attempt}: one rank per node, started by srun",
-        "# (written by shared/adapters/compute/slurm_scripts.py; RANK is Slurm's task id)",
+        f"# mtc job {comment(gang.job_id)} attempt {gang.attempt}: one rank per node, started by srun",
+        "# (written by shared/adapters/compute/slurm_scripts.py; RANK is Slurm's task id, placed",
+        "# on its node by the hostfile)",
         'export RANK="${SLURM_PROCID:?task.sh runs under srun}"',
+        'case "$RANK" in',
+        "    ''|*[!0-9]*) echo \"task.sh: SLURM_PROCID is not a task id: $RANK\" >&2; exit 1 ;;",
+        "esac",
         'case "${SLURMD_NODENAME:-}" in',
     ]
     lines += [f"    {q(names[n] or '')}) MTC_NODE_ID={q(n)} ;;" for n in gang.node_ids]
@@ -86,29 +105,41 @@ master_addr: str,
         "export MTC_NODE_ID",
         'export MTC_SLURM_NODE="${SLURMD_NODENAME:-}"',
     ]
-    lines += exports
+    lines += [f"export {k}={q(v)}" for k, v in sorted(common)]
+    for i, (g, env, template) in enumerate(zip(gang.groups, exports, templates, strict=True)):
+        end = g.first_rank + g.count
+        lines.append(f"{'if' if i == 0 else 'elif'} (( RANK < {end} )); then"
+                     f"  # workerpool{i}: ranks {g.first_rank}-{end - 1}")
+        lines.append(f"    first={g.first_rank}")
+        lines += [f"    export {k}={q(v)}" for k, v in sorted(env.items()) if (k, v) not in common]
+        lines.append(f"    spec={q(template)}")
+        lines.append(f"    cmd=({' '.join(q(a) for a in g.command)})")
     lines += [
-        f"spec={q(template)}",
-        'spec="${spec//__MTC_RANK__/$RANK}"',
+        "else",
+        '    echo "task.sh: rank $RANK is in no worker pool of this attempt" >&2',
+        "    exit 1",
+        "fi",
+        'spec="${spec//__MTC_INDEX__/$((RANK - first))}"',
         'export CLUSTER_SPEC="${spec//__MTC_NODE__/$MTC_NODE_ID}"',
         f'exec {q(python)} {q(str(LAUNCHER))} --zero-after-stop'
-        f' --exit-file {q(str(run_dir))}/rank-"$RANK".exit'
-        f" -- {shlex.join(first.command)}",
+        f' --exit-file {q(str(run_dir))}/rank-"$RANK".exit -- "${{cmd[@]}}"',
     ]
+    write_executable(run_dir / "hostfile", "\n".join(hosts) + "\n", mode=0o644)
     write_executable(run_dir / "task.sh", "\n".join(lines) + "\n")
     k = gang.world_size
-    tag = q(f"[mtc] job {first.job_id} attempt {first.attempt}")
+    tag = q(f"[mtc] job {gang.job_id} attempt {gang.attempt}")
     batch = [
         "#!/bin/bash",
-        f"# mtc job {comment(first.job_id)} attempt {first.attempt}: one srun step, one task per node",
+        f"# mtc job {comment(gang.job_id)} attempt {gang.attempt}: one srun step, one task per node",
         "# (written by shared/adapters/compute/slurm_scripts.py)",
         'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then',
         f'    echo {tag}": requeued by Slurm itself; mtc runs a new attempt instead"',
         "    exit 0",
         "fi",
         f'echo {tag}": Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST"',
-        f"srun --nodes={k} --ntasks={k} --ntasks-per-node=1 --kill-on-bad-exit=1 "
-        f"{q(str(run_dir / 'task.sh'))}",
+        f"SLURM_HOSTFILE={q(str(run_dir / 'hostfile'))} srun --nodes={k} --ntasks={k}"
+        f" --ntasks-per-node=1 --kill-on-bad-exit=1 --distribution=arbitrary"
+        f" {q(str(run_dir / 'task.sh'))}",
         "rc=$?",
         f'echo "$rc" > {q(str(run_dir))}/.batch.exit.tmp && mv -f {q(str(run_dir))}/.batch.exit.tmp'
         f" {q(str(run_dir))}/batch.exit",
@@ -118,9 +149,25 @@ master_addr: str,
     write_executable(run_dir / "batch.sh", "\n".join(batch) + "\n")
 
 
-def write_executable(path: Path, text: str) -> None:
+def spec_template(cluster_spec: str) -> str:
+    """A group's CLUSTER_SPEC with the task's index and node left for task.sh to fill in."""
+    doc = json.loads(cluster_spec)
+    doc["task"]["index"] = "__MTC_INDEX__"
+    doc["task"]["node_id"] = "__MTC_NODE__"
+    return json.dumps(doc).replace('"__MTC_INDEX__"', "__MTC_INDEX__")
+
+
+def slurm_node(name: str | None) -> str:
+    """``name`` if it can be a hostfile line (Slurm reads each as a host list), else ValueError."""
+    if not name or SLURM_NODE.fullmatch(name) is None:
+        raise ValueError(f"invalid Slurm node name {name!r} for the hostfile: "
+                         f"must match {SLURM_NODE.pattern}")
+    return name
+
+
+def write_executable(path: Path, text: str, mode: int = 0o755) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
-    tmp.chmod(0o755)
+    tmp.chmod(mode)
     os.replace(tmp, path)
 

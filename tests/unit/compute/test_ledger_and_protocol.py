@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -80,6 +82,28 @@ def test_the_managed_environment_wins_over_the_spec() -> None:
     assert env["RANK"] == "1" and env["MINE"] == "x" and env["WORLD_SIZE"] == "4"
     assert env["MASTER_PORT"] == str(master_port("j", 2)) and env["MASTER_ADDR"] == "10.0.0.1"
     assert env["AIP_CHECKPOINT_DIR"] == "/c" and env["CLOUD_ML_JOB_ID"] == "j"
+
+
+def test_cluster_spec_has_one_list_per_pool_and_the_index_within_the_pool() -> None:
+    def spec(rank: int, pools: tuple[int, ...] = ()) -> dict[str, Any]:
+        worker = WorkerSpec("j", 2, rank, 3, f"n{rank}", ("true",), (), "/c", "/o/model", "/o/logs")
+        env = managed_env(worker, "10.0.0.1", pools)
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "3"  # torch's: global
+        return cast("dict[str, Any]", json.loads(env["CLUSTER_SPEC"]))
+
+    port = master_port("j", 2)
+    addresses = [f"10.0.0.1:{port + r}" for r in range(3)]
+    for pools in ((), (3,)):  # one pool: the shape examples and users read, unchanged
+        assert spec(2, pools) == {
+            "cluster": {"workerpool0": addresses}, "environment": "cloud",
+            "task": {"type": "workerpool0", "index": 2, "node_id": "n2"},
+            "job": {"job_id": "j", "attempt": 2, "world_size": 3, "base_output_directory": "/o"}}
+    tasks = [spec(r, (1, 2))["task"] for r in range(3)]
+    assert [(t["type"], t["index"]) for t in tasks] == [("workerpool0", 0), ("workerpool1", 0),
+                                                        ("workerpool1", 1)]
+    assert spec(1, (1, 2))["cluster"] == {"workerpool0": addresses[:1], "workerpool1": addresses[1:]}
+    with pytest.raises(ValueError, match="do not add up"):
+        spec(0, (1, 1))
 
 
 def test_an_attempt_starts_once_and_ends_once(store: LedgerStore) -> None:

@@ -167,6 +167,11 @@ def test_reads_the_cluster_spec(tmp_path: Path) -> None:
     done = train(tmp_path, "--steps", "2", CLUSTER_SPEC=spec, WORLD_SIZE="2", MASTER_PORT="29500")
     assert done.returncode == 0, done.stderr
     assert "rank 1/2" in done.stdout and "master=127.0.0.1:29500" in done.stdout
+    pools = {"workerpool0": ["a:1"], "workerpool1": ["b:1", "c:1"]}  # a chief and two workers
+    spec = json.dumps({"cluster": pools, "task": {"type": "workerpool1", "index": 1}})
+    done = train(tmp_path / "w", "--steps", "2", CLUSTER_SPEC=spec, RANK="2", WORLD_SIZE="3")
+    assert done.returncode == 0, done.stderr
+    assert "rank 2/3" in done.stdout
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from local_compute_support import FakeClock, poll_until
 from shared.adapters.compute.local_compute import LocalCompute
 from shared.adapters.compute.protocol import EXIT_KILLED, master_port
 from shared.domain.events import JobCheckpointSaved, JobWorkersExited
-from shared.ports import Gang
+from shared.ports import Gang, LaunchGroup
 from tests.harness import Recorder, one_pool_gang
 
 REPO = Path(__file__).resolve().parents[4]
@@ -87,6 +87,31 @@ def test_workers_get_the_managed_environment(
         ):
             assert env[var] == spec_dir and Path(spec_dir).is_dir()
     assert 20000 <= port < 60000 and port == master_port("job-1", 1) != master_port("job-1", 2)
+
+
+def test_each_pool_s_ranks_see_their_own_pool_in_cluster_spec(
+    make_compute: Callable[..., LocalCompute], recorder: Recorder, tmp_path: Path
+) -> None:
+    dump = "import json, os, sys; print(json.dumps([sys.argv[1], os.environ['RANK'], os.environ.get('A'), "
+    dump += "os.environ.get('B'), json.loads(os.environ['CLUSTER_SPEC'])]))"
+    out = tmp_path / "out"
+    groups = (LaunchGroup(0, 1, (PY, "-c", dump, "cmd-a"), (("A", "1"),)),
+              LaunchGroup(1, 2, (PY, "-c", dump, "cmd-b"), (("B", "2"),)))
+    compute = make_compute()
+    compute.start_workers(Gang("pools", 1, ("n0", "n1", "n2"), groups, str(out / "c"), str(out / "m"),
+                               str(out / "t")))
+    poll_until(compute, lambda: bool(exits(recorder)))
+    port = master_port("pools", 1)
+    want = {0: ("cmd-a", "1", None, "workerpool0", 0), 1: ("cmd-b", None, "2", "workerpool1", 0),
+            2: ("cmd-b", None, "2", "workerpool1", 1)}
+    for rank, (command, a, b, pool, index) in want.items():
+        line = compute.log_path("pools", 1, rank).read_text().strip().splitlines()[-1]
+        got_command, got_rank, got_a, got_b, spec = json.loads(line)
+        assert (got_command, got_rank, got_a, got_b) == (command, str(rank), a, b)
+        assert spec["task"] == {"type": pool, "index": index, "node_id": f"n{rank}"}
+        assert spec["cluster"] == {"workerpool0": [f"127.0.0.1:{port}"],
+                                   "workerpool1": [f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"]}
+    assert exits(recorder)[0].exit_code == 0
 
 
 def test_exit_is_observed_once_with_the_first_nonzero_code(

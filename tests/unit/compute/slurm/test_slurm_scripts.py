@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -53,3 +55,95 @@ def test_env_name_injection_is_refused_and_quoted(tmp_path: Path) -> None:
     assert read_exit_file(run_dir / "rank-0.exit") == 0
     assert (work / "seen").read_text() == NASTY
     assert not list(work.glob("PWNED*")) and not list(tmp_path.glob("PWNED*"))
+
+
+def two_pools(tmp: Path, arg: str = "x", value_b: str = "2", name_b: str = "B") -> Gang:
+    """Pool 0: one rank of ``cmd-a`` with A=1; pool 1: two ranks of ``cmd-b`` with B."""
+    out = tmp / "out"
+    groups = (LaunchGroup(0, 1, ("cmd-a", arg), (("A", "1"),)),
+              LaunchGroup(1, 2, ("cmd-b",), ((name_b, value_b),)))
+    return Gang("job-2", 1, ("w0", "w1", "w2"), groups, str(out / "c"), str(out / "m"), str(out / "t"))
+
+
+NAMES = {"w0": "n3", "w1": "n1", "w2": "n2"}  # rank order is not the Slurm node order
+
+
+def run_task(run_dir: Path, tmp: Path, rank: int, node: str) -> dict[str, object]:
+    """task.sh as srun runs it for task ``rank`` on ``node``, with a stand-in launcher
+    (the python it execs) that prints what it was given instead of running it."""
+    probe = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}))"
+    text = (run_dir / "task.sh").read_text()
+    fake = tmp / "fake-python"
+    fake.write_text(f"#!{sys.executable}\n{probe}\n")
+    fake.chmod(0o755)
+    env = {"PATH": os.environ.get("PATH", ""), "SLURM_PROCID": str(rank), "SLURMD_NODENAME": node}
+    assert f"exec {sys.executable} " in text
+    (run_dir / "probe.sh").write_text(text.replace(f"exec {sys.executable} ", f"exec {fake} "))
+    done = subprocess.run(["bash", str(run_dir / "probe.sh")], cwd=tmp, env=env, timeout=30,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return cast("dict[str, object]", json.loads(done.stdout))
+
+
+def test_each_rank_runs_its_own_pools_command_and_env(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_scripts(two_pools(tmp_path, arg=NASTY, value_b=NASTY), NAMES, run_dir,
+                  tmp_path / "slurm.out", python=sys.executable, master_addr="10.0.0.1")
+    want = {0: ("n3", "w0", ["cmd-a", NASTY], "workerpool0", 0),
+            1: ("n1", "w1", ["cmd-b"], "workerpool1", 0),
+            2: ("n2", "w2", ["cmd-b"], "workerpool1", 1)}
+    for rank, (node, node_id, command, pool, index) in want.items():
+        got = run_task(run_dir, tmp_path, rank, node)
+        argv = cast("list[str]", got["argv"])
+        env = cast("dict[str, str]", got["env"])
+        assert argv[argv.index("--") + 1:] == command
+        assert argv[argv.index("--exit-file") + 1] == str(run_dir / f"rank-{rank}.exit")
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "3" and env["MTC_NODE_ID"] == node_id
+        assert ("A" in env) == (rank == 0) and ("B" in env) == (rank > 0)
+        assert env.get("A", "1") == "1" and env.get("B", NASTY) == NASTY
+        spec = json.loads(env["CLUSTER_SPEC"])
+        assert spec["task"] == {"type": pool, "index": index, "node_id": node_id}
+        port = int(env["MASTER_PORT"])
+        assert spec["cluster"] == {"workerpool0": [f"10.0.0.1:{port}"],
+                                   "workerpool1": [f"10.0.0.1:{port + 1}", f"10.0.0.1:{port + 2}"]}
+    assert not list(tmp_path.glob("PWNED*")) and not list(run_dir.glob("PWNED*"))
+
+
+def test_a_task_outside_every_pool_or_not_a_number_is_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_scripts(two_pools(tmp_path), NAMES, run_dir, tmp_path / "slurm.out",
+                  python=sys.executable, master_addr="10.0.0.1")
+    for procid in ("3", "x[$(touch PWNED)]", ""):
+        env = {"PATH": os.environ.get("PATH", ""), "SLURM_PROCID": procid, "SLURMD_NODENAME": "n1"}
+        done = subprocess.run(["bash", str(run_dir / "task.sh")], cwd=tmp_path, env=env,
+                              timeout=30, capture_output=True, text=True)
+        assert done.returncode == 1 and "task.sh" in done.stderr
+    assert not list(tmp_path.glob("PWNED*"))
+
+
+def test_the_hostfile_places_each_rank_on_its_node(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_scripts(two_pools(tmp_path), NAMES, run_dir, tmp_path / "slurm.out",
+                  python=sys.executable, master_addr="10.0.0.1")
+    assert (run_dir / "hostfile").read_text() == "n3\nn1\nn2\n"  # rank order
+    srun = next(line for line in (run_dir / "batch.sh").read_text().splitlines()
+                if line.startswith("SLURM_HOSTFILE="))
+    assert srun == (f"SLURM_HOSTFILE={run_dir / 'hostfile'} srun --nodes=3 --ntasks=3 --ntasks-per-node=1"
+                    f" --kill-on-bad-exit=1 --distribution=arbitrary {run_dir / 'task.sh'}")
+
+
+@pytest.mark.parametrize("bad", [{"name_b": "B; touch PWNED"}, {"name_b": "1B"}])
+def test_a_bad_env_name_in_any_pool_is_refused(tmp_path: Path, bad: dict[str, str]) -> None:
+    run_dir = tmp_path / "run"
+    with pytest.raises(ValueError, match="invalid environment variable name"):
+        write_scripts(two_pools(tmp_path, **bad), NAMES, run_dir, tmp_path / "slurm.out",
+                      python=sys.executable, master_addr="10.0.0.1")
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("node", ["n1\nn2", "n[1-2]", "n1,n2", "", "-n1"])
+def test_a_slurm_node_name_the_hostfile_cannot_carry_is_refused(tmp_path: Path, node: str) -> None:
+    with pytest.raises(ValueError, match="invalid Slurm node name"):
+        write_scripts(two_pools(tmp_path), {**NAMES, "w2": node}, tmp_path / "run",
+                      tmp_path / "slurm.out", python=sys.executable, master_addr="10.0.0.1")
+    assert not (tmp_path / "run").exists()

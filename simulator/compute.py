@@ -304,11 +304,7 @@ class SimCompute(FailureProcesses):
             fault = node.fault
             if fault is not None and fault.signal.blocks_launch:
                 broken.append((nid, fault))
-        factor = 1.0
-        if self.stragglers:
-            members = set(node_ids)
-            factor = min((r for n, r in self.stragglers.items() if n in members), default=1.0)
-        att.factors.append((now, factor))
+        att.factors.append((now, self._slowest(node_ids)))
         if broken:
             job.truth.failed_launches += 1
             fail_at = min(cfg.launch_fail_s, startup)

@@ -9,6 +9,7 @@ it shows comes from :mod:`simulator.failures`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -221,12 +222,22 @@ class FailureProcesses(JobModel):
             node.straggle = 1.0
             self._refactor(node)
 
+    def _slowest(self, node_ids: Sequence[str]) -> float:
+        """The pace of a gang: its slowest straggler's ratio (1.0: none straggles), read from
+        whichever is smaller, the gang or the stragglers."""
+        stragglers = self.stragglers
+        if not stragglers:
+            return 1.0
+        if len(stragglers) < len(node_ids):
+            members = set(node_ids)
+            return min((r for n, r in stragglers.items() if n in members), default=1.0)
+        return min((r for r in map(stragglers.get, node_ids) if r is not None), default=1.0)
+
     def _refactor(self, node: SimNode) -> None:
         att = node.attempt
         if att is None or att.exited or not att.alive or att.stopped_at is not None:
             return
-        members = set(att.node_ids)
-        factor = min((r for n, r in self.stragglers.items() if n in members), default=1.0)
+        factor = self._slowest(att.node_ids)
         if att.factors and att.factors[-1][1] == factor:
             return
         att.factors.append((float(self.env.now), factor))

@@ -300,6 +300,10 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
         _start(by_id[placement.job_id], list(placement.node_ids), uow, deps)
 
 
+# up to this many partitions, a query each; more, one query of every idle node (placement
+# sorts the slots itself, so their order does not matter): 128 jobs waiting across 16
+# partitions made every scheduling pass 16 queries
+PER_PARTITION_QUERIES = 2
 SLOT_FIELDS = ("node_id", "partition", "machine_type", "accelerator_type", "accelerator_count",
                "is_spare", "role", "sound")
 
@@ -312,12 +316,14 @@ def idle_slots(cluster_id: str, uow: UnitOfWork, partitions: set[str | None] | N
     commit): a 16,000-node fleet waiting for its jobs has 16,000 idle nodes, and only the
     nodes placed are read. A sound node takes work; only the others are read to ask
     ``lifecycle.takes_work``."""
-    if partitions is None:
-        rows = uow.nodes.project(cluster_id, SLOT_FIELDS, state=NodeState.IDLE)
-    else:
+    if partitions is not None and len(partitions) <= PER_PARTITION_QUERIES:
         rows = [row for p in sorted(partitions, key=str)
                 for row in uow.nodes.project(cluster_id, SLOT_FIELDS, state=NodeState.IDLE,
                                              partition=p)]
+    else:  # jobs waiting in many partitions: one query, not one per partition
+        rows = uow.nodes.project(cluster_id, SLOT_FIELDS, state=NodeState.IDLE)
+        if partitions is not None:
+            rows = [row for row in rows if row[1] in partitions]
     slots = []
     for node_id, partition, machine, accel, count, spare, role, sound in rows:
         if role != NodeRole.WORKER.value:

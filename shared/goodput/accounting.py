@@ -155,13 +155,10 @@ def account(rows: Iterable[Mapping[str, Any]], *, params: Mapping[str, JobParams
             drains[data["job_id"]].append((float(row["time"]), data.get("reason", "")))
         elif "job_id" in data and data["job_id"] in params:
             per_job[data["job_id"]].append(row)
-    reports.sort()
-    by_node: dict[str, list[tuple[float, str, str, str]]] = defaultdict(list)
-    for found_report in reports:  # each node's in the same order
-        by_node[found_report[1]].append(found_report)
+    indexed = _Reports(reports)
     for found in diagnoses.values():
         found.sort()
-    jobs = {job_id: _account_job(job_id, p, per_job.get(job_id, []), by_node, diagnoses,
+    jobs = {job_id: _account_job(job_id, p, per_job.get(job_id, []), indexed, diagnoses,
                                  drains.get(job_id, []), start, end)
             for job_id, p in params.items()}
     gpus = fleet_gpus if fleet_gpus is not None else sum(
@@ -180,7 +177,7 @@ def account(rows: Iterable[Mapping[str, Any]], *, params: Mapping[str, JobParams
 
 
 def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
-                 reports: Mapping[str, list[tuple[float, str, str, str]]],
+                 reports: _Reports,
                  diagnoses: Mapping[str, list[tuple[float, str]]],
                  drains: list[tuple[float, str]], start: float, end: float) -> JobGoodput:
     jg = JobGoodput(job_id, p, start=start, end=end)
@@ -372,32 +369,66 @@ def _exit_cause(att: _Attempt) -> str:
 NON_FATAL_TYPES = frozenset({"SlowSpeedCheck", "ThermalThrottling", "DiskPressure"})
 
 
-def _evidence(att: _Attempt, p: JobParams, reports: Mapping[str, list[tuple[float, str, str, str]]],
+Report = tuple[float, str, str, str]  # (fault time, node, cause, condition type)
+
+
+class _Reports:
+    """The fleet's fault reports, in (time, node, ...) order and by node: an attempt asks
+    for its first report that counts, from whichever is smaller, the reports in its window
+    (a fleet of 128 jobs has many) or its members' own (a 2,048-node job has many members)."""
+
+    def __init__(self, reports: list[Report]) -> None:
+        self.all = sorted(reports)
+        self.by_node: dict[str, list[Report]] = defaultdict(list)
+        for found in self.all:  # each node's in the same order
+            self.by_node[found[1]].append(found)
+
+    def first(self, att: _Attempt, horizon: float,
+              diagnoses: Mapping[str, list[tuple[float, str]]]) -> Report | None:
+        started = att.start
+        lo = bisect.bisect_left(self.all, (started,))
+        hi = bisect.bisect_right(self.all, (horizon, "\U0010ffff"), lo=lo)
+        if 8 * (hi - lo) <= len(att.node_ids):  # (a report scanned costs about 8 members)
+            return _first_counted(itertools.islice(self.all, lo, hi), att.members, started,
+                                  diagnoses)
+        first: Report | None = None
+        for node_id in att.members & self.by_node.keys():
+            mine = self.by_node[node_id]
+            found = _first_counted(itertools.islice(mine, bisect.bisect_left(mine, (started,)),
+                                                    None), None, started, diagnoses, horizon)
+            if found is not None and (first is None or found < first):
+                first = found
+        return first
+
+
+def _first_counted(reports: Iterable[Report], members: frozenset[str] | None, started: float,
+                   diagnoses: Mapping[str, list[tuple[float, str]]],
+                   horizon: float = math.inf) -> Report | None:
+    """The first of ``reports`` (in order) on a member that ends a job: after the start, not
+    a slow/hot/full warning, and acted on by triage."""
+    for found in reports:
+        since, node_id = found[0], found[1]
+        if since > horizon:
+            return None
+        if (members is not None and node_id not in members) or since <= started:
+            continue  # (a fault at the very instant it started is the previous attempt's)
+        if found[3] in NON_FATAL_TYPES:
+            continue  # slow, hot or full: the job goes on until it is drained (a signal)
+        node_diagnoses = diagnoses.get(node_id, [])
+        if node_diagnoses and not _diagnosed_within(node_diagnoses, since):
+            continue  # triage found nothing to act on (a lone XID 45): the job went on
+        return found
+    return None
+
+
+def _evidence(att: _Attempt, p: JobParams, reports: _Reports,
               diagnoses: Mapping[str, list[tuple[float, str]]],
               drains: list[tuple[float, str]], interrupts: list[tuple[float, str]],
               stop: float, end: float) -> _Evidence | None:
     """When the attempt's progress stopped, and why (None: it never was disrupted)."""
     horizon = min(stop, end)
     report: tuple[float, str, str] | None = None  # (fault time, cause, failure mode)
-    # the first report that counts, in (time, node, ...) order: each member's own first,
-    # then the least of those (a fleet's reports are many; a node's are few)
-    first: tuple[float, str, str, str] | None = None
-    started = att.start
-    for node_id in att.members & reports.keys():
-        mine = reports[node_id]
-        for found in itertools.islice(mine, bisect.bisect_left(mine, (started,)), None):
-            since = found[0]
-            if since > horizon or (first is not None and found >= first):
-                break
-            if since <= started:
-                continue  # (a fault at the very instant it started is the previous attempt's)
-            if found[3] in NON_FATAL_TYPES:
-                continue  # slow, hot or full: the job goes on until it is drained (a signal)
-            node_diagnoses = diagnoses.get(node_id, [])
-            if node_diagnoses and not _diagnosed_within(node_diagnoses, since):
-                continue  # triage found nothing to act on (a lone XID 45): the job went on
-            first = found
-            break
+    first = reports.first(att, horizon, diagnoses)
     if first is not None:
         since, node_id, cause, ctype = first
         mode = _mode_after(diagnoses.get(node_id, []), since)

@@ -134,3 +134,28 @@ def test_a_restart_reads_only_the_unsound_nodes_of_its_job(store: Any) -> None:
     with DocUnitOfWork(store) as uow:
         assert job_nodes.unsound(job, uow) == ["n1", "n4"]
         assert uow.nodes.ids("c1", sound_for="j1") == {"n0", "n2", "n3", "n5"}
+
+
+def test_a_bucket_emptied_by_removals_is_rebuilt_and_still_answers() -> None:
+    """A Python set never shrinks: the idle bucket of a fleet whose nodes were all allocated
+    would keep walking a table sized for the fleet. The store rebuilds it, and every query
+    answers as a scan does before and after."""
+    import sys
+
+    store = MemoryDocStore()
+    add(store, *(node(f"n{i:04d}") for i in range(3000)))
+    assert len(ids_in_order(store, state=NodeState.IDLE)) == 3000  # builds the index
+    with DocUnitOfWork(store) as uow:
+        for i in range(2990):
+            n = uow.nodes.get(f"n{i:04d}")
+            assert n is not None
+            n.transition(NodeState.ALLOCATED, T + 1)
+            n.job_id = "j1"
+        uow.commit()
+    bucket = store._indexes["nodes"]["state"][IDLE]
+    assert len(bucket) == 10 and sys.getsizeof(bucket) < 8192  # not the 3,000-id table
+    assert ids_in_order(store, state=NodeState.IDLE) == [f"n{i:04d}" for i in range(2990, 3000)]
+    with DocUnitOfWork(store) as uow:
+        assert uow.nodes.ids("c1", state=NodeState.IDLE, partition="a") == {
+            f"n{i:04d}" for i in range(2990, 3000)}
+        assert len(uow.nodes.ids("c1", state=NodeState.ALLOCATED, job_id="j1")) == 2990

@@ -150,7 +150,12 @@ master_addr: str,
 
 
 def spec_template(cluster_spec: str) -> str:
-    """A group's CLUSTER_SPEC with the task's index and node left for task.sh to fill in."""
+    """A group's CLUSTER_SPEC with the task's index and node left for task.sh to fill in.
+    The shell replaces every occurrence of the two marks, so a job whose own values hold
+    one (an output path, say) is refused rather than silently altered."""
+    if "__MTC_INDEX__" in cluster_spec or "__MTC_NODE__" in cluster_spec:
+        raise ValueError("the job's CLUSTER_SPEC holds __MTC_INDEX__ or __MTC_NODE__, which "
+                         "task.sh reserves for the task's index and node")
     doc = json.loads(cluster_spec)
     doc["task"]["index"] = "__MTC_INDEX__"
     doc["task"]["node_id"] = "__MTC_NODE__"

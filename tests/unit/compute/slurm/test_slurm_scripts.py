@@ -147,3 +147,13 @@ def test_a_slurm_node_name_the_hostfile_cannot_carry_is_refused(tmp_path: Path, 
         write_scripts(two_pools(tmp_path), {**NAMES, "w2": node}, tmp_path / "run",
                       tmp_path / "slurm.out", python=sys.executable, master_addr="10.0.0.1")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_job_whose_values_hold_task_sh_marks_is_refused(tmp_path: Path) -> None:
+    """task.sh fills the CLUSTER_SPEC template by replacing its marks everywhere: a job whose
+    own output path holds one would be altered silently, so it is refused instead."""
+    marked = tmp_path / "__MTC_NODE__"
+    with pytest.raises(ValueError, match="__MTC_NODE__"):
+        write_scripts(two_pools(marked), NAMES, tmp_path / "run", tmp_path / "slurm.out",
+                      python=sys.executable, master_addr="10.0.0.1")
+    assert not (tmp_path / "run").exists()

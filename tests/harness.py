@@ -236,6 +236,16 @@ class Plane:
     def deliver(self) -> int:
         return self.bus.pump(self.deps)
 
+    def up(self, cluster: dict[str, Any] | None = None) -> Plane:
+        """The cluster (``CLUSTER`` unless given) created and every node through its checks:
+        where most handler tests start."""
+        from services.job_submission import handlers as api
+
+        self.api(api.create_cluster, CLUSTER if cluster is None else cluster)
+        self.deliver()
+        self.bring_up()
+        return self
+
     def node(self, node_id: str) -> Node:
         with self.uow() as uow:
             node = uow.nodes.get(node_id)

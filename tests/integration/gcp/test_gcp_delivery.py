@@ -33,7 +33,6 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 import services.wiring.functions as rt_mod
 from services.health_triage.handlers import on_health_reported
-from services.job_submission import handlers as api
 from services.wiring.gcp import GcpRuntime, GcpSettings
 from services.wiring.routes import SERVICES, control_plane_routes
 from shared.adapters import outbox
@@ -46,7 +45,7 @@ from shared.domain.events import Envelope, Event, NodeHealthReported
 from shared.domain.health import RepairAction
 from shared.domain.model import NodeState
 from shared.handling import Outcome, run_handler
-from tests.harness import CLUSTER, ManualClock, healthy, xid
+from tests.harness import ManualClock, healthy, xid
 
 ROUTES = control_plane_routes()
 
@@ -112,9 +111,7 @@ def gcp(emulators: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[
     clock = ManualClock(time.time())
     compute = SafeCompute()
     plane = StorePlane(store, clock, compute)
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
+    plane.up()
     prefix = f"t{uuid.uuid4().hex[:6]}-"
     runtime = GcpRuntime(
         GcpSettings(PROJECT, topic_prefix=prefix, compute="none"),

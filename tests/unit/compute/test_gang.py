@@ -10,7 +10,7 @@ import pytest
 from services.job_submission import handlers as api
 from shared.domain.events import JobStarted
 from shared.ports import Gang, LaunchGroup, WorkerSpec
-from tests.harness import CLUSTER, Plane, job_body
+from tests.harness import Plane, job_body
 
 TRAIN = LaunchGroup(0, 2, ("python3", "train.py"), (("A", "1"),))
 EVAL = LaunchGroup(2, 1, ("python3", "eval.py"), ())
@@ -62,10 +62,7 @@ def two_pool_body() -> dict[str, Any]:
 
 
 def test_the_scheduler_starts_one_gang_per_attempt_with_a_group_per_pool() -> None:
-    plane = Plane()
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
+    plane = Plane().up()
     plane.api(lambda u, d: api.submit_job("c1", two_pool_body(), u, d, "j1"))
     plane.deliver()
     job = plane.job("j1")

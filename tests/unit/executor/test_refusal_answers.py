@@ -21,7 +21,7 @@ from shared.domain.events import (
 from shared.domain.health import RepairAction
 from shared.domain.model import JobState
 from shared.policies.repair import DEEP_CHECK_SOURCE
-from tests.harness import CLUSTER, ManualClock, Plane, Recorder, job_body, one_pool_gang
+from tests.harness import ManualClock, Plane, Recorder, job_body, one_pool_gang
 from tests.unit.executor.test_executor import CallLog
 
 TTL_S = 60.0
@@ -115,10 +115,7 @@ def test_unreadable_arguments_get_no_answer() -> None:
 
 def test_the_control_plane_requeues_the_job_whose_start_was_refused() -> None:
     """The answer through the real handlers: attempt 1 never ran, attempt 2 starts."""
-    plane = Plane()
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
+    plane = Plane().up()
     plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     assert plane.job("j1").attempt == 1

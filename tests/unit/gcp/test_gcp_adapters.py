@@ -111,10 +111,7 @@ def test_settings_from_env() -> None:
 
 @pytest.fixture
 def gcp() -> Iterator[tuple[Plane, GcpRuntime, Recorder]]:
-    plane = Plane()
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
+    plane = Plane().up()
     recorder = Recorder()
     rt = GcpRuntime(GcpSettings("p", compute="none"), store=plane.store,
                     publisher=recorder, compute=plane.compute,  # type: ignore[arg-type]

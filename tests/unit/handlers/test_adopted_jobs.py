@@ -12,15 +12,11 @@ from shared.domain.adopted import adopted, adopted_spec
 from shared.domain.errors import ValidationError
 from shared.domain.events import JobAdopted
 from shared.domain.model import JobState, NodeState
-from tests.harness import CLUSTER, Plane, job_body, xid
+from tests.harness import Plane, job_body, xid
 
 
 def ready_plane() -> Plane:
-    plane = Plane()
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
-    return plane
+    return Plane().up()
 
 
 def adopt(plane: Plane, attempt: int, *node_ids: str) -> None:

@@ -17,7 +17,7 @@ from shared.adapters.compute.ledger import MemoryLedger, report_checkpoints
 from shared.config import ControlPlaneConfig
 from shared.domain.events import JobCheckpointSaved
 from shared.policies.checkpointing import CheckpointPolicy, advise, daly_interval
-from tests.harness import CLUSTER, Plane, job_body
+from tests.harness import Plane, job_body
 
 
 def test_advice_is_daly_from_the_observed_mtbf_and_the_median_save() -> None:
@@ -40,9 +40,7 @@ def test_advice_is_daly_from_the_observed_mtbf_and_the_median_save() -> None:
 def test_the_job_view_and_the_env_file_carry_the_advice(tmp_path: Path) -> None:
     plane = Plane(ControlPlaneConfig(heartbeat_timeout_s=1e9))
     plane.deps = dataclasses.replace(plane.deps, advice=FileAdviceSink(tmp_path))
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
+    plane.up()
     plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     ckpt_dir = tmp_path / "j1" / "checkpoints"

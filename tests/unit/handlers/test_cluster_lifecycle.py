@@ -13,11 +13,7 @@ from tests.harness import CLUSTER, Plane, job_body
 
 
 def ready_plane() -> Plane:
-    plane = Plane()
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
-    return plane
+    return Plane().up()
 
 
 def resized(count: int, spares: int = 1) -> dict[str, object]:

@@ -5,22 +5,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.job_submission import handlers as api
 from shared.adapters.docstore import EVENTS, PROCESSED
 from shared.config import ControlPlaneConfig
 from shared.domain.events import FleetTicked, NodeDiagnosed, NodeHealthReported, NodeRepairHeld
 from shared.domain.model import NodeState
-from tests.harness import CLUSTER, Plane, healthy, xid
+from tests.harness import Plane, healthy, xid
 
 NODE = "c1-gpu-001"
 
 
 def ready_plane(config: ControlPlaneConfig | None = None) -> Plane:
-    plane = Plane(config)
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
-    return plane
+    return Plane(config).up()
 
 
 def held_config(**kw: float) -> ControlPlaneConfig:

@@ -29,11 +29,7 @@ NO_SPARES = {**CLUSTER, "nodePools": [{**CLUSTER["nodePools"][0], "spareCount": 
 
 
 def plane_with(config: ControlPlaneConfig = QUIET) -> Plane:
-    plane = Plane(config)
-    plane.api(api.create_cluster, NO_SPARES)
-    plane.deliver()
-    plane.bring_up()
-    return plane
+    return Plane(config).up(NO_SPARES)
 
 
 def workers(plane: Plane) -> list[str]:

@@ -37,11 +37,7 @@ def timed_body(timeout: str = "30s", replicas: int = 2) -> dict[str, Any]:
 
 def ready_plane(cluster: dict[str, Any] = CLUSTER) -> Plane:
     # nodes that stop reporting are not the subject here: no heartbeat loss on long advances
-    plane = Plane(replace(ControlPlaneConfig(), heartbeat_timeout_s=1e12))
-    plane.api(api.create_cluster, cluster)
-    plane.deliver()
-    plane.bring_up()
-    return plane
+    return Plane(replace(ControlPlaneConfig(), heartbeat_timeout_s=1e12)).up(cluster)
 
 
 def running(plane: Plane, body: dict[str, Any], job_id: str = "j1") -> Job:

@@ -37,10 +37,7 @@ def workers(plane: Plane, cluster_id: str) -> list[Node]:
 
 
 def test_nodes_stolen_across_clusters() -> None:
-    plane = Plane()
-    plane.api(api.create_cluster, cluster("a", "b-c"))
-    plane.deliver()
-    plane.bring_up()
+    plane = Plane().up(cluster("a", "b-c"))
     assert state(plane, "a") is ClusterState.READY
     mine = {n.node_id for n in plane.nodes("a")}
     assert len(workers(plane, "a")) == 4

@@ -20,11 +20,7 @@ NO_SPARE = {**CLUSTER, "nodePools": [{**CLUSTER["nodePools"][0], "spareCount": 0
 
 
 def ready(cluster: dict[str, Any] = CLUSTER) -> Plane:
-    plane = Plane()
-    plane.api(api.create_cluster, cluster)
-    plane.deliver()
-    plane.bring_up()
-    return plane
+    return Plane().up(cluster)
 
 
 def act(plane: Plane, verb: str, node_id: str, reason: Any = "maintenance",

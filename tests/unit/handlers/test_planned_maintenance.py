@@ -9,7 +9,7 @@ from typing import Any
 from services.job_submission import handlers as api
 from shared.domain.health import COMPUTE_SOURCE, RepairAction
 from shared.domain.model import JobState, NodeState
-from tests.harness import CLUSTER, Plane, healthy, job_body
+from tests.harness import Plane, healthy, job_body
 
 
 def maintenance(at: float, status: str = "true") -> tuple[dict[str, Any], ...]:
@@ -19,10 +19,7 @@ def maintenance(at: float, status: str = "true") -> tuple[dict[str, Any], ...]:
 
 
 def test_upcoming_maintenance_drains_checkpoints_moves_the_job_and_reboots_the_node() -> None:
-    plane = Plane()
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
+    plane = Plane().up()
     plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     node = plane.job("j1").node_ids[0]

@@ -25,17 +25,13 @@ from shared.domain.model import Job, JobState, NodeCondition, NodeState
 from shared.policies import restarts
 from shared.policies.restarts import RestartConfig
 from simulator import goodput
-from tests.harness import CLUSTER, Plane, job_body, xid
+from tests.harness import Plane, job_body, xid
 
 QUIET = replace(ControlPlaneConfig(), heartbeat_timeout_s=1e12)  # no heartbeat loss on advances
 
 
 def plane_with(config: ControlPlaneConfig = QUIET) -> Plane:
-    plane = Plane(config)
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
-    return plane
+    return Plane(config).up()
 
 
 def submit(plane: Plane, job_id: str = "j1") -> Job:

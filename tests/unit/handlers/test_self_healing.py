@@ -5,15 +5,11 @@ from __future__ import annotations
 from services.job_submission import handlers as api
 from shared.domain.health import RepairAction
 from shared.domain.model import ClusterState, JobState, NodeState
-from tests.harness import CLUSTER, Plane, healthy, job_body, xid
+from tests.harness import Plane, healthy, job_body, xid
 
 
 def ready_plane() -> Plane:
-    plane = Plane()
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
-    return plane
+    return Plane().up()
 
 
 def test_cluster_comes_up_with_login_workers_and_a_spare() -> None:

@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 
-from services.job_submission import handlers as api
 from services.observability import alerts
 from services.observability.alert_sinks import WebhookSink, payload, webhook_from_env
 from shared.config import ControlPlaneConfig
 from shared.domain.events import AlertRaised, FleetTicked
 from shared.domain.model import NodeState
-from tests.harness import CLUSTER, Plane, healthy, xid
+from tests.harness import Plane, healthy, xid
 
 REMINDER_S = 600.0
 TICK_S = 5.0
@@ -32,9 +31,7 @@ def ready_plane() -> tuple[Plane, list[AlertRaised]]:
     sent: list[AlertRaised] = []
     plane.bus.listeners.append(
         lambda env, _: sent.append(env.event) if isinstance(env.event, AlertRaised) else None)
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
+    plane.up()
     return plane, sent
 
 

@@ -24,10 +24,7 @@ def scrape(plane: Plane, reg: Any = None) -> dict[str, dict[tuple[tuple[str, str
 
 
 def test_node_job_bus_and_event_metrics_after_a_fault() -> None:
-    plane = Plane(ControlPlaneConfig(heartbeat_timeout_s=1e9))
-    plane.api(api.create_cluster, CLUSTER)
-    plane.deliver()
-    plane.bring_up()
+    plane = Plane(ControlPlaneConfig(heartbeat_timeout_s=1e9)).up()
     reg = metrics.registry(plane.store, plane.clock, event_log=plane.deps.event_log)
     before = scrape(plane, reg)
     assert before["mtc_nodes"][(("cluster", "c1"), ("partition", "train"), ("state", "idle"))] == 4

@@ -50,10 +50,10 @@ class _Repo:
         self._uow._track(self._collection, self._id_of(entity), entity, loaded=None)
 
     def _list(self, equals: dict[str, Any]) -> list[Any]:
-        return self._uow._query(self._collection, equals, self._id_of, self._load)
+        return self._uow._query(self._collection, equals, self._load)
 
     def _ids(self, equals: dict[str, Any]) -> set[str]:
-        return self._uow._query_ids(self._collection, equals, self._id_of, self._load)
+        return self._uow._query_ids(self._collection, equals)
 
     def _project(self, equals: dict[str, Any], fields: tuple[str, ...]) -> list[tuple[Any, ...]]:
         return self._uow._project(self._collection, equals, fields)
@@ -188,23 +188,22 @@ class DocUnitOfWork:
         self._tracked[key] = (entity, doc)
         return entity
 
-    def _query(self, collection: str, equals: dict[str, Any], id_of: Callable[[Any], str],
+    def _query(self, collection: str, equals: dict[str, Any],
                load: Callable[[dict[str, Any]], Any]) -> list[Any]:
         plain = {k: _enum_plain(v) for k, v in equals.items()}
         out = []
         seen = set()
         tracked = self._tracked
-        doc_key = _DOC_KEYS.get(collection)
+        doc_key = _DOC_KEYS[collection]
         for doc in self._require_txn().query(collection, plain):
             # a document this transaction already holds is not decoded again (a restart
             # lists a cluster's partitions twice; the second list is the first's entities)
-            key = (collection, doc_key(doc)) if doc_key is not None else None
-            if key is None or key not in tracked:
-                entity = load(doc)
-                key = (collection, id_of(entity))
-            if key in tracked:
-                entity = tracked[key][0]
+            key = (collection, doc_key(doc))
+            held = tracked.get(key)
+            if held is not None:
+                entity = held[0]
             else:
+                entity = load(doc)
                 tracked[key] = (entity, doc)
             seen.add(key)
             out.append(entity)
@@ -217,15 +216,14 @@ class DocUnitOfWork:
                 out.append(entity)
         return out
 
-    def _query_ids(self, collection: str, equals: dict[str, Any], id_of: Callable[[Any], str],
-                   load: Callable[[dict[str, Any]], Any]) -> set[str]:
+    def _query_ids(self, collection: str, equals: dict[str, Any]) -> set[str]:
         plain = {k: _enum_plain(v) for k, v in equals.items()}
         txn = self._require_txn()
         keys_only = getattr(txn, "ids", None)
         if keys_only is not None:
             found: set[str] = keys_only(collection, plain)  # a set of our own
         else:  # a store without keys-only queries: read the documents
-            found = {id_of(load(doc)) for doc in txn.query(collection, plain)}
+            found = set(map(_DOC_KEYS[collection], txn.query(collection, plain)))
         # what this transaction changed answers from its entities, not the stored documents
         for (coll, doc_id), (entity, _) in self._tracked.items():
             if coll != collection:
@@ -247,7 +245,8 @@ class DocUnitOfWork:
         if select is not None:
             rows = select(collection, plain, fields)
         else:  # a store without projections: read the documents
-            rows = [(self._id_field(collection, doc), tuple(map(doc.get, fields)))
+            doc_key = _DOC_KEYS[collection]
+            rows = [(doc_key(doc), tuple(map(doc.get, fields)))
                     for doc in txn.query(collection, plain)]
         tracked = {key[1]: entity for key, (entity, _) in self._tracked.items()
                    if key[0] == collection}
@@ -262,11 +261,6 @@ class DocUnitOfWork:
             if all(doc.get(k) == v for k, v in plain.items()):
                 out.append(tuple(map(doc.get, fields)))
         return out
-
-    def _id_field(self, collection: str, doc: dict[str, Any]) -> str:
-        repo = {NODES: self.nodes, JOBS: self.jobs, CLUSTERS: self.clusters,
-                PARTITIONS: self.partitions}[collection]
-        return str(repo._id_of(repo._load(doc)))
 
     def _track(self, collection: str, doc_id: str, entity: Any, loaded: dict[str, Any] | None
                ) -> None:

@@ -27,7 +27,8 @@ def out_of_service(job: Job, uow: UnitOfWork) -> set[str]:
 
 def unsound(job: Job, uow: UnitOfWork) -> list[str]:
     """The nodes holding a rank of ``job`` that are not sound and allocated to it, in rank
-    order (``Node.sound_for``, one index bucket): the only ones a restart reads."""
+    order (the node document's derived ``sound_for`` field, one index bucket): the only ones
+    a restart reads."""
     fine = uow.nodes.ids(job.cluster_id, sound_for=job.job_id)
     fine.add("")  # a hole holds no node
     if fine.issuperset(job.node_ids):

@@ -216,12 +216,6 @@ class Node:
         return self.state in TAKES_WORK and not self.fault and not any(
             c.status == _TRUE and t not in NON_FATAL_CONDITIONS for t, c in self.conditions.items())
 
-    @property
-    def sound_for(self) -> str | None:
-        """The job this node is allocated to and sound under, else None; stored and
-        indexed, so a restart reads one bucket for which of its 2,048 nodes are sound."""
-        return self.job_id if self.state is NodeState.ALLOCATED and self.sound else None
-
     def to_dict(self) -> dict[str, Any]:
         sound = self.sound
         return {
@@ -257,6 +251,8 @@ class Node:
             "fault": self.fault,
             "operator_request": self.operator_request,
             "sound": sound,  # derived, for the store's indexes (ignored by from_dict)
+            # the job it is allocated to and sound under, else None: a restart reads one
+            # index bucket for which of its 2,048 nodes are sound (shared.job_nodes)
             "sound_for": self.job_id if sound and self.state is NodeState.ALLOCATED else None,
         }
 

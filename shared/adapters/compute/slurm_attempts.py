@@ -27,13 +27,13 @@ from shared.adapters.compute.ledger import (
     report_checkpoints,
     workers_exited,
 )
-from shared.adapters.compute.protocol import ExitCode, managed_env, read_exit_file
+from shared.adapters.compute.protocol import ExitCode, read_exit_file
 from shared.adapters.compute.slurm_api import REQUEUED_JOB_STATES, TERMINAL_JOB_STATES, job_name
 from shared.adapters.compute.slurm_cli import SlurmError, SlurmPermanentError
 from shared.adapters.compute.slurm_nodes import SlurmNodes
 from shared.adapters.compute.slurm_ops import OpResult, log
 from shared.adapters.compute.slurm_scripts import write_scripts
-from shared.ports import Gang, WorkerSpec
+from shared.ports import Gang
 
 EXIT_SUBMIT_FAILED = int(ExitCode.FAILED)
 JOB_GONE_SETTLE_S = 1.0  # exit files land before the task ends; allow for a slow file system
@@ -209,11 +209,6 @@ class SlurmAttempts(SlurmNodes):
     def _slurm_name(self, db: sqlite3.Connection, node_id: str) -> str | None:
         row = self._node(db, node_id)
         return None if row is None or row["deleted"] else cast("str | None", row["slurm_node"])
-
-    def managed_env(self, spec: WorkerSpec, pools: Sequence[int] = ()) -> dict[str, str]:
-        """What a managed service adds to a replica's environment: ``LocalCompute``'s
-        ``worker_env`` less what the process environment already holds."""
-        return managed_env(spec, self._master_addr, pools)
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         """``scancel --signal=TERM`` now, ``scancel`` after ``grace_s`` (from ``poll()``). A

@@ -40,7 +40,7 @@ from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.handling import Deps, Outcome
 from shared.policies.repair import DEEP_CHECK_SOURCE, ready_to_return
-from shared.policies.triage import triage, unconfirmed_sightings
+from shared.policies.triage import diagnose
 from shared.ports import UnitOfWork
 
 SERVICE = "health_triage"
@@ -81,11 +81,11 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
     if drained and not lifecycle.operator_drained(node):  # they lifted their own drain
         resume(node, uow, deps, node.conditions[lifecycle.OPERATOR_DRAIN].reason)
     table = deps.config.triage_table
-    diagnosis = triage(report, node.history, now, table)
+    diagnosis, sightings = diagnose(report, node.history, now, table)
     lifecycle.note_fault(node, diagnosis.failure_mode, diagnosis.action, diagnosis.healthy)
     # first sightings of faults that act only when confirmed (slow, hot): remembered so the
     # next report can confirm them; their action is NONE, so the repair ladder ignores them
-    lifecycle.record_failure(node, *unconfirmed_sightings(report, node.history, now, table))
+    lifecycle.record_failure(node, *sightings)
     if diagnosis.healthy:
         node.last_diagnosis = diagnosis.failure_mode
         _count_pass(node, report, uow, deps)

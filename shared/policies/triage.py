@@ -49,6 +49,7 @@ __all__ = [
     "HEALTHY",
     "UNKNOWN",
     "TriageTable",
+    "diagnose",
     "load_triage_table",
     "triage",
     "unconfirmed_sightings",
@@ -82,20 +83,7 @@ def triage(
     table: TriageTable,
 ) -> Diagnosis:
     """Diagnose ``report`` for its node, given that node's earlier failures."""
-    unknown_checks = tuple(
-        sorted({c.type for c in report.conditions if c.status == ConditionStatus.UNKNOWN})
-    )
-    if all(c.status == ConditionStatus.UNKNOWN for c in report.conditions):
-        what = ", ".join(unknown_checks) if unknown_checks else "no conditions reported"
-        return Diagnosis(
-            failure_mode=UNKNOWN,
-            severity=Severity.WARNING,
-            action=RepairAction.NONE,
-            reasons=(f"nothing could be checked: {what}",),
-            unknown_checks=unknown_checks,
-        )
-    findings, unmapped = _findings(report, history, now, table)
-    return _combine(findings, unmapped, unknown_checks)
+    return diagnose(report, history, now, table)[0]
 
 
 def unconfirmed_sightings(
@@ -112,6 +100,46 @@ def unconfirmed_sightings(
     NONE keeps them out of the repair ladder and the lemon count.
     """
     findings, _ = _findings(report, history, now, table)
+    return _waiting(findings, now)
+
+
+def diagnose(
+    report: HealthReport,
+    history: Sequence[FailureRecord],
+    now: float,
+    table: TriageTable,
+) -> tuple[Diagnosis, tuple[FailureRecord, ...]]:
+    """:func:`triage` and :func:`unconfirmed_sightings` of one report from one pass over its
+    findings (the triage service needs both for every report)."""
+    unknown = ConditionStatus.UNKNOWN
+    true = ConditionStatus.TRUE
+    statuses = [c.status for c in report.conditions]
+    if true not in statuses:
+        if unknown not in statuses:
+            # a report in which every check ran and passed: the most common one, by far
+            return (_ALL_PASSED if statuses else _NOTHING_CHECKED), ()
+        unknown_checks = tuple(sorted({c.type for c in report.conditions
+                                       if c.status == unknown}))
+        if all(s == unknown for s in statuses):
+            return _nothing_checked(unknown_checks), ()
+        return _combine((), (), unknown_checks), ()
+    unknown_checks = tuple(sorted({c.type for c in report.conditions if c.status == unknown}))
+    findings, unmapped = _findings(report, history, now, table)
+    return _combine(findings, unmapped, unknown_checks), _waiting(findings, now)
+
+
+def _nothing_checked(unknown_checks: tuple[str, ...]) -> Diagnosis:
+    what = ", ".join(unknown_checks) if unknown_checks else "no conditions reported"
+    return Diagnosis(
+        failure_mode=UNKNOWN,
+        severity=Severity.WARNING,
+        action=RepairAction.NONE,
+        reasons=(f"nothing could be checked: {what}",),
+        unknown_checks=unknown_checks,
+    )
+
+
+def _waiting(findings: Iterable[_Finding], now: float) -> tuple[FailureRecord, ...]:
     modes = sorted(
         {f.failure_mode for f in findings if f.unconfirmed and f.action is RepairAction.NONE}
     )
@@ -174,6 +202,11 @@ def _combine(
         unmapped_xids=tuple(sorted(set(unmapped))),
         unknown_checks=unknown_checks,
     )
+
+
+# the two diagnoses of a report without findings that need no work per report (frozen values)
+_ALL_PASSED = _combine((), (), ())
+_NOTHING_CHECKED = _nothing_checked(())
 
 
 # --- XIDs ------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -472,3 +474,25 @@ def test_combined_action_is_the_worst_single_action(conditions: list[Condition])
         return
     assert combined.action is worst_action(s.action for s in singles)
     assert set(combined.unknown_checks) == {u for s in singles for u in s.unknown_checks}
+
+
+def _reference(r: Any) -> tuple[Diagnosis, tuple[FailureRecord, ...]]:
+    """triage and unconfirmed_sightings as two full passes over the findings (no fast path)."""
+    from shared.domain.health import ConditionStatus
+    from shared.policies import triage as t
+
+    unknown = tuple(sorted({c.type for c in r.conditions if c.status == ConditionStatus.UNKNOWN}))
+    if all(c.status == ConditionStatus.UNKNOWN for c in r.conditions):
+        return t._nothing_checked(unknown), ()
+    findings, unmapped = t._findings(r, _HISTORY, NOW, TABLE)
+    return t._combine(findings, unmapped, unknown), unconfirmed_sightings(r, _HISTORY, NOW, TABLE)
+
+
+@given(st.lists(st.sampled_from(_POOL), max_size=8))
+def test_diagnose_is_triage_and_sightings_in_one_pass(conditions: list[Condition]) -> None:
+    """The triage service's one call (with its shortcuts for reports with nothing true)
+    gives what the two full passes give, for every mix of conditions."""
+    from shared.policies.triage import diagnose as both
+
+    r = report(*conditions)
+    assert both(r, _HISTORY, NOW, TABLE) == _reference(r)

@@ -96,7 +96,8 @@ def observe(node: Node, report: HealthReport) -> bool:
             changed = True
             node.conditions[cond.type] = NodeCondition(status, cond.reason, cond.since, at)
         else:
-            prev.last_seen = max(prev.last_seen, at)
+            if at > prev.last_seen:
+                node.conditions[cond.type] = prev._replace(last_seen=at)
     if report.source not in REMOTE_SOURCES and report.condition(HEARTBEAT) is None:
         lost = node.conditions.get(HEARTBEAT)
         if lost is not None and lost.status == ConditionStatus.TRUE.value:

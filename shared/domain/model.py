@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus, FailureRecord, RepairAction
 from shared.domain.partition import Partition as Partition  # re-exported: callers keep one import
@@ -133,18 +133,31 @@ TAKES_WORK = frozenset({NS.IDLE, NS.ALLOCATED})  # may keep new work: idle, or i
 _TRUE = ConditionStatus.TRUE.value
 
 
-@dataclass(slots=True)
-class NodeCondition:
+class NodeCondition(NamedTuple):
     """A node's current state of one condition type: status and reason as last reported,
-    ``since`` when the status last changed, ``last_seen`` the newest report that carried it."""
+    ``since`` when the status last changed, ``last_seen`` the newest report that carried it.
+
+    Immutable, so a node's document and its entity share them: decoding a node copies one
+    dict of twelve of these instead of building twelve objects, and a commit that left them
+    alone compares them by identity (a node is decoded and encoded several times per event).
+    A change replaces the condition (``_replace``)."""
 
     status: str
     reason: str
     since: float
     last_seen: float
 
-    def to_list(self) -> list[Any]:
-        return [self.status, self.reason, self.since, self.last_seen]
+
+class ConditionMap(dict[str, NodeCondition]):
+    """A node document's conditions as :meth:`Node.to_dict` writes them (values already
+    :class:`NodeCondition`); a store that round-trips through JSON gives back a plain dict
+    of lists, which :func:`_conditions` rebuilds."""
+
+
+def _conditions(raw: Any) -> dict[str, NodeCondition]:
+    if type(raw) is ConditionMap:
+        return dict(raw)
+    return {t: NodeCondition(*c) for t, c in (raw or {}).items()}
 
 
 class NodeRole(enum.StrEnum):
@@ -241,7 +254,7 @@ class Node:
             "last_diagnosis": self.last_diagnosis,
             "last_action": self.last_action,
             "diagnosed_at": self.diagnosed_at,
-            "conditions": {t: c.to_list() for t, c in self.conditions.items()},
+            "conditions": ConditionMap(self.conditions),
             "alert": self.alert,
             "alerted_at": self.alerted_at,
             "replaces": self.replaces,
@@ -281,7 +294,7 @@ class Node:
             last_diagnosis=d.get("last_diagnosis", ""),
             last_action=d.get("last_action", ""),
             diagnosed_at=d.get("diagnosed_at"),
-            conditions={t: NodeCondition(*c) for t, c in (d.get("conditions") or {}).items()},
+            conditions=_conditions(d.get("conditions")),
             alert=d.get("alert", ""),
             alerted_at=d.get("alerted_at"),
             replaces=d.get("replaces"),

@@ -7,7 +7,7 @@ Entities are plain mutable objects owned by a unit of work; every state change g
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, NamedTuple
 
 from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus, FailureRecord, RepairAction
@@ -230,80 +230,59 @@ class Node:
             c.status == _TRUE and t not in NON_FATAL_CONDITIONS for t, c in self.conditions.items())
 
     def to_dict(self) -> dict[str, Any]:
+        # the fields as they are (plain values, or immutable: the conditions are shared), then
+        # the few that are stored in another form (a node is encoded several times an event)
+        doc = dict(self.__dict__)
+        doc["role"] = self.role._value_
+        doc["state"] = self.state._value_
+        action = self.repair_action
+        doc["repair_action"] = action._value_ if action else None
+        doc["history"] = [[r.at, r.failure_mode, r.action._value_] for r in self.history]
+        doc["conditions"] = ConditionMap(self.conditions)
         sound = self.sound
-        return {
-            "node_id": self.node_id,
-            "cluster_id": self.cluster_id,
-            "pool": self.pool,
-            "partition": self.partition,
-            "role": self.role.value,
-            "machine_type": self.machine_type,
-            "accelerator_type": self.accelerator_type,
-            "accelerator_count": self.accelerator_count,
-            "state": self.state.value,
-            "since": self.since,
-            "is_spare": self.is_spare,
-            "reason": self.reason,
-            "job_id": self.job_id,
-            "repair_action": self.repair_action.value if self.repair_action else None,
-            "repair_attempt": self.repair_attempt,
-            "history": [[r.at, r.failure_mode, r.action.value] for r in self.history],
-            "passes": self.passes,
-            "first_pass_at": self.first_pass_at,
-            "last_report_at": self.last_report_at,
-            "last_diagnosis": self.last_diagnosis,
-            "last_action": self.last_action,
-            "diagnosed_at": self.diagnosed_at,
-            "conditions": ConditionMap(self.conditions),
-            "alert": self.alert,
-            "alerted_at": self.alerted_at,
-            "replaces": self.replaces,
-            "retire_when_drained": self.retire_when_drained,
-            "generation": self.generation,
-            "renewed_at": self.renewed_at,
-            "fault": self.fault,
-            "operator_request": self.operator_request,
-            "sound": sound,  # derived, for the store's indexes (ignored by from_dict)
-            # the job it is allocated to and sound under, else None: a restart reads one
-            # index bucket for which of its 2,048 nodes are sound (shared.job_nodes)
-            "sound_for": self.job_id if sound and self.state is NodeState.ALLOCATED else None,
-        }
+        doc["sound"] = sound  # derived, for the store's indexes (ignored by from_dict)
+        # the job it is allocated to and sound under, else None: a restart reads one index
+        # bucket for which of its 2,048 nodes are sound (shared.job_nodes)
+        doc["sound_for"] = self.job_id if sound and self.state is NodeState.ALLOCATED else None
+        return doc
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Node:
-        return cls(
-            node_id=d["node_id"],
-            cluster_id=d["cluster_id"],
-            pool=d["pool"],
-            partition=d["partition"],
-            role=_NODE_ROLES[d["role"]],
-            machine_type=d["machine_type"],
-            accelerator_type=d.get("accelerator_type"),
-            accelerator_count=d.get("accelerator_count", 0),
-            state=_NODE_STATES[d["state"]],
-            since=d["since"],
-            is_spare=d.get("is_spare", False),
-            reason=d.get("reason", ""),
-            job_id=d.get("job_id"),
-            repair_action=_ACTIONS[d["repair_action"]] if d.get("repair_action") else None,
-            repair_attempt=d.get("repair_attempt", 0),
-            history=[FailureRecord(h[0], h[1], _ACTIONS[h[2]]) for h in d.get("history", [])],
-            passes=d.get("passes", 0),
-            first_pass_at=d.get("first_pass_at"),
-            last_report_at=d.get("last_report_at"),
-            last_diagnosis=d.get("last_diagnosis", ""),
-            last_action=d.get("last_action", ""),
-            diagnosed_at=d.get("diagnosed_at"),
-            conditions=_conditions(d.get("conditions")),
-            alert=d.get("alert", ""),
-            alerted_at=d.get("alerted_at"),
-            replaces=d.get("replaces"),
-            retire_when_drained=d.get("retire_when_drained", False),
-            generation=d.get("generation", 1),
-            renewed_at=d.get("renewed_at"),
-            fault=d.get("fault", ""),
-            operator_request=d.get("operator_request", ""),
-        )
+        state = {**_NODE_DEFAULTS, **d}
+        state.pop("sound", None)
+        state.pop("sound_for", None)
+        if state.keys() != _NODE_FIELDS:
+            return cls._from_partial(d)  # a required field missing, or a field we do not know
+        state["role"] = _NODE_ROLES[state["role"]]
+        state["state"] = _NODE_STATES[state["state"]]
+        action = state["repair_action"]
+        state["repair_action"] = _ACTIONS[action] if action else None
+        history = state["history"]
+        state["history"] = [FailureRecord(h[0], h[1], _ACTIONS[h[2]]) for h in history] \
+            if history else []
+        state["conditions"] = _conditions(state["conditions"])
+        node = _new(cls)
+        node.__dict__.update(state)
+        return node
+
+    @classmethod
+    def _from_partial(cls, d: dict[str, Any]) -> Node:
+        """A document that is not exactly a node's fields: required ones read by name (a
+        missing one raises KeyError), unknown ones ignored."""
+        known = {k: v for k, v in d.items() if k in _NODE_FIELDS}
+        for name in _NODE_REQUIRED:
+            known[name] = d[name]
+        return cls.from_dict(known)
+
+
+_new = object.__new__
+_NODE_FIELDS = frozenset(f.name for f in fields(Node))
+# what an older document lacks: the field's default (history and conditions: empty, rebuilt;
+# a node without accelerators may omit them)
+_NODE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Node)
+                                  if f.default is not MISSING}
+_NODE_DEFAULTS.update(history=None, conditions=None, accelerator_type=None, accelerator_count=0)
+_NODE_REQUIRED = tuple(sorted(_NODE_FIELDS - _NODE_DEFAULTS.keys()))
 
 
 # ---------------------------------------------------------------- jobs

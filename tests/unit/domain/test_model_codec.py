@@ -1,0 +1,64 @@
+"""Node documents: what the fast codec reads and writes, for every shape a store gives back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shared.domain.health import FailureRecord, RepairAction
+from shared.domain.model import ConditionMap, Node, NodeCondition, NodeRole, NodeState
+
+T = 1_700_000_000.0
+
+
+def node() -> Node:
+    n = Node("n1", "c", "gpu", "train", NodeRole.WORKER, "a3-highgpu-8g", "H100", 8,
+             NodeState.ALLOCATED, T, job_id="j1", repair_action=RepairAction.REBOOT,
+             history=[FailureRecord(T - 5, "gpu_fell_off_bus", RepairAction.REBOOT)])
+    n.conditions["XidError"] = NodeCondition("false", "checked", T, T + 1)
+    return n
+
+
+def test_round_trip_in_memory_and_through_json() -> None:
+    n = node()
+    doc = n.to_dict()
+    assert Node.from_dict(doc) == n
+    # a store that keeps JSON (sqlite, Firestore) gives back lists and plain dicts
+    assert Node.from_dict(json.loads(json.dumps(doc))) == n
+
+
+def test_derived_fields_are_written_and_not_read_back() -> None:
+    doc = node().to_dict()
+    assert doc["sound"] is True and doc["sound_for"] == "j1"
+    assert not hasattr(Node.from_dict(doc), "sound_for")
+
+
+def test_conditions_are_shared_not_copied_and_a_change_does_not_reach_the_document() -> None:
+    doc = node().to_dict()
+    assert type(doc["conditions"]) is ConditionMap
+    loaded = Node.from_dict(doc)
+    assert loaded.conditions["XidError"] is doc["conditions"]["XidError"]
+    assert loaded.conditions is not doc["conditions"]
+    loaded.conditions["XidError"] = loaded.conditions["XidError"]._replace(status="true")
+    loaded.history.append(FailureRecord(T, "x", RepairAction.RESET_GPU))
+    assert doc["conditions"]["XidError"].status == "false"
+    assert len(doc["history"]) == 1
+
+
+def test_an_older_document_gets_the_defaults() -> None:
+    doc = {"node_id": "n", "cluster_id": "c", "pool": "p", "partition": "x", "role": "worker",
+           "machine_type": "m", "state": "idle", "since": T}
+    n = Node.from_dict(doc)
+    assert (n.accelerator_type, n.accelerator_count, n.history, n.conditions) == (None, 0, [], {})
+    assert n.generation == 1 and n.renewed_at is None
+
+
+def test_unknown_fields_are_ignored_and_missing_required_ones_raise() -> None:
+    doc = {**node().to_dict(), "from_a_newer_version": 1}
+    n = Node.from_dict(doc)
+    assert n == node() and not hasattr(n, "from_a_newer_version")
+    broken = node().to_dict()
+    del broken["cluster_id"]
+    with pytest.raises(KeyError, match="cluster_id"):
+        Node.from_dict(broken)

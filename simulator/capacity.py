@@ -38,6 +38,8 @@ class Fleet(Protocol):
 
     def _kill(self, att: Attempt, t: float, cause: str, *, hang: bool) -> None: ...
 
+    def fitness_changed(self, node: SimNode) -> None: ...
+
 
 def rng_for(seed: int) -> np.random.Generator:
     """The availability's own stream: independent of the failure, compute and bus streams."""
@@ -166,6 +168,7 @@ class Capacity:
         node.up = False
         node.life_token += 1
         node.fault = Fault(cause=_GONE, signal=_GONE.variants[0].signal, fix="replace", at=now)
+        compute.fitness_changed(node)
         att = node.attempt
         if att is not None and att.alive and not att.exited:
             self.counts["job_lost_progress"] += 1

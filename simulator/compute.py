@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 
 import numpy as np
 import simpy
@@ -82,6 +83,7 @@ class SimCompute(FailureProcesses):
         self.by_partition: dict[str, list[str]] = defaultdict(list)
         self.jobs: dict[str, SimJob] = {}
         self.stragglers: dict[str, float] = {}
+        self.unfit: set[str] = set()  # deleted, down or with a fault that blocks a launch
         self._provisioning: set[str] = set()
         self._deep_checks: set[tuple[str, int]] = set()
         self.ledger = MemoryLedger()
@@ -183,6 +185,7 @@ class SimCompute(FailureProcesses):
             return
         node.deleted = True
         node.up = False
+        self.fitness_changed(node)
         self.capacity.meter.stop(node_id, float(self.env.now))
         node.life_token += 1
         node.verify_token += 1
@@ -227,6 +230,7 @@ class SimCompute(FailureProcesses):
             self.repairs_done[action.value] += 1
             if fixes:
                 node.fault = None
+                self.fitness_changed(node)
                 if self.stragglers.pop(node.node_id, None) is not None:
                     node.straggle = 1.0
                 if self.failing:
@@ -284,27 +288,13 @@ class SimCompute(FailureProcesses):
         resume = job.ckpt_step >= 0
         startup = cfg.startup_s + cfg.warmup_s  # a slow first step is startup too
         restore = cfg.checkpoint_restore_s if resume else 0.0
+        old = job.attempt
         att = Attempt(job, gang.attempt, node_ids, now, now + startup + restore,
-                      max(job.ckpt_step, 0))
+                      max(job.ckpt_step, 0), frozenset(node_ids))
         job.attempt = att
         job.truth.attempts += 1
-        broken: list[tuple[str, Fault | None]] = []
-        # one pass over the gang (2,048 nodes per restart): locals only, one read of each
-        # node's previous attempt and fault
-        get = self.nodes.get
-        for nid in node_ids:
-            node = get(nid)
-            if node is None or node.deleted or not node.up:
-                broken.append((nid, None))
-                continue
-            prev = node.attempt
-            if prev is not None and prev.alive and prev is not att:
-                self._kill(prev, now, "node taken by another attempt", hang=False)
-            node.attempt = att
-            fault = node.fault
-            if fault is not None and fault.signal.blocks_launch:
-                broken.append((nid, fault))
-        att.factors.append((now, self._slowest(node_ids)))
+        broken = self._seat(job, old, att, now)
+        att.factors.append((now, self._slowest(node_ids, att.members)))
         if broken:
             job.truth.failed_launches += 1
             fail_at = min(cfg.launch_fail_s, startup)
@@ -317,6 +307,74 @@ class SimCompute(FailureProcesses):
         if self.sc.checkpoint_events == "all":
             call_later(self.env, att.ready + cfg.checkpoint_interval_s + cfg.checkpoint_save_s
                        - now, self._periodic_checkpoint, att, att.token)
+
+    # a gang with more nodes than this joining, leaving or unfit is seated node by node
+    RESEAT_ALL_OVER = 64
+
+    def _seat(self, job: SimJob, old: Attempt | None, att: Attempt, now: float
+              ) -> list[tuple[str, Fault | None]]:
+        """Seat ``att`` on its nodes; returns the nodes it cannot launch on, in rank order
+        (missing, deleted or down: ``(id, None)``; a fault that blocks a launch: the fault).
+
+        A restart keeps most of its nodes: those stay seated with the job, so only the nodes
+        that joined, left, were taken by another job or are unfit (set operations over the
+        gang, in C) are looked at, in rank order, as a full pass over every rank would (a
+        2,048-node gang, 500 restarts a run)."""
+        members = att.members
+        if old is None or (old.alive and not old.exited):
+            special = None  # the first start, or the old attempt still runs: every rank
+        else:
+            # a member missing now was missing then: nodes are only ever added to the fleet
+            joined = members - old.members
+            special = joined | (members & job.lost) | (members & self.unfit) | (
+                members & old.unseated)
+            if len(special) > self.RESEAT_ALL_OVER:
+                special = None
+        if special is None:
+            order: Iterable[str] = att.node_ids
+        else:
+            index = att.node_ids.index
+            order = sorted(special, key=index)
+        broken: list[tuple[str, Fault | None]] = []
+        unseated = []
+        get = self.nodes.get
+        for nid in order:
+            node = get(nid)
+            if node is None or node.deleted or not node.up:
+                broken.append((nid, None))
+                unseated.append(nid)
+                if node is not None and node.seat is job:
+                    self._unseat(node, old)  # no new attempt starts here
+                continue
+            seat = node.seat
+            prev = old if seat is job else node.attempt
+            if prev is not None and prev.alive and prev is not att:
+                self._kill(prev, now, "node taken by another attempt", hang=False)
+            if seat is not job:
+                if seat is not None:
+                    seat.lost.add(nid)
+                node.seat = job
+            node.pinned = None
+            fault = node.fault
+            if fault is not None and fault.signal.blocks_launch:
+                broken.append((nid, fault))
+        if unseated:
+            att.unseated = frozenset(unseated)
+        job.lost.clear()
+        if old is not None:
+            for nid in old.members - members:  # left the gang
+                node = get(nid)
+                if node is not None and node.seat is job:
+                    self._unseat(node, old)
+        return broken
+
+    @staticmethod
+    def _unseat(node: SimNode, old: Attempt | None) -> None:
+        """The node's job moved on without it: its attempt is the old one, which counts as
+        none once over (pinned only while it still runs)."""
+        node.seat = None
+        if old is not None and old.alive and not old.exited:
+            node.pinned = old
 
     def _check_wedged(self, job: SimJob, now: float) -> None:
         """A job started again and again at one simulated instant is a livelock (with zero

@@ -39,6 +39,16 @@ class FailureProcesses(JobModel):
     timeline: list[tuple[float, str, str, str]]
     failing: bool
     planned: int
+    unfit: set[str]  # deleted, down or with a fault that blocks a launch (fitness_changed)
+
+    def fitness_changed(self, node: SimNode) -> None:
+        """Keep ``unfit`` (the nodes no attempt can launch on) up to date: called wherever a
+        node goes down, is deleted, or gains or loses a fault."""
+        fault = node.fault
+        if node.deleted or not node.up or (fault is not None and fault.signal.blocks_launch):
+            self.unfit.add(node.node_id)
+        else:
+            self.unfit.discard(node.node_id)
 
     def start_failures(self) -> None:
         """Start every node's failure clock (bring-up is taken as failure-free) and the
@@ -119,6 +129,7 @@ class FailureProcesses(JobModel):
                 self._renew_life(node)  # transient: nothing on the node to repair
         else:
             node.fault = fault
+            self.fitness_changed(node)
         if not fault.signal.empty:
             self._report_fault(node, fault, now)
 
@@ -222,14 +233,15 @@ class FailureProcesses(JobModel):
             node.straggle = 1.0
             self._refactor(node)
 
-    def _slowest(self, node_ids: Sequence[str]) -> float:
+    def _slowest(self, node_ids: Sequence[str], members: frozenset[str] | None = None
+                 ) -> float:
         """The pace of a gang: its slowest straggler's ratio (1.0: none straggles), read from
-        whichever is smaller, the gang or the stragglers."""
+        whichever is smaller, the gang or the stragglers (``members``: the gang as a set)."""
         stragglers = self.stragglers
         if not stragglers:
             return 1.0
         if len(stragglers) < len(node_ids):
-            members = set(node_ids)
+            members = frozenset(node_ids) if members is None else members
             return min((r for n, r in stragglers.items() if n in members), default=1.0)
         return min((r for r in map(stragglers.get, node_ids) if r is not None), default=1.0)
 
@@ -237,7 +249,7 @@ class FailureProcesses(JobModel):
         att = node.attempt
         if att is None or att.exited or not att.alive or att.stopped_at is not None:
             return
-        factor = self._slowest(att.node_ids)
+        factor = self._slowest(att.node_ids, att.members)
         if att.factors and att.factors[-1][1] == factor:
             return
         att.factors.append((float(self.env.now), factor))

@@ -31,7 +31,12 @@ class SimNode:
     life_token: int = 0
     verify_token: int = 0
     verify_since: float = 0.0  # when the current post-repair checks began (epoch s)
-    attempt: Attempt | None = None  # the last one started here; an exited one counts as none
+    # the job whose latest attempt started here (None: none since it left one): a restart
+    # reseats only the nodes that joined or left the gang (SimCompute.start_workers)
+    seat: SimJob | None = None
+    # an attempt still running here after its job started another without this node (or
+    # on it while it was down): what ``attempt`` answers until the node is seated again
+    pinned: Attempt | None = None
     replacement: bool = False
     stream: NodeStream | None = None  # its own failure randomness (simulator.failures.Streams)
     faults: int = 0  # faults so far: keys the detection-delay streams
@@ -39,6 +44,14 @@ class SimNode:
     repairs: int = 0  # repairs started so far
     repairing: bool = False  # a repair is in flight: the agent is not reporting
     reporting: Fault | None = None  # the fault the agent keeps reporting at its interval
+
+    @property
+    def attempt(self) -> Attempt | None:
+        """The last attempt started here; an exited or dead one counts as none."""
+        if self.pinned is not None:
+            return self.pinned
+        seat = self.seat
+        return seat.attempt if seat is not None else None
 
 
 @dataclass
@@ -69,6 +82,8 @@ class SimJob:
     attempt: Attempt | None = None
     same_instant: tuple[float, int] = (-1.0, 0)  # (simulated t, starts at it): livelock guard
     truth: JobTruth = field(default_factory=JobTruth)
+    # nodes of its latest attempt that another job's attempt has taken since (their seat)
+    lost: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -79,6 +94,9 @@ class Attempt:
     start: float
     ready: float
     base_step: int  # steps already in the checkpoint it resumed from (0 from scratch)
+    members: frozenset[str] = frozenset()  # node_ids as a set: the next restart's difference
+    # members it was not seated on (missing, deleted or down when it started)
+    unseated: frozenset[str] = frozenset()
     alive: bool = True
     stopped_at: float | None = None  # progress stopped here (death, SIGTERM, exit)
     exited: bool = False

@@ -146,6 +146,7 @@ class DocUnitOfWork:
         self._txn: DocTransaction | None = None
         self._tracked: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}
         self._processed: list[tuple[str, float]] = []
+        self._processed_ids: dict[str, str] = {}  # key -> its document id (hashed once)
         self._expiry: dict[str, float] = {}
         self._emitted: list[Event] = []
         self._records: dict[tuple[str, str], dict[str, Any] | None] = {}
@@ -157,6 +158,7 @@ class DocUnitOfWork:
         self._txn = self._store.begin()
         self._tracked.clear()
         self._processed.clear()
+        self._processed_ids.clear()
         self._expiry.clear()
         self._emitted.clear()
         self._records.clear()
@@ -268,7 +270,8 @@ class DocUnitOfWork:
 
     # -- idempotency and outbox
     def already_processed(self, key: str) -> bool:
-        return self._require_txn().get(PROCESSED, _doc_id(key)) is not None
+        doc_id = self._processed_ids[key] = _doc_id(key)  # kept for mark_processed's write
+        return self._require_txn().get(PROCESSED, doc_id) is not None
 
     def mark_processed(self, key: str, now: float, *, expire_at: float | None = None) -> None:
         """Record ``key`` as handled at ``now``; ``expire_at`` is its retention horizon (a TTL
@@ -320,9 +323,11 @@ class DocUnitOfWork:
                 txn.delete(collection, doc_id)
             else:
                 txn.put(collection, doc_id, record)
+        ids = self._processed_ids
         for key, at in self._processed:
-            txn.put(PROCESSED, _doc_id(key), {"key": key, "at": at, "time": at,
-                                              "expire_at": self._expiry.get(key, at)})
+            doc_id = ids.get(key) or _doc_id(key)
+            txn.put(PROCESSED, doc_id, {"key": key, "at": at, "time": at,
+                                        "expire_at": self._expiry.get(key, at)})
         envelopes = []
         now = self._clock() if self._clock else (self._processed[0][1] if self._processed else 0.0)
         for i, event in enumerate(self._emitted):

@@ -317,13 +317,26 @@ JOB_TRANSITIONS: TransitionTable[JobState] = TransitionTable(
 TERMINAL_JOB_STATES = frozenset({JS.SUCCEEDED, JS.FAILED, JS.CANCELLED})
 
 
-@dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(NamedTuple):
+    """A saved checkpoint. Immutable, so the job document and the entity share them (a job
+    keeps its last 20 and is read several times per event of its own)."""
+
     step: int
     path: str
     at: float
     attempt: int
     save_s: float = 0.0  # how long its save blocked training, as measured (0: not measured)
+
+
+class CheckpointList(list[Checkpoint]):
+    """A job document's checkpoints as :meth:`Job.to_dict` writes them (already
+    :class:`Checkpoint`); a store that round-trips through JSON gives back lists."""
+
+
+def _checkpoints(raw: Any) -> list[Checkpoint]:
+    if type(raw) is CheckpointList:
+        return list(raw)
+    return [Checkpoint(*c[:5]) for c in raw or ()]
 
 
 @dataclass
@@ -377,8 +390,7 @@ class Job:
             "restart_count": self.restart_count,
             "node_ids": list(self.node_ids),
             "previous_node_ids": list(self.previous_node_ids),
-            "checkpoints": [[c.step, c.path, c.at, c.attempt, c.save_s]
-                            for c in self.checkpoints],
+            "checkpoints": CheckpointList(self.checkpoints),
             "interrupt_reason": self.interrupt_reason,
             "interrupt_requested_at": self.interrupt_requested_at,
             "started_at": self.started_at,
@@ -402,7 +414,7 @@ class Job:
             restart_count=d.get("restart_count", 0),
             node_ids=list(d.get("node_ids", [])),
             previous_node_ids=list(d.get("previous_node_ids", [])),
-            checkpoints=[Checkpoint(*c[:5]) for c in d.get("checkpoints", [])],
+            checkpoints=_checkpoints(d.get("checkpoints")),
             interrupt_reason=d.get("interrupt_reason", ""),
             interrupt_requested_at=d.get("interrupt_requested_at"),
             started_at=d.get("started_at"),

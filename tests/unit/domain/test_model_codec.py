@@ -62,3 +62,23 @@ def test_unknown_fields_are_ignored_and_missing_required_ones_raise() -> None:
     del broken["cluster_id"]
     with pytest.raises(KeyError, match="cluster_id"):
         Node.from_dict(broken)
+
+
+def test_job_checkpoints_are_shared_and_survive_json() -> None:
+    from shared.domain.model import Checkpoint, CheckpointList, Job, JobState
+    from shared.domain.specs import CustomJobSpec
+    from tests.harness import job_body
+
+    spec = CustomJobSpec.from_dict(job_body())
+    job = Job("j1", "c", spec, JobState.RUNNING, T, T,
+              checkpoints=[Checkpoint(10, "gs://b/ckpt-10", T, 1, 2.5)])
+    doc = job.to_dict()
+    assert type(doc["checkpoints"]) is CheckpointList
+    loaded = Job.from_dict(doc)
+    assert loaded.checkpoints == job.checkpoints and loaded.checkpoints is not doc["checkpoints"]
+    assert loaded.checkpoints[0] is doc["checkpoints"][0]
+    again = Job.from_dict(json.loads(json.dumps(doc)))
+    assert again.checkpoints == [Checkpoint(10, "gs://b/ckpt-10", T, 1, 2.5)]
+    # an older document without the measured save cost
+    old = {**doc, "checkpoints": [[10, "gs://b/ckpt-10", T, 1]]}
+    assert Job.from_dict(old).checkpoints[0].save_s == 0.0

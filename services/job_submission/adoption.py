@@ -45,7 +45,7 @@ def on_job_adopted(event: JobAdopted, uow: UnitOfWork, deps: Deps) -> None:
     if job.state is not JobState.PENDING:
         raise TransientError(f"job {job.job_id}: attempt {job.attempt} has not ended yet")
     _release_unused(job, set(event.node_ids), uow, now)
-    job.node_ids = [n.node_id for n in nodes]
+    job.node_ids = tuple(n.node_id for n in nodes)
     for node in nodes:
         if node.state is NodeState.IDLE:
             lifecycle.assign_to_job(node, job.job_id, now)

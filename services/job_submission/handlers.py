@@ -142,7 +142,7 @@ def _free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps, reason: str = "job c
         if node is not None and lifecycle.release_from_job(node, job.job_id, deps.clock.now(),
                                                            reason):
             uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
-    job.node_ids = []
+    job.node_ids = ()
 
 
 def check_fits(cluster: Cluster, spec: CustomJobSpec) -> None:
@@ -355,9 +355,9 @@ def _drop_unfit(job: Job, uow: UnitOfWork, deps: Deps) -> None:
         job.node_ids = ranks.with_holes(job.node_ids, {node_id})
 
 
-def _ranks(job: Job) -> list[str]:
+def _ranks(job: Job) -> tuple[str, ...]:
     """The job's node per rank; '' where a rank has no node (yet)."""
-    return list(job.node_ids) if job.node_ids else [""] * job.spec.replica_count
+    return job.node_ids if job.node_ids else ("",) * job.spec.replica_count
 
 
 def _request(job: Job) -> JobRequest:

@@ -350,8 +350,11 @@ class Job:
     priority: int = 0
     attempt: int = 0  # increases with every start: worker events of older attempts are stale
     restart_count: int = 0
-    node_ids: list[str] = field(default_factory=list)
-    previous_node_ids: list[str] = field(default_factory=list)
+    # a node per rank ('' for a lost rank's hole); tuples, shared with the job's document (a
+    # 2,048-rank job is read and written several times per restart: no copy, and an
+    # unchanged one compares by identity at commit). A change assigns a new tuple.
+    node_ids: tuple[str, ...] = ()
+    previous_node_ids: tuple[str, ...] = ()
     checkpoints: list[Checkpoint] = field(default_factory=list)
     interrupt_reason: str = ""
     interrupt_requested_at: float | None = None
@@ -361,6 +364,12 @@ class Job:
     recovery: JobRecovery = field(default_factory=JobRecovery)  # backoff, suspects, progress
     # the checkpoint interval its history calls for (checkpoint_resume; CheckpointAdvice)
     checkpoint_advice: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.node_ids) is not tuple:  # a list from a caller: our own immutable copy
+            self.node_ids = tuple(self.node_ids)
+        if type(self.previous_node_ids) is not tuple:
+            self.previous_node_ids = tuple(self.previous_node_ids)
 
     def transition(self, target: JobState, now: float) -> None:
         JOB_TRANSITIONS.check(self.job_id, self.state, target)
@@ -388,8 +397,8 @@ class Job:
             "priority": self.priority,
             "attempt": self.attempt,
             "restart_count": self.restart_count,
-            "node_ids": list(self.node_ids),
-            "previous_node_ids": list(self.previous_node_ids),
+            "node_ids": tuple(self.node_ids),
+            "previous_node_ids": tuple(self.previous_node_ids),
             "checkpoints": CheckpointList(self.checkpoints),
             "interrupt_reason": self.interrupt_reason,
             "interrupt_requested_at": self.interrupt_requested_at,
@@ -412,8 +421,8 @@ class Job:
             priority=d.get("priority", 0),
             attempt=d.get("attempt", 0),
             restart_count=d.get("restart_count", 0),
-            node_ids=list(d.get("node_ids", [])),
-            previous_node_ids=list(d.get("previous_node_ids", [])),
+            node_ids=tuple(d.get("node_ids", ())),
+            previous_node_ids=tuple(d.get("previous_node_ids", ())),
             checkpoints=_checkpoints(d.get("checkpoints")),
             interrupt_reason=d.get("interrupt_reason", ""),
             interrupt_requested_at=d.get("interrupt_requested_at"),

@@ -30,24 +30,27 @@ def in_rank_order(subset: Set[str], node_ids: Sequence[str]) -> list[str]:
     return [n for n in node_ids if n in subset]
 
 
-def with_holes(node_ids: Sequence[str], gone: Set[str]) -> list[str]:
-    """``node_ids`` with the ranks of ``gone`` emptied (a new list either way)."""
-    out = list(node_ids)
+def with_holes(node_ids: Sequence[str], gone: Set[str]) -> tuple[str, ...]:
+    """``node_ids`` with the ranks of ``gone`` emptied (a new tuple when any is)."""
     if not gone:
-        return out
+        return tuple(node_ids)
     if len(gone) > SMALL:
-        return ["" if n in gone else n for n in out]
+        return tuple("" if n in gone else n for n in node_ids)
+    out: list[str] | None = None
     for node_id in gone:
         if node_id:
             try:
-                out[out.index(node_id)] = ""
+                at = node_ids.index(node_id)
             except ValueError:
                 continue
-    return out
+            if out is None:
+                out = list(node_ids)
+            out[at] = ""
+    return tuple(node_ids) if out is None else tuple(out)
 
 
-def fill_holes(node_ids: Sequence[str], placed: Iterable[str]) -> list[str]:
-    """``node_ids`` with its holes filled in rank order by ``placed`` (a new list); a
+def fill_holes(node_ids: Sequence[str], placed: Iterable[str]) -> tuple[str, ...]:
+    """``node_ids`` with its holes filled in rank order by ``placed`` (a new tuple); a
     ValueError when ``placed`` has more or fewer nodes than there are holes."""
     out = list(node_ids)
     at = 0
@@ -59,4 +62,4 @@ def fill_holes(node_ids: Sequence[str], placed: Iterable[str]) -> list[str]:
         out[at] = node_id
     if "" in out:
         raise ValueError(f"{out.count('')} ranks left without a node")
-    return out
+    return tuple(out)

@@ -82,3 +82,18 @@ def test_job_checkpoints_are_shared_and_survive_json() -> None:
     # an older document without the measured save cost
     old = {**doc, "checkpoints": [[10, "gs://b/ckpt-10", T, 1]]}
     assert Job.from_dict(old).checkpoints[0].save_s == 0.0
+
+
+def test_job_ranks_are_tuples_shared_with_the_document() -> None:
+    from shared.domain.model import Job, JobState
+    from shared.domain.specs import CustomJobSpec
+    from tests.harness import job_body
+
+    job = Job("j1", "c", CustomJobSpec.from_dict(job_body()), JobState.RUNNING, T, T,
+              node_ids=["a", ""], previous_node_ids=["a", "b"])  # type: ignore[arg-type]
+    assert job.node_ids == ("a", "") and job.previous_node_ids == ("a", "b")
+    doc = job.to_dict()
+    loaded = Job.from_dict(doc)
+    assert loaded.node_ids is doc["node_ids"]  # no copy of a 2,048-rank list per read
+    assert loaded.to_dict() == doc
+    assert Job.from_dict(json.loads(json.dumps(doc))).node_ids == ("a", "")

@@ -46,7 +46,7 @@ def test_adopted_job_is_healed_like_any_job_and_slurm_places_its_rerun() -> None
 
     adopt(plane, 2, "c1-gpu-001")  # Slurm ran it again on another node
     job = plane.job("slurm-7")
-    assert job.state is JobState.RUNNING and job.attempt == 2 and job.node_ids == ["c1-gpu-001"]
+    assert job.state is JobState.RUNNING and job.attempt == 2 and job.node_ids == ("c1-gpu-001",)
     assert plane.node("c1-gpu-001").state is NodeState.ALLOCATED
     adopt(plane, 2, "c1-gpu-001")  # a duplicate
     adopt(plane, 1, "c1-gpu-002")  # a stale run

@@ -160,7 +160,7 @@ def requeued_without_a_node(plane: Plane) -> tuple[str, str]:
     plane.exit_workers("j1", 1, 75)
     job = plane.job("j1")
     assert job.state is JobState.PENDING and job.restart_count == 1
-    assert job.node_ids == ["", good] and plane.node(good).job_id == "j1"
+    assert job.node_ids == ("", good) and plane.node(good).job_id == "j1"
     return bad, good
 
 

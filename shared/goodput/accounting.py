@@ -47,7 +47,7 @@ import itertools
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -389,7 +389,10 @@ class _Reports:
         lo = bisect.bisect_left(self.all, (started,))
         hi = bisect.bisect_right(self.all, (horizon, "\U0010ffff"), lo=lo)
         if 8 * (hi - lo) <= len(att.node_ids):  # (a report scanned costs about 8 members)
-            return _first_counted(itertools.islice(self.all, lo, hi), att.members, started,
+            # a handful of reports: each looked up in the ranks (a scan in C) rather than
+            # building the set of 2,048 members for them
+            members = att.node_ids if hi - lo <= SCAN_RANKS_UP_TO else att.members
+            return _first_counted(itertools.islice(self.all, lo, hi), members, started,
                                   diagnoses)
         first: Report | None = None
         for node_id in att.members & self.by_node.keys():
@@ -401,7 +404,10 @@ class _Reports:
         return first
 
 
-def _first_counted(reports: Iterable[Report], members: frozenset[str] | None, started: float,
+SCAN_RANKS_UP_TO = 4  # reports in an attempt's window looked up in its ranks, not a set
+
+
+def _first_counted(reports: Iterable[Report], members: Container[str] | None, started: float,
                    diagnoses: Mapping[str, list[tuple[float, str]]],
                    horizon: float = math.inf) -> Report | None:
     """The first of ``reports`` (in order) on a member that ends a job: after the start, not

@@ -50,6 +50,7 @@ from simulator.failures import (
     repair_fixes,
 )
 from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
+from simulator.picking import Qualifying
 from simulator.scenario_types import Scenario
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode
 
@@ -84,6 +85,9 @@ class SimCompute(FailureProcesses):
         self.jobs: dict[str, SimJob] = {}
         self.stragglers: dict[str, float] = {}
         self.unfit: set[str] = set()  # deleted, down or with a fault that blocks a launch
+        self.drawable = Qualifying()  # by fleet position: may become a straggler
+        self.positions: dict[str, int] = {}  # node id -> its position in the fleet's order
+        self.fleet_order: list[SimNode] = []
         self._provisioning: set[str] = set()
         self._deep_checks: set[tuple[str, int]] = set()
         self.ledger = MemoryLedger()
@@ -156,6 +160,7 @@ class SimCompute(FailureProcesses):
         node = SimNode(node_id, partition, index, stream.multiplier, up=True,
                        replacement=replacement, stream=stream)
         self.nodes[node_id] = node
+        self.enlist(node)
         self._provisioning.discard(node_id)
         self.emit(NodeProvisioned(node_id=node_id))
         if not worker:
@@ -185,11 +190,11 @@ class SimCompute(FailureProcesses):
             return
         node.deleted = True
         node.up = False
-        self.fitness_changed(node)
         self.capacity.meter.stop(node_id, float(self.env.now))
         node.life_token += 1
         node.verify_token += 1
         self.stragglers.pop(node_id, None)
+        self.fitness_changed(node)
         if node.attempt is not None and node.attempt.alive:
             self._kill(node.attempt, float(self.env.now), "node deleted", hang=False)
 
@@ -230,9 +235,9 @@ class SimCompute(FailureProcesses):
             self.repairs_done[action.value] += 1
             if fixes:
                 node.fault = None
-                self.fitness_changed(node)
                 if self.stragglers.pop(node.node_id, None) is not None:
                     node.straggle = 1.0
+                self.fitness_changed(node)
                 if self.failing:
                     self._renew_life(node)
         self.emit(NodeRepairCompleted(node_id=node.node_id, action=action.value,

@@ -24,6 +24,7 @@ from simulator.failures import (
     healthy_conditions,
 )
 from simulator.jobs import JobModel
+from simulator.picking import Qualifying
 from simulator.world import AGENT_SOURCE, OPERATOR_SOURCE, SimNode
 
 
@@ -40,15 +41,36 @@ class FailureProcesses(JobModel):
     failing: bool
     planned: int
     unfit: set[str]  # deleted, down or with a fault that blocks a launch (fitness_changed)
+    drawable: Qualifying  # by fleet position: may become a straggler (fitness_changed)
+    positions: dict[str, int]
+    fleet_order: list[SimNode]  # the nodes in the order the fleet gained them
 
     def fitness_changed(self, node: SimNode) -> None:
-        """Keep ``unfit`` (the nodes no attempt can launch on) up to date: called wherever a
-        node goes down, is deleted, or gains or loses a fault."""
+        """Keep ``unfit`` (the nodes no attempt can launch on) and ``drawable`` (those that may
+        become stragglers) up to date: called wherever a node goes down, is deleted, gains or
+        loses a fault, or starts or stops straggling."""
         fault = node.fault
         if node.deleted or not node.up or (fault is not None and fault.signal.blocks_launch):
             self.unfit.add(node.node_id)
         else:
             self.unfit.discard(node.node_id)
+        at = self.positions.get(node.node_id)
+        if at is not None:
+            self.drawable.set(at, self._drawable(node))
+
+    def enlist(self, node: SimNode) -> None:
+        """A node joins the fleet, last in its order."""
+        self.positions[node.node_id] = self.drawable.append(self._drawable(node))
+        self.fleet_order.append(node)
+
+    def _reindex(self) -> None:
+        self.drawable, self.positions, self.fleet_order = Qualifying(), {}, []
+        for node in self.nodes.values():
+            self.enlist(node)
+
+    def _drawable(self, node: SimNode) -> bool:
+        return node.up and not node.deleted and node.node_id not in self.stragglers \
+            and bool(node.partition)
 
     def start_failures(self) -> None:
         """Start every node's failure clock (bring-up is taken as failure-free) and the
@@ -198,15 +220,18 @@ class FailureProcesses(JobModel):
     def _straggle(self) -> None:
         cfg = self.sc.failures.stragglers
         self._next_straggler()
-        candidates = [n for n in self.nodes.values()
-                      if n.up and not n.deleted and n.node_id not in self.stragglers
-                      and n.partition]
-        if not candidates:
+        # uniform over the nodes that may straggle, in fleet order (the k-th of them from a
+        # Fenwick tree, not a list of the whole fleet per draw)
+        drawable = self.drawable
+        if len(drawable) != len(self.nodes):  # a fleet not built through enlist (tests)
+            self._reindex()
+        if not drawable.count:
             return
-        node = candidates[int(self.rng.integers(len(candidates)))]
+        node = self.fleet_order[drawable.kth(int(self.rng.integers(drawable.count)))]
         ratio = min(0.99, cfg.ratio.sample(self.rng))
         self.stragglers[node.node_id] = ratio
         node.straggle = ratio
+        self.fitness_changed(node)
         self.timeline.append((float(self.env.now), "straggler", node.node_id, f"{ratio:.2f}"))
         self._refactor(node)
         until = float(self.env.now) + cfg.duration.sample(self.rng)
@@ -231,6 +256,7 @@ class FailureProcesses(JobModel):
         if self.stragglers.get(node.node_id) == ratio:
             del self.stragglers[node.node_id]
             node.straggle = 1.0
+            self.fitness_changed(node)
             self._refactor(node)
 
     def _slowest(self, node_ids: Sequence[str], members: frozenset[str] | None = None

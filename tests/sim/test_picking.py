@@ -1,0 +1,76 @@
+"""The straggler draw through a Fenwick tree picks what the list of the whole fleet picked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from simulator import twin
+from simulator.failure_processes import FailureProcesses
+from simulator.picking import Qualifying
+from simulator.scenario import SCENARIO_DIR, load_scenario
+
+# ("append", qualifies) | ("set", position, qualifies), positions taken modulo the length
+_op = st.one_of(st.tuples(st.just("append"), st.booleans()),
+                st.tuples(st.just("set"), st.integers(0, 1000), st.booleans()))
+
+
+@given(st.lists(_op, max_size=200))
+def test_kth_is_the_kth_of_the_list(ops: list[tuple[Any, ...]]) -> None:
+    q, flags = Qualifying(), list[bool]()
+    for op in ops:
+        if op[0] == "append" or not flags:
+            assert q.append(op[-1]) == len(flags)
+            flags.append(op[-1])
+        else:
+            at = op[1] % len(flags)
+            q.set(at, op[2])
+            flags[at] = op[2]
+        listed = [i for i, f in enumerate(flags) if f]
+        assert (len(q), q.count) == (len(flags), len(listed))
+        assert [q.kth(k) for k in range(q.count)] == listed
+    with pytest.raises(IndexError):
+        q.kth(q.count)
+
+
+def _listed_straggle(self: FailureProcesses) -> None:
+    """The draw as it was: a list of every node that may straggle, built for each draw."""
+    cfg = self.sc.failures.stragglers
+    self._next_straggler()
+    candidates = [n for n in self.nodes.values()
+                  if n.up and not n.deleted and n.node_id not in self.stragglers and n.partition]
+    if not candidates:
+        return
+    node = candidates[int(self.rng.integers(len(candidates)))]
+    ratio = min(0.99, cfg.ratio.sample(self.rng))
+    self.stragglers[node.node_id] = ratio
+    node.straggle = ratio
+    self.fitness_changed(node)
+    self.timeline.append((float(self.env.now), "straggler", node.node_id, f"{ratio:.2f}"))
+    self._refactor(node)
+    until = float(self.env.now) + cfg.duration.sample(self.rng)
+    delay = self.sc.detection["speed"].sample(self.rng)
+    from simulator.clock import call_later
+
+    call_later(self.env, delay, self._straggle_report, node, ratio, until)
+    call_later(self.env, until - float(self.env.now), self._straggle_end, node, ratio)
+
+
+def test_a_run_with_many_stragglers_draws_the_same_nodes(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    # many stragglers and faults (nodes deleted and replaced) in a short run of small.yaml
+    sc = load_scenario(SCENARIO_DIR / "small.yaml",
+                       {"duration": "4d", "failures.stragglers.per_1000_node_days": 400})
+    tree = twin.Twin(sc)
+    fast = tree.run()
+    monkeypatch.setattr(FailureProcesses, "_straggle", _listed_straggle)
+    listed = twin.Twin(sc)
+    slow = listed.run()
+    drawn = [e for e in tree.compute.timeline if e[1] == "straggler"]
+    assert len(drawn) > 20
+    assert drawn == [e for e in listed.compute.timeline if e[1] == "straggler"]
+    assert tree.compute.timeline == listed.compute.timeline
+    assert fast.events == slow.events

@@ -183,12 +183,21 @@ class DocUnitOfWork:
         key = (collection, doc_id)
         if key in self._tracked:
             return self._tracked[key][0]
-        doc = self._require_txn().get(collection, doc_id)
+        txn = self._require_txn()
+        doc = txn.get(collection, doc_id)
         if doc is None:
             return None
         entity = load(doc)
-        self._tracked[key] = (entity, doc)
+        self._tracked[key] = (entity, doc if self._keeps_values(txn) else entity.to_dict())
         return entity
+
+    @staticmethod
+    def _keeps_values(txn: DocTransaction) -> bool:
+        """Whether ``txn`` gives documents back with the values written (tuples as tuples:
+        the memory store); a store that goes through JSON (sqlite, Firestore) gives lists, so
+        what commit compares an entity with is the entity's own encoding as it was loaded,
+        or every read would look like a change and write the document back."""
+        return bool(getattr(txn, "keeps_values", False))
 
     def _query(self, collection: str, equals: dict[str, Any],
                load: Callable[[dict[str, Any]], Any]) -> list[Any]:
@@ -197,7 +206,9 @@ class DocUnitOfWork:
         seen = set()
         tracked = self._tracked
         doc_key = _DOC_KEYS[collection]
-        for doc in self._require_txn().query(collection, plain):
+        txn = self._require_txn()
+        keeps = self._keeps_values(txn)
+        for doc in txn.query(collection, plain):
             # a document this transaction already holds is not decoded again (a restart
             # lists a cluster's partitions twice; the second list is the first's entities)
             key = (collection, doc_key(doc))
@@ -206,7 +217,7 @@ class DocUnitOfWork:
                 entity = held[0]
             else:
                 entity = load(doc)
-                tracked[key] = (entity, doc)
+                tracked[key] = (entity, doc if keeps else entity.to_dict())
             seen.add(key)
             out.append(entity)
         # entities added or changed in this transaction must be visible to its own queries

@@ -58,6 +58,8 @@ _SPARSE_BYTES, _SPARSE_PER_ID = 4096, 128  # a table over this (bytes) is rebuil
 
 
 class MemoryTransaction:
+    keeps_values = True  # documents come back with the values written (no JSON in between)
+
     def __init__(self, store: MemoryDocStore) -> None:
         self._store = store
         self._writes: dict[tuple[str, str], Any] = {}

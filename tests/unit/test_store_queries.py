@@ -159,3 +159,54 @@ def test_a_bucket_emptied_by_removals_is_rebuilt_and_still_answers() -> None:
         assert uow.nodes.ids("c1", state=NodeState.IDLE, partition="a") == {
             f"n{i:04d}" for i in range(2990, 3000)}
         assert len(uow.nodes.ids("c1", state=NodeState.ALLOCATED, job_id="j1")) == 2990
+
+
+def assert_reads_write_nothing(store: Any) -> None:
+    """A unit of work that only reads (a GET of the API, a handler that decides nothing)
+    writes nothing at commit, whatever form the store gives documents back in (tuples as
+    tuples in memory, lists through JSON): a spurious write is a contended transaction on
+    Firestore (a read of a job failed with 'Transaction lock timeout')."""
+    from shared.domain.health import FailureRecord, RepairAction
+    from shared.domain.model import Checkpoint, Job, JobState
+    from shared.domain.specs import CustomJobSpec
+    from tests.harness import job_body
+
+    sick = node("n1", NodeState.ALLOCATED, job_id="j1")
+    sick.conditions["XidError"] = NodeCondition("true", "xid 79", T, T + 1)
+    sick.history.append(FailureRecord(T, "gpu_fell_off_bus", RepairAction.REBOOT))
+    job = Job("j1", "c1", CustomJobSpec.from_dict(job_body()), JobState.RUNNING, T, T,
+              node_ids=("n1", ""), previous_node_ids=("n1", "n2"),
+              checkpoints=[Checkpoint(10, "gs://b/c/10", T, 1, 2.0)])
+    with DocUnitOfWork(store) as uow:
+        uow.nodes.add(sick)
+        uow.jobs.add(job)
+        uow.commit()
+    puts: list[tuple[str, str]] = []
+    begin = store.begin
+
+    def spying() -> Any:
+        txn = begin()
+        put = txn.put
+
+        def counted(collection: str, doc_id: str, doc: dict[str, Any]) -> None:
+            puts.append((collection, doc_id))
+            put(collection, doc_id, doc)
+
+        txn.put = counted
+        return txn
+
+    store.begin = spying
+    try:
+        with DocUnitOfWork(store) as uow:
+            assert uow.nodes.get("n1") == sick
+            assert uow.jobs.get("j1") == job
+            assert [n.node_id for n in uow.nodes.list("c1")] == ["n1"]
+            assert [j.job_id for j in uow.jobs.list("c1")] == ["j1"]
+            uow.commit()
+    finally:
+        store.begin = begin
+    assert puts == []
+
+
+def test_a_read_writes_nothing(store: Any) -> None:
+    assert_reads_write_nothing(store)

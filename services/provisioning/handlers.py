@@ -7,6 +7,7 @@ one after another; the Cloud Workflow calls the same steps over HTTP and polls b
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 from shared import deep_checks
@@ -26,6 +27,7 @@ from shared.domain.events import (
     NodeReturnedToService,
 )
 from shared.domain.model import (
+    IN_SERVICE,
     Cluster,
     ClusterState,
     JobState,
@@ -186,15 +188,21 @@ class ClusterStatus:
 
 
 def step_status(cluster_id: str, uow: UnitOfWork) -> ClusterStatus:
+    """Counted from two fields of every node (a projection), not every node decoded and
+    compared again at commit (2,081 of them when a Llama 3 cluster comes up)."""
     cluster = _cluster(cluster_id, uow)
-    nodes = [n for n in uow.nodes.list(cluster_id) if n.state is not NodeState.RETIRED]
+    states = Counter((state, generation == cluster.generation) for state, generation
+                     in uow.nodes.project(cluster_id, ("state", "generation")))
     return ClusterStatus(
         cluster_id, cluster.state.value, cluster.generation,
-        settling=sum(n.state in SETTLING for n in nodes),
-        in_service=sum(n.in_service for n in nodes),
-        failed=sum(n.state is NodeState.FAILED and n.generation == cluster.generation
-                   for n in nodes),
+        settling=sum(n for (state, _), n in states.items() if state in _SETTLING_VALUES),
+        in_service=sum(n for (state, _), n in states.items() if state in _IN_SERVICE_VALUES),
+        failed=states[(NodeState.FAILED.value, True)],
     )
+
+
+_SETTLING_VALUES = frozenset(s.value for s in SETTLING)
+_IN_SERVICE_VALUES = frozenset(s.value for s in IN_SERVICE)
 
 
 def step_mark_ready(cluster_id: str, generation: int, uow: UnitOfWork, deps: Deps) -> bool:

@@ -76,6 +76,9 @@ def stale_report(node: Node, observed_at: float) -> bool:
     return node.renewed_at is not None and observed_at < node.renewed_at
 
 
+_TRUE = ConditionStatus.TRUE.value
+
+
 def observe(node: Node, report: HealthReport) -> bool:
     """Fold ``report`` into ``node.conditions``; True when a condition's status, reason or
     ``since`` changed (or a condition appeared). Every condition seen is stamped last-seen.
@@ -84,20 +87,23 @@ def observe(node: Node, report: HealthReport) -> bool:
     cleared even when the report does not carry that condition."""
     changed = False
     at = report.observed_at
+    held = node.conditions
     for cond in report.conditions:
-        prev = node.conditions.get(cond.type)
-        status = cond.status.value
-        if cond.type in OPERATOR_CONDITIONS and report.source != OPERATOR_SOURCE \
-                and prev is not None and prev.status == ConditionStatus.TRUE.value \
-                and status != prev.status:
-            continue  # an operator's drain is lifted by an operator, never by an agent
-        if prev is None or (prev.status, prev.reason, prev.since) != (status, cond.reason,
-                                                                     cond.since):
+        ctype = cond.type
+        prev = held.get(ctype)
+        status = cond.status._value_
+        if prev is None:
             changed = True
-            node.conditions[cond.type] = NodeCondition(status, cond.reason, cond.since, at)
-        else:
-            if at > prev.last_seen:
-                node.conditions[cond.type] = prev._replace(last_seen=at)
+            held[ctype] = NodeCondition(status, cond.reason, cond.since, at)
+            continue
+        if ctype in OPERATOR_CONDITIONS and report.source != OPERATOR_SOURCE \
+                and prev.status == _TRUE and status != prev.status:
+            continue  # an operator's drain is lifted by an operator, never by an agent
+        if prev.status != status or prev.reason != cond.reason or prev.since != cond.since:
+            changed = True
+            held[ctype] = NodeCondition(status, cond.reason, cond.since, at)
+        elif at > prev.last_seen:
+            held[ctype] = NodeCondition(status, prev.reason, prev.since, at)
     if report.source not in REMOTE_SOURCES and report.condition(HEARTBEAT) is None:
         lost = node.conditions.get(HEARTBEAT)
         if lost is not None and lost.status == ConditionStatus.TRUE.value:

@@ -220,14 +220,9 @@ class FailureProcesses(JobModel):
     def _straggle(self) -> None:
         cfg = self.sc.failures.stragglers
         self._next_straggler()
-        # uniform over the nodes that may straggle, in fleet order (the k-th of them from a
-        # Fenwick tree, not a list of the whole fleet per draw)
-        drawable = self.drawable
-        if len(drawable) != len(self.nodes):  # a fleet not built through enlist (tests)
-            self._reindex()
-        if not drawable.count:
+        node = self._draw_straggler()
+        if node is None:
             return
-        node = self.fleet_order[drawable.kth(int(self.rng.integers(drawable.count)))]
         ratio = min(0.99, cfg.ratio.sample(self.rng))
         self.stragglers[node.node_id] = ratio
         node.straggle = ratio
@@ -238,6 +233,16 @@ class FailureProcesses(JobModel):
         delay = self.sc.detection["speed"].sample(self.rng)
         call_later(self.env, delay, self._straggle_report, node, ratio, until)
         call_later(self.env, until - float(self.env.now), self._straggle_end, node, ratio)
+
+    def _draw_straggler(self) -> SimNode | None:
+        """Uniform over the nodes that may straggle, in fleet order: the k-th of them from
+        a Fenwick tree, not a list of the whole fleet per draw (None: no node may)."""
+        if len(self.drawable) != len(self.nodes):  # a fleet not built through enlist (tests)
+            self._reindex()
+        drawable = self.drawable
+        if not drawable.count:
+            return None
+        return self.fleet_order[drawable.kth(int(self.rng.integers(drawable.count)))]
 
     def _straggle_report(self, node: SimNode, ratio: float, until: float) -> None:
         if self.stragglers.get(node.node_id) != ratio or node.deleted:

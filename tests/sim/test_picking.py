@@ -36,27 +36,13 @@ def test_kth_is_the_kth_of_the_list(ops: list[tuple[Any, ...]]) -> None:
         q.kth(q.count)
 
 
-def _listed_straggle(self: FailureProcesses) -> None:
+def _listed_draw(self: FailureProcesses) -> Any:
     """The draw as it was: a list of every node that may straggle, built for each draw."""
-    cfg = self.sc.failures.stragglers
-    self._next_straggler()
     candidates = [n for n in self.nodes.values()
                   if n.up and not n.deleted and n.node_id not in self.stragglers and n.partition]
     if not candidates:
-        return
-    node = candidates[int(self.rng.integers(len(candidates)))]
-    ratio = min(0.99, cfg.ratio.sample(self.rng))
-    self.stragglers[node.node_id] = ratio
-    node.straggle = ratio
-    self.fitness_changed(node)
-    self.timeline.append((float(self.env.now), "straggler", node.node_id, f"{ratio:.2f}"))
-    self._refactor(node)
-    until = float(self.env.now) + cfg.duration.sample(self.rng)
-    delay = self.sc.detection["speed"].sample(self.rng)
-    from simulator.clock import call_later
-
-    call_later(self.env, delay, self._straggle_report, node, ratio, until)
-    call_later(self.env, until - float(self.env.now), self._straggle_end, node, ratio)
+        return None
+    return candidates[int(self.rng.integers(len(candidates)))]
 
 
 def test_a_run_with_many_stragglers_draws_the_same_nodes(monkeypatch: pytest.MonkeyPatch
@@ -66,7 +52,7 @@ def test_a_run_with_many_stragglers_draws_the_same_nodes(monkeypatch: pytest.Mon
                        {"duration": "4d", "failures.stragglers.per_1000_node_days": 400})
     tree = twin.Twin(sc)
     fast = tree.run()
-    monkeypatch.setattr(FailureProcesses, "_straggle", _listed_straggle)
+    monkeypatch.setattr(FailureProcesses, "_draw_straggler", _listed_draw)
     listed = twin.Twin(sc)
     slow = listed.run()
     drawn = [e for e in tree.compute.timeline if e[1] == "straggler"]

@@ -29,7 +29,13 @@ class Event:
         return self.TYPE.split(".")[1]
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: _plain(getattr(self, name)) for name in _field_names(type(self))}
+        out = {}
+        for name, flat in _plans(type(self)):  # type: ignore[arg-type]
+            value = getattr(self, name)
+            # a field declared a tuple of plain values (a JobStarted's 2,048 node ids) is
+            # copied in C without a look at each element; anything else takes _plain
+            out[name] = list(value) if flat and type(value) is tuple else _plain(value)
+        return out
 
     @classmethod
     def from_dict(cls: type[E], data: Mapping[str, Any]) -> E:
@@ -69,6 +75,21 @@ def _field_names(cls: type[Event]) -> tuple[str, ...]:
     if names is None:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
     return names
+
+
+_PLAIN_TYPES = frozenset({str, int, float, bool})
+
+
+@functools.cache
+def _plans(cls: type[Event]) -> tuple[tuple[str, bool], ...]:
+    """(field, declared ``tuple[plain, ...]``) for each field of ``cls``, in order."""
+    plans = []
+    for name, (kind, _) in _field_kinds(cls).items():  # type: ignore[arg-type]
+        args = typing.get_args(kind)
+        flat = typing.get_origin(kind) is tuple and len(args) == 2 and args[1] is Ellipsis \
+            and args[0] in _PLAIN_TYPES
+        plans.append((name, flat))
+    return tuple(plans)
 
 
 @functools.cache

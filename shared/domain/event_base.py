@@ -67,19 +67,6 @@ def _plain(value: Any) -> Any:
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type[Event]) -> tuple[str, ...]:
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
-
-
-_PLAIN_TYPES = frozenset({str, int, float, bool})
-
-
 @functools.cache
 def _plans(cls: type[Event]) -> tuple[tuple[str, bool], ...]:
     """(field, declared ``tuple[plain, ...]``) for each field of ``cls``, in order."""
@@ -87,7 +74,7 @@ def _plans(cls: type[Event]) -> tuple[tuple[str, bool], ...]:
     for name, (kind, _) in _field_kinds(cls).items():  # type: ignore[arg-type]
         args = typing.get_args(kind)
         flat = typing.get_origin(kind) is tuple and len(args) == 2 and args[1] is Ellipsis \
-            and args[0] in _PLAIN_TYPES
+            and args[0] in _SCALARS
         plans.append((name, flat))
     return tuple(plans)
 

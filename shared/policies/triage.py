@@ -112,18 +112,16 @@ def diagnose(
     """:func:`triage` and :func:`unconfirmed_sightings` of one report from one pass over its
     findings (the triage service needs both for every report)."""
     unknown = ConditionStatus.UNKNOWN
-    true = ConditionStatus.TRUE
     statuses = [c.status for c in report.conditions]
-    if true not in statuses:
-        if unknown not in statuses:
-            # a report in which every check ran and passed: the most common one, by far
-            return (_ALL_PASSED if statuses else _NOTHING_CHECKED), ()
-        unknown_checks = tuple(sorted({c.type for c in report.conditions
-                                       if c.status == unknown}))
-        if all(s == unknown for s in statuses):
-            return _nothing_checked(unknown_checks), ()
-        return _combine((), (), unknown_checks), ()
+    something_true = ConditionStatus.TRUE in statuses
+    if not something_true and unknown not in statuses:
+        # a report in which every check ran and passed: the most common one, by far
+        return (_ALL_PASSED if statuses else _NOTHING_CHECKED), ()
     unknown_checks = tuple(sorted({c.type for c in report.conditions if c.status == unknown}))
+    if all(s == unknown for s in statuses):
+        return _nothing_checked(unknown_checks), ()
+    if not something_true:  # some checks could not run, the others passed: no findings
+        return _combine((), (), unknown_checks), ()
     findings, unmapped = _findings(report, history, now, table)
     return _combine(findings, unmapped, unknown_checks), _waiting(findings, now)
 

@@ -144,6 +144,12 @@ class DocUnitOfWork:
         self.partitions = PartitionRepository(me, PARTITIONS, _partition_key,
                                               Partition.from_dict)
         self._txn: DocTransaction | None = None
+        # whether the transaction gives documents back with the values written (tuples as
+        # tuples: the memory store's ``keeps_values``); a store that goes through JSON
+        # (sqlite, Firestore) gives lists, so what commit compares an entity with is the
+        # entity's own encoding as it was loaded, or every read would look like a change
+        # and write the document back
+        self._keeps_values = False
         self._tracked: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}
         self._processed: list[tuple[str, float]] = []
         self._processed_ids: dict[str, str] = {}  # key -> its document id (hashed once)
@@ -156,6 +162,7 @@ class DocUnitOfWork:
     # -- context
     def __enter__(self) -> DocUnitOfWork:
         self._txn = self._store.begin()
+        self._keeps_values = bool(getattr(self._txn, "keeps_values", False))
         self._tracked.clear()
         self._processed.clear()
         self._processed_ids.clear()
@@ -183,21 +190,12 @@ class DocUnitOfWork:
         key = (collection, doc_id)
         if key in self._tracked:
             return self._tracked[key][0]
-        txn = self._require_txn()
-        doc = txn.get(collection, doc_id)
+        doc = self._require_txn().get(collection, doc_id)
         if doc is None:
             return None
         entity = load(doc)
-        self._tracked[key] = (entity, doc if self._keeps_values(txn) else entity.to_dict())
+        self._tracked[key] = (entity, doc if self._keeps_values else entity.to_dict())
         return entity
-
-    @staticmethod
-    def _keeps_values(txn: DocTransaction) -> bool:
-        """Whether ``txn`` gives documents back with the values written (tuples as tuples:
-        the memory store); a store that goes through JSON (sqlite, Firestore) gives lists, so
-        what commit compares an entity with is the entity's own encoding as it was loaded,
-        or every read would look like a change and write the document back."""
-        return bool(getattr(txn, "keeps_values", False))
 
     def _query(self, collection: str, equals: dict[str, Any],
                load: Callable[[dict[str, Any]], Any]) -> list[Any]:
@@ -206,9 +204,8 @@ class DocUnitOfWork:
         seen = set()
         tracked = self._tracked
         doc_key = _DOC_KEYS[collection]
-        txn = self._require_txn()
-        keeps = self._keeps_values(txn)
-        for doc in txn.query(collection, plain):
+        keeps = self._keeps_values
+        for doc in self._require_txn().query(collection, plain):
             # a document this transaction already holds is not decoded again (a restart
             # lists a cluster's partitions twice; the second list is the first's entities)
             key = (collection, doc_key(doc))

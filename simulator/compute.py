@@ -299,7 +299,7 @@ class SimCompute(FailureProcesses):
         job.attempt = att
         job.truth.attempts += 1
         broken = self._seat(job, old, att, now)
-        att.factors.append((now, self._slowest(node_ids, att.members)))
+        att.factors.append((now, self._slowest(att)))
         if broken:
             job.truth.failed_launches += 1
             fail_at = min(cfg.launch_fail_s, startup)
@@ -322,9 +322,9 @@ class SimCompute(FailureProcesses):
         (missing, deleted or down: ``(id, None)``; a fault that blocks a launch: the fault).
 
         A restart keeps most of its nodes: those stay seated with the job, so only the nodes
-        that joined, left, were taken by another job or are unfit (set operations over the
-        gang, in C) are looked at, in rank order, as a full pass over every rank would (a
-        2,048-node gang, 500 restarts a run)."""
+        that joined, left, were taken by another job, are unfit or were not seated at the
+        last start (set operations over the gang, in C) are looked at, in rank order, as a
+        full pass over every rank would (a 2,048-node gang, 500 restarts a run)."""
         members = att.members
         if old is None or (old.alive and not old.exited):
             special = None  # the first start, or the old attempt still runs: every rank

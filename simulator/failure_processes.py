@@ -9,7 +9,6 @@ it shows comes from :mod:`simulator.failures`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from simulator.failures import (
 )
 from simulator.jobs import JobModel
 from simulator.picking import Qualifying
-from simulator.world import AGENT_SOURCE, OPERATOR_SOURCE, SimNode
+from simulator.world import AGENT_SOURCE, OPERATOR_SOURCE, Attempt, SimNode
 
 
 class FailureProcesses(JobModel):
@@ -264,23 +263,23 @@ class FailureProcesses(JobModel):
             self.fitness_changed(node)
             self._refactor(node)
 
-    def _slowest(self, node_ids: Sequence[str], members: frozenset[str] | None = None
-                 ) -> float:
-        """The pace of a gang: its slowest straggler's ratio (1.0: none straggles), read from
-        whichever is smaller, the gang or the stragglers (``members``: the gang as a set)."""
+    def _slowest(self, att: Attempt) -> float:
+        """The pace of an attempt's gang: its slowest straggler's ratio (1.0: none
+        straggles), read from whichever is smaller, the gang or the stragglers."""
         stragglers = self.stragglers
         if not stragglers:
             return 1.0
-        if len(stragglers) < len(node_ids):
-            members = frozenset(node_ids) if members is None else members
+        if len(stragglers) < len(att.node_ids):
+            members = att.members
             return min((r for n, r in stragglers.items() if n in members), default=1.0)
-        return min((r for r in map(stragglers.get, node_ids) if r is not None), default=1.0)
+        return min((r for r in map(stragglers.get, att.node_ids) if r is not None),
+                   default=1.0)
 
     def _refactor(self, node: SimNode) -> None:
         att = node.attempt
         if att is None or att.exited or not att.alive or att.stopped_at is not None:
             return
-        factor = self._slowest(att.node_ids, att.members)
+        factor = self._slowest(att)
         if att.factors and att.factors[-1][1] == factor:
             return
         att.factors.append((float(self.env.now), factor))

@@ -20,6 +20,7 @@ from shared.adapters.outbox_bus import OutboxBus
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
 from tests.harness import FakeCompute, ManualClock, Plane
+from tests.serving import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 PROJECT = "mtc-test"
@@ -58,14 +59,8 @@ def reset_firestore(project: str = PROJECT) -> None:
 def wait_for(
     predicate: Callable[[], Any], timeout_s: float = 20.0, poll_s: float = 0.1, what: str = "condition"
 ) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(poll_s)
+    """``tests.serving.wait_until`` in this module's argument order."""
+    return wait_until(what, predicate, timeout_s, interval_s=poll_s)
 
 
 class SafeCompute(FakeCompute):

@@ -2,13 +2,15 @@
 
 A restart of a 2,048-node job asks twice (checkpoint_resume for its evidence, scheduling for
 the nodes the job may keep) which of its nodes have something against them. The answer is
-almost always a handful, so it comes from an index bucket and set operations, never from a
-read of every node or a Python pass over every rank.
+almost always a handful, so it comes from an index bucket and one pass in C over the ranks,
+never from a read of every node or a Python loop over every rank.
 """
 
 from __future__ import annotations
 
-from shared.domain import lifecycle, ranks
+import itertools
+
+from shared.domain import lifecycle
 from shared.domain.adopted import adopted
 from shared.domain.model import Job
 from shared.ports import UnitOfWork
@@ -30,7 +32,6 @@ def unsound(job: Job, uow: UnitOfWork) -> list[str]:
     order (the node document's derived ``sound_for`` field, one index bucket): the only ones
     a restart reads."""
     fine = uow.nodes.ids(job.cluster_id, sound_for=job.job_id)
-    fine.add("")  # a hole holds no node
-    if fine.issuperset(job.node_ids):
-        return []
-    return ranks.in_rank_order(ranks.members(job.node_ids) - fine, job.node_ids)
+    # one pass in C over the ranks, in rank order, building no set of 2,048 ids (the
+    # members' set and a difference cost three times as much); holes are left out after
+    return [n for n in itertools.filterfalse(fine.__contains__, job.node_ids) if n]

@@ -156,7 +156,7 @@ def _assign(job: JobRequest, free: dict[str, NodeSlot]) -> tuple[str, ...] | Non
     # (only the eligible nodes' places: a 2,048-node job's previous list is long, and the
     # nodes free for its holes are few; its nodes are unique, so the first place is the one)
     previous = job.previous_node_ids
-    was_here = eligible.keys() & set(previous)
+    was_here = set(eligible).intersection(previous)  # the few free ones, not a set of all
     previous_order = {node_id: previous.index(node_id) for node_id in was_here}
 
     def preference(node: NodeSlot) -> tuple[int, int, str]:

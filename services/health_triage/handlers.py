@@ -58,9 +58,8 @@ def on_health_reported(event: NodeHealthReported, uow: UnitOfWork, deps: Deps
         # aged by when it was OBSERVED, whatever carried it: an agent's spool can send a
         # report hours late through a transport that stamps its own time (the API)
         return Outcome.STALE
-    parse = Condition.from_dict
-    conditions = tuple([parse(c) for c in event.conditions])  # (a list: no generator frame)
-    report = HealthReport(event.node_id, event.observed_at, conditions, event.source)
+    report = HealthReport(event.node_id, event.observed_at,
+                          Condition.parse_all(event.conditions), event.source)
     return None if assess(node, report, uow, deps) else Outcome.UNCHANGED
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from shared.domain.errors import ValidationError
 from shared.domain.validation import require_number, require_str
@@ -92,16 +93,20 @@ class RepairAction(enum.StrEnum):
         return self not in (RepairAction.NONE, RepairAction.RESTART_JOB)
 
 
-_new = object.__new__
+_tuple_new = tuple.__new__
+_NO_DETAILS: Mapping[str, Any] = MappingProxyType({})  # shared: details are never written
 
 
-@dataclass(frozen=True)
-class Condition:
+class Condition(NamedTuple):
+    """One check's state in a report (node-problem-detector's condition). Immutable, and a
+    NamedTuple rather than a frozen dataclass: a report carries a dozen and an agent reports
+    every few minutes, so building one is most of what parsing a report costs."""
+
     type: str
     status: ConditionStatus
     reason: str
     since: float  # epoch seconds when the status last changed (or was first seen)
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any] = _NO_DETAILS
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +118,28 @@ class Condition:
         }
 
     @classmethod
+    def parse_all(cls, raw: Iterable[Mapping[str, Any]]) -> tuple[Condition, ...]:
+        """A report's conditions. The well-formed ones (every agent report: a dozen each,
+        thousands a run) are built here after a few type checks, in one loop; anything else
+        goes to :meth:`from_dict`, whose validators name the bad field."""
+        out = []
+        statuses, new, finite = _STATUSES, _tuple_new, math.isfinite
+        for data in raw:
+            if type(data) is dict:
+                get = data.get
+                ctype, since, details = get("type"), get("since"), get("details")
+                parsed = statuses.get(get("status"))  # type: ignore[arg-type]
+                reason = get("reason", "")
+                if parsed is not None and type(ctype) is str and ctype \
+                        and type(since) is float and finite(since) and type(reason) is str \
+                        and (details is None or type(details) is dict):
+                    out.append(new(cls, (ctype, parsed, reason, since,
+                                         dict(details) if details else _NO_DETAILS)))
+                    continue
+            out.append(cls.from_dict(data))
+        return tuple(out)
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Condition:
         # a well-formed condition (every agent report, thousands a run) is built after a few
         # type checks; anything else takes the validators below, which name the bad field
@@ -121,13 +148,8 @@ class Condition:
             parsed = _STATUSES.get(data.get("status"))  # type: ignore[arg-type]
             if parsed is not None and type(ctype) is str and ctype and type(since) is float \
                     and math.isfinite(since) and (details is None or type(details) is dict):
-                # the fields set as the frozen __init__ sets them, one by one through
-                # object.__setattr__, but at once (a third of the cost; 12 a report)
-                made = _new(cls)
-                made.__dict__.update(type=ctype, status=parsed,
-                                     reason=str(data.get("reason", "")), since=since,
-                                     details=dict(details or {}))
-                return made
+                return _tuple_new(cls, (ctype, parsed, str(data.get("reason", "")), since,
+                                        dict(details) if details else _NO_DETAILS))
         status = require_str(data, "status")
         try:
             parsed_status = ConditionStatus(status.lower())
@@ -141,7 +163,7 @@ class Condition:
             status=parsed_status,
             reason=str(data.get("reason", "")),
             since=require_number(data, "since"),
-            details=dict(details),
+            details=dict(details) if details else _NO_DETAILS,
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from shared.domain.health import Condition, ConditionType, HealthReport
 from shared.probes import dcgm, disk, nvidia_smi, speed
@@ -42,7 +42,7 @@ class SinceTracker:
         for cond in conditions:
             previous = self._seen.get(cond.type)
             if previous is not None and previous.status == cond.status:
-                cond = replace(cond, since=previous.since)
+                cond = cond._replace(since=previous.since)
             self._seen[cond.type] = cond
             out.append(cond)
         return tuple(out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import functools
 from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, NamedTuple, Protocol
@@ -34,8 +35,9 @@ class NodeRepo(Protocol):
     def get(self, node_id: str) -> Node | None: ...
     def add(self, node: Node) -> None: ...
     def list(self, cluster_id: str, **equals: Any) -> list[Node]: ...
-    def ids(self, cluster_id: str, **equals: Any) -> set[str]:
-        """The ids ``list`` would return, without reading the nodes (keys only)."""
+    def ids(self, cluster_id: str, **equals: Any) -> AbstractSet[str]:
+        """The ids ``list`` would return, without reading the nodes (keys only); read-only,
+        and valid while the unit of work lasts."""
         ...
     def project(self, cluster_id: str, fields: tuple[str, ...], **equals: Any
                 ) -> builtins.list[tuple[Any, ...]]:

@@ -12,6 +12,7 @@ import json
 import operator
 import weakref
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar
 
 from shared.adapters.outbox import OUTBOX, envelope_to_doc, make_envelope
@@ -52,7 +53,7 @@ class _Repo:
     def _list(self, equals: dict[str, Any]) -> list[Any]:
         return self._uow._query(self._collection, equals, self._load)
 
-    def _ids(self, equals: dict[str, Any]) -> set[str]:
+    def _ids(self, equals: dict[str, Any]) -> AbstractSet[str]:
         return self._uow._query_ids(self._collection, equals)
 
     def _project(self, equals: dict[str, Any], fields: tuple[str, ...]) -> list[tuple[Any, ...]]:
@@ -74,9 +75,10 @@ class NodeRepository(_Repo):
     def list(self, cluster_id: str, **equals: Any) -> list[Node]:
         return self._list({"cluster_id": cluster_id, **equals})
 
-    def ids(self, cluster_id: str, **equals: Any) -> set[str]:
-        """The ids ``list`` would return, without reading the nodes (a keys-only query):
-        a restart asks which of a job's 2,048 nodes are sound, and loads only the others."""
+    def ids(self, cluster_id: str, **equals: Any) -> AbstractSet[str]:
+        """The ids ``list`` would return, without reading the nodes (a keys-only query), to
+        read within the unit of work: a restart asks which of a job's 2,048 nodes are
+        sound, and loads only the others."""
         return self._ids({"cluster_id": cluster_id, **equals})
 
     def project(self, cluster_id: str, fields: tuple[str, ...], **equals: Any
@@ -226,24 +228,28 @@ class DocUnitOfWork:
                 out.append(entity)
         return out
 
-    def _query_ids(self, collection: str, equals: dict[str, Any]) -> set[str]:
+    def _query_ids(self, collection: str, equals: dict[str, Any]) -> AbstractSet[str]:
         plain = {k: _enum_plain(v) for k, v in equals.items()}
         txn = self._require_txn()
         keys_only = getattr(txn, "ids", None)
+        found: AbstractSet[str]
         if keys_only is not None:
-            found: set[str] = keys_only(collection, plain)  # a set of our own
+            found = keys_only(collection, plain)  # read-only: maybe the store's index
         else:  # a store without keys-only queries: read the documents
             found = set(map(_DOC_KEYS[collection], txn.query(collection, plain)))
         # what this transaction changed answers from its entities, not the stored documents
+        # (copied only when one of them changes the answer)
+        added, dropped = set(), set()
         for (coll, doc_id), (entity, _) in self._tracked.items():
             if coll != collection:
                 continue
             doc = entity.to_dict()
             if all(doc.get(k) == v for k, v in plain.items()):
-                found.add(doc_id)
-            else:
-                found.discard(doc_id)
-        return found
+                if doc_id not in found:
+                    added.add(doc_id)
+            elif doc_id in found:
+                dropped.add(doc_id)
+        return (found | added) - dropped if added or dropped else found
 
     def _project(self, collection: str, equals: dict[str, Any], fields: tuple[str, ...]
                  ) -> list[tuple[Any, ...]]:

@@ -85,6 +85,23 @@ def test_the_transactions_own_changes_answer_before_the_stored_documents(store: 
             "n1", "n2", "n3"]
 
 
+def test_a_transactions_own_changes_do_not_leak_into_the_stores_answers(store: Any) -> None:
+    """``ids`` may hand out an index's own bucket (read-only): the changes a transaction
+    makes to its answer are its own, and one rolled back leaves every later answer as it was."""
+    add(store, node("n1"), node("n2"), node("n3", NodeState.ALLOCATED, "j1"))
+    with DocUnitOfWork(store) as uow:
+        assert uow.nodes.ids("c1", state=NodeState.IDLE) == {"n1", "n2"}  # (builds the index)
+    with DocUnitOfWork(store) as uow:  # n1 leaves the idle set, n4 joins it; never committed
+        n1 = uow.nodes.get("n1")
+        assert n1 is not None
+        n1.transition(NodeState.ALLOCATED, T + 1)
+        uow.nodes.add(node("n4"))
+        assert uow.nodes.ids("c1", state=NodeState.IDLE) == {"n2", "n4"}
+    with DocUnitOfWork(store) as uow:
+        assert uow.nodes.ids("c1", state=NodeState.IDLE) == {"n1", "n2"}
+        assert uow.nodes.ids("c1", job_id="j1") == {"n3"}
+
+
 def test_a_condition_that_ends_a_job_makes_a_node_unsound(store: Any) -> None:
     sick, slow = node("n1", NodeState.ALLOCATED, "j1"), node("n2", NodeState.ALLOCATED, "j1")
     sick.conditions["XidError"] = NodeCondition("true", "xid 79", T, T)

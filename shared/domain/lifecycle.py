@@ -77,6 +77,7 @@ def stale_report(node: Node, observed_at: float) -> bool:
 
 
 _TRUE = ConditionStatus.TRUE.value
+_tuple_new = tuple.__new__
 
 
 def observe(node: Node, report: HealthReport) -> bool:
@@ -88,22 +89,24 @@ def observe(node: Node, report: HealthReport) -> bool:
     changed = False
     at = report.observed_at
     held = node.conditions
-    for cond in report.conditions:
-        ctype = cond.type
+    # (conditions unpacked, and tuple.__new__ for the NodeConditions: a NamedTuple's own
+    # __new__ is a Python function, and a report folds a dozen)
+    for ctype, cstatus, reason, since, _ in report.conditions:
         prev = held.get(ctype)
-        status = cond.status._value_
+        status = cstatus._value_
         if prev is None:
             changed = True
-            held[ctype] = NodeCondition(status, cond.reason, cond.since, at)
+            held[ctype] = _tuple_new(NodeCondition, (status, reason, since, at))
             continue
+        held_status, held_reason, held_since, last_seen = prev
         if ctype in OPERATOR_CONDITIONS and report.source != OPERATOR_SOURCE \
-                and prev.status == _TRUE and status != prev.status:
+                and held_status == _TRUE and status != held_status:
             continue  # an operator's drain is lifted by an operator, never by an agent
-        if prev.status != status or prev.reason != cond.reason or prev.since != cond.since:
+        if held_status != status or held_reason != reason or held_since != since:
             changed = True
-            held[ctype] = NodeCondition(status, cond.reason, cond.since, at)
-        elif at > prev.last_seen:
-            held[ctype] = NodeCondition(status, prev.reason, prev.since, at)
+            held[ctype] = _tuple_new(NodeCondition, (status, reason, since, at))
+        elif at > last_seen:
+            held[ctype] = _tuple_new(NodeCondition, (status, held_reason, held_since, at))
     if report.source not in REMOTE_SOURCES and report.condition(HEARTBEAT) is None:
         lost = node.conditions.get(HEARTBEAT)
         if lost is not None and lost.status == ConditionStatus.TRUE.value:

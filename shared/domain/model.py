@@ -226,8 +226,12 @@ class Node:
     @property
     def sound(self) -> bool:
         """Takes work, no fault, no condition that ends a job; stored and indexed (restarts)."""
-        return self.state in TAKES_WORK and not self.fault and not any(
-            c.status == _TRUE and t not in NON_FATAL_CONDITIONS for t, c in self.conditions.items())
+        if self.state not in TAKES_WORK or self.fault:
+            return False
+        for ctype, cond in self.conditions.items():  # (a loop: every encoding asks, 12 each)
+            if cond[0] == _TRUE and ctype not in NON_FATAL_CONDITIONS:
+                return False
+        return True
 
     def to_dict(self) -> dict[str, Any]:
         # the fields as they are (plain values, or immutable: the conditions are shared), then

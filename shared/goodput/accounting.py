@@ -223,6 +223,8 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
     ckpt_times = [c[0] for c in ckpts]
     best_step = list(itertools.accumulate((c[1] for c in ckpts), max))  # newest by then
     ordered = sorted(attempts.values(), key=lambda a: a.start)
+    if len(reports.by_node) > 4 * p.nodes:  # one job of many: only its own nodes' reports
+        reports = reports.of(set(itertools.chain.from_iterable(a.node_ids for a in ordered)))
     jg.attempts = len(ordered)
     add = jg.badput
 
@@ -382,6 +384,15 @@ class _Reports:
         self.by_node: dict[str, list[Report]] = defaultdict(list)
         for found in self.all:  # each node's in the same order
             self.by_node[found[1]].append(found)
+
+    def of(self, node_ids: Iterable[str]) -> _Reports:
+        """The reports of ``node_ids`` alone, in the same order: a 128-node job of a
+        131,072-GPU fleet finds each attempt's reports in its own few, not in the fleet's
+        window (thousands) or by a lookup per member (128 an attempt, 22,000 attempts)."""
+        view = _Reports([])
+        view.by_node.update((n, self.by_node[n]) for n in node_ids if n in self.by_node)
+        view.all = sorted(itertools.chain.from_iterable(view.by_node.values()))
+        return view
 
     def first(self, att: _Attempt, horizon: float,
               diagnoses: Mapping[str, list[tuple[float, str]]]) -> Report | None:

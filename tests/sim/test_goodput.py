@@ -98,3 +98,22 @@ def test_confidence_intervals() -> None:
     mean, half, sd = mean_ci([1.0, 2.0, 3.0, 4.0])
     assert mean == 2.5 and sd == pytest.approx(1.29099, rel=1e-4)
     assert half == pytest.approx(3.182 * sd / 2, rel=2e-3)
+
+
+def test_other_nodes_reports_change_nothing_however_many_report() -> None:
+    """A job of a large fleet looks for its attempts' faults among its own nodes' reports
+    (``_Reports.of``): faults of nodes it never held, in and around its attempts' windows,
+    and as many of them as a 131,072-GPU fleet sends, leave its accounting as it was."""
+    alone = account(LOG, params={"j": P}, start=0, end=1000, fleet_gpus=32, gpus_per_node=8)
+    others = [row("node.health_reported", t, node_id=f"x{i}", observed_at=t, source="agent",
+                  conditions=[{"type": "XidError", "status": "true", "reason": "Xid 79",
+                               "since": t - 1, "details": {"cause": "faulty_gpu"}}])
+              for i in range(40) for t in (15.0 + i, 450.0 + i, 600.0 + i)]
+    others += [row("node.diagnosed", t, node_id=f"x{i}", observed_at=t - 1,
+                   failure_mode="gpu_fell_off_bus", severity="critical", action="reboot")
+               for i in range(40) for t in (16.0 + i, 451.0 + i, 601.0 + i)]
+    crowded = account(sorted(LOG + others, key=lambda r: r["time"]), params={"j": P}, start=0,
+                      end=1000, fleet_gpus=32, gpus_per_node=8)
+    assert crowded.jobs["j"].badput == alone.jobs["j"].badput
+    assert crowded.jobs["j"].productive_s == alone.jobs["j"].productive_s
+    assert crowded.jobs["j"].disruptions == alone.jobs["j"].disruptions

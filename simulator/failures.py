@@ -88,7 +88,7 @@ class Signal:
 
     @property
     def empty(self) -> bool:
-        return self == Signal()
+        return self == _NOTHING_SEEN  # (a constant: not a new Signal per question)
 
     @property
     def node_down(self) -> bool:
@@ -118,6 +118,9 @@ class Signal:
         if self.thermal_c:
             return "thermal"
         return "speed"
+
+
+_NOTHING_SEEN = Signal()  # the signal of a fault that no check sees
 
 
 def fault_conditions(signal: Signal, fault_at: float, observed_at: float,

@@ -60,6 +60,8 @@ def fill_holes(node_ids: Sequence[str], placed: Iterable[str]) -> tuple[str, ...
         except ValueError:
             raise ValueError(f"more placed nodes than holes: {node_id!r} has no rank") from None
         out[at] = node_id
-    if "" in out:
-        raise ValueError(f"{out.count('')} ranks left without a node")
-    return tuple(out)
+    try:  # the holes before ``at`` were filled in order: only the ranks after it can hold one
+        out.index("", at)
+    except ValueError:
+        return tuple(out)
+    raise ValueError(f"{out.count('')} ranks left without a node")

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from shared.domain.errors import ValidationError
@@ -94,7 +93,36 @@ class RepairAction(enum.StrEnum):
 
 
 _tuple_new = tuple.__new__
-_NO_DETAILS: Mapping[str, Any] = MappingProxyType({})  # shared: details are never written
+
+
+class _NoDetails(Mapping[str, Any]):
+    """The details of a condition that has none: one shared, immutable, empty mapping (a
+    report carries a dozen such conditions), which pickles and copies as itself (a
+    ``MappingProxyType`` does neither)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __reduce__(self) -> tuple[Callable[[], _NoDetails], tuple[()]]:
+        return _no_details, ()
+
+    def __repr__(self) -> str:
+        return "{}"
+
+
+def _no_details() -> _NoDetails:
+    return _NO_DETAILS
+
+
+_NO_DETAILS = _NoDetails()
 
 
 class Condition(NamedTuple):

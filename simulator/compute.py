@@ -52,7 +52,7 @@ from simulator.failures import (
 from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.picking import Qualifying
 from simulator.scenario_types import Scenario
-from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode
+from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode, regang
 
 MAX_STARTS_AT_ONE_INSTANT = 1000  # attempts of one job at one simulated time: a livelock
 
@@ -295,7 +295,7 @@ class SimCompute(FailureProcesses):
         restore = cfg.checkpoint_restore_s if resume else 0.0
         old = job.attempt
         att = Attempt(job, gang.attempt, node_ids, now, now + startup + restore,
-                      max(job.ckpt_step, 0), frozenset(node_ids))
+                      max(job.ckpt_step, 0))
         job.attempt = att
         job.truth.attempts += 1
         broken = self._seat(job, old, att, now)
@@ -325,12 +325,12 @@ class SimCompute(FailureProcesses):
         that joined, left, were taken by another job, are unfit or were not seated at the
         last start (set operations over the gang, in C) are looked at, in rank order, as a
         full pass over every rank would (a 2,048-node gang, 500 restarts a run)."""
-        members = att.members
+        joined, left = regang(job, old, att, self.RESEAT_ALL_OVER)
+        members = job.gang  # now the new attempt's
         if old is None or (old.alive and not old.exited):
             special = None  # the first start, or the old attempt still runs: every rank
         else:
             # a member missing now was missing then: nodes are only ever added to the fleet
-            joined = members - old.members
             special = joined | (members & job.lost) | (members & self.unfit) | (
                 members & old.unseated)
             if len(special) > self.RESEAT_ALL_OVER:
@@ -367,7 +367,7 @@ class SimCompute(FailureProcesses):
             att.unseated = frozenset(unseated)
         job.lost.clear()
         if old is not None:
-            for nid in old.members - members:  # left the gang
+            for nid in left:
                 node = get(nid)
                 if node is not None and node.seat is job:
                     self._unseat(node, old)

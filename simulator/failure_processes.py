@@ -270,7 +270,8 @@ class FailureProcesses(JobModel):
         if not stragglers:
             return 1.0
         if len(stragglers) < len(att.node_ids):
-            members = att.members
+            job = att.job  # (the latest attempt's nodes are its job's gang: no set to build)
+            members = job.gang if att is job.attempt else att.members
             return min((r for n, r in stragglers.items() if n in members), default=1.0)
         return min((r for r in map(stragglers.get, att.node_ids) if r is not None),
                    default=1.0)

@@ -84,6 +84,10 @@ class SimJob:
     truth: JobTruth = field(default_factory=JobTruth)
     # nodes of its latest attempt that another job's attempt has taken since (their seat)
     lost: set[str] = field(default_factory=set)
+    # the nodes of its latest attempt, kept up to date from restart to restart by the ranks
+    # that changed (a 2,048-node gang keeps all but a few): what the attempt's ``members``
+    # would be, without building a set of 2,048 and two differences per restart
+    gang: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -94,7 +98,6 @@ class Attempt:
     start: float
     ready: float
     base_step: int  # steps already in the checkpoint it resumed from (0 from scratch)
-    members: frozenset[str] = frozenset()  # node_ids as a set: the next restart's difference
     # members it was not seated on (missing, deleted or down when it started)
     unseated: frozenset[str] = frozenset()
     alive: bool = True
@@ -106,3 +109,62 @@ class Attempt:
     work_at_ckpt: float = 0.0  # nominal work in the counted checkpoints
     plain_at_ckpt: float = 0.0  # the same without straggler slowdown
     cause: str = ""
+    _members: frozenset[str] | None = None
+
+    @property
+    def members(self) -> frozenset[str]:
+        """``node_ids`` as a set, built when first asked (its job's ``gang`` answers for the
+        latest attempt)."""
+        if self._members is None:
+            self._members = frozenset(self.node_ids)
+        return self._members
+
+
+CHANGED_RANKS_SCAN = 16  # ranges this short are compared rank by rank
+
+
+def changed_ranks(old: tuple[str, ...], new: tuple[str, ...], limit: int) -> list[int] | None:
+    """The ranks at which two gangs of one size hold different nodes, in order; None when
+    more than ``limit`` did. Halves of the range are compared as slices (in C, and a node
+    kept is the same string object: compared by identity), and only a half that differs is
+    split again: a few changes in 2,048 ranks cost a few passes over them, not 2,048 steps."""
+    out: list[int] = []
+    todo = [(0, len(old))]
+    while todo:
+        lo, hi = todo.pop()
+        if old[lo:hi] == new[lo:hi]:
+            continue
+        if hi - lo <= CHANGED_RANKS_SCAN:
+            out.extend(i for i in range(lo, hi) if old[i] != new[i])
+            if len(out) > limit:
+                return None
+            continue
+        mid = (lo + hi) // 2
+        todo.append((mid, hi))
+        todo.append((lo, mid))  # (popped first: the ranks come out in order)
+    return out
+
+
+def regang(job: SimJob, old: Attempt | None, att: Attempt, limit: int
+           ) -> tuple[set[str], set[str]]:
+    """Bring ``job.gang`` from ``old``'s nodes to ``att``'s; returns (joined, left). A restart
+    that keeps its ranks changes a few of them: only those are looked at (more than
+    ``limit``, or a gang of another size: the sets)."""
+    changed: list[int] | None = None
+    if old is not None:
+        if old.node_ids is att.node_ids:
+            changed = []
+        elif len(old.node_ids) == len(att.node_ids):
+            changed = changed_ranks(old.node_ids, att.node_ids, limit)
+    if old is None or changed is None:  # the first start, a new size, or many changes
+        gang = set(att.node_ids)
+        before = job.gang if old is not None else set()
+        job.gang = gang
+        return gang - before, before - gang
+    # the ranks kept hold the same nodes, so a node that moved rank is in both of these
+    was = {old.node_ids[i] for i in changed}
+    now = {att.node_ids[i] for i in changed}
+    joined, left = now - was, was - now
+    job.gang -= left
+    job.gang |= joined
+    return joined, left

@@ -13,7 +13,7 @@ from simulator import twin
 from simulator.compute import SimCompute
 from simulator.failures import Cause, Fault, Signal
 from simulator.scenario import load_scenario
-from simulator.world import Attempt, SimJob, SimNode
+from simulator.world import Attempt, SimJob, SimNode, changed_ranks
 
 NODES = [f"n{i}" for i in range(12)]
 JOBS = ["a", "b", "c"]
@@ -98,7 +98,7 @@ def test_seats_match_a_pass_over_every_rank(reseat_all_over: int,
             job = jobs[step[1]]
             numbers[job.job_id] += 1
             ids = tuple(step[2])
-            att = Attempt(job, numbers[job.job_id], ids, 0.0, 0.0, 0, frozenset(ids))
+            att = Attempt(job, numbers[job.job_id], ids, 0.0, 0.0, 0)
             want_broken, want_kills = ref.seat(compute, att)
             old, job.attempt = job.attempt, att
             del killed[:]
@@ -119,8 +119,25 @@ def test_seats_match_a_pass_over_every_rank(reseat_all_over: int,
             else:
                 node.deleted, node.up = True, False
             compute.fitness_changed(node)
+        for job in jobs.values():  # the gang kept up to date is the latest attempt's nodes
+            assert job.gang == (set(job.attempt.node_ids) if job.attempt else set())
         for nid, node in compute.nodes.items():
             mine, theirs = node.attempt, ref.attempt.get(nid)
             assert mine is theirs or (_none(mine) and _none(theirs)), nid
         assert compute.unfit == {nid for nid, n in compute.nodes.items() if n.deleted or not n.up
                                  or (n.fault is not None and n.fault.signal.blocks_launch)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(0, 300), changes=st.lists(st.integers(0, 299), max_size=12),
+       limit=st.integers(0, 16))
+def test_changed_ranks_are_the_ranks_that_differ(size: int, changes: list[int],
+                                                 limit: int) -> None:
+    old = tuple(f"n{i}" for i in range(size))
+    new = list(old)
+    for i in changes:
+        if i < size:
+            new[i] = f"m{i}"
+    want = [i for i in range(size) if old[i] != new[i]]
+    got = changed_ranks(old, tuple(new), limit)
+    assert got == (want if len(want) <= limit else None)

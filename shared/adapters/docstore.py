@@ -124,6 +124,10 @@ _DOC_KEYS: dict[str, Callable[[dict[str, Any]], str]] = {
     JOBS: operator.itemgetter("job_id"), PARTITIONS: _partition_doc_key}
 
 
+def _outside(collection: str, doc_id: str) -> dict[str, Any] | None:
+    raise RuntimeError("unit of work used outside 'with'")
+
+
 def _enum_plain(value: Any) -> Any:
     return getattr(value, "value", value)
 
@@ -152,6 +156,7 @@ class DocUnitOfWork:
         # entity's own encoding as it was loaded, or every read would look like a change
         # and write the document back
         self._keeps_values = False
+        self._read: Callable[[str, str], dict[str, Any] | None] = _outside
         self._tracked: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}
         self._processed: list[tuple[str, float]] = []
         self._processed_ids: dict[str, str] = {}  # key -> its document id (hashed once)
@@ -165,6 +170,9 @@ class DocUnitOfWork:
     def __enter__(self) -> DocUnitOfWork:
         self._txn = self._store.begin()
         self._keeps_values = bool(getattr(self._txn, "keeps_values", False))
+        # a store that can hand a document over uncopied (the memory store's ``peek``) does:
+        # decoding only reads it, and an entity's writes are new documents put at commit
+        self._read = getattr(self._txn, "peek", None) or self._txn.get
         self._tracked.clear()
         self._processed.clear()
         self._processed_ids.clear()
@@ -192,7 +200,8 @@ class DocUnitOfWork:
         key = (collection, doc_id)
         if key in self._tracked:
             return self._tracked[key][0]
-        doc = self._require_txn().get(collection, doc_id)
+        self._require_txn()
+        doc = self._read(collection, doc_id)
         if doc is None:
             return None
         entity = load(doc)

@@ -76,6 +76,16 @@ class MemoryTransaction:
         doc = self._store.data[collection].get(doc_id)
         return None if doc is None else dict(doc)
 
+    def peek(self, collection: str, doc_id: str) -> dict[str, Any] | None:
+        """``get`` without the copy, for a reader that never changes what it is given (the
+        unit of work decoding an entity: its writes are new documents, put at commit)."""
+        pending = self._writes.get((collection, doc_id))
+        if pending is _DELETED:
+            return None
+        if pending is not None:
+            return pending  # type: ignore[no-any-return]
+        return self._store.data[collection].get(doc_id)
+
     def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
         return [dict(d) for _, d in self._store.matching(collection, equals)]
 

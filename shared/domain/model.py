@@ -36,6 +36,9 @@ class ClusterState(enum.StrEnum):
     FAILED = "FAILED"
 
 
+_CLUSTER_STATES = dict(ClusterState._value2member_map_)  # value -> member, no Enum call
+
+
 CS = ClusterState
 CLUSTER_TRANSITIONS: TransitionTable[ClusterState] = TransitionTable(
     "cluster",
@@ -82,7 +85,7 @@ class Cluster:
         return cls(
             cluster_id=d["cluster_id"],
             spec=_cluster_spec(d["cluster_id"], d["spec"]),
-            state=ClusterState(d["state"]),
+            state=_CLUSTER_STATES.get(d["state"]) or ClusterState(d["state"]),
             created_at=d["created_at"],
             updated_at=d["updated_at"],
             generation=d.get("generation", 1),
@@ -252,11 +255,18 @@ class Node:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Node:
-        state = {**_NODE_DEFAULTS, **d}
-        state.pop("sound", None)
-        state.pop("sound_for", None)
-        if state.keys() != _NODE_FIELDS:
-            return cls._from_partial(d)  # a required field missing, or a field we do not know
+        node = _new(cls)
+        state = node.__dict__
+        if d.keys() == _NODE_ENCODED:  # what to_dict writes: the fields, then the derived two
+            state.update(d)  # (one copy: a node is decoded several times per event)
+            del state["sound"], state["sound_for"]
+        else:  # an older or a partial document: over the defaults
+            state.update(_NODE_DEFAULTS)
+            state.update(d)
+            state.pop("sound", None)
+            state.pop("sound_for", None)
+            if state.keys() != _NODE_FIELDS:
+                return cls._from_partial(d)  # a required field missing, or one we do not know
         state["role"] = _NODE_ROLES[state["role"]]
         state["state"] = _NODE_STATES[state["state"]]
         action = state["repair_action"]
@@ -265,8 +275,6 @@ class Node:
         state["history"] = [FailureRecord(h[0], h[1], _ACTIONS[h[2]]) for h in history] \
             if history else []
         state["conditions"] = _conditions(state["conditions"])
-        node = _new(cls)
-        node.__dict__.update(state)
         return node
 
     @classmethod
@@ -281,6 +289,7 @@ class Node:
 
 _new = object.__new__
 _NODE_FIELDS = frozenset(f.name for f in fields(Node))
+_NODE_ENCODED = _NODE_FIELDS | {"sound", "sound_for"}  # the keys of Node.to_dict's document
 # what an older document lacks: the field's default (history and conditions: empty, rebuilt;
 # a node without accelerators may omit them)
 _NODE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Node)
@@ -303,6 +312,9 @@ class JobState(enum.StrEnum):
     FAILED = "JOB_STATE_FAILED"
     CANCELLING = "JOB_STATE_CANCELLING"
     CANCELLED = "JOB_STATE_CANCELLED"
+
+
+_JOB_STATES = dict(JobState._value2member_map_)  # value -> member, no Enum call
 
 
 JS = JobState
@@ -419,7 +431,7 @@ class Job:
             job_id=d["job_id"],
             cluster_id=d["cluster_id"],
             spec=_job_spec(d["job_id"], d["spec"]),
-            state=JobState(d["state"]),
+            state=_JOB_STATES.get(d["state"]) or JobState(d["state"]),
             created_at=d["created_at"],
             updated_at=d["updated_at"],
             priority=d.get("priority", 0),

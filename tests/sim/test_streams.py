@@ -1,0 +1,31 @@
+"""The twin's keyed streams seed PCG64 with numpy's own bits: the state the twin computes
+for it is numpy SeedSequence's, word for word, and the draws that follow are the same."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.failures import _SeedSequence
+
+words = st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(entropy=words)
+def test_the_state_is_numpys(entropy: list[int]) -> None:
+    mine, numpys = _SeedSequence(np.array(entropy, dtype=np.uint32)), np.random.SeedSequence(
+        np.array(entropy, dtype=np.uint32))
+    assert mine.generate_state(4, np.uint64).tolist() == numpys.generate_state(
+        4, np.uint64).tolist()
+    draws = np.random.Generator(np.random.PCG64(mine)).random(4)
+    assert draws.tolist() == np.random.Generator(np.random.PCG64(numpys)).random(4).tolist()
+
+
+@given(entropy=words, n_words=st.integers(1, 9))
+def test_any_other_request_is_numpys_own(entropy: list[int], n_words: int) -> None:
+    mine, numpys = _SeedSequence(entropy), np.random.SeedSequence(entropy)
+    for dtype in (np.uint32, np.uint64):
+        assert mine.generate_state(n_words, dtype).tolist() == numpys.generate_state(
+            n_words, dtype).tolist()

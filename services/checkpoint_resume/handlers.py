@@ -159,7 +159,8 @@ def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps) -> None:
     _release(ranks.in_rank_order(gone, job.node_ids), job.job_id, uow, deps)
     job.transition(JobState.PENDING, deps.clock.now())
     job.restart_count += 1
-    job.previous_node_ids = tuple(filter(None, job.node_ids))
+    held = job.node_ids  # a running job has no holes: the same tuple (tuple() copies no tuple)
+    job.previous_node_ids = tuple(filter(None, held)) if "" in held else tuple(held)
     job.node_ids = ranks.with_holes(job.node_ids, gone)
     job.interrupt_requested_at = None
     job.interrupt_reason = ""

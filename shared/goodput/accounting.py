@@ -47,11 +47,12 @@ import itertools
 import math
 import re
 from collections import defaultdict
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shared.domain import exits
+from shared.goodput.fault_index import Drains, Reports
 from shared.goodput.totals import (
     PROGRAM,
     SCHEDULING,
@@ -155,7 +156,7 @@ def account(rows: Iterable[Mapping[str, Any]], *, params: Mapping[str, JobParams
             drains[data["job_id"]].append((float(row["time"]), data.get("reason", "")))
         elif "job_id" in data and data["job_id"] in params:
             per_job[data["job_id"]].append(row)
-    indexed = _Reports(reports)
+    indexed = Reports(reports)
     for found in diagnoses.values():
         found.sort()
     jobs = {job_id: _account_job(job_id, p, per_job.get(job_id, []), indexed, diagnoses,
@@ -177,7 +178,7 @@ def account(rows: Iterable[Mapping[str, Any]], *, params: Mapping[str, JobParams
 
 
 def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
-                 reports: _Reports,
+                 reports: Reports,
                  diagnoses: Mapping[str, list[tuple[float, str]]],
                  drains: list[tuple[float, str]], start: float, end: float) -> JobGoodput:
     jg = JobGoodput(job_id, p, start=start, end=end)
@@ -223,6 +224,7 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
     ckpt_times = [c[0] for c in ckpts]
     best_step = list(itertools.accumulate((c[1] for c in ckpts), max))  # newest by then
     ordered = sorted(attempts.values(), key=lambda a: a.start)
+    job_drains = Drains(drains)
     if len(reports.by_node) > 4 * p.nodes:  # one job of many: only its own nodes' reports
         reports = reports.of(set(itertools.chain.from_iterable(a.node_ids for a in ordered)))
     jg.attempts = len(ordered)
@@ -266,7 +268,7 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
                 startup, restore = _measured_startup(p, att.start, mine[0], resume_step, restore)
             ready0 = att.start + startup
             ready = ready0 + restore
-        ev = _evidence(att, p, reports, diagnoses, drains, interrupts.get(att.number, []),
+        ev = _evidence(att, p, reports, diagnoses, job_drains, interrupts.get(att.number, []),
                        stop, jg.end)
         halt = min(ev.at, stop) if ev is not None else stop
         if att.exit_code == 0 and mine:  # the final save is not training
@@ -368,79 +370,9 @@ def _exit_cause(att: _Attempt) -> str:
     return f"exit_code_{att.exit_code}" if att.exit_code is not None else "unknown"
 
 
-NON_FATAL_TYPES = frozenset({"SlowSpeedCheck", "ThermalThrottling", "DiskPressure"})
-
-
-Report = tuple[float, str, str, str]  # (fault time, node, cause, condition type)
-
-
-class _Reports:
-    """The fleet's fault reports, in (time, node, ...) order and by node: an attempt asks
-    for its first report that counts, from whichever is smaller, the reports in its window
-    (a fleet of 128 jobs has many) or its members' own (a 2,048-node job has many members)."""
-
-    def __init__(self, reports: list[Report]) -> None:
-        self.all = sorted(reports)
-        self.by_node: dict[str, list[Report]] = defaultdict(list)
-        for found in self.all:  # each node's in the same order
-            self.by_node[found[1]].append(found)
-
-    def of(self, node_ids: Iterable[str]) -> _Reports:
-        """The reports of ``node_ids`` alone, in the same order: a 128-node job of a
-        131,072-GPU fleet finds each attempt's reports in its own few, not in the fleet's
-        window (thousands) or by a lookup per member (128 an attempt, 22,000 attempts)."""
-        view = _Reports([])
-        view.by_node.update((n, self.by_node[n]) for n in node_ids if n in self.by_node)
-        view.all = sorted(itertools.chain.from_iterable(view.by_node.values()))
-        return view
-
-    def first(self, att: _Attempt, horizon: float,
-              diagnoses: Mapping[str, list[tuple[float, str]]]) -> Report | None:
-        started = att.start
-        lo = bisect.bisect_left(self.all, (started,))
-        hi = bisect.bisect_right(self.all, (horizon, "\U0010ffff"), lo=lo)
-        if 8 * (hi - lo) <= len(att.node_ids):  # (a report scanned costs about 8 members)
-            # a handful of reports: each looked up in the ranks (a scan in C) rather than
-            # building the set of 2,048 members for them
-            members = att.node_ids if hi - lo <= SCAN_RANKS_UP_TO else att.members
-            return _first_counted(itertools.islice(self.all, lo, hi), members, started,
-                                  diagnoses)
-        first: Report | None = None
-        for node_id in att.members & self.by_node.keys():
-            mine = self.by_node[node_id]
-            found = _first_counted(itertools.islice(mine, bisect.bisect_left(mine, (started,)),
-                                                    None), None, started, diagnoses, horizon)
-            if found is not None and (first is None or found < first):
-                first = found
-        return first
-
-
-SCAN_RANKS_UP_TO = 4  # reports in an attempt's window looked up in its ranks, not a set
-
-
-def _first_counted(reports: Iterable[Report], members: Container[str] | None, started: float,
-                   diagnoses: Mapping[str, list[tuple[float, str]]],
-                   horizon: float = math.inf) -> Report | None:
-    """The first of ``reports`` (in order) on a member that ends a job: after the start, not
-    a slow/hot/full warning, and acted on by triage."""
-    for found in reports:
-        since, node_id = found[0], found[1]
-        if since > horizon:
-            return None
-        if (members is not None and node_id not in members) or since <= started:
-            continue  # (a fault at the very instant it started is the previous attempt's)
-        if found[3] in NON_FATAL_TYPES:
-            continue  # slow, hot or full: the job goes on until it is drained (a signal)
-        node_diagnoses = diagnoses.get(node_id, [])
-        if node_diagnoses and not _diagnosed_within(node_diagnoses, since):
-            continue  # triage found nothing to act on (a lone XID 45): the job went on
-        return found
-    return None
-
-
-def _evidence(att: _Attempt, p: JobParams, reports: _Reports,
+def _evidence(att: _Attempt, p: JobParams, reports: Reports,
               diagnoses: Mapping[str, list[tuple[float, str]]],
-              drains: list[tuple[float, str]], interrupts: list[tuple[float, str]],
+              drains: Drains, interrupts: list[tuple[float, str]],
               stop: float, end: float) -> _Evidence | None:
     """When the attempt's progress stopped, and why (None: it never was disrupted)."""
     horizon = min(stop, end)
@@ -451,9 +383,15 @@ def _evidence(att: _Attempt, p: JobParams, reports: _Reports,
         mode = _mode_after(diagnoses.get(node_id, []), since)
         report = (since, cause or mode or ctype, mode)
     signal: tuple[float, str] | None = None  # a drain or an interrupt request: SIGTERM
-    for t, reason in [*interrupts, *drains]:
+    for t, reason in interrupts:
         if att.start <= t <= horizon and (signal is None or t < signal[0]):
             signal = (t, reason)
+    # the job's first drain in the window, from its drains in time order (bisected: a job
+    # with 500 attempts and 400 drains looked at every drain for every attempt)
+    i = bisect.bisect_left(drains.times, att.start)
+    if i < len(drains.times) and drains.times[i] <= horizon \
+            and (signal is None or drains.times[i] < signal[0]):
+        signal = drains.by_time[i]
     tokens = _tokens(att.detail)
     graceful_exit = att.exit_code in (0, 75)
     if graceful_exit:
@@ -479,16 +417,6 @@ def _evidence(att: _Attempt, p: JobParams, reports: _Reports,
     if report is None and "cause" in tokens:
         cause = tokens["cause"]
     return _Evidence(max(att.start, at), cause, mode, False)
-
-
-DIAGNOSIS_WINDOW_S = 6 * 3600.0  # a fault's diagnosis follows its report within this
-
-
-def _diagnosed_within(diagnoses: list[tuple[float, str]], since: float) -> bool:
-    """Triage acted on something the node reported at ``since`` (it emits a diagnosis only
-    for what needs an action: a benign report leaves none)."""
-    i = bisect.bisect_left(diagnoses, (since, ""))
-    return i < len(diagnoses) and diagnoses[i][0] <= since + DIAGNOSIS_WINDOW_S
 
 
 def _mode_after(diagnoses: list[tuple[float, str]], since: float) -> str:

@@ -117,3 +117,28 @@ def test_other_nodes_reports_change_nothing_however_many_report() -> None:
     assert crowded.jobs["j"].badput == alone.jobs["j"].badput
     assert crowded.jobs["j"].productive_s == alone.jobs["j"].productive_s
     assert crowded.jobs["j"].disruptions == alone.jobs["j"].disruptions
+
+
+def test_an_attempt_is_stopped_by_the_first_drain_in_its_window() -> None:
+    """Drains are looked up by time (``fault_index.Drains``): one before the attempt began or
+    after it stopped is not its signal; the first inside is, and an interrupt request at the
+    same instant comes first."""
+    def graceful(*signals: dict[str, Any]) -> Any:
+        log = [*LOG[:2], *signals,
+               row("job.checkpoint_saved", 310, job_id="j", attempt=1, step=180, path="p",
+                   saved_at=310),
+               row("job.workers_exited", 310, job_id="j", attempt=1, exit_code=75,
+                   detail="saved")]
+        return account(sorted(log, key=lambda r: r["time"]), params={"j": P}, start=0,
+                       end=600).jobs["j"].disruptions[0]
+
+    def drain(t: float, reason: str) -> dict[str, Any]:
+        return row("node.draining", t, node_id="a", job_id="j", reason=reason)
+
+    early, late = drain(5, "reimage: too early"), drain(400, "reboot: too late")
+    first = graceful(early, drain(250, "reset_gpu: the first"), drain(280, "reboot: second"),
+                     late)
+    assert first.cause == "reset_gpu" and first.at == 250
+    asked = row("job.interrupt_requested", 250, job_id="j", attempt=1, node_id="a",
+                reason="planned_maintenance: at the same instant")
+    assert graceful(drain(250, "reset_gpu: the first"), asked).cause == "planned_maintenance"

@@ -57,7 +57,8 @@ class SimBus:
         self.rng = rng
         self.clock = clock
         self.deps: Deps | None = None
-        self.listeners: list[Listener] = []
+        self.listeners: list[Listener] = []  # told of every event logged
+        self._listeners_of: dict[str, list[Listener]] = {}  # told of their types only
         self.rows: list[dict[str, Any]] = []  # the event log: type, time, data (+ id, source)
         self.stats = BusStats()
         # (time, envelope, services, api call): what was delivered, for replays (bench)
@@ -85,6 +86,12 @@ class SimBus:
             self.stats.duplicates += 1
             call_later(self.env, delay + cfg.latency.sample(self.rng), self._deliver, envelope,
                        None, 1)
+
+    def listen(self, listener: Listener, *events: type[Event]) -> None:
+        """Tell ``listener`` of each logged event of these types (and of no other: a
+        listener called for every delivery, to look at its type, cost a call per event)."""
+        for kind in events:
+            self._listeners_of.setdefault(kind.TYPE, []).append(listener)
 
     def emit(self, event: Event, source: str) -> Envelope:
         """Publish an event from outside any transaction (compute, agents, operators)."""
@@ -143,6 +150,8 @@ class SimBus:
                           "data": envelope.event.to_dict(), "id": envelope.id,
                           "source": envelope.source, "delivered_at": now})
         for listener in self.listeners:
+            listener(envelope)
+        for listener in self._listeners_of.get(etype, ()):
             listener(envelope)
 
     def _prune_seen(self, now: float) -> None:

@@ -102,7 +102,7 @@ class SimCompute(FailureProcesses):
         # how capacity is bought (queue waits, spot preemptions) and the node-hour meter
         self.capacity = capacity or Capacity(env, scenario.availability,
                                              rng_for(0))
-        bus.listeners.append(self._observe)
+        bus.listen(self._observe, NodeReturnedToService, NodeRetired)
 
     def emit(self, event: Event, source: str = COMPUTE_SOURCE) -> None:
         """Every fact passes the ledger on its way out: once per key, as on real machines."""

@@ -219,7 +219,7 @@ class Twin:
         self.ready_at: float | None = None
         self._ready = self.env.event()
         self._api_seq = 0
-        self.bus.listeners.append(self._observe)
+        self.bus.listen(self._observe, ClusterReady)
         for cfg in scenario.jobs:
             self.compute.add_job(cfg)
 

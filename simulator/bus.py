@@ -73,6 +73,9 @@ class SimBus:
         self._ids = itertools.count(1)
         self.errors: dict[str, int] = defaultdict(int)  # handler exceptions, by message
         self._fixed_latency = cfg.latency.kind == "fixed"
+        # what else forgets by the same window when the bus does (the twin: the store's
+        # idempotency records, which the embedded control plane's sweeper prunes)
+        self.on_prune: Callable[[float], None] | None = None
 
     def publish(self, envelope: Envelope) -> None:
         self.stats.published += 1
@@ -168,3 +171,5 @@ class SimBus:
         for key in stale:
             del seen[key]
         self._next_prune = len(seen) + PRUNE_EVERY
+        if self.on_prune is not None:
+            self.on_prune(now)

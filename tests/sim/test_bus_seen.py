@@ -58,3 +58,21 @@ def test_ids_older_than_the_window_are_forgotten(monkeypatch: Any) -> None:
     assert len(bus._seen) <= 60 + 100 + 1
     newest = max(bus._seen.values())
     assert all(newest - at <= WINDOW_S + 60.0 * 100 for at in bus._seen.values())
+
+
+def test_the_twins_store_keeps_only_the_idempotency_records_of_its_window() -> None:
+    """The twin prunes its store's idempotency records when the bus forgets its ids, as the
+    embedded control plane's sweeper does: a run ends with those of the last window and of
+    the deliveries since the last prune, not one per delivery of the whole run."""
+    from simulator import twin
+    from simulator.scenario import load_scenario
+
+    tw = twin.Twin(load_scenario(None, {"duration": "45d"}))
+    deliveries = tw.run().events
+    records = list(tw.store.data["processed_events"].values())
+    assert deliveries > 3 * bus_module.PRUNE_EVERY
+    newest = max(r["time"] for r in records)
+    window = tw.config.idempotency_window_s
+    older = [r for r in records if r["time"] < newest - window]
+    assert len(older) <= 2 * bus_module.PRUNE_EVERY  # since the last prune at most
+    assert len(records) < deliveries / 2

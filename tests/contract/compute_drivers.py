@@ -339,6 +339,9 @@ class _RecordingBus:
         self.listeners: list[Callable[[Any], None]] = []
         self._record = record
 
+    def listen(self, listener: Callable[[Any], None], *events: type[Event]) -> None:
+        """Nothing is delivered here, so nothing is listened to."""
+
     def emit(self, event: Event, source: str) -> None:
         self._record(event)
 

@@ -57,8 +57,7 @@ class SimBus:
         self.rng = rng
         self.clock = clock
         self.deps: Deps | None = None
-        self.listeners: list[Listener] = []  # told of every event logged
-        self._listeners_of: dict[str, list[Listener]] = {}  # told of their types only
+        self._listeners_of: dict[str, list[Listener]] = {}  # event type -> who is told
         self.rows: list[dict[str, Any]] = []  # the event log: type, time, data (+ id, source)
         self.stats = BusStats()
         # (time, envelope, services, api call): what was delivered, for replays (bench)
@@ -152,8 +151,6 @@ class SimBus:
         self.rows.append({"type": etype, "time": envelope.time,
                           "data": envelope.event.to_dict(), "id": envelope.id,
                           "source": envelope.source, "delivered_at": now})
-        for listener in self.listeners:
-            listener(envelope)
         for listener in self._listeners_of.get(etype, ()):
             listener(envelope)
 

@@ -246,7 +246,7 @@ def replay(rows: Sequence[Mapping[str, Any]], candidate: Policy, baseline: Polic
         d = row["data"]
         try:
             report = HealthReport(str(d["node_id"]), float(d["observed_at"]),
-                                  tuple(Condition.from_dict(c) for c in d.get("conditions", ())),
+                                  Condition.parse_all(d.get("conditions", ())),
                                   str(d.get("source", "agent")))
         except (KeyError, ValidationError, ValueError):
             continue  # a report triage would have refused too

@@ -68,12 +68,7 @@ class MemoryTransaction:
         self._open = True
 
     def get(self, collection: str, doc_id: str) -> dict[str, Any] | None:
-        pending = self._writes.get((collection, doc_id))
-        if pending is _DELETED:
-            return None
-        if pending is not None:
-            return dict(pending)
-        doc = self._store.data[collection].get(doc_id)
+        doc = self.peek(collection, doc_id)
         return None if doc is None else dict(doc)
 
     def peek(self, collection: str, doc_id: str) -> dict[str, Any] | None:
@@ -93,7 +88,7 @@ class MemoryTransaction:
         """The ids of the documents ``query`` would return (a keys-only query), to read
         while the transaction lasts (maybe an index's own bucket: a restart asks for the
         2,048 sound nodes of a job twice, and copying them cost as much as the question)."""
-        return self._store.matching_ids(collection, equals, copy=False)
+        return self._store.matching_ids(collection, equals)
 
     def project(self, collection: str, equals: dict[str, Any], fields: tuple[str, ...]
                 ) -> list[tuple[str, tuple[Any, ...]]]:
@@ -172,11 +167,11 @@ class MemoryDocStore:
 
     # -- queries
     def _candidates(self, collection: str, equals: dict[str, Any]
-                    ) -> tuple[set[str] | frozenset[str] | None, bool, bool]:
-        """The ids the indexes allow for ``equals`` (None: no field to index), whether
-        they are exact (False: some documents hold values an index cannot key, so the
-        candidates still have to be checked), and whether the set is a new one (an
-        intersection), not an index's own bucket that a caller must copy before keeping."""
+                    ) -> tuple[set[str] | frozenset[str] | None, bool]:
+        """The ids the indexes allow for ``equals`` (None: no field to index; maybe an
+        index's own bucket, not to be changed), and whether they are exact (False: some
+        documents hold values an index cannot key, so the candidates still have to be
+        checked)."""
         buckets: list[set[str] | frozenset[str]] = []
         exact = True
         every = len(self.data[collection])
@@ -193,20 +188,20 @@ class MemoryDocStore:
                 exact = False
             buckets.append(found)
         if not buckets:
-            return None, False, False
+            return None, False
         # a bucket holding every document narrows nothing (a fleet's one cluster_id)
         buckets = [b for b in buckets if len(b) != every] or buckets[:1]
         buckets.sort(key=len)
         first, *rest = buckets
         if rest:
-            return first.intersection(*rest), exact, True
-        return first, exact, False
+            return first.intersection(*rest), exact
+        return first, exact
 
     def matching(self, collection: str, equals: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         """(id, document) of every document whose fields equal ``equals``, in scan order."""
         docs = self.data[collection]
         items = equals.items()
-        found, exact, _ = self._candidates(collection, equals)
+        found, exact = self._candidates(collection, equals)
         if found is None:
             return [(i, d) for i, d in docs.items() if _matches(d, items)]
         if len(found) > SCAN_FRACTION * len(docs):  # most documents: a scan keeps the order
@@ -217,13 +212,12 @@ class MemoryDocStore:
         hits = [(i, docs[i]) for i in sorted(found, key=order.__getitem__)]
         return hits if exact else [(i, d) for i, d in hits if _matches(d, items)]
 
-    def matching_ids(self, collection: str, equals: dict[str, Any], *, copy: bool = True
-                     ) -> AbstractSet[str]:
-        """The ids of the documents ``matching`` returns, from the indexes alone; with
-        ``copy=False`` maybe an index's own bucket, which the caller must not change."""
-        found, exact, owned = self._candidates(collection, equals)
+    def matching_ids(self, collection: str, equals: dict[str, Any]) -> AbstractSet[str]:
+        """The ids of the documents ``matching`` returns, from the indexes alone: maybe an
+        index's own bucket, which the caller must not change."""
+        found, exact = self._candidates(collection, equals)
         if found is not None and exact:
-            return found if owned or not copy else set(found)
+            return found
         return {i for i, _ in self.matching(collection, equals)}
 
     def _index(self, collection: str, name: str) -> dict[Any, set[str]]:

@@ -13,13 +13,6 @@ from collections.abc import Iterable, Sequence, Set
 SMALL = 32  # up to this many, ``list.index`` per member beats one pass over every rank
 
 
-def members(node_ids: Iterable[str]) -> set[str]:
-    """The nodes that hold a rank (holes left out)."""
-    found = set(node_ids)
-    found.discard("")
-    return found
-
-
 def in_rank_order(subset: Set[str], node_ids: Sequence[str]) -> list[str]:
     """The members of ``subset`` (each holding a rank in ``node_ids``, whose nodes are
     unique) in rank order."""

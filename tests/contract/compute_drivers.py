@@ -336,7 +336,6 @@ class _RecordingBus:
     delivered to handlers (the contract is about the adapter, not the control plane)."""
 
     def __init__(self, record: Callable[[Event], None]) -> None:
-        self.listeners: list[Callable[[Any], None]] = []
         self._record = record
 
     def listen(self, listener: Callable[[Any], None], *events: type[Event]) -> None:

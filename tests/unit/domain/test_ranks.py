@@ -38,10 +38,6 @@ def test_with_holes_is_the_loop(case: tuple[list[str], set[str]]) -> None:
     assert type(out) is tuple  # immutable: a job's document shares it
 
 
-def test_members_leave_holes_out() -> None:
-    assert ranks.members(["a", "", "b", ""]) == {"a", "b"}
-
-
 def test_fill_holes_in_rank_order() -> None:
     assert ranks.fill_holes(("a", "", "c", ""), ["x", "y"]) == ("a", "x", "c", "y")
     assert ranks.fill_holes(("", ""), ["x", "y"]) == ("x", "y")

@@ -50,7 +50,7 @@ class Outcome(enum.StrEnum):
 class Deps:
     """Everything a handler may touch; bootstrap builds it, tests build it with fakes."""
 
-    uow: Callable[[], Any]  # returns a fresh UnitOfWork (a DocUnitOfWork in practice)
+    uow: Callable[[], Any]  # returns a UnitOfWork to enter once (a DocUnitOfWork in practice)
     clock: Clock
     compute: Compute
     publisher: Publisher

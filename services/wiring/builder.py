@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from shared.adapters.docstore import DocEventLog, DocUnitOfWork
+from shared.adapters.docstore import DocEventLog, UnitsOfWork
 from shared.adapters.outbox import SourceEmitter
 from shared.adapters.outbox_bus import DocDeadLetters
 from shared.config import ControlPlaneConfig
@@ -34,7 +34,7 @@ def build_deps(store: DocStore, *, clock: Clock, compute: Compute, publisher: Pu
                dead_letters: DeadLetters | None = None) -> Deps:
     """What every handler gets: units of work over ``store``, and the other ports."""
     return Deps(
-        uow=lambda: DocUnitOfWork(store, source=source, clock=clock.now),
+        uow=UnitsOfWork(store, source=source, clock=clock.now),
         clock=clock,
         compute=compute,
         publisher=publisher,

@@ -117,6 +117,23 @@ class Dist:
             return float(self.a + (self.b - self.a) * rng.random())
         return float(rng.exponential(self.a))
 
+    def draws(self, rng: np.random.Generator, block: int = 512) -> Iterator[float]:
+        """Samples as ``sample(rng)`` called again and again would give them (the same
+        numbers, for a generator nothing else draws from), drawn from numpy a block at a
+        time: a scalar draw costs a call into numpy each (the bus draws one per event)."""
+        a, b, exp = self.a, self.b, math.exp
+        while True:
+            if self.kind == "fixed":
+                yield a
+            elif self.kind == "lognormal":
+                for z in rng.standard_normal(block).tolist():
+                    yield float(a * exp(b * z))
+            elif self.kind == "uniform":
+                for u in rng.random(block).tolist():
+                    yield float(a + (b - a) * u)
+            else:
+                yield from rng.exponential(a, block).tolist()
+
     @property
     def mean(self) -> float:
         if self.kind == "lognormal":

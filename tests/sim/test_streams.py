@@ -1,5 +1,6 @@
-"""The twin's keyed streams seed PCG64 with numpy's own bits: the state the twin computes
-for it is numpy SeedSequence's, word for word, and the draws that follow are the same."""
+"""The twin's random numbers are numpy's: its keyed streams seed PCG64 with numpy's own bits
+(the state the twin computes for it is numpy SeedSequence's, word for word, and the draws that
+follow are the same), and the bus's block draws are the draws one at a time."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.failures import _SeedSequence
+from simulator.readers import Dist
 
 words = st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=8)
 
@@ -29,3 +31,18 @@ def test_any_other_request_is_numpys_own(entropy: list[int], n_words: int) -> No
     for dtype in (np.uint32, np.uint64):
         assert mine.generate_state(n_words, dtype).tolist() == numpys.generate_state(
             n_words, dtype).tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["fixed", "lognormal", "uniform", "exponential"]),
+       st.floats(0.001, 100.0), st.floats(0.0, 3.0), st.integers(0, 2**32 - 1),
+       st.integers(1, 1200), st.integers(1, 64))
+def test_block_draws_are_the_draws_one_at_a_time(kind: str, a: float, b: float, seed: int,
+                                                 n: int, block: int) -> None:
+    """The bus draws its latencies a block at a time (``Dist.draws``): the same numbers, in
+    the same order, as ``Dist.sample`` called once per event on the same stream."""
+    dist = Dist(kind, a, a + b if kind == "uniform" else b)
+    one_by_one = np.random.default_rng(seed)
+    expected = [dist.sample(one_by_one) for _ in range(n)]
+    draws = dist.draws(np.random.default_rng(seed), block)
+    assert [next(draws) for _ in range(n)] == expected

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import pytest
 
 from shared.domain.errors import PermanentError, ValidationError
@@ -39,3 +42,28 @@ def test_bad_payloads_name_the_field(data: dict[str, object], field: str) -> Non
 def test_unknown_type_is_a_permanent_error() -> None:
     with pytest.raises(ValidationError, match="unknown event type"):
         event_class("mtc.node.exploded.v1")
+
+
+def test_every_type_is_built_as_its_dataclass_would_build_it() -> None:
+    """``register`` gives each event type an ``__init__`` that stores the fields directly:
+    the same parameters and defaults as the dataclass's own, still frozen, still equal."""
+    for cls in REGISTRY.values():
+        fields = dataclasses.fields(cls)
+        expected = dataclasses.dataclass(frozen=True)(
+            type(cls.__name__, (), {"__annotations__": {f.name: f.type for f in fields},
+                                    **{f.name: f.default for f in fields
+                                       if f.default is not dataclasses.MISSING}})).__init__
+        assert _params(cls.__init__) == _params(expected), cls.__name__
+    event = NodeHealthReported("n", 1.0, ({"type": "XidError"},))
+    assert event == NodeHealthReported(node_id="n", observed_at=1.0,
+                                       conditions=({"type": "XidError"},), source="agent")
+    assert dataclasses.replace(event, source="x").source == "x"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.node_id = "m"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="observed_at"):
+        NodeHealthReported(node_id="n")  # type: ignore[call-arg]
+
+
+def _params(init: object) -> list[tuple[str, object, object]]:
+    return [(p.name, p.kind, p.default)
+            for p in inspect.signature(init).parameters.values()]  # type: ignore[arg-type]

@@ -27,11 +27,12 @@ from shared.ports import UnitOfWork
 
 # conditions that slow or warn but do not end an attempt (as the goodput accounting reads them)
 NON_FATAL = NON_FATAL_CONDITIONS
+_TRUE = ConditionStatus.TRUE.value
 
 
 def faulty(node: Node) -> bool:
     """A node in service with a fault present that ends jobs (heartbeat lost included)."""
-    return any(c.status == ConditionStatus.TRUE.value and t not in NON_FATAL
+    return any(c.status == _TRUE and t not in NON_FATAL
                for t, c in node.conditions.items())
 
 

@@ -304,6 +304,7 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
 # sorts the slots itself, so their order does not matter): 128 jobs waiting across 16
 # partitions made every scheduling pass 16 queries
 PER_PARTITION_QUERIES = 2
+_WORKER = NodeRole.WORKER.value  # (a constant: asked per idle node)
 SLOT_FIELDS = ("node_id", "partition", "machine_type", "accelerator_type", "accelerator_count",
                "is_spare", "role", "sound")
 
@@ -326,7 +327,7 @@ def idle_slots(cluster_id: str, uow: UnitOfWork, partitions: set[str | None] | N
             rows = [row for row in rows if row[1] in partitions]
     slots = []
     for node_id, partition, machine, accel, count, spare, role, sound in rows:
-        if role != NodeRole.WORKER.value:
+        if role != _WORKER:
             continue
         if not sound:
             node = uow.nodes.get(node_id)

@@ -197,6 +197,7 @@ class DocUnitOfWork:
         # entity's own encoding as it was loaded, or every read would look like a change
         # and write the document back
         self._keeps_values = False
+        self._any_ids = False  # the store takes any key as a document id (else: hashed)
         self._read: Callable[[str, str], dict[str, Any] | None] = _outside
         self._tracked: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}
         self._processed: list[tuple[str, float]] = []
@@ -213,6 +214,7 @@ class DocUnitOfWork:
             self._pool.take(self)  # type: ignore[union-attr]
         self._txn = self._store.begin()
         self._keeps_values = bool(getattr(self._txn, "keeps_values", False))
+        self._any_ids = bool(getattr(self._txn, "any_ids", False))
         # a store that can hand a document over uncopied (the memory store's ``peek``) does:
         # decoding only reads it, and an entity's writes are new documents put at commit
         self._read = getattr(self._txn, "peek", None) or self._txn.get
@@ -339,7 +341,8 @@ class DocUnitOfWork:
 
     # -- idempotency and outbox
     def already_processed(self, key: str) -> bool:
-        doc_id = self._processed_ids[key] = _doc_id(key)  # kept for mark_processed's write
+        # (kept for mark_processed's write; hashed for a store whose ids cannot hold '/')
+        doc_id = self._processed_ids[key] = key if self._any_ids else _doc_id(key)
         return self._require_txn().get(PROCESSED, doc_id) is not None
 
     def mark_processed(self, key: str, now: float, *, expire_at: float | None = None) -> None:
@@ -394,19 +397,24 @@ class DocUnitOfWork:
                 txn.put(collection, doc_id, record)
         ids = self._processed_ids
         for key, at in self._processed:
-            doc_id = ids.get(key) or _doc_id(key)
+            doc_id = ids.get(key) or (key if self._any_ids else _doc_id(key))
             txn.put(PROCESSED, doc_id, {"key": key, "at": at, "time": at,
                                         "expire_at": self._expiry.get(key, at)})
-        envelopes = []
+        envelopes: list[Envelope] = []
+        if self._emitted:
+            self._outbox(txn, envelopes)
+        txn.commit()
+        self._txn = None
+        self.committed = envelopes
+
+    def _outbox(self, txn: DocTransaction, envelopes: list[Envelope]) -> None:
+        """The emitted events as envelopes, written to the outbox in this transaction."""
         now = self._clock() if self._clock else (self._processed[0][1] if self._processed else 0.0)
         for i, event in enumerate(self._emitted):
             seed = f"{self._cause_key}|{i}|{event.TYPE}|{event.subject}" if self._cause_key else None
             env = make_envelope(event, self._source, now, seed=seed)
             txn.put(OUTBOX, env.id, envelope_to_doc(env))
             envelopes.append(env)
-        txn.commit()
-        self._txn = None
-        self.committed = envelopes
 
     def rollback(self) -> None:
         if self._txn is not None:

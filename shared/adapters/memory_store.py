@@ -60,6 +60,7 @@ _SPARSE_BYTES, _SPARSE_PER_ID = 4096, 128  # a table over this (bytes) is rebuil
 
 class MemoryTransaction:
     keeps_values = True  # documents come back with the values written (no JSON in between)
+    any_ids = True  # any string is a document id ('/' too): idempotency keys need no hashing
 
     def __init__(self, store: MemoryDocStore) -> None:
         self._store = store
@@ -147,12 +148,17 @@ class MemoryDocStore:
                 self._written += 1
                 self._order[collection][doc_id] = self._written
             for name, index in indexes.items():
-                new_key = _key(doc.get(name))
+                value = doc.get(name)
                 if old is not None:
-                    old_key = _key(old.get(name))
+                    was = old.get(name)
+                    if was is value or (type(was) is type(value) and was == value):
+                        continue  # the same value (most writes change no indexed field)
+                    old_key, new_key = _key(was), _key(value)
                     if old_key is new_key or old_key == new_key:
                         continue
                     _leave(index, old_key, doc_id)
+                else:
+                    new_key = _key(value)
                 index.setdefault(new_key, set()).add(doc_id)
         docs[doc_id] = doc
 

@@ -109,7 +109,7 @@ def observe(node: Node, report: HealthReport) -> bool:
             held[ctype] = _tuple_new(NodeCondition, (status, held_reason, held_since, at))
     if report.source not in REMOTE_SOURCES and report.condition(HEARTBEAT) is None:
         lost = node.conditions.get(HEARTBEAT)
-        if lost is not None and lost.status == ConditionStatus.TRUE.value:
+        if lost is not None and lost.status == _TRUE:
             node.conditions[HEARTBEAT] = NodeCondition(ConditionStatus.FALSE.value,
                                                        "reporting again", at, at)
             changed = True
@@ -126,7 +126,7 @@ def heartbeat_lost(node: Node, now: float, timeout_s: float) -> Condition | None
     if now - last <= timeout_s:
         return None
     current = node.conditions.get(HEARTBEAT)
-    if current is not None and current.status == ConditionStatus.TRUE.value:
+    if current is not None and current.status == _TRUE:
         return None
     return Condition(HEARTBEAT, ConditionStatus.TRUE, f"no report for over {timeout_s:.0f} s",
                      last + timeout_s, {"silent_for_s": now - last})
@@ -179,7 +179,7 @@ def operator_drained(node: Node) -> bool:
     """An administrator drained the node (``mtc node drain``, or their own Slurm drain):
     it stays out of service and out of placement, unrepaired, until an operator resumes it."""
     cond = node.conditions.get(OPERATOR_DRAIN)
-    return cond is not None and cond.status == ConditionStatus.TRUE.value
+    return cond is not None and cond.status == _TRUE  # (a constant: asked per report)
 
 
 def takes_work(node: Node) -> bool:

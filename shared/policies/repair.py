@@ -358,6 +358,7 @@ def ready_to_return(
 
 DEEP_CHECK = "DeepCheck"  # the verdict's condition type on the node (set by mtc, not an agent)
 DEEP_CHECK_SOURCE = "deep-check"  # the HealthReport source of a deep check's results
+_TRUE = ConditionStatus.TRUE.value
 DEEP_CHECK_TYPES = (ConditionType.DCGM_DIAG_FAILED.value,
                     ConditionType.COLLECTIVE_BANDWIDTH_LOW.value)
 PENDING = "pending"  # reason prefix of a verdict not in yet
@@ -377,7 +378,7 @@ def deep_check_wanted(trigger: str, gate_status: str | None, config: RepairConfi
     """Whether the node must pass deep checks before it (re)enters service: on a configured
     occasion, and always after a repair of a node that failed them (it must pass them again,
     or the failed verdict would keep it out for ever)."""
-    return trigger in config.deep_checks_on or gate_status == ConditionStatus.TRUE.value
+    return trigger in config.deep_checks_on or gate_status == _TRUE
 
 
 def deep_check_verdict(conditions: Sequence[Condition], level: int | None = None

@@ -111,14 +111,14 @@ def diagnose(
 ) -> tuple[Diagnosis, tuple[FailureRecord, ...]]:
     """:func:`triage` and :func:`unconfirmed_sightings` of one report from one pass over its
     findings (the triage service needs both for every report)."""
-    unknown = ConditionStatus.UNKNOWN
-    statuses = [c.status for c in report.conditions]
-    something_true = ConditionStatus.TRUE in statuses
+    unknown = _UNKNOWN
+    statuses = {c[1] for c in report.conditions}  # (the status of each: a set, one pass)
+    something_true = _TRUE in statuses
     if not something_true and unknown not in statuses:
         # a report in which every check ran and passed: the most common one, by far
         return (_ALL_PASSED if statuses else _NOTHING_CHECKED), ()
     unknown_checks = tuple(sorted({c.type for c in report.conditions if c.status == unknown}))
-    if all(s == unknown for s in statuses):
+    if statuses == {unknown}:
         return _nothing_checked(unknown_checks), ()
     if not something_true:  # some checks could not run, the others passed: no findings
         return _combine((), (), unknown_checks), ()
@@ -203,6 +203,7 @@ def _combine(
 
 
 # the two diagnoses of a report without findings that need no work per report (frozen values)
+_TRUE, _UNKNOWN = ConditionStatus.TRUE, ConditionStatus.UNKNOWN
 _ALL_PASSED = _combine((), (), ())
 _NOTHING_CHECKED = _nothing_checked(())
 

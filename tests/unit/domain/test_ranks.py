@@ -47,3 +47,32 @@ def test_fill_holes_in_rank_order() -> None:
 def test_fill_holes_refuses_a_count_that_does_not_match(placed: list[str]) -> None:
     with pytest.raises(ValueError, match="rank"):
         ranks.fill_holes(["a", "", ""], placed)
+
+
+def _holes(node_ids: tuple[str, ...]) -> tuple[int, ...]:
+    return tuple(i for i, n in enumerate(node_ids) if not n)
+
+
+@given(ranked(), st.integers(0, 80), st.integers(0, 80))
+def test_holes_are_the_loop_also_for_the_tuples_the_helpers_made(
+        case: tuple[list[str], set[str]], first: int, count: int) -> None:
+    """``holes`` remembers the tuples ``with_holes`` and ``fill_holes`` made with the holes
+    they made: what it answers from memory must be what a scan finds."""
+    node_ids, gone = case
+    start = tuple(node_ids)
+    assert ranks.holes(start) == _holes(start)
+    assert ranks.holes(start) == _holes(start)  # remembered
+    assert ranks.holes_in(start, first, count) == sum(
+        1 for i in _holes(start) if first <= i < first + count)
+    emptied = ranks.with_holes(start, gone)
+    assert ranks.holes(emptied) == _holes(emptied)
+    filled = ranks.fill_holes(emptied, [f"p{i}" for i in range(len(_holes(emptied)))])
+    assert ranks.holes(filled) == () == _holes(filled)
+    every = ("",) * len(start)  # a job never placed
+    assert ranks.holes(every) == tuple(range(len(start)))
+
+
+def test_holes_remember_only_the_last_few_tuples() -> None:
+    made = [ranks.with_holes((f"a{i}", "b"), {"b"}) for i in range(3 * ranks._KEEP)]
+    assert len(ranks._HOLES) <= ranks._KEEP
+    assert all(ranks.holes(t) == (1,) for t in made)  # forgotten ones are scanned again

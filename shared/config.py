@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +46,7 @@ class ControlPlaneConfig:
     # or "workflow" (Cloud Workflows calls the same steps and owns polling and rollback)
     provisioning: str = "events"
 
-    @property
+    @functools.cached_property  # (asked per delivery; the settings are frozen)
     def idempotency_window_s(self) -> float:
         """How long an idempotency record is kept: never shorter than the accepted age."""
         return max(self.idempotency_retention_s, self.max_event_age_s)

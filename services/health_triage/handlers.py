@@ -121,7 +121,8 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
         return
     if lifecycle.release_hold(node, now):
         if node.state is NodeState.IDLE:  # free again: a job waiting for a node may start
-            uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id))
+            uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id,
+                                       partition=node.partition))
         return
     if node.state is not NodeState.VERIFYING:
         return
@@ -132,7 +133,8 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
         return  # deep checks pending, failed, or unknown under a "hold" policy
     lifecycle.return_to_service(node, uow.partitions.get(node.cluster_id, node.partition), now)
     deps.compute.uncordon(node.node_id)
-    uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id))
+    uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id,
+                                       partition=node.partition))
 
 
 def resume(node: Node, uow: UnitOfWork, deps: Deps, text: str) -> None:
@@ -141,7 +143,8 @@ def resume(node: Node, uow: UnitOfWork, deps: Deps, text: str) -> None:
     partition = uow.partitions.get(node.cluster_id, node.partition)
     if lifecycle.operator_resume(node, partition, deps.clock.now(), text):
         deps.compute.uncordon(node.node_id)
-        uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id))
+        uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id,
+                                       partition=node.partition))
 
 
 def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome | None:

@@ -289,20 +289,22 @@ def on_node_provisioned(event: NodeProvisioned, uow: UnitOfWork, deps: Deps) -> 
 
 
 def on_node_returned(event: NodeReturnedToService, uow: UnitOfWork, deps: Deps) -> None:
-    _maybe_ready(event.cluster_id, uow, deps, near=event.node_id)
+    _maybe_ready(event.cluster_id, uow, deps, near=event.node_id, partition=event.partition)
 
 
-def _maybe_ready(cluster_id: str, uow: UnitOfWork, deps: Deps, near: str | None = None) -> None:
+def _maybe_ready(cluster_id: str, uow: UnitOfWork, deps: Deps, near: str | None = None,
+                 partition: str = "") -> None:
     cluster = uow.clusters.get(cluster_id)
     if cluster is None or cluster.state not in (ClusterState.PROVISIONING,
                                                 ClusterState.UPDATING):
         return  # step_mark_ready would only report the state
-    if _still_settling(cluster_id, uow, near):
+    if _still_settling(cluster_id, uow, near, partition):
         return  # cheap proof that step_status would say "not done"
     step_mark_ready(cluster_id, cluster.generation, uow, deps)
 
 
-def _still_settling(cluster_id: str, uow: UnitOfWork, near: str | None = None) -> bool:
+def _still_settling(cluster_id: str, uow: UnitOfWork, near: str | None = None,
+                    partition: str = "") -> bool:
     """True when a node the partition aggregates list as out of service is still settling.
 
     Reads a handful of nodes instead of every node of the cluster: while a cluster comes up
@@ -311,9 +313,11 @@ def _still_settling(cluster_id: str, uow: UnitOfWork, near: str | None = None) -
     many partitions loads one of them per event. False proves nothing (a settling node outside
     any partition, e.g. the login node): the caller then runs the full check."""
     if near is not None:
-        node = uow.nodes.get(near)
-        if node is not None and node.partition:
-            own = uow.partitions.get(cluster_id, node.partition)
+        if not partition:  # (the event names it: no read of the node)
+            node = uow.nodes.get(near)
+            partition = node.partition if node is not None else ""
+        if partition:
+            own = uow.partitions.get(cluster_id, partition)
             if own is not None and _settling_in(own, uow):
                 return True
     return any(_settling_in(p, uow) for p in uow.partitions.list(cluster_id))

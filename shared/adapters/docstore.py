@@ -8,14 +8,19 @@ once here on top of that primitive, so every backend gets the same semantics.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import operator
-import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar
 
+from shared.adapters.event_log import DEFAULT_RETENTION_S as DEFAULT_RETENTION_S  # re-exported
+from shared.adapters.event_log import EVENTS as EVENTS
+from shared.adapters.event_log import FOLLOW_LOOKBACK_S as FOLLOW_LOOKBACK_S
+from shared.adapters.event_log import DocEventLog as DocEventLog
+from shared.adapters.event_log import EventCursor as EventCursor
 from shared.adapters.outbox import OUTBOX, envelope_to_doc, make_envelope
 from shared.adapters.outbox import doc_id as _doc_id
 from shared.domain.events import Envelope, Event
@@ -27,11 +32,8 @@ NODES = "nodes"
 JOBS = "jobs"
 PARTITIONS = "partitions"
 PROCESSED = "processed_events"
-EVENTS = "events"
-# retention horizons when no configuration is at hand (ControlPlaneConfig's defaults)
-DEFAULT_RETENTION_S = 7 * 24 * 3600.0
+# retention horizon of idempotency records when no configuration is at hand
 DEFAULT_IDEMPOTENCY_S = 2 * 3600.0
-FOLLOW_LOOKBACK_S = 60.0  # an incremental reader re-reads this much: late deliveries
 
 
 T = TypeVar("T")
@@ -137,29 +139,48 @@ class UnitsOfWork:
         self._source = source
         self._clock = clock
         self._keep = keep
+        # (a list's pop, append and remove are each atomic: threads share it without a lock;
+        # a race can only keep one more or one fewer)
         self._free: list[DocUnitOfWork] = []
-        self._lock = threading.Lock()
 
     def __call__(self) -> DocUnitOfWork:
-        with self._lock:
-            if self._free:
-                uow = self._free.pop()
-                uow._pooled = False
-                return uow
-        return DocUnitOfWork(self._store, source=self._source, clock=self._clock, pool=self)
+        try:
+            uow = self._free.pop()
+        except IndexError:
+            return DocUnitOfWork(self._store, source=self._source, clock=self._clock, pool=self)
+        uow._pooled = False
+        return uow
 
     def give_back(self, uow: DocUnitOfWork) -> None:
-        with self._lock:
-            if not uow._pooled and len(self._free) < self._keep:
-                uow._pooled = True
-                self._free.append(uow)
+        if not uow._pooled and len(self._free) < self._keep:
+            uow._pooled = True
+            self._free.append(uow)
 
     def take(self, uow: DocUnitOfWork) -> None:
         """Take ``uow`` out of the free list: its holder entered it again."""
-        with self._lock:
-            if uow._pooled:
-                uow._pooled = False
+        if uow._pooled:
+            uow._pooled = False
+            with contextlib.suppress(ValueError):  # handed out meanwhile: not there any more
                 self._free.remove(uow)
+
+
+def _matches(entity: Any, plain: dict[str, Any]) -> bool:
+    """Whether ``entity``'s document would match the query ``plain``; an entity that can
+    give one field of its document (``doc_value``) is not encoded whole for it."""
+    value = getattr(entity, "doc_value", None)
+    if value is None:
+        doc = entity.to_dict()
+        return all(doc.get(k) == v for k, v in plain.items())
+    return all(value(k) == v for k, v in plain.items())
+
+
+def _values(entity: Any, fields: tuple[str, ...]) -> tuple[Any, ...]:
+    value = getattr(entity, "doc_value", None)
+    return tuple(map(value or entity.to_dict().get, fields))
+
+
+# a transaction class -> (keeps_values, any_ids): what its store offers, looked up once
+_CAPABILITIES: dict[type, tuple[bool, bool]] = {}
 
 
 def _outside(collection: str, doc_id: str) -> dict[str, Any] | None:
@@ -212,12 +233,16 @@ class DocUnitOfWork:
     def __enter__(self) -> DocUnitOfWork:
         if self._pooled:  # entered again by a holder after it ended: not to be handed out
             self._pool.take(self)  # type: ignore[union-attr]
-        self._txn = self._store.begin()
-        self._keeps_values = bool(getattr(self._txn, "keeps_values", False))
-        self._any_ids = bool(getattr(self._txn, "any_ids", False))
+        txn = self._txn = self._store.begin()
+        kind = type(txn)
+        caps = _CAPABILITIES.get(kind)
+        if caps is None:
+            caps = _CAPABILITIES[kind] = (bool(getattr(kind, "keeps_values", False)),
+                                          bool(getattr(kind, "any_ids", False)))
+        self._keeps_values, self._any_ids = caps
         # a store that can hand a document over uncopied (the memory store's ``peek``) does:
         # decoding only reads it, and an entity's writes are new documents put at commit
-        self._read = getattr(self._txn, "peek", None) or self._txn.get
+        self._read = getattr(txn, "peek", None) or txn.get
         self._tracked.clear()
         self._processed.clear()
         self._processed_ids.clear()
@@ -280,8 +305,7 @@ class DocUnitOfWork:
         for key, (entity, _) in self._tracked.items():
             if key[0] != collection or key in seen:
                 continue
-            doc = entity.to_dict()
-            if all(doc.get(k) == v for k, v in plain.items()):
+            if _matches(entity, plain):
                 out.append(entity)
         return out
 
@@ -300,8 +324,7 @@ class DocUnitOfWork:
         for (coll, doc_id), (entity, _) in self._tracked.items():
             if coll != collection:
                 continue
-            doc = entity.to_dict()
-            if all(doc.get(k) == v for k, v in plain.items()):
+            if _matches(entity, plain):
                 if doc_id not in found:
                     added.add(doc_id)
             elif doc_id in found:
@@ -328,11 +351,10 @@ class DocUnitOfWork:
         out = []
         for doc_id, row in rows:
             entity = tracked.pop(doc_id, None)
-            out.append(row if entity is None else tuple(map(entity.to_dict().get, fields)))
+            out.append(row if entity is None else _values(entity, fields))
         for entity in tracked.values():
-            doc = entity.to_dict()
-            if all(doc.get(k) == v for k, v in plain.items()):
-                out.append(tuple(map(doc.get, fields)))
+            if _matches(entity, plain):
+                out.append(_values(entity, fields))
         return out
 
     def _track(self, collection: str, doc_id: str, entity: Any, loaded: dict[str, Any] | None
@@ -424,63 +446,6 @@ class DocUnitOfWork:
         self._processed.clear()
         self._emitted.clear()
         self._records.clear()
-
-
-
-
-class DocEventLog:
-    """Every delivered event, for the timeline and goodput. Each entry carries ``expire_at``
-    (its retention horizon: a TTL field on Firestore) and is pruned by ``prune_expired``."""
-
-    def __init__(self, store: DocStore, *, retention_s: float = DEFAULT_RETENTION_S) -> None:
-        self._store = store
-        self._seq = 0
-        self.retention_s = retention_s
-
-    def append(self, envelope: Envelope, outcome: str, detail: str = "") -> None:
-        self._seq += 1
-        doc = envelope_to_doc(envelope)
-        doc.update(outcome=outcome, detail=detail, expire_at=envelope.time + self.retention_s)
-        key = f"{envelope.key}|{outcome}|{detail}"
-        self._store.write(EVENTS, _doc_id(key), doc)
-
-    def read(self, since: float = 0.0) -> Iterator[dict[str, Any]]:
-        """Entries with ``time >= since`` in (time, seq) order, from the store's time index
-        where it has one (no full read)."""
-        ranged = getattr(self._store, "since", None)
-        if ranged is not None:
-            yield from ranged(EVENTS, since)
-            return
-        docs = self._store.read(EVENTS, {})
-        yield from sorted((d for d in docs if d["time"] >= since),
-                          key=lambda d: (d["time"], d.get("seq", 0)))
-
-
-class EventCursor:
-    """Reads an event log incrementally (``mtc events --follow``): each ``next()`` returns
-    only events not returned before (one entry per event), reading from the last time seen minus a look-back
-    window (an event is logged with its own time, so a late delivery lands behind the
-    cursor), never the whole log."""
-
-    def __init__(self, log: DocEventLog, since: float = 0.0,
-                 lookback_s: float = FOLLOW_LOOKBACK_S) -> None:
-        self._log = log
-        self._time = since
-        self._lookback = lookback_s
-        self._seen: dict[str, float] = {}  # envelope id -> its time, within the look-back
-
-    def next(self) -> list[dict[str, Any]]:
-        start = max(0.0, self._time - self._lookback) if self._seen else self._time
-        out = []
-        for doc in self._log.read(start):
-            if doc["id"] in self._seen:
-                continue  # printed already (a redelivery logs the same event again)
-            self._seen[doc["id"]] = doc["time"]
-            out.append(doc)
-            self._time = max(self._time, doc["time"])
-        horizon = self._time - self._lookback
-        self._seen = {k: t for k, t in self._seen.items() if t >= horizon}
-        return out
 
 
 def prune_expired(store: DocStore, now: float, *, retention_s: float,

@@ -166,6 +166,7 @@ class NodeReturnedToService(Event):
     SUBJECT_FIELD: ClassVar[str] = "node_id"
     node_id: str
     cluster_id: str
+    partition: str = ""  # the node's partition ("" when none, or from an older emitter)
 
 
 @register

@@ -7,6 +7,7 @@ Entities are plain mutable objects owned by a unit of work; every state change g
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, NamedTuple
 
@@ -253,6 +254,13 @@ class Node:
         doc["sound_for"] = self.job_id if sound and self.state is NodeState.ALLOCATED else None
         return doc
 
+    def doc_value(self, name: str) -> Any:
+        """``to_dict()[name]`` (None for a field it lacks) without encoding the rest: a
+        query within a unit of work checks the nodes it holds field by field (a cluster's
+        creation holds 2,081)."""
+        encode = _NODE_ENCODINGS.get(name)
+        return encode(self) if encode is not None else self.__dict__.get(name)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Node:
         node = _new(cls)
@@ -287,6 +295,20 @@ class Node:
         return cls.from_dict(known)
 
 
+def _sound_for(node: Node) -> str | None:
+    return node.job_id if node.state is NodeState.ALLOCATED and node.sound else None
+
+
+# the document fields Node.to_dict writes in another form than the attribute's own
+_NODE_ENCODINGS: dict[str, Callable[[Node], Any]] = {
+    "role": lambda n: n.role._value_,
+    "state": lambda n: n.state._value_,
+    "repair_action": lambda n: n.repair_action._value_ if n.repair_action else None,
+    "sound": lambda n: n.sound,
+    "sound_for": _sound_for,
+    "history": lambda n: n.to_dict()["history"],
+    "conditions": lambda n: n.to_dict()["conditions"],
+}
 _new = object.__new__
 _NODE_FIELDS = frozenset(f.name for f in fields(Node))
 _NODE_ENCODED = _NODE_FIELDS | {"sound", "sound_for"}  # the keys of Node.to_dict's document

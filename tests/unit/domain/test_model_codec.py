@@ -97,3 +97,16 @@ def test_job_ranks_are_tuples_shared_with_the_document() -> None:
     assert loaded.node_ids is doc["node_ids"]  # no copy of a 2,048-rank list per read
     assert loaded.to_dict() == doc
     assert Job.from_dict(json.loads(json.dumps(doc))).node_ids == ("a", "")
+
+
+def test_one_field_of_the_document_is_the_document_s() -> None:
+    """``Node.doc_value`` answers a query's field without encoding the node: the same value
+    as the document's, derived fields included, in every state."""
+    n = node()
+    for state in NodeState:
+        n.state = state
+        for fault in ("", "gpu_fell_off_bus"):
+            n.fault = fault
+            doc = n.to_dict()
+            for name in [*doc, "not_a_field"]:
+                assert n.doc_value(name) == doc.get(name), (state, fault, name)

@@ -7,6 +7,7 @@ wall time vs fleet size and duration.
     taskset -c 0 .venv/bin/python bench/sim_bench.py overhead [--scenario small.yaml]
     taskset -c 0 .venv/bin/python bench/sim_bench.py replay [--duration 54d] [--repeat 3]
     taskset -c 0 .venv/bin/python bench/sim_bench.py scale [--max-gpus 131072]
+    .venv/bin/python bench/sim_bench.py instructions [--duration 54d]
 
 ``llama3``: the default scenario (2,048 nodes x 8 GPUs + 32 spares, 54 days) ``--repeat``
 times (the fastest run counts: the machine is shared), on one core: wall time split into
@@ -30,6 +31,10 @@ under the same garbage-collector thresholds (the twin's, ``twin.GC_THRESHOLD``).
 ``replay``: the same run recorded, then replayed straight into the handlers ``--repeat``
 times; per event type the fastest replay's seconds (the low-noise A/B measure).
 
+``instructions``: the Llama 3 run and its floor counted in instructions executed (valgrind's
+cachegrind), each minus the same process doing only its imports: deterministic, for A/B
+measurements on a machine too noisy for seconds.
+
 ``--profile`` (llama3) prints cProfile's top functions by cumulative time for one run.
 """
 
@@ -45,8 +50,12 @@ import contextlib
 import cProfile
 import gc
 import json
+import os
 import pstats
 import random
+import re
+import shutil
+import subprocess
 import time
 from typing import Any
 
@@ -353,6 +362,54 @@ def cmd_scale(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _instructions(*child: str) -> tuple[int | None, str]:
+    """The instructions this script's ``child`` mode executes under valgrind (cachegrind,
+    no cache simulation), and what the child printed; None when valgrind is missing."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None, ""
+    done = subprocess.run(
+        [valgrind, "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+         sys.executable, __file__, "child", *child],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    return (int(found.group(1).replace(",", "")) if found else None), done.stdout.strip()
+
+
+def cmd_instructions(args: argparse.Namespace) -> dict[str, Any]:
+    """The Llama 3 run and its floor counted in instructions executed (each minus the same
+    process doing its imports only): the same count on every run, where seconds on a shared
+    machine moved by 25% between two runs of the same code. Instructions are not time (the
+    twin's larger working set runs at about half the floor's instructions per cycle), so
+    the ratio is lower than the seconds' one; it is the A/B measure of a change."""
+    duration = args.duration or ""
+    base, _ = _instructions("twin-imports", duration)
+    run, printed = _instructions("twin", duration)
+    if base is None or run is None:
+        return {"twin_instructions": "unknown", "reason": "valgrind is not installed"}
+    events = int(printed.split()[0])
+    floor_base, _ = _instructions("floor-imports", "0", "0")
+    nodes = load_scenario(None, {"duration": duration} if duration else None).cluster.nodes
+    floor_run, _ = _instructions("floor", str(nodes), str(events))
+    assert floor_base is not None and floor_run is not None
+    twin_i, floor_i = run - base, floor_run - floor_base
+    return {"events": events, "outcome": printed, "twin_instructions": twin_i,
+            "floor_instructions": floor_i, "twin_over_floor_instructions": twin_i / floor_i}
+
+
+def cmd_child(args: argparse.Namespace) -> None:
+    """What ``instructions`` counts: one twin run or one floor, or only the imports."""
+    kind, rest = args.what[0], args.what[1:]
+    if kind in ("twin", "twin-imports"):
+        duration = rest[0] if rest and rest[0] else None
+        scenario = load_scenario(None, {"duration": duration} if duration else None)
+        if kind == "twin":
+            result = twin.run(scenario)
+            print(result.events, sum(result.restarts.values()), result.job().goodput)
+    elif kind == "floor":
+        floor(int(rest[0]), int(rest[1]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -375,9 +432,17 @@ def main() -> None:
     p.add_argument("--max-gpu-days", type=float, default=131072 * 365)
     p.add_argument("--sizes", default="2048,16384,131072", help="GPU counts")
     p.add_argument("--days", default="54,365", help="durations in days")
+    p = sub.add_parser("instructions", help="the Llama 3 run and its floor in instructions")
+    p.add_argument("--duration", default=None)
+    p = sub.add_parser("child")
+    p.add_argument("what", nargs="+")
     args = parser.parse_args()
+    if args.cmd == "child":
+        cmd_child(args)
+        return
     out = {"llama3": cmd_llama3, "handlers": cmd_handlers, "overhead": cmd_overhead,
-           "replay": cmd_replay, "scale": cmd_scale}[args.cmd](args)
+           "replay": cmd_replay, "scale": cmd_scale,
+           "instructions": cmd_instructions}[args.cmd](args)
     print(json.dumps(out, indent=1, default=str))
 
 

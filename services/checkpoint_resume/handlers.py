@@ -117,8 +117,10 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
     asked = job.interrupt_requested_at is not None
     restart_anyway = job.spec.scheduling.restart_job_on_worker_restart
     node_fault, blamed = False, list[str]()
+    unsound: list[str] | None = None  # the job's nodes with something against them
     if event.exit_code != 0 or asked:  # a crash: the program's, or a node's? (evidence)
-        node_fault, blamed = restarts.evidence(job, uow)
+        unsound = job_nodes.unsound(job, uow)
+        node_fault, blamed = restarts.evidence(job, uow, unsound)
     interrupted = exits.infrastructure_ended(event.exit_code, interrupted=asked,
                                              node_fault=node_fault)
     timed_out = timeouts.stopped_for_timeout(job) or timeouts.timed_out(job, now)
@@ -139,10 +141,13 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         job.error = f"gave up after {job.restart_count} restarts"
         _finish(job, JobState.FAILED, job.error, uow, deps)
     else:
-        restarts.after_failed_attempt(job, blamed, uow, deps)
+        suspects = restarts.after_failed_attempt(job, blamed, uow, deps)
         restarts.back_off(job, deps)
+        if unsound is not None and suspects:  # they left the job's ranks
+            unsound = [n for n in unsound if n not in suspects]
         _requeue(job, job.interrupt_reason
-                 or f"workers exited with {exits.describe(event.exit_code)}", uow, deps)
+                 or f"workers exited with {exits.describe(event.exit_code)}", uow, deps,
+                 unsound)
 
 
 def _finish(job: Job, state: JobState, detail: str, uow: UnitOfWork, deps: Deps) -> None:
@@ -151,10 +156,14 @@ def _finish(job: Job, state: JobState, detail: str, uow: UnitOfWork, deps: Deps)
     _finished(job, uow, detail)
 
 
-def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps) -> None:
+def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps,
+             unsound: list[str] | None = None) -> None:
     """Replace only what failed: nodes taken out of service leave the allocation, the healthy
-    rest stay allocated to the job, and scheduling fills the holes (spares first)."""
-    gone = job_nodes.out_of_service(job, uow).intersection(job.node_ids)
+    rest stay allocated to the job, and scheduling fills the holes (spares first).
+    ``unsound``: the job's nodes that are not sound, when known (out of service ones are
+    among them: the few to look at, not 2,048 ranks)."""
+    out = job_nodes.out_of_service(job, uow)
+    gone = out.intersection(job.node_ids if unsound is None else unsound)
     gone.discard("")
     _release(ranks.in_rank_order(gone, job.node_ids), job.job_id, uow, deps)
     job.transition(JobState.PENDING, deps.clock.now())

@@ -36,15 +36,17 @@ def faulty(node: Node) -> bool:
                for t, c in node.conditions.items())
 
 
-def evidence(job: Job, uow: UnitOfWork) -> tuple[bool, list[str]]:
+def evidence(job: Job, uow: UnitOfWork, unsound: list[str]) -> tuple[bool, list[str]]:
     """Whether a node under the attempt failed (lost, out of service, faulty), and the nodes
-    still in service to blame for it (faulty, or held SUSPECT)."""
+    still in service to blame for it (faulty, or held SUSPECT). ``unsound``: the job's
+    nodes that are not sound and allocated to it (``job_nodes.unsound``), the only ones with
+    anything against them (a node out of service is never sound)."""
     out = job_nodes.out_of_service(job, uow)
     # a sound node allocated to the job has nothing against it: only the others are read
     # (a keys-only query: a restart reads a handful of nodes, not all 2,048 of the job)
-    lost = not out.isdisjoint(job.node_ids)
+    lost = not out.isdisjoint(unsound)
     blamed: set[str] = set()
-    for node_id in [n for n in job_nodes.unsound(job, uow) if n not in out]:
+    for node_id in [n for n in unsound if n not in out]:
         node = uow.nodes.get(node_id)
         if node is None or node.state not in (NodeState.ALLOCATED, NodeState.SUSPECT):
             lost = True  # gone or taken out: repair has it already

@@ -221,9 +221,8 @@ class DocUnitOfWork:
         self._any_ids = False  # the store takes any key as a document id (else: hashed)
         self._read: Callable[[str, str], dict[str, Any] | None] = _outside
         self._tracked: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}
-        self._processed: list[tuple[str, float]] = []
+        self._processed: list[tuple[str, float, float]] = []  # (key, at, expire_at)
         self._processed_ids: dict[str, str] = {}  # key -> its document id (hashed once)
-        self._expiry: dict[str, float] = {}
         self._emitted: list[Event] = []
         self._records: dict[tuple[str, str], dict[str, Any] | None] = {}
         self._cause_key = ""
@@ -246,7 +245,6 @@ class DocUnitOfWork:
         self._tracked.clear()
         self._processed.clear()
         self._processed_ids.clear()
-        self._expiry.clear()
         self._emitted.clear()
         self._records.clear()
         self.committed = []
@@ -365,13 +363,14 @@ class DocUnitOfWork:
     def already_processed(self, key: str) -> bool:
         # (kept for mark_processed's write; hashed for a store whose ids cannot hold '/')
         doc_id = self._processed_ids[key] = key if self._any_ids else _doc_id(key)
-        return self._require_txn().get(PROCESSED, doc_id) is not None
+        self._require_txn()
+        return self._read(PROCESSED, doc_id) is not None  # (only asked whether it is there)
 
     def mark_processed(self, key: str, now: float, *, expire_at: float | None = None) -> None:
         """Record ``key`` as handled at ``now``; ``expire_at`` is its retention horizon (a TTL
         field on Firestore; the embedded stores prune by ``time``)."""
-        self._processed.append((key, now))
-        self._expiry[key] = now + DEFAULT_IDEMPOTENCY_S if expire_at is None else expire_at
+        self._processed.append(
+            (key, now, now + DEFAULT_IDEMPOTENCY_S if expire_at is None else expire_at))
 
     def emit(self, event: Event) -> None:
         self._emitted.append(event)
@@ -418,10 +417,10 @@ class DocUnitOfWork:
             else:
                 txn.put(collection, doc_id, record)
         ids = self._processed_ids
-        for key, at in self._processed:
+        for key, at, expire_at in self._processed:
             doc_id = ids.get(key) or (key if self._any_ids else _doc_id(key))
             txn.put(PROCESSED, doc_id, {"key": key, "at": at, "time": at,
-                                        "expire_at": self._expiry.get(key, at)})
+                                        "expire_at": expire_at})
         envelopes: list[Envelope] = []
         if self._emitted:
             self._outbox(txn, envelopes)

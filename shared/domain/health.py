@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from shared.domain.direct_init import direct_init
 from shared.domain.errors import ValidationError
 from shared.domain.validation import require_number, require_str
 
@@ -180,6 +181,7 @@ class Condition(NamedTuple):
         )
 
 
+@direct_init
 @dataclass(frozen=True)
 class HealthReport:
     node_id: str
@@ -194,6 +196,7 @@ class HealthReport:
         return None
 
 
+@direct_init
 @dataclass(frozen=True)
 class FailureRecord:
     """One diagnosed failure in a node's history; the repair ladder climbs on these."""
@@ -203,6 +206,7 @@ class FailureRecord:
     action: RepairAction
 
 
+@direct_init
 @dataclass(frozen=True)
 class Diagnosis:
     failure_mode: str  # "healthy" when nothing is wrong

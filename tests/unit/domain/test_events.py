@@ -9,6 +9,7 @@ import pytest
 
 from shared.domain.errors import PermanentError, ValidationError
 from shared.domain.events import REGISTRY, NodeDiagnosed, NodeHealthReported, event_class
+from shared.domain.health import Diagnosis, FailureRecord, HealthReport
 
 
 def test_every_type_is_versioned_and_named_after_its_entity() -> None:
@@ -45,9 +46,10 @@ def test_unknown_type_is_a_permanent_error() -> None:
 
 
 def test_every_type_is_built_as_its_dataclass_would_build_it() -> None:
-    """``register`` gives each event type an ``__init__`` that stores the fields directly:
-    the same parameters and defaults as the dataclass's own, still frozen, still equal."""
-    for cls in REGISTRY.values():
+    """``register`` gives each event type an ``__init__`` that stores the fields directly
+    (``direct_init``, also on the report, failure record and diagnosis): the same parameters
+    and defaults as the dataclass's own, still frozen, still equal."""
+    for cls in [*REGISTRY.values(), HealthReport, FailureRecord, Diagnosis]:
         fields = dataclasses.fields(cls)
         expected = dataclasses.dataclass(frozen=True)(
             type(cls.__name__, (), {"__annotations__": {f.name: f.type for f in fields},

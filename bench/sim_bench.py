@@ -7,7 +7,7 @@ wall time vs fleet size and duration.
     taskset -c 0 .venv/bin/python bench/sim_bench.py overhead [--scenario small.yaml]
     taskset -c 0 .venv/bin/python bench/sim_bench.py replay [--duration 54d] [--repeat 3]
     taskset -c 0 .venv/bin/python bench/sim_bench.py scale [--max-gpus 131072]
-    .venv/bin/python bench/sim_bench.py instructions [--duration 54d]
+    .venv/bin/python bench/sim_bench.py instructions [--duration 54d] [--gpus 131072 --days 20]
 
 ``llama3``: the default scenario (2,048 nodes x 8 GPUs + 32 spares, 54 days) ``--repeat``
 times (the fastest run counts: the machine is shared), on one core: wall time split into
@@ -377,35 +377,44 @@ def _instructions(*child: str) -> tuple[int | None, str]:
 
 
 def cmd_instructions(args: argparse.Namespace) -> dict[str, Any]:
-    """The Llama 3 run and its floor counted in instructions executed (each minus the same
-    process doing its imports only): the same count on every run, where seconds on a shared
-    machine moved by 25% between two runs of the same code. Instructions are not time (the
-    twin's larger working set runs at about half the floor's instructions per cycle), so
-    the ratio is lower than the seconds' one; it is the A/B measure of a change."""
-    duration = args.duration or ""
-    base, _ = _instructions("twin-imports", duration)
-    run, printed = _instructions("twin", duration)
+    """The Llama 3 run (or with ``--gpus``, the ``scale`` fleet for ``--days``) and its floor
+    counted in instructions executed (each minus the same process doing its imports only):
+    the same count on every run, where seconds on a shared machine moved by 25% between two
+    runs of the same code. Instructions are not time (the twin's larger working set runs at
+    about half the floor's instructions per cycle), so the ratio is lower than the seconds'
+    one; it is the A/B measure of a change."""
+    which = f"scale:{args.gpus}:{args.days}" if args.gpus else f"llama3:{args.duration or ''}"
+    base, _ = _instructions("twin-imports", which)
+    run, printed = _instructions("twin", which)
     if base is None or run is None:
         return {"twin_instructions": "unknown", "reason": "valgrind is not installed"}
-    events = int(printed.split()[0])
+    events, nodes = (int(v) for v in printed.split()[:2])
     floor_base, _ = _instructions("floor-imports", "0", "0")
-    nodes = load_scenario(None, {"duration": duration} if duration else None).cluster.nodes
     floor_run, _ = _instructions("floor", str(nodes), str(events))
     assert floor_base is not None and floor_run is not None
     twin_i, floor_i = run - base, floor_run - floor_base
-    return {"events": events, "outcome": printed, "twin_instructions": twin_i,
-            "floor_instructions": floor_i, "twin_over_floor_instructions": twin_i / floor_i}
+    return {"scenario": which, "events": events, "outcome": printed,
+            "twin_instructions": twin_i, "floor_instructions": floor_i,
+            "twin_over_floor_instructions": twin_i / floor_i}
+
+
+def _scenario_of(which: str) -> Scenario:
+    kind, *rest = which.split(":")
+    if kind == "scale":
+        return scale_scenario(int(rest[0]), float(rest[1]))
+    return load_scenario(None, {"duration": rest[0]} if rest and rest[0] else None)
 
 
 def cmd_child(args: argparse.Namespace) -> None:
     """What ``instructions`` counts: one twin run or one floor, or only the imports."""
     kind, rest = args.what[0], args.what[1:]
     if kind in ("twin", "twin-imports"):
-        duration = rest[0] if rest and rest[0] else None
-        scenario = load_scenario(None, {"duration": duration} if duration else None)
+        scenario = _scenario_of(rest[0])
         if kind == "twin":
             result = twin.run(scenario)
-            print(result.events, sum(result.restarts.values()), result.job().goodput)
+            print(result.events, scenario.cluster.nodes, sum(result.restarts.values()),
+                  sum(result.interruptions.values()),
+                  result.job().goodput if len(scenario.jobs) == 1 else "")
     elif kind == "floor":
         floor(int(rest[0]), int(rest[1]))
 
@@ -434,6 +443,8 @@ def main() -> None:
     p.add_argument("--days", default="54,365", help="durations in days")
     p = sub.add_parser("instructions", help="the Llama 3 run and its floor in instructions")
     p.add_argument("--duration", default=None)
+    p.add_argument("--gpus", type=int, default=0, help="the scale fleet of this size instead")
+    p.add_argument("--days", type=float, default=20.0, help="with --gpus")
     p = sub.add_parser("child")
     p.add_argument("what", nargs="+")
     args = parser.parse_args()

@@ -134,10 +134,6 @@ class MemoryDocStore:
         # collection -> id -> when first written (a scan's order), for indexed collections
         self._order: dict[str, dict[str, int]] = {}
         self._written = 0
-        # collection -> heap of (time, id) for the collections something has pruned: a
-        # prune pops what it removes instead of scanning every document (an entry whose
-        # document is gone or was rewritten with another time is skipped when popped)
-        self._by_time: dict[str, list[tuple[float, str]]] = {}
 
     def begin(self) -> MemoryTransaction:
         return MemoryTransaction(self)
@@ -165,11 +161,6 @@ class MemoryDocStore:
                     new_key = _key(value)
                 index.setdefault(new_key, set()).add(doc_id)
         docs[doc_id] = doc
-        timed = self._by_time.get(collection)
-        if timed is not None:
-            at = doc.get("time", 0.0)
-            if type(at) is float or type(at) is int:
-                heapq.heappush(timed, (at, doc_id))
 
     def discard(self, collection: str, doc_id: str) -> None:
         old = self.data[collection].pop(doc_id, None)
@@ -276,26 +267,15 @@ class MemoryDocStore:
             return [copy.deepcopy(d) for d in docs]
 
     def prune(self, collection: str, before: float, limit: int) -> int:
-        """Delete up to ``limit`` documents whose ``time`` is older than ``before``, oldest
-        first. The first prune of a collection orders its documents by time once; later
-        writes keep that order, so a prune costs what it removes, not a scan."""
+        """Delete up to ``limit`` documents whose ``time`` is older than ``before``."""
         with self.lock:
             docs = self.data[collection]
-            timed = self._by_time.get(collection)
-            if timed is None:
-                timed = self._by_time[collection] = [
-                    (at, k) for k, d in docs.items()
-                    if type(at := d.get("time", 0.0)) is float or type(at) is int]
-                heapq.heapify(timed)
-            removed = 0
-            while timed and removed < limit and timed[0][0] < before:
-                at, key = heapq.heappop(timed)
-                doc = docs.get(key)
-                if doc is None or doc.get("time", 0.0) != at:
-                    continue  # removed already, or written again with another time
+            old = heapq.nsmallest(limit, (k for k, d in docs.items()
+                                          if d.get("time", 0.0) < before),
+                                  key=lambda k: docs[k]["time"])
+            for key in old:
                 self.discard(collection, key)
-                removed += 1
-            return removed
+            return len(old)
 
     def snapshot(self) -> dict[str, dict[str, dict[str, Any]]]:
         """A deep copy of everything except bookkeeping, for convergence tests."""

@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from shared.adapters.docstore import DocUnitOfWork
 from shared.adapters.memory_store import MemoryDocStore
@@ -229,27 +227,3 @@ def assert_reads_write_nothing(store: Any) -> None:
 
 def test_a_read_writes_nothing(store: Any) -> None:
     assert_reads_write_nothing(store)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["put", "put", "put", "remove", "prune"]),
-                          st.sampled_from([f"r{i}" for i in range(12)]),
-                          st.integers(0, 50), st.integers(1, 5)), max_size=60))
-def test_a_prune_removes_the_oldest_before_its_horizon_as_a_scan_would(
-        steps: list[tuple[str, str, int, int]]) -> None:
-    """The memory store prunes from a time order it keeps (no scan): the same documents as a
-    scan for the ``limit`` oldest older than the horizon, through rewrites and removals."""
-    store, model = MemoryDocStore(), {}
-    for op, key, at, limit in steps:
-        if op == "put":
-            store.write("processed_events", key, {"key": key, "time": float(at)})
-            model[key] = float(at)
-        elif op == "remove":
-            store.remove("processed_events", key)
-            model.pop(key, None)
-        else:
-            old = sorted((t, k) for k, t in model.items() if t < at)[:limit]
-            assert store.prune("processed_events", float(at), limit) == len(old)
-            for _, k in old:
-                del model[k]
-        assert {k: d["time"] for k, d in store.data["processed_events"].items()} == model

@@ -134,6 +134,12 @@ class MemoryDocStore:
         # collection -> id -> when first written (a scan's order), for indexed collections
         self._order: dict[str, dict[str, int]] = {}
         self._written = 0
+        # collections whose documents were each written once, in time order (the event log,
+        # the idempotency records): their dict order is time order, so a prune stops at the
+        # first document young enough instead of scanning them all; a write out of order
+        # (older, untimed, or a rewrite) moves the collection to ``_unordered`` for good
+        self._last_time: dict[str, float] = {}
+        self._unordered: set[str] = set()
 
     def begin(self) -> MemoryTransaction:
         return MemoryTransaction(self)
@@ -160,6 +166,13 @@ class MemoryDocStore:
                 else:
                     new_key = _key(value)
                 index.setdefault(new_key, set()).add(doc_id)
+        if collection not in self._unordered:
+            at = doc.get("time")
+            if (type(at) is float or type(at) is int) and doc_id not in docs \
+                    and at >= self._last_time.get(collection, at):
+                self._last_time[collection] = at
+            else:
+                self._unordered.add(collection)
         docs[doc_id] = doc
 
     def discard(self, collection: str, doc_id: str) -> None:
@@ -270,9 +283,16 @@ class MemoryDocStore:
         """Delete up to ``limit`` documents whose ``time`` is older than ``before``."""
         with self.lock:
             docs = self.data[collection]
-            old = heapq.nsmallest(limit, (k for k, d in docs.items()
-                                          if d.get("time", 0.0) < before),
-                                  key=lambda k: docs[k]["time"])
+            if collection not in self._unordered:  # time order: the oldest come first
+                old: list[str] = []
+                for k, d in docs.items():
+                    if len(old) >= limit or d["time"] >= before:
+                        break
+                    old.append(k)
+            else:
+                old = heapq.nsmallest(limit, (k for k, d in docs.items()
+                                              if d.get("time", 0.0) < before),
+                                      key=lambda k: docs[k]["time"])
             for key in old:
                 self.discard(collection, key)
             return len(old)

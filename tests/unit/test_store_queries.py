@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.adapters.docstore import DocUnitOfWork
 from shared.adapters.memory_store import MemoryDocStore
@@ -227,3 +229,36 @@ def assert_reads_write_nothing(store: Any) -> None:
 
 def test_a_read_writes_nothing(store: Any) -> None:
     assert_reads_write_nothing(store)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "put", "put", "remove", "prune"]),
+                          st.sampled_from([f"r{i}" for i in range(12)]),
+                          st.integers(0, 5), st.integers(1, 5)), max_size=60),
+       st.booleans())
+def test_a_prune_removes_the_oldest_before_its_horizon_as_a_scan_would(
+        steps: list[tuple[str, str, int, int]], in_time_order: bool) -> None:
+    """The memory store prunes a collection written in time order (each document once) from
+    its start, stopping at the first young one; any other collection by a scan. Both remove
+    what a scan for the ``limit`` oldest older than the horizon removes."""
+    store, model, clock = MemoryDocStore(), {}, 0.0
+    for op, key, step, limit in steps:
+        at = (clock := clock + step) if in_time_order else float(step * 10)
+        if op == "put":
+            if in_time_order and key in model:
+                continue  # (written once: a rewrite would leave the time order)
+            store.write("processed_events", key, {"key": key, "time": at})
+            model[key] = at
+        elif op == "remove":
+            store.remove("processed_events", key)
+            model.pop(key, None)
+        else:
+            horizon = at - 3
+            old = sorted(model, key=lambda k: model[k])
+            old = [k for k in old if model[k] < horizon][:limit]
+            assert store.prune("processed_events", horizon, limit) == len(old)
+            for k in old:
+                del model[k]
+        assert {k: d["time"] for k, d in store.data["processed_events"].items()} == model
+    if in_time_order:
+        assert "processed_events" not in store._unordered

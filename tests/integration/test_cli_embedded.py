@@ -210,9 +210,13 @@ def test_operator_node_commands_locally(cluster: Path) -> None:
 
     mtc(cluster, "node", "fault", b, "--xid", "79")  # the guard's window is spent: held
     wait_for(cluster, lambda: _node(cluster, b)["state"] == "suspect")
+    held = _node(cluster, b)
     out = mtc(cluster, "node", "release-hold", b, *op, "one node only").stdout
     assert "releaseHold done" in out
-    assert _node(cluster, b)["state"] in ("draining", "drained", "repairing", "verifying")
+    # on its way through the repair, or (a slow CLI, a fast reimage) already back from it
+    after = _node(cluster, b)
+    assert after["state"] in ("draining", "drained", "repairing", "verifying") or (
+        after["state"] == "idle" and after["failures"] > held["failures"]), after
 
     drained = mtc_json(cluster, "node", "drain", a, *op, "bad fan")
     assert drained["operatorDrained"] is True and drained["state"] == "drained"

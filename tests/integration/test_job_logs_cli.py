@@ -17,6 +17,9 @@ from tests.cli_support import ROOT, clean_env, cluster_body, job_body, mtc, mtc_
 from tests.serving import mtc_serve
 
 TOKEN = "logs-admin"
+# long enough (15 s at 0.05 s a step) that the resumed attempt is still training while a few
+# CLI calls run, on a slow machine too (100 steps finished first in one suite run)
+STEPS = 300
 pytestmark = pytest.mark.slow
 
 
@@ -52,7 +55,7 @@ def test_job_logs_local_and_remote_across_a_restart(tmp_path: Path) -> None:
         spec = write(tmp_path / "cluster.json", cluster_body())
         mtc_json(state, "cluster", "create", "demo", "-f", str(spec), "--wait", "20",
                  env=remote_env)
-        body = job_body(100, step_time=0.05)
+        body = job_body(STEPS, step_time=0.05)
         mtc(state, "job", "submit", "-f", str(write(tmp_path / "job.json", body)),
             "--job-id", "t1", env=remote_env)
         job = wait(lambda: (j := mtc_json(state, "job", "get", "t1", env=remote_env))
@@ -63,7 +66,7 @@ def test_job_logs_local_and_remote_across_a_restart(tmp_path: Path) -> None:
              ["mtcProgress"]["attempt"] == 2 and j["state"] == "JOB_STATE_RUNNING")
         wait(lambda: "resumed from step" in remote("job", "logs", "t1").stdout)
         before = remote("job", "logs", "t1").stdout
-        assert "done at step 100" not in before  # attempt 2 is still training
+        assert f"done at step {STEPS}" not in before  # attempt 2 is still training
         followers = [follower(state, remote_env), follower(state, local_env)]
 
         # attempt 1 is kept: both ranks, both modes, the same text
@@ -82,7 +85,7 @@ def test_job_logs_local_and_remote_across_a_restart(tmp_path: Path) -> None:
             outs.append(out)
         assert outs[0] == outs[1]
         assert outs[0].startswith(before)  # what was there, then what came after
-        assert "resumed from step" in outs[0] and "done at step 100" in outs[0]
+        assert "resumed from step" in outs[0] and f"done at step {STEPS}" in outs[0]
         assert "model saved" in outs[0]  # rank 0: the chief's last lines
         assert mtc_json(state, "job", "get", "t1", env=remote_env)["state"] \
             == "JOB_STATE_SUCCEEDED"

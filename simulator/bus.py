@@ -76,7 +76,6 @@ class SimBus:
         # (no reordering, no duplicates): the same numbers as a draw per event
         self._latencies = (cfg.latency.draws(rng) if not (cfg.reorder or cfg.duplicate)
                            and not self._fixed_latency else None)
-        self._subscribers: dict[str, tuple[tuple[str, Any], ...]] = {}
         # what else forgets by the same window when the bus does (the twin: the store's
         # idempotency records, which the embedded control plane's sweeper prunes)
         self.on_prune: Callable[[float], None] | None = None
@@ -123,10 +122,7 @@ class SimBus:
         handler_s, outcomes = stats.handler_s, stats.outcomes
         failed: list[str] = []
         clock = time.perf_counter
-        subscribers = self._subscribers.get(etype)
-        if subscribers is None:
-            subscribers = self._subscribers[etype] = self.routes.subscribers(etype)
-        for service, handler in subscribers:
+        for service, handler in self.routes.subscribers(etype):
             if services is not None and service not in services:
                 continue
             t0 = clock()

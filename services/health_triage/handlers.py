@@ -121,8 +121,7 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
         return
     if lifecycle.release_hold(node, now):
         if node.state is NodeState.IDLE:  # free again: a job waiting for a node may start
-            uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id,
-                                       partition=node.partition))
+            uow.emit(_returned(node))
         return
     if node.state is not NodeState.VERIFYING:
         return
@@ -133,8 +132,14 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
         return  # deep checks pending, failed, or unknown under a "hold" policy
     lifecycle.return_to_service(node, uow.partitions.get(node.cluster_id, node.partition), now)
     deps.compute.uncordon(node.node_id)
-    uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id,
-                                       partition=node.partition))
+    uow.emit(_returned(node))
+
+
+def _returned(node: Node) -> NodeReturnedToService:
+    """The announcement that ``node`` takes work again (its partition named, so provisioning's
+    readiness check reads no node)."""
+    return NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id,
+                                 partition=node.partition)
 
 
 def resume(node: Node, uow: UnitOfWork, deps: Deps, text: str) -> None:
@@ -143,8 +148,7 @@ def resume(node: Node, uow: UnitOfWork, deps: Deps, text: str) -> None:
     partition = uow.partitions.get(node.cluster_id, node.partition)
     if lifecycle.operator_resume(node, partition, deps.clock.now(), text):
         deps.compute.uncordon(node.node_id)
-        uow.emit(NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id,
-                                       partition=node.partition))
+        uow.emit(_returned(node))
 
 
 def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome | None:

@@ -16,9 +16,7 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar
 
-from shared.adapters.event_log import DEFAULT_RETENTION_S as DEFAULT_RETENTION_S  # re-exported
-from shared.adapters.event_log import EVENTS as EVENTS
-from shared.adapters.event_log import FOLLOW_LOOKBACK_S as FOLLOW_LOOKBACK_S
+from shared.adapters.event_log import EVENTS as EVENTS  # re-exported: callers keep one import
 from shared.adapters.event_log import DocEventLog as DocEventLog
 from shared.adapters.event_log import EventCursor as EventCursor
 from shared.adapters.outbox import OUTBOX, envelope_to_doc, make_envelope
@@ -361,10 +359,14 @@ class DocUnitOfWork:
 
     # -- idempotency and outbox
     def already_processed(self, key: str) -> bool:
-        # (kept for mark_processed's write; hashed for a store whose ids cannot hold '/')
-        doc_id = self._processed_ids[key] = key if self._any_ids else _doc_id(key)
+        doc_id = self._processed_ids[key] = self._record_id(key)  # (kept for the write)
         self._require_txn()
         return self._read(PROCESSED, doc_id) is not None  # (only asked whether it is there)
+
+    def _record_id(self, key: str) -> str:
+        """The idempotency record's document id: the key itself where the store takes any
+        id, else hashed (Firestore ids cannot hold '/')."""
+        return key if self._any_ids else _doc_id(key)
 
     def mark_processed(self, key: str, now: float, *, expire_at: float | None = None) -> None:
         """Record ``key`` as handled at ``now``; ``expire_at`` is its retention horizon (a TTL
@@ -418,7 +420,7 @@ class DocUnitOfWork:
                 txn.put(collection, doc_id, record)
         ids = self._processed_ids
         for key, at, expire_at in self._processed:
-            doc_id = ids.get(key) or (key if self._any_ids else _doc_id(key))
+            doc_id = ids.get(key) or self._record_id(key)
             txn.put(PROCESSED, doc_id, {"key": key, "at": at, "time": at,
                                         "expire_at": expire_at})
         envelopes: list[Envelope] = []

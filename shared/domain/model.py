@@ -251,7 +251,7 @@ class Node:
         doc["sound"] = sound  # derived, for the store's indexes (ignored by from_dict)
         # the job it is allocated to and sound under, else None: a restart reads one index
         # bucket for which of its 2,048 nodes are sound (shared.job_nodes)
-        doc["sound_for"] = self.job_id if sound and self.state is NodeState.ALLOCATED else None
+        doc["sound_for"] = _sound_for(self, sound)
         return doc
 
     def doc_value(self, name: str) -> Any:
@@ -295,8 +295,9 @@ class Node:
         return cls.from_dict(known)
 
 
-def _sound_for(node: Node) -> str | None:
-    return node.job_id if node.state is NodeState.ALLOCATED and node.sound else None
+def _sound_for(node: Node, sound: bool) -> str | None:
+    """The document's ``sound_for``: the job the node is allocated to and sound under."""
+    return node.job_id if sound and node.state is NodeState.ALLOCATED else None
 
 
 # the document fields Node.to_dict writes in another form than the attribute's own
@@ -305,7 +306,7 @@ _NODE_ENCODINGS: dict[str, Callable[[Node], Any]] = {
     "state": lambda n: n.state._value_,
     "repair_action": lambda n: n.repair_action._value_ if n.repair_action else None,
     "sound": lambda n: n.sound,
-    "sound_for": _sound_for,
+    "sound_for": lambda n: _sound_for(n, n.sound),
     "history": lambda n: n.to_dict()["history"],
     "conditions": lambda n: n.to_dict()["conditions"],
 }

@@ -106,5 +106,6 @@ def fill_holes(node_ids: Sequence[str], placed: Iterable[str]) -> tuple[str, ...
     for rank, node_id in zip(at, nodes, strict=True):
         out[rank] = node_id
     made = tuple(out)
-    _remember(made, () if all(nodes) else holes(made))
+    if all(nodes):  # every hole filled (a '' placed stays a hole: holes() finds it)
+        _remember(made, ())
     return made

@@ -178,8 +178,18 @@ def story(stack: Stack, steps: int, console: Any, t0: float, *,
     console.print(f"[bold magenta]>>> {inject(stack, victim)}")
     return wait_for("the job to finish and the node to return", lambda: (
         job if (job := read_job())["state"] in TERMINAL_JOB_STATES
-        and node_state(victim) == "idle" else None), timeout_s=timeout_s,
+        and _final_checkpoint_seen(job, steps) and node_state(victim) == "idle" else None),
+        timeout_s=timeout_s,
         describe=lambda: f"job: {_summary(read_job())}; {victim}: {node_state(victim)}")
+
+
+def _final_checkpoint_seen(job: Mapping[str, Any], steps: int) -> bool:
+    """A job that succeeded saved its last step; the event saying so travels on its own topic
+    and may land after the one that ended the job, so the story waits for both."""
+    if job.get("state") != "JOB_STATE_SUCCEEDED":
+        return True
+    latest = ((job.get("mtcProgress") or {}).get("latestCheckpoint") or {}).get("step")
+    return latest is not None and int(latest) >= steps
 
 
 def node_table(nodes: list[dict[str, Any]]) -> Any:

@@ -262,3 +262,46 @@ def test_a_prune_removes_the_oldest_before_its_horizon_as_a_scan_would(
         assert {k: d["time"] for k, d in store.data["processed_events"].items()} == model
     if in_time_order:
         assert "processed_events" not in store._unordered
+
+
+class _Ids:
+    """A unit of work's node repository that answers ``ids`` with a fixed set (or set-like)."""
+
+    def __init__(self, fine: Any) -> None:
+        self.fine = fine
+
+    def ids(self, cluster_id: str, **equals: Any) -> Any:
+        return self.fine
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["sound", "unsound", "hole"]), min_size=0, max_size=700),
+       st.booleans())
+def test_unsound_agrees_with_a_pass_over_every_rank(kinds: list[str], set_like: bool) -> None:
+    """``job_nodes.unsound`` searches the runs between holes a block of ranks at a time; its
+    answer is the plain pass's (rank order, no holes), for sets and other set-likes, across
+    block edges (700 ranks: three blocks)."""
+    from collections.abc import Set as AbstractSet
+    from types import SimpleNamespace
+
+    from shared import job_nodes
+    from shared.domain.model import Job
+
+    ranks = tuple("" if k == "hole" else f"n{i:04d}" for i, k in enumerate(kinds))
+    fine = {n for n, k in zip(ranks, kinds, strict=True) if k == "sound"}
+
+    class _View(AbstractSet[str]):  # a read-only view, as a store may hand out
+        def __contains__(self, x: object) -> bool:
+            return x in fine
+
+        def __iter__(self) -> Any:
+            return iter(fine)
+
+        def __len__(self) -> int:
+            return len(fine)
+
+    job = Job.__new__(Job)
+    job.cluster_id, job.job_id, job.node_ids = "c1", "j1", ranks
+    uow = SimpleNamespace(nodes=_Ids(_View() if set_like else fine))
+    expected = [n for n, k in zip(ranks, kinds, strict=True) if k == "unsound"]
+    assert job_nodes.unsound(job, uow) == expected  # type: ignore[arg-type]

@@ -134,7 +134,32 @@ def register(cls: type[E]) -> type[E]:
         raise ValueError(f"event type {cls.TYPE!r} is empty or registered twice")
     REGISTRY[cls.TYPE] = cls
     direct_init(cls)
+    _compile_to_dict(cls)
     return cls
+
+
+def _compile_to_dict(cls: type[Event]) -> None:
+    """Give ``cls`` a ``to_dict`` written out for its fields: what ``Event.to_dict`` returns
+    (a test compares them), without the plan lookup and the loop. Every delivery's event is
+    encoded once for the event log and once more per event emitted (the outbox): a health
+    report: 0.54 -> 0.27 us. A tuple becomes a list (in C when declared a tuple of plain
+    values), anything else is stored as it is."""
+    if "to_dict" in cls.__dict__:
+        return  # a type that encodes itself
+    lines, items = [], []
+    for i, (name, flat) in enumerate(_plans(cls)):  # type: ignore[arg-type]
+        lines.append(f"    v{i} = self.{name}\n")
+        value = (f"list(v{i}) if type(v{i}) is tuple else _plain(v{i})" if flat
+                 else f"v{i} if type(v{i}) is not tuple else _plain(v{i})")
+        items.append(f"{name!r}: {value}")
+    source = (f"def to_dict(self):\n{''.join(lines)}"
+              f"    return {{{', '.join(items)}}}\n")
+    namespace: dict[str, Any] = {}
+    exec(source, {"_plain": _plain}, namespace)  # (field names of our own dataclasses)
+    to_dict = namespace["to_dict"]
+    to_dict.__qualname__ = f"{cls.__qualname__}.to_dict"
+    to_dict.__doc__ = Event.to_dict.__doc__
+    cls.to_dict = to_dict  # type: ignore[method-assign]
 
 
 def event_class(type_: str) -> type[Event]:

@@ -110,3 +110,25 @@ def test_one_field_of_the_document_is_the_document_s() -> None:
             doc = n.to_dict()
             for name in [*doc, "not_a_field"]:
                 assert n.doc_value(name) == doc.get(name), (state, fault, name)
+
+
+@pytest.mark.parametrize("doc", [
+    {"cluster_id": "c1", "name": "train"},  # an older document: the defaults
+    {"cluster_id": "c1", "name": "train", "total_nodes": 4, "out_of_service": ["n1", "n3"],
+     "removed_at": [1.0, 2.0], "settling": 1},
+    {"cluster_id": "c1", "name": "train", "out_of_service": ["n3", "n1"]},  # not sorted
+])
+def test_a_partition_decodes_as_its_dataclass_builds_it(doc: dict[str, object]) -> None:
+    """``Partition.from_dict`` stores the fields directly: equal to the dataclass built from
+    the same values, through JSON too, with the sorted id list kept only when it is sorted."""
+    from shared.domain.partition import Partition
+
+    ids = list(doc.get("out_of_service", []))  # type: ignore[call-overload]
+    built = Partition("c1", "train", doc.get("total_nodes", 0), set(ids),  # type: ignore[arg-type]
+                      list(doc.get("removed_at", [])), doc.get("settling", 0))  # type: ignore[call-overload,arg-type]
+    decoded = Partition.from_dict(doc)  # type: ignore[arg-type]
+    assert decoded._sorted == (sorted(ids) if ids == sorted(ids) else None)
+    assert decoded == built and decoded.to_dict() == built.to_dict()
+    assert Partition.from_dict(json.loads(json.dumps(decoded.to_dict()))) == built
+    decoded.take_out("n2", 5.0, 60.0)
+    assert decoded.to_dict()["out_of_service"] == sorted({*ids, "n2"})

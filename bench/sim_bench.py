@@ -55,6 +55,7 @@ import pstats
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import time
 from typing import Any
@@ -188,6 +189,13 @@ def cmd_llama3(args: argparse.Namespace) -> dict[str, Any]:
         "floor_wall_s": floor_wall, "floor_cpu_s": floor_cpu,
         "twin_over_floor_wall": t.wall_s / floor_wall,
         "twin_over_floor_cpu": min(r[1] for r in runs) / floor_cpu,
+        # each run over the floor run right after it, under the same load: on a host whose
+        # speed moves within minutes, the fastest twin and the fastest floor may come from
+        # different moments; the median of the pairs does not mix them
+        "pair_ratios_cpu": sorted(round(r[1] / f[1], 1) for r, f in zip(runs, floors,
+                                                                      strict=True)),
+        "twin_over_floor_cpu_median_pair": statistics.median(
+            r[1] / f[1] for r, f in zip(runs, floors, strict=True)),
         "restarts": sum(result.restarts.values()),
         "interruptions": sum(result.interruptions.values()),
         "ettr": result.job().ettr, "goodput": result.job().goodput,

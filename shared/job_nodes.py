@@ -32,7 +32,7 @@ def unsound(job: Job, uow: UnitOfWork) -> list[str]:
     order (the node document's derived ``sound_for`` field, one index bucket): the only ones
     a restart reads."""
     fine = uow.nodes.ids(job.cluster_id, sound_for=job.job_id)
-    node_ids = job.node_ids if type(job.node_ids) is tuple else tuple(job.node_ids)
+    node_ids = job.node_ids  # a tuple (Job keeps its ranks as one): ranks.holes remembers it
     if type(fine) is not set and type(fine) is not frozenset:  # a set-like: the plain pass
         return [n for n in itertools.filterfalse(fine.__contains__, node_ids) if n]
     # the runs of ranks between the holes, a block at a time: ``set.issuperset`` over a block

@@ -140,7 +140,7 @@ def test_a_restart_reads_only_the_unsound_nodes_of_its_job(store: Any) -> None:
     add(store, *(node(f"n{i}", NodeState.ALLOCATED, "j1") for i in range(6)))
     job = Job.__new__(Job)
     job.cluster_id, job.job_id = "c1", "j1"
-    job.node_ids = ["n0", "n1", "", "n3", "n4", "n5"]
+    job.node_ids = ("n0", "n1", "", "n3", "n4", "n5")  # as Job.__post_init__ keeps them
     with DocUnitOfWork(store) as uow:
         assert job_nodes.unsound(job, uow) == []
         hot = uow.nodes.get("n4")

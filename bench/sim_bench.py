@@ -178,6 +178,10 @@ def cmd_llama3(args: argparse.Namespace) -> dict[str, Any]:
     result, _ = min(runs, key=lambda r: r[0].timings.wall_s)
     floor_wall, floor_cpu = min(f[0] for f in floors), min(f[1] for f in floors)
     t = result.timings
+    # each run over the floor run right after it, under the same load: on a host whose speed
+    # moves within minutes, the fastest twin and the fastest floor may come from different
+    # moments; a pair does not mix them
+    pairs = [r[1] / f[1] for r, f in zip(runs, floors, strict=True)]
     return {
         "scenario": scenario.name, "gpus": scenario.cluster.gpus,
         "days": scenario.duration_s / 86400, "runs": len(runs),
@@ -189,13 +193,8 @@ def cmd_llama3(args: argparse.Namespace) -> dict[str, Any]:
         "floor_wall_s": floor_wall, "floor_cpu_s": floor_cpu,
         "twin_over_floor_wall": t.wall_s / floor_wall,
         "twin_over_floor_cpu": min(r[1] for r in runs) / floor_cpu,
-        # each run over the floor run right after it, under the same load: on a host whose
-        # speed moves within minutes, the fastest twin and the fastest floor may come from
-        # different moments; the median of the pairs does not mix them
-        "pair_ratios_cpu": sorted(round(r[1] / f[1], 1) for r, f in zip(runs, floors,
-                                                                      strict=True)),
-        "twin_over_floor_cpu_median_pair": statistics.median(
-            r[1] / f[1] for r, f in zip(runs, floors, strict=True)),
+        "pair_ratios_cpu": sorted(round(x, 1) for x in pairs),
+        "twin_over_floor_cpu_median_pair": statistics.median(pairs),
         "restarts": sum(result.restarts.values()),
         "interruptions": sum(result.interruptions.values()),
         "ettr": result.job().ettr, "goodput": result.job().goodput,

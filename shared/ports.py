@@ -251,3 +251,25 @@ class Compute(Protocol):
         """SIGTERM now, SIGKILL after the grace period: the job checkpoints and exits."""
         ...
     def stop_workers(self, job_id: str, attempt: int) -> None: ...
+
+
+class BatchProvisioning(Protocol):
+    """A Compute that takes many machines in one request (GCE's ``instances.bulkInsert``;
+    the twin, which seeds all their random streams in one vectorized pass). Optional: what
+    it does must be what ``provision_node`` does for each node, in order."""
+
+    def provision_nodes(self, nodes: Sequence[Node]) -> None: ...
+
+
+def provision_nodes(compute: Compute, nodes: Sequence[Node]) -> None:
+    """Ask for the machines of ``nodes``: in one call where ``compute`` takes a batch
+    (:class:`BatchProvisioning`), else one call per node, in order. Idempotent by node, as
+    ``provision_node`` is."""
+    if not nodes:
+        return
+    batch = getattr(compute, "provision_nodes", None)
+    if batch is not None:
+        batch(nodes)
+        return
+    for node in nodes:
+        compute.provision_node(node)

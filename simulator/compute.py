@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import simpy
@@ -41,8 +41,6 @@ from simulator.capacity import Capacity, rng_for
 from simulator.clock import EPOCH_S, call_later
 from simulator.failure_processes import FailureProcesses
 from simulator.failures import (
-    PROVISION_DOMAIN,
-    REPAIR_DOMAIN,
     FailureModel,
     Fault,
     fault_conditions,
@@ -52,6 +50,7 @@ from simulator.failures import (
 from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.picking import Qualifying
 from simulator.scenario_types import Scenario
+from simulator.streams import FAILURES_DOMAIN, PROVISION_DOMAIN, REPAIR_DOMAIN
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode, regang
 
 MAX_STARTS_AT_ONE_INSTANT = 1000  # attempts of one job at one simulated time: a livelock
@@ -129,6 +128,17 @@ class SimCompute(FailureProcesses):
             node = self.nodes.get(event.node_id)
             if node is not None and envelope.time > node.verify_since:
                 node.verify_token += 1
+
+    def provision_nodes(self, nodes: Sequence[Node]) -> None:
+        """``provision_node`` for each node, in order, with the new nodes' boot-time and
+        failure streams seeded together first (``Streams.seed_many``: the same numbers)."""
+        fresh = list(dict.fromkeys(n.node_id for n in nodes if n.node_id not in self._provisioning
+                                   and n.node_id not in self.nodes))
+        streams = self.model.streams
+        streams.seed_many(PROVISION_DOMAIN, fresh)
+        streams.seed_many(FAILURES_DOMAIN, fresh)
+        for node in nodes:
+            self.provision_node(node)
 
     def provision_node(self, node: Node) -> None:
         self.calls += 1
@@ -471,9 +481,11 @@ class SimCompute(FailureProcesses):
                                                 fault.cause.name),
                     source="post-repair-check"), AGENT_SOURCE)
             return
+        if n == 1:  # the first pass of these checks: every condition first seen now
+            node.passing = healthy_conditions(observed)
         self.emit(NodeHealthReported(node_id=node.node_id, observed_at=observed,
-                                     conditions=healthy_conditions(observed),
-                                     source="post-repair-check"), AGENT_SOURCE)
+                                     conditions=node.passing, source="post-repair-check"),
+                  AGENT_SOURCE)
         if n < self.return_after_passes + 3:
             call_later(self.env, self.sc.repair.verify_interval_s, self._verify_report, node,
                        token, n + 1)

@@ -15,8 +15,6 @@ import numpy as np
 from shared.domain.events import JobInterruptRequested, NodeHealthReported
 from simulator.clock import EPOCH_S, call_later
 from simulator.failures import (
-    DETECT_DOMAIN,
-    FAILURES_DOMAIN,
     FailureModel,
     Fault,
     fault_conditions,
@@ -24,6 +22,7 @@ from simulator.failures import (
 )
 from simulator.jobs import JobModel
 from simulator.picking import Qualifying
+from simulator.streams import DETECT_DOMAIN, FAILURES_DOMAIN
 from simulator.world import AGENT_SOURCE, OPERATOR_SOURCE, Attempt, SimNode
 
 

@@ -25,7 +25,6 @@ stragglers (a node that runs slow for a while, reported by the speed check).
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +34,7 @@ import numpy as np
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
 from shared.policies.ranking import action_rank
 from simulator.readers import Dist
+from simulator.streams import FAILURES_DOMAIN, Streams
 
 # ---------------------------------------------------------------- published Llama 3 figures
 # arXiv:2407.21783, section 3.3.4 and Table 5
@@ -281,96 +281,6 @@ class Fault:
     fix: str
     at: float  # simulated seconds
     group: int = 1
-
-
-# stream domains: each kind of randomness has its own keyed family of streams
-FAILURES_DOMAIN = 1  # per node: lemon draw, fault arrivals, causes, variants, true fixes
-REPAIR_DOMAIN = 2  # per (node, repair attempt): duration, mechanical failure
-DETECT_DOMAIN = 3  # per (node, fault number): detection delay
-PROVISION_DOMAIN = 4  # per node: boot time (or the replacement's lead time)
-
-
-_Generator, _PCG64 = np.random.Generator, np.random.PCG64
-_WORD = 0xFFFF_FFFF
-
-
-def _hash_consts() -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """SeedSequence's output hash constants for 8 words: before and after each multiply."""
-    before, after, h = [], [], 0x8B51F9DD  # numpy's INIT_B
-    for _ in range(8):
-        before.append(h)
-        h = (h * 0x58F38DED) & _WORD  # MULT_B
-        after.append(h)
-    return tuple(before), tuple(after)
-
-
-_H, _H2 = _hash_consts()
-
-
-class _SeedSequence(np.random.SeedSequence):
-    """numpy's SeedSequence, with the one state PCG64 asks for (4 x uint64 from a pool of 4)
-    computed here: the same bits (a test checks them against numpy's), without the
-    ``np.errstate`` context, the zeroed array and the three dtype conversions around
-    numpy's 8-step loop, which cost half of a stream's setup (5,000 streams a run)."""
-
-    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
-        pool = self.pool
-        if n_words != 4 or dtype is not np.uint64 or len(pool) != 4:
-            return super().generate_state(n_words, dtype)
-        p0, p1, p2, p3 = pool.tolist()
-        h, h2 = _H, _H2
-        # word i: (pool[i % 4] ^ h[i]) * h2[i], then xor its high half into its low half
-        # (unrolled: a loop costs as much as numpy's own overhead)
-        w0 = ((p0 ^ h[0]) * h2[0]) & _WORD
-        w1 = ((p1 ^ h[1]) * h2[1]) & _WORD
-        w2 = ((p2 ^ h[2]) * h2[2]) & _WORD
-        w3 = ((p3 ^ h[3]) * h2[3]) & _WORD
-        w4 = ((p0 ^ h[4]) * h2[4]) & _WORD
-        w5 = ((p1 ^ h[5]) * h2[5]) & _WORD
-        w6 = ((p2 ^ h[6]) * h2[6]) & _WORD
-        w7 = ((p3 ^ h[7]) * h2[7]) & _WORD
-        return np.array(((w0 ^ w0 >> 16) | (w1 ^ w1 >> 16) << 32,
-                         (w2 ^ w2 >> 16) | (w3 ^ w3 >> 16) << 32,
-                         (w4 ^ w4 >> 16) | (w5 ^ w5 >> 16) << 32,
-                         (w6 ^ w6 >> 16) | (w7 ^ w7 >> 16) << 32), dtype=np.uint64)
-
-
-def stable_key(text: str) -> int:
-    """A 32-bit key for a name, the same in every process (``hash()`` is salted)."""
-    return zlib.crc32(text.encode("utf-8"))
-
-
-class Streams:
-    """Random streams keyed by what they are for, so common random numbers survive changes
-    of fleet size, spares and repair times: node ``n``'s faults come from the stream keyed
-    (seed, node id) whatever other nodes exist, and the duration of its ``k``-th repair from
-    the stream keyed (seed, node id, k), whatever was drawn before (numpy ``SeedSequence``
-    entropy lists: independent streams for distinct keys)."""
-
-    def __init__(self, base: int) -> None:
-        self.base = base
-        # the base as SeedSequence reads an int: 32-bit words, least significant first
-        words, rest = [], base
-        while True:
-            words.append(rest & _WORD)
-            rest >>= 32
-            if not rest:
-                break
-        self._words = tuple(words)
-
-    @classmethod
-    def from_rng(cls, rng: np.random.Generator) -> Streams:
-        return cls(int(rng.integers(2**63)))
-
-    def rng(self, domain: int, name: str, *index: int) -> np.random.Generator:
-        # what ``default_rng([base, domain, key, *index])`` builds, with the entropy handed
-        # over as the uint32 words SeedSequence would make of that list (the same numbers,
-        # a quarter cheaper: two streams per node)
-        key = stable_key(name)
-        if domain > _WORD or any(not 0 <= i <= _WORD for i in index):
-            return _Generator(_PCG64(_SeedSequence([self.base, domain, key, *index])))
-        words = np.array((*self._words, domain, key, *index), dtype=np.uint32)
-        return _Generator(_PCG64(_SeedSequence(words)))
 
 
 class NodeStream:

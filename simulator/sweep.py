@@ -2,7 +2,7 @@
 
 Replication ``r`` of every grid point uses seed ``base + r``: the grid points see the same
 random failures (common random numbers: every node's faults come from a stream keyed by the
-seed and the node, see ``simulator.failures.Streams``), so their differences are not sampling
+seed and the node, see ``simulator.streams.Streams``), so their differences are not sampling
 noise. Each run has a wall-clock limit (``timeout_s``): a run past it is reported as timed out
 (``status``), as is one whose simulated clock wedged (``WedgedClock``), left out of the means
 and counted (``failed``), instead of holding a worker and its memory for ever.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from simulator.failures import Fault, NodeStream
 from simulator.scenario_types import JobCfg
@@ -31,6 +32,11 @@ class SimNode:
     life_token: int = 0
     verify_token: int = 0
     verify_since: float = 0.0  # when the current post-repair checks began (epoch s)
+    # the conditions the current checks report while they pass: the agent keeps a
+    # condition's ``since`` while its status holds (node-problem-detector semantics,
+    # ``shared.probes.agent.SinceTracker``), so every passing report of one round of checks
+    # carries the same conditions, stamped when they were first seen passing
+    passing: tuple[dict[str, Any], ...] = ()
     # the job whose latest attempt started here (None: none since it left one): a restart
     # reseats only the nodes that joined or left the gang (SimCompute.start_workers)
     seat: SimJob | None = None
@@ -38,7 +44,7 @@ class SimNode:
     # on it while it was down): what ``attempt`` answers until the node is seated again
     pinned: Attempt | None = None
     replacement: bool = False
-    stream: NodeStream | None = None  # its own failure randomness (simulator.failures.Streams)
+    stream: NodeStream | None = None  # its own failure randomness (simulator.streams.Streams)
     faults: int = 0  # faults so far: keys the detection-delay streams
     fault_reports: int = 0  # reports of the current fault so far (the same)
     repairs: int = 0  # repairs started so far

@@ -37,7 +37,7 @@ from shared.domain.model import (
     Partition,
 )
 from shared.handling import Deps
-from shared.ports import UnitOfWork
+from shared.ports import UnitOfWork, provision_nodes
 
 SERVICE = "provisioning"
 log = logging.getLogger("mtc.provisioning")
@@ -95,6 +95,7 @@ def step_create_nodes(cluster_id: str, generation: int, uow: UnitOfWork, deps: D
         taken = {n.node_id for n in existing.values()}
         index = 0
         workers = sum(1 for n in active if not n.is_spare)  # counted once, not per node
+        asked: list[Node] = []  # the pool's new machines, asked for in one request
         while len(active) < pool.node_count:
             name = node_name(cluster_id, pool.pool_id, index)
             index += 1
@@ -106,10 +107,11 @@ def step_create_nodes(cluster_id: str, generation: int, uow: UnitOfWork, deps: D
                         is_spare=workers >= pool.node_count - pool.spare_count,
                         generation=generation, renewed_at=now)
             uow.nodes.add(node)
-            deps.compute.provision_node(node)
+            asked.append(node)
             active.append(node)
             workers += not node.is_spare
             requested += 1
+        provision_nodes(deps.compute, asked)
         requested += _shrink(pool.node_count, active, uow, deps)
     _sync_partitions(cluster, uow)
     return requested

@@ -40,6 +40,7 @@ from shared.domain.events import (
 )
 from shared.domain.health import RepairAction
 from shared.policies.repair import DEEP_CHECK_SOURCE, DEEP_CHECK_TYPES
+from shared.ports import provision_nodes
 from tests.contract.compute_drivers import DRIVERS, JOB, WORLD, Driver, make_node
 
 NODES = tuple(f"w{i}" for i in range(WORLD))
@@ -88,6 +89,20 @@ def test_a_repeated_provision_is_one_node(driver: Driver) -> None:
     for _ in range(3):
         driver.settle()
     assert [e.node_id for e in driver.events.of(NodeProvisioned)] == ["w0"]
+    assert all(e.ok for e in driver.events.of(NodeProvisioned))
+
+
+def test_a_batch_of_provisions_is_each_node_once(driver: Driver) -> None:
+    """``shared.ports.provision_nodes``: one request for many machines (where the adapter
+    takes a batch, as the twin does) brings up each node once, a node named twice in it or
+    asked for again included."""
+    nodes = [make_node(n) for n in ("w0", "w1", "w0")]
+    provision_nodes(driver.compute, nodes)
+    up(driver, "w0", "w1")
+    provision_nodes(driver.compute, [make_node("w1")])
+    for _ in range(3):
+        driver.settle()
+    assert sorted(e.node_id for e in driver.events.of(NodeProvisioned)) == ["w0", "w1"]
     assert all(e.ok for e in driver.events.of(NodeProvisioned))
 
 

@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.failures import _SeedSequence
 from simulator.readers import Dist
+from simulator.streams import Streams, _SeedSequence, pcg64_seeds, stable_key
 
 words = st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=8)
 
@@ -23,6 +23,26 @@ def test_the_state_is_numpys(entropy: list[int]) -> None:
         4, np.uint64).tolist()
     draws = np.random.Generator(np.random.PCG64(mine)).random(4)
     assert draws.tolist() == np.random.Generator(np.random.PCG64(numpys)).random(4).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(base=st.integers(0, 2**63 - 1), domain=st.integers(0, 2**32 - 1),
+       names=st.lists(st.text(max_size=12), min_size=1, max_size=20, unique=True))
+def test_streams_seeded_many_at_once_are_the_streams_seeded_one_by_one(
+        base: int, domain: int, names: list[str]) -> None:
+    """``Streams.seed_many`` (SeedSequence's hashing for every name in one vectorized pass)
+    gives each stream numpy's own seed for its entropy, so the same draws as ``rng`` alone."""
+    seeds = pcg64_seeds((*Streams(base)._words, domain),
+                        np.array([stable_key(n) for n in names], dtype=np.uint32))
+    for name, seed in zip(names, seeds, strict=True):
+        numpys = np.random.SeedSequence([base, domain, stable_key(name)])
+        assert seed.tolist() == numpys.generate_state(4, np.uint64).tolist()
+    many, one = Streams(base), Streams(base)
+    many.seed_many(domain, names)
+    for name in names:
+        assert many.rng(domain, name).random(3).tolist() == one.rng(domain, name).random(3).tolist()
+    assert many.rng(domain, names[0]).random(3).tolist() == one.rng(domain, names[0]).random(
+        3).tolist()  # asked for again: seeded again, to the same state
 
 
 @given(entropy=words, n_words=st.integers(1, 9))

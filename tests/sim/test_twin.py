@@ -229,3 +229,35 @@ def test_weibull_lifetimes_stragglers_and_a_finite_job() -> None:
     assert jg.lost(Badput.PROGRAM_SLOWDOWN) > 0 and jg.program_goodput < 0.4
     assert jg.nominal_s == pytest.approx(2 * 86400, rel=0.01)
     assert any(d.cause == "slow_node" for d in jg.disruptions)
+
+
+def test_post_repair_checks_keep_since_while_they_pass_as_the_agent_does(
+        xid79: Scenario) -> None:
+    """The simulated agent reports as ``shared.probes.agent`` does: a condition's ``since``
+    is when its status was first seen and stays while the status holds. Each round of checks
+    (after provisioning or a repair: a fresh agent) stamps its conditions at its first pass,
+    and every later pass of that round carries the same ``since``."""
+    result = twin.run(xid79, seed=3)
+    checks: dict[str, list[tuple[float, set[float]]]] = {}
+    for row in result.rows:
+        data = row["data"]
+        if row["type"] == "mtc.node.health_reported.v1" \
+                and data["source"] == "post-repair-check" \
+                and all(c["status"] == "false" for c in data["conditions"]):
+            checks.setdefault(data["node_id"], []).append(
+                (data["observed_at"], {c["since"] for c in data["conditions"]}))
+    kept = rounds = 0
+    for reports in checks.values():
+        stamp = None
+        for observed_at, sinces in reports:
+            assert len(sinces) == 1  # one round's conditions were all first seen together
+            (since,) = sinces
+            assert since <= observed_at
+            if since == observed_at:  # a round's first pass
+                rounds += 1
+            else:  # a later pass of the same round: the first pass's stamp
+                assert since == stamp
+                kept += 1
+            stamp = since
+    assert rounds > len(checks)  # bring-up's rounds and at least one after a repair
+    assert kept >= rounds  # each round passes more than once before the node returns

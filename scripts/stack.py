@@ -264,9 +264,16 @@ class Stack:
 
     def api(self, method: str, path: str, body: Any = None, timeout_s: float = 60) -> Any:
         """One API call with the stack's bearer token; ``path`` starts at the version
-        (``/v1/...``). A 4xx or 5xx raises, with the google.rpc.Status it answered."""
-        resp = requests.request(method, self.urls["api"] + path, json=body, timeout=timeout_s,
-                                headers={"Authorization": f"Bearer {self.api_token}"})
+        (``/v1/...``). A GET answered 503 UNAVAILABLE (the store busy) is tried again after
+        its ``Retry-After``, as the SDK's retry would; any other 4xx or 5xx raises, with the
+        google.rpc.Status it answered."""
+        for _ in range(5):
+            resp = requests.request(method, self.urls["api"] + path, json=body,
+                                    timeout=timeout_s,
+                                    headers={"Authorization": f"Bearer {self.api_token}"})
+            if resp.status_code != 503 or method != "GET":
+                break
+            time.sleep(float(resp.headers.get("Retry-After", "1")))
         if resp.status_code >= 400:
             raise RuntimeError(f"{method} {path}: {resp.status_code} {resp.text}")
         return resp.json()

@@ -53,9 +53,10 @@ def mtc_serve(state_dir: Path, token: str, *, timeout_s: float = 30.0,
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                requests.get(f"{url}/openapi.json", timeout=1)
+                requests.get(f"{url}/openapi.json", timeout=5)
                 break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not up, or still starting
+                # (a loaded machine answered the first request after the 1 s this waited)
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"mtc serve did not start: {log.name}") from None
                 time.sleep(0.1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -36,6 +37,7 @@ from services.api.context import ApiContext
 from services.api.errors import ApiError, FieldViolation
 from services.api.names import Parent, parent
 from services.api.openapi import document
+from shared.domain.errors import TransientError
 
 log = logging.getLogger("mtc.api")
 MAX_BODY_BYTES = 1 << 20
@@ -352,11 +354,17 @@ def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiC
         principal = ctx.guard.check(request.headers.get("Authorization"), route.permission,
                                     where.project)
         who = groups["principal"] = principal.name
-        body, status = route.call(ctx, where, groups, request)
+        body, status = _call(route, ctx, where, groups, request)
         response = _json(body, status)
     except ApiError as exc:
         status = exc.http_status
         response = _json(exc.body(), status)
+    except TransientError as exc:  # the store was busy: the caller's retry will do
+        log.warning("%s %s: %s", request.method, path, exc)
+        status = 503
+        response = _json(ApiError("UNAVAILABLE", "the store is busy (a concurrent "
+                                  "transaction held what this call reads); retry").body(), 503)
+        response.headers["Retry-After"] = "1"
     except Exception:
         log.exception("%s %s failed", request.method, path)
         status = 500
@@ -367,6 +375,26 @@ def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiC
                          method=request.method, status=status, now=ctx.now,
                          reason=_audit_reason(request) if route.reasoned else "")
     return response
+
+
+READ_RETRIES_S = (0.05, 0.1, 0.2, 0.4)  # waits before each retry of a read the store refused
+
+
+def _call(route: Route, ctx: ApiContext, where: Parent, groups: dict[str, str],
+          request: flask.Request) -> tuple[Any, int]:
+    """The route, with a read retried when the store answers a transient error (Firestore
+    aborts a transaction's read that waits on a concurrent writer's lock). A read has no
+    effect to repeat; a write is not retried here: a commit that timed out may have landed,
+    so its caller decides (it gets 503 UNAVAILABLE)."""
+    if request.method != "GET":
+        return route.call(ctx, where, groups, request)
+    for wait_s in READ_RETRIES_S:
+        try:
+            return route.call(ctx, where, groups, request)
+        except TransientError as exc:
+            log.info("%s %s: %s; retrying in %gs", request.method, request.path, exc, wait_s)
+            time.sleep(wait_s)
+    return route.call(ctx, where, groups, request)
 
 
 def create_app(ctx: ApiContext) -> flask.Flask:

@@ -119,14 +119,17 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(cluster: Path, tmp_path:
 def test_fault_drains_requeues_and_repairs_across_processes(cluster: Path,
                                                             tmp_path: Path) -> None:
     spec = tmp_path / "job.json"
-    write(spec, job_body(80))
+    # 240 steps of 50 ms: after the first checkpoint (step 20) about 11 s of training are
+    # left for the fault to be reported, diagnosed and drained, each through a new process
+    # (with 80 steps a loaded 2-core machine finished the job first: no restart to see)
+    write(spec, job_body(240))
     mtc(cluster, "job", "submit", "-f", str(spec), "--job-id", "t1")
     job = progress(wait_for(cluster, lambda: (j := mtc_json(cluster, "job", "get", "t1"))
                             ["mtcProgress"].get("latestCheckpoint") and j))
     victim = job["nodes"][0]
     mtc(cluster, "node", "fault", victim, "--xid", "79")
     done = wait_for(cluster, lambda: (j := mtc_json(cluster, "job", "get", "t1"))["state"]
-                    == "JOB_STATE_SUCCEEDED" and j, timeout=60)
+                    == "JOB_STATE_SUCCEEDED" and j, timeout=120)
     assert progress(done)["restartCount"] == 1 and victim not in progress(done)["nodes"]
     node = wait_for(cluster, lambda: next(n for n in mtc_json(cluster, "node", "list")
                                           if n["nodeId"] == victim)["state"] == "idle")

@@ -26,7 +26,7 @@ def test_the_production_topology_heals_a_job_on_real_slurm(cluster: Cluster,
     if check.returncode != 0:
         pytest.skip(f"the Pub/Sub and Firestore emulators are not installed: {check.stderr}")
     state, result_file = tmp_path / "stack", tmp_path / "result.json"
-    out = run_script("stack_slurm.py", "--state-dir", str(state), "--steps", "200",
+    out = run_script("stack_slurm.py", "--state-dir", str(state), "--steps", "300",
                      "--json-out", str(result_file), timeout_s=240, drop_env=("SLURM_CONF",))
     result = json.loads(result_file.read_text())
     victim = result["victim"]
@@ -44,7 +44,7 @@ def test_the_production_topology_heals_a_job_on_real_slurm(cluster: Cluster,
     # the node was rebooted, passed its checks and is back: idle in Slurm, not drained
     assert result["victim_final"] == {"state": "idle", "drained": False}
     assert result["state"] == "JOB_STATE_SUCCEEDED" and result["restarts"] == 1
-    assert int(result["last_checkpoint"]) == 200
+    assert int(result["last_checkpoint"]) == 300
     # every compute call went through the executor, and each was applied
     assert result["executor_counts"].get("applied", 0) >= 10
     assert not result["executor_counts"].get("refused")

@@ -83,3 +83,60 @@ def test_the_served_document_is_the_generated_one(api: Api) -> None:
     resp = api.client.get("/openapi.json")
     assert resp.status_code == 200
     assert json.loads(resp.get_data(as_text=True)) == document(ROUTES)
+
+
+
+def _busy_store(monkeypatch: Any, collection: str, times: int) -> list[int]:
+    """The store refuses the next ``times`` reads of ``collection`` as Firestore does when a
+    concurrent transaction holds their lock (a TransientError); returns a counter."""
+    from shared.adapters.sqlite_store import SqliteTransaction
+    from shared.domain.errors import TransientError
+
+    refused = [0]
+    get, query = SqliteTransaction.get, SqliteTransaction.query
+
+    def refuse(name: str) -> None:
+        if name == collection and refused[0] < times:
+            refused[0] += 1
+            raise TransientError(f"concurrent transaction held {name}: 409 lock timeout")
+
+    def busy_get(self: Any, name: str, doc_id: str) -> dict[str, Any] | None:
+        refuse(name)
+        return get(self, name, doc_id)
+
+    def busy_query(self: Any, name: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
+        refuse(name)
+        return query(self, name, equals)
+
+    monkeypatch.setattr(SqliteTransaction, "get", busy_get)
+    monkeypatch.setattr(SqliteTransaction, "query", busy_query)
+    return refused
+
+
+def test_a_read_that_meets_a_busy_store_is_retried_not_a_500(api: Api, monkeypatch: Any
+                                                             ) -> None:
+    """Seen on the emulator stack: a GET of a cluster's nodes waited on a handler's
+    transaction, Firestore aborted the read, and the API answered 500 INTERNAL."""
+    api.cluster("c1")
+    refused = _busy_store(monkeypatch, "nodes", 2)
+    resp = api.call("GET", f"/v1beta1/{PARENT}/modelDevelopmentClusters/c1/nodes")
+    assert resp.status_code == 200, resp.json
+    assert refused[0] == 2 and len(resp.json["nodes"]) >= 2
+
+
+def test_a_store_that_stays_busy_is_503_unavailable_and_changes_nothing(
+        api: Api, monkeypatch: Any) -> None:
+    api.cluster("c1")
+    cluster = f"/v1beta1/{PARENT}/modelDevelopmentClusters/c1"
+    refused = _busy_store(monkeypatch, "nodes", 1_000)
+    resp = api.call("GET", f"{cluster}/nodes")
+    assert resp.status_code == 503 and resp.json["error"]["status"] == "UNAVAILABLE"
+    assert resp.headers["Retry-After"] == "1" and refused[0] == 5  # the read and 4 retries
+    # a write is not retried (a commit that timed out may have landed): one try, then 503
+    monkeypatch.undo()
+    refused = _busy_store(monkeypatch, "clusters", 1_000)
+    resp = api.call("DELETE", cluster)
+    assert resp.status_code == 503 and resp.json["error"]["status"] == "UNAVAILABLE"
+    assert refused[0] == 1
+    monkeypatch.undo()
+    assert api.call("GET", cluster).json["state"] == "READY"

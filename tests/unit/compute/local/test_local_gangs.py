@@ -28,7 +28,9 @@ from tests.harness import Recorder, one_pool_gang
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 GRACE_S = 2.0
-MARGIN_S = 3.0
+# how long past the grace period an end may take: liveness bounds, not measurements (a loaded
+# 2-core CI machine starts and reaps Python processes slowly)
+MARGIN_S = 8.0
 
 # Checkpoints every 50 ms, atomically; ``IGNORE_TERM=1`` makes a rank ignore SIGTERM, so only
 # the SIGKILL after the grace period can end it.

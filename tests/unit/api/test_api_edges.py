@@ -85,7 +85,6 @@ def test_the_served_document_is_the_generated_one(api: Api) -> None:
     assert json.loads(resp.get_data(as_text=True)) == document(ROUTES)
 
 
-
 def _busy_store(monkeypatch: Any, collection: str, times: int) -> list[int]:
     """The store refuses the next ``times`` reads of ``collection`` as Firestore does when a
     concurrent transaction holds their lock (a TransientError); returns a counter."""

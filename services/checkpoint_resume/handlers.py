@@ -1,7 +1,9 @@
 """Checkpoint-resume: tell jobs to checkpoint, record checkpoints, requeue interrupted jobs.
 
 Worker events carry the attempt number: results of an older attempt are stale and ignored,
-so a late exit of a killed attempt cannot end the attempt that replaced it.
+so a late exit of a killed attempt cannot end the attempt that replaced it. An exit of a newer
+attempt than the recorded one outran the commit that started it: it is held on the job and
+announced again when that start commits (``JobRecovery.early_exit``).
 
 Which exits restart the job and which fail it is decided on evidence (``shared.domain.exits``,
 ``restarts.py``): the control plane's own stop, or a node under the attempt that failed,
@@ -22,7 +24,7 @@ import contextlib
 from services.checkpoint_resume import restarts
 from shared import job_nodes
 from shared.domain import exits, lifecycle, progress, ranks, timeouts
-from shared.domain.errors import NotFound, TransientError
+from shared.domain.errors import NotFound
 from shared.domain.events import (
     JobCheckpointSaved,
     JobFinished,
@@ -104,8 +106,10 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
     job = uow.jobs.get(event.job_id)
     if job is None:
         raise NotFound("job", event.job_id)
-    if event.attempt > job.attempt:  # the start of that attempt is not visible yet: retry
-        raise TransientError(f"job {job.job_id}: attempt {event.attempt} not recorded yet")
+    if event.attempt > job.attempt:  # its start is not visible yet: announced again by it
+        if not job.terminal:
+            job.recovery.hold_early_exit(event.attempt, event.exit_code, event.detail)
+        return
     if event.attempt != job.attempt or job.state not in (JobState.RUNNING, JobState.CANCELLING):
         return
     now = deps.clock.now()

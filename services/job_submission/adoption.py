@@ -57,6 +57,9 @@ def on_job_adopted(event: JobAdopted, uow: UnitOfWork, deps: Deps) -> None:
     latest = job.latest_checkpoint
     uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=tuple(job.node_ids),
                         resume_step=latest.step if latest else -1))
+    early = job.recovery.take_early_exit(job.job_id, job.attempt)
+    if early is not None:  # its exit was seen before this adoption committed
+        uow.emit(early)
 
 
 def _release_unused(job: Job, keep: set[str], uow: UnitOfWork, now: float) -> None:

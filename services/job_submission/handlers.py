@@ -414,6 +414,9 @@ def _start(job: Job, placed: list[str], uow: UnitOfWork, deps: Deps) -> None:
     latest = job.latest_checkpoint
     uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=workers.node_ids,
                         resume_step=latest.step if latest else -1))
+    early = job.recovery.take_early_exit(job.job_id, job.attempt)
+    if early is not None:  # the attempt already ran and exited before this commit
+        uow.emit(early)
 
 
 def output_dirs(job: Job, deps: Deps) -> tuple[str, str, str]:

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from shared import deep_checks
 from shared.domain import lifecycle
-from shared.domain.errors import NotFound, TransientError
+from shared.domain.errors import NotFound
 from shared.domain.events import (
     JobInterruptRequested,
     NodeDiagnosed,
@@ -138,8 +138,11 @@ def on_repair_completed(event: NodeRepairCompleted, uow: UnitOfWork, deps: Deps)
     node = uow.nodes.get(event.node_id)
     if node is None:
         raise NotFound("node", event.node_id)
-    if event.attempt > node.repair_attempt:  # its start is not visible yet: retry
-        raise TransientError(f"{node.node_id}: repair attempt {event.attempt} not recorded yet")
+    if event.attempt > node.repair_attempt:  # its start is not visible yet: announced by it
+        if node.state is not NodeState.RETIRED and (
+                node.early_repair is None or event.attempt >= node.early_repair[0]):
+            node.early_repair = (event.attempt, event.action, event.ok, event.detail)
+        return
     if node.state is not NodeState.REPAIRING or event.attempt != node.repair_attempt:
         return  # a late result of an older attempt
     now = deps.clock.now()
@@ -175,6 +178,23 @@ def _launch(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reaso
     deps.compute.start_repair(node.node_id, action, node.repair_attempt)
     uow.emit(NodeRepairStarted(node_id=node.node_id, action=action.value,
                                attempt=node.repair_attempt, reason=reason))
+    early = _take_early_repair(node)
+    if early is not None:  # that repair already ran and answered before this commit
+        uow.emit(early)
+
+
+def _take_early_repair(node: Node) -> NodeRepairCompleted | None:
+    """The result the node's just-started repair attempt already had (``Node.early_repair``);
+    a held result of an older attempt is dropped, a newer one kept."""
+    held = node.early_repair
+    if held is None or held[0] > node.repair_attempt:
+        return None
+    node.early_repair = None
+    if held[0] < node.repair_attempt:
+        return None
+    attempt, action, ok, detail = held
+    return NodeRepairCompleted(node_id=node.node_id, action=action, attempt=attempt, ok=ok,
+                               detail=detail)
 
 
 def _fail(node: Node, reason: str, uow: UnitOfWork, deps: Deps) -> None:

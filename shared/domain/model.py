@@ -209,6 +209,10 @@ class Node:
     renewed_at: float | None = None
     fault: str = ""  # the active fault whose diagnosis takes the node out ("" when healthy)
     operator_request: str = ""  # the last operator command applied ("verb:reason")
+    # a repair's result that came before the commit that started that repair (compute answers
+    # from outside the asking transaction): [attempt, action, ok, detail], announced again by
+    # that start when it commits (repair service)
+    early_repair: tuple[int, str, bool, str] | None = None
 
     def transition(self, target: NodeState, now: float, reason: str = "") -> None:
         if target is self.state and target is not NodeState.REPAIRING:

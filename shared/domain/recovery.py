@@ -11,13 +11,26 @@ it are ``shared.policies.restarts`` and ``shared.domain.progress``).
   placement (cleared when the job starts again);
 * ``progress_at``: the newest progress of the running attempt (its start, then each new
   checkpoint); ``progress_interval_s`` the longest gap between progress seen so far (0: the
-  job never reported progress, so the watchdog cannot judge it).
+  job never reported progress, so the watchdog cannot judge it);
+* ``early_exit``: the workers' exit of an attempt whose start is not visible yet. Compute
+  answers from outside the transaction that asked it, so across processes the exit can come
+  before that transaction commits (a commit retried for 20 s on a busy store). Kept here, it is
+  announced again by the start that commits (``take_early_exit``), rather than redelivered
+  until a delivery budget runs out and lost, which left a RUNNING job with no workers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+from shared.domain.events import JobWorkersExited
+
+
+class EarlyExit(NamedTuple):
+    attempt: int
+    exit_code: int
+    detail: str = ""
 
 
 @dataclass
@@ -28,6 +41,7 @@ class JobRecovery:
     excluded_node_ids: list[str] = field(default_factory=list)
     progress_at: float | None = None
     progress_interval_s: float = 0.0
+    early_exit: EarlyExit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -37,6 +51,7 @@ class JobRecovery:
             "excluded_node_ids": list(self.excluded_node_ids),
             "progress_at": self.progress_at,
             "progress_interval_s": self.progress_interval_s,
+            "early_exit": None if self.early_exit is None else list(self.early_exit),
         }
 
     @classmethod
@@ -49,4 +64,23 @@ class JobRecovery:
             excluded_node_ids=list(d.get("excluded_node_ids", [])),
             progress_at=d.get("progress_at"),
             progress_interval_s=d.get("progress_interval_s", 0.0),
+            early_exit=EarlyExit(*d["early_exit"]) if d.get("early_exit") else None,
         )
+
+    def hold_early_exit(self, attempt: int, exit_code: int, detail: str) -> None:
+        """Keep the exit of ``attempt``, whose start is not recorded yet (the newest wins:
+        an attempt starts only after the one before it is recorded)."""
+        if self.early_exit is None or attempt >= self.early_exit.attempt:
+            self.early_exit = EarlyExit(attempt, exit_code, detail)
+
+    def take_early_exit(self, job_id: str, attempt: int) -> JobWorkersExited | None:
+        """Attempt ``attempt`` has just started: the exit it already had, to announce again
+        with its start (None: none held). A held exit of an older attempt is dropped."""
+        held = self.early_exit
+        if held is None or held.attempt > attempt:
+            return None
+        self.early_exit = None
+        if held.attempt < attempt:
+            return None
+        return JobWorkersExited(job_id=job_id, attempt=attempt, exit_code=held.exit_code,
+                                detail=held.detail)

@@ -164,8 +164,9 @@ def test_a_node_that_cannot_be_had_rolls_the_cluster_back() -> None:
     assert cluster_state(plane) is ClusterState.FAILED
 
 
-def test_results_that_outrun_their_commit_are_retried_not_lost() -> None:
+def test_results_that_outrun_their_commit_are_not_lost() -> None:
     """Across processes compute can answer before the asking transaction is visible."""
+    from shared.adapters.outbox_bus import MAX_DELIVERY_ATTEMPTS
     from shared.domain.events import JobWorkersExited, NodeProvisioned
 
     plane = Plane()
@@ -177,13 +178,35 @@ def test_results_that_outrun_their_commit_are_retried_not_lost() -> None:
     assert plane.node("c1-gpu-000").state is NodeState.VERIFYING
     plane.bring_up()
     plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
-    plane.inject(JobWorkersExited(job_id="j1", attempt=2, exit_code=0))  # attempt 2 not yet
-    plane.deliver()
+    # attempt 2's exit, before the commit that starts attempt 2 shows: however long that
+    # commit takes (more deliveries than the budget), the exit is held on the job, not lost
+    plane.inject(JobWorkersExited(job_id="j1", attempt=2, exit_code=0, detail="early"))
+    for _ in range(MAX_DELIVERY_ATTEMPTS + 1):
+        plane.deliver()
     assert plane.job("j1").state is JobState.RUNNING and plane.job("j1").attempt == 1
-    plane.exit_workers("j1", 1, 75)  # attempt 2 starts; the early exit now applies
+    assert plane.job("j1").recovery.early_exit == (2, 0, "early")
+    assert plane.deps.dead_letters.list() == []  # type: ignore[attr-defined]
+    plane.exit_workers("j1", 1, 75)  # attempt 2 starts; its start announces the held exit
     plane.deliver()
+    job = plane.job("j1")
+    assert job.state is JobState.SUCCEEDED and job.attempt == 2, job
+    assert job.recovery.early_exit is None
+
+
+def test_an_early_exit_of_a_job_that_ended_is_dropped() -> None:
+    """A job that ended before the start an early exit answers: nothing is held."""
+    from shared.domain.events import JobWorkersExited
+
+    plane = Plane().up()
+    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.exit_workers("j1", 1, 1)  # the program's own failure: FAILED
+    assert plane.job("j1").state is JobState.FAILED
+    plane.exit_workers("j1", 2, 0)
+    assert plane.job("j1").state is JobState.FAILED
+    assert plane.job("j1").recovery.early_exit is None
+    plane.inject(JobWorkersExited(job_id="j1", attempt=1, exit_code=0))  # stale: ignored
     plane.deliver()
-    assert plane.job("j1").state is JobState.SUCCEEDED
+    assert plane.job("j1").state is JobState.FAILED
 
 
 def test_an_answer_for_a_node_that_never_exists_is_dead_lettered() -> None:

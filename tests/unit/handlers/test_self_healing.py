@@ -102,6 +102,30 @@ def test_stale_repair_result_is_ignored() -> None:
     assert plane.node(node).state is NodeState.REPAIRING
 
 
+def test_a_repair_result_that_outruns_its_start_is_held_and_applied() -> None:
+    """Compute answers from outside the transaction that started the repair: attempt 2's
+    result can come before attempt 2 is recorded. Held on the node however long that commit
+    takes, it is announced again by the start, not redelivered until it is dead-lettered."""
+    from shared.adapters.outbox_bus import MAX_DELIVERY_ATTEMPTS
+    from shared.domain.events import NodeRepairCompleted
+
+    plane = ready_plane()
+    node = "c1-gpu-001"
+    plane.report(node, xid(79, plane.clock.now()))
+    plane.deliver()
+    assert plane.compute.repairs == [(node, RepairAction.REBOOT, 1)]
+    plane.inject(NodeRepairCompleted(node_id=node, action="reimage", attempt=2, ok=True))
+    for _ in range(MAX_DELIVERY_ATTEMPTS + 1):
+        plane.deliver()
+    assert plane.node(node).state is NodeState.REPAIRING
+    assert list(plane.node(node).early_repair or ()) == [2, "reimage", True, ""]
+    assert plane.deps.dead_letters.list() == []  # type: ignore[attr-defined]
+    plane.finish_repairs(ok=False)  # the reboot failed: the ladder starts attempt 2, reimage
+    assert plane.compute.repairs == [(node, RepairAction.REIMAGE, 2)]
+    assert plane.node(node).state is NodeState.VERIFYING  # its held result applied
+    assert plane.node(node).early_repair is None
+
+
 def test_slow_node_acts_only_when_confirmed() -> None:
     from shared.domain.health import Condition, ConditionStatus, ConditionType
 

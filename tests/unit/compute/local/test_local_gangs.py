@@ -33,7 +33,9 @@ GRACE_S = 2.0
 MARGIN_S = 8.0
 
 # Checkpoints every 50 ms, atomically; ``IGNORE_TERM=1`` makes a rank ignore SIGTERM, so only
-# the SIGKILL after the grace period can end it.
+# the SIGKILL after the grace period can end it. A rank writes ``ready-<rank>`` once its signal
+# disposition is set: a signal sent before that meets Python's default (a loaded machine starts
+# the interpreter slowly), so the tests wait for it.
 TRAIN = textwrap.dedent(
     """
     import os, signal, time
@@ -41,6 +43,7 @@ TRAIN = textwrap.dedent(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     d = os.environ["AIP_CHECKPOINT_DIR"]
     rank, step = os.environ["RANK"], 0
+    open(os.path.join(d, f"ready-{rank}"), "w").close()
     while True:
         step += 1
         if rank == "1":
@@ -105,16 +108,18 @@ def compute(tmp_path: Path) -> Iterator[tuple[LocalCompute, Recorder]]:
     made.close()
 
 
-def trainers(compute: LocalCompute, job_id: str) -> dict[int, int]:
-    """rank -> pid of the training process (the launcher's child), once both run."""
+def trainers(compute: LocalCompute, started: Gang) -> dict[int, int]:
+    """rank -> pid of the training process (the launcher's child), once both run and have
+    set their signal dispositions (``ready-<rank>``)."""
     found: dict[int, int] = {}
 
     def both() -> bool:
-        for w in compute.workers(job_id):
+        for w in compute.workers(started.job_id):
             kids = children(w.pid)
             if kids:
                 found[w.rank] = kids[0]
-        return len(found) == 2
+        ready = Path(started.checkpoint_dir)
+        return len(found) == 2 and all((ready / f"ready-{rank}").exists() for rank in found)
 
     wait(compute, both, 10.0)
     return found
@@ -126,8 +131,9 @@ def test_one_rank_killed_ends_the_gang(
 ) -> None:
     local, recorder = compute
     env = (("IGNORE_TERM", "0"),) if ignore_term else ()
-    local.start_workers(gang(tmp_path, "g1", env))
-    pids = trainers(local, "g1")
+    started = gang(tmp_path, "g1", env)
+    local.start_workers(started)
+    pids = trainers(local, started)
     os.kill(pids[1], signal.SIGKILL)  # rank 1 dies; rank 0 must not train on alone
     took = wait(local, lambda: not alive(pids[0]), GRACE_S + MARGIN_S)
     wait(local, lambda: bool(exits(recorder)), MARGIN_S)
@@ -149,7 +155,7 @@ def test_killed_launcher_leaves_no_orphans(
     local, recorder = compute
     workers = gang(tmp_path, "g2")
     local.start_workers(workers)
-    pids = trainers(local, "g2")
+    pids = trainers(local, workers)
     launcher = local.workers("g2")[1].pid
     os.kill(launcher, signal.SIGKILL)  # the launcher, not its training process
     wait(local, lambda: not alive(pids[1]), MARGIN_S)  # its train child went with it

@@ -50,7 +50,8 @@ class Outcome(enum.StrEnum):
 class Deps:
     """Everything a handler may touch; bootstrap builds it, tests build it with fakes."""
 
-    uow: Callable[[], Any]  # returns a UnitOfWork to enter once (a DocUnitOfWork in practice)
+    # a UnitOfWork to enter once (a DocUnitOfWork in practice); read_only=True: a read-only one
+    uow: Callable[..., Any]
     clock: Clock
     compute: Compute
     publisher: Publisher
@@ -154,14 +155,16 @@ T = TypeVar("T")
 
 
 @contextmanager
-def command_unit(deps: Deps, *, key: str = "") -> Iterator[Any]:
+def command_unit(deps: Deps, *, key: str = "", read_only: bool = False) -> Iterator[Any]:
     """The API-side twin of ``run_handler``: one unit of work started by a person or a client
     (an HTTP call, a CLI command, a workflow step), committed if the block does not raise,
     then its events published (what fails to publish stays in the outbox for the sweeper).
 
-    ``key`` (a client's request id) makes a retried command emit the same event ids. Errors
-    propagate to the caller, which turns them into an answer (a 4xx, an exit status)."""
-    uow = deps.uow()
+    ``key`` (a client's request id) makes a retried command emit the same event ids.
+    ``read_only`` (a GET): over a read-only transaction, which takes no locks a handler's
+    commit would wait on. Errors propagate to the caller, which turns them into an answer (a
+    4xx, an exit status)."""
+    uow = deps.uow(read_only=True) if read_only else deps.uow()
     with uow:
         uow.caused_by(key)
         yield uow

@@ -90,7 +90,10 @@ class UnitOfWork(Protocol):
 
 
 class UnitOfWorkFactory(Protocol):
-    def __call__(self) -> UnitOfWork: ...
+    def __call__(self, *, read_only: bool = False) -> UnitOfWork:
+        """``read_only``: over a read-only transaction; committing one that changed anything
+        raises ``ReadOnlyWrite``."""
+        ...
 
 
 class DocTransaction(Protocol):
@@ -102,8 +105,18 @@ class DocTransaction(Protocol):
     def rollback(self) -> None: ...
 
 
+class ReadOnlyWrite(RuntimeError):
+    """A write in a read-only transaction: a bug in the code that asked for one (an API GET
+    that changes state), never the caller's fault."""
+
+
 class DocStore(Protocol):
-    def begin(self) -> DocTransaction: ...
+    def begin(self, *, read_only: bool = False) -> DocTransaction:
+        """A transaction. ``read_only``: a consistent snapshot that takes no write locks
+        (Firestore's read-only transaction, sqlite's deferred one), so a reader never holds up
+        or aborts a handler's commit; its ``put`` and ``delete`` raise ``ReadOnlyWrite`` and
+        its ``commit`` only ends it."""
+        ...
     def read(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
         """A read outside any transaction (listings, the outbox sweeper, the timeline)."""
         ...

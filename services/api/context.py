@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,9 +53,10 @@ class ApiContext:
 
     @contextmanager
     def unit(self) -> Iterator[Any]:
-        """One transaction; domain errors become API errors; events go out after commit."""
+        """One transaction; domain errors become API errors; events go out after commit.
+        Within a GET (``reading``) it is read-only: a snapshot that takes no locks."""
         try:
-            with command_unit(self.runtime.deps) as uow:
+            with command_unit(self.runtime.deps, read_only=READING.get()) as uow:
                 yield uow
         except ValidationError as exc:
             raise ApiError("INVALID_ARGUMENT", str(exc), [_violation(exc)]) from exc
@@ -63,6 +65,10 @@ class ApiContext:
         except (Conflict, InvalidTransition) as exc:
             raise ApiError("FAILED_PRECONDITION", str(exc)) from exc
         self.runtime.after_request()
+
+
+READING: ContextVar[bool] = ContextVar("mtc_api_reading", default=False)
+"""True while the API answers a GET (``http._call``): its units of work are read-only."""
 
 
 def _violation(exc: ValidationError) -> Any:

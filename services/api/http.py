@@ -33,7 +33,7 @@ from services.api import job_logs as logs_api
 from services.api import models as models_api
 from services.api import training_pipelines as pipelines_api
 from services.api.auth import NODE_REPORT
-from services.api.context import ApiContext
+from services.api.context import READING, ApiContext
 from services.api.errors import ApiError, FieldViolation
 from services.api.names import Parent, parent
 from services.api.openapi import document
@@ -388,13 +388,18 @@ def _call(route: Route, ctx: ApiContext, where: Parent, groups: dict[str, str],
     so its caller decides (it gets 503 UNAVAILABLE)."""
     if request.method != "GET":
         return route.call(ctx, where, groups, request)
-    for wait_s in READ_RETRIES_S:
-        try:
-            return route.call(ctx, where, groups, request)
-        except TransientError as exc:
-            log.info("%s %s: %s; retrying in %gs", request.method, request.path, exc, wait_s)
-            time.sleep(wait_s)
-    return route.call(ctx, where, groups, request)
+    reading = READING.set(True)  # its units of work are read-only: no locks to contend on
+    try:
+        for wait_s in READ_RETRIES_S:
+            try:
+                return route.call(ctx, where, groups, request)
+            except TransientError as exc:
+                log.info("%s %s: %s; retrying in %gs", request.method, request.path, exc,
+                         wait_s)
+                time.sleep(wait_s)
+        return route.call(ctx, where, groups, request)
+    finally:
+        READING.reset(reading)
 
 
 def create_app(ctx: ApiContext) -> flask.Flask:

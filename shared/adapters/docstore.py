@@ -23,7 +23,7 @@ from shared.adapters.outbox import OUTBOX, envelope_to_doc, make_envelope
 from shared.adapters.outbox import doc_id as _doc_id
 from shared.domain.events import Envelope, Event
 from shared.domain.model import Cluster, Job, Node, Partition, partition_key
-from shared.ports import DocStore, DocTransaction
+from shared.ports import DocStore, DocTransaction, ReadOnlyWrite
 
 CLUSTERS = "clusters"
 NODES = "nodes"
@@ -141,12 +141,13 @@ class UnitsOfWork:
         # a race can only keep one more or one fewer)
         self._free: list[DocUnitOfWork] = []
 
-    def __call__(self) -> DocUnitOfWork:
+    def __call__(self, *, read_only: bool = False) -> DocUnitOfWork:
         try:
             uow = self._free.pop()
         except IndexError:
-            return DocUnitOfWork(self._store, source=self._source, clock=self._clock, pool=self)
+            uow = DocUnitOfWork(self._store, source=self._source, clock=self._clock, pool=self)
         uow._pooled = False
+        uow.read_only = read_only
         return uow
 
     def give_back(self, uow: DocUnitOfWork) -> None:
@@ -200,6 +201,8 @@ class DocUnitOfWork:
         self._clock = clock
         self._pool = pool  # where it goes back when it ends (None: it is simply dropped)
         self._pooled = False
+        # over a read-only transaction (an API GET): no locks; a change is a bug (commit raises)
+        self.read_only = False
         # the repositories reach back through a weak reference: no cycle, so a finished unit
         # of work and every entity it loaded are freed at once, not by the cyclic collector
         # (one per event: a million objects in a 54-day Llama 3 run)
@@ -230,7 +233,8 @@ class DocUnitOfWork:
     def __enter__(self) -> DocUnitOfWork:
         if self._pooled:  # entered again by a holder after it ended: not to be handed out
             self._pool.take(self)  # type: ignore[union-attr]
-        txn = self._txn = self._store.begin()
+        store = self._store
+        txn = self._txn = store.begin(read_only=True) if self.read_only else store.begin()
         kind = type(txn)
         caps = _CAPABILITIES.get(kind)
         if caps is None:
@@ -409,6 +413,9 @@ class DocUnitOfWork:
     # -- commit
     def commit(self) -> None:
         txn = self._require_txn()
+        if self.read_only:
+            self._end_read(txn)
+            return
         for (collection, doc_id), (entity, loaded) in self._tracked.items():
             doc = entity.to_dict()
             if doc != loaded:
@@ -429,6 +436,19 @@ class DocUnitOfWork:
         txn.commit()
         self._txn = None
         self.committed = envelopes
+
+    def _end_read(self, txn: DocTransaction) -> None:
+        """Commit of a read-only unit of work: it must have changed nothing."""
+        changed = [f"{c}/{i}" for (c, i), (entity, loaded) in self._tracked.items()
+                   if entity.to_dict() != loaded]
+        changed += [f"{c}/{i}" for c, i in self._records]
+        if self._processed or self._emitted:
+            changed.append("an idempotency record or an event")
+        if changed:
+            raise ReadOnlyWrite(f"a read-only unit of work changed {', '.join(changed[:5])}")
+        txn.commit()  # ends it: nothing to write
+        self._txn = None
+        self.committed = []
 
     def _outbox(self, txn: DocTransaction, envelopes: list[Envelope]) -> None:
         """The emitted events as envelopes, written to the outbox in this transaction."""

@@ -5,7 +5,8 @@ id, fields = the entity's ``to_dict()`` (native Firestore maps, arrays and numbe
 console and queries see real fields). Nested arrays, which Firestore forbids, are wrapped
 on the way in and unwrapped on the way out.
 
-Transactions: ``begin()`` opens one Firestore read-write transaction. Reads (``get``,
+Transactions: ``begin()`` opens one Firestore read-write transaction (``begin(read_only=True)``
+a read-only one: a snapshot that takes no locks, for the API's GETs; it writes nothing). Reads (``get``,
 ``query``) run inside it, so Firestore locks what the handler read; writes are buffered
 and sent with the commit, in one atomic ``Commit`` with the idempotency record and the
 outbox entries. When another transaction wrote what this one read, Firestore aborts the
@@ -33,6 +34,7 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from shared.domain.errors import TransientError
+from shared.ports import ReadOnlyWrite
 
 log = logging.getLogger("mtc.firestore")
 
@@ -99,9 +101,10 @@ def _retrying(fn: Any, *args: Any, attempts: int = 5, **kwargs: Any) -> Any:
 class FirestoreTransaction:
     """One read-write transaction; the unit of work's ``DocTransaction``."""
 
-    def __init__(self, store: FirestoreDocStore) -> None:
+    def __init__(self, store: FirestoreDocStore, read_only: bool = False) -> None:
         self._store = store
-        self._txn = store.client.transaction(max_attempts=1)
+        self._read_only = read_only
+        self._txn = store.client.transaction(max_attempts=1, read_only=read_only)
         self._writes: dict[tuple[str, str], Any] = {}
         try:
             self._txn._begin()
@@ -132,12 +135,19 @@ class FirestoreTransaction:
             raise Contention(f"concurrent transaction held {collection} {equals}: {exc}") from exc
 
     def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
+        if self._read_only:
+            raise ReadOnlyWrite(f"put {collection}/{doc_id} in a read-only transaction")
         self._writes[(collection, doc_id)] = doc
 
     def delete(self, collection: str, doc_id: str) -> None:
+        if self._read_only:
+            raise ReadOnlyWrite(f"delete {collection}/{doc_id} in a read-only transaction")
         self._writes[(collection, doc_id)] = _DELETED
 
     def commit(self) -> None:
+        if self._read_only:  # nothing to write: ending it is releasing it
+            self._abandon()
+            return
         for (collection, doc_id), doc in self._writes.items():
             ref = self._store.ref(collection, doc_id)
             if doc is _DELETED:
@@ -198,8 +208,8 @@ class FirestoreDocStore:
         return query
 
     # -- DocStore
-    def begin(self) -> FirestoreTransaction:
-        return FirestoreTransaction(self)
+    def begin(self, *, read_only: bool = False) -> FirestoreTransaction:
+        return FirestoreTransaction(self, read_only)
 
     def read(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
         query = self.query(collection, equals)

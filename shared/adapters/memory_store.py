@@ -20,6 +20,8 @@ from collections import defaultdict
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from shared.ports import ReadOnlyWrite
+
 _DELETED = object()
 _EMPTY: frozenset[str] = frozenset()
 _UNHASHABLE = object()  # the index bucket of values a dict cannot key (lists, dicts)
@@ -62,9 +64,10 @@ class MemoryTransaction:
     keeps_values = True  # documents come back with the values written (no JSON in between)
     any_ids = True  # any string is a document id ('/' too): idempotency keys need no hashing
 
-    def __init__(self, store: MemoryDocStore) -> None:
+    def __init__(self, store: MemoryDocStore, read_only: bool = False) -> None:
         self._store = store
         self._writes: dict[tuple[str, str], Any] = {}
+        self._read_only = read_only
         store.lock.acquire()
         self._open = True
 
@@ -99,9 +102,13 @@ class MemoryTransaction:
                                                                                  equals)]
 
     def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
+        if self._read_only:
+            raise ReadOnlyWrite(f"put {collection}/{doc_id} in a read-only transaction")
         self._writes[(collection, doc_id)] = doc
 
     def delete(self, collection: str, doc_id: str) -> None:
+        if self._read_only:
+            raise ReadOnlyWrite(f"delete {collection}/{doc_id} in a read-only transaction")
         self._writes[(collection, doc_id)] = _DELETED
 
     def commit(self) -> None:
@@ -141,8 +148,8 @@ class MemoryDocStore:
         self._last_time: dict[str, float] = {}
         self._unordered: set[str] = set()
 
-    def begin(self) -> MemoryTransaction:
-        return MemoryTransaction(self)
+    def begin(self, *, read_only: bool = False) -> MemoryTransaction:
+        return MemoryTransaction(self, read_only)
 
     # -- writes keep the indexes (every write to ``data`` goes through these two)
     def store(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:

@@ -12,6 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from shared.ports import ReadOnlyWrite
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
     collection TEXT NOT NULL,
@@ -42,12 +44,18 @@ def _where(equals: dict[str, Any]) -> tuple[str, list[Any]]:
 
 
 class SqliteTransaction:
-    def __init__(self, conn: sqlite3.Connection, lock: threading.RLock) -> None:
+    """``BEGIN IMMEDIATE`` (the write lock up front: no deadlock between two upgrading
+    readers); a read-only one is deferred: a WAL snapshot that never blocks another process's
+    writer."""
+
+    def __init__(self, conn: sqlite3.Connection, lock: threading.RLock,
+                 read_only: bool = False) -> None:
         self._conn = conn
         self._lock = lock
+        self._read_only = read_only
         lock.acquire()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
         except BaseException:
             lock.release()
             raise
@@ -67,12 +75,16 @@ class SqliteTransaction:
         return [json.loads(r[0]) for r in rows]
 
     def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
+        if self._read_only:
+            raise ReadOnlyWrite(f"put {collection}/{doc_id} in a read-only transaction")
         self._conn.execute(
             "INSERT OR REPLACE INTO docs (collection, id, data) VALUES (?, ?, ?)",
             (collection, doc_id, _dumps(doc)),
         )
 
     def delete(self, collection: str, doc_id: str) -> None:
+        if self._read_only:
+            raise ReadOnlyWrite(f"delete {collection}/{doc_id} in a read-only transaction")
         self._conn.execute("DELETE FROM docs WHERE collection=? AND id=?", (collection, doc_id))
 
     def commit(self) -> None:
@@ -104,8 +116,8 @@ class SqliteDocStore:
         self._conn.executescript(SCHEMA)
         self._lock = threading.RLock()
 
-    def begin(self) -> SqliteTransaction:
-        return SqliteTransaction(self._conn, self._lock)
+    def begin(self, *, read_only: bool = False) -> SqliteTransaction:
+        return SqliteTransaction(self._conn, self._lock, read_only)
 
     def read(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
         where, params = _where(equals)

@@ -231,6 +231,68 @@ def test_a_read_writes_nothing(store: Any) -> None:
     assert_reads_write_nothing(store)
 
 
+def assert_read_only_units_change_nothing(store: Any) -> None:
+    """A read-only unit of work (an API GET) reads what is committed, and a change in it is a
+    bug that fails its commit and writes nothing; its transaction refuses writes itself."""
+    from shared.adapters.docstore import UnitsOfWork
+    from shared.ports import ReadOnlyWrite
+
+    add(store, node("n1"))
+    units = UnitsOfWork(store)
+    with units(read_only=True) as uow:
+        assert uow.nodes.get("n1") == node("n1")
+        assert [n.node_id for n in uow.nodes.list("c1")] == ["n1"]
+        uow.commit()
+    with units(read_only=True) as uow:
+        uow.nodes.get("n1").reason = "changed in a read"  # type: ignore[union-attr]
+        with pytest.raises(ReadOnlyWrite, match="nodes/n1"):
+            uow.commit()
+    with units(read_only=True) as uow:
+        uow.nodes.add(node("n2"))
+        with pytest.raises(ReadOnlyWrite, match="nodes/n2"):
+            uow.commit()
+    with units() as uow:  # the pool hands the same unit out again, read-write this time
+        assert uow.nodes.get("n1") == node("n1") and uow.nodes.get("n2") is None
+        uow.nodes.get("n1").reason = "a write"  # type: ignore[union-attr]
+        uow.commit()
+    txn = store.begin(read_only=True)
+    with pytest.raises(ReadOnlyWrite):
+        txn.put("nodes", "n3", node("n3").to_dict())
+    with pytest.raises(ReadOnlyWrite):
+        txn.delete("nodes", "n1")
+    assert txn.get("nodes", "n1")["reason"] == "a write"
+    txn.commit()
+    assert ids_in_order(store) == ["n1"]
+
+
+def test_read_only_units_change_nothing(store: Any) -> None:
+    assert_read_only_units_change_nothing(store)
+
+
+def test_a_read_only_sqlite_transaction_does_not_hold_up_another_process(tmp_path: Path
+                                                                          ) -> None:
+    """Deferred, over WAL: a reader holding its snapshot does not block another connection's
+    writer (BEGIN IMMEDIATE would, for up to the 30 s busy timeout), and keeps its snapshot."""
+    import time
+
+    path = tmp_path / "s.db"
+    reader, writer = SqliteDocStore(path), SqliteDocStore(path)
+    add(reader, node("n1"))
+    txn = reader.begin(read_only=True)
+    try:
+        assert txn.get("nodes", "n1") is not None
+        t0 = time.monotonic()
+        with DocUnitOfWork(writer) as uow:
+            uow.nodes.get("n1").reason = "written meanwhile"  # type: ignore[union-attr]
+            uow.commit()
+        assert time.monotonic() - t0 < 5.0  # not the busy timeout
+        assert txn.get("nodes", "n1")["reason"] == ""  # type: ignore[index]
+    finally:
+        txn.commit()
+    with DocUnitOfWork(reader) as uow:
+        assert uow.nodes.get("n1").reason == "written meanwhile"  # type: ignore[union-attr]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["put", "put", "put", "remove", "prune"]),
                           st.sampled_from([f"r{i}" for i in range(12)]),

@@ -55,9 +55,9 @@ from typing import Any
 from services.cli.demo_slurm import cluster_spec, start_cluster
 from services.job_submission import handlers as api
 from services.wiring.embedded import EmbeddedApp, embedded
-from shared.adapters.compute.slurm_api import xid_line
-from shared.adapters.compute.slurm_cli import SlurmCli, SlurmError
-from shared.adapters.compute.slurm_compute import SlurmCompute
+from shared.adapters.compute.slurm.api import xid_line
+from shared.adapters.compute.slurm.cli import SlurmCli, SlurmError
+from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.config import ControlPlaneConfig
 from shared.domain.events import Envelope
 from shared.domain.model import NodeState

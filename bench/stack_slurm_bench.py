@@ -43,7 +43,7 @@ from typing import Any  # noqa: E402
 from stack_slurm import MILESTONES, SlurmWatch, milestones  # noqa: E402
 
 from services.cli import demo_slurm  # noqa: E402
-from shared.adapters.compute.slurm_cli import SlurmCli  # noqa: E402
+from shared.adapters.compute.slurm.cli import SlurmCli  # noqa: E402
 from shared.domain.model import JobState  # noqa: E402
 
 

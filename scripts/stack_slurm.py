@@ -58,8 +58,8 @@ from stack_story import JOB_ID, story  # noqa: E402
 
 from services.cli.demo_slurm import SINFO_AFTER, SlurmCluster, sinfo_text, start_cluster  # noqa: E402
 from shared.adapters.compute.protocol import safe_name  # noqa: E402
-from shared.adapters.compute.slurm_api import xid_line  # noqa: E402
-from shared.adapters.compute.slurm_cli import SlurmCli, SlurmError  # noqa: E402
+from shared.adapters.compute.slurm.api import xid_line  # noqa: E402
+from shared.adapters.compute.slurm.cli import SlurmCli, SlurmError  # noqa: E402
 from shared.domain.events import Envelope  # noqa: E402
 
 RESUMED_RE = re.compile(r"resumed from step (\d+)")
@@ -180,7 +180,7 @@ class SlurmStack(Stack):
         return env
 
     def _start_machines(self) -> None:
-        from shared.adapters.compute.remote_pubsub import ensure_request_topology
+        from shared.adapters.compute.remote.pubsub import ensure_request_topology
 
         if self.slurm_dir is None:
             self.slurm_dir = Path(tempfile.mkdtemp(prefix="mtc-ss-"))

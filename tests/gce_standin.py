@@ -1,6 +1,6 @@
 """A local stand-in for the Compute Engine REST API (no emulator exists).
 
-It answers the calls ``shared.adapters.compute.gce_api`` makes, in the shapes the Compute v1
+It answers the calls ``shared.adapters.compute.gce.api`` makes, in the shapes the Compute v1
 REST reference documents, so the adapter is tested through the real ``google-cloud-compute``
 client (``transport="rest"``, ``api_endpoint`` pointed here, anonymous credentials):
 

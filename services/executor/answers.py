@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.adapters.compute.remote_codec import ComputeRequest, gang_of_args
+from shared.adapters.compute.remote.codec import ComputeRequest, gang_of_args
 from shared.deep_checks import ATTEMPT
 from shared.domain.errors import ValidationError
 from shared.domain.events import Event, JobWorkersExited, NodeHealthReported, NodeRepairCompleted

@@ -37,8 +37,8 @@ from typing import Any, Protocol
 from services.executor.answers import refusal_answer
 from services.executor.dedup import DedupRecord
 from services.observability import alerts
-from shared.adapters.compute.remote_bus import Delivery, RequestSource
-from shared.adapters.compute.remote_codec import ComputeRequest, apply, decode
+from shared.adapters.compute.remote.bus import Delivery, RequestSource
+from shared.adapters.compute.remote.codec import ComputeRequest, apply, decode
 from shared.domain.errors import PermanentError
 from shared.ports import Clock, Compute, Emitter
 

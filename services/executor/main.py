@@ -98,7 +98,7 @@ class ExecutorSettings:
 
 def build(settings: ExecutorSettings) -> tuple[Executor, Any]:
     """The executor over Pub/Sub and Firestore, and the compute adapter (to close)."""
-    from shared.adapters.compute.remote_pubsub import (
+    from shared.adapters.compute.remote.pubsub import (
         PubSubRequestSink,
         PubSubRequestSource,
         ensure_request_topology,

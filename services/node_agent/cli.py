@@ -30,7 +30,7 @@ from typing import Any, Protocol, TextIO
 from services.node_agent.publish import Publish, http_publisher, report_data, report_to_cloudevent
 from services.node_agent.spool import Send, Spool, SpooledReport
 from services.node_agent.transports import DeliveryConfig, cloudevent_attributes, sender
-from shared.adapters.compute.slurm_cli import SlurmCli
+from shared.adapters.compute.slurm.cli import SlurmCli
 from shared.domain.errors import ValidationError
 from shared.domain.health import ConditionStatus, HealthReport
 from shared.probes.agent import AgentState, collect

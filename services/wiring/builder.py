@@ -68,17 +68,17 @@ def make_compute(kind: ComputeKind, state_dir: Path, sink: Any, clock: Clock, *,
     """A Compute over ``state_dir/compute`` whose results go to ``sink(envelope)``."""
     options = options or {}
     if kind == "local":
-        from shared.adapters.compute.local_compute import LocalCompute
+        from shared.adapters.compute.local.compute import LocalCompute
 
         emit = SourceEmitter(sink, clock, COMPUTE_SOURCES["local"])
         return LocalCompute(state_dir / "compute", emit, clock, **options)
     if kind == "slurm":
-        from shared.adapters.compute.slurm_compute import SlurmCompute
+        from shared.adapters.compute.slurm.compute import SlurmCompute
 
         emit = SourceEmitter(sink, clock, COMPUTE_SOURCES["slurm"], source_for=agent_source)
         return SlurmCompute(state_dir / "compute", emit, clock, slurm_conf=slurm_conf, **options)
     if kind == "gce":  # machines from Compute Engine, workers through Slurm on them
-        from shared.adapters.compute.gce_split import gce_over_slurm
+        from shared.adapters.compute.gce.split import gce_over_slurm
 
         emit = SourceEmitter(sink, clock, COMPUTE_SOURCES["gce"], source_for=agent_source)
         return gce_over_slurm(state_dir / "compute", emit, clock, slurm_conf=slurm_conf,

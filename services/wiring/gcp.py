@@ -38,7 +38,7 @@ from typing import Any
 
 from services.wiring.builder import build_deps, local_config, make_compute
 from shared.adapters.clock import SystemClock
-from shared.adapters.compute.remote_codec import DEFAULT_TTL_S
+from shared.adapters.compute.remote.codec import DEFAULT_TTL_S
 from shared.adapters.firestore_store import FirestoreDocStore
 from shared.adapters.outbox import DocOutbox
 from shared.adapters.pubsub import PREFIX, PubSubDeadLetters, PubSubPublisher
@@ -178,8 +178,8 @@ class GcpRuntime:
         if self.settings.compute == "none":
             return NullCompute()
         if self.settings.compute == "remote":
-            from shared.adapters.compute.remote import RemoteCompute
-            from shared.adapters.compute.remote_pubsub import PubSubRequestSink
+            from shared.adapters.compute.remote.compute import RemoteCompute
+            from shared.adapters.compute.remote.pubsub import PubSubRequestSink
 
             sink = PubSubRequestSink(self.settings.project, prefix=self.settings.topic_prefix)
             return RemoteCompute(sink, self.clock, ttl_s=self.settings.compute_ttl_s)

@@ -128,7 +128,7 @@ class SourceEmitter:
 
 # ------------------------------------------------------------------ the sqlite fact outbox
 # The same outbox for a process that keeps its own sqlite state instead of a document store
-# (the compute adapters: shared.adapters.compute.fact_state). A fact is queued in the
+# (the compute adapters: shared.adapters.compute.fact_store). A fact is queued in the
 # transaction that records it and emitted after commit, so a crash between the two emits it
 # on the next drain, and a fact is emitted once however many processes drain in turn.
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from shared.adapters.compute.local_compute import LocalCompute
+from shared.adapters.compute.local.compute import LocalCompute
 from shared.adapters.compute.protocol import ExitCode, checkpoint_name, checkpoint_steps
-from shared.adapters.compute.slurm_api import job_name
-from shared.adapters.compute.slurm_compute import SlurmCompute
+from shared.adapters.compute.slurm.api import job_name
+from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.domain.events import Envelope, Event
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.ports import Compute, Gang
@@ -209,8 +209,8 @@ class RemoteDriver(LocalDriver):
         super().__init__(tmp)
         from services.executor.dedup import DedupRecord
         from services.executor.executor import Executor
-        from shared.adapters.compute.remote import RemoteCompute
-        from shared.adapters.compute.remote_bus import MemoryRequestBus
+        from shared.adapters.compute.remote.compute import RemoteCompute
+        from shared.adapters.compute.remote.bus import MemoryRequestBus
 
         self.bus = MemoryRequestBus(duplicate=True)
         self.compute = RemoteCompute(self.bus, self.clock, ttl_s=120.0)
@@ -307,9 +307,9 @@ class GceDriver(LocalDriver):
         super().__init__(tmp)
         from google.auth.credentials import AnonymousCredentials
 
-        from shared.adapters.compute.gce_api import GceApi, GceConfig
-        from shared.adapters.compute.gce_compute import GceCompute
-        from shared.adapters.compute.gce_split import MachinesAndWorkers
+        from shared.adapters.compute.gce.api import GceApi, GceConfig
+        from shared.adapters.compute.gce.compute import GceCompute
+        from shared.adapters.compute.gce.split import MachinesAndWorkers
         from tests.gce_standin import ComputeStandin
 
         self.standin = ComputeStandin().start()

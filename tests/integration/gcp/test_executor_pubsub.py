@@ -15,9 +15,9 @@ from services.executor.dedup import DedupRecord
 from services.executor.executor import APPLIED, DUPLICATE, EXECUTORS, REFUSED, Executor
 from shared.adapters import pubsub as ps
 from shared.adapters.clock import SystemClock
-from shared.adapters.compute.local_compute import LocalCompute
-from shared.adapters.compute.remote import RemoteCompute
-from shared.adapters.compute.remote_pubsub import (
+from shared.adapters.compute.local.compute import LocalCompute
+from shared.adapters.compute.remote.compute import RemoteCompute
+from shared.adapters.compute.remote.pubsub import (
     PubSubRequestSink,
     PubSubRequestSource,
     ensure_request_topology,

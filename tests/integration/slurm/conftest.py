@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from services.cli.demo_slurm import free_port_base
-from shared.adapters.compute.slurm_cli import SlurmCli
+from shared.adapters.compute.slurm.cli import SlurmCli
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "slurm" / "cluster.sh"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.adapters.compute.slurm_compute import SlurmCompute
-from shared.adapters.compute.slurm_reservations import (
+from shared.adapters.compute.slurm.compute import SlurmCompute
+from shared.adapters.compute.slurm.deep_checks import (
     DeepCheckSpec,
     Reservation,
     ReservationCli,

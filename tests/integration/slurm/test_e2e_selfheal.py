@@ -20,9 +20,9 @@ import pytest
 from services.cli.demo_slurm import cluster_spec, demo_config, job_spec
 from services.job_submission import handlers as api
 from services.wiring.embedded import EmbeddedApp, embedded
-from shared.adapters.compute.slurm_api import SlurmControl
-from shared.adapters.compute.slurm_cli import SlurmCli, SlurmError
-from shared.adapters.compute.slurm_compute import SlurmCompute
+from shared.adapters.compute.slurm.api import SlurmControl
+from shared.adapters.compute.slurm.cli import SlurmCli, SlurmError
+from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.domain.events import Envelope
 from shared.domain.model import Job, JobState, NodeState
 from shared.handling import Outcome

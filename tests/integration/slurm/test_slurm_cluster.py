@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.node_agent.cli import main as agent_main
-from shared.adapters.compute.slurm_cli import SlurmCli, SlurmJob, SlurmPermanentError, SlurmTransientError
+from shared.adapters.compute.slurm.cli import SlurmCli, SlurmJob, SlurmPermanentError, SlurmTransientError
 
 from .conftest import Cluster, timing, wait_for
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from shared.adapters.clock import SystemClock
-from shared.adapters.compute.slurm_cli import SlurmCli, SlurmError
-from shared.adapters.compute.slurm_compute import SlurmCompute
+from shared.adapters.compute.slurm.cli import SlurmCli, SlurmError
+from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.domain.events import JobWorkersExited, NodeHealthReported, NodeProvisioned
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.ports import Gang, LaunchGroup

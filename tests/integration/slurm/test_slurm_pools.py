@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from shared.adapters.clock import SystemClock
-from shared.adapters.compute.slurm_cli import SlurmError
-from shared.adapters.compute.slurm_compute import SlurmCompute
+from shared.adapters.compute.slurm.cli import SlurmError
+from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.domain.events import JobWorkersExited
 from shared.ports import Gang, LaunchGroup
 from tests.harness import Recorder

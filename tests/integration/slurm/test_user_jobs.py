@@ -23,7 +23,7 @@ from services.api.custom_jobs import adopted_record, render
 from services.api.names import Parent
 from services.cli.demo_slurm import cluster_spec
 from services.wiring.embedded import EmbeddedApp
-from shared.adapters.compute.slurm_compute import SlurmCompute
+from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.domain.adopted import adopted
 from shared.domain.model import JobState, NodeState
 from shared.goodput import job_accounting

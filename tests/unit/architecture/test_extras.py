@@ -87,11 +87,11 @@ def test_the_blocker_blocks() -> None:
     # the functions (the root main.py the deployment runs), the Compute Engine adapter,
     # its power-saving programs and the workflow starter: no simpy, no matplotlib, no rich
     ("gcp", "import main\n"
-            "import shared.adapters.compute.gce_compute, shared.adapters.compute.gce_power\n"
-            "import shared.adapters.compute.gce_split, shared.adapters.workflows\n"
+            "import shared.adapters.compute.gce.compute, shared.adapters.compute.gce.power\n"
+            "import shared.adapters.compute.gce.split, shared.adapters.workflows\n"
             "from google.cloud import compute_v1, workflows\n"
             "sys.argv = ['gce_power', '--help']\n"
-            "try:\n    runpy.run_module('shared.adapters.compute.gce_power', run_name='__main__')\n"
+            "try:\n    runpy.run_module('shared.adapters.compute.gce.power', run_name='__main__')\n"
             "except SystemExit as e:\n    assert e.code == 0, e.code\n"),
     ("sim", "import simulator.cli\n"),
 ])

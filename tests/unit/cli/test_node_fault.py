@@ -9,7 +9,7 @@ import pytest
 
 from services.cli.main import main
 from services.wiring.embedded import embedded
-from shared.adapters.compute.local_nodes import LocalNodes
+from shared.adapters.compute.local.nodes import LocalNodes
 from shared.domain.errors import NotFound, ValidationError
 from shared.domain.faults import FaultRequest, check_fault_target, validate_fault
 from shared.domain.model import Node, NodeRole, NodeState

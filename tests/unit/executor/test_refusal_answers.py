@@ -9,9 +9,9 @@ from services.executor.answers import CAUSE, refusal_answer
 from services.executor.dedup import DedupRecord
 from services.executor.executor import APPLIED, DUPLICATE, REFUSED, RETRY, Executor
 from services.job_submission import handlers as api
-from shared.adapters.compute.remote import RemoteCompute
-from shared.adapters.compute.remote_bus import MemoryRequestBus
-from shared.adapters.compute.remote_codec import decode
+from shared.adapters.compute.remote.compute import RemoteCompute
+from shared.adapters.compute.remote.bus import MemoryRequestBus
+from shared.adapters.compute.remote.codec import decode
 from shared.domain.events import (
     Event,
     JobWorkersExited,
@@ -104,7 +104,7 @@ def test_a_request_in_time_is_applied_and_answered_by_the_machines_alone(tmp_pat
 
 
 def test_unreadable_arguments_get_no_answer() -> None:
-    from shared.adapters.compute.remote_codec import ComputeRequest
+    from shared.adapters.compute.remote.codec import ComputeRequest
 
     for op, args in (("start_workers", {"gang": {"job_id": 7}}),
                      ("start_repair", {"node_id": "n1"}),
@@ -121,7 +121,7 @@ def test_the_control_plane_requeues_the_job_whose_start_was_refused() -> None:
     assert plane.job("j1").attempt == 1
     start = one_pool_gang("j1", 1, plane.job("j1").node_ids, ["python", "train.py"],
                           out="/tmp/out")
-    from shared.adapters.compute.remote_codec import gang_args, make_request
+    from shared.adapters.compute.remote.codec import gang_args, make_request
 
     refused = make_request("start_workers", gang_args(start), plane.clock.now(), TTL_S)
     answer = refusal_answer(refused, "refused by the executor, past its deadline by 9.0 s",

@@ -8,8 +8,8 @@ import pytest
 
 from services.executor.main import ExecutorSettings
 from services.wiring.gcp import GcpRuntime, GcpSettings
-from shared.adapters.compute.remote import RemoteCompute
-from shared.adapters.compute.remote_pubsub import PubSubRequestSink
+from shared.adapters.compute.remote.compute import RemoteCompute
+from shared.adapters.compute.remote.pubsub import PubSubRequestSink
 from shared.adapters.memory_store import MemoryDocStore
 
 

@@ -1,4 +1,4 @@
-"""shared/adapters/compute/slurm_cli.py against outputs recorded from the real test cluster."""
+"""shared/adapters/compute/slurm/cli.py against outputs recorded from the real test cluster."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shared.adapters.compute.slurm_cli import (
+from shared.adapters.compute.slurm.cli import (
     SlurmCli,
     SlurmError,
     SlurmPermanentError,

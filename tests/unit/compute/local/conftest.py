@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from local_compute_support import FakeClock
 
-from shared.adapters.compute.local_compute import LocalCompute
+from shared.adapters.compute.local.compute import LocalCompute
 from tests.harness import Recorder
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from shared.adapters.compute.local_compute import LocalCompute
+from shared.adapters.compute.local.compute import LocalCompute
 from tests.harness import ManualClock
 
 

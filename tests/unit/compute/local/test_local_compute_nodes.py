@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from local_compute_support import FakeClock
 
-from shared.adapters.compute.local_compute import LocalCompute
-from shared.adapters.compute.local_faults import clears, required_action
-from shared.adapters.compute.local_nodes import HEALTHY_REASON
+from shared.adapters.compute.local.compute import LocalCompute
+from shared.adapters.compute.local.faults import clears, required_action
+from shared.adapters.compute.local.nodes import HEALTHY_REASON
 from shared.domain.events import NodeHealthReported, NodeProvisioned, NodeRepairCompleted
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
 from shared.domain.model import Node, NodeRole, NodeState

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from local_compute_support import FakeClock, poll_until
 
-from shared.adapters.compute.local_compute import LocalCompute
+from shared.adapters.compute.local.compute import LocalCompute
 from shared.adapters.compute.protocol import EXIT_KILLED, master_port
 from shared.domain.events import JobCheckpointSaved, JobWorkersExited
 from shared.ports import Gang, LaunchGroup
@@ -255,7 +255,7 @@ def test_another_process_sees_workers_this_one_started(
         f"""
         import sys
         from pathlib import Path
-        from shared.adapters.compute.local_compute import LocalCompute
+        from shared.adapters.compute.local.compute import LocalCompute
         from shared.ports import Gang, LaunchGroup
 
         class Clock:

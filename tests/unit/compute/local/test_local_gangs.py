@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shared.adapters.clock import SystemClock
-from shared.adapters.compute.local_compute import LocalCompute
+from shared.adapters.compute.local.compute import LocalCompute
 from shared.adapters.compute.protocol import EXIT_KILLED, checkpoint_steps
 from shared.domain.events import JobWorkersExited
 from shared.ports import Gang

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.adapters.compute.slurm_api import NodeRecord
-from shared.adapters.compute.slurm_cli import SlurmJob, SlurmNode, SlurmPermanentError, SlurmTransientError
+from shared.adapters.compute.slurm.api import NodeRecord
+from shared.adapters.compute.slurm.cli import SlurmJob, SlurmNode, SlurmPermanentError, SlurmTransientError
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from shared.adapters.compute.slurm_api import job_name, xid_line
-from shared.adapters.compute.slurm_compute import SlurmCompute
+from shared.adapters.compute.slurm.api import job_name, xid_line
+from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.domain.events import (
     JobCheckpointSaved,
     JobWorkersExited,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.adapters.compute.slurm_compute import SlurmCompute
-from shared.adapters.compute.slurm_reservations import DeepCheckSpec, parse_reservation
+from shared.adapters.compute.slurm.compute import SlurmCompute
+from shared.adapters.compute.slurm.deep_checks import DeepCheckSpec, parse_reservation
 from shared.domain.errors import ValidationError
 from shared.domain.events import NodeHealthReported, NodeProvisioned
 from shared.domain.model import Node, NodeRole, NodeState

@@ -12,7 +12,7 @@ from typing import cast
 import pytest
 
 from shared.adapters.compute.protocol import read_exit_file
-from shared.adapters.compute.slurm_scripts import write_scripts
+from shared.adapters.compute.slurm.scripts import write_scripts
 from shared.ports import Gang, LaunchGroup
 
 NASTY = "$(touch PWNED) `touch PWNED2` 'single' \"double\" ; touch PWNED3 \\ $HOME\nnext line"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.adapters.compute import slurm_userjobs
-from shared.adapters.compute.slurm_compute import SlurmCompute
+from shared.adapters.compute.slurm import userjobs as slurm_userjobs
+from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.domain.events import JobAdopted, JobCheckpointSaved, JobWorkersExited
 
 from .fake_slurm import FakeSlurm

@@ -28,15 +28,15 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from shared.adapters.compute.slurm_agents import SlurmAgents
-from shared.adapters.compute.slurm_api import (
+from shared.adapters.compute.slurm.agents import SlurmAgents
+from shared.adapters.compute.slurm.api import (
     RESUMED_BY_OPERATOR,
     NodeRecord,
     foreign_reason,
     operator_condition,
 )
-from shared.adapters.compute.slurm_cli import SlurmPermanentError
-from shared.adapters.compute.slurm_ops import OpResult, log
+from shared.adapters.compute.slurm.cli import SlurmPermanentError
+from shared.adapters.compute.slurm.ops import OpResult, log
 from shared.domain.events import NodeHealthReported
 
 DRAIN_COLUMNS = {"mtc_drain": "TEXT", "drained_at": "REAL", "foreign_reason": "TEXT",

@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
-from shared.adapters.compute.fact_state import FactState
-from shared.adapters.compute.slurm_cli import SlurmCli, SlurmError, expand_hostlist
+from shared.adapters.compute.fact_store import FactState
+from shared.adapters.compute.slurm.cli import SlurmCli, SlurmError, expand_hostlist
 from shared.domain.errors import ValidationError
 from shared.domain.events import NodeHealthReported
 from shared.domain.health import Condition, ConditionType

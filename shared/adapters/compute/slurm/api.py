@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shared.adapters.compute.slurm_cli import SlurmJob, SlurmNode
-from shared.adapters.compute.slurm_reservations import ReservationCli
+from shared.adapters.compute.slurm.cli import SlurmJob, SlurmNode
+from shared.adapters.compute.slurm.deep_checks import ReservationCli
 from shared.domain.health import RepairAction
 
 RA = RepairAction

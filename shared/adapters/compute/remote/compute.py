@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from typing import Protocol
 
-from shared.adapters.compute.remote_codec import (
+from shared.adapters.compute.remote.codec import (
     DEFAULT_TTL_S,
     ComputeRequest,
     gang_args,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.adapters.compute.gce_power import nodeset_of
+from shared.adapters.compute.gce.power import nodeset_of
 from tests.gce_standin import ComputeStandin, Inject
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 SCONTROL = r'''#!/usr/bin/env python3
 import re, sys
 args = sys.argv[1:]

@@ -50,8 +50,8 @@ from shared.adapters.compute.ledger import (
     ranks_exited,
     report_checkpoints,
 )
-from shared.adapters.compute.local_nodes import DEFAULT_REPAIR_DURATIONS_S, NODES_SCHEMA, LocalNodes
-from shared.adapters.compute.local_procs import (
+from shared.adapters.compute.local.nodes import DEFAULT_REPAIR_DURATIONS_S, NODES_SCHEMA, LocalNodes
+from shared.adapters.compute.local.procs import (
     end_group,
     exit_code,
     rank_running,

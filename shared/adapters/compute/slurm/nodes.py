@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from shared.adapters.compute.ledger import repair_completed
-from shared.adapters.compute.slurm_agents import report_conditions
-from shared.adapters.compute.slurm_api import REBOOTS, NodeRecord, drain_reason, foreign_reason, xid_line
-from shared.adapters.compute.slurm_cli import SlurmPermanentError
-from shared.adapters.compute.slurm_drains import SlurmDrains
-from shared.adapters.compute.slurm_ops import OpResult, log
+from shared.adapters.compute.slurm.agents import report_conditions
+from shared.adapters.compute.slurm.api import REBOOTS, NodeRecord, drain_reason, foreign_reason, xid_line
+from shared.adapters.compute.slurm.cli import SlurmPermanentError
+from shared.adapters.compute.slurm.drains import SlurmDrains
+from shared.adapters.compute.slurm.ops import OpResult, log
 from shared.domain.events import NodeHealthReported, NodeProvisioned
 from shared.domain.health import RepairAction
 from shared.domain.model import Node, NodeRole

@@ -18,8 +18,8 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from shared.adapters.compute.fact_state import FactState
-from shared.adapters.compute.gce_api import Failure, GceApi, GceError
+from shared.adapters.compute.fact_store import FactState
+from shared.adapters.compute.gce.api import Failure, GceApi, GceError
 from shared.domain.events import NodeHealthReported
 from shared.domain.health import COMPUTE_SOURCE, Condition, ConditionStatus, ConditionType
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shared.adapters.compute.remote_codec import (
+from shared.adapters.compute.remote.codec import (
     ComputeRequest,
     apply,
     decode,

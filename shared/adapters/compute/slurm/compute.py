@@ -93,11 +93,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shared.adapters.compute.slurm_api import NodeRecord, SlurmApi, SlurmControl
-from shared.adapters.compute.slurm_cli import SlurmError, SlurmJob, SlurmTransientError
-from shared.adapters.compute.slurm_ops import log
-from shared.adapters.compute.slurm_reservations import DEEP_SCHEMA, DeepCheckSpec, SlurmDeepChecks
-from shared.adapters.compute.slurm_userjobs import SlurmUserJobs
+from shared.adapters.compute.slurm.api import NodeRecord, SlurmApi, SlurmControl
+from shared.adapters.compute.slurm.cli import SlurmError, SlurmJob, SlurmTransientError
+from shared.adapters.compute.slurm.ops import log
+from shared.adapters.compute.slurm.deep_checks import DEEP_SCHEMA, DeepCheckSpec, SlurmDeepChecks
+from shared.adapters.compute.slurm.userjobs import SlurmUserJobs
 from shared.ports import Clock, Emitter
 from shared.probes.agent import AgentState
 from shared.probes.commands import Runner as ProbeRunner

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.adapters.compute.fact_state import FactState
-from shared.adapters.compute.slurm_api import NodeRecord, SlurmApi
-from shared.adapters.compute.slurm_cli import SlurmError, SlurmJob, SlurmTransientError
+from shared.adapters.compute.fact_store import FactState
+from shared.adapters.compute.slurm.api import NodeRecord, SlurmApi
+from shared.adapters.compute.slurm.cli import SlurmError, SlurmJob, SlurmTransientError
 from shared.probes.agent import AgentState
 from shared.probes.commands import Runner as ProbeRunner
 

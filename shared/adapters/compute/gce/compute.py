@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.adapters.compute.gce_api import (
+from shared.adapters.compute.gce.api import (
     Failure,
     GceApi,
     GceError,
@@ -64,7 +64,7 @@ from shared.adapters.compute.gce_api import (
     instance_name,
     operation_error,
 )
-from shared.adapters.compute.gce_maintenance import MaintenanceWatch
+from shared.adapters.compute.gce.maintenance import MaintenanceWatch
 from shared.adapters.compute.ledger import repair_completed
 from shared.domain.events import AlertRaised, NodeProvisioned
 from shared.domain.health import COMPUTE_SOURCE, ConditionType, RepairAction

@@ -37,10 +37,10 @@ from typing import Any
 
 from shared.adapters.compute.ledger import attempt_row, workers_exited
 from shared.adapters.compute.protocol import ExitCode
-from shared.adapters.compute.slurm_api import REQUEUED_JOB_STATES, TERMINAL_JOB_STATES
-from shared.adapters.compute.slurm_attempts import JOB_GONE_SETTLE_S, SlurmAttempts
-from shared.adapters.compute.slurm_cli import SlurmJob, SlurmPermanentError
-from shared.adapters.compute.slurm_ops import OpResult, log
+from shared.adapters.compute.slurm.api import REQUEUED_JOB_STATES, TERMINAL_JOB_STATES
+from shared.adapters.compute.slurm.attempts import JOB_GONE_SETTLE_S, SlurmAttempts
+from shared.adapters.compute.slurm.cli import SlurmJob, SlurmPermanentError
+from shared.adapters.compute.slurm.ops import OpResult, log
 from shared.domain.adopted import SLURM_ORIGIN, adopted_job_id
 from shared.domain.events import JobAdopted
 

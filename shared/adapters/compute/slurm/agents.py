@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from shared.adapters.compute.protocol import safe_name
-from shared.adapters.compute.slurm_api import operator_condition
-from shared.adapters.compute.slurm_ops import SlurmOps
+from shared.adapters.compute.slurm.api import operator_condition
+from shared.adapters.compute.slurm.ops import SlurmOps
 from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.events import NodeHealthReported
 from shared.domain.health import HealthReport

@@ -16,8 +16,8 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from shared.adapters.compute.remote_bus import Delivery, Received
-from shared.adapters.compute.remote_codec import ComputeRequest, encode, topic_id
+from shared.adapters.compute.remote.bus import Delivery, Received
+from shared.adapters.compute.remote.codec import ComputeRequest, encode, topic_id
 from shared.adapters.pubsub import PREFIX, PubSubPublisher, dead_letter_topic_id, subscriber_client
 
 

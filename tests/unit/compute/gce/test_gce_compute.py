@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from shared.adapters.compute.gce_api import (
+from shared.adapters.compute.gce.api import (
     Failure,
     GceApi,
     GceConfig,
@@ -23,7 +23,7 @@ from shared.adapters.compute.gce_api import (
     instance_name,
     operation_error,
 )
-from shared.adapters.compute.gce_compute import GceCompute
+from shared.adapters.compute.gce.compute import GceCompute
 from shared.domain.events import AlertRaised, NodeHealthReported, NodeProvisioned, NodeRepairCompleted
 from shared.domain.health import COMPUTE_SOURCE, Condition, HealthReport, RepairAction
 from shared.policies.triage import triage

@@ -13,9 +13,9 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.adapters.compute.fact_state import FactState
+from shared.adapters.compute.fact_store import FactState
 from shared.adapters.compute.ledger import repair_completed
-from shared.adapters.compute.local_faults import clears, merge, required_action
+from shared.adapters.compute.local.faults import clears, merge, required_action
 from shared.domain.events import NodeHealthReported, NodeProvisioned
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
 from shared.domain.model import Node

@@ -28,11 +28,11 @@ from shared.adapters.compute.ledger import (
     workers_exited,
 )
 from shared.adapters.compute.protocol import ExitCode, read_exit_file
-from shared.adapters.compute.slurm_api import REQUEUED_JOB_STATES, TERMINAL_JOB_STATES, job_name
-from shared.adapters.compute.slurm_cli import SlurmError, SlurmPermanentError
-from shared.adapters.compute.slurm_nodes import SlurmNodes
-from shared.adapters.compute.slurm_ops import OpResult, log
-from shared.adapters.compute.slurm_scripts import write_scripts
+from shared.adapters.compute.slurm.api import REQUEUED_JOB_STATES, TERMINAL_JOB_STATES, job_name
+from shared.adapters.compute.slurm.cli import SlurmError, SlurmPermanentError
+from shared.adapters.compute.slurm.nodes import SlurmNodes
+from shared.adapters.compute.slurm.ops import OpResult, log
+from shared.adapters.compute.slurm.scripts import write_scripts
 from shared.ports import Gang
 
 EXIT_SUBMIT_FAILED = int(ExitCode.FAILED)

@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shared.adapters.compute.gce_api import GceConfig, api_from_dict, config_from_dict
-from shared.adapters.compute.gce_compute import GceCompute
+from shared.adapters.compute.gce.api import GceConfig, api_from_dict, config_from_dict
+from shared.adapters.compute.gce.compute import GceCompute
 from shared.domain.events import Event, NodeProvisioned
 from shared.domain.model import Node, NodeRole, NodeState
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared.adapters.compute.remote_codec import ComputeRequest, encode
+from shared.adapters.compute.remote.codec import ComputeRequest, encode
 
 
 class Delivery(Protocol):

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from shared.adapters.compute.gce_api import api_from_dict, config_from_dict
-from shared.adapters.compute.gce_compute import GceCompute
+from shared.adapters.compute.gce.api import api_from_dict, config_from_dict
+from shared.adapters.compute.gce.compute import GceCompute
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
 from shared.ports import Clock, Compute, Emitter, Gang
@@ -89,7 +89,7 @@ def gce_over_slurm(state_dir: Path, emit: Emitter, clock: Clock, *, gce: Mapping
     """Compute Engine machines with Slurm workers (the executor on a cluster in the cloud):
     ``gce`` is the ``config_from_dict`` document (project, zone, pools by mtc pool id, and
     ``GceCompute`` timings under ``"options"``)."""
-    from shared.adapters.compute.slurm_compute import SlurmCompute
+    from shared.adapters.compute.slurm.compute import SlurmCompute
 
     config = config_from_dict(gce)
     machines = GceCompute(Path(state_dir) / "gce", emit, clock, api_from_dict(config, gce),

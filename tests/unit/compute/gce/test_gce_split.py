@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from shared.adapters.compute.gce_api import GceApi, GceConfig, instance_name
-from shared.adapters.compute.gce_compute import GceCompute
-from shared.adapters.compute.gce_split import MachinesAndWorkers
-from shared.adapters.compute.slurm_compute import SlurmCompute
+from shared.adapters.compute.gce.api import GceApi, GceConfig, instance_name
+from shared.adapters.compute.gce.compute import GceCompute
+from shared.adapters.compute.gce.split import MachinesAndWorkers
+from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.domain.events import NodeProvisioned, NodeRepairCompleted
 from shared.domain.health import RepairAction
 from tests.contract.compute_drivers import make_node

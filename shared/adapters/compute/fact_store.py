@@ -1,10 +1,13 @@
-"""The private sqlite state of a compute adapter (local processes, Slurm).
+"""The private sqlite state of a compute adapter (local processes, Slurm, Compute Engine).
 
 Several CLI processes take turns driving the same machines, so what an adapter knows lives in
 a file, and every fact it reports (a node is up, an attempt exited) is queued in the outbox
 (``shared.adapters.outbox.SqliteFactOutbox``) in the same transaction that records it, then
 emitted once, outside any transaction. The attempt/repair bookkeeping in that transaction is
 the shared ledger (``SqliteLedger``).
+
+``FactStore`` is held, not inherited: a backend builds one and hands it to each of its
+collaborators, which share its connection, its lock and its outbox.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 from shared.adapters.compute.ledger import CHECKPOINTS_SCHEMA, SqliteLedger
 from shared.adapters.outbox import FACT_OUTBOX_SCHEMA, SqliteFactOutbox
@@ -24,28 +26,24 @@ from shared.ports import Clock, Emitter
 STATE_SCHEMA = CHECKPOINTS_SCHEMA + FACT_OUTBOX_SCHEMA  # what every adapter's file has
 
 
-class FactState:
-    """Mixin: subclasses set ``state_dir``, ``_lock``, ``_db``, ``_emit`` and ``_clock``, then
-    call ``_init_state(schema)``."""
+class FactStore:
+    """One adapter's state file (``path``), created with ``schema`` plus the shared tables,
+    and its fact outbox. ``emit`` and ``clock`` are the adapter's."""
 
-    DB_FILE: ClassVar[str]
-    state_dir: Path
-    _lock: threading.Lock | threading.RLock
-    _db: sqlite3.Connection | None
-    _emit: Emitter
-    _clock: Clock
-    _outbox: SqliteFactOutbox
-
-    def _init_state(self, schema: str) -> None:
-        """Create the tables (the adapter's and the shared ones) and the fact outbox."""
-        self._outbox = SqliteFactOutbox(self._tx, self._emit, self._clock)
-        with self._lock:
+    def __init__(self, path: Path, schema: str, emit: Emitter, clock: Clock) -> None:
+        self.path = path
+        self.emit = emit
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._db: sqlite3.Connection | None = None
+        self._outbox = SqliteFactOutbox(self.tx, emit, clock)
+        with self.lock:
             self._connect().executescript("BEGIN IMMEDIATE;" + schema + STATE_SCHEMA + "COMMIT;")
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
-            db = sqlite3.connect(self.state_dir / self.DB_FILE, timeout=30.0,
-                                 isolation_level=None, check_same_thread=False)
+            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+                                 check_same_thread=False)
             db.execute("PRAGMA busy_timeout = 30000")
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")
@@ -54,9 +52,9 @@ class FactState:
         return self._db
 
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; BEGIN IMMEDIATE so processes taking turns never interleave."""
-        with self._lock:
+        with self.lock:
             db = self._connect()
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -67,21 +65,22 @@ class FactState:
             db.execute("COMMIT")
 
     @staticmethod
-    def _ledger(db: sqlite3.Connection) -> SqliteLedger:
+    def ledger(db: sqlite3.Connection) -> SqliteLedger:
         return SqliteLedger(db)
 
     @staticmethod
-    def _queue(db: sqlite3.Connection, event: Event | None) -> None:
+    def queue(db: sqlite3.Connection, event: Event | None) -> None:
         """Queue a fact in this transaction (None: the ledger said it was reported already)."""
         if event is not None:
             SqliteFactOutbox.queue(db, event)
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
+        """Emit what the transactions queued, once each."""
         self._outbox.drain()
 
     def close(self) -> None:
-        """Close the state file. Workers and jobs keep running: they outlive this object."""
-        with self._lock:
+        """Close the state file. Workers and jobs keep running: they outlive the adapter."""
+        with self.lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shared.adapters.compute.slurm.compute import SlurmCompute
-from shared.adapters.compute.slurm.deep_checks import (
+from shared.adapters.compute.slurm.reservations import (
     DeepCheckSpec,
     Reservation,
     ReservationCli,
@@ -102,7 +102,7 @@ def test_slurm_compute_runs_its_deep_check_in_a_reservation_and_reports_once(
                                tasks_per_node=1, reservation_minutes=10,
                                slurm_conf=cluster.slurm_conf))
     try:
-        with compute._tx() as db:
+        with compute.store.tx() as db:
             db.execute("INSERT INTO nodes (node_id, role, machine_type, slurm_node,"
                        " requested_at, provisioned) VALUES ('w-n2', 'worker', 'x', 'n2', 0, 1)")
         compute.observe(force=True)

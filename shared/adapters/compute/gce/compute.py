@@ -28,7 +28,7 @@ lost answer is applied once by Compute Engine. Each operation has a deadline
 (``ZONE_RESOURCE_POOL_EXHAUSTED``, ``QUOTA_EXCEEDED``...) are a *capacity wait*: retried with
 backoff up to ``capacity_max_s`` apart, for as long as it takes, shown by ``waits()``, an
 ``alerts()`` entry and an ``AlertRaised`` (firing, then resolved), never a failure; others fail
-the task. Results are facts emitted once each through the fact outbox (``FactState``):
+the task. Results are facts emitted once each through the fact outbox (``FactStore``):
 ``NodeProvisioned`` (or, in a composite, the node handed to the workers side with
 ``on_ready``, which reports it up once it joined), ``NodeRepairCompleted`` then its
 post-repair ``NodeHealthReported`` (what Compute Engine can vouch for: the VM runs, no
@@ -49,12 +49,12 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.gce.api import (
     Failure,
     GceApi,
@@ -64,7 +64,7 @@ from shared.adapters.compute.gce.api import (
     instance_name,
     operation_error,
 )
-from shared.adapters.compute.gce.maintenance import MaintenanceWatch
+from shared.adapters.compute.gce.maintenance import MaintenanceWatch, migrate_lost
 from shared.adapters.compute.ledger import repair_completed
 from shared.domain.events import AlertRaised, NodeProvisioned
 from shared.domain.health import COMPUTE_SOURCE, ConditionType, RepairAction
@@ -126,8 +126,9 @@ class GceAlert:
     detail: str
 
 
-class GceCompute(MaintenanceWatch):
-    """Machine lifecycle on Compute Engine (see the module docstring)."""
+class GceCompute:
+    """Machine lifecycle on Compute Engine (see the module docstring); holds its store and
+    its maintenance watch."""
 
     DB_FILE = "gce_compute.sqlite3"
 
@@ -149,19 +150,16 @@ class GceCompute(MaintenanceWatch):
     ) -> None:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._emit = emit
         self._clock = clock
         self.api = api
         self.on_ready = on_ready
         self._op_timeout = operation_timeout_s
         self._retry = (retry_initial_s, retry_max_s)
         self._capacity = (capacity_initial_s, capacity_max_s)
-        self._watch = watch_interval_s
         self._wait = wait_operations  # zoneOperations.wait: a one-shot process (power saving)
-        self._lock = threading.RLock()
-        self._db: sqlite3.Connection | None = None
-        self._init_state(_SCHEMA)
-        self._migrate_lost()
+        self.store = FactStore(self.state_dir / self.DB_FILE, _SCHEMA, emit, clock)
+        migrate_lost(self.store)
+        self.maintenance = MaintenanceWatch(self.store, api, watch_interval_s)
 
     # ------------------------------------------------------------ the port (machines)
 
@@ -170,7 +168,7 @@ class GceCompute(MaintenanceWatch):
         a power-saved Slurm node resumed, gets a new instance)."""
         now = self._clock.now()
         name = instance_name(self.api.config, node.node_id)
-        with self._tx() as db:
+        with self.store.tx() as db:
             row = db.execute("SELECT deleted, life FROM nodes WHERE node_id = ?",
                              (node.node_id,)).fetchone()
             if row is not None and not row["deleted"]:
@@ -185,16 +183,16 @@ class GceCompute(MaintenanceWatch):
 
     def cordon(self, node_id: str, reason: str) -> None:
         """Remember why (a replace reports it as the host's fault); the workers side fences."""
-        with self._tx() as db:
+        with self.store.tx() as db:
             db.execute("UPDATE nodes SET cordon_reason = ? WHERE node_id = ?", (reason, node_id))
 
     def uncordon(self, node_id: str) -> None:
-        with self._tx() as db:
+        with self.store.tx() as db:
             db.execute("UPDATE nodes SET cordon_reason = '' WHERE node_id = ?", (node_id,))
 
     def delete_node(self, node_id: str) -> None:
         now = self._clock.now()
-        with self._tx() as db:
+        with self.store.tx() as db:
             node = db.execute("SELECT * FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
             if node is None or node["deleted"]:
                 return
@@ -207,8 +205,8 @@ class GceCompute(MaintenanceWatch):
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
         action = RA(action)
         now = self._clock.now()
-        with self._tx() as db:
-            if not self._ledger(db).start_repair(node_id, attempt, action.value, now):
+        with self.store.tx() as db:
+            if not self.store.ledger(db).start_repair(node_id, attempt, action.value, now):
                 return  # this attempt was asked for already, whatever the action
             if action is RA.MANUAL:
                 return  # a person repairs it; nothing completes by itself
@@ -220,33 +218,33 @@ class GceCompute(MaintenanceWatch):
 
     def waits(self) -> list[Wait]:
         """Tasks waiting for capacity (a stock-out, a quota): visible, not failed."""
-        with self._tx() as db:
+        with self.store.tx() as db:
             rows = db.execute("SELECT * FROM tasks WHERE status = 'active' AND"
                               " capacity_since IS NOT NULL ORDER BY seq").fetchall()
         return [Wait(r["node_id"], r["kind"], r["capacity_since"], r["detail"], r["next_at"])
                 for r in rows]
 
     def alerts(self) -> list[GceAlert]:
-        with self._tx() as db:
+        with self.store.tx() as db:
             rows = db.execute("SELECT * FROM alerts ORDER BY id").fetchall()
         return [GceAlert(r["at"], r["kind"], r["subject"], r["detail"]) for r in rows]
 
     def tasks(self, node_id: str) -> list[dict[str, Any]]:
         """The node's tasks, oldest first (kind, status, detail...)."""
-        with self._tx() as db:
+        with self.store.tx() as db:
             rows = db.execute("SELECT * FROM tasks WHERE node_id = ? ORDER BY seq",
                               (node_id,)).fetchall()
         return [dict(r) for r in rows]
 
     def running(self, node_id: str) -> bool:
         """Whether the node's present instance was made and is not being deleted."""
-        with self._tx() as db:
+        with self.store.tx() as db:
             row = db.execute("SELECT provisioned, deleted FROM nodes WHERE node_id = ?",
                              (node_id,)).fetchone()
         return bool(row and row["provisioned"] and not row["deleted"])
 
     def instance_of(self, node_id: str) -> str | None:
-        with self._tx() as db:
+        with self.store.tx() as db:
             row = db.execute("SELECT instance FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
         return str(row[0]) if row else None
 
@@ -255,7 +253,7 @@ class GceCompute(MaintenanceWatch):
     def poll(self) -> None:
         """Move every due task one step, watch for maintenance, emit what happened."""
         now = self._clock.now()
-        with self._tx() as db:
+        with self.store.tx() as db:
             # a node's tasks run one at a time, in the order asked (a provision after a
             # delete of the same node waits for the delete)
             due = db.execute(
@@ -266,13 +264,13 @@ class GceCompute(MaintenanceWatch):
             for _ in range(8):  # a step that finished lets the next one start in this poll
                 if not self._advance(row["key"]):
                     break
-        self._watch_maintenance()
-        self._drain()
+        self.maintenance.watch()
+        self.store.drain()
         self._hand_over()
 
     def _advance(self, key: str) -> bool:
         """One move of the task; True when another may follow at once."""
-        with self._tx() as db:
+        with self.store.tx() as db:
             task = db.execute("SELECT * FROM tasks WHERE key = ?", (key,)).fetchone()
             if task["status"] != "active":
                 return False
@@ -327,13 +325,13 @@ class GceCompute(MaintenanceWatch):
                 return True
             raise
         now = self._clock.now()
-        with self._tx() as db:
+        with self.store.tx() as db:
             db.execute("UPDATE tasks SET op = ?, deadline = ?, next_at = ? WHERE key = ?",
                        (op, now + self._op_timeout, now, key))
         return False
 
     def _next_step(self, key: str, step: int) -> None:
-        with self._tx() as db:
+        with self.store.tx() as db:
             db.execute("UPDATE tasks SET step = ?, op = NULL, deadline = NULL, tries = 0,"
                        " next_at = ? WHERE key = ?", (step, self._clock.now(), key))
             self._capacity_over(db, key)
@@ -346,7 +344,7 @@ class GceCompute(MaintenanceWatch):
             status = (inst or {}).get("status", "")
             if status != "RUNNING":  # STAGING a while longer, until the deadline
                 now = self._clock.now()
-                with self._tx() as db:
+                with self.store.tx() as db:
                     db.execute("UPDATE tasks SET deadline = COALESCE(deadline, ?) WHERE key = ?",
                                (now + self._op_timeout, key))
                     deadline = db.execute("SELECT deadline FROM tasks WHERE key = ?",
@@ -356,30 +354,30 @@ class GceCompute(MaintenanceWatch):
                                " not RUNNING")
                 return
         now = self._clock.now()
-        with self._tx() as db:
+        with self.store.tx() as db:
             db.execute("UPDATE tasks SET status = 'done', op = NULL WHERE key = ?", (key,))
             self._capacity_over(db, key)
             node_id = task["node_id"]
             if task["kind"] == "provision":
                 db.execute("UPDATE nodes SET provisioned = 1, next_watch_at = ? WHERE node_id = ?",
-                           (now + self._watch, node_id))
+                           (now + self.maintenance.watch_interval_s, node_id))
                 if self.on_ready is None:
-                    self._queue(db, NodeProvisioned(node_id, True,
+                    self.store.queue(db, NodeProvisioned(node_id, True,
                                                     f"instance {node['instance']} RUNNING"))
-                    self._queue(db, self._report(db, node_id, inst, now, COMPUTE_SOURCE,
+                    self.store.queue(db, self.maintenance.report(db, node_id, inst, now, COMPUTE_SOURCE,
                                                  force=True))
             elif task["kind"] == "repair":
                 detail = f"{task['action']}: " + (", ".join(steps) or "nothing to do") + " done"
-                done = repair_completed(self._ledger(db), node_id, task["attempt"],
+                done = repair_completed(self.store.ledger(db), node_id, task["attempt"],
                                         task["action"], True, detail, now)
-                self._queue(db, done)
+                self.store.queue(db, done)
                 if done is not None:
-                    self._queue(db, self._report(db, node_id, inst, now, "post-repair-check",
+                    self.store.queue(db, self.maintenance.report(db, node_id, inst, now, "post-repair-check",
                                                  force=True))
 
     def _fail(self, key: str, detail: str) -> None:
         now = self._clock.now()
-        with self._tx() as db:
+        with self.store.tx() as db:
             task = db.execute("SELECT * FROM tasks WHERE key = ?", (key,)).fetchone()
             if task is None or task["status"] != "active":
                 return
@@ -388,9 +386,9 @@ class GceCompute(MaintenanceWatch):
             self._capacity_over(db, key)
             self._alert(db, f"gce-{task['kind']}-failed", task["node_id"], detail)
             if task["kind"] == "provision":
-                self._queue(db, NodeProvisioned(task["node_id"], False, detail))
+                self.store.queue(db, NodeProvisioned(task["node_id"], False, detail))
             elif task["kind"] == "repair":
-                self._queue(db, repair_completed(self._ledger(db), task["node_id"],
+                self.store.queue(db, repair_completed(self.store.ledger(db), task["node_id"],
                                                  task["attempt"], task["action"], False,
                                                  detail, now))
 
@@ -404,14 +402,14 @@ class GceCompute(MaintenanceWatch):
         delay = min(cap, first * 2 ** (tries - 1))
         # an operation that ended in error is over: the next try is a new request
         new_round = task["round"] + (1 if task["op"] else 0)
-        with self._tx() as db:
+        with self.store.tx() as db:
             db.execute("UPDATE tasks SET tries = ?, next_at = ?, op = NULL, deadline = NULL,"
                        " round = ?, detail = ? WHERE key = ?",
                        (tries, now + delay, new_round, str(exc)[:1000], key))
             if exc.kind is Failure.CAPACITY and task["capacity_since"] is None:
                 db.execute("UPDATE tasks SET capacity_since = ? WHERE key = ?", (now, key))
                 self._alert(db, "gce-capacity-wait", task["node_id"], str(exc))
-                self._queue(db, AlertRaised(
+                self.store.queue(db, AlertRaised(
                     kind="capacity_wait", target=task["node_id"], state="firing",
                     severity="warning", first_at=now, node_id=task["node_id"],
                     summary=f"waiting for capacity to {task['kind']} {task['node_id']}: {exc}"))
@@ -422,7 +420,7 @@ class GceCompute(MaintenanceWatch):
         if task is None or task["capacity_since"] is None:
             return
         db.execute("UPDATE tasks SET capacity_since = NULL WHERE key = ?", (key,))
-        self._queue(db, AlertRaised(
+        self.store.queue(db, AlertRaised(
             kind="capacity_wait", target=task["node_id"], state="resolved", severity="warning",
             first_at=task["capacity_since"], node_id=task["node_id"], sent=2,
             summary=f"capacity wait for {task['node_id']} over ({task['status']})"))
@@ -434,12 +432,12 @@ class GceCompute(MaintenanceWatch):
         ``provision_node`` is idempotent there)."""
         if self.on_ready is None:
             return
-        with self._tx() as db:
+        with self.store.tx() as db:
             rows = db.execute("SELECT node_id, data FROM nodes WHERE provisioned = 1"
                               " AND handed = 0 AND deleted = 0").fetchall()
         for row in rows:
             self.on_ready(Node.from_dict(json.loads(row["data"])))
-            with self._tx() as db:
+            with self.store.tx() as db:
                 db.execute("UPDATE nodes SET handed = 1 WHERE node_id = ?", (row["node_id"],))
 
     def _put_task(self, db: sqlite3.Connection, key: str, node_id: str, kind: str,
@@ -454,6 +452,10 @@ class GceCompute(MaintenanceWatch):
     def _life(db: sqlite3.Connection, node_id: str) -> int:
         row = db.execute("SELECT life FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
         return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        """Close the state file. Instances keep running: they outlive this object."""
+        self.store.close()
 
     def _alert(self, db: sqlite3.Connection, kind: str, subject: str, detail: str) -> None:
         log.warning("ALERT %s %s: %s", kind, subject, detail)

@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from shared.adapters.compute.fact_store import FactState
+from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.gce.api import Failure, GceApi, GceError
 from shared.domain.events import NodeHealthReported
 from shared.domain.health import COMPUTE_SOURCE, Condition, ConditionStatus, ConditionType
@@ -30,16 +30,27 @@ LOST = ConditionType.PREEMPTION_NOTICE.value
 _NOT_SERVING = frozenset({"STOPPING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED"})
 
 
-class MaintenanceWatch(FactState):
-    """Mixin of ``GceCompute`` (which sets ``api`` and ``_watch`` and has the ``nodes``
-    table with ``maintenance`` and ``next_watch_at``)."""
+def migrate_lost(store: FactStore) -> None:
+    """State written before the ``lost`` column existed gets it (empty: serving)."""
+    with store.tx() as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(nodes)")}
+        if "lost" not in columns:
+            db.execute("ALTER TABLE nodes ADD COLUMN lost TEXT NOT NULL DEFAULT ''")
 
-    api: GceApi
-    _watch: float
 
-    def _watch_maintenance(self) -> None:
-        now = self._clock.now()
-        with self._tx() as db:
+class MaintenanceWatch:
+    """Held by ``GceCompute``, over its store (whose ``nodes`` table has ``maintenance``,
+    ``lost`` and ``next_watch_at``) and its API."""
+
+    def __init__(self, store: FactStore, api: GceApi, watch_interval_s: float) -> None:
+        self._store = store
+        self.api = api
+        self.watch_interval_s = watch_interval_s
+
+    def watch(self) -> None:
+        """Read each running instance that is due and report what changed."""
+        now = self._store.clock.now()
+        with self._store.tx() as db:
             rows = db.execute(
                 "SELECT n.* FROM nodes n WHERE n.provisioned = 1 AND n.deleted = 0"
                 " AND n.next_watch_at <= ? AND NOT EXISTS (SELECT 1 FROM tasks t WHERE"
@@ -53,23 +64,16 @@ class MaintenanceWatch(FactState):
                 inst = None
                 if exc.kind is not Failure.PERMANENT:
                     continue
-            with self._tx() as db:
+            with self._store.tx() as db:
                 db.execute("UPDATE nodes SET next_watch_at = ? WHERE node_id = ?",
-                           (now + self._watch, node["node_id"]))
-                self._queue(db, self._lost(db, node["node_id"], inst, now))
+                           (now + self.watch_interval_s, node["node_id"]))
+                self._store.queue(db, self.lost(db, node["node_id"], inst, now))
                 if inst is None:  # gone without being asked (a preemption, a person)
                     log.warning("instance %s of %s is gone", node["instance"], node["node_id"])
                     continue
-                self._queue(db, self._report(db, node["node_id"], inst, now, COMPUTE_SOURCE))
+                self._store.queue(db, self.report(db, node["node_id"], inst, now, COMPUTE_SOURCE))
 
-    def _migrate_lost(self) -> None:
-        """State written before the ``lost`` column existed gets it (empty: serving)."""
-        with self._tx() as db:
-            columns = {row[1] for row in db.execute("PRAGMA table_info(nodes)")}
-            if "lost" not in columns:
-                db.execute("ALTER TABLE nodes ADD COLUMN lost TEXT NOT NULL DEFAULT ''")
-
-    def _lost(self, db: sqlite3.Connection, node_id: str, inst: Mapping[str, Any] | None,
+    def lost(self, db: sqlite3.Connection, node_id: str, inst: Mapping[str, Any] | None,
               now: float) -> NodeHealthReported | None:
         """A machine the provider took away while no task of ours was under way is reported
         once as a ``PreemptionNotice`` with 0 s of notice (triage: checkpoint what can be,
@@ -92,7 +96,7 @@ class MaintenanceWatch(FactState):
                              now, {"notice_s": 0.0, "kind": kind, "instance_status": status})
         return NodeHealthReported(node_id, now, (cond.to_dict(),), source=COMPUTE_SOURCE)
 
-    def _report(self, db: sqlite3.Connection, node_id: str, inst: Mapping[str, Any] | None,
+    def report(self, db: sqlite3.Connection, node_id: str, inst: Mapping[str, Any] | None,
                 now: float, source: str, *, force: bool = False) -> NodeHealthReported | None:
         """The ``UpcomingMaintenance`` condition of the instance; None when it did not change
         (unless ``force``: a post-repair check always reports)."""

@@ -1,10 +1,10 @@
 """Compute for the embedded default: simulated nodes, real worker processes.
 
-Nodes are records on this machine (``local_nodes``): provisioning and repairs complete after
-set durations, faults are injected by hand (``mtc node fault``) and stay until a repair that
-truly fixes them (``local_faults``: the triage table's action). Job workers are real
-subprocesses (``local_procs``), started in their own session through ``worker_launcher`` so
-they outlive the CLI process that started them; their exit is read back later from exit files.
+Nodes are records on this machine (``nodes.LocalNodes``, held by ``LocalCompute``):
+provisioning and repairs complete after set durations, faults are injected by hand (``mtc
+node fault``) and stay until a repair that truly fixes them (``faults``: the triage table's
+action). Job workers are real subprocesses (``procs``), started in their own session
+through ``worker_launcher`` so they outlive the CLI process that started them; their exit is read back later from exit files.
 
 All state lives in a sqlite file under ``state_dir`` (never only in memory), because several
 short-lived CLI processes take turns driving the same workers and repairs. Results come back
@@ -37,12 +37,12 @@ import shutil
 import signal
 import sqlite3
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.ledger import (
     SqliteLedger,
     all_ranks_exited,
@@ -50,7 +50,12 @@ from shared.adapters.compute.ledger import (
     ranks_exited,
     report_checkpoints,
 )
-from shared.adapters.compute.local.nodes import DEFAULT_REPAIR_DURATIONS_S, NODES_SCHEMA, LocalNodes
+from shared.adapters.compute.local.nodes import (
+    DEFAULT_REPAIR_DURATIONS_S,
+    NODES_SCHEMA,
+    LocalNodes,
+    NodeSettings,
+)
 from shared.adapters.compute.local.procs import (
     end_group,
     exit_code,
@@ -61,7 +66,8 @@ from shared.adapters.compute.local.procs import (
 )
 from shared.adapters.compute.protocol import managed_env, safe_name
 from shared.adapters.compute.worker_logs import LogFile
-from shared.domain.health import RepairAction
+from shared.domain.health import Condition, RepairAction
+from shared.domain.model import Node
 from shared.ports import Clock, Emitter, Gang, WorkerSpec
 
 
@@ -92,8 +98,9 @@ CREATE TABLE IF NOT EXISTS workers (
 """
 
 
-class LocalCompute(LocalNodes):
-    """The ``Compute`` port on one machine: simulated nodes, subprocess workers."""
+class LocalCompute:
+    """The ``Compute`` port on one machine: simulated nodes (a held ``LocalNodes``),
+    subprocess workers; with the ``DeepChecks`` capability (simulated)."""
 
     DB_FILE = "compute.sqlite3"
 
@@ -112,24 +119,54 @@ class LocalCompute(LocalNodes):
         deep_check_duration_s: float = 2.0,
     ) -> None:
         self.state_dir = Path(state_dir)
-        self._emit = emit
         self._clock = clock
-        self._durations = {**DEFAULT_REPAIR_DURATIONS_S, **(repair_durations_s or {})}
-        self._provision_s = provision_duration_s
         self._python = shutil.which(python) or python
-        self._interval = agent_interval_s
         self._heartbeats = heartbeats
         self._gang_grace = gang_grace_s
-        self._deep_check_s = deep_check_duration_s
-        self._lock = threading.Lock()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._db: sqlite3.Connection | None = None
         self._children: set[int] = set()  # launchers we spawned: ours to reap
-        self._init_state(NODES_SCHEMA + _SCHEMA)
-        with self._tx() as db:  # a state file from before gangs
+        self.store = FactStore(self.state_dir / self.DB_FILE, NODES_SCHEMA + _SCHEMA, emit, clock)
+        self.nodes = LocalNodes(NodeSettings(
+            repair_durations_s={**DEFAULT_REPAIR_DURATIONS_S, **(repair_durations_s or {})},
+            provision_duration_s=provision_duration_s,
+            agent_interval_s=agent_interval_s,
+            deep_check_duration_s=deep_check_duration_s,
+        ), self.store)
+        with self.store.tx() as db:  # a state file from before gangs
             cols = {r["name"] for r in db.execute("PRAGMA table_info(attempts)")}
             if "failed_rank" not in cols:
                 db.execute("ALTER TABLE attempts ADD COLUMN failed_rank INTEGER")
+
+    # ------------------------------------------------------------ nodes (held)
+
+    def provision_node(self, node: Node) -> None:
+        self.nodes.provision_node(node)
+
+    def cordon(self, node_id: str, reason: str) -> None:
+        self.nodes.cordon(node_id, reason)
+
+    def uncordon(self, node_id: str) -> None:
+        self.nodes.uncordon(node_id)
+
+    def delete_node(self, node_id: str) -> None:
+        self.nodes.delete_node(node_id)
+
+    def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
+        self.nodes.start_repair(node_id, action, attempt)
+
+    def start_deep_check(self, node_id: str, attempt: int) -> None:
+        """The ``DeepChecks`` capability, simulated: see ``LocalNodes.start_deep_check``."""
+        self.nodes.start_deep_check(node_id, attempt)
+
+    def inject_fault(self, node_id: str, conditions: Sequence[Condition]) -> None:
+        self.nodes.inject_fault(node_id, conditions)
+
+    def node_faults(self, node_id: str) -> list[tuple[Condition, RepairAction]]:
+        return self.nodes.node_faults(node_id)
+
+    def close(self) -> None:
+        """Close the state file. Workers keep running: they outlive this object."""
+        self.store.close()
 
     # ------------------------------------------------------------ workers
 
@@ -138,7 +175,7 @@ class LocalCompute(LocalNodes):
         now = self._clock.now()
         launched: list[int] = []
         try:
-            with self._tx() as db:
+            with self.store.tx() as db:
                 self._start_new(db, gang, now, launched)
         except BaseException:
             for pid in launched:  # rolled back: nothing records them, so nothing may run
@@ -156,7 +193,7 @@ class LocalCompute(LocalNodes):
                 "SELECT 1 FROM workers WHERE job_id = ? AND attempt = ? AND rank = ?", key
             ).fetchone():
                 continue
-            self._ledger(db).start_attempt(spec.job_id, spec.attempt, spec.world_size,
+            self.store.ledger(db).start_attempt(spec.job_id, spec.attempt, spec.world_size,
                                            str(Path(spec.checkpoint_dir).absolute()), now)
             pid, exit_file, log_path = self._launch(spec, pools)
             launched.append(pid)
@@ -190,7 +227,7 @@ class LocalCompute(LocalNodes):
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:
         """What was started, with exit codes seen so far (updated by ``poll()``)."""
-        with self._tx() as db:
+        with self.store.tx() as db:
             rows = db.execute(
                 "SELECT * FROM workers WHERE ? IS NULL OR job_id = ?"
                 " ORDER BY job_id, attempt, rank",
@@ -211,7 +248,7 @@ class LocalCompute(LocalNodes):
 
     def log_files(self, job_id: str) -> list[LogFile]:
         """Each rank's output of each attempt, one file apiece (``worker_logs``)."""
-        with self._tx() as db:
+        with self.store.tx() as db:
             rows = db.execute(
                 "SELECT w.attempt, w.rank, w.log_path, w.exit_code, a.finalized FROM workers w"
                 " JOIN attempts a ON a.job_id = w.job_id AND a.attempt = w.attempt"
@@ -223,7 +260,7 @@ class LocalCompute(LocalNodes):
         """SIGTERM every rank now, SIGKILL in ``poll()`` after ``grace_s``. A repeat does not
         signal again; it can only bring the deadline closer."""
         now = self._clock.now()
-        with self._tx() as db:
+        with self.store.tx() as db:
             att = attempt_row(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
@@ -234,7 +271,7 @@ class LocalCompute(LocalNodes):
     def stop_workers(self, job_id: str, attempt: int) -> None:
         """SIGKILL every rank of the attempt now; harmless if they are gone."""
         now = self._clock.now()
-        with self._tx() as db:
+        with self.store.tx() as db:
             att = attempt_row(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
@@ -244,7 +281,7 @@ class LocalCompute(LocalNodes):
         """SIGKILL every live worker (tests, demo shutdown) and wait up to ``wait_s`` for
         them to go, so the next ``poll()`` reports them."""
         now = self._clock.now()
-        with self._tx() as db:
+        with self.store.tx() as db:
             attempts = db.execute("SELECT * FROM attempts WHERE finalized = 0").fetchall()
             live = [w for a in attempts for w in self._live_ranks(db, a["job_id"], a["attempt"])]
             for att in attempts:
@@ -323,7 +360,7 @@ class LocalCompute(LocalNodes):
             codes = {r["rank"]: r["exit_code"] for r in ranks}
             if not all_ranks_exited(codes):
                 continue
-            self._queue(db, ranks_exited(self._ledger(db), job_id, attempt, codes,
+            self.store.queue(db, ranks_exited(self.store.ledger(db), job_id, attempt, codes,
                                          first_failed=failed_rank))
 
     def _end_gang(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
@@ -334,21 +371,19 @@ class LocalCompute(LocalNodes):
                 signal_rank(w, signal.SIGTERM)
 
     def _scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
-        ledger = self._ledger(db)
+        ledger = self.store.ledger(db)
         for fact in report_checkpoints(ledger, att["job_id"], att["attempt"],
                                        att["checkpoint_dir"], now):
-            self._queue(db, fact)
+            self.store.queue(db, fact)
 
     def poll(self) -> None:
         """Turn what happened since the last poll (by any process) into events, once each."""
         now = self._clock.now()
         self._reap()
-        with self._tx() as db:
-            self._complete_provisioning(db, now)
-            self._complete_repairs(db, now)
-            self._complete_deep_checks(db, now)
+        with self.store.tx() as db:
+            self.nodes.observe(db, now)
             self._observe_workers(db, now)
             if self._heartbeats:
-                self._send_heartbeats(db, now)
-        self._drain()
+                self.nodes.send_heartbeats(db, now)
+        self.store.drain()
 

@@ -1,7 +1,7 @@
 """LocalCompute's simulated nodes: provisioning, injected faults, repairs, heartbeats.
 
 A node is a row in the adapter's sqlite file. Faults stay until a repair that truly fixes
-them (``local_faults``); a repair runs once per (node, attempt) and completes once (the
+them (``faults``); a repair runs once per (node, attempt) and completes once (the
 shared ledger), followed by a post-repair report of every condition; a provisioned node
 reports its conditions every ``agent_interval_s`` as its agent would.
 """
@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from shared.adapters.compute.fact_store import FactState
+from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.ledger import repair_completed
 from shared.adapters.compute.local.faults import clears, merge, required_action
 from shared.domain.events import NodeHealthReported, NodeProvisioned
@@ -53,22 +54,33 @@ DEEP_CHECK_TYPES = (ConditionType.DCGM_DIAG_FAILED.value,
 NO_DEEP_TOOLS = "simulated local node: dcgmi and all_reduce_perf are not run on it"
 
 
-class LocalNodes(FactState):
-    """The node half of ``LocalCompute`` (which sets the attributes below)."""
+@dataclass(frozen=True)
+class NodeSettings:
+    """How long the simulated machines take, and how often their agents report."""
 
-    _durations: dict[RepairAction, float]
-    _provision_s: float
-    _interval: float
-    _deep_check_s: float
+    repair_durations_s: Mapping[RepairAction, float]
+    provision_duration_s: float
+    agent_interval_s: float
+    deep_check_duration_s: float
+
+
+class LocalNodes:
+    """The node half of ``LocalCompute``, held by it: the port's node calls, fault
+    injection, and what ``poll()`` completes (``observe``)."""
+
+    def __init__(self, settings: NodeSettings, store: FactStore) -> None:
+        self._settings = settings
+        self._store = store
 
     def provision_node(self, node: Node) -> None:
         """Record the node; ``poll()`` reports it up after ``provision_duration_s``."""
-        now = self._clock.now()
-        with self._tx() as db:
+        now = self._store.clock.now()
+        with self._store.tx() as db:
             db.execute(
                 "INSERT OR IGNORE INTO nodes (node_id, data, requested_at, ready_at, healthy_since)"
                 " VALUES (?, ?, ?, ?, ?)",
-                (node.node_id, json.dumps(node.to_dict()), now, now + self._provision_s, now),
+                (node.node_id, json.dumps(node.to_dict()), now,
+                 now + self._settings.provision_duration_s, now),
             )
 
     def cordon(self, node_id: str, reason: str) -> None:
@@ -79,15 +91,15 @@ class LocalNodes(FactState):
 
     def delete_node(self, node_id: str) -> None:
         """Forget the node: no more heartbeats, repairs or reports."""
-        with self._tx() as db:
+        with self._store.tx() as db:
             db.execute("UPDATE nodes SET deleted = 1 WHERE node_id = ?", (node_id,))
 
     def inject_fault(self, node_id: str, conditions: Sequence[Condition]) -> None:
         """Break a simulated node: keep its faults and report them at once (``mtc node
         fault``). Conditions with status ``false`` are reported but there is nothing to keep."""
-        now = self._clock.now()
+        now = self._store.clock.now()
         needs = [required_action(c) for c in conditions]  # ValueError on a bad clears_with
-        with self._tx() as db:
+        with self._store.tx() as db:
             node = db.execute("SELECT * FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
             if node is None or node["deleted"]:
                 raise LookupError(f"no such node: {node_id!r}")
@@ -103,12 +115,12 @@ class LocalNodes(FactState):
                     (node_id, json.dumps(cond.to_dict()), need.value, now),
                 )
             report = self._snapshot(db, node, transient)
-            self._queue(db, NodeHealthReported(node_id, now, report, source="agent"))
-        self._drain()
+            self._store.queue(db, NodeHealthReported(node_id, now, report, source="agent"))
+        self._store.drain()
 
     def node_faults(self, node_id: str) -> list[tuple[Condition, RepairAction]]:
         """Faults the node still has, each with the cheapest repair that clears it."""
-        with self._tx() as db:
+        with self._store.tx() as db:
             rows = db.execute(
                 "SELECT condition, needs FROM faults WHERE node_id = ? ORDER BY id", (node_id,)
             ).fetchall()
@@ -146,10 +158,11 @@ class LocalNodes(FactState):
         """Start a repair once per (node, attempt); a repeat, even with another action, is a
         no-op. MANUAL never completes by itself."""
         action = RA(action)
-        now = self._clock.now()
-        completes_at = None if action is RA.MANUAL else now + self._durations.get(action, 0.0)
-        with self._tx() as db:
-            self._ledger(db).start_repair(node_id, attempt, action.value, now,
+        now = self._store.clock.now()
+        duration = self._settings.repair_durations_s.get(action, 0.0)
+        completes_at = None if action is RA.MANUAL else now + duration
+        with self._store.tx() as db:
+            self._store.ledger(db).start_repair(node_id, attempt, action.value, now,
                                           completes_at=completes_at)
 
     def _complete_repairs(self, db: sqlite3.Connection, now: float) -> None:
@@ -158,14 +171,14 @@ class LocalNodes(FactState):
             " ORDER BY completes_at, node_id, attempt",
             (now,),
         ).fetchall()
-        ledger = self._ledger(db)
+        ledger = self._store.ledger(db)
         for rep in due:
             node_id, attempt, action = rep["node_id"], rep["attempt"], RA(rep["action"])
             node = db.execute("SELECT * FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
             if node is None or node["deleted"]:
                 done = repair_completed(ledger, node_id, attempt, action.value, False,
                                         "unknown node", now)
-                self._queue(db, done if node is None else None)
+                self._store.queue(db, done if node is None else None)
                 continue
             faults = [
                 (f["id"], json.loads(f["condition"])["type"], clears(action, RA(f["needs"])))
@@ -185,10 +198,10 @@ class LocalNodes(FactState):
             )
             node = db.execute("SELECT * FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
             detail = f"cleared {len(fixed)} fault(s), {len(faults) - len(fixed)} remain"
-            self._queue(db, repair_completed(ledger, node_id, attempt, action.value, True,
+            self._store.queue(db, repair_completed(ledger, node_id, attempt, action.value, True,
                                              detail, now))
             report = self._snapshot(db, node)
-            self._queue(db, NodeHealthReported(node_id, now, report, source="post-repair-check"))
+            self._store.queue(db, NodeHealthReported(node_id, now, report, source="post-repair-check"))
 
 
     # ------------------------------------------------------------ deep checks
@@ -197,11 +210,11 @@ class LocalNodes(FactState):
         """Deep checks once per (node, attempt), completing after ``deep_check_duration_s``.
         A simulated node runs no GPU tools: a check reports the fault injected for it
         (``mtc node fault --dcgm-level 3``) or ``unknown``, never a pass it did not run."""
-        now = self._clock.now()
-        with self._tx() as db:
+        now = self._store.clock.now()
+        with self._store.tx() as db:
             db.execute("INSERT OR IGNORE INTO deep_checks (node_id, attempt, started_at,"
                        " completes_at) VALUES (?, ?, ?, ?)",
-                       (node_id, attempt, now, now + self._deep_check_s))
+                       (node_id, attempt, now, now + self._settings.deep_check_duration_s))
 
     def _complete_deep_checks(self, db: sqlite3.Connection, now: float) -> None:
         for row in db.execute("SELECT * FROM deep_checks WHERE completed_at IS NULL AND"
@@ -226,7 +239,7 @@ class LocalNodes(FactState):
                 details = {**cond.details, "deep_check_attempt": attempt}
                 conditions.append(Condition(cond.type, cond.status, cond.reason, now,
                                             details).to_dict())
-            self._queue(db, NodeHealthReported(node_id, now, tuple(conditions),
+            self._store.queue(db, NodeHealthReported(node_id, now, tuple(conditions),
                                                source="deep-check"))
 
     def _complete_provisioning(self, db: sqlite3.Connection, now: float) -> None:
@@ -238,16 +251,16 @@ class LocalNodes(FactState):
             db.execute(
                 "UPDATE nodes SET provisioned = 1, healthy_since = ?, next_heartbeat_at = ?"
                 " WHERE node_id = ?",
-                (now, now + self._interval, node["node_id"]),
+                (now, now + self._settings.agent_interval_s, node["node_id"]),
             )
-            self._queue(db, NodeProvisioned(node["node_id"], True, "simulated local node"))
+            self._store.queue(db, NodeProvisioned(node["node_id"], True, "simulated local node"))
             node = db.execute(
                 "SELECT * FROM nodes WHERE node_id = ?", (node["node_id"],)
             ).fetchone()
-            self._queue(db, NodeHealthReported(node["node_id"], now, self._snapshot(db, node)))
+            self._store.queue(db, NodeHealthReported(node["node_id"], now, self._snapshot(db, node)))
 
-    def _send_heartbeats(self, db: sqlite3.Connection, now: float) -> None:
-        interval = max(self._interval, 0.0)  # 0: a heartbeat on every poll
+    def send_heartbeats(self, db: sqlite3.Connection, now: float) -> None:
+        interval = max(self._settings.agent_interval_s, 0.0)  # 0: a heartbeat on every poll
         for node in db.execute(
             "SELECT * FROM nodes WHERE provisioned = 1 AND deleted = 0 AND next_heartbeat_at <= ?"
             " ORDER BY node_id",
@@ -257,5 +270,11 @@ class LocalNodes(FactState):
                 "UPDATE nodes SET next_heartbeat_at = ? WHERE node_id = ?",
                 (now + interval, node["node_id"]),
             )
-            self._queue(db, NodeHealthReported(node["node_id"], now, self._snapshot(db, node)))
+            self._store.queue(db, NodeHealthReported(node["node_id"], now, self._snapshot(db, node)))
 
+
+    def observe(self, db: sqlite3.Connection, now: float) -> None:
+        """What completed since the last poll: provisioning, repairs, deep checks."""
+        self._complete_provisioning(db, now)
+        self._complete_repairs(db, now)
+        self._complete_deep_checks(db, now)

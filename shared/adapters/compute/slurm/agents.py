@@ -17,21 +17,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.protocol import safe_name
 from shared.adapters.compute.slurm.api import operator_condition
-from shared.adapters.compute.slurm.ops import SlurmOps
-from shared.adapters.compute.worker_logs import LogFile
+from shared.adapters.compute.slurm.settings import SlurmSettings
+from shared.adapters.compute.slurm.view import SlurmView
 from shared.domain.events import NodeHealthReported
 from shared.domain.health import HealthReport
 from shared.probes.agent import AgentState, collect
 from shared.probes.config import AgentConfig
 
 
-class SlurmAgents(SlurmOps):
-    """Node directories, boots and the agents' runs."""
+class SlurmAgents:
+    """Node directories, boots and the agents' runs (one ``AgentState`` per Slurm node)."""
+
+    def __init__(self, settings: SlurmSettings, store: FactStore, view: SlurmView) -> None:
+        self._settings = settings
+        self._store = store
+        self._view = view
+        self._agents: dict[str, AgentState] = {}
 
     def node_dir(self, slurm_node: str) -> Path:
-        return self.state_dir / "nodes" / safe_name(slurm_node)
+        return self._settings.state_dir / "nodes" / safe_name(slurm_node)
 
     def kernel_log(self, slurm_node: str) -> Path:
         """The node's kernel log: the XID source its agent reads."""
@@ -40,22 +47,7 @@ class SlurmAgents(SlurmOps):
     def scratch_dir(self, slurm_node: str) -> Path:
         return self.node_dir(slurm_node) / "scratch"
 
-    def job_log(self, job_id: str) -> Path:
-        """Every attempt's Slurm output, appended (``--open-mode=append``)."""
-        return self.state_dir / "logs" / safe_name(job_id) / "slurm.out"
-
-    def log_files(self, job_id: str) -> list[LogFile]:
-        """Each attempt's output (``worker_logs``): the one file Slurm appends every attempt
-        and rank to, as the attempt's record names it."""
-        with self._tx() as db:
-            rows = db.execute("SELECT attempt, output, finalized FROM attempts WHERE job_id = ?"
-                              " ORDER BY attempt", (job_id,)).fetchall()
-        return [LogFile(r["attempt"], None, r["output"], bool(r["finalized"])) for r in rows]
-
-    def run_dir(self, job_id: str, attempt: int) -> Path:
-        return self.state_dir / "run" / safe_name(job_id) / f"attempt-{attempt}"
-
-    def _new_boot(self, slurm_node: str, *, wipe_scratch: bool = False) -> None:
+    def new_boot(self, slurm_node: str, *, wipe_scratch: bool = False) -> None:
         """A (re)booted node: a fresh kernel log (the old one rotated), a fresh agent; a
         reimage also wipes the node's scratch directory."""
         path = self.kernel_log(slurm_node)
@@ -74,15 +66,15 @@ class SlurmAgents(SlurmOps):
         return AgentConfig(
             node_id=row["node_id"],
             node_type=row["machine_type"],
-            probes=self._probes,
+            probes=self._settings.agent_probes,
             xid_source=str(self.kernel_log(slurm_node)),
             xid_cursor_path=str(node_dir / "xid.cursor"),
             mounts=(str(self.scratch_dir(slurm_node)),),
-            command_timeout_s=self._agent_timeout,
-            dcgm_timeout_s=max(self._agent_timeout, 30.0),
+            command_timeout_s=self._settings.agent_command_timeout_s,
+            dcgm_timeout_s=max(self._settings.agent_command_timeout_s, 30.0),
         )
 
-    def _collect(self, row: sqlite3.Row, now: float) -> HealthReport:
+    def collect(self, row: sqlite3.Row, now: float) -> HealthReport:
         """One run of the node agent's probes for this node (its XID cursor moves on only
         when the caller ``acknowledge()``s the delivered report)."""
         slurm_node = row["slurm_node"]
@@ -92,11 +84,12 @@ class SlurmAgents(SlurmOps):
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log_path.touch()
         self.scratch_dir(slurm_node).mkdir(parents=True, exist_ok=True)
-        return collect(self._agent_config(row, slurm_node), now, runner=self._agent_runner, state=state)
+        return collect(self._agent_config(row, slurm_node), now, runner=self._settings.agent_runner,
+                       state=state)
 
-    def _agent_tick(self, now: float) -> None:
+    def tick(self, now: float) -> None:
         """Each node's agent reports every ``agent_interval_s`` while its slurmd is up."""
-        with self._tx() as db:
+        with self._store.tx() as db:
             due = db.execute(
                 "SELECT * FROM nodes WHERE role = 'worker' AND deleted = 0 AND provisioned = 1"
                 " AND slurm_node IS NOT NULL AND COALESCE(next_report_at, 0) <= ?"
@@ -107,20 +100,27 @@ class SlurmAgents(SlurmOps):
             for row in due:
                 db.execute(
                     "UPDATE nodes SET next_report_at = ? WHERE node_id = ?",
-                    (now + self._agent_interval, row["node_id"]),
+                    (now + self._settings.agent_interval_s, row["node_id"]),
                 )
         for row in due:
-            record = self._view.get(row["slurm_node"])
+            record = self._view.records.get(row["slurm_node"])
             if record is not None and not record.up:
                 continue  # the node is down: its agent cannot report (the heartbeat lapses)
-            report = self._collect(row, now)
+            report = self.collect(row, now)
             conditions = report_conditions(report)
             if row["foreign_reason"] is not None:  # still drained by an operator: say so each time
                 conditions += (operator_condition(row["slurm_node"], row["foreign_reason"],
                                                   row["foreign_since"] or now),)
-            self._emit(NodeHealthReported(row["node_id"], now, conditions, source="agent"))
-            self._agents[row["slurm_node"]].acknowledge()  # delivered: move the XID cursor on
+            self._store.emit(NodeHealthReported(row["node_id"], now, conditions, source="agent"))
+            self.acknowledge(row["slurm_node"])  # delivered: move the XID cursor on
 
+    def acknowledge(self, slurm_node: str) -> None:
+        """The last report collected for the node was delivered: its XID cursor moves on."""
+        self._agents[slurm_node].acknowledge()
+
+    def forget(self, slurm_node: str) -> None:
+        """The node left this mtc node (replaced): its agent state goes with it."""
+        self._agents.pop(slurm_node, None)
 
 
 def report_conditions(report: HealthReport) -> tuple[dict[str, Any], ...]:

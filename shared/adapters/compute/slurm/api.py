@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shared.adapters.compute.slurm.cli import SlurmJob, SlurmNode
-from shared.adapters.compute.slurm.deep_checks import ReservationCli
+from shared.adapters.compute.slurm.reservations import ReservationCli, Reservations
 from shared.domain.health import RepairAction
 
 RA = RepairAction
@@ -91,7 +91,7 @@ def _plain_int(value: Any) -> int:
 class SlurmControl(ReservationCli):
     """``SlurmCli`` as this adapter reads it: node records carry the slurmd start time, a
     repair reboot keeps the node drained until mtc's own checks pass, and deep checks run in
-    maintenance reservations (``slurm_reservations``)."""
+    maintenance reservations (``reservations``)."""
 
     def node_records(self) -> list[NodeRecord]:
         return [NodeRecord(n, n.slurmd_start_time) for n in self.nodes()]
@@ -100,8 +100,9 @@ class SlurmControl(ReservationCli):
         self.reboot(node, reason, keep_drained=True)
 
 
-class SlurmApi(Protocol):
-    """What SlurmCompute uses of Slurm (``SlurmControl``; unit tests pass a fake)."""
+class SlurmApi(Reservations, Protocol):
+    """What SlurmCompute uses of Slurm (``SlurmControl``; unit tests pass a fake), the
+    maintenance reservations of its deep checks included."""
 
     def node_records(self) -> list[NodeRecord]: ...
     def jobs(self) -> list[SlurmJob]: ...

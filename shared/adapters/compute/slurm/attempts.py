@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.ledger import (
     SqliteLedger,
     all_ranks_exited,
@@ -27,29 +28,67 @@ from shared.adapters.compute.ledger import (
     report_checkpoints,
     workers_exited,
 )
-from shared.adapters.compute.protocol import ExitCode, read_exit_file
-from shared.adapters.compute.slurm.api import REQUEUED_JOB_STATES, TERMINAL_JOB_STATES, job_name
+from shared.adapters.compute.protocol import ExitCode, read_exit_file, safe_name
+from shared.adapters.compute.slurm.api import (
+    REQUEUED_JOB_STATES,
+    TERMINAL_JOB_STATES,
+    SlurmApi,
+    job_name,
+)
 from shared.adapters.compute.slurm.cli import SlurmError, SlurmPermanentError
-from shared.adapters.compute.slurm.nodes import SlurmNodes
-from shared.adapters.compute.slurm.ops import OpResult, log
+from shared.adapters.compute.slurm.nodes import node_row
+from shared.adapters.compute.slurm.ops import OpQueue, OpResult, log
 from shared.adapters.compute.slurm.scripts import write_scripts
+from shared.adapters.compute.slurm.settings import SlurmSettings
+from shared.adapters.compute.slurm.view import SlurmView
+from shared.adapters.compute.worker_logs import LogFile
 from shared.ports import Gang
 
 EXIT_SUBMIT_FAILED = int(ExitCode.FAILED)
 JOB_GONE_SETTLE_S = 1.0  # exit files land before the task ends; allow for a slow file system
 
 
-class SlurmAttempts(SlurmNodes):
-    """Attempts as Slurm batch jobs."""
+class SlurmAttempts:
+    """Attempts as Slurm batch jobs: the port's worker calls, the ``submit``, ``signal`` and
+    ``cancel`` operations, and what ``poll()`` sees of mtc's own attempts. ``instance``
+    names this state file's jobs in Slurm (``job_name``)."""
 
-    def _origin(self, job_id: str, attempt: int) -> str:
+    def __init__(self, settings: SlurmSettings, store: FactStore, view: SlurmView,
+                 cli: SlurmApi, ops: OpQueue, instance: str) -> None:
+        self._settings = settings
+        self._store = store
+        self._view = view
+        self._cli = cli
+        self._ops = ops
+        self._instance = instance
+        ops.register("submit", self._op_submit, self._done_submit, self._failed_submit)
+        ops.register("signal", self._op_signal)
+        ops.register("cancel", self._op_cancel)
+
+    def job_log(self, job_id: str) -> Path:
+        """Every attempt's Slurm output, appended (``--open-mode=append``)."""
+        return self._settings.state_dir / "logs" / safe_name(job_id) / "slurm.out"
+
+    def log_files(self, job_id: str) -> list[LogFile]:
+        """Each attempt's output (``worker_logs``): the one file Slurm appends every attempt
+        and rank to, as the attempt's record names it."""
+        with self._store.tx() as db:
+            rows = db.execute("SELECT attempt, output, finalized FROM attempts WHERE job_id = ?"
+                              " ORDER BY attempt", (job_id,)).fetchall()
+        return [LogFile(r["attempt"], None, r["output"], bool(r["finalized"])) for r in rows]
+
+    def run_dir(self, job_id: str, attempt: int) -> Path:
+        return self._settings.state_dir / "run" / safe_name(job_id) / f"attempt-{attempt}"
+
+
+    def origin(self, job_id: str, attempt: int) -> str:
         """'slurm' for the run of a user's own job (``slurm_userjobs``), '' for mtc's."""
-        with self._tx() as db:
+        with self._store.tx() as db:
             att = attempt_row(db, job_id, attempt)
         return "" if att is None else str(att["origin"])
 
     def slurm_job_id(self, job_id: str, attempt: int) -> int | None:
-        with self._tx() as db:
+        with self._store.tx() as db:
             row = db.execute(
                 "SELECT slurm_job_id FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
             ).fetchone()
@@ -57,39 +96,39 @@ class SlurmAttempts(SlurmNodes):
 
     def _op_submit(self, args: dict[str, Any]) -> OpResult:
         job_id, attempt = args["job_id"], args["attempt"]
-        name = job_name(job_id, attempt, self.instance)
-        existing = [j for j in self.cli.jobs() if j.name == name]
+        name = job_name(job_id, attempt, self._instance)
+        existing = [j for j in self._cli.jobs() if j.name == name]
         if existing:  # submitted before, but the answer was lost: adopt it, never run twice
             return OpResult(True, data={"slurm_job_id": max(j.job_id for j in existing)})
-        self._ensure_partition()
+        self.ensure_partition()
         nodes = list(args["slurm_nodes"])
         run_dir = Path(args["run_dir"])
         try:
             slurm_id = self._sbatch(name, nodes, run_dir, args["output"])
         except SlurmPermanentError as exc:
-            if not self.partition or "invalid partition" not in str(exc).lower():
+            if not self._settings.partition or "invalid partition" not in str(exc).lower():
                 raise
-            self._partition_ready = False  # slurmctld restarted without it (cluster.sh: -c)
-            self._ensure_partition()
+            self._view.partition_ready = False  # slurmctld restarted without it (cluster.sh: -c)
+            self.ensure_partition()
             slurm_id = self._sbatch(name, nodes, run_dir, args["output"])
         log.info("submitted %s as Slurm job %d on %s", name, slurm_id, ",".join(nodes))
         return OpResult(True, data={"slurm_job_id": slurm_id})
 
-    def _ensure_partition(self) -> None:
-        if self.partition and not self._partition_ready:
-            members = ",".join(self._allowed) if self._allowed else "ALL"
-            self.cli.ensure_partition(self.partition, members)
-            self._partition_ready = True
+    def ensure_partition(self) -> None:
+        if self._settings.partition and not self._view.partition_ready:
+            members = ",".join(self._settings.allowed) if self._settings.allowed else "ALL"
+            self._cli.ensure_partition(self._settings.partition, members)
+            self._view.partition_ready = True
 
     def _sbatch(self, name: str, nodes: Sequence[str], run_dir: Path, output: str) -> int:
-        return self.cli.submit(
+        return self._cli.submit(
             str(run_dir / "batch.sh"),
             nodes=len(nodes),
             job_name=name,
             requeue=True,
             open_mode="append",
             output=output,
-            partition=self.partition,
+            partition=self._settings.partition,
             extra_args=(
                 f"--nodelist={','.join(nodes)}",
                 f"--ntasks={len(nodes)}",
@@ -104,15 +143,15 @@ class SlurmAttempts(SlurmNodes):
         if slurm_id is None:
             return self._before_submit(args)
         try:
-            self.cli.signal_job(slurm_id, "TERM")
+            self._cli.signal_job(slurm_id, "TERM")
         except SlurmPermanentError:
-            job = next((j for j in self.cli.jobs() if j.job_id == slurm_id), None)
+            job = next((j for j in self._cli.jobs() if j.job_id == slurm_id), None)
             if job is None or job.job_state in TERMINAL_JOB_STATES:
                 return OpResult(True)  # already over: nothing left to tell
-            if job.job_state == "PENDING" and self._origin(args["job_id"], args["attempt"]):
+            if job.job_state == "PENDING" and self.origin(args["job_id"], args["attempt"]):
                 return OpResult(True)  # a user's job between runs: never cancel it
             if job.job_state == "PENDING":  # nothing runs yet, so nothing to checkpoint
-                self.cli.cancel(slurm_id)
+                self._cli.cancel(slurm_id)
                 return OpResult(True)
             raise
         return OpResult(True)
@@ -122,9 +161,9 @@ class SlurmAttempts(SlurmNodes):
         if slurm_id is None:
             return self._before_submit(args)
         try:
-            self.cli.cancel(slurm_id)
+            self._cli.cancel(slurm_id)
         except SlurmPermanentError:
-            job = next((j for j in self.cli.jobs() if j.job_id == slurm_id), None)
+            job = next((j for j in self._cli.jobs() if j.job_id == slurm_id), None)
             if job is not None and job.job_state not in TERMINAL_JOB_STATES:
                 raise
         return OpResult(True)
@@ -132,7 +171,7 @@ class SlurmAttempts(SlurmNodes):
     def _before_submit(self, args: dict[str, Any]) -> OpResult:
         """Signal or cancel of an attempt whose sbatch has not gone through yet: wait for it,
         unless it failed (then the attempt is already over)."""
-        with self._tx() as db:
+        with self._store.tx() as db:
             att = attempt_row(db, args["job_id"], args["attempt"])
         if att is None or att["finalized"]:
             return OpResult(True)
@@ -158,15 +197,15 @@ class SlurmAttempts(SlurmNodes):
     def start_workers(self, gang: Gang) -> None:
         """One ``sbatch`` per (job, attempt), one srun task per node; a repeat is a no-op."""
         job_id, attempt = gang.job_id, gang.attempt
-        now = self._clock.now()
-        with self._tx() as db:
+        now = self._store.clock.now()
+        with self._store.tx() as db:
             if attempt_row(db, job_id, attempt) is not None:
                 return
             names = {n: self._slurm_name(db, n) for n in gang.node_ids}
             run_dir = self.run_dir(job_id, attempt)
             output = self.job_log(job_id)
             slurm_nodes = [names[n] or "" for n in gang.node_ids]
-            self._ledger(db).start_attempt(
+            self._store.ledger(db).start_attempt(
                 job_id,
                 attempt,
                 gang.world_size,
@@ -184,7 +223,8 @@ class SlurmAttempts(SlurmNodes):
                 return
             try:
                 write_scripts(
-                    gang, names, run_dir, output, python=self._python, master_addr=self._master_addr
+                    gang, names, run_dir, output, python=self._settings.python,
+                    master_addr=self._settings.master_addr
                 )
             except ValueError as exc:  # job input the scripts cannot carry safely
                 att = attempt_row(db, job_id, attempt)
@@ -192,7 +232,7 @@ class SlurmAttempts(SlurmNodes):
                 self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: {exc}")
                 return
             key = f"submit:{job_id}:{attempt}"
-            self._put_op(
+            self._ops.put(
                 db,
                 key,
                 "submit",
@@ -204,33 +244,33 @@ class SlurmAttempts(SlurmNodes):
                     "output": str(output),
                 },
             )
-        self._kick(key)
+        self._ops.kick(key)
 
     def _slurm_name(self, db: sqlite3.Connection, node_id: str) -> str | None:
-        row = self._node(db, node_id)
+        row = node_row(db, node_id)
         return None if row is None or row["deleted"] else cast("str | None", row["slurm_node"])
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         """``scancel --signal=TERM`` now, ``scancel`` after ``grace_s`` (from ``poll()``). A
         repeat does not signal again; it can only bring the deadline closer."""
-        now = self._clock.now()
+        now = self._store.clock.now()
         key = f"signal:{job_id}:{attempt}"
-        with self._tx() as db:
+        with self._store.tx() as db:
             att = attempt_row(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
             if SqliteLedger(db).signal(att, now, grace_s):
-                self._put_op(db, key, "signal", {"job_id": job_id, "attempt": attempt})
-        self._kick(key)
+                self._ops.put(db, key, "signal", {"job_id": job_id, "attempt": attempt})
+        self._ops.kick(key)
 
     def stop_workers(self, job_id: str, attempt: int) -> None:
         """``scancel`` the attempt's job now; harmless if it is gone."""
-        with self._tx() as db:
+        with self._store.tx() as db:
             att = attempt_row(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
             key = self._cancel(db, att)
-        self._kick(key)
+        self._ops.kick(key)
 
     def _cancel(self, db: sqlite3.Connection, att: sqlite3.Row) -> str:
         db.execute(
@@ -238,13 +278,13 @@ class SlurmAttempts(SlurmNodes):
             (att["job_id"], att["attempt"]),
         )
         key = f"cancel:{att['job_id']}:{att['attempt']}"
-        self._put_op(db, key, "cancel", {"job_id": att["job_id"], "attempt": att["attempt"]})
+        self._ops.put(db, key, "cancel", {"job_id": att["job_id"], "attempt": att["attempt"]})
         return key
 
     def kill_all(self, wait_s: float = 15.0) -> None:
         """Cancel every Slurm job of an unfinished attempt (tests, demo shutdown) and wait up
         to ``wait_s`` for them to leave the nodes, so the next ``poll()`` reports them."""
-        with self._tx() as db:
+        with self._store.tx() as db:
             atts = db.execute("SELECT * FROM attempts WHERE finalized = 0").fetchall()
             db.execute(
                 "UPDATE ops SET status = 'done', error = 'kill_all' WHERE kind = 'submit'"
@@ -253,11 +293,11 @@ class SlurmAttempts(SlurmNodes):
         ids = [a["slurm_job_id"] for a in atts if a["slurm_job_id"] is not None]
         for slurm_id in ids:
             with contextlib.suppress(SlurmError):
-                self.cli.cancel(slurm_id)
+                self._cli.cancel(slurm_id)
         deadline = time.monotonic() + wait_s
         while ids and time.monotonic() < deadline:
             try:
-                live = {j.job_id for j in self.cli.jobs() if j.job_state not in TERMINAL_JOB_STATES}
+                live = {j.job_id for j in self._cli.jobs() if j.job_state not in TERMINAL_JOB_STATES}
             except SlurmError:
                 live = set(ids)
             if not live & set(ids):
@@ -265,13 +305,14 @@ class SlurmAttempts(SlurmNodes):
             time.sleep(0.2)
 
     def _finalize(self, db: sqlite3.Connection, att: sqlite3.Row, code: int, detail: str) -> None:
-        self._queue(db, workers_exited(self._ledger(db), att["job_id"], att["attempt"], code, detail))
+        ledger = self._store.ledger(db)
+        self._store.queue(db, workers_exited(ledger, att["job_id"], att["attempt"], code, detail))
 
-    def _observe_attempts(self, db: sqlite3.Connection, now: float, fresh: bool) -> list[str]:
+    def observe(self, db: sqlite3.Connection, now: float, fresh: bool) -> list[str]:
         keys: list[str] = []
         # mtc's own attempts: the runs of users' jobs are followed by slurm_userjobs
         for att in db.execute("SELECT * FROM attempts WHERE finalized = 0 AND origin = ''").fetchall():
-            self._scan_checkpoints(db, att, now)
+            self.scan_checkpoints(db, att, now)
             if att["kill_deadline"] is not None and att["kill_deadline"] <= now and not att["cancel_sent"]:
                 keys.append(self._cancel(db, att))
             run_dir = Path(att["run_dir"])
@@ -283,7 +324,7 @@ class SlurmAttempts(SlurmNodes):
                 continue
             if not fresh or slurm_id is None:
                 continue  # nothing can be inferred from a controller that does not answer
-            job = self._jobs.get(slurm_id)
+            job = self._view.jobs.get(slurm_id)
             requeued = job is not None and (job.restart_cnt > 0 or job.job_state in REQUEUED_JOB_STATES)
             over = job is None or job.job_state in TERMINAL_JOB_STATES or requeued
             if not over:
@@ -301,7 +342,7 @@ class SlurmAttempts(SlurmNodes):
                 continue
             if now - att["gone_since"] < JOB_GONE_SETTLE_S:
                 continue
-            self._scan_checkpoints(db, att, now)
+            self.scan_checkpoints(db, att, now)
             codes = {r: read_exit_file(run_dir / f"rank-{r}.exit") for r in range(att["world_size"])}
             state = "gone from squeue" if job is None else job.job_state
             if requeued:
@@ -315,12 +356,13 @@ class SlurmAttempts(SlurmNodes):
         self, db: sqlite3.Connection, att: sqlite3.Row, codes: Mapping[int, int | None], note: str
     ) -> None:
         first = first_failed(att, codes)
-        self._queue(db, ranks_exited(self._ledger(db), att["job_id"], att["attempt"], codes, note, first))
+        ledger = self._store.ledger(db)
+        self._store.queue(db, ranks_exited(ledger, att["job_id"], att["attempt"], codes, note, first))
 
-    def _scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
-        ledger = self._ledger(db)
+    def scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
+        ledger = self._store.ledger(db)
         for fact in report_checkpoints(ledger, att["job_id"], att["attempt"], att["checkpoint_dir"], now):
-            self._queue(db, fact)
+            self._store.queue(db, fact)
 
 
 def first_failed(att: sqlite3.Row, codes: Mapping[int, int | None]) -> int | None:

@@ -14,7 +14,7 @@ node: it is the host that runs slurmctld.
 
 Nodes. ``cordon`` = ``scontrol update state=drain reason="mtc: ..."``, ``uncordon`` = ``state=
 resume``, only of a node whose current reason is mtc's own: drains made by others are kept
-and reported, and an operator's resume of mtc's drain is noticed (``slurm_drains``). Repairs: RESET_GPU,
+and reported, and an operator's resume of mtc's drain is noticed (``drains``). Repairs: RESET_GPU,
 REBOOT and REIMAGE all become ``scontrol reboot`` of the drained
 node (there is no GPU to reset here; the cluster's RebootProgram restarts that node's slurmd
 with ``-b``). The reboot is issued *without* ``ASAP``/``nextstate``: Slurm 22.05 clears DRAIN
@@ -73,33 +73,42 @@ fact outbox, and attempts, checkpoints and repairs follow the shared ledger, as 
 ``LocalCompute``. The run, log and node directories must be on a file system every Slurm node
 sees (trivially true here).
 
-Layout, one concern a module, stacked as mixins (each layer uses the ones below it):
-``slurm_api`` (what is read from and asked of Slurm), ``slurm_ops`` (the operation queue and
-the shared state), ``slurm_agents`` (the node agents), ``slurm_drains`` (whose drain it is),
-``slurm_nodes`` (mapping, cordons,
-repairs, provisioning), ``slurm_scripts`` (the batch scripts), ``slurm_attempts`` (attempts as
-batch jobs), ``slurm_userjobs`` (the jobs users submit with plain ``sbatch``) and this
-module (the port: construction, observing Slurm, ``poll``).
+Layout, one concern a collaborator, each built with the frozen ``SlurmSettings`` and the
+shared pieces it needs, all holding one ``FactStore`` (the state file and its fact outbox) and
+one ``SlurmView`` (the last observation of Slurm): ``ops`` (the operation queue; each
+collaborator registers the operations it owns), ``agents`` (the node agents), ``drains``
+(whose drain it is), ``nodes`` (mapping, cordons, repairs, provisioning), ``attempts``
+(attempts as batch jobs; scripts by ``scripts``), ``userjobs`` (the jobs users submit with
+plain ``sbatch``), ``deep_checks`` (maintenance reservations) and this module (the port:
+construction, observing Slurm, ``poll``). ``api`` is what is read from and asked of Slurm.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shared.adapters.compute.slurm.api import NodeRecord, SlurmApi, SlurmControl
+from shared.adapters.compute.fact_store import FactStore
+from shared.adapters.compute.slurm.agents import SlurmAgents
+from shared.adapters.compute.slurm.api import SlurmApi, SlurmControl
+from shared.adapters.compute.slurm.attempts import SlurmAttempts
 from shared.adapters.compute.slurm.cli import SlurmError, SlurmJob, SlurmTransientError
-from shared.adapters.compute.slurm.ops import log
-from shared.adapters.compute.slurm.deep_checks import DEEP_SCHEMA, DeepCheckSpec, SlurmDeepChecks
-from shared.adapters.compute.slurm.userjobs import SlurmUserJobs
-from shared.ports import Clock, Emitter
-from shared.probes.agent import AgentState
+from shared.adapters.compute.slurm.deep_checks import DEEP_SCHEMA, SlurmDeepChecks
+from shared.adapters.compute.slurm.drains import SlurmDrains, migrate_drains
+from shared.adapters.compute.slurm.nodes import SlurmNodes
+from shared.adapters.compute.slurm.ops import Alert, OpQueue, log
+from shared.adapters.compute.slurm.reservations import DeepCheckSpec
+from shared.adapters.compute.slurm.settings import SlurmSettings
+from shared.adapters.compute.slurm.userjobs import SlurmUserJobs, migrate_user_jobs
+from shared.adapters.compute.slurm.view import SlurmView
+from shared.adapters.compute.worker_logs import LogFile
+from shared.domain.health import RepairAction
+from shared.domain.model import Node
+from shared.ports import Clock, Emitter, Gang
 from shared.probes.commands import Runner as ProbeRunner
 from shared.probes.commands import run_command
 from shared.probes.config import ALL_PROBES
@@ -133,8 +142,10 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
-class SlurmCompute(SlurmDeepChecks, SlurmUserJobs):
-    """The ``Compute`` port over a real Slurm cluster (see the module docstring)."""
+
+class SlurmCompute:
+    """The ``Compute`` port over a real Slurm cluster (see the module docstring), with the
+    ``DeepChecks`` capability. It holds its collaborators and delegates to them."""
 
     DB_FILE = "slurm_compute.sqlite3"
 
@@ -165,106 +176,191 @@ class SlurmCompute(SlurmDeepChecks, SlurmUserJobs):
         deep_check_runner: ProbeRunner | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
-        self._emit = emit
-        self._clock = clock
         self.slurm_conf = slurm_conf
         self.cli: SlurmApi = cli or SlurmControl(timeout_s=command_timeout_s, slurm_conf=slurm_conf)
-        self.partition = partition
-        self._allowed = tuple(slurm_nodes) if slurm_nodes is not None else None
-        self._python = shutil.which(python) or python
-        self._agent_interval = agent_interval_s
-        self._probes = tuple(agent_probes)
-        self._agent_runner = agent_runner
-        self._agent_timeout = agent_command_timeout_s
-        self._observe_interval = observe_interval_s
-        self._provision_timeout = provision_timeout_s
-        self._repair_timeout = repair_timeout_s
-        self._retry_initial = retry_initial_s
-        self._retry_max = retry_max_s
-        self._master_addr = master_addr
         if deep_check_spec is None or isinstance(deep_check_spec, Mapping):
             deep_check_spec = DeepCheckSpec.from_dict({"slurm_conf": slurm_conf,
                                                        **(deep_check_spec or {})})
-        self.deep_check_spec = deep_check_spec
-        self._deep_runner = deep_check_runner or agent_runner
-        self._lock = threading.RLock()
-        self._db: sqlite3.Connection | None = None
-        self._agents: dict[str, AgentState] = {}
-        self._view: dict[str, NodeRecord] = {}
-        self._jobs: dict[int, SlurmJob] = {}
-        self._observed_at = float("-inf")
-        self._fresh = False  # the last observation succeeded
-        self._down_since: float | None = None  # slurmctld unreachable since
-        self._up_since = clock.now()  # timeouts do not run while Slurm cannot be asked
-        self._partition_ready = False
-        # where users' own sbatch jobs are adopted and healed (slurm_userjobs); () for none
         default_user = (partition,) if partition else ()
-        self._user_partitions = (tuple(user_job_partitions) if user_job_partitions is not None
-                                 else default_user)
+        self.settings = SlurmSettings(
+            state_dir=self.state_dir,
+            partition=partition,
+            allowed=tuple(slurm_nodes) if slurm_nodes is not None else None,
+            python=shutil.which(python) or python,
+            agent_interval_s=agent_interval_s,
+            agent_probes=tuple(agent_probes),
+            agent_runner=agent_runner,
+            agent_command_timeout_s=agent_command_timeout_s,
+            observe_interval_s=observe_interval_s,
+            provision_timeout_s=provision_timeout_s,
+            repair_timeout_s=repair_timeout_s,
+            retry_initial_s=retry_initial_s,
+            retry_max_s=retry_max_s,
+            master_addr=master_addr,
+            user_partitions=(tuple(user_job_partitions) if user_job_partitions is not None
+                             else default_user),
+            deep_check_spec=deep_check_spec,
+            deep_check_runner=deep_check_runner or agent_runner,
+        )
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._init_state(_SCHEMA + DEEP_SCHEMA)
-        self._migrate_drains()
-        self._migrate_user_jobs()
-        with self._tx() as db:
+        self.store = FactStore(self.state_dir / self.DB_FILE, _SCHEMA + DEEP_SCHEMA, emit, clock)
+        migrate_drains(self.store)
+        migrate_user_jobs(self.store)
+        with self.store.tx() as db:
             db.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('instance', ?)", (os.urandom(3).hex(),)
             )
             self.instance: str = db.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()[0]
-        self._resume_deep_checks()
+        settings, store = self.settings, self.store
+        self.view = SlurmView(up_since=clock.now())
+        self.ops = OpQueue(settings, store, self.view)
+        self.agents = SlurmAgents(settings, store, self.view)
+        self.drains = SlurmDrains(store, self.view, self.cli, self.ops)
+        self.nodes = SlurmNodes(settings, store, self.view, self.cli, self.ops, self.agents)
+        self.attempts = SlurmAttempts(settings, store, self.view, self.cli, self.ops, self.instance)
+        self.user_jobs = SlurmUserJobs(settings, store, self.view, self.cli, self.ops,
+                                       self.attempts)
+        self.deep_checks = SlurmDeepChecks(settings, store, self.view, self.cli)
+        self.deep_checks.resume()
 
+    @property
+    def partition(self) -> str | None:
+        return self.settings.partition
+
+    @property
+    def deep_check_spec(self) -> DeepCheckSpec:
+        return self.settings.deep_check_spec
+
+    # ------------------------------------------------------------ the port
+
+    def provision_node(self, node: Node) -> None:
+        self.nodes.provision_node(node)
+
+    def cordon(self, node_id: str, reason: str) -> None:
+        self.nodes.cordon(node_id, reason)
+
+    def uncordon(self, node_id: str) -> None:
+        self.nodes.uncordon(node_id)
+
+    def delete_node(self, node_id: str) -> None:
+        self.nodes.delete_node(node_id)
+
+    def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
+        self.nodes.start_repair(node_id, action, attempt)
+
+    def start_workers(self, gang: Gang) -> None:
+        self.attempts.start_workers(gang)
+
+    def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
+        self.attempts.signal_workers(job_id, attempt, grace_s)
+
+    def stop_workers(self, job_id: str, attempt: int) -> None:
+        self.attempts.stop_workers(job_id, attempt)
+
+    def start_deep_check(self, node_id: str, attempt: int) -> None:
+        """The ``DeepChecks`` capability: once per (node, attempt), in a reservation."""
+        self.deep_checks.start_deep_check(node_id, attempt)
+
+    # ------------------------------------------------------------ what tests, demos, the CLI read
+
+    def alerts(self) -> list[Alert]:
+        """What a person should look at: Slurm unreachable, commands that failed."""
+        return self.ops.alerts()
+
+    def slurm_node_of(self, node_id: str) -> str | None:
+        return self.nodes.slurm_node_of(node_id)
+
+    def node_id_of(self, slurm_node: str) -> str | None:
+        return self.nodes.node_id_of(slurm_node)
+
+    def mapping(self) -> dict[str, str]:
+        return self.nodes.mapping()
+
+    def inject_xid(self, node_id: str, xid: int = 79, **line: Any) -> Path:
+        return self.nodes.inject_xid(node_id, xid, **line)
+
+    def node_dir(self, slurm_node: str) -> Path:
+        return self.agents.node_dir(slurm_node)
+
+    def kernel_log(self, slurm_node: str) -> Path:
+        return self.agents.kernel_log(slurm_node)
+
+    def scratch_dir(self, slurm_node: str) -> Path:
+        return self.agents.scratch_dir(slurm_node)
+
+    def job_log(self, job_id: str) -> Path:
+        return self.attempts.job_log(job_id)
+
+    def log_files(self, job_id: str) -> list[LogFile]:
+        return self.attempts.log_files(job_id)
+
+    def run_dir(self, job_id: str, attempt: int) -> Path:
+        return self.attempts.run_dir(job_id, attempt)
+
+    def slurm_job_id(self, job_id: str, attempt: int) -> int | None:
+        return self.attempts.slurm_job_id(job_id, attempt)
+
+    def kill_all(self, wait_s: float = 15.0) -> None:
+        self.attempts.kill_all(wait_s)
+
+    def user_job(self, job: SlurmJob) -> bool:
+        return self.user_jobs.user_job(job)
+
+    def close(self) -> None:
+        """Close the state file. Workers and jobs keep running: they outlive this object."""
+        self.store.close()
 
     # ------------------------------------------------------------ poll
 
     def observe(self, *, force: bool = False) -> bool:
         """Refresh the view of Slurm (``sinfo``/``squeue``) at most every
         ``observe_interval_s``; returns whether the view is fresh."""
-        now = self._clock.now()
-        interval = self._observe_interval
-        if self._down_since is not None:  # back off: each try may wait for a timeout
-            interval = min(self._retry_max, max(interval, (now - self._down_since) / 2))
-        if not force and now - self._observed_at < interval:
-            return self._fresh
-        self._observed_at = now
+        view = self.view
+        now = self.store.clock.now()
+        interval = self.settings.observe_interval_s
+        if view.down_since is not None:  # back off: each try may wait for a timeout
+            interval = min(self.settings.retry_max_s, max(interval, (now - view.down_since) / 2))
+        if not force and now - view.observed_at < interval:
+            return view.fresh
+        view.observed_at = now
         try:
             records = self.cli.node_records()
             jobs = self.cli.jobs()
         except SlurmTransientError as exc:
-            self._fresh = False
-            self._controller_down(str(exc))
+            view.fresh = False
+            self.ops.controller_down(str(exc))
             return False
         except SlurmError as exc:
-            self._fresh = False
+            view.fresh = False
             log.error("reading Slurm state failed: %s", exc)
             return False
-        self._view = {r.name: r for r in records}
-        self._jobs = {j.job_id: j for j in jobs}
-        self._fresh = True
-        self._controller_up()
+        view.records = {r.name: r for r in records}
+        view.jobs = {j.job_id: j for j in jobs}
+        view.fresh = True
+        self.ops.controller_up()
         return True
 
     def poll(self) -> None:
         """Turn what happened in Slurm since the last poll into events (once each), retry
         pending commands whose backoff ran out, and run the node agents that are due."""
         fresh = self.observe()
-        now = self._clock.now()
-        if fresh and self.partition and not self._partition_ready:
+        now = self.store.clock.now()
+        if fresh and self.partition and not self.view.partition_ready:
             try:
-                self._ensure_partition()
+                self.attempts.ensure_partition()
             except SlurmError as exc:
                 log.warning("cannot create Slurm partition %s yet: %s", self.partition, exc)
         keys: list[str] = []
-        with self._tx() as db:
+        with self.store.tx() as db:
             if fresh:
-                keys += self._assign_pending(db, now)
-                self._observe_provisioning(db, now)
-                self._observe_repairs(db, now)
-                keys += self._observe_drains(db, now)
-                keys += self._observe_user_jobs(db, now)
-            keys += self._observe_attempts(db, now, fresh)
-            self._report_deep_checks(db, now)
-        if keys or self._down_since is None:
-            self._run_ops()  # what this poll asked for, and retries whose backoff ran out
-        self._drain()
-        self._agent_tick(now)
-
-
+                keys += self.nodes.assign_pending(db, now)
+                self.nodes.observe_provisioning(db, now)
+                self.nodes.observe_repairs(db, now)
+                keys += self.drains.observe(db, now)
+                keys += self.user_jobs.observe(db, now)
+            keys += self.attempts.observe(db, now, fresh)
+            self.deep_checks.report(db, now)
+        if keys or self.view.down_since is None:
+            self.ops.run()  # what this poll asked for, and retries whose backoff ran out
+        self.store.drain()
+        self.agents.tick(now)

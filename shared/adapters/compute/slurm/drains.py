@@ -28,40 +28,53 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from shared.adapters.compute.slurm.agents import SlurmAgents
+from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.slurm.api import (
     RESUMED_BY_OPERATOR,
     NodeRecord,
+    SlurmApi,
     foreign_reason,
     operator_condition,
 )
 from shared.adapters.compute.slurm.cli import SlurmPermanentError
-from shared.adapters.compute.slurm.ops import OpResult, log
+from shared.adapters.compute.slurm.ops import OpQueue, OpResult, log
+from shared.adapters.compute.slurm.view import SlurmView
 from shared.domain.events import NodeHealthReported
 
 DRAIN_COLUMNS = {"mtc_drain": "TEXT", "drained_at": "REAL", "foreign_reason": "TEXT",
                  "foreign_since": "REAL"}
 
 
-class SlurmDrains(SlurmAgents):
-    """Drains and resumes that respect other people's drains."""
+def migrate_drains(store: FactStore) -> None:
+    """Add the drain-ownership columns to a state file from before them."""
+    with store.tx() as db:
+        cols = {r["name"] for r in db.execute("PRAGMA table_info(nodes)")}
+        for name, kind in DRAIN_COLUMNS.items():
+            if name not in cols:
+                db.execute(f"ALTER TABLE nodes ADD COLUMN {name} {kind}")
 
-    def _migrate_drains(self) -> None:
-        with self._tx() as db:  # a state file from before drain ownership
-            cols = {r["name"] for r in db.execute("PRAGMA table_info(nodes)")}
-            for name, kind in DRAIN_COLUMNS.items():
-                if name not in cols:
-                    db.execute(f"ALTER TABLE nodes ADD COLUMN {name} {kind}")
+
+class SlurmDrains:
+    """Drains and resumes that respect other people's drains: the ``drain`` and ``resume``
+    operations, and what ``poll()`` notices of other people's drains and resumes."""
+
+    def __init__(self, store: FactStore, view: SlurmView, cli: SlurmApi, ops: OpQueue) -> None:
+        self._store = store
+        self._view = view
+        self._cli = cli
+        self._ops = ops
+        ops.register("drain", self._op_drain, self._done_drain)
+        ops.register("resume", self._op_resume, self._done_resume)
 
     def _record_of(self, node: str) -> NodeRecord | None:
-        return next((r for r in self.cli.node_records() if r.name == node), None)
+        return next((r for r in self._cli.node_records() if r.name == node), None)
 
     def _op_drain(self, args: dict[str, Any]) -> OpResult:
         foreign = foreign_reason(self._record_of(args["node"]))
         if foreign is not None:
             log.warning("%s is drained by someone else (%s): their reason is kept", args["node"], foreign)
             return OpResult(True, data={"foreign": foreign})
-        self.cli.drain(args["node"], args["reason"])
+        self._cli.drain(args["node"], args["reason"])
         return OpResult(True, data={"reason": args["reason"]})
 
     def _done_drain(self, db: sqlite3.Connection, args: dict[str, Any], data: dict[str, Any],
@@ -75,7 +88,7 @@ class SlurmDrains(SlurmAgents):
         if foreign is not None:
             return OpResult(True, data={"foreign": foreign})
         try:
-            self.cli.resume(args["node"])
+            self._cli.resume(args["node"])
         except SlurmPermanentError as exc:
             if "invalid node state" not in str(exc).lower():
                 raise
@@ -87,10 +100,10 @@ class SlurmDrains(SlurmAgents):
         db.execute("UPDATE nodes SET mtc_drain = NULL, drained_at = NULL WHERE slurm_node = ?",
                    (args["node"],))
         if "foreign" in data:
-            self._alert(db, "foreign-drain-kept", args["node"],
+            self._ops.alert(db, "foreign-drain-kept", args["node"],
                         f"not resumed: drained by someone else ({data['foreign']})")
 
-    def _observe_drains(self, db: sqlite3.Connection, now: float) -> list[str]:
+    def observe(self, db: sqlite3.Connection, now: float) -> list[str]:
         """Report drains made by others, and resumes of mtc's drains made by others (then
         drain again); returns operation keys to run."""
         keys: list[str] = []
@@ -102,7 +115,7 @@ class SlurmDrains(SlurmAgents):
             " ORDER BY node_id"
         ).fetchall():
             node_id, slurm_node = row["node_id"], row["slurm_node"]
-            record = self._view.get(slurm_node)
+            record = self._view.records.get(slurm_node)
             if record is None:
                 continue
             foreign = foreign_reason(record)
@@ -110,14 +123,14 @@ class SlurmDrains(SlurmAgents):
                 db.execute("UPDATE nodes SET foreign_reason = ?, foreign_since = ? WHERE node_id = ?",
                            (foreign, now if foreign is not None else None, node_id))
                 condition = operator_condition(slurm_node, foreign, now)
-                self._queue(db, NodeHealthReported(node_id, now, (condition,), source="operator"))
+                self._store.queue(db, NodeHealthReported(node_id, now, (condition,), source="operator"))
                 if foreign is not None:
-                    self._alert(db, "operator-drain", node_id, condition["reason"])
+                    self._ops.alert(db, "operator-drain", node_id, condition["reason"])
             resumed = (
                 row["mtc_drain"] is not None
                 and row["cordon"] is not None
                 and row["drained_at"] is not None
-                and self._observed_at > row["drained_at"]  # a view taken after mtc's drain
+                and self._view.observed_at > row["drained_at"]  # a view taken after mtc's drain
                 and record.up
                 and not record.rebooting
                 and not record.node.drained
@@ -130,12 +143,12 @@ class SlurmDrains(SlurmAgents):
                     f" ({row['mtc_drain']}); drained again")
             condition = {"type": RESUMED_BY_OPERATOR, "status": "true", "reason": text, "since": now,
                          "details": {"slurm_node": slurm_node, "mtc_reason": row["mtc_drain"]}}
-            self._queue(db, NodeHealthReported(node_id, now, (condition,), source="operator"))
-            self._alert(db, "operator-resume", node_id, text)
+            self._store.queue(db, NodeHealthReported(node_id, now, (condition,), source="operator"))
+            self._ops.alert(db, "operator-resume", node_id, text)
             db.execute("UPDATE nodes SET drained_at = NULL WHERE node_id = ?", (node_id,))
             key = f"state:{slurm_node}"
             reason = row["cordon_reason"] or row["mtc_drain"]
-            self._put_op(db, key, "drain", {"node": slurm_node, "reason": reason},
+            self._ops.put(db, key, "drain", {"node": slurm_node, "reason": reason},
                          replace=True, again=True)
             keys.append(key)
         return keys

@@ -4,7 +4,8 @@ Each port call records what it wants as an operation keyed by its idempotency ke
 is a no-op; ``replace``: a desired state, the newest wins) and runs it at once; a transient
 error (slurmctld down or slow) leaves it pending and ``poll()`` retries it with exponential
 backoff, raising an alert; a permanent error ends it with an alert. Operations run outside any
-transaction; ``_op_<kind>`` runs one, ``_done_<kind>`` / ``_failed_<kind>`` record its result.
+transaction. Each collaborator registers the kinds it owns (``OpQueue.register``): how one
+runs, and how its result is recorded (done, failed) in a transaction.
 """
 
 from __future__ import annotations
@@ -13,15 +14,14 @@ import contextlib
 import json
 import logging
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.adapters.compute.fact_store import FactState
-from shared.adapters.compute.slurm.api import NodeRecord, SlurmApi
-from shared.adapters.compute.slurm.cli import SlurmError, SlurmJob, SlurmTransientError
-from shared.probes.agent import AgentState
-from shared.probes.commands import Runner as ProbeRunner
+from shared.adapters.compute.fact_store import FactStore
+from shared.adapters.compute.slurm.cli import SlurmError, SlurmTransientError
+from shared.adapters.compute.slurm.settings import SlurmSettings
+from shared.adapters.compute.slurm.view import SlurmView
 
 log = logging.getLogger("mtc.compute.slurm")
 
@@ -30,7 +30,7 @@ OP_LEASE_S = 60.0  # an operation claimed by a process that died is run again af
 
 @dataclass
 class OpResult:
-    """How one run of an operation went (``data``: what ``_done_<kind>`` records)."""
+    """How one run of an operation went (``data``: what its kind's ``done`` records)."""
 
     ok: bool
     transient: bool = False
@@ -49,57 +49,60 @@ class Alert:
     detail: str
 
 
-class SlurmOps(FactState):
-    """The queue, and the state every part of ``SlurmCompute`` shares (set in its
-    ``__init__``)."""
+Run = Callable[[dict[str, Any]], OpResult]
+Done = Callable[[sqlite3.Connection, dict[str, Any], dict[str, Any], float], None]
+Failed = Callable[[sqlite3.Connection, dict[str, Any], str, float], None]
 
-    cli: SlurmApi
-    partition: str | None
-    instance: str
-    _allowed: tuple[str, ...] | None
-    _python: str
-    _agent_interval: float
-    _probes: tuple[str, ...]
-    _agent_runner: ProbeRunner
-    _agent_timeout: float
-    _observe_interval: float
-    _provision_timeout: float
-    _repair_timeout: float
-    _retry_initial: float
-    _retry_max: float
-    _master_addr: str
-    _agents: dict[str, AgentState]
-    _view: dict[str, NodeRecord]
-    _jobs: dict[int, SlurmJob]
-    _observed_at: float
-    _fresh: bool
-    _down_since: float | None
-    _up_since: float
-    _partition_ready: bool
 
-    def _alert(self, db: sqlite3.Connection, kind: str, subject: str, detail: str) -> None:
+@dataclass(frozen=True)
+class OpKind:
+    """One kind of operation: how it runs (outside any transaction), and what its result
+    records (inside one)."""
+
+    run: Run
+    done: Done | None = None
+    failed: Failed | None = None
+
+
+class OpQueue:
+    """The queue, the alerts, and slurmctld's up/down state in the shared ``SlurmView``."""
+
+    def __init__(self, settings: SlurmSettings, store: FactStore, view: SlurmView) -> None:
+        self._settings = settings
+        self._store = store
+        self._view = view
+        self._kinds: dict[str, OpKind] = {}
+
+    def register(self, kind: str, run: Run, done: Done | None = None,
+                 failed: Failed | None = None) -> None:
+        """Say how operations of ``kind`` run (each collaborator registers its own)."""
+        if kind in self._kinds:
+            raise ValueError(f"operation kind {kind!r} registered twice")
+        self._kinds[kind] = OpKind(run, done, failed)
+
+    def alert(self, db: sqlite3.Connection, kind: str, subject: str, detail: str) -> None:
         log.warning("ALERT %s %s: %s", kind, subject, detail)
         db.execute(
             "INSERT INTO alerts (at, kind, subject, detail) VALUES (?, ?, ?, ?)",
-            (self._clock.now(), kind, subject, detail[:1000]),
+            (self._store.clock.now(), kind, subject, detail[:1000]),
         )
 
     def alerts(self) -> list[Alert]:
         """What a person should look at: Slurm unreachable, commands that failed."""
-        with self._tx() as db:
+        with self._store.tx() as db:
             rows = db.execute("SELECT * FROM alerts ORDER BY id").fetchall()
         return [Alert(r["at"], r["kind"], r["subject"], r["detail"]) for r in rows]
 
     # ------------------------------------------------------------ operations
 
-    def _put_op(
+    def put(
         self, db: sqlite3.Connection, key: str, kind: str, args: Mapping[str, Any], *, replace: bool = False,
         again: bool = False,
     ) -> bool:
         """Record an operation under its idempotency key. ``replace``: a desired state (the
         newest wins) rather than a one-off action; ``again``: run it even if the same one is
         done (the state was undone behind mtc's back). Returns whether there is work to do."""
-        now = self._clock.now()
+        now = self._store.clock.now()
         text = json.dumps(dict(args), sort_keys=True)
         row = db.execute("SELECT kind, args, status FROM ops WHERE key = ?", (key,)).fetchone()
         if row is not None:
@@ -118,18 +121,18 @@ class SlurmOps(FactState):
         )
         return True
 
-    def _kick(self, *keys: str) -> None:
+    def kick(self, *keys: str) -> None:
         """Run these operations now, unless the controller is known to be down (then
         ``poll()`` retries them on their backoff schedule): a port call returns quickly."""
-        if self._down_since is not None:
+        if self._view.down_since is not None:
             return
-        self._run_ops(only=keys)
+        self.run(only=keys)
 
-    def _run_ops(self, only: Sequence[str] | None = None) -> None:
+    def run(self, only: Sequence[str] | None = None) -> None:
         done: set[tuple[str, int]] = set()
         while True:
-            now = self._clock.now()
-            with self._tx() as db:
+            now = self._store.clock.now()
+            with self._store.tx() as db:
                 sql = (
                     "SELECT * FROM ops WHERE next_at <= ? AND (status = 'pending'"
                     " OR (status = 'running' AND claimed_at <= ?))"
@@ -150,29 +153,27 @@ class SlurmOps(FactState):
                     (now, row["key"], row["seq"]),
                 )
             result = self._execute(row["kind"], json.loads(row["args"]))
-            with self._tx() as db:
+            with self._store.tx() as db:
                 self._record(db, row, result)
             if result.transient and not result.quiet:
                 return  # the controller is not answering: the rest waits for the retry
 
     def _execute(self, kind: str, args: dict[str, Any]) -> OpResult:
         try:
-            handler = getattr(self, f"_op_{kind}")
-            result = handler(args)
-            assert isinstance(result, OpResult)
+            result = self._kinds[kind].run(args)
         except SlurmTransientError as exc:
-            self._controller_down(str(exc))
+            self.controller_down(str(exc))
             return OpResult(False, transient=True, error=str(exc))
         except SlurmError as exc:
             return OpResult(False, error=str(exc))
         except OSError as exc:  # writing scripts, reading run files
             return OpResult(False, error=f"{type(exc).__name__}: {exc}")
-        if self._down_since is not None and not result.quiet:
-            self._controller_up()
+        if self._view.down_since is not None and not result.quiet:
+            self.controller_up()
         return result
 
     def _record(self, db: sqlite3.Connection, row: sqlite3.Row, result: OpResult) -> None:
-        now = self._clock.now()
+        now = self._store.clock.now()
         current = db.execute("SELECT seq FROM ops WHERE key = ?", (row["key"],)).fetchone()
         replaced = current is None or current["seq"] != row["seq"]
         kind, args = row["kind"], json.loads(row["args"])
@@ -188,9 +189,9 @@ class SlurmOps(FactState):
         if result.transient:
             tries = row["tries"] + 1
             delay = (
-                self._retry_initial
+                self._settings.retry_initial_s
                 if result.quiet
-                else min(self._retry_max, self._retry_initial * 2 ** (tries - 1))
+                else min(self._settings.retry_max_s, self._settings.retry_initial_s * 2 ** (tries - 1))
             )
             if not replaced:
                 db.execute(
@@ -199,7 +200,7 @@ class SlurmOps(FactState):
                     (tries, now + delay, result.error[:1000], now, row["key"]),
                 )
             if not result.quiet and tries in (1, 5, 20):
-                self._alert(
+                self.alert(
                     db,
                     "slurm-unreachable",
                     row["key"],
@@ -212,42 +213,35 @@ class SlurmOps(FactState):
                 " WHERE key = ?",
                 (result.error[:1000], now, row["key"]),
             )
-        self._alert(db, "slurm-command-failed", row["key"], f"{kind}: {result.error}")
+        self.alert(db, "slurm-command-failed", row["key"], f"{kind}: {result.error}")
         self._on_failed(db, kind, args, result.error, now)
 
-    def _waited(self, since: float, now: float) -> float:
-        """How long something has waited for Slurm, not counting the last outage: a reboot
-        that could not be checked on while slurmctld was down has not timed out."""
-        return now - max(since, self._up_since)
+    def controller_down(self, error: str) -> None:
+        if self._view.down_since is None:
+            self._view.down_since = self._store.clock.now()
+            with contextlib.suppress(sqlite3.Error), self._store.tx() as db:
+                self.alert(db, "slurm-unreachable", "slurmctld", f"{error}; retrying with backoff")
 
-    def _controller_down(self, error: str) -> None:
-        if self._down_since is None:
-            self._down_since = self._clock.now()
-            with contextlib.suppress(sqlite3.Error), self._tx() as db:
-                self._alert(db, "slurm-unreachable", "slurmctld", f"{error}; retrying with backoff")
-
-    def _controller_up(self) -> None:
-        if self._down_since is not None:
-            now = self._clock.now()
-            down_for = now - self._down_since
-            self._down_since = None
-            self._up_since = now
+    def controller_up(self) -> None:
+        if self._view.down_since is not None:
+            now = self._store.clock.now()
+            down_for = now - self._view.down_since
+            self._view.down_since = None
+            self._view.up_since = now
             log.warning("slurmctld answers again after %.1fs: running what waited", down_for)
-            with self._tx() as db:  # what backed off during the outage need not wait any more
+            with self._store.tx() as db:  # what backed off during the outage need not wait any more
                 db.execute("UPDATE ops SET next_at = ? WHERE status = 'pending' AND next_at > ?", (now, now))
-
-    # -- the operations (each runs outside any transaction)
 
     def _on_done(
         self, db: sqlite3.Connection, kind: str, args: dict[str, Any], data: dict[str, Any], now: float
     ) -> None:
-        hook = getattr(self, f"_done_{kind}", None)
+        hook = self._kinds[kind].done
         if hook is not None:
             hook(db, args, data, now)
 
     def _on_failed(
         self, db: sqlite3.Connection, kind: str, args: dict[str, Any], error: str, now: float
     ) -> None:
-        hook = getattr(self, f"_failed_{kind}", None)
+        hook = self._kinds[kind].failed
         if hook is not None:
             hook(db, args, error, now)

@@ -35,12 +35,15 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.ledger import attempt_row, workers_exited
 from shared.adapters.compute.protocol import ExitCode
-from shared.adapters.compute.slurm.api import REQUEUED_JOB_STATES, TERMINAL_JOB_STATES
+from shared.adapters.compute.slurm.api import REQUEUED_JOB_STATES, TERMINAL_JOB_STATES, SlurmApi
 from shared.adapters.compute.slurm.attempts import JOB_GONE_SETTLE_S, SlurmAttempts
 from shared.adapters.compute.slurm.cli import SlurmJob, SlurmPermanentError
-from shared.adapters.compute.slurm.ops import OpResult, log
+from shared.adapters.compute.slurm.ops import OpQueue, OpResult, log
+from shared.adapters.compute.slurm.settings import SlurmSettings
+from shared.adapters.compute.slurm.view import SlurmView
 from shared.domain.adopted import SLURM_ORIGIN, adopted_job_id
 from shared.domain.events import JobAdopted
 
@@ -65,17 +68,29 @@ def checkpoint_dir(job: SlurmJob) -> str:
     return ""
 
 
-class SlurmUserJobs(SlurmAttempts):
-    """Adopts, checkpoints and requeues the jobs users submit with ``sbatch``."""
+def migrate_user_jobs(store: FactStore) -> None:
+    """Add the user-job columns to a state file from before them."""
+    with store.tx() as db:
+        cols = {r["name"] for r in db.execute("PRAGMA table_info(attempts)")}
+        for name, kind in USER_JOB_COLUMNS.items():
+            if name not in cols:
+                db.execute(f"ALTER TABLE attempts ADD COLUMN {name} {kind}")
 
-    _user_partitions: tuple[str, ...]
 
-    def _migrate_user_jobs(self) -> None:
-        with self._tx() as db:
-            cols = {r["name"] for r in db.execute("PRAGMA table_info(attempts)")}
-            for name, kind in USER_JOB_COLUMNS.items():
-                if name not in cols:
-                    db.execute(f"ALTER TABLE attempts ADD COLUMN {name} {kind}")
+class SlurmUserJobs:
+    """Adopts, checkpoints and requeues the jobs users submit with ``sbatch``: the
+    ``requeue`` operation and what ``poll()`` sees of users' runs. A run's attempt is in the
+    same ledger as mtc's own (``attempts`` scans its checkpoints)."""
+
+    def __init__(self, settings: SlurmSettings, store: FactStore, view: SlurmView,
+                 cli: SlurmApi, ops: OpQueue, attempts: SlurmAttempts) -> None:
+        self._user_partitions = settings.user_partitions
+        self._store = store
+        self._view = view
+        self._cli = cli
+        self._ops = ops
+        self._attempts = attempts
+        ops.register("requeue", self._op_requeue, failed=self._failed_requeue)
 
     def user_job(self, job: SlurmJob) -> bool:
         """A job mtc did not submit, in a partition it manages, that Slurm may requeue."""
@@ -84,7 +99,7 @@ class SlurmUserJobs(SlurmAttempts):
 
     # ------------------------------------------------------------ discovery
 
-    def _observe_user_jobs(self, db: sqlite3.Connection, now: float) -> list[str]:
+    def observe(self, db: sqlite3.Connection, now: float) -> list[str]:
         """Adopt new runs, follow tracked ones (fresh views only). Returns op keys to run."""
         keys: list[str] = []
         for att in db.execute(  # first the runs known: a requeue mtc asked for ends one
@@ -103,7 +118,7 @@ class SlurmUserJobs(SlurmAttempts):
             " AND slurm_node IS NOT NULL AND role = 'worker'")}
         tracked = db.execute("SELECT COUNT(*) FROM attempts WHERE finalized = 0 AND origin = ?",
                              (SLURM_ORIGIN,)).fetchone()[0]
-        for job in sorted(self._jobs.values(), key=lambda j: j.job_id):
+        for job in sorted(self._view.jobs.values(), key=lambda j: j.job_id):
             if job.job_state != "RUNNING" or not self.user_job(job):
                 continue
             job_id, attempt = adopted_job_id(job.job_id), job.restart_cnt + 1
@@ -113,7 +128,7 @@ class SlurmUserJobs(SlurmAttempts):
             if not node_ids or None in node_ids:
                 continue  # not (only) on mtc's nodes: not mtc's to heal
             if tracked >= MAX_USER_JOBS:
-                self._alert(db, "user-jobs-limit", job_id,
+                self._ops.alert(db, "user-jobs-limit", job_id,
                             f"{tracked} user jobs tracked already: Slurm job {job.job_id} is not healed")
                 continue
             for old in db.execute("SELECT * FROM attempts WHERE job_id = ? AND attempt < ? AND finalized = 0",
@@ -121,13 +136,13 @@ class SlurmUserJobs(SlurmAttempts):
                 self._end_run(db, old, int(ExitCode.PREEMPTED), f"(Slurm job {job.job_id}) rerun by Slurm",
                               now)
             ckpt = checkpoint_dir(job)
-            self._ledger(db).start_attempt(
+            self._store.ledger(db).start_attempt(
                 job_id, attempt, len(node_ids), ckpt, now, slurm_nodes=json.dumps(list(job.node_list)),
                 run_dir="", output="", slurm_job_id=job.job_id, origin=SLURM_ORIGIN)
             tracked += 1
             log.info("adopted Slurm job %d (%s, user %s) run %d on %s", job.job_id, job.name, job.user,
                      attempt, job.nodes)
-            self._queue(db, JobAdopted(
+            self._store.queue(db, JobAdopted(
                 job_id=job_id, attempt=attempt, node_ids=tuple(n for n in node_ids if n),
                 slurm_job_id=job.job_id, name=job.name, user=job.user, partition=job.partition,
                 command=job.command, checkpoint_dir=ckpt))
@@ -136,10 +151,10 @@ class SlurmUserJobs(SlurmAttempts):
 
     def _follow(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> list[str]:
         if att["checkpoint_dir"]:
-            self._scan_checkpoints(db, att, now)
+            self._attempts.scan_checkpoints(db, att, now)
         slurm_id = int(att["slurm_job_id"])
         where = f"(Slurm job {slurm_id})"
-        job = self._jobs.get(slurm_id)
+        job = self._view.jobs.get(slurm_id)
         signalled = att["signalled_at"] is not None and not att["cancel_sent"]
         if job is None:
             if att["gone_since"] is None:
@@ -174,7 +189,7 @@ class SlurmUserJobs(SlurmAttempts):
             return []
         self._set(db, att, requeue_sent=1)
         key = f"requeue:{att['job_id']}:{att['attempt']}"
-        self._put_op(db, key, "requeue", {"job_id": att["job_id"], "attempt": att["attempt"],
+        self._ops.put(db, key, "requeue", {"job_id": att["job_id"], "attempt": att["attempt"],
                                           "slurm_job_id": att["slurm_job_id"]})
         return [key]
 
@@ -186,18 +201,19 @@ class SlurmUserJobs(SlurmAttempts):
 
     def _end_run(self, db: sqlite3.Connection, att: sqlite3.Row, code: int, detail: str, now: float) -> None:
         self._set(db, att, ended_at=now)
-        self._queue(db, workers_exited(self._ledger(db), att["job_id"], att["attempt"], code, detail))
+        ledger = self._store.ledger(db)
+        self._store.queue(db, workers_exited(ledger, att["job_id"], att["attempt"], code, detail))
 
     def _op_requeue(self, args: dict[str, Any]) -> OpResult:
         slurm_id = int(args["slurm_job_id"])
-        job = next((j for j in self.cli.jobs() if j.job_id == slurm_id), None)
+        job = next((j for j in self._cli.jobs() if j.job_id == slurm_id), None)
         if job is None:
             return OpResult(True)  # gone: the next observation ends the run
         if job.restart_cnt + 1 <= args["attempt"] and job.job_state not in ("PENDING", *REQUEUED_JOB_STATES):
-            self.cli.requeue(slurm_id)
+            self._cli.requeue(slurm_id)
             log.info("requeued Slurm job %d (run %d ends)", slurm_id, args["attempt"])
         try:
-            self.cli.start_now(slurm_id)
+            self._cli.start_now(slurm_id)
         except SlurmPermanentError as exc:  # already started again, or held by its user
             log.info("Slurm job %d: StartTime=now not applied: %s", slurm_id, exc)
         return OpResult(True)
@@ -205,7 +221,7 @@ class SlurmUserJobs(SlurmAttempts):
     def _failed_requeue(self, db: sqlite3.Connection, args: dict[str, Any], error: str, now: float) -> None:
         att = attempt_row(db, args["job_id"], args["attempt"])
         if att is not None and not att["finalized"]:
-            job = self._jobs.get(int(args["slurm_job_id"]))
+            job = self._view.jobs.get(int(args["slurm_job_id"]))
             code = job.exit_status if job is not None and job.exit_status is not None else KILLED
             why = f"(Slurm job {args['slurm_job_id']}) could not be requeued: {error}"
             self._end_run(db, att, code, why, now)

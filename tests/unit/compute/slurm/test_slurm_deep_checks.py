@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shared.adapters.compute.slurm.compute import SlurmCompute
-from shared.adapters.compute.slurm.deep_checks import DeepCheckSpec, parse_reservation
+from shared.adapters.compute.slurm.reservations import DeepCheckSpec, parse_reservation
 from shared.domain.errors import ValidationError
 from shared.domain.events import NodeHealthReported, NodeProvisioned
 from shared.domain.model import Node, NodeRole, NodeState
@@ -112,7 +112,7 @@ def test_an_unmapped_node_is_reported_unknown_not_left_pending(tmp_path: Path) -
 def test_a_check_cut_short_by_a_restart_runs_again(tmp_path: Path) -> None:
     slurm, events, runner = FakeSlurm(), Recorder(), NoTools()
     compute = build(tmp_path, slurm, events, runner)
-    with compute._tx() as db:  # what a crash mid-check leaves: a row without a result
+    with compute.store.tx() as db:  # what a crash mid-check leaves: a row without a result
         db.execute("INSERT INTO nodes (node_id, role, machine_type, slurm_node, requested_at,"
                    " provisioned) VALUES ('w0', 'worker', 'm', 'n1', 0, 1)")
         db.execute("INSERT INTO deep_checks (node_id, attempt, slurm_node, started_at)"

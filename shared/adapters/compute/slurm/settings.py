@@ -1,0 +1,34 @@
+"""What a ``SlurmCompute`` is built with: one frozen settings object for every collaborator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.adapters.compute.slurm.reservations import DeepCheckSpec
+from shared.probes.commands import Runner as ProbeRunner
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """The adapter's settings, fixed at construction (``SlurmCompute``'s keyword arguments,
+    resolved: the python found on PATH, the user-job partitions defaulted, the deep-check
+    spec parsed)."""
+
+    state_dir: Path
+    partition: str | None
+    allowed: tuple[str, ...] | None  # the Slurm nodes mtc may use (None: all)
+    python: str
+    agent_interval_s: float
+    agent_probes: tuple[str, ...]
+    agent_runner: ProbeRunner
+    agent_command_timeout_s: float
+    observe_interval_s: float
+    provision_timeout_s: float
+    repair_timeout_s: float
+    retry_initial_s: float
+    retry_max_s: float
+    master_addr: str
+    user_partitions: tuple[str, ...]  # where users' own sbatch jobs are adopted; () for none
+    deep_check_spec: DeepCheckSpec
+    deep_check_runner: ProbeRunner

@@ -2,9 +2,9 @@
 
 - ``request``: a node about to enter service (provisioning: first join or a replacement;
   repair: a reimage, or any repair of a node that failed its deep checks) gets a pending
-  ``DeepCheck`` verdict and compute is asked to run the checks (``start_deep_check``: DCGM
-  level 2/3 and all_reduce_perf in a Slurm maintenance reservation). A compute backend that
-  cannot run them gives an ``unknown`` verdict at once, never a pass.
+  ``DeepCheck`` verdict and compute is asked to run the checks (``shared.ports.DeepChecks``:
+  DCGM level 2/3 and all_reduce_perf in a Slurm maintenance reservation). A compute backend
+  that does not offer that port gives an ``unknown`` verdict at once, never a pass.
 - ``record``: the checks' results (a HealthReport from source ``deep-check``) become the
   verdict (policy: ``shared.policies.repair.deep_check_verdict``). Health triage diagnoses
   the failed checks like any report, so the repair ladder acts on them; the verdict itself
@@ -16,7 +16,6 @@ The key of a node's deep check is its repair attempt + 1: one check per life of 
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 from shared.domain.health import ConditionStatus, HealthReport
 from shared.domain.model import Node, NodeCondition
@@ -29,17 +28,10 @@ from shared.policies.repair import (
     deep_check_wanted,
     gate_allows_return,
 )
+from shared.ports import DeepChecks
 
 log = logging.getLogger(__name__)
 ATTEMPT = "deep_check_attempt"  # the details key a deep check's conditions carry
-
-
-class DeepChecks(Protocol):
-    """What a Compute that runs deep checks adds to the port: run them once per (node,
-    attempt), and report the results later as a ``NodeHealthReported`` with source
-    ``deep-check`` whose conditions carry ``details["deep_check_attempt"]``."""
-
-    def start_deep_check(self, node_id: str, attempt: int) -> None: ...
 
 
 def attempt_of(node: Node) -> int:
@@ -56,12 +48,11 @@ def request(node: Node, trigger: str, deps: Deps) -> bool:
     node.conditions[DEEP_CHECK] = NodeCondition(
         ConditionStatus.UNKNOWN.value, f"{PENDING}: deep checks before service ({trigger}, "
         f"attempt {attempt})", now, now)
-    start = getattr(deps.compute, "start_deep_check", None)
-    if start is None:
+    if not isinstance(deps.compute, DeepChecks):
         _set(node, DeepCheckVerdict(ConditionStatus.UNKNOWN, "deep checks could not run: this "
                                     "compute backend runs none"), now)
         return True
-    start(node.node_id, attempt)
+    deps.compute.start_deep_check(node.node_id, attempt)
     return True
 
 

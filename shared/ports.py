@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from shared.domain.events import Envelope, Event
 from shared.domain.health import RepairAction
@@ -266,6 +266,11 @@ class Compute(Protocol):
     def stop_workers(self, job_id: str, attempt: int) -> None: ...
 
 
+# -- compute capabilities: what a Compute may offer beyond the port. Callers test for the
+# declared port (``isinstance``), never for an attribute by name.
+
+
+@runtime_checkable
 class BatchProvisioning(Protocol):
     """A Compute that takes many machines in one request (GCE's ``instances.bulkInsert``;
     the twin, which seeds all their random streams in one vectorized pass). Optional: what
@@ -274,15 +279,30 @@ class BatchProvisioning(Protocol):
     def provision_nodes(self, nodes: Sequence[Node]) -> None: ...
 
 
+@runtime_checkable
+class DeepChecks(Protocol):
+    """A Compute that runs deep checks (``shared.deep_checks``): run them once per (node,
+    attempt), and report the results later as a ``NodeHealthReported`` with source
+    ``deep-check`` whose conditions carry ``details["deep_check_attempt"]``."""
+
+    def start_deep_check(self, node_id: str, attempt: int) -> None: ...
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """An adapter that holds a resource (a state file, a client) to release at shutdown."""
+
+    def close(self) -> None: ...
+
+
 def provision_nodes(compute: Compute, nodes: Sequence[Node]) -> None:
     """Ask for the machines of ``nodes``: in one call where ``compute`` takes a batch
     (:class:`BatchProvisioning`), else one call per node, in order. Idempotent by node, as
     ``provision_node`` is."""
     if not nodes:
         return
-    batch = getattr(compute, "provision_nodes", None)
-    if batch is not None:
-        batch(nodes)
+    if isinstance(compute, BatchProvisioning):
+        compute.provision_nodes(nodes)
         return
     for node in nodes:
         compute.provision_node(node)

@@ -209,8 +209,8 @@ class RemoteDriver(LocalDriver):
         super().__init__(tmp)
         from services.executor.dedup import DedupRecord
         from services.executor.executor import Executor
-        from shared.adapters.compute.remote.compute import RemoteCompute
         from shared.adapters.compute.remote.bus import MemoryRequestBus
+        from shared.adapters.compute.remote.compute import RemoteCompute
 
         self.bus = MemoryRequestBus(duplicate=True)
         self.compute = RemoteCompute(self.bus, self.clock, ttl_s=120.0)

@@ -14,7 +14,7 @@ later as events, once each: one ``NodeProvisioned`` per node, one ``NodeRepairCo
 repair followed by its post-repair ``NodeHealthReported``, every ``JobCheckpointSaved`` step
 once (attempts of a job share its checkpoints) and before the attempt's one
 ``JobWorkersExited``; a signalled attempt checkpoints and exits 75. An adapter that runs
-deep checks (``start_deep_check``, ``shared.deep_checks.DeepChecks``) runs one per (node,
+deep checks (``start_deep_check``, ``shared.ports.DeepChecks``) runs one per (node,
 attempt) as an action that takes time, reporting DCGM and the collective test once, tagged
 with the attempt; one that cannot is skipped here and the gate records "unknown".
 
@@ -29,7 +29,6 @@ from pathlib import Path
 
 import pytest
 
-from shared.deep_checks import DeepChecks
 from shared.domain.events import (
     Event,
     JobCheckpointSaved,
@@ -40,7 +39,7 @@ from shared.domain.events import (
 )
 from shared.domain.health import RepairAction
 from shared.policies.repair import DEEP_CHECK_SOURCE, DEEP_CHECK_TYPES
-from shared.ports import provision_nodes
+from shared.ports import DeepChecks, provision_nodes
 from tests.contract.compute_drivers import DRIVERS, JOB, WORLD, Driver, make_node
 
 NODES = tuple(f"w{i}" for i in range(WORLD))
@@ -139,9 +138,9 @@ def deep_reports(driver: Driver, node_id: str) -> list[NodeHealthReported]:
 def test_a_deep_check_takes_time_runs_once_per_attempt_and_reports_each_check(
     driver: Driver,
 ) -> None:
-    if not hasattr(driver.compute, "start_deep_check"):
+    compute = driver.compute
+    if not isinstance(compute, DeepChecks):
         pytest.skip(f"{driver.name} runs no deep checks (the gate records unknown)")
-    compute: DeepChecks = driver.compute  # type: ignore[assignment]
     up(driver, "w0")
     compute.start_deep_check("w0", 1)
     compute.start_deep_check("w0", 1)

@@ -8,7 +8,7 @@ and completes once. The rules are here, once, as small functions over a ``Ledger
 records live where the adapter keeps its state:
 
 * ``SqliteLedger``: in the adapter's sqlite file, inside the transaction that changes the rest
-  of its state and queues the facts (``FactState``), so a crash loses or repeats nothing. It
+  of its state and queues the facts (``FactStore``), so a crash loses or repeats nothing. It
   uses these columns of the adapter's tables (adapters may add their own):
   ``attempts(job_id, attempt, world_size, checkpoint_dir, started_at, finalized,
   signalled_at, kill_deadline)``,

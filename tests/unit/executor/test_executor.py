@@ -22,9 +22,9 @@ from services.executor.executor import (
     LoggedRefusals,
 )
 from services.observability import alerts
-from shared.adapters.compute.remote.compute import RemoteCompute
 from shared.adapters.compute.remote.bus import Delivery, MemoryRequestBus
 from shared.adapters.compute.remote.codec import decode, encode, gang_args, make_request
+from shared.adapters.compute.remote.compute import RemoteCompute
 from shared.adapters.memory_store import MemoryDocStore
 from shared.domain.health import RepairAction
 from shared.ports import Gang, LaunchGroup

@@ -9,9 +9,9 @@ from services.executor.answers import CAUSE, refusal_answer
 from services.executor.dedup import DedupRecord
 from services.executor.executor import APPLIED, DUPLICATE, REFUSED, RETRY, Executor
 from services.job_submission import handlers as api
-from shared.adapters.compute.remote.compute import RemoteCompute
 from shared.adapters.compute.remote.bus import MemoryRequestBus
 from shared.adapters.compute.remote.codec import decode
+from shared.adapters.compute.remote.compute import RemoteCompute
 from shared.domain.events import (
     Event,
     JobWorkersExited,

@@ -1,8 +1,8 @@
 """Machine lifecycle on Compute Engine: the ``Compute`` port's node half.
 
 ``GceCompute`` creates, repairs and deletes the instances behind mtc nodes with the official
-client (``gce_api``), and watches them for planned maintenance. It does not run workers:
-``gce_split.MachinesAndWorkers`` composes it with an adapter that does (Slurm on those
+client (``api``), and watches them for planned maintenance. It does not run workers:
+``split.MachinesAndWorkers`` composes it with an adapter that does (Slurm on those
 machines, or local processes), and that composite is what passes the Compute contract.
 
 Every port call returns at once: it records a *task* (provision, repair, delete) keyed by its
@@ -34,7 +34,7 @@ the task. Results are facts emitted once each through the fact outbox (``FactSto
 post-repair ``NodeHealthReported`` (what Compute Engine can vouch for: the VM runs, no
 maintenance pending; the node agent reports the GPU checks).
 
-Maintenance (``gce_maintenance``). Every ``watch_interval_s`` each running instance is read and its
+Maintenance (``maintenance``). Every ``watch_interval_s`` each running instance is read and its
 ``resourceStatus.upcomingMaintenance`` turned into the ``UpcomingMaintenance`` condition,
 reported on change only (conditions are state) with source ``compute-engine``. Triage maps a
 TRUE one to a reboot: the node is cordoned, its job checkpoints and moves, and the reboot

@@ -12,7 +12,11 @@ routes each port call to the side that owns it:
 * ``cordon``, ``uncordon``: both (the workers side fences: a Slurm drain; the machines side
   keeps the reason a replace reports to Compute Engine as the host's fault).
 * ``delete_node``: both (the workers side lets go first, then the instance is deleted).
-* ``start_workers``, ``signal_workers``, ``stop_workers``: the workers.
+* ``start_workers``, ``signal_workers``, ``stop_workers``, ``start_deep_check``: the workers
+  (deep checks run on the machine through the workers' scheduler).
+
+The workers side declares what it must offer (``Workers``: the port, deep checks, ``poll``
+and ``close``); both adapters used here do, so nothing is probed at run time.
 """
 
 from __future__ import annotations
@@ -25,17 +29,19 @@ from shared.adapters.compute.gce.api import api_from_dict, config_from_dict
 from shared.adapters.compute.gce.compute import GceCompute
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.ports import Clock, Compute, Emitter, Gang
+from shared.ports import Clock, Closeable, Compute, DeepChecks, Emitter, Gang
 
 
-class PolledCompute(Compute, Protocol):
+class Workers(Compute, DeepChecks, Closeable, Protocol):
+    """The workers side: the port with deep checks, polled and closed by its owner."""
+
     def poll(self) -> None: ...
 
 
 class MachinesAndWorkers:
     """The ``Compute`` port over ``GceCompute`` (machines) and a workers adapter."""
 
-    def __init__(self, machines: GceCompute, workers: PolledCompute) -> None:
+    def __init__(self, machines: GceCompute, workers: Workers) -> None:
         self.machines = machines
         self.workers = workers
         machines.on_ready = workers.provision_node
@@ -64,7 +70,7 @@ class MachinesAndWorkers:
     def start_deep_check(self, node_id: str, attempt: int) -> None:
         """The checks run on the machine through the workers' scheduler (Slurm: srun in a
         maintenance reservation), not through the Compute Engine API."""
-        self.workers.start_deep_check(node_id, attempt)  # type: ignore[attr-defined]
+        self.workers.start_deep_check(node_id, attempt)
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         self.workers.signal_workers(job_id, attempt, grace_s)
@@ -79,9 +85,7 @@ class MachinesAndWorkers:
 
     def close(self) -> None:
         self.machines.close()
-        close = getattr(self.workers, "close", None)
-        if close is not None:
-            close()
+        self.workers.close()
 
 
 def gce_over_slurm(state_dir: Path, emit: Emitter, clock: Clock, *, gce: Mapping[str, Any],

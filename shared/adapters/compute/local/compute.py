@@ -4,7 +4,8 @@ Nodes are records on this machine (``nodes.LocalNodes``, held by ``LocalCompute`
 provisioning and repairs complete after set durations, faults are injected by hand (``mtc
 node fault``) and stay until a repair that truly fixes them (``faults``: the triage table's
 action). Job workers are real subprocesses (``procs``), started in their own session
-through ``worker_launcher`` so they outlive the CLI process that started them; their exit is read back later from exit files.
+through ``worker_launcher`` so they outlive the CLI process that started them; their exit
+is read back later from exit files.
 
 All state lives in a sqlite file under ``state_dir`` (never only in memory), because several
 short-lived CLI processes take turns driving the same workers and repairs. Results come back

@@ -33,7 +33,7 @@ from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.ports import Compute, Gang, LaunchGroup, WorkerSpec
+from shared.ports import Compute, DeepChecks, Gang, LaunchGroup, WorkerSpec
 
 TOPIC = "compute-requests"  # the topic is ``<prefix>compute-requests``
 SCHEMA = "mtc.compute.request.v1"
@@ -181,10 +181,10 @@ def _call(request: ComputeRequest, compute: Compute) -> Callable[[], None]:
             return lambda: compute.start_repair(node_id, action, attempt)
         if request.op == "start_deep_check":
             node_id, attempt = str(a["node_id"]), int(a["attempt"])
-            start = getattr(compute, "start_deep_check", None)
-            if start is None:  # refused: the control plane's gate stays pending, never "ok"
+            if not isinstance(compute, DeepChecks):  # refused: the gate stays pending
                 raise ValidationError("op", "this executor's compute runs no deep checks")
-            return lambda: start(node_id, attempt)
+            checks = compute
+            return lambda: checks.start_deep_check(node_id, attempt)
         if request.op == "start_workers":
             gang = gang_of_args(a)
             return lambda: compute.start_workers(gang)

@@ -1,6 +1,6 @@
 """``RemoteCompute``: the Compute port of the cloud control plane, which has no machines.
 
-Each call becomes a compute request (``remote_codec``) published to ``mtc-compute-requests``
+Each call becomes a compute request (``codec``) published to ``mtc-compute-requests``
 and returns at once, as the port asks; the executor beside the machines
 (``services.executor``) applies it with a real adapter and publishes what the machines did
 as the usual result events (node.provisioned, job.workers_exited, ...), which reach the
@@ -29,7 +29,7 @@ from shared.ports import Clock, Gang
 
 
 class RequestSink(Protocol):
-    """Where requests go: the Pub/Sub topic (``remote_pubsub``) or an in-process queue."""
+    """Where requests go: the Pub/Sub topic (``pubsub``) or an in-process queue."""
 
     def send(self, request: ComputeRequest) -> None: ...
 

@@ -1,6 +1,6 @@
 """Compute requests over Pub/Sub: the topic, the executor's ordered pull subscription.
 
-``mtc-compute-requests`` carries every request (``remote_codec``) with its ordering key; the
+``mtc-compute-requests`` carries every request (``codec``) with its ordering key; the
 executor pulls from ``mtc-executor-<id>`` (message ordering on, so one node's requests
 arrive in the order they were published). Refusals (a request past its deadline, a malformed one) go to the
 dead-letter topic with the reason, beside what Pub/Sub itself forwards there after

@@ -2,7 +2,7 @@
 
 ``start_workers`` submits one batch job per attempt (``sbatch --requeue --open-mode=append
 --exclusive --nodelist=<mapped nodes>``, one ``srun`` task per node, placed by rank and
-running its worker pool's command; scripts by ``slurm_scripts``). ``poll()`` reports each
+running its worker pool's command; scripts by ``scripts``). ``poll()`` reports each
 new checkpoint once and the attempt's one ``JobWorkersExited`` (the shared ledger): when
 every rank left an exit code, or when the Slurm job ended or was requeued by Slurm itself
 without them (missing ranks count 137). ``signal_workers`` = ``scancel --signal=TERM``
@@ -82,7 +82,7 @@ class SlurmAttempts:
 
 
     def origin(self, job_id: str, attempt: int) -> str:
-        """'slurm' for the run of a user's own job (``slurm_userjobs``), '' for mtc's."""
+        """'slurm' for the run of a user's own job (``userjobs``), '' for mtc's."""
         with self._store.tx() as db:
             att = attempt_row(db, job_id, attempt)
         return "" if att is None else str(att["origin"])

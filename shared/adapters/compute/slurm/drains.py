@@ -1,7 +1,7 @@
 """The Slurm adapter's drains: mtc undoes only the drains it made, and notices the others.
 
 A Slurm node's DRAIN has one ``Reason``, and whoever drains it last sets it. mtc writes its
-own reasons with the prefix ``mtc:`` (``slurm_api.drain_reason``; the node agent's
+own reasons with the prefix ``mtc:`` (``api.drain_reason``; the node agent's
 HealthCheckProgram writes ``mtc-agent ...``) and records each drain it made (``nodes.mtc_drain``,
 ``drained_at``). From that:
 

@@ -1,6 +1,6 @@
 """The Slurm adapter's nodes: mapping mtc nodes to Slurm nodes, cordons, repairs, provisioning.
 
-See ``slurm_compute`` for what each step does in Slurm. A repair runs once per (node,
+See ``compute`` for what each step does in Slurm. A repair runs once per (node,
 attempt) and completes once (the shared ledger); an ok one is followed by a post-repair
 report from a full run of the node's agent.
 """

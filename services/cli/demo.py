@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import ValidationError
@@ -144,10 +144,10 @@ def run_demo(app: EmbeddedApp, *, steps: int = 120) -> None:
 
 def _story(app: EmbeddedApp, steps: int, t0: float) -> None:
     with app.transaction() as uow:
-        api.create_cluster(CLUSTER_SPEC, uow, app.deps)
+        job_commands.create_cluster(CLUSTER_SPEC, uow, app.deps)
     _wait(app, "cluster READY", lambda: _cluster_ready(app))
     with app.transaction() as uow:
-        job = api.submit_job("demo", job_spec(steps), uow, app.deps, "train-1")
+        job = job_commands.submit_job("demo", job_spec(steps), uow, app.deps, "train-1")
     job_id = job.job_id
     _wait(app, "a first checkpoint", lambda: _job(app, job_id).latest_checkpoint is not None)
     app.run(lambda: False, timeout_s=CHECKPOINT_EVERY_STEPS * STEP_TIME_S / 2, poll_s=0.05)

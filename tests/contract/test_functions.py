@@ -17,7 +17,7 @@ from flask.testing import FlaskClient
 from functions_framework import create_app
 from werkzeug.test import TestResponse
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from services.wiring import functions as rt_mod
 from shared.codec import to_cloudevent, to_pubsub
 from shared.domain.events import NodeHealthReported
@@ -40,7 +40,7 @@ class PlaneRuntime:
 @pytest.fixture
 def plane() -> Iterator[Plane]:
     p = Plane()
-    p.api(api.create_cluster, CLUSTER)
+    p.api(job_commands.create_cluster, CLUSTER)
     p.deliver()
     p.bring_up()
     rt_mod.install(PlaneRuntime(p))

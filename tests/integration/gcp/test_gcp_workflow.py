@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from gcp_support import ROOT, Server, StorePlane, function_app
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from services.wiring import functions as rt_mod
 from shared.adapters.memory_store import MemoryDocStore
 from shared.domain.events import NodeProvisioned
@@ -124,7 +124,7 @@ def run_workflow(cli: Path, args: dict[str, Any], timeout_s: float = 120) -> sub
 def create(plane: StorePlane) -> tuple[str, int]:
     """Create the cluster record; the workflow, not the create_requested handler, provisions
     it here (the event stays undelivered, so the two cannot race to READY)."""
-    cluster = plane.api(api.create_cluster, CLUSTER)
+    cluster = plane.api(job_commands.create_cluster, CLUSTER)
     plane.bus.outbox.mark_published([e.id for e in plane.bus.outbox.pending()])
     return cluster.cluster_id, cluster.generation
 

@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from functions_framework import create_app
 
 from services.health_triage.handlers import on_health_reported
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from services.wiring import functions as rt_mod
 from services.wiring.gcp import GcpRuntime, GcpSettings, NullCompute
 from services.wiring.routes import SERVICES, control_plane_routes, families, subscriptions
@@ -135,7 +135,7 @@ def test_api_commands_are_published_once_after_their_commit(
         gcp: tuple[Plane, GcpRuntime, Recorder]) -> None:
     _, rt, recorder = gcp
     with command_unit(rt.deps) as uow:
-        api.submit_job("c1", job_body(1), uow, rt.deps, "j1")
+        job_commands.submit_job("c1", job_body(1), uow, rt.deps, "j1")
         assert recorder.published == []  # nothing before the commit
     assert [e.type for e in recorder.published] == ["mtc.job.submitted.v1"]
     assert rt.store.read(OUTBOX, {}) == []  # published, so gone from the outbox
@@ -146,7 +146,7 @@ def test_api_commands_are_published_once_after_their_commit(
 def test_a_failed_command_publishes_nothing(gcp: tuple[Plane, GcpRuntime, Recorder]) -> None:
     _, rt, recorder = gcp
     with pytest.raises(ValidationError), command_unit(rt.deps) as uow:
-        api.submit_job("c1", {"displayName": "x"}, uow, rt.deps, "j2")
+        job_commands.submit_job("c1", {"displayName": "x"}, uow, rt.deps, "j2")
     assert recorder.published == []
     assert rt.store.read(OUTBOX, {}) == []
 
@@ -216,7 +216,7 @@ def post(client: FlaskClient, path: str, body: Any) -> tuple[int, Any]:
 
 def test_steps_drive_provisioning_to_ready(steps: tuple[Plane, FlaskClient]) -> None:
     plane, client = steps
-    cluster = plane.api(api.create_cluster, CLUSTER)
+    cluster = plane.api(job_commands.create_cluster, CLUSTER)
     plane.bus.outbox.mark_published([e.id for e in plane.bus.outbox.pending()])
     ids = {"cluster_id": "c1", "generation": cluster.generation}
     assert post(client, "/steps/validate", ids) == (
@@ -236,7 +236,7 @@ def test_steps_drive_provisioning_to_ready(steps: tuple[Plane, FlaskClient]) -> 
 
 def test_rollback_retires_what_the_generation_created(steps: tuple[Plane, FlaskClient]) -> None:
     plane, client = steps
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.bus.outbox.mark_published([e.id for e in plane.bus.outbox.pending()])
     ids = {"cluster_id": "c1", "generation": 1}
     post(client, "/steps/create_nodes", ids)
@@ -261,7 +261,7 @@ def test_step_errors(steps: tuple[Plane, FlaskClient]) -> None:
 
 def test_tick_queues_a_fleet_tick_per_live_cluster(steps: tuple[Plane, FlaskClient]) -> None:
     plane, client = steps
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.deliver()
     code, body = post(client, "/tick", {})
     assert code == 200 and body == {"ticked": ["c1"], "swept": 0}

@@ -393,8 +393,8 @@ class Timeline:
     def __call__(self, env: Envelope) -> None:
         from rich.markup import escape
 
-        from shared.timeline import describe, is_routine
-        from shared.timeline import style as _style
+        from services.presentation.timeline import describe, is_routine
+        from services.presentation.timeline import style as _style
 
         doc = envelope_to_doc(env)
         with self.lock:
@@ -421,7 +421,7 @@ def print_result(console: Any, stack: Stack, timeline: Timeline, job: dict[str, 
                  t0: float) -> bool:
     """The job, its goodput, the events and the node list; whether the job succeeded."""
     from shared.goodput import job_accounting
-    from shared.timeline import is_routine
+    from services.presentation.timeline import is_routine
 
     ok = job["state"] == "JOB_STATE_SUCCEEDED"
     time.sleep(1.0)  # let the last events reach the tap

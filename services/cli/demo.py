@@ -28,8 +28,8 @@ from shared.domain.health import Condition, ConditionStatus, ConditionType, Repa
 from shared.domain.model import JobState, NodeState
 from shared.goodput import job_accounting
 from shared.handling import Outcome
-from shared.timeline import describe
-from shared.timeline import style as timeline_style
+from services.presentation.timeline import describe
+from services.presentation.timeline import style as timeline_style
 
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +119,7 @@ def fresh_state(state_dir: Path) -> Path:
 
 def _printer(t0: float) -> Any:
     from shared.adapters.outbox import envelope_to_doc
-    from shared.timeline import is_routine
+    from services.presentation.timeline import is_routine
 
     def show(env: Envelope, outcomes: dict[str, Outcome]) -> None:
         doc = envelope_to_doc(env)
@@ -182,7 +182,7 @@ def _summary(app: EmbeddedApp, job_id: str, t0: float) -> None:
 def _node_table(app: EmbeddedApp) -> Any:
     from rich.table import Table
 
-    from shared.views import node_view
+    from services.presentation.views import node_view
 
     with app.transaction() as uow:
         nodes = sorted(uow.nodes.list("demo"), key=lambda n: n.node_id)

@@ -47,8 +47,8 @@ from shared.domain.events import Envelope
 from shared.domain.model import Job, JobState, NodeState
 from shared.goodput import job_accounting
 from shared.handling import Outcome
-from shared.timeline import describe
-from shared.timeline import style as timeline_style
+from services.presentation.timeline import describe
+from services.presentation.timeline import style as timeline_style
 
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,7 +215,7 @@ def _printer(
     app: EmbeddedApp, t0: float, partition: str, sinfo_on: dict[str, bool]
 ) -> Callable[[Envelope, dict[str, Outcome]], None]:
     from shared.adapters.outbox import envelope_to_doc
-    from shared.timeline import is_routine
+    from services.presentation.timeline import is_routine
 
     def show(env: Envelope, outcomes: dict[str, Outcome]) -> None:
         doc = envelope_to_doc(env)

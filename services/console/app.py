@@ -23,7 +23,7 @@ from services.api.errors import ApiError, invalid
 from services.console import sim, views
 from services.console.accounting import accounting
 from shared.domain.model import ClusterState
-from shared.views import iso
+from services.presentation.views import iso
 
 STATIC = Path(__file__).parent / "static"
 PAGE_FILES = {"console.js": "text/javascript", "console.css": "text/css"}

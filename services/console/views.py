@@ -14,8 +14,8 @@ from typing import Any
 from shared.domain.model import IN_SERVICE, Job, Node, NodeRole, NodeState
 from shared.goodput import JobAccounting
 from shared.policies.repair import RepairConfig
-from shared.timeline import describe, is_routine
-from shared.views import iso
+from services.presentation.timeline import describe, is_routine
+from services.presentation.views import iso
 
 NOTABLE = 100  # individual nodes listed per partition without drill-down
 MAX_PAGE = 500

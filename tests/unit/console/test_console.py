@@ -21,7 +21,7 @@ from services.wiring.embedded import embedded
 from shared.domain.health import FailureRecord, RepairAction
 from shared.domain.model import Node, NodeCondition, NodeRole, NodeState
 from shared.policies.repair import RepairConfig
-from shared.views import iso
+from services.presentation.views import iso
 from tests.unit.api.conftest import AUTH, TOKEN, Api
 
 CFG = RepairConfig()

@@ -76,10 +76,11 @@ class Function:
     signature: str
 
 
+# every function from the root main.py, by its entry point: what Cloud Functions deploys
 FUNCTIONS = [
-    *(Function(s, f"services/{s}/main.py", "handle", "cloudevent") for s in SERVICES),
-    Function("api", "services/job_submission/main.py", "api", "http"),
-    Function("steps", "services/provisioning/steps_main.py", "steps", "http"),
+    *(Function(s, "main.py", s, "cloudevent") for s in SERVICES),
+    Function("api", "main.py", "api", "http"),
+    Function("steps", "main.py", "steps", "http"),
 ]
 
 

@@ -21,7 +21,7 @@ import pytest
 from gcp_support import ROOT, Server, StorePlane, function_app
 
 from services.job_submission import commands as job_commands
-from services.wiring import functions as rt_mod
+from services.wiring import runtime as rt_mod
 from shared.adapters.memory_store import MemoryDocStore
 from shared.domain.events import NodeProvisioned
 from shared.domain.model import ClusterState, NodeState
@@ -103,7 +103,7 @@ def env() -> Iterator[Env]:
     plane = StorePlane(MemoryDocStore())
     plane.deps = replace(plane.deps, config=replace(plane.deps.config, provisioning="workflow"))
     rt_mod.install(PlaneRuntime(plane))
-    server = Server(function_app("provisioning", "steps", "http", "steps_main.py"))
+    server = Server(function_app("steps", "http"))
     try:
         yield Env(plane, server.url)
     finally:

@@ -421,8 +421,8 @@ class Timeline:
 def print_result(console: Any, stack: Stack, timeline: Timeline, job: dict[str, Any],
                  t0: float) -> bool:
     """The job, its goodput, the events and the node list; whether the job succeeded."""
-    from shared.goodput import job_accounting
     from services.presentation.timeline import is_routine
+    from shared.goodput import job_accounting
 
     ok = job["state"] == "JOB_STATE_SUCCEEDED"
     time.sleep(1.0)  # let the last events reach the tap

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from services.job_submission import commands as job_commands
+from services.presentation.timeline import describe
+from services.presentation.timeline import style as timeline_style
 from services.wiring.embedded import EmbeddedApp
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import ValidationError
@@ -28,8 +30,6 @@ from shared.domain.health import Condition, ConditionStatus, ConditionType, Repa
 from shared.domain.model import JobState, NodeState
 from shared.goodput import job_accounting
 from shared.handling import Outcome
-from services.presentation.timeline import describe
-from services.presentation.timeline import style as timeline_style
 
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,8 +118,8 @@ def fresh_state(state_dir: Path) -> Path:
 
 
 def _printer(t0: float) -> Any:
-    from shared.adapters.outbox import envelope_to_doc
     from services.presentation.timeline import is_routine
+    from shared.adapters.outbox import envelope_to_doc
 
     def show(env: Envelope, outcomes: dict[str, Outcome]) -> None:
         doc = envelope_to_doc(env)

@@ -40,6 +40,8 @@ from rich.markup import escape
 
 from services.cli.demo import fresh_state
 from services.job_submission import commands as job_commands
+from services.presentation.timeline import describe
+from services.presentation.timeline import style as timeline_style
 from services.wiring.embedded import EmbeddedApp, embedded
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import ValidationError
@@ -47,8 +49,6 @@ from shared.domain.events import Envelope
 from shared.domain.model import Job, JobState, NodeState
 from shared.goodput import job_accounting
 from shared.handling import Outcome
-from services.presentation.timeline import describe
-from services.presentation.timeline import style as timeline_style
 
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,8 +214,8 @@ def sinfo_text(slurm_conf: str, partition: str = "mtc") -> str:
 def _printer(
     app: EmbeddedApp, t0: float, partition: str, sinfo_on: dict[str, bool]
 ) -> Callable[[Envelope, dict[str, Outcome]], None]:
-    from shared.adapters.outbox import envelope_to_doc
     from services.presentation.timeline import is_routine
+    from shared.adapters.outbox import envelope_to_doc
 
     def show(env: Envelope, outcomes: dict[str, Outcome]) -> None:
         doc = envelope_to_doc(env)

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from services.wiring.builder import build_deps
 from services.wiring.routes import control_plane_routes
 from shared.adapters.clock import SystemClock
@@ -59,7 +59,7 @@ class Bench:
         self.deps = build_deps(store, clock=self.clock, compute=self.compute,
                                publisher=self.bus, with_event_log=False, config=config)
         with self.deps.uow() as uow:
-            api.create_cluster(cluster_spec(nodes), uow, self.deps)
+            job_commands.create_cluster(cluster_spec(nodes), uow, self.deps)
             uow.commit()
         self.bus.pump(self.deps)
         for node_id in self.compute.provisioned:
@@ -97,7 +97,7 @@ class Bench:
         for i in range(samples):
             job_id = f"lat{i}"
             with self.deps.uow() as uow:
-                api.submit_job("bench", job_body(1), uow, self.deps, job_id)
+                job_commands.submit_job("bench", job_body(1), uow, self.deps, job_id)
                 uow.commit()
             self.bus.pump(self.deps)
             with self.deps.uow() as uow:

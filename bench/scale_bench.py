@@ -53,13 +53,13 @@ def _cluster_state(app: Any, cluster_id: str) -> str:
 
 def time_to_ready(workers: int, *, timeout_s: float = 900.0) -> dict[str, Any]:
     """Seconds from the create call to the cluster's READY, on the system clock."""
-    from services.job_submission import handlers as api
+    from services.job_submission import commands as job_commands
 
     with tempfile.TemporaryDirectory(prefix="mtc-scale-") as tmp:
         app = _app(Path(tmp))
         t0 = time.monotonic()
         with app.transaction() as uow:
-            api.create_cluster(cluster_spec(workers), uow, app.deps)
+            job_commands.create_cluster(cluster_spec(workers), uow, app.deps)
         # as `mtc cluster create --wait` drives it (EmbeddedApp.run's defaults)
         ok = app.run(lambda: _cluster_state(app, "scale") == "READY", timeout_s=timeout_s)
         elapsed = time.monotonic() - t0
@@ -81,7 +81,7 @@ class ManualClock:
 def held_node_growth(minutes: float, *, workers: int = 4) -> dict[str, Any]:
     """A node held by the blast-radius guard, its agent reporting every second, for
     ``minutes`` of manual-clock time through the real handlers and bus: bytes added."""
-    from services.job_submission import handlers as api
+    from services.job_submission import commands as job_commands
     from shared.domain.health import Condition, ConditionStatus, ConditionType
 
     clock = ManualClock(time.time())
@@ -93,7 +93,7 @@ def held_node_growth(minutes: float, *, workers: int = 4) -> dict[str, Any]:
                                               min_out_of_service_allowed=0))
         app.deps = replace(app.deps, config=held)
         with app.transaction() as uow:
-            api.create_cluster(cluster_spec(workers), uow, app.deps)
+            job_commands.create_cluster(cluster_spec(workers), uow, app.deps)
         for _ in range(5):
             app.pump()
             clock.t += 1.0

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from services.cli.demo_slurm import cluster_spec, start_cluster
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp, embedded
 from shared.adapters.compute.slurm.api import xid_line
 from shared.adapters.compute.slurm.cli import SlurmCli, SlurmError
@@ -231,7 +231,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     try:
         with app.transaction() as uow:
-            api.create_cluster(cluster_spec(CLUSTER_ID, nodes=len(MTC_NODES), spares=0), uow, app.deps)
+            job_commands.create_cluster(cluster_spec(CLUSTER_ID, nodes=len(MTC_NODES), spares=0),
+                                        uow, app.deps)
         if not app.run(lambda: mtc_node_ready(app, compute, slurm) is not None, timeout_s=60, poll_s=0.05):
             raise SystemExit("the mtc cluster did not come up")
         print(f"mtc nodes: {compute.mapping()}; plain-drain node: {PLAIN_NODE}", flush=True)

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.soak_controller import PROGRESS_TIMEOUT_S, open_app  # noqa: E402
 from services.cli.commands_local import fault_conditions  # noqa: E402
-from services.job_submission import handlers as api  # noqa: E402
+from services.job_submission import commands as job_commands  # noqa: E402
 from services.repair import operator  # noqa: E402
 from services.wiring.builder import COMPUTE_SOURCES  # noqa: E402
 from services.wiring.embedded import EmbeddedApp  # noqa: E402
@@ -381,8 +381,8 @@ class Soak:
         self.state_dir.mkdir(parents=True)
         self.app = open_app(self.state_dir, SETTINGS)
         with self.a.transaction() as uow:
-            api.create_cluster(cluster_spec(MAIN, self.n_nodes, SPARE_NODES), uow, self.a.deps)
-            api.create_cluster(cluster_spec(AUX, AUX_CLUSTER_NODES, 0), uow, self.a.deps)
+            job_commands.create_cluster(cluster_spec(MAIN, self.n_nodes, SPARE_NODES), uow, self.a.deps)
+            job_commands.create_cluster(cluster_spec(AUX, AUX_CLUSTER_NODES, 0), uow, self.a.deps)
         self.start_controller()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -474,7 +474,7 @@ class Soak:
             if not p.submitted and p.submit_at <= t:
                 spec = job_spec(p.replicas, p.steps, self.rng.randint(0, 1000), p.restart_anyway)
                 with self.a.transaction() as uow:
-                    api.submit_job(p.cluster_id, spec, uow, self.a.deps, p.job_id)
+                    job_commands.submit_job(p.cluster_id, spec, uow, self.a.deps, p.job_id)
                 p.submitted = True
                 p.changed_at = self.now()
             if p.submitted and p.cancel_at is not None and p.cancel_at <= t:
@@ -482,7 +482,7 @@ class Soak:
                 with self.a.transaction() as uow:
                     job = uow.jobs.get(p.job_id)
                     if job is not None and not job.terminal:
-                        api.cancel_job(p.job_id, uow, self.a.deps)
+                        job_commands.cancel_job(p.job_id, uow, self.a.deps)
                         p.cancelled = True
                         self.fig.chaos["cancel"] += 1
 
@@ -748,7 +748,7 @@ class Soak:
              now: float) -> dict[str, tuple[bool, str]]:
         """For every waiting (QUEUED/PENDING) job: whether the scheduling policy lets it
         start now, and why (or why not). Stated apart from the scheduler, from its documented
-        policy (``shared/policies/scheduling.py``, ``services/job_submission/handlers.py
+        policy (``shared/policies/scheduling.py``, ``services/job_submission/scheduling.py
         schedule``), node counts only (every soak node has one shape):
 
         * capacity is the cluster's IDLE workers that take work (``lifecycle.takes_work``: no

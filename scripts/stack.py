@@ -76,10 +76,11 @@ class Function:
     signature: str
 
 
+# every function from the root main.py, by its entry point: what Cloud Functions deploys
 FUNCTIONS = [
-    *(Function(s, f"services/{s}/main.py", "handle", "cloudevent") for s in SERVICES),
-    Function("api", "services/job_submission/main.py", "api", "http"),
-    Function("steps", "services/provisioning/steps_main.py", "steps", "http"),
+    *(Function(s, "main.py", s, "cloudevent") for s in SERVICES),
+    Function("api", "main.py", "api", "http"),
+    Function("steps", "main.py", "steps", "http"),
 ]
 
 
@@ -393,8 +394,8 @@ class Timeline:
     def __call__(self, env: Envelope) -> None:
         from rich.markup import escape
 
-        from shared.timeline import describe, is_routine
-        from shared.timeline import style as _style
+        from services.presentation.timeline import describe, is_routine
+        from services.presentation.timeline import style as _style
 
         doc = envelope_to_doc(env)
         with self.lock:
@@ -420,8 +421,8 @@ class Timeline:
 def print_result(console: Any, stack: Stack, timeline: Timeline, job: dict[str, Any],
                  t0: float) -> bool:
     """The job, its goodput, the events and the node list; whether the job succeeded."""
+    from services.presentation.timeline import is_routine
     from shared.goodput import job_accounting
-    from shared.timeline import is_routine
 
     ok = job["state"] == "JOB_STATE_SUCCEEDED"
     time.sleep(1.0)  # let the last events reach the tap

@@ -256,11 +256,11 @@ class Twin:
             self._ready.succeed()
 
     def _submit(self, index: int) -> None:
-        from services.job_submission import handlers as api
+        from services.job_submission import commands as job_commands
 
         name = self.scenario.jobs[index].name
         body = job_body(self.scenario, index)
-        self.api(lambda uow, deps: api.submit_job(self.scenario.cluster.cluster_id, body, uow,
+        self.api(lambda uow, deps: job_commands.submit_job(self.scenario.cluster.cluster_id, body, uow,
                                                   deps, name))
 
     # -- running
@@ -269,7 +269,7 @@ class Twin:
             return self._run()
 
     def _run(self) -> RunResult:
-        from services.job_submission import handlers as api
+        from services.job_submission import commands as job_commands
 
         started = time.perf_counter()
         body = cluster_body(self.scenario)
@@ -278,7 +278,7 @@ class Twin:
         # bring-up had two, 30-40 ms, that freed nothing), so none runs until the freeze
         collecting = gc.isenabled()
         gc.disable()
-        self.api(lambda uow, deps: api.create_cluster(body, uow, deps))
+        self.api(lambda uow, deps: job_commands.create_cluster(body, uow, deps))
         self.env.run(until=self.env.any_of([self._ready, self.env.timeout(MAX_BRINGUP_S)]))
         if self.ready_at is None:
             raise TwinError(f"cluster not ready after {MAX_BRINGUP_S / 86400:g} simulated days")

@@ -239,9 +239,9 @@ class Plane:
     def up(self, cluster: dict[str, Any] | None = None) -> Plane:
         """The cluster (``CLUSTER`` unless given) created and every node through its checks:
         where most handler tests start."""
-        from services.job_submission import handlers as api
+        from services.job_submission import commands as job_commands
 
-        self.api(api.create_cluster, CLUSTER if cluster is None else cluster)
+        self.api(job_commands.create_cluster, CLUSTER if cluster is None else cluster)
         self.deliver()
         self.bring_up()
         return self

@@ -25,7 +25,7 @@ from services.api.wire.cluster import (
 )
 from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
-from services.job_submission import handlers as h
+from services.job_submission import commands as job_commands
 from shared.domain import lifecycle
 from shared.domain.errors import ValidationError
 from shared.domain.model import IN_SERVICE, Cluster, ClusterState, Job, Node, NodeRole, NodeState
@@ -54,7 +54,7 @@ def create(ctx: ApiContext, parent: Parent, body: Any, cluster_id: str | None
                 record is None or record["resource"] != _stored(message)):
             raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, cluster_id)} "
                            "already exists")
-        cluster = _mapped(lambda: h.create_cluster(domain, uow, ctx.runtime.deps), message)
+        cluster = _mapped(lambda: job_commands.create_cluster(domain, uow, ctx.runtime.deps), message)
         save_record(uow, KIND, cluster_id, parent, _stored(message), ctx.now)
         op = ops.start(uow, parent, target=KIND, target_id=cluster_id, verb="create",
                        generation=cluster.generation, now=ctx.now,
@@ -101,15 +101,15 @@ def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any, *,
     domain = domain_body(cluster_id, message)
     with ctx.unit() as uow:
         record = load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
-        cluster = h.get_cluster(cluster_id, uow)
+        cluster = job_commands.get_cluster(cluster_id, uow)
         new_spec = _mapped(lambda: ClusterSpec.parse(domain), message)
         unfit, drained = _disruption(uow, cluster, new_spec)
         if (unfit or drained) and not force:
             raise ApiError("FAILED_PRECONDITION", _disruption_message(unfit, drained))
         for job in unfit:
-            h.cancel_job(job.job_id, uow, ctx.runtime.deps)
+            job_commands.cancel_job(job.job_id, uow, ctx.runtime.deps)
             job.error = "the cluster was resized below what the job needs"
-        cluster = _mapped(lambda: h.update_cluster(cluster_id, domain, uow, ctx.runtime.deps),
+        cluster = _mapped(lambda: job_commands.update_cluster(cluster_id, domain, uow, ctx.runtime.deps),
                           message)
         save_record(uow, KIND, cluster_id, parent, _stored(message), ctx.now,
                     created=record["created"])
@@ -127,7 +127,7 @@ def _disruption(uow: Any, cluster: Cluster, new_spec: ClusterSpec) -> tuple[list
     unfit = []
     for job in unfinished:
         try:
-            h.check_fits(resized, job.spec)
+            job_commands.check_fits(resized, job.spec)
         except ValidationError:
             unfit.append(job)
     drained: list[Job] = []
@@ -161,7 +161,7 @@ def delete(ctx: ApiContext, parent: Parent, cluster_id: str, *, force: bool = Fa
     checkpoints (SIGTERM, grace) and ends CANCELLED, and the machines go after they exit."""
     with ctx.unit() as uow:
         load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
-        cluster = h.get_cluster(cluster_id, uow)
+        cluster = job_commands.get_cluster(cluster_id, uow)
         busy = [j for j in uow.jobs.list(cluster_id) if not j.terminal]
         if busy and not force:
             raise ApiError("FAILED_PRECONDITION", f"cluster {cluster_id} still has "
@@ -169,9 +169,9 @@ def delete(ctx: ApiContext, parent: Parent, cluster_id: str, *, force: bool = Fa
                            f"({', '.join(j.job_id for j in busy[:5])}): cancel them, or pass "
                            "force=true to checkpoint and cancel them before the delete")
         for job in busy:
-            h.cancel_job(job.job_id, uow, ctx.runtime.deps)
+            job_commands.cancel_job(job.job_id, uow, ctx.runtime.deps)
             job.error = job.error or "cluster deleted"
-        h.delete_cluster(cluster_id, uow, ctx.runtime.deps)
+        job_commands.delete_cluster(cluster_id, uow, ctx.runtime.deps)
         op = ops.start(uow, parent, target=KIND, target_id=cluster_id, verb="delete",
                        generation=cluster.generation, now=ctx.now,
                        retention_s=ctx.runtime.deps.config.retention_s)

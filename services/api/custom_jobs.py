@@ -19,7 +19,7 @@ from services.api.paging import matches_resource, page_size, paginate, parse_fil
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
-from services.job_submission import handlers as h
+from services.job_submission import commands as job_commands
 from shared.domain.adopted import adopted
 from shared.domain.model import Job, JobState
 
@@ -48,7 +48,7 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
                                      or existing["resource"] != _stored(message)):
             raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, job_id)} already "
                            "exists with a different body")
-        job = h.submit_job(cluster_id, spec_body, uow, ctx.runtime.deps, domain_job_id(job_id))
+        job = job_commands.submit_job(cluster_id, spec_body, uow, ctx.runtime.deps, domain_job_id(job_id))
         if existing is None:
             save_record(uow, KIND, job_id, parent, _stored(message), ctx.now)
         record = {"resource": _stored(message), "parent": parent.name}
@@ -83,7 +83,7 @@ def list_jobs(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None
 def cancel(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
     with ctx.unit() as uow:
         _load(uow, parent, job_id)
-        h.cancel_job(domain_job_id(job_id), uow, ctx.runtime.deps)
+        job_commands.cancel_job(domain_job_id(job_id), uow, ctx.runtime.deps)
     return {}
 
 

@@ -13,7 +13,7 @@ from services.api.names import Parent
 from services.api.paging import matches, page_size, paginate, parse_filter
 from services.api.wire.operation import ListOperationsResponse, Operation, WaitOperationRequest
 from services.api.wiremodel import parse_message
-from services.job_submission import handlers as h
+from services.job_submission import commands as job_commands
 
 DEFAULT_WAIT_S = 30.0
 
@@ -63,7 +63,7 @@ def cancel(ctx: ApiContext, parent: Parent, op_id: str) -> dict[str, Any]:
     with ctx.unit() as uow:
         record = ops.load(uow, parent, op_id)
         ops.cancel(uow, record, ctx.now,
-                   lambda cid: h.delete_cluster(cid, uow, ctx.runtime.deps))
+                   lambda cid: job_commands.delete_cluster(cid, uow, ctx.runtime.deps))
     return {}
 
 

@@ -33,7 +33,7 @@ from services.api.wire.models import ListTrainingPipelinesResponse, TrainingPipe
 from services.api.wire.proto_json import timestamp
 from services.api.wire.tuning import HyperparameterTuningJob
 from services.api.wiremodel import parse_message
-from services.job_submission import handlers as h
+from services.job_submission import commands as job_commands
 from services.pipelines import handlers as pipelines
 from services.tuning import handlers as tuning
 from shared.domain.errors import ValidationError
@@ -85,7 +85,8 @@ def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None =
         parent_id = _check_model(uow, parent, message)
         _require_cluster(uow, parent, cluster_id, "trainingTaskInputs.persistentResourceId")
         job_id = f"{uuid.uuid4().int % 10**18:018d}"
-        job = h.submit_job(cluster_id, job_body, uow, ctx.runtime.deps, custom_jobs.domain_job_id(job_id))
+        job = job_commands.submit_job(cluster_id, job_body, uow, ctx.runtime.deps,
+                                      custom_jobs.domain_job_id(job_id))
         save_record(uow, custom_jobs.KIND, job_id, parent,
                     {k: v for k, v in job_message.to_json().items()
                      if k in ("displayName", "jobSpec", "labels")}, ctx.now)
@@ -201,7 +202,7 @@ def cancel(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
             state = render(uow, parent, record)["state"]
             raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
                            "only a pipeline that has not ended can be cancelled")
-        h.cancel_job(job.job_id, uow, ctx.runtime.deps)
+        job_commands.cancel_job(job.job_id, uow, ctx.runtime.deps)
     return {}
 
 

@@ -18,13 +18,13 @@ from services.api.security import TOKENS_FILE
 from services.api.tokens import LocalTokens
 from services.cli.client import ClientError
 from services.cli.commands_api import console, show
+from services.presentation.timeline import clock, describe, is_routine
 from services.wiring.embedded import EmbeddedApp
 from shared import logs
 from shared.domain.errors import ValidationError
 from shared.domain.faults import FaultRequest, check_fault_target, validate_fault
 from shared.domain.faults import fault_conditions as conditions_of
 from shared.domain.health import Condition
-from shared.timeline import clock, describe, is_routine
 
 LOCAL_ONLY = ("works on the local state directory only (--state-dir), not through --api: "
               "run it on the server's machine")

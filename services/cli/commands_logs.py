@@ -22,7 +22,7 @@ from typing import Any
 from services.api.errors import ApiError
 from services.api.names import Parent, parent
 from services.cli.client import Client, ClientError
-from services.job_submission.handlers import output_dirs
+from services.job_submission.scheduling import output_dirs
 from services.wiring.embedded import EmbeddedApp
 
 TERMINAL = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED",

@@ -19,7 +19,9 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
+from services.presentation.timeline import describe
+from services.presentation.timeline import style as timeline_style
 from services.wiring.embedded import EmbeddedApp
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import ValidationError
@@ -28,8 +30,6 @@ from shared.domain.health import Condition, ConditionStatus, ConditionType, Repa
 from shared.domain.model import JobState, NodeState
 from shared.goodput import job_accounting
 from shared.handling import Outcome
-from shared.timeline import describe
-from shared.timeline import style as timeline_style
 
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,8 +118,8 @@ def fresh_state(state_dir: Path) -> Path:
 
 
 def _printer(t0: float) -> Any:
+    from services.presentation.timeline import is_routine
     from shared.adapters.outbox import envelope_to_doc
-    from shared.timeline import is_routine
 
     def show(env: Envelope, outcomes: dict[str, Outcome]) -> None:
         doc = envelope_to_doc(env)
@@ -144,10 +144,10 @@ def run_demo(app: EmbeddedApp, *, steps: int = 120) -> None:
 
 def _story(app: EmbeddedApp, steps: int, t0: float) -> None:
     with app.transaction() as uow:
-        api.create_cluster(CLUSTER_SPEC, uow, app.deps)
+        job_commands.create_cluster(CLUSTER_SPEC, uow, app.deps)
     _wait(app, "cluster READY", lambda: _cluster_ready(app))
     with app.transaction() as uow:
-        job = api.submit_job("demo", job_spec(steps), uow, app.deps, "train-1")
+        job = job_commands.submit_job("demo", job_spec(steps), uow, app.deps, "train-1")
     job_id = job.job_id
     _wait(app, "a first checkpoint", lambda: _job(app, job_id).latest_checkpoint is not None)
     app.run(lambda: False, timeout_s=CHECKPOINT_EVERY_STEPS * STEP_TIME_S / 2, poll_s=0.05)
@@ -182,7 +182,7 @@ def _summary(app: EmbeddedApp, job_id: str, t0: float) -> None:
 def _node_table(app: EmbeddedApp) -> Any:
     from rich.table import Table
 
-    from shared.views import node_view
+    from services.presentation.views import node_view
 
     with app.transaction() as uow:
         nodes = sorted(uow.nodes.list("demo"), key=lambda n: n.node_id)

@@ -39,7 +39,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from services.cli.demo import fresh_state
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
+from services.presentation.timeline import describe
+from services.presentation.timeline import style as timeline_style
 from services.wiring.embedded import EmbeddedApp, embedded
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import ValidationError
@@ -47,8 +49,6 @@ from shared.domain.events import Envelope
 from shared.domain.model import Job, JobState, NodeState
 from shared.goodput import job_accounting
 from shared.handling import Outcome
-from shared.timeline import describe
-from shared.timeline import style as timeline_style
 
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,8 +214,8 @@ def sinfo_text(slurm_conf: str, partition: str = "mtc") -> str:
 def _printer(
     app: EmbeddedApp, t0: float, partition: str, sinfo_on: dict[str, bool]
 ) -> Callable[[Envelope, dict[str, Outcome]], None]:
+    from services.presentation.timeline import is_routine
     from shared.adapters.outbox import envelope_to_doc
-    from shared.timeline import is_routine
 
     def show(env: Envelope, outcomes: dict[str, Outcome]) -> None:
         doc = envelope_to_doc(env)
@@ -262,7 +262,7 @@ def cluster_ready(app: EmbeddedApp, cluster_id: str = CLUSTER_ID) -> bool:
 
 def create_cluster(app: EmbeddedApp, spec: dict[str, Any]) -> None:
     with app.transaction() as uow:
-        api.create_cluster(spec, uow, app.deps)
+        job_commands.create_cluster(spec, uow, app.deps)
     wait(app, f"cluster {spec['clusterId']} READY", lambda: cluster_ready(app, spec["clusterId"]))
 
 
@@ -280,7 +280,7 @@ def run_story(app: EmbeddedApp, *, steps: int = 300) -> Job:
     )
     console.print(f"[dim]{escape(_indent(sinfo_text(app.compute.slurm_conf, partition)))}[/dim]")
     with app.transaction() as uow:
-        submitted = api.submit_job(CLUSTER_ID, job_spec(steps), uow, app.deps, "train-1")
+        submitted = job_commands.submit_job(CLUSTER_ID, job_spec(steps), uow, app.deps, "train-1")
     job_id = submitted.job_id
     wait(app, "a first checkpoint", lambda: job(app, job_id).latest_checkpoint is not None)
     app.run(lambda: False, timeout_s=CHECKPOINT_EVERY_STEPS * STEP_TIME_S / 2, poll_s=0.05)

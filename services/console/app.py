@@ -22,8 +22,8 @@ from services.api.context import RESOURCES, ApiContext
 from services.api.errors import ApiError, invalid
 from services.console import sim, views
 from services.console.accounting import accounting
+from services.presentation.views import iso
 from shared.domain.model import ClusterState
-from shared.views import iso
 
 STATIC = Path(__file__).parent / "static"
 PAGE_FILES = {"console.js": "text/javascript", "console.css": "text/css"}

@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.presentation.timeline import describe, is_routine
+from services.presentation.views import iso
 from shared.domain.model import IN_SERVICE, Job, Node, NodeRole, NodeState
 from shared.goodput import JobAccounting
 from shared.policies.repair import RepairConfig
-from shared.timeline import describe, is_routine
-from shared.views import iso
 
 NOTABLE = 100  # individual nodes listed per partition without drill-down
 MAX_PAGE = 500

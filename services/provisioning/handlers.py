@@ -70,7 +70,7 @@ def _escape(id_: str) -> str:
 def step_create_nodes(cluster_id: str, generation: int, uow: UnitOfWork, deps: Deps) -> int:
     """Create the node records the spec asks for and request their machines. Returns how many
     nodes were requested by this call (0 when a retry finds everything already there)."""
-    cluster = _cluster(cluster_id, uow)
+    cluster = stored_cluster(cluster_id, uow)
     if cluster.generation != generation:
         return 0  # a newer spec superseded this request
     now = deps.clock.now()
@@ -192,7 +192,7 @@ class ClusterStatus:
 def step_status(cluster_id: str, uow: UnitOfWork) -> ClusterStatus:
     """Counted from two fields of every node (a projection), not every node decoded and
     compared again at commit (2,081 of them when a Llama 3 cluster comes up)."""
-    cluster = _cluster(cluster_id, uow)
+    cluster = stored_cluster(cluster_id, uow)
     states = Counter((state, generation == cluster.generation) for state, generation
                      in uow.nodes.project(cluster_id, ("state", "generation")))
     return ClusterStatus(
@@ -208,7 +208,7 @@ _IN_SERVICE_VALUES = frozenset(s.value for s in IN_SERVICE)
 
 
 def step_mark_ready(cluster_id: str, generation: int, uow: UnitOfWork, deps: Deps) -> bool:
-    cluster = _cluster(cluster_id, uow)
+    cluster = stored_cluster(cluster_id, uow)
     if cluster.generation != generation or cluster.state not in (ClusterState.PROVISIONING,
                                                                  ClusterState.UPDATING):
         return cluster.state is ClusterState.READY
@@ -223,7 +223,7 @@ def step_mark_ready(cluster_id: str, generation: int, uow: UnitOfWork, deps: Dep
 def step_rollback(cluster_id: str, generation: int, reason: str, uow: UnitOfWork,
                   deps: Deps) -> None:
     """Undo what this generation created and mark the cluster failed."""
-    cluster = _cluster(cluster_id, uow)
+    cluster = stored_cluster(cluster_id, uow)
     if cluster.generation != generation or cluster.state not in (ClusterState.PROVISIONING,
                                                                  ClusterState.UPDATING):
         return  # superseded, already failed, or already ready: nothing of ours to undo
@@ -277,7 +277,7 @@ def on_node_provisioned(event: NodeProvisioned, uow: UnitOfWork, deps: Deps) -> 
         node.transition(NodeState.FAILED, now, f"provisioning failed: {event.detail}")
         if deps.config.provisioning == "workflow":
             return  # its health check sees the failed node and rolls back
-        cluster = _cluster(node.cluster_id, uow)
+        cluster = stored_cluster(node.cluster_id, uow)
         step_rollback(cluster.cluster_id, cluster.generation, f"{node.node_id}: {event.detail}",
                       uow, deps)
         return
@@ -341,7 +341,7 @@ def on_node_drained(event: NodeDrained, uow: UnitOfWork, deps: Deps) -> None:
         raise NotFound("node", event.node_id)
     if node.retire_when_drained and node.state is NodeState.DRAINED:
         _retire(node, uow, deps, "scale-down")
-        cluster = _cluster(node.cluster_id, uow)
+        cluster = stored_cluster(node.cluster_id, uow)
         _sync_partitions(cluster, uow)
         step_mark_ready(cluster.cluster_id, cluster.generation, uow, deps)
 
@@ -361,7 +361,7 @@ def on_job_finished(event: JobFinished, uow: UnitOfWork, deps: Deps) -> None:
 def _delete(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     """Running jobs checkpoint first (SIGTERM, the grace period; compute kills after it);
     the nodes are retired once no worker is left, never under a running program."""
-    cluster = _cluster(cluster_id, uow)
+    cluster = stored_cluster(cluster_id, uow)
     if cluster.state is not ClusterState.DELETING:
         return
     now = deps.clock.now()
@@ -386,7 +386,8 @@ def _delete(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     uow.emit(ClusterDeleted(cluster_id=cluster_id))
 
 
-def _cluster(cluster_id: str, uow: UnitOfWork) -> Cluster:
+def stored_cluster(cluster_id: str, uow: UnitOfWork) -> Cluster:
+    """The cluster as stored, whatever its state (a deleted one too: its steps still answer)."""
     cluster = uow.clusters.get(cluster_id)
     if cluster is None:
         raise NotFound("cluster", cluster_id)

@@ -60,7 +60,7 @@ def _ids(body: dict[str, Any]) -> tuple[str, int]:
 def validate(body: dict[str, Any], uow: UnitOfWork, deps: Deps) -> dict[str, Any]:
     """Proceed only for the generation the cluster is at, while it is being provisioned."""
     cluster_id, generation = _ids(body)
-    cluster = h._cluster(cluster_id, uow)
+    cluster = h.stored_cluster(cluster_id, uow)
     proceed = cluster.generation == generation and cluster.state in PROCEEDING
     return {"proceed": proceed, "state": cluster.state.value,
             "generation": cluster.generation}
@@ -80,7 +80,7 @@ def status(body: dict[str, Any], uow: UnitOfWork, deps: Deps) -> dict[str, Any]:
 def health_check(body: dict[str, Any], uow: UnitOfWork, deps: Deps) -> dict[str, Any]:
     """The initial check: every node the spec asks for is up and passed its checks."""
     cluster_id, generation = _ids(body)
-    cluster = h._cluster(cluster_id, uow)
+    cluster = h.stored_cluster(cluster_id, uow)
     st = h.step_status(cluster_id, uow)
     nodes = [n for n in uow.nodes.list(cluster_id) if n.state is not NodeState.RETIRED]
     wanted = 1 + sum(p.node_count for p in cluster.spec.node_pools)
@@ -102,7 +102,7 @@ def health_check(body: dict[str, Any], uow: UnitOfWork, deps: Deps) -> dict[str,
 def mark_ready(body: dict[str, Any], uow: UnitOfWork, deps: Deps) -> dict[str, Any]:
     cluster_id, generation = _ids(body)
     ready = h.step_mark_ready(cluster_id, generation, uow, deps)
-    return {"ready": ready, "state": h._cluster(cluster_id, uow).state.value}
+    return {"ready": ready, "state": h.stored_cluster(cluster_id, uow).state.value}
 
 
 def rollback(body: dict[str, Any], uow: UnitOfWork, deps: Deps) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def rollback(body: dict[str, Any], uow: UnitOfWork, deps: Deps) -> dict[str, Any
     if not isinstance(reason, str):
         reason = json.dumps(reason)
     h.step_rollback(cluster_id, generation, reason[:500], uow, deps)
-    return {"state": h._cluster(cluster_id, uow).state.value}
+    return {"state": h.stored_cluster(cluster_id, uow).state.value}
 
 
 STEPS: dict[str, Step] = {

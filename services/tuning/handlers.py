@@ -13,7 +13,7 @@ ends the study when nothing is left to run. It runs on:
 - ``FleetTicked`` of the cluster (everything again: metrics of trials that do not checkpoint,
   and a catch-up for anything a lost delivery left behind).
 
-Trials are ordinary jobs (``services.job_submission.handlers.submit_job``) on the cluster
+Trials are ordinary jobs (``services.job_submission.commands.submit_job``) on the cluster
 ``trialJobSpec.persistentResourceId`` names, so they heal like any job: a trial whose node
 fails is requeued and resumes from its checkpoint, and stays ACTIVE; only a trial whose job
 ends FAILED counts toward ``maxFailedTrialCount``. A trial gets ``--<parameterId>=<value>``
@@ -41,7 +41,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from services.job_submission import handlers as jobs
+from services.job_submission import commands as job_commands
+from services.job_submission import scheduling
 from shared.domain.errors import Conflict, NotFound
 from shared.domain.events import Event, FleetTicked, JobCheckpointSaved, JobFinished, TuningJobEnded
 from shared.domain.model import JobState
@@ -77,7 +78,7 @@ def create_study(study_id: str, where: dict[str, str], cluster_id: str, body: di
             return existing  # type: ignore[no-any-return]
         raise Conflict(f"hyperparameter tuning job {study_id} already exists")
     policy.study_from_json(body["studySpec"])  # refuses what cannot run
-    jobs.get_cluster(cluster_id, uow)
+    job_commands.get_cluster(cluster_id, uow)
     now = deps.clock.now()
     study: dict[str, Any] = {
         "study_id": study_id, **where, "cluster_id": cluster_id, "body": body,
@@ -246,7 +247,7 @@ def _submit_trial(study: dict[str, Any], trial_id: str, params: dict[str, policy
         trial_uri = {"outputUriPrefix": f"{uri.rstrip('/')}/{trial_id}"}
         domain["jobSpec"]["baseOutputDirectory"] = wire["baseOutputDirectory"] = trial_uri
         uri = trial_uri["outputUriPrefix"]
-    metric_file = f"{jobs.local_output_dir(uri, deps.config.output_root, job_id)}/{METRIC_FILE}"
+    metric_file = f"{scheduling.local_output_dir(uri, deps.config.output_root, job_id)}/{METRIC_FILE}"
     args = [f"--{k}={_arg(v)}" for k, v in params.items()]
     env = [{"name": "CLOUD_ML_TRIAL_ID", "value": trial_id},
            {"name": "CLOUD_ML_HP_METRIC_FILE", "value": metric_file}]
@@ -261,7 +262,7 @@ def _submit_trial(study: dict[str, Any], trial_id: str, params: dict[str, policy
                               ] + env
     name = f"{body.get('displayName') or study['study_id']}-trial-{trial_id}"[:128]
     domain["displayName"] = name
-    jobs.submit_job(study["cluster_id"], domain, uow, deps, job_id)
+    job_commands.submit_job(study["cluster_id"], domain, uow, deps, job_id)
     uow.put_record(TRIAL_JOBS, job_id, {"study_id": study["study_id"]})  # type: ignore[attr-defined]
     uow.put_record(API_RESOURCES, f"customJob:{api_id}", {  # type: ignore[attr-defined]
         "kind": "customJob", "id": api_id, "parent": study["parent"],
@@ -283,7 +284,7 @@ def _arg(value: policy.Value) -> str:
 
 def _cancel_trial_job(trial: dict[str, Any], uow: UnitOfWork, deps: Deps) -> None:
     with contextlib.suppress(NotFound):
-        jobs.cancel_job(trial["job_id"], uow, deps)
+        job_commands.cancel_job(trial["job_id"], uow, deps)
 
 
 def _refresh(trial: dict[str, Any], spec: policy.Study, uow: UnitOfWork, deps: Deps,

@@ -1,6 +1,6 @@
 """The Google Cloud wiring: Firestore store, Pub/Sub publisher, compute, for every function.
 
-``services.wiring.functions`` calls :func:`gcp_runtime` on the first request when ``MTC_BACKEND=gcp``
+``services.wiring.runtime`` calls :func:`gcp_runtime` on the first request when ``MTC_BACKEND=gcp``
 (on Cloud Functions, or locally against the emulators). Nothing is built at import time.
 
 Environment:

@@ -3,6 +3,16 @@
 On GCP each (service, event family) pair is a Pub/Sub push subscription; embedded and in the
 twin, the bus delivers each event to every service subscribed to its type. The table is built
 here, from each service's ``SUBSCRIPTIONS``, and handed to the buses: no bus imports a service.
+
+Delivery order is not part of the contract. Pub/Sub runs the subscribers of one event in no
+order, so every handler is correct in any: each decides from the state it reads in its own
+transaction and from the event's own fields, and learns what another service did with the
+same event from that service's own events. Tuning may read a trial's job before or after
+job_submission's tick fails it (a job timed out between attempts): the ``JobFinished`` that
+the tick emits brings tuning back. Observability's alert rules are levels, read again on every
+tick. The embedded bus and the twin keep this table's order only so that their runs are
+reproducible (the twin's goldens). ``tests/unit/handlers/test_delivery_order.py`` shuffles
+the subscribers of every event and checks the end state; ``docs/gcp.md`` says why per handler.
 """
 
 from __future__ import annotations
@@ -29,8 +39,8 @@ _MODULES: dict[str, Mapping[Any, Any]] = {  # event class -> handler, per servic
     "checkpoint_resume": checkpoint_resume.SUBSCRIPTIONS,
     "job_submission": job_submission.SUBSCRIPTIONS,
     "pipelines": pipelines.SUBSCRIPTIONS,  # the model upload when a pipeline's job ends
-    "tuning": tuning.SUBSCRIPTIONS,  # after job_submission: it reads the jobs' new states
-    "observability": observability.SUBSCRIPTIONS,  # last: it reads what the tick changed
+    "tuning": tuning.SUBSCRIPTIONS,
+    "observability": observability.SUBSCRIPTIONS,
 }
 SERVICES = tuple(_MODULES)
 
@@ -41,7 +51,7 @@ def _by_type(table: Mapping[type[Event], Any]) -> dict[str, Handler]:
 
 @functools.cache
 def control_plane_routes() -> Routes:
-    """The control-plane services, in delivery order (observability last)."""
+    """The control-plane services; the embedded bus and the twin deliver in this order."""
     return Routes({service: _by_type(table) for service, table in _MODULES.items()})
 
 

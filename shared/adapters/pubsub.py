@@ -14,7 +14,7 @@
   :class:`PubSubDeadLetters`, with the reason.
 - Subscriptions carry a filter on ``ce-type`` where it fits Pub/Sub's 256-byte limit. The
   emulator stores filters but does not apply them, so functions ignore types they do not
-  handle anyway (``services.wiring.functions.handle_cloud_event`` answers "ignored").
+  handle anyway (``services.wiring.runtime.handle_cloud_event`` answers "ignored").
 
 Nothing here creates a client at import time.
 """

@@ -17,8 +17,8 @@ from flask.testing import FlaskClient
 from functions_framework import create_app
 from werkzeug.test import TestResponse
 
-from services.job_submission import handlers as api
-from services.wiring import functions as rt_mod
+from services.job_submission import commands as job_commands
+from services.wiring import runtime as rt_mod
 from shared.codec import to_cloudevent, to_pubsub
 from shared.domain.events import NodeHealthReported
 from shared.domain.model import NodeState
@@ -40,7 +40,7 @@ class PlaneRuntime:
 @pytest.fixture
 def plane() -> Iterator[Plane]:
     p = Plane()
-    p.api(api.create_cluster, CLUSTER)
+    p.api(job_commands.create_cluster, CLUSTER)
     p.deliver()
     p.bring_up()
     rt_mod.install(PlaneRuntime(p))
@@ -48,9 +48,9 @@ def plane() -> Iterator[Plane]:
     rt_mod.install(None)
 
 
-def client(service: str, target: str = "handle", kind: str = "cloudevent") -> FlaskClient:
-    app = create_app(target, str(ROOT / "services" / service / "main.py"),  # type: ignore[no-untyped-call]
-                     kind)
+def client(target: str, kind: str = "cloudevent") -> FlaskClient:
+    """The entry point ``target`` of the root main.py, as Cloud Functions serves it."""
+    app = create_app(target, str(ROOT / "main.py"), kind)  # type: ignore[no-untyped-call]
     return cast(FlaskClient, app.test_client())
 
 
@@ -186,7 +186,7 @@ class Api:
     """The ``api`` function's test client, sending ``Authorization: Bearer <token>``."""
 
     def __init__(self, token: str | None) -> None:
-        self.client = client("job_submission", "api", "http")
+        self.client = client("api", "http")
         self.headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
 
     def call(self, method: str, path: str, body: Any = None, *, data: str | None = None

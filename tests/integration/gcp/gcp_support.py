@@ -41,13 +41,11 @@ class Server:
         self._thread.join(timeout=5)
 
 
-def function_app(
-    service: str, target: str = "handle", kind: str = "cloudevent", source: str = "main.py"
-) -> Any:
+def function_app(target: str, kind: str = "cloudevent") -> Any:
+    """The entry point ``target`` of the root main.py, as Cloud Functions loads it."""
     from functions_framework import create_app
 
-    return create_app(target, str(ROOT / "services" / service / source),  # type: ignore[no-untyped-call]
-                      kind)
+    return create_app(target, str(ROOT / "main.py"), kind)  # type: ignore[no-untyped-call]
 
 
 def reset_firestore(project: str = PROJECT) -> None:

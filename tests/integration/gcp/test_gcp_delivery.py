@@ -31,7 +31,7 @@ from gcp_support import (
 )
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
-import services.wiring.functions as rt_mod
+import services.wiring.runtime as rt_mod
 from services.health_triage.handlers import on_health_reported
 from services.wiring.gcp import GcpRuntime, GcpSettings
 from services.wiring.routes import SERVICES, control_plane_routes
@@ -144,7 +144,7 @@ def gcp(emulators: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[
             g.outcomes.append((service, envelope.id, envelope.type, outcome.value))
         return outcome
 
-    monkeypatch.setattr("services.wiring.functions.run_handler", spy)
+    monkeypatch.setattr("services.wiring.runtime.run_handler", spy)
     try:
         yield g
     finally:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from gcp_support import ROOT, Server, StorePlane, function_app
 
-from services.job_submission import handlers as api
-from services.wiring import functions as rt_mod
+from services.job_submission import commands as job_commands
+from services.wiring import runtime as rt_mod
 from shared.adapters.memory_store import MemoryDocStore
 from shared.domain.events import NodeProvisioned
 from shared.domain.model import ClusterState, NodeState
@@ -103,7 +103,7 @@ def env() -> Iterator[Env]:
     plane = StorePlane(MemoryDocStore())
     plane.deps = replace(plane.deps, config=replace(plane.deps.config, provisioning="workflow"))
     rt_mod.install(PlaneRuntime(plane))
-    server = Server(function_app("provisioning", "steps", "http", "steps_main.py"))
+    server = Server(function_app("steps", "http"))
     try:
         yield Env(plane, server.url)
     finally:
@@ -124,7 +124,7 @@ def run_workflow(cli: Path, args: dict[str, Any], timeout_s: float = 120) -> sub
 def create(plane: StorePlane) -> tuple[str, int]:
     """Create the cluster record; the workflow, not the create_requested handler, provisions
     it here (the event stays undelivered, so the two cannot race to READY)."""
-    cluster = plane.api(api.create_cluster, CLUSTER)
+    cluster = plane.api(job_commands.create_cluster, CLUSTER)
     plane.bus.outbox.mark_published([e.id for e in plane.bus.outbox.pending()])
     return cluster.cluster_id, cluster.generation
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from services.cli.demo_slurm import cluster_spec, demo_config, job_spec
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp, embedded
 from shared.adapters.compute.slurm.api import SlurmControl
 from shared.adapters.compute.slurm.cli import SlurmCli, SlurmError
@@ -77,7 +77,7 @@ def node_state(app: EmbeddedApp, node_id: str) -> NodeState | None:
 
 def create(app: EmbeddedApp, spec: dict[str, Any]) -> None:
     with app.transaction() as uow:
-        api.create_cluster(spec, uow, app.deps)
+        job_commands.create_cluster(spec, uow, app.deps)
 
     def ready() -> bool:
         with app.transaction() as uow:
@@ -162,7 +162,7 @@ def test_xid_drains_checkpoints_requeues_resumes_and_returns_the_node(
         assert not cluster.slurm.node(name).drained, cluster.slurm.node(name)
 
     with app.transaction() as uow:
-        api.submit_job("it-heal", job_spec(240), uow, app.deps, "heal-1")
+        job_commands.submit_job("it-heal", job_spec(240), uow, app.deps, "heal-1")
     run_until(app, "a first checkpoint", lambda: get_job(app, "heal-1").latest_checkpoint is not None)
     first = get_job(app, "heal-1")
     assert first.state is JobState.RUNNING and first.attempt == 1

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.job_submission.handlers import local_output_dir
+from services.job_submission.scheduling import local_output_dir
 from tests.serving import PARENT
 from tests.unit.api.conftest import Api
 from tests.unit.api.test_vertex_surface import job_body, violation

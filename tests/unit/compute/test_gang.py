@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
+from services.job_submission import scheduling
 from shared.domain.events import JobStarted
 from shared.ports import Gang, LaunchGroup, WorkerSpec
 from tests.harness import Plane, job_body
@@ -63,7 +64,7 @@ def two_pool_body() -> dict[str, Any]:
 
 def test_the_scheduler_starts_one_gang_per_attempt_with_a_group_per_pool() -> None:
     plane = Plane().up()
-    plane.api(lambda u, d: api.submit_job("c1", two_pool_body(), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", two_pool_body(), u, d, "j1"))
     plane.deliver()
     job = plane.job("j1")
     [gang] = plane.compute.gangs
@@ -79,4 +80,4 @@ def test_the_scheduler_starts_one_gang_per_attempt_with_a_group_per_pool() -> No
 
     job.node_ids = job.node_ids[:2]  # fewer nodes than ranks: refused, as before
     with pytest.raises(ValueError, match="j1: 2 nodes for 3 ranks"):
-        api.gang(job, plane.deps)
+        scheduling.gang(job, plane.deps)

@@ -16,12 +16,12 @@ from services.api.security import TOKENS_FILE
 from services.api.tokens import LocalTokens
 from services.console import sim, views
 from services.console.app import register
+from services.presentation.views import iso
 from services.wiring.api import embedded_api
 from services.wiring.embedded import embedded
 from shared.domain.health import FailureRecord, RepairAction
 from shared.domain.model import Node, NodeCondition, NodeRole, NodeState
 from shared.policies.repair import RepairConfig
-from shared.views import iso
 from tests.unit.api.conftest import AUTH, TOKEN, Api
 
 CFG = RepairConfig()

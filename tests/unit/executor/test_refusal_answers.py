@@ -8,7 +8,7 @@ from pathlib import Path
 from services.executor.answers import CAUSE, refusal_answer
 from services.executor.dedup import DedupRecord
 from services.executor.executor import APPLIED, DUPLICATE, REFUSED, RETRY, Executor
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.adapters.compute.remote.bus import MemoryRequestBus
 from shared.adapters.compute.remote.codec import decode
 from shared.adapters.compute.remote.compute import RemoteCompute
@@ -116,7 +116,7 @@ def test_unreadable_arguments_get_no_answer() -> None:
 def test_the_control_plane_requeues_the_job_whose_start_was_refused() -> None:
     """The answer through the real handlers: attempt 1 never ran, attempt 2 starts."""
     plane = Plane().up()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     assert plane.job("j1").attempt == 1
     start = one_pool_gang("j1", 1, plane.job("j1").node_ids, ["python", "train.py"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +14,8 @@ from flask.testing import FlaskClient
 from functions_framework import create_app
 
 from services.health_triage.handlers import on_health_reported
-from services.job_submission import handlers as api
-from services.wiring import functions as rt_mod
+from services.job_submission import commands as job_commands
+from services.wiring import runtime as rt_mod
 from services.wiring.gcp import GcpRuntime, GcpSettings, NullCompute
 from services.wiring.routes import SERVICES, control_plane_routes, families, subscriptions
 from shared.adapters import outbox
@@ -28,6 +29,8 @@ from shared.domain.events import Envelope, NodeHealthReported
 from shared.domain.model import ClusterState, NodeState
 from shared.handling import command_unit, run_handler
 from tests.harness import CLUSTER, ManualClock, Plane, job_body, xid
+
+ROOT = Path(__file__).resolve().parents[3]
 
 ROUTES = control_plane_routes()
 
@@ -135,7 +138,7 @@ def test_api_commands_are_published_once_after_their_commit(
         gcp: tuple[Plane, GcpRuntime, Recorder]) -> None:
     _, rt, recorder = gcp
     with command_unit(rt.deps) as uow:
-        api.submit_job("c1", job_body(1), uow, rt.deps, "j1")
+        job_commands.submit_job("c1", job_body(1), uow, rt.deps, "j1")
         assert recorder.published == []  # nothing before the commit
     assert [e.type for e in recorder.published] == ["mtc.job.submitted.v1"]
     assert rt.store.read(OUTBOX, {}) == []  # published, so gone from the outbox
@@ -146,7 +149,7 @@ def test_api_commands_are_published_once_after_their_commit(
 def test_a_failed_command_publishes_nothing(gcp: tuple[Plane, GcpRuntime, Recorder]) -> None:
     _, rt, recorder = gcp
     with pytest.raises(ValidationError), command_unit(rt.deps) as uow:
-        api.submit_job("c1", {"displayName": "x"}, uow, rt.deps, "j2")
+        job_commands.submit_job("c1", {"displayName": "x"}, uow, rt.deps, "j2")
     assert recorder.published == []
     assert rt.store.read(OUTBOX, {}) == []
 
@@ -203,8 +206,7 @@ class PlaneRuntime:
 def steps() -> Iterator[tuple[Plane, FlaskClient]]:
     plane = Plane()
     rt_mod.install(PlaneRuntime(plane))
-    app = create_app("steps", "services/provisioning/steps_main.py",  # type: ignore[no-untyped-call]
-                     "http")
+    app = create_app("steps", str(ROOT / "main.py"), "http")  # type: ignore[no-untyped-call]
     yield plane, app.test_client()
     rt_mod.install(None)
 
@@ -216,7 +218,7 @@ def post(client: FlaskClient, path: str, body: Any) -> tuple[int, Any]:
 
 def test_steps_drive_provisioning_to_ready(steps: tuple[Plane, FlaskClient]) -> None:
     plane, client = steps
-    cluster = plane.api(api.create_cluster, CLUSTER)
+    cluster = plane.api(job_commands.create_cluster, CLUSTER)
     plane.bus.outbox.mark_published([e.id for e in plane.bus.outbox.pending()])
     ids = {"cluster_id": "c1", "generation": cluster.generation}
     assert post(client, "/steps/validate", ids) == (
@@ -236,7 +238,7 @@ def test_steps_drive_provisioning_to_ready(steps: tuple[Plane, FlaskClient]) -> 
 
 def test_rollback_retires_what_the_generation_created(steps: tuple[Plane, FlaskClient]) -> None:
     plane, client = steps
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.bus.outbox.mark_published([e.id for e in plane.bus.outbox.pending()])
     ids = {"cluster_id": "c1", "generation": 1}
     post(client, "/steps/create_nodes", ids)
@@ -261,7 +263,7 @@ def test_step_errors(steps: tuple[Plane, FlaskClient]) -> None:
 
 def test_tick_queues_a_fleet_tick_per_live_cluster(steps: tuple[Plane, FlaskClient]) -> None:
     plane, client = steps
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.deliver()
     code, body = post(client, "/tick", {})
     assert code == 200 and body == {"ticked": ["c1"], "swept": 0}
@@ -282,13 +284,26 @@ def test_root_entry_points_have_their_own_signature() -> None:
     assert set(main.ENTRY_POINTS) == {*SERVICES, "api", "steps"}
 
 
+def test_root_main_only_re_exports_the_one_layer_of_entry_points() -> None:
+    """One layer of function entry points: the root main.py defines no function of its own,
+    and no service package keeps a main.py of its own above the wiring."""
+    from services import functions
+
+    main = root_main()
+    assert main.ENTRY_POINTS is functions.ENTRY_POINTS
+    for name in functions.ENTRY_POINTS:
+        assert getattr(main, name) is getattr(functions, name)
+    # (the CLI's and the executor's main.py are programs, not functions)
+    mains = {str(p.relative_to(ROOT)) for p in (ROOT / "services").glob("*/*main.py")}
+    assert mains == {"services/cli/main.py", "services/executor/main.py"}
+
+
 def root_main() -> Any:
     """The repository's main.py, by path: functions-framework registers every source it loads
-    as the module ``main``, so ``import main`` may find a service's main.py instead."""
+    as the module ``main``, so ``import main`` may find what another test loaded."""
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[3] / "main.py"
+    path = ROOT / "main.py"
     spec = importlib.util.spec_from_file_location("mtc_root_main", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

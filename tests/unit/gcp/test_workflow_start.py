@@ -12,7 +12,7 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud.workflows import executions_v1
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.adapters.workflows import CloudWorkflows
 from shared.domain.errors import TransientError
 from shared.domain.model import ClusterState
@@ -44,7 +44,7 @@ def workflow_plane(client: Any) -> Plane:
 def test_a_created_cluster_starts_one_execution_with_its_generation() -> None:
     client = FakeExecutions()
     plane = workflow_plane(client)
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.deliver()
     [request] = client.requests
     assert request.parent == "projects/proj/locations/europe-west1/workflows/mtc-provision-cluster"
@@ -59,7 +59,7 @@ def test_events_mode_starts_no_workflow() -> None:
     client = FakeExecutions()
     plane = workflow_plane(client)
     plane.deps = replace(plane.deps, config=replace(plane.deps.config, provisioning="events"))
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.deliver()
     assert client.requests == [] and plane.compute.provisioned
 

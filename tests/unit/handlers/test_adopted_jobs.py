@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.domain.adopted import adopted, adopted_spec
 from shared.domain.errors import ValidationError
 from shared.domain.events import JobAdopted
@@ -73,7 +73,7 @@ def test_api_jobs_may_not_claim_the_origin() -> None:
     plane = ready_plane()
     body = job_body(1) | {"labels": {"mtc-origin": "slurm"}}
     with pytest.raises(ValidationError, match=r"labels\.mtc-origin"):
-        plane.api(lambda u, d: api.submit_job("c1", body, u, d, "j1"))
+        plane.api(lambda u, d: job_commands.submit_job("c1", body, u, d, "j1"))
 
 
 def test_what_slurm_says_about_a_job_cannot_make_its_adoption_fail() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from services.api.custom_jobs import render
 from services.api.names import Parent
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.adapters.advice_file import ADVICE_FILE, FileAdviceSink, advice_path
 from shared.adapters.compute.ledger import MemoryLedger, report_checkpoints
 from shared.config import ControlPlaneConfig
@@ -41,7 +41,7 @@ def test_the_job_view_and_the_env_file_carry_the_advice(tmp_path: Path) -> None:
     plane = Plane(ControlPlaneConfig(heartbeat_timeout_s=1e9))
     plane.deps = dataclasses.replace(plane.deps, advice=FileAdviceSink(tmp_path))
     plane.up()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     ckpt_dir = tmp_path / "j1" / "checkpoints"
     ckpt_dir.mkdir(parents=True)

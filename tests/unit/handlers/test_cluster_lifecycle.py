@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.domain.errors import ValidationError
 from shared.domain.model import ClusterState, JobState, NodeState
 from tests.harness import CLUSTER, Plane, job_body
@@ -31,7 +31,7 @@ def cluster_state(plane: Plane) -> ClusterState:
 
 def test_scale_up_provisions_new_nodes_through_the_same_path() -> None:
     plane = ready_plane()
-    plane.api(lambda u, d: api.update_cluster("c1", resized(6), u, d))
+    plane.api(lambda u, d: job_commands.update_cluster("c1", resized(6), u, d))
     plane.deliver()
     assert cluster_state(plane) is ClusterState.UPDATING
     assert plane.node("c1-gpu-005").state is NodeState.PROVISIONING
@@ -46,10 +46,10 @@ def test_scale_up_provisions_new_nodes_through_the_same_path() -> None:
 
 def test_scale_down_retires_idle_nodes_and_drains_busy_ones() -> None:
     plane = ready_plane()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(3), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(3), u, d, "j1"))
     plane.deliver()
     busy = set(plane.job("j1").node_ids)
-    plane.api(lambda u, d: api.update_cluster("c1", resized(1, 0), u, d))
+    plane.api(lambda u, d: job_commands.update_cluster("c1", resized(1, 0), u, d))
     plane.deliver()
     states = {n.node_id: n.state for n in plane.nodes("c1") if n.role.value == "worker"}
     assert [s for s in states.values() if s is NodeState.RETIRED] == [NodeState.RETIRED]
@@ -67,7 +67,7 @@ def test_scale_down_retires_idle_nodes_and_drains_busy_ones() -> None:
     assert job.state is JobState.PENDING and job.restart_count == 1
     assert [n for n in job.node_ids if n] == [n for n, s in states.items()
                                               if s is NodeState.ALLOCATED]
-    plane.api(lambda u, d: api.cancel_job("j1", u, d))
+    plane.api(lambda u, d: job_commands.cancel_job("j1", u, d))
     plane.deliver()
     assert plane.job("j1").state is JobState.CANCELLED
     assert sorted(n.state.value for n in plane.nodes("c1") if n.role.value == "worker") == [
@@ -81,16 +81,16 @@ def test_update_cannot_change_a_pools_machine() -> None:
     spec = resized(4)
     spec["nodePools"][0]["machineSpec"]["acceleratorCount"] = 4  # type: ignore[index]
     with pytest.raises(ValidationError) as err:
-        plane.api(lambda u, d: api.update_cluster("c1", spec, u, d))
+        plane.api(lambda u, d: job_commands.update_cluster("c1", spec, u, d))
     assert err.value.path == "nodePools[0].machineSpec"
     assert cluster_state(plane) is ClusterState.READY
 
 
 def test_cancel_signals_then_cancels_and_frees_nodes() -> None:
     plane = ready_plane()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
-    plane.api(lambda u, d: api.cancel_job("j1", u, d))
+    plane.api(lambda u, d: job_commands.cancel_job("j1", u, d))
     plane.deliver()
     assert plane.job("j1").state is JobState.CANCELLING
     assert plane.compute.signalled == [("j1", 1)]
@@ -104,9 +104,9 @@ def test_delete_checkpoints_jobs_then_retires_every_node() -> None:
     """Issue: destructive updates. The machines go only after the workers had their SIGTERM
     and grace period to checkpoint, never under a running program."""
     plane = ready_plane()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
-    plane.api(lambda u, d: api.delete_cluster("c1", u, d))
+    plane.api(lambda u, d: job_commands.delete_cluster("c1", u, d))
     plane.deliver()
     assert plane.compute.signalled == [("j1", 1)]
     assert plane.job("j1").state is JobState.CANCELLING
@@ -121,7 +121,7 @@ def test_delete_checkpoints_jobs_then_retires_every_node() -> None:
 
 def test_a_crashing_job_fails_without_restart() -> None:
     plane = ready_plane()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     plane.exit_workers("j1", 1, 1)
     job = plane.job("j1")
@@ -131,7 +131,7 @@ def test_a_crashing_job_fails_without_restart() -> None:
 def test_a_preempted_worker_is_requeued() -> None:
     """75: the program checkpointed on someone's SIGTERM and asks to run again."""
     plane = ready_plane()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     plane.exit_workers("j1", 1, 75)
     job = plane.job("j1")
@@ -143,7 +143,7 @@ def test_a_kill_nothing_explains_fails_the_job(code: int) -> None:
     """A SIGKILL that neither the control plane nor a node fault caused (the OOM killer, the
     program itself) is the program's failure, not an interruption."""
     plane = ready_plane()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     plane.exit_workers("j1", 1, code)
     job = plane.job("j1")
@@ -154,7 +154,7 @@ def test_a_node_that_cannot_be_had_rolls_the_cluster_back() -> None:
     from shared.domain.events import NodeProvisioned
 
     plane = Plane()
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.deliver()
     plane.inject(NodeProvisioned(node_id="c1-gpu-002", ok=False, detail="quota exceeded"))
     plane.deliver()
@@ -172,12 +172,12 @@ def test_results_that_outrun_their_commit_are_not_lost() -> None:
     plane = Plane()
     plane.inject(NodeProvisioned(node_id="c1-gpu-000"))  # before the cluster even exists
     plane.deliver()
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.deliver()  # creates the node; the early answer was tried first and deferred
     plane.deliver()  # the redelivery finds it
     assert plane.node("c1-gpu-000").state is NodeState.VERIFYING
     plane.bring_up()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     # attempt 2's exit, before the commit that starts attempt 2 shows: however long that
     # commit takes (more deliveries than the budget), the exit is held on the job, not lost
     plane.inject(JobWorkersExited(job_id="j1", attempt=2, exit_code=0, detail="early"))
@@ -198,7 +198,7 @@ def test_an_early_exit_of_a_job_that_ended_is_dropped() -> None:
     from shared.domain.events import JobWorkersExited
 
     plane = Plane().up()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.exit_workers("j1", 1, 1)  # the program's own failure: FAILED
     assert plane.job("j1").state is JobState.FAILED
     plane.exit_workers("j1", 2, 0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.config import ControlPlaneConfig
 from shared.domain.events import NodeHealthReported, NodeProvisioned, NodeRepairCompleted
 from shared.domain.health import Condition, ConditionStatus, RepairAction
@@ -23,7 +23,7 @@ def plane_with(**repair: object) -> Plane:
     lets one node of the partition out), NODE still provisioning."""
     config = ControlPlaneConfig()
     plane = Plane(replace(config, repair=replace(config.repair, **repair)))
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.deliver()
     others = [n for n in plane.compute.provisioned if n != NODE]
     for node_id in others:

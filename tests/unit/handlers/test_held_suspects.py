@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
+from services.job_submission import scheduling
 from shared.config import ControlPlaneConfig
 from shared.domain.events import JobInterruptRequested, NodeDiagnosed, NodeReturnedToService
 from shared.domain.health import RepairAction
@@ -39,7 +40,7 @@ def workers(plane: Plane) -> list[str]:
 def whole_fleet_job(plane: Plane) -> list[str]:
     """A job on every worker node (no spares): a suspect leaves it nowhere else to go."""
     count = len(workers(plane))
-    plane.api(lambda u, d: api.submit_job("c1", job_body(count), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(count), u, d, "j1"))
     plane.deliver()
     job = plane.job("j1")
     assert job.state is JobState.RUNNING and len(job.node_ids) == count
@@ -80,7 +81,7 @@ def test_a_suspect_still_in_repair_stays_excluded() -> None:
     suspect(plane, bad)
     assert plane.node(bad).state in (NodeState.REPAIRING, NodeState.DRAINED)
     plane.clock.advance(60)
-    plane.api(lambda u, d: api.schedule("c1", u, d))  # a placement pass finds no node
+    plane.api(lambda u, d: scheduling.schedule("c1", u, d))  # a placement pass finds no node
     job = plane.job("j1")
     assert job.state is JobState.PENDING and bad in job.recovery.excluded_node_ids
 
@@ -117,7 +118,7 @@ def test_a_released_hold_wakes_a_waiting_job() -> None:
     plane.report(free[0], xid(79, plane.clock.now()))
     plane.deliver()
     assert plane.node(free[0]).state is NodeState.SUSPECT
-    plane.api(lambda u, d: api.submit_job("c1", job_body(len(free)), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(len(free)), u, d, "j1"))
     plane.deliver()
     assert plane.job("j1").state is JobState.PENDING
     plane.clock.advance(5)

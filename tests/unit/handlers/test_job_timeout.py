@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.config import ControlPlaneConfig
 from shared.domain import exits, timeouts
 from shared.domain.events import (
@@ -41,7 +41,7 @@ def ready_plane(cluster: dict[str, Any] = CLUSTER) -> Plane:
 
 
 def running(plane: Plane, body: dict[str, Any], job_id: str = "j1") -> Job:
-    plane.api(lambda u, d: api.submit_job("c1", body, u, d, job_id))
+    plane.api(lambda u, d: job_commands.submit_job("c1", body, u, d, job_id))
     plane.deliver()
     job: Job = plane.job(job_id)
     assert job.state is JobState.RUNNING and job.started_at == plane.clock.now()
@@ -257,7 +257,7 @@ def test_embedded_job_past_its_timeout_ends_failed(tmp_path: Path) -> None:
     app = embedded(tmp_path / "state", compute_options=demo_compute_options())
     try:
         with app.transaction() as uow:
-            api.create_cluster(CLUSTER_SPEC, uow, app.deps)
+            job_commands.create_cluster(CLUSTER_SPEC, uow, app.deps)
 
         def cluster_ready() -> bool:
             with app.uow() as uow:
@@ -266,7 +266,7 @@ def test_embedded_job_past_its_timeout_ends_failed(tmp_path: Path) -> None:
 
         assert app.run(cluster_ready, timeout_s=20)
         with app.transaction() as uow:
-            api.submit_job("demo", embedded_job("3s"), uow, app.deps, "deadline-1")
+            job_commands.submit_job("demo", embedded_job("3s"), uow, app.deps, "deadline-1")
 
         def job() -> Job:
             with app.uow() as uow:

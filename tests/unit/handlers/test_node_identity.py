@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from services.provisioning.handlers import login_name, node_name
 from shared.domain.model import ClusterState, Node, NodeRole, NodeState
 from shared.domain.specs import ID_PATTERN
@@ -42,7 +42,7 @@ def test_nodes_stolen_across_clusters() -> None:
     mine = {n.node_id for n in plane.nodes("a")}
     assert len(workers(plane, "a")) == 4
 
-    plane.api(api.create_cluster, cluster("a-b", "c"))
+    plane.api(job_commands.create_cluster, cluster("a-b", "c"))
     plane.deliver()
 
     # a's nodes stay a's, in their state (idle, in service), and a stays ready
@@ -95,7 +95,7 @@ def test_provisioning_does_not_adopt_another_clusters_node_document() -> None:
         uow.nodes.add(squatter)
         uow.commit()
 
-    plane.api(api.create_cluster, cluster("y", "gpu", count=2))
+    plane.api(job_commands.create_cluster, cluster("y", "gpu", count=2))
     plane.deliver()
 
     kept = plane.node(squatter.node_id)

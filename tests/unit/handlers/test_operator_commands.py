@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from services.repair import operator
 from shared.domain import lifecycle
 from shared.domain.errors import Conflict, NotFound, ValidationError
@@ -44,7 +44,7 @@ def operator_events(plane: Plane) -> list[Any]:
 
 def test_held_node_gets_no_new_work() -> None:
     plane = ready(NO_SPARE)  # 4 workers, no spare, 25%: one node may be out at a time
-    plane.api(lambda u, d: api.submit_job("c1", job_body(4), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(4), u, d, "j1"))
     plane.deliver()
     assert sorted(plane.job("j1").node_ids) == NODES
     plane.clock.advance(5)
@@ -124,7 +124,7 @@ def test_failed_node_can_be_returned_by_an_operator() -> None:
 
 def test_operator_drain_is_never_undone_by_mtc() -> None:
     plane = ready()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     busy = plane.job("j1").node_ids[0]
     assert act(plane, operator.DRAIN, busy, "bad fan").state is NodeState.DRAINING
@@ -149,7 +149,7 @@ def test_operator_drain_is_never_undone_by_mtc() -> None:
     plane.report(idle, healthy(plane.clock.now() + 1))
     plane.deliver()
     assert plane.node(idle).state is NodeState.DRAINED and plane.compute.repairs == []
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j2"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j2"))
     plane.deliver()
     assert idle not in plane.job("j2").node_ids and busy not in plane.job("j2").node_ids
     # lifting: `resume`, or the operator's Slurm drain lifted (FALSE from the operator)
@@ -167,7 +167,7 @@ def test_operator_drain_is_never_undone_by_mtc() -> None:
 
 def test_operator_commands_refuse_bad_input_and_change_nothing() -> None:
     plane = ready()
-    plane.api(api.create_cluster, {**CLUSTER, "clusterId": "c2",
+    plane.api(job_commands.create_cluster, {**CLUSTER, "clusterId": "c2",
                                    "nodePools": [{**CLUSTER["nodePools"][0], "spareCount": 0,
                                                   "nodeCount": 1}]})
     plane.deliver()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.domain.health import COMPUTE_SOURCE, RepairAction
 from shared.domain.model import JobState, NodeState
 from tests.harness import Plane, healthy, job_body
@@ -20,7 +20,7 @@ def maintenance(at: float, status: str = "true") -> tuple[dict[str, Any], ...]:
 
 def test_upcoming_maintenance_drains_checkpoints_moves_the_job_and_reboots_the_node() -> None:
     plane = Plane().up()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     node = plane.job("j1").node_ids[0]
     heard = plane.node(node).last_report_at

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.adapters.docstore import CLUSTERS, JOBS, NODES, PARTITIONS
 from shared.domain.events import NodeHealthReported
 from shared.domain.model import NodeState
@@ -27,11 +27,11 @@ def story(plane: Plane, chaos: Any = None) -> dict[str, Any]:
             chaos(plane)
             plane.deliver()
 
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     step()
     plane.bring_up()
     step()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     step()
     bad = plane.job("j1").node_ids[0]
     plane.clock.advance(5)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.config import ControlPlaneConfig
 from shared.domain import exits, progress
 from shared.domain.events import (
@@ -35,7 +35,7 @@ def plane_with(config: ControlPlaneConfig = QUIET) -> Plane:
 
 
 def submit(plane: Plane, job_id: str = "j1") -> Job:
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, job_id))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, job_id))
     plane.deliver()
     job: Job = plane.job(job_id)
     assert job.state is JobState.RUNNING
@@ -93,7 +93,7 @@ def test_restart_on_worker_restart_keeps_its_meaning() -> None:
     plane = plane_with()
     body = job_body(2)
     body["jobSpec"]["scheduling"] = {"restartJobOnWorkerRestart": True}
-    plane.api(lambda u, d: api.submit_job("c1", body, u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", body, u, d, "j1"))
     plane.deliver()
     plane.exit_workers("j1", 1, 139)
     assert plane.job("j1").state is JobState.RUNNING and plane.job("j1").attempt == 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.domain.health import RepairAction
 from shared.domain.model import ClusterState, JobState, NodeState
 from tests.harness import Plane, healthy, job_body, xid
@@ -26,7 +26,7 @@ def test_cluster_comes_up_with_login_workers_and_a_spare() -> None:
 
 def test_xid79_drains_checkpoints_requeues_on_spare_and_repairs() -> None:
     plane = ready_plane()
-    job = plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    job = plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     job = plane.job("j1")
     assert job.state is JobState.RUNNING and job.attempt == 1
@@ -64,7 +64,7 @@ def test_xid79_drains_checkpoints_requeues_on_spare_and_repairs() -> None:
 
 def test_duplicate_report_changes_nothing() -> None:
     plane = ready_plane()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     bad = plane.job("j1").node_ids[0]
     env = plane.report(bad, xid(79, plane.clock.now()))
@@ -156,7 +156,7 @@ def test_blast_radius_guard_holds_the_second_node() -> None:
 
 def test_unmapped_xid_restarts_the_job_but_keeps_the_node() -> None:
     plane = ready_plane()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     node = plane.job("j1").node_ids[0]
     plane.report(node, xid(999, plane.clock.now()))
@@ -197,7 +197,7 @@ def test_a_failed_repair_escalates_to_the_next_rung() -> None:
 
 def test_only_the_failed_node_is_replaced_and_ranks_are_kept() -> None:
     plane = ready_plane()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(3), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(3), u, d, "j1"))
     plane.deliver()
     first = plane.job("j1").node_ids
     plane.report(first[1], xid(79, plane.clock.now()))
@@ -213,7 +213,7 @@ def test_only_the_failed_node_is_replaced_and_ranks_are_kept() -> None:
 
 def test_a_preempted_program_restarts_on_the_same_nodes() -> None:
     plane = ready_plane()
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     first = plane.job("j1").node_ids
     plane.exit_workers("j1", 1, 75)  # no node lost

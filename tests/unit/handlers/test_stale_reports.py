@@ -3,7 +3,7 @@ is history: it must not act on the repaired node (NVSentinel #1347, ParallelClus
 
 from __future__ import annotations
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from shared.domain.events import Envelope, NodeHealthReported, NodeProvisioned
 from shared.domain.health import RepairAction
 from shared.domain.model import NodeState
@@ -18,7 +18,7 @@ def ready_plane() -> tuple[Plane, dict[str, dict[str, Outcome]]]:
     plane = Plane()
     outcomes: dict[str, dict[str, Outcome]] = {}
     plane.bus.listeners.append(lambda env, out: outcomes.__setitem__(env.id, dict(out)))
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.deliver()
     plane.bring_up()
     return plane, outcomes
@@ -100,7 +100,7 @@ def test_report_observed_during_the_drain_is_stale_after_the_repair() -> None:
 def test_report_older_than_provisioning_is_stale() -> None:
     plane = Plane()
     plane.clock.advance(100)
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.deliver()
     plane.inject(NodeProvisioned(node_id=NODE))
     plane.deliver()

@@ -73,9 +73,9 @@ def test_the_handler_runner_names_the_event_node_and_service(restore: None) -> N
     stream = io.StringIO()
     logs.setup(stream, env={})
     plane = Plane()
-    from services.job_submission import handlers as api
+    from services.job_submission import commands as job_commands
 
-    plane.api(api.create_cluster, CLUSTER)
+    plane.api(job_commands.create_cluster, CLUSTER)
     plane.deliver()
 
     def broken(event: NodeDiagnosed, uow: object, deps: object) -> None:

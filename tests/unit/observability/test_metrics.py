@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.job_submission import handlers as api
+from services.job_submission import commands as job_commands
 from services.observability import metrics
 from shared.config import ControlPlaneConfig
 from shared.domain.events import FleetTicked, JobCheckpointSaved
@@ -30,7 +30,7 @@ def test_node_job_bus_and_event_metrics_after_a_fault() -> None:
     assert before["mtc_nodes"][(("cluster", "c1"), ("partition", "train"), ("state", "idle"))] == 4
     assert before["mtc_fault_to_drain_seconds_count"][()] == 0
     assert "mtc_controller_last_tick_age_seconds" not in before  # no tick yet
-    plane.api(lambda u, d: api.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()
     node = plane.job("j1").node_ids[0]
     plane.clock.advance(10)
@@ -73,7 +73,7 @@ def test_node_job_bus_and_event_metrics_after_a_fault() -> None:
 
 def test_bus_lag_is_the_oldest_undelivered_entry_and_gcp_has_no_event_stats() -> None:
     plane = Plane()
-    plane.api(api.create_cluster, CLUSTER)  # queued, not delivered
+    plane.api(job_commands.create_cluster, CLUSTER)  # queued, not delivered
     plane.clock.advance(7)
     out = scrape(plane, metrics.registry(plane.store, plane.clock, event_log=None))
     assert out["mtc_bus_lag_seconds"][()] == 7.0

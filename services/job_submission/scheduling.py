@@ -1,0 +1,273 @@
+"""Gang scheduling onto idle nodes, and the periodic tick's deadlines and watchdog.
+
+Scheduling runs whenever capacity or demand may have changed (``handlers``). The periodic
+tick also enforces ``scheduling.timeout`` (``shared.domain.timeouts``), runs the progress
+watchdog (``shared.domain.progress``) and starts the jobs whose restart backoff
+(``Job.recovery.not_before``, ``shared.policies.restarts``) has passed: scheduling skips a
+job until then. Every decision is made from stored state, so a repeated call places nothing
+twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared import job_nodes
+from shared.domain import lifecycle, progress, ranks, timeouts
+from shared.domain.adopted import adopted
+from shared.domain.errors import ValidationError
+from shared.domain.events import JobFinished, JobInterruptRequested, JobStarted, NodeDrained
+from shared.domain.model import Job, JobState, NodeRole, NodeState
+from shared.domain.specs import WorkerPoolSpec
+from shared.handling import Deps
+from shared.policies.scheduling import JobRequest, NodeSlot, ReplicaGroup, place_jobs
+from shared.ports import Gang, LaunchGroup, UnitOfWork
+
+
+def free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps, reason: str = "job cancelled"
+                     ) -> None:
+    """A pending resumed job holds its healthy nodes; giving up the job gives them back."""
+    for node_id in filter(None, job.node_ids):
+        node = uow.nodes.get(node_id)
+        if node is not None and lifecycle.release_from_job(node, job.job_id, deps.clock.now(),
+                                                           reason):
+            uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
+    job.node_ids = ()
+
+
+def watch_progress(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
+    """The progress watchdog (``shared.domain.progress``): a running job silent for longer
+    than its limit is asked to stop (SIGTERM, grace) and is requeued when its workers exit.
+    Idempotent like the deadline: a job already told to stop is left alone, and
+    checkpoint_resume signals an attempt once whatever the number of requests."""
+    timeout, factor = deps.config.progress_timeout_s, deps.config.progress_interval_factor
+    if timeout <= 0:
+        return
+    now = deps.clock.now()
+    for job in uow.jobs.list(cluster_id, state=JobState.RUNNING):
+        if progress.stalled(job, now, timeout, factor) and not adopted(job.spec):
+            uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt, node_id="",
+                                           reason=progress.no_progress_reason(job, now, timeout,
+                                                                              factor)))
+
+
+def enforce_timeouts(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
+    """``scheduling.timeout`` (see ``shared.domain.timeouts`` for how it is measured): a
+    running job past its deadline is asked to stop, once (checkpoint_resume sends the SIGTERM
+    and fails the job when its workers exit); one between attempts is failed here, its held
+    nodes given back. Idempotent by state: a job already told to stop, or already failed,
+    is left alone, so a repeated tick signals nothing twice."""
+    now = deps.clock.now()
+    for job in uow.jobs.list(cluster_id, state=JobState.RUNNING):
+        if timeouts.needs_stop(job, now):
+            uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt, node_id="",
+                                           reason=timeouts.timeout_error(job)))
+    # between attempts a job is PENDING (a QUEUED job has never started: no clock yet)
+    for job in uow.jobs.list(cluster_id, state=JobState.PENDING):
+        if timeouts.fail_between_attempts(job, now):
+            job.error = timeouts.timeout_error(job)
+            free_held_nodes(job, uow, deps, "job timed out")
+            job.transition(JobState.FAILED, now)
+            uow.emit(JobFinished(job_id=job.job_id, cluster_id=job.cluster_id,
+                                 state=job.state.value, restart_count=job.restart_count,
+                                 detail=job.error))
+
+
+def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
+    """Gang-place pending jobs on idle worker nodes and start their workers. A resumed job
+    still holds its healthy nodes: only the holes its lost nodes left are placed. Slurm, not
+    mtc, places the jobs mtc adopted (``adoption``)."""
+    # (the query reads stored states: a job this transaction ended, e.g. timed out, is out)
+    now = deps.clock.now()  # a job backing off after a restart waits for its time
+    pending = [j for j in uow.jobs.list(cluster_id, state=JobState.PENDING)
+               if j.state is JobState.PENDING
+               and (j.recovery.not_before is None or j.recovery.not_before <= now)
+               and not adopted(j.spec)]
+    if not pending:
+        return
+    for job in pending:
+        _drop_unfit(job, uow, deps)
+    ready = [j for j in pending if j.node_ids and not ranks.holes(j.node_ids)]
+    for job in ready:  # nothing was lost (e.g. a preempted program): start again at once
+        _start(job, [], uow, deps)
+    waiting = [j for j in pending if not j.node_ids or ranks.holes(j.node_ids)]
+    if not waiting:
+        return
+    partitions = {j.spec.scheduling.partition for j in waiting}
+    slots = idle_slots(cluster_id, uow, None if None in partitions else partitions)
+    if not slots:
+        return
+    for job in waiting:
+        _clear_cleared_suspects(job, uow)
+    requests = [_request(job) for job in waiting]
+    placements = place_jobs(requests, slots, now, backfill=deps.config.backfill)
+    by_id = {j.job_id: j for j in waiting}
+    for placement in placements:
+        _start(by_id[placement.job_id], list(placement.node_ids), uow, deps)
+
+
+# up to this many partitions, a query each; more, one query of every idle node (placement
+# sorts the slots itself, so their order does not matter): 128 jobs waiting across 16
+# partitions made every scheduling pass 16 queries
+PER_PARTITION_QUERIES = 2
+_WORKER = NodeRole.WORKER.value  # (a constant: asked per idle node)
+SLOT_FIELDS = ("node_id", "partition", "machine_type", "accelerator_type", "accelerator_count",
+               "is_spare", "role", "sound")
+
+
+def idle_slots(cluster_id: str, uow: UnitOfWork, partitions: set[str | None] | None = None
+               ) -> list[NodeSlot]:
+    """The idle worker nodes that take work, as placement sees them (only those of
+    ``partitions`` when given: jobs that name a partition are placed nowhere else). A
+    projection of the stored fields, not every idle node decoded (and compared again at
+    commit): a 16,000-node fleet waiting for its jobs has 16,000 idle nodes, and only the
+    nodes placed are read. A sound node takes work; only the others are read to ask
+    ``lifecycle.takes_work``."""
+    if partitions is not None and len(partitions) <= PER_PARTITION_QUERIES:
+        rows = [row for p in sorted(partitions, key=str)
+                for row in uow.nodes.project(cluster_id, SLOT_FIELDS, state=NodeState.IDLE,
+                                             partition=p)]
+    else:  # jobs waiting in many partitions: one query, not one per partition
+        rows = uow.nodes.project(cluster_id, SLOT_FIELDS, state=NodeState.IDLE)
+        if partitions is not None:
+            rows = [row for row in rows if row[1] in partitions]
+    slots = []
+    for node_id, partition, machine, accel, count, spare, role, sound in rows:
+        if role != _WORKER:
+            continue
+        if not sound:
+            node = uow.nodes.get(node_id)
+            if node is None or not lifecycle.takes_work(node):
+                continue
+        slots.append(NodeSlot(node_id, partition, machine, accel, count, spare))
+    return slots
+
+
+def _drop_unfit(job: Job, uow: UnitOfWork, deps: Deps) -> None:
+    """A pending job resumes only on nodes that take new work: a node it kept that is held
+    by the blast-radius guard (SUSPECT), has an active fault that takes it out, or was
+    drained by an operator leaves the job (its state otherwise stays as it is: a held node
+    stays held in service) and becomes a hole that placement fills, or the job waits."""
+    if not any(job.node_ids):
+        return
+    now = deps.clock.now()
+    # a sound node allocated to the job keeps it: read only the others (keys-only query)
+    for node_id in job_nodes.unsound(job, uow):
+        node = uow.nodes.get(node_id)
+        if node is not None and node.job_id == job.job_id and lifecycle.takes_work(node):
+            continue
+        if node is not None and lifecycle.release_from_job(node, job.job_id, now,
+                                                           "takes no new work"):
+            uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
+        job.node_ids = ranks.with_holes(job.node_ids, {node_id})
+
+
+def _ranks(job: Job) -> tuple[str, ...]:
+    """The job's node per rank; '' where a rank has no node (yet)."""
+    return job.node_ids if job.node_ids else ("",) * job.spec.replica_count
+
+
+def _request(job: Job) -> JobRequest:
+    """Ask only for the holes, pool by pool (ranks are numbered pool after pool)."""
+    held = _ranks(job)
+    groups = []
+    first = 0
+    for pool in job.spec.worker_pool_specs:
+        missing = ranks.holes_in(held, first, pool.replica_count)  # (remembered per tuple)
+        first += pool.replica_count
+        if missing:
+            groups.append(ReplicaGroup(pool.machine_spec.machine_type,
+                                       pool.machine_spec.accelerator_type,
+                                       pool.machine_spec.accelerator_count, missing))
+    return JobRequest(job.job_id, job.spec.scheduling.partition, tuple(groups), job.priority,
+                      job.created_at, job.restart_count > 0, tuple(job.previous_node_ids),
+                      tuple(job.recovery.excluded_node_ids))
+
+
+def _clear_cleared_suspects(job: Job, uow: UnitOfWork) -> None:
+    """A suspect is kept out of the job's next placement while it is held or repaired; once
+    it takes work again after the job was requeued (returned by its repair and checks, or
+    released by a healthy report), the suspicion was answered and it may be placed again.
+    Without this a job whose only fitting node was its suspect waited for ever beside the
+    repaired node, idle."""
+    rec = job.recovery
+    if not rec.excluded_node_ids:
+        return
+    kept = []
+    for node_id in rec.excluded_node_ids:
+        node = uow.nodes.get(node_id)
+        if node is not None and lifecycle.takes_work(node) and node.since >= job.updated_at:
+            continue
+        kept.append(node_id)
+    rec.excluded_node_ids = kept
+
+
+def _start(job: Job, placed: list[str], uow: UnitOfWork, deps: Deps) -> None:
+    now = deps.clock.now()
+    job.node_ids = ranks.fill_holes(_ranks(job), placed)
+    job.transition(JobState.RUNNING, now)
+    job.attempt += 1
+    job.started_at = job.started_at or now
+    job.recovery.not_before = None
+    job.recovery.excluded_node_ids = []  # suspects are kept out of one placement: this one
+    progress.started(job, now)
+    for node_id in placed:
+        node = uow.nodes.get(node_id)
+        assert node is not None, f"placed on {node_id}, which is gone"
+        lifecycle.assign_to_job(node, job.job_id, now)
+    workers = gang(job, deps)
+    deps.compute.start_workers(workers)
+    latest = job.latest_checkpoint
+    uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=workers.node_ids,
+                        resume_step=latest.step if latest else -1))
+    early = job.recovery.take_early_exit(job.job_id, job.attempt)
+    if early is not None:  # the attempt already ran and exited before this commit
+        uow.emit(early)
+
+
+def output_dirs(job: Job, deps: Deps) -> tuple[str, str, str]:
+    """The managed-training layout under baseOutputDirectory: checkpoints/, model/, logs/.
+    A ``gs://BUCKET/PATH`` prefix lands under the output root (``<root>/gcs/BUCKET/PATH``):
+    the API admits nothing else, so outputs never leave the configured root."""
+    base = local_output_dir(job.spec.base_output_directory, deps.config.output_root, job.job_id)
+    return f"{base}/checkpoints", f"{base}/model", f"{base}/logs"
+
+
+def local_output_dir(uri: str | None, root: Path, job_id: str) -> str:
+    if not uri:
+        return str(root / job_id)
+    if uri.startswith("gs://"):
+        parts = [p for p in uri.removeprefix("gs://").split("/") if p not in ("", ".", "..")]
+        return str(root.joinpath("gcs", *parts))
+    return uri.removeprefix("file://").rstrip("/")  # the twin's sim:// names, tests' own paths
+
+
+def gang(job: Job, deps: Deps) -> Gang:
+    """The attempt's one start request: a launch group per pool, ranks pool after pool."""
+    ckpt, model, logs = output_dirs(job, deps)
+    node_ids = tuple(job.node_ids)
+    groups: list[LaunchGroup] = []
+    first = 0
+    for pool in job.spec.worker_pool_specs:
+        command, env = _command(pool, deps)
+        n = pool.replica_count
+        if len(node_ids) < first + n:
+            raise ValueError(f"job {job.job_id}: {len(node_ids)} nodes for {first + n} ranks")
+        groups.append(LaunchGroup(first, n, command, env))
+        first += n
+    # node_ids[:first] is node_ids itself (one tuple, shared with JobStarted) unless the job
+    # holds more nodes than ranks
+    return Gang(job.job_id, job.attempt, node_ids[:first], tuple(groups), ckpt, model, logs)
+
+
+def _command(pool: WorkerPoolSpec, deps: Deps) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """Locally a container's command runs as a process on this machine, without the image."""
+    if pool.container_spec is not None:
+        c = pool.container_spec
+        command = c.command + c.args
+        if not command:
+            raise ValidationError("containerSpec.command", "is required to run without an image")
+        return command, c.env
+    assert pool.python_package_spec is not None
+    p = pool.python_package_spec
+    return (deps.config.python, "-m", p.python_module, *p.args), p.env

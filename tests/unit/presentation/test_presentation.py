@@ -1,0 +1,45 @@
+"""What users read: one line per event (``mtc events``, the demos, the console's timeline) and
+the entity views of the CLI's tables. Moved with ``services/presentation`` out of ``shared``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.presentation.timeline import describe, is_routine, style
+from services.presentation.views import iso, job_view
+from shared.domain.model import Job, JobState
+from shared.domain.specs import CustomJobSpec
+from tests.harness import healthy, job_body, xid
+
+NOW = 1_800_000_000.0
+
+
+def report(conditions: tuple[dict[str, Any], ...], source: str = "agent") -> dict[str, Any]:
+    return {"type": "mtc.node.health_reported.v1", "time": NOW,
+            "data": {"node_id": "c1-gpu-001", "source": source,
+                     "conditions": list(conditions)}}
+
+
+def test_a_healthy_heartbeat_and_a_tick_are_routine_a_fault_is_not() -> None:
+    assert is_routine(report(healthy(NOW)))
+    assert is_routine({"type": "mtc.fleet.ticked.v1", "data": {}})
+    assert not is_routine(report(xid(79, NOW)))
+    assert not is_routine(report(healthy(NOW), source="post-repair-check"))
+
+
+def test_describe_names_the_fault_and_falls_back_to_entity_and_verb() -> None:
+    assert describe(report(xid(79, NOW))) == "node c1-gpu-001: health report [agent]: XID 79"
+    assert describe(report(healthy(NOW))).endswith("all checks pass")
+    unknown = {"type": "mtc.study.trial_paused.v1", "subject": "s1", "data": {}}
+    assert describe(unknown) == "study s1: trial paused"
+    assert style("mtc.node.diagnosed.v1") == "bold red"
+    assert style("mtc.job.finished.v1") == "bold green"
+
+
+def test_views_are_camel_case_with_rfc3339_times() -> None:
+    assert iso(None) is None
+    assert iso(NOW) == "2027-01-15T08:00:00Z"
+    spec = CustomJobSpec.parse(job_body(2))
+    view = job_view(Job("j1", "c1", spec, JobState.QUEUED, NOW, NOW))
+    assert view["jobId"] == "j1" and view["state"] == "JOB_STATE_QUEUED"
+    assert view["createTime"] == "2027-01-15T08:00:00Z" and view["endTime"] is None

@@ -45,6 +45,7 @@ from shared import logs
 from shared.adapters.clock import SystemClock
 from shared.adapters.outbox import SourceEmitter
 from shared.adapters.pubsub import PREFIX, PubSubPublisher
+from shared.ports import Closeable
 
 log = logging.getLogger("mtc.executor")
 
@@ -146,11 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         executor.run(stop, settings.poll_s)
     finally:
-        close_source = getattr(executor.source, "close", None)
-        if close_source is not None:
-            close_source()
-        close = getattr(compute, "close", None)
-        if close is not None:
-            close()
+        for held in (executor.source, compute):
+            if isinstance(held, Closeable):
+                held.close()
         executor.dedup.close()
     return 0

@@ -26,7 +26,7 @@ from shared.adapters.outbox_bus import OutboxBus
 from shared.config import ControlPlaneConfig
 from shared.domain.events import Envelope, Event, FleetTicked
 from shared.handling import Deps, command_unit, run_command
-from shared.ports import Clock, DocStore
+from shared.ports import Clock, Closeable, DocStore
 
 log = logging.getLogger("mtc.embedded")
 T = TypeVar("T")
@@ -106,9 +106,8 @@ class EmbeddedApp:
         return False
 
     def close(self) -> None:
-        close = getattr(self.store, "close", None)
-        if close:
-            close()
+        if isinstance(self.store, Closeable):
+            self.store.close()
 
 
 def embedded(state_dir: Path, *, compute: ComputeKind = "local", slurm_conf: str | None = None,

@@ -45,7 +45,7 @@ from shared.adapters.pubsub import PREFIX, PubSubDeadLetters, PubSubPublisher
 from shared.config import ControlPlaneConfig
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.ports import Clock, Compute, DocStore, Gang
+from shared.ports import Clock, Closeable, Compute, DocStore, Gang
 
 log = logging.getLogger("mtc.gcp")
 
@@ -192,9 +192,8 @@ class GcpRuntime:
         """Nothing is left to do: every unit of work published its events after its commit."""
 
     def close(self) -> None:
-        close = getattr(self.compute, "close", None)
-        if close is not None:
-            close()
+        if isinstance(self.compute, Closeable):
+            self.compute.close()
 
 
 def local_compute_options(text: str) -> dict[str, Any]:

@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8080)
     sv.add_argument("--for", dest="duration", type=float, metavar="S", help="stop after S s")
+    sv.add_argument("--threads", type=int, default=8, metavar="N",
+                    help="request threads (default 8); the control loop has its own")
     sv.add_argument("--sim-dir", type=Path, default=None, metavar="DIR",
                     help="a twin run directory (mtc sim run/sweep --out DIR): the console "
                     "shows its plots and tables")
@@ -239,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from services.cli.serve import serve
 
         return serve(state_dir, host=args.host, port=args.port, duration_s=args.duration,
-                     sim_dir=args.sim_dir)
+                     sim_dir=args.sim_dir, threads=args.threads)
     args.api = args.api or os.environ.get("MTC_API") or None
     name = command_name(args)
     try:

@@ -1,8 +1,11 @@
 """`mtc serve`: the Vertex AI API and the embedded control plane, in one process.
 
-One thread does both, in turns: answer a request (or wait up to 0.1 s for one), deliver
-what the bus has queued, tick the fleet every few seconds. Nothing heals unless this (or
-`mtc controller`) runs; with it, a GET always shows current state.
+Two sides that never wait on each other (docs/server.md): waitress answers requests on a
+few threads, reading and buffering each request whole before a thread sees it, so a client
+that stalls holds only its socket; the control loop (``services.wiring.control_loop``) delivers
+the bus, ticks the fleet and prunes on a thread of its own. Nothing heals unless this (or
+`mtc controller`) runs; with it, a GET shows current state (the request waits a bounded
+moment for the loop to deliver what it committed).
 """
 
 from __future__ import annotations
@@ -11,22 +14,30 @@ import ipaddress
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from werkzeug.serving import make_server
+from waitress import wasyncore
+from waitress.server import create_server
 
+from services.api.health import HealthEndpoints
 from services.api.http import create_app
 from services.console.app import register as register_console
 from services.observability.http import Observability
 from services.observability.http import add_routes as add_observability
 from services.wiring.api import embedded_api
+from services.wiring.control_loop import ControlLoop, LoopRuntime, readiness
 from services.wiring.embedded import EmbeddedApp, embedded
 from shared import logs
 
-PUMP_S = 0.1  # at most this long between two deliveries of the bus (the tick: wiring.api)
+THREADS = 8  # request threads; the control loop has its own
+CHANNEL_TIMEOUT_S = 30  # an idle or stalled connection is closed after this long
+CONNECTION_LIMIT = 200  # open connections; past it, new ones wait in the listen backlog
+POLL_S = 0.5  # the socket loop looks at the stop signal this often
 PRUNE_S = 600.0
 
 
@@ -40,21 +51,30 @@ def is_loopback(host: str) -> bool:
 def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
           app: EmbeddedApp | None = None, env_token: str | None = None,
           duration_s: float | None = None, out: Callable[[str], None] = print,
-          sim_dir: Path | None = None) -> int:
+          sim_dir: Path | None = None, threads: int = THREADS) -> int:
     logs.setup()  # mtc.* loggers: JSON lines off a terminal
     app = app or embedded(state_dir)
-    ctx, auth = embedded_api(app, env_token)
+    loop = ControlLoop(app)
+    ctx, auth = embedded_api(app, env_token, runtime=LoopRuntime(loop))
+    if ctx.audit is not None:
+        audit, clock = ctx.audit, app.deps.clock
+        loop.chores = (lambda: audit.prune(clock.now()),)
+        loop.chore_s = PRUNE_S
     flask_app = create_app(ctx)
     register_console(flask_app, ctx, sim_dir)
     # /metrics and /alerts.json: open on loopback, a viewer token otherwise
     add_observability(flask_app, Observability(app.store, app.deps.clock, ctx.guard,
                                                open_access=is_loopback(host),
                                                event_log=app.deps.event_log))
-    server = make_server(host, port, flask_app, threaded=False)
-    server.timeout = PUMP_S
-    url = f"http://{host}:{server.server_port}"
+    wsgi = HealthEndpoints(flask_app, readiness(app, loop))
+    sockets: dict[int, Any] = {}
+    server = create_server(wsgi, map=sockets, host=host, port=port, threads=threads,
+                           channel_timeout=CHANNEL_TIMEOUT_S, connection_limit=CONNECTION_LIMIT,
+                           asyncore_use_poll=True, ident="mtc")
+    url = f"http://{host}:{_port(server, port)}"
     out(f"mtc API on {url}  (state: {app.state_dir})")
     out(f"console: {url}/console" + (f"  (twin results: {sim_dir})" if sim_dir else ""))
+    out(f"probes: {url}/healthz {url}/readyz  (no token)")
     if auth.admin_token_file is not None:
         out(f"admin token: {auth.admin_token_file}  "
             f"(curl -H \"Authorization: Bearer $(cat {auth.admin_token_file})\" ...)")
@@ -63,28 +83,35 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     if not is_loopback(host):
         out(f"warning: listening on {host}, reachable from the network; every call still "
             "needs a token")
-    stopping: list[int] = []
+    sys.stdout.flush()
+    stopping = threading.Event()
 
-    def stop(signum: int, _frame: FrameType | None) -> None:
-        stopping.append(signum)
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        stopping.set()
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     deadline = time.monotonic() + duration_s if duration_s else float("inf")
-    next_prune = time.monotonic()
+    loop.start()
     try:
-        while not stopping and time.monotonic() < deadline:
-            server.handle_request()
-            ctx.runtime.after_request()  # deliver a slice, tick the fleet when due
-            now = time.monotonic()
-            if now >= next_prune:
-                if ctx.audit is not None:
-                    ctx.audit.prune(app.deps.clock.now())
-                next_prune = now + PRUNE_S
+        while not stopping.is_set() and time.monotonic() < deadline:
+            wasyncore.loop(timeout=POLL_S, map=sockets, use_poll=True, count=1)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        server.server_close()
+        server.task_dispatcher.shutdown()  # requests under way get a few seconds
+        wasyncore.close_all(sockets)
+        loop.stop()  # the pass under way ends before the store closes
+        wsgi.close()
         app.close()
     out("mtc serve stopped")
     sys.stdout.flush()
     return 0
+
+
+def _port(server: Any, asked: int) -> int:
+    """The port bound (``--port 0``: the one the system chose)."""
+    port = getattr(server, "effective_port", None)
+    if port is None:  # a name that resolves to several addresses: one socket each
+        listen = getattr(server, "effective_listen", None) or [(None, asked)]
+        port = listen[0][1]
+    return int(port)

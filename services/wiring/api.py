@@ -42,13 +42,16 @@ class EmbeddedApiRuntime:
             self._next_tick = now + self.tick_s
 
 
-def embedded_api(app: EmbeddedApp, env_token: str | None = None) -> tuple[ApiContext, LocalAuth]:
+def embedded_api(app: EmbeddedApp, env_token: str | None = None, *,
+                 runtime: Runtime | None = None) -> tuple[ApiContext, LocalAuth]:
+    """``runtime``: who delivers after a call; default, the call itself (in process, the CLI);
+    ``mtc serve`` passes its control loop's (``control_loop.LoopRuntime``)."""
     auth = local_auth(app.state_dir, env_token if env_token is not None
                       else os.environ.get("MTC_API_TOKEN") or None)
     audit = AuditLog(app.store, app.deps.config.retention_s)
-    # one thread serves every caller here: a :wait answers within 10 s, done or not (AIP-151
-    # lets a server return early); callers wait again
-    ctx = ApiContext(EmbeddedApiRuntime(app), auth.guard, audit, max_wait_s=10.0)
+    # a :wait holds one of the server's few request threads: it answers within 10 s, done
+    # or not (AIP-151 lets a server return early); callers wait again
+    ctx = ApiContext(runtime or EmbeddedApiRuntime(app), auth.guard, audit, max_wait_s=10.0)
     slurm_conf = getattr(app.compute, "slurm_conf", None)  # embedded over Slurm: its tokens
     if slurm_conf and not os.environ.get("MTC_SLURM_CONF"):
         ctx.slurm_rest = SlurmRestConfig.from_env({**os.environ, "MTC_SLURM_CONF": slurm_conf})

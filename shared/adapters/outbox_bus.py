@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,10 @@ class OutboxBus:
         self._pruned_at: float | None = None
         # node id -> (id, signature, time, seq) of its health report waiting in the queue
         self._waiting_reports: dict[str, tuple[str, tuple[str, str], float, int]] = {}
+        # threads share a bus (mtc serve: request threads inject, the control loop pumps):
+        # one lock for the waiting reports, one pump at a time (two would deliver twice)
+        self._reports_lock = threading.Lock()
+        self._pump_lock = threading.RLock()
 
     def publish(self, envelope: Envelope) -> None:
         """After a commit: the envelope is already in the outbox, which is the queue."""
@@ -53,25 +58,32 @@ class OutboxBus:
         if isinstance(event, NodeHealthReported):
             signature = (event.source, json.dumps(event.conditions, sort_keys=True,
                                                   default=str))
-            waiting = self._waiting_reports.get(event.node_id)
-            if waiting is not None and waiting[1] == signature and waiting[0] != envelope.id:
-                doc.update(id=waiting[0], time=waiting[2], seq=waiting[3])
-            else:
-                self._waiting_reports[event.node_id] = (envelope.id, signature, doc["time"],
-                                                        doc["seq"])
+            with self._reports_lock:
+                waiting = self._waiting_reports.get(event.node_id)
+                if waiting is not None and waiting[1] == signature \
+                        and waiting[0] != envelope.id:
+                    doc.update(id=waiting[0], time=waiting[2], seq=waiting[3])
+                else:
+                    self._waiting_reports[event.node_id] = (envelope.id, signature,
+                                                            doc["time"], doc["seq"])
         self._store.write(OUTBOX, doc["id"], doc)
 
     def _delivered(self, envelope: Envelope) -> None:
         event = envelope.event
         if isinstance(event, NodeHealthReported):
-            waiting = self._waiting_reports.get(event.node_id)
-            if waiting is not None and waiting[0] == envelope.id:
-                del self._waiting_reports[event.node_id]
+            with self._reports_lock:
+                waiting = self._waiting_reports.get(event.node_id)
+                if waiting is not None and waiting[0] == envelope.id:
+                    del self._waiting_reports[event.node_id]
 
     def pump(self, deps: Deps, *, max_events: int = 10_000) -> int:
         """Deliver queued events to every subscriber. A subscriber that raises (a transient
         error) leaves the event queued for the next pump, as Pub/Sub redelivers a nack; after
         MAX_DELIVERY_ATTEMPTS the event is dead-lettered, so nothing crash-loops."""
+        with self._pump_lock:
+            return self._pump(deps, max_events)
+
+    def _pump(self, deps: Deps, max_events: int) -> int:
         self._prune(deps)
         delivered = 0
         deferred: set[str] = set()

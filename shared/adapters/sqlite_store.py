@@ -1,7 +1,9 @@
 """sqlite document store: the embedded default, shared by CLI processes that run in turn.
 
 One table of JSON documents; a transaction is ``BEGIN IMMEDIATE`` so two processes never
-interleave their read-modify-write cycles.
+interleave their read-modify-write cycles. Threads of one process (``mtc serve``: request
+threads and the control loop) share one connection under one lock, held from a
+transaction's begin to its end and around every statement outside one.
 """
 
 from __future__ import annotations
@@ -172,4 +174,5 @@ class SqliteDocStore:
         return cur.rowcount
 
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:  # not under another thread's statement or transaction
+            self._conn.close()

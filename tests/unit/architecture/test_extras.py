@@ -24,7 +24,7 @@ MODULES = {
     "google-cloud-compute": ["google.cloud.compute", "google.cloud.compute_v1"],
     "pydantic": ["pydantic"], "optuna": ["optuna"], "prometheus-client": ["prometheus_client"],
     "rich": ["rich"], "tensorboardX": ["tensorboardX"], "simpy": ["simpy"],
-    "matplotlib": ["matplotlib"],
+    "matplotlib": ["matplotlib"], "waitress": ["waitress"],
 }
 BLOCKER = r'''
 import importlib.abc, runpy, sys

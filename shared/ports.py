@@ -87,6 +87,10 @@ class UnitOfWork(Protocol):
     def emitted(self) -> bool:
         """Whether this transaction has queued any event so far."""
         ...
+    @property
+    def committed(self) -> list[Envelope]:
+        """The envelopes the last commit wrote to the outbox, to publish now."""
+        ...
 
 
 class UnitOfWorkFactory(Protocol):

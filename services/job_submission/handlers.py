@@ -142,7 +142,7 @@ def _free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps, reason: str = "job c
         if node is not None and lifecycle.release_from_job(node, job.job_id, deps.clock.now(),
                                                            reason):
             uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
-    job.node_ids = ()
+    job.node_ids = ranks.Ranks()
 
 
 def check_fits(cluster: Cluster, spec: CustomJobSpec) -> None:

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
+from shared.adapters.doc_reads import Reads, reads_for
 from shared.adapters.event_log import EVENTS as EVENTS  # re-exported: callers keep one import
 from shared.adapters.event_log import DocEventLog as DocEventLog
 from shared.adapters.event_log import EventCursor as EventCursor
+from shared.adapters.mapper import MAPPERS, Mapper, Mappers
 from shared.adapters.outbox import OUTBOX, envelope_to_doc, make_envelope
 from shared.adapters.outbox import doc_id as _doc_id
-from shared.adapters.doc_reads import Reads, reads_for
-from shared.adapters.mapper import MAPPERS, Mapper, Mappers
 from shared.domain.events import Envelope, Event
 from shared.domain.model import Cluster, Job, Node, Partition, partition_key
 from shared.ports import DocStore, DocTransaction, Pruning, ReadOnlyWrite

@@ -309,6 +309,7 @@ JOB_TRANSITIONS: TransitionTable[JobState] = TransitionTable(
     },
 )
 TERMINAL_JOB_STATES = frozenset({JS.SUCCEEDED, JS.FAILED, JS.CANCELLED})
+NO_RANKS = Ranks()  # (immutable: one shared by every job not placed)
 
 
 class Checkpoint(NamedTuple):
@@ -340,8 +341,8 @@ class Job:
     restart_count: int = 0
     # a node per rank ('' for a lost rank's hole): immutable values that know their holes,
     # shared with the job's document. A change assigns a new value.
-    node_ids: Ranks = Ranks()
-    previous_node_ids: Ranks = Ranks()
+    node_ids: Ranks = NO_RANKS
+    previous_node_ids: Ranks = NO_RANKS
     checkpoints: list[Checkpoint] = field(default_factory=list)
     interrupt_reason: str = ""
     interrupt_requested_at: float | None = None

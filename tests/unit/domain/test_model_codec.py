@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shared.domain.health import FailureRecord, RepairAction
 from shared.adapters.mapper import nodes as node_codec
+from shared.domain.health import FailureRecord, RepairAction
 from shared.domain.model import Node, NodeCondition, NodeRole, NodeState
 
 T = 1_700_000_000.0

@@ -105,7 +105,7 @@ def replay(tw: twin.Twin, by_type: dict[str, list[float]] | None = None
     bus = _NullBus()
     deps = build_deps(store, clock=clock, compute=_NullCompute(), publisher=bus,
                       config=tw.config, source=twin.SIM_SOURCE, with_event_log=False,
-                      outbox=DocOutbox(store))
+                      outbox=DocOutbox(store), pooled=True)  # (as the twin's)
     seq = 0
     started = time.perf_counter()
     for t, envelope, services, fn in tw.bus.record:

@@ -23,7 +23,16 @@ from shared import logs
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import PermanentError
 from shared.domain.events import Envelope
-from shared.ports import AdviceSink, Clock, Compute, EventLog, Outbox, Publisher, WorkflowRunner
+from shared.ports import (
+    AdviceSink,
+    Clock,
+    Compute,
+    EventLog,
+    Outbox,
+    Publisher,
+    UnitOfWorkFactory,
+    WorkflowRunner,
+)
 
 log = logging.getLogger("mtc.handling")
 
@@ -50,8 +59,8 @@ class Outcome(enum.StrEnum):
 class Deps:
     """Everything a handler may touch; bootstrap builds it, tests build it with fakes."""
 
-    # a UnitOfWork to enter once (a DocUnitOfWork in practice); read_only=True: a read-only one
-    uow: Callable[..., Any]
+    # a new UnitOfWork to enter once per call; read_only=True: a read-only one
+    uow: UnitOfWorkFactory
     clock: Clock
     compute: Compute
     publisher: Publisher

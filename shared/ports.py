@@ -87,6 +87,10 @@ class UnitOfWork(Protocol):
     def emitted(self) -> bool:
         """Whether this transaction has queued any event so far."""
         ...
+    @property
+    def committed(self) -> list[Envelope]:
+        """The envelopes the last commit wrote to the outbox, to publish now."""
+        ...
 
 
 class UnitOfWorkFactory(Protocol):
@@ -124,6 +128,77 @@ class DocStore(Protocol):
     def remove(self, collection: str, doc_id: str) -> None: ...
     def oldest(self, collection: str, limit: int) -> list[dict[str, Any]]:
         """The ``limit`` documents with the smallest (time, seq): the outbox's next batch."""
+        ...
+
+
+# ---- what a store offers beyond the DocStore port: each a capability a store declares by
+#      implementing it, which its users choose once, when they are built
+
+class KeysOnly(Protocol):
+    """A transaction that answers which documents match without reading them."""
+
+    def ids(self, collection: str, equals: dict[str, Any]) -> AbstractSet[str]:
+        """The ids of the documents ``query`` would return; read-only (maybe an index's own
+        set), valid while the transaction lasts."""
+        ...
+
+
+class Projection(Protocol):
+    """A transaction that reads some fields of the matching documents (Firestore's
+    ``select``), without copying or decoding the rest."""
+
+    def project(self, collection: str, equals: dict[str, Any], fields: tuple[str, ...]
+                ) -> list[tuple[str, tuple[Any, ...]]]:
+        """(id, the values of ``fields``) of the documents ``query`` would return, in its
+        order."""
+        ...
+
+
+class IndexedTransaction(DocTransaction, KeysOnly, Projection, Protocol):
+    """A transaction of an :class:`IndexedQueries` store."""
+
+    def peek(self, collection: str, doc_id: str) -> dict[str, Any] | None:
+        """``get`` without the copy, for a reader that never changes what it is given."""
+        ...
+
+
+@runtime_checkable
+class IndexedQueries(Protocol):
+    """A store in this process (the memory store): its transactions answer keys-only queries
+    and projections from its indexes and hand a document over uncopied; documents come back
+    with the values written (no JSON between: tuples stay tuples), and any string is a
+    document id ('/' too)."""
+
+    def begin_indexed(self, *, read_only: bool = False) -> IndexedTransaction: ...
+
+
+@runtime_checkable
+class Pruning(Protocol):
+    """A store that deletes old documents itself (sqlite, memory); Firestore's TTL policy on
+    ``expire_at`` does it there."""
+
+    def prune(self, collection: str, before: float, limit: int) -> int:
+        """Delete up to ``limit`` documents whose ``time`` is older than ``before``."""
+        ...
+
+
+@runtime_checkable
+class RangeReads(Protocol):
+    """A store with a time index: an incremental reader never reads the whole collection."""
+
+    def since(self, collection: str, time: float) -> list[dict[str, Any]]:
+        """Documents with ``time >= time`` in (time, seq) order."""
+        ...
+
+
+@runtime_checkable
+class Claiming(Protocol):
+    """A store with optimistic concurrency outside transactions (Firestore's update time)."""
+
+    def claim(self, collection: str, doc_id: str, *, field: str, now: float,
+              until: float) -> bool:
+        """Set ``field`` to ``until`` if the document exists and ``field`` is unset or past
+        ``now``: of several processes claiming one document at once, exactly one wins."""
         ...
 
 

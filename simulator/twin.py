@@ -214,7 +214,8 @@ class Twin:
         self.store = store if store is not None else MemoryDocStore()
         self.deps: Deps = build_deps(self.store, clock=self.clock, compute=self.compute,
                                      publisher=self.bus, config=self.config, source=SIM_SOURCE,
-                                     with_event_log=False, outbox=DocOutbox(self.store))
+                                     with_event_log=False, outbox=DocOutbox(self.store),
+                                     pooled=True)
         self.bus.deps = self.deps
         self.bus.on_prune = self._prune_idempotency
         self._bus_prunes = 0
@@ -274,8 +275,8 @@ class Twin:
         started = time.perf_counter()
         body = cluster_body(self.scenario)
         # bring-up builds the fleet's long-lived state (nodes, documents, streams), frozen
-        # right after: a collection during it scans objects that all survive (the Llama 3
-        # bring-up had two, 30-40 ms, that freed nothing), so none runs until the freeze
+        # right after: a collection during it scans objects that all survive (it frees
+        # nothing), so none runs until the freeze
         collecting = gc.isenabled()
         gc.disable()
         self.api(lambda uow, deps: job_commands.create_cluster(body, uow, deps))

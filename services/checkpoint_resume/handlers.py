@@ -172,8 +172,8 @@ def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps,
     _release(ranks.in_rank_order(gone, job.node_ids), job.job_id, uow, deps)
     job.transition(JobState.PENDING, deps.clock.now())
     job.restart_count += 1
-    held = job.node_ids  # a running job has no holes: the same tuple (tuple() copies no tuple)
-    job.previous_node_ids = tuple(filter(None, held)) if ranks.holes(held) else held
+    held = job.node_ids  # a running job has no holes: the same value, shared
+    job.previous_node_ids = ranks.Ranks(filter(None, held)) if ranks.holes(held) else held
     job.node_ids = ranks.with_holes(job.node_ids, gone)
     job.interrupt_requested_at = None
     job.interrupt_reason = ""

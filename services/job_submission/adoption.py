@@ -18,6 +18,7 @@ from shared.domain.adopted import adopted_spec
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import JobAdopted, JobStarted, NodeDrained
 from shared.domain.model import Job, JobState, Node, NodeState
+from shared.domain.ranks import Ranks
 from shared.handling import Deps
 from shared.ports import UnitOfWork
 
@@ -45,7 +46,7 @@ def on_job_adopted(event: JobAdopted, uow: UnitOfWork, deps: Deps) -> None:
     if job.state is not JobState.PENDING:
         raise TransientError(f"job {job.job_id}: attempt {job.attempt} has not ended yet")
     _release_unused(job, set(event.node_ids), uow, now)
-    job.node_ids = tuple(n.node_id for n in nodes)
+    job.node_ids = Ranks(n.node_id for n in nodes)
     for node in nodes:
         if node.state is NodeState.IDLE:
             lifecycle.assign_to_job(node, job.job_id, now)

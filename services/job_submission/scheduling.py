@@ -32,7 +32,7 @@ def free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps, reason: str = "job ca
         if node is not None and lifecycle.release_from_job(node, job.job_id, deps.clock.now(),
                                                            reason):
             uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
-    job.node_ids = ()
+    job.node_ids = ranks.Ranks()
 
 
 def watch_progress(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:

@@ -15,9 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from shared.adapters.docstore import DocEventLog, UnitsOfWork
+from shared.adapters.docstore import DocEventLog, DocUnitsOfWork
 from shared.adapters.outbox import SourceEmitter
 from shared.adapters.outbox_bus import DocDeadLetters
+from shared.adapters.uow_pool import PooledUnitsOfWork
 from shared.config import ControlPlaneConfig
 from shared.domain.events import Event, NodeHealthReported
 from shared.handling import DeadLetters, Deps
@@ -31,10 +32,13 @@ COMPUTE_SOURCES: dict[str, str] = {"local": "//mtc/compute/local", "slurm": "//m
 def build_deps(store: DocStore, *, clock: Clock, compute: Compute, publisher: Publisher,
                config: ControlPlaneConfig | None = None, source: str = "//mtc/control-plane",
                with_event_log: bool = True, outbox: Outbox | None = None,
-               dead_letters: DeadLetters | None = None) -> Deps:
-    """What every handler gets: units of work over ``store``, and the other ports."""
+               dead_letters: DeadLetters | None = None, pooled: bool = False) -> Deps:
+    """What every handler gets: units of work over ``store``, and the other ports.
+    ``pooled``: units of work that ended are handed out again (the twin, which builds one per
+    delivery millions of times); else a new one per call."""
+    units = PooledUnitsOfWork if pooled else DocUnitsOfWork
     return Deps(
-        uow=UnitsOfWork(store, source=source, clock=clock.now),
+        uow=units(store, source=source, clock=clock.now),
         clock=clock,
         compute=compute,
         publisher=publisher,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from services.observability.alert_sinks import webhook_from_env
 from services.wiring.builder import ComputeKind, build_deps, local_config, make_compute
@@ -43,7 +43,7 @@ class EmbeddedApp:
     deps: Deps
 
     def uow(self) -> DocUnitOfWork:
-        return self.deps.uow()  # type: ignore[no-any-return]
+        return cast(DocUnitOfWork, self.deps.uow())  # (build_deps: document units of work)
 
     def command(self, fn: Callable[[Any], T], *, key: str = "") -> T:
         """An API or CLI call: one transaction (``run_command``); the bus delivers its events."""

@@ -8,22 +8,22 @@ once here on top of that primitive, so every backend gets the same semantics.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import json
-import operator
 import weakref
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
+from shared.adapters.doc_reads import Reads, reads_for
 from shared.adapters.event_log import EVENTS as EVENTS  # re-exported: callers keep one import
 from shared.adapters.event_log import DocEventLog as DocEventLog
 from shared.adapters.event_log import EventCursor as EventCursor
+from shared.adapters.mapper import MAPPERS, Mapper, Mappers
 from shared.adapters.outbox import OUTBOX, envelope_to_doc, make_envelope
 from shared.adapters.outbox import doc_id as _doc_id
 from shared.domain.events import Envelope, Event
 from shared.domain.model import Cluster, Job, Node, Partition, partition_key
-from shared.ports import DocStore, DocTransaction, ReadOnlyWrite
+from shared.ports import DocStore, DocTransaction, Pruning, ReadOnlyWrite
 
 CLUSTERS = "clusters"
 NODES = "nodes"
@@ -34,25 +34,20 @@ PROCESSED = "processed_events"
 DEFAULT_IDEMPOTENCY_S = 2 * 3600.0
 
 
-T = TypeVar("T")
-
-
 class _Repo:
-    def __init__(self, uow: DocUnitOfWork, collection: str, id_of: Callable[[Any], str],
-                 load: Callable[[dict[str, Any]], Any]) -> None:
+    def __init__(self, uow: DocUnitOfWork, collection: str, mapper: Mapper[Any]) -> None:
         self._uow = uow
         self._collection = collection
-        self._id_of = id_of
-        self._load = load
+        self._key = mapper.key
 
     def _get(self, doc_id: str) -> Any:
-        return self._uow._load(self._collection, doc_id, self._load)
+        return self._uow._load(self._collection, doc_id)
 
     def add(self, entity: Any) -> None:
-        self._uow._track(self._collection, self._id_of(entity), entity, loaded=None)
+        self._uow._track(self._collection, self._key(entity), entity, loaded=None)
 
     def _list(self, equals: dict[str, Any]) -> list[Any]:
-        return self._uow._query(self._collection, equals, self._load)
+        return self._uow._query(self._collection, equals)
 
     def _ids(self, equals: dict[str, Any]) -> AbstractSet[str]:
         return self._uow._query_ids(self._collection, equals)
@@ -109,81 +104,23 @@ class PartitionRepository(_Repo):
         return self._list({"cluster_id": cluster_id})
 
 
-_cluster_id = operator.attrgetter("cluster_id")
-_node_id = operator.attrgetter("node_id")
-_job_id = operator.attrgetter("job_id")
-_partition_key = operator.attrgetter("key")
+class Pool(Protocol):
+    """Where a pooled unit of work goes when it ends (``shared.adapters.uow_pool``)."""
 
-
-def _partition_doc_key(doc: dict[str, Any]) -> str:
-    return partition_key(doc["cluster_id"], doc["name"])
-
-
-# collection -> the id of a stored document, read without decoding it
-_DOC_KEYS: dict[str, Callable[[dict[str, Any]], str]] = {
-    CLUSTERS: operator.itemgetter("cluster_id"), NODES: operator.itemgetter("node_id"),
-    JOBS: operator.itemgetter("job_id"), PARTITIONS: _partition_doc_key}
-
-
-class UnitsOfWork:
-    """``Deps.uow``: a unit of work over ``store`` per call, one that ended handed out again
-    (building one, its four repositories and the weak reference they share, was a quarter
-    of a delivery's frame: 4.5 of 17 us). A unit of work is entered once per hand-out;
-    nested and concurrent ones each get their own. At most ``keep`` wait to be reused."""
-
-    def __init__(self, store: DocStore, *, source: str = "//mtc/control-plane",
-                 clock: Callable[[], float] | None = None, keep: int = 8) -> None:
-        self._store = store
-        self._source = source
-        self._clock = clock
-        self._keep = keep
-        # (a list's pop, append and remove are each atomic: threads share it without a lock;
-        # a race can only keep one more or one fewer)
-        self._free: list[DocUnitOfWork] = []
-
-    def __call__(self, *, read_only: bool = False) -> DocUnitOfWork:
-        try:
-            uow = self._free.pop()
-        except IndexError:
-            uow = DocUnitOfWork(self._store, source=self._source, clock=self._clock, pool=self)
-        uow._pooled = False
-        uow.read_only = read_only
-        return uow
-
-    def give_back(self, uow: DocUnitOfWork) -> None:
-        if not uow._pooled and len(self._free) < self._keep:
-            uow._pooled = True
-            self._free.append(uow)
-
+    def give_back(self, uow: DocUnitOfWork) -> None: ...
     def take(self, uow: DocUnitOfWork) -> None:
-        """Take ``uow`` out of the free list: its holder entered it again."""
-        if uow._pooled:
-            uow._pooled = False
-            with contextlib.suppress(ValueError):  # handed out meanwhile: not there any more
-                self._free.remove(uow)
+        """``uow``, given back, is entered again by a holder: out of the free list."""
+        ...
 
 
-def _matches(entity: Any, plain: dict[str, Any]) -> bool:
-    """Whether ``entity``'s document would match the query ``plain``; an entity that can
-    give one field of its document (``doc_value``) is not encoded whole for it."""
-    value = getattr(entity, "doc_value", None)
-    if value is None:
-        doc = entity.to_dict()
-        return all(doc.get(k) == v for k, v in plain.items())
-    return all(value(k) == v for k, v in plain.items())
+def _matches(mapper: Mapper[Any], entity: Any, plain: dict[str, Any]) -> bool:
+    """Whether ``entity``'s document would match the query ``plain`` (field by field)."""
+    value = mapper.value
+    return all(value(entity, k) == v for k, v in plain.items())
 
 
-def _values(entity: Any, fields: tuple[str, ...]) -> tuple[Any, ...]:
-    value = getattr(entity, "doc_value", None)
-    return tuple(map(value or entity.to_dict().get, fields))
-
-
-# a transaction class -> (keeps_values, any_ids): what its store offers, looked up once
-_CAPABILITIES: dict[type, tuple[bool, bool]] = {}
-
-
-def _outside(collection: str, doc_id: str) -> dict[str, Any] | None:
-    raise RuntimeError("unit of work used outside 'with'")
+def _values(mapper: Mapper[Any], entity: Any, fields: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(mapper.value(entity, f) for f in fields)
 
 
 def _enum_plain(value: Any) -> Any:
@@ -194,33 +131,34 @@ class DocUnitOfWork:
     """Identity map + change tracking: only documents that changed are written at commit."""
 
     def __init__(self, store: DocStore, *, source: str = "//mtc/control-plane",
-                 clock: Callable[[], float] | None = None,
-                 pool: UnitsOfWork | None = None) -> None:
-        self._store = store
+                 clock: Callable[[], float] | None = None, read_only: bool = False,
+                 mappers: Mappers = MAPPERS, reads: Callable[[], Reads] | None = None,
+                 pool: Pool | None = None) -> None:
+        """``reads``: how to read ``store`` (``doc_reads.reads_for(store)``, chosen once by
+        a factory of units of work); ``pool``: where it goes back when it ends (None: it
+        is simply dropped)."""
         self._source = source
         self._clock = clock
-        self._pool = pool  # where it goes back when it ends (None: it is simply dropped)
+        self._pool = pool
         self._pooled = False
         # over a read-only transaction (an API GET): no locks; a change is a bug (commit raises)
-        self.read_only = False
+        self.read_only = read_only
         # the repositories reach back through a weak reference: no cycle, so a finished unit
         # of work and every entity it loaded are freed at once, not by the cyclic collector
-        # (one per event: a million objects in a 54-day Llama 3 run)
         me = weakref.proxy(self)
-        self.clusters = ClusterRepository(me, CLUSTERS, _cluster_id, Cluster.from_dict)
-        self.nodes = NodeRepository(me, NODES, _node_id, Node.from_dict)
-        self.jobs = JobRepository(me, JOBS, _job_id, Job.from_dict)
-        self.partitions = PartitionRepository(me, PARTITIONS, _partition_key,
-                                              Partition.from_dict)
+        self.clusters = ClusterRepository(me, CLUSTERS, mappers.clusters)
+        self.nodes = NodeRepository(me, NODES, mappers.nodes)
+        self.jobs = JobRepository(me, JOBS, mappers.jobs)
+        self.partitions = PartitionRepository(me, PARTITIONS, mappers.partitions)
+        self._mappers: dict[str, Mapper[Any]] = {
+            CLUSTERS: mappers.clusters, NODES: mappers.nodes, JOBS: mappers.jobs,
+            PARTITIONS: mappers.partitions}
+        self._reads = (reads or reads_for(store))()
+        # what a commit compares an entity's document with: the document loaded where the
+        # store keeps the values written; else (JSON gives lists for tuples) the entity's
+        # own encoding as it was loaded, or every read would look like a change
+        self._keeps_values = self._reads.keeps_values
         self._txn: DocTransaction | None = None
-        # whether the transaction gives documents back with the values written (tuples as
-        # tuples: the memory store's ``keeps_values``); a store that goes through JSON
-        # (sqlite, Firestore) gives lists, so what commit compares an entity with is the
-        # entity's own encoding as it was loaded, or every read would look like a change
-        # and write the document back
-        self._keeps_values = False
-        self._any_ids = False  # the store takes any key as a document id (else: hashed)
-        self._read: Callable[[str, str], dict[str, Any] | None] = _outside
         self._tracked: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}
         self._processed: list[tuple[str, float, float]] = []  # (key, at, expire_at)
         self._processed_ids: dict[str, str] = {}  # key -> its document id (hashed once)
@@ -231,19 +169,11 @@ class DocUnitOfWork:
 
     # -- context
     def __enter__(self) -> DocUnitOfWork:
-        if self._pooled:  # entered again by a holder after it ended: not to be handed out
-            self._pool.take(self)  # type: ignore[union-attr]
-        store = self._store
-        txn = self._txn = store.begin(read_only=True) if self.read_only else store.begin()
-        kind = type(txn)
-        caps = _CAPABILITIES.get(kind)
-        if caps is None:
-            caps = _CAPABILITIES[kind] = (bool(getattr(kind, "keeps_values", False)),
-                                          bool(getattr(kind, "any_ids", False)))
-        self._keeps_values, self._any_ids = caps
-        # a store that can hand a document over uncopied (the memory store's ``peek``) does:
-        # decoding only reads it, and an entity's writes are new documents put at commit
-        self._read = getattr(txn, "peek", None) or txn.get
+        if self._txn is not None:
+            raise RuntimeError("unit of work entered while it is in use")
+        if self._pooled and self._pool is not None:  # entered again after it ended
+            self._pool.take(self)  # (not to be handed out while this holder uses it)
+        self._txn = self._reads.begin(self.read_only)
         self._tracked.clear()
         self._processed.clear()
         self._processed_ids.clear()
@@ -269,25 +199,26 @@ class DocUnitOfWork:
             raise RuntimeError("unit of work used outside 'with'")
         return self._txn
 
-    def _load(self, collection: str, doc_id: str, load: Callable[[dict[str, Any]], Any]) -> Any:
+    def _load(self, collection: str, doc_id: str) -> Any:
         key = (collection, doc_id)
         if key in self._tracked:
             return self._tracked[key][0]
         self._require_txn()
-        doc = self._read(collection, doc_id)
+        doc = self._reads.get(collection, doc_id)
         if doc is None:
             return None
-        entity = load(doc)
-        self._tracked[key] = (entity, doc if self._keeps_values else entity.to_dict())
+        mapper = self._mappers[collection]
+        entity = mapper.load(doc)
+        self._tracked[key] = (entity, doc if self._keeps_values else mapper.dump(entity))
         return entity
 
-    def _query(self, collection: str, equals: dict[str, Any],
-               load: Callable[[dict[str, Any]], Any]) -> list[Any]:
+    def _query(self, collection: str, equals: dict[str, Any]) -> list[Any]:
         plain = {k: _enum_plain(v) for k, v in equals.items()}
         out = []
         seen = set()
         tracked = self._tracked
-        doc_key = _DOC_KEYS[collection]
+        mapper = self._mappers[collection]
+        doc_key, load, dump = mapper.doc_key, mapper.load, mapper.dump
         keeps = self._keeps_values
         for doc in self._require_txn().query(collection, plain):
             # a document this transaction already holds is not decoded again (a restart
@@ -298,33 +229,29 @@ class DocUnitOfWork:
                 entity = held[0]
             else:
                 entity = load(doc)
-                tracked[key] = (entity, doc if keeps else entity.to_dict())
+                tracked[key] = (entity, doc if keeps else dump(entity))
             seen.add(key)
             out.append(entity)
         # entities added or changed in this transaction must be visible to its own queries
         for key, (entity, _) in self._tracked.items():
             if key[0] != collection or key in seen:
                 continue
-            if _matches(entity, plain):
+            if _matches(mapper, entity, plain):
                 out.append(entity)
         return out
 
     def _query_ids(self, collection: str, equals: dict[str, Any]) -> AbstractSet[str]:
         plain = {k: _enum_plain(v) for k, v in equals.items()}
-        txn = self._require_txn()
-        keys_only = getattr(txn, "ids", None)
-        found: AbstractSet[str]
-        if keys_only is not None:
-            found = keys_only(collection, plain)  # read-only: maybe the store's index
-        else:  # a store without keys-only queries: read the documents
-            found = set(map(_DOC_KEYS[collection], txn.query(collection, plain)))
+        self._require_txn()
+        mapper = self._mappers[collection]
+        found = self._reads.ids(collection, plain, mapper.doc_key)  # read-only
         # what this transaction changed answers from its entities, not the stored documents
         # (copied only when one of them changes the answer)
         added, dropped = set(), set()
         for (coll, doc_id), (entity, _) in self._tracked.items():
             if coll != collection:
                 continue
-            if _matches(entity, plain):
+            if _matches(mapper, entity, plain):
                 if doc_id not in found:
                     added.add(doc_id)
             elif doc_id in found:
@@ -336,14 +263,9 @@ class DocUnitOfWork:
         """What ``_query`` returns, as field tuples: stored matches in store order (those this
         transaction tracks from their entities), then tracked entities that now match."""
         plain = {k: _enum_plain(v) for k, v in equals.items()}
-        txn = self._require_txn()
-        select = getattr(txn, "project", None)
-        if select is not None:
-            rows = select(collection, plain, fields)
-        else:  # a store without projections: read the documents
-            doc_key = _DOC_KEYS[collection]
-            rows = [(doc_key(doc), tuple(map(doc.get, fields)))
-                    for doc in txn.query(collection, plain)]
+        self._require_txn()
+        mapper = self._mappers[collection]
+        rows = self._reads.project(collection, plain, fields, mapper.doc_key)
         tracked = {key[1]: entity for key, (entity, _) in self._tracked.items()
                    if key[0] == collection}
         if not tracked:
@@ -351,10 +273,10 @@ class DocUnitOfWork:
         out = []
         for doc_id, row in rows:
             entity = tracked.pop(doc_id, None)
-            out.append(row if entity is None else _values(entity, fields))
+            out.append(row if entity is None else _values(mapper, entity, fields))
         for entity in tracked.values():
-            if _matches(entity, plain):
-                out.append(_values(entity, fields))
+            if _matches(mapper, entity, plain):
+                out.append(_values(mapper, entity, fields))
         return out
 
     def _track(self, collection: str, doc_id: str, entity: Any, loaded: dict[str, Any] | None
@@ -365,12 +287,12 @@ class DocUnitOfWork:
     def already_processed(self, key: str) -> bool:
         doc_id = self._processed_ids[key] = self._record_id(key)  # (kept for the write)
         self._require_txn()
-        return self._read(PROCESSED, doc_id) is not None  # (only asked whether it is there)
+        return self._reads.get(PROCESSED, doc_id) is not None  # (only asked whether it is there)
 
     def _record_id(self, key: str) -> str:
         """The idempotency record's document id: the key itself where the store takes any
         id, else hashed (Firestore ids cannot hold '/')."""
-        return key if self._any_ids else _doc_id(key)
+        return key if self._reads.any_ids else _doc_id(key)
 
     def mark_processed(self, key: str, now: float, *, expire_at: float | None = None) -> None:
         """Record ``key`` as handled at ``now``; ``expire_at`` is its retention horizon (a TTL
@@ -416,8 +338,9 @@ class DocUnitOfWork:
         if self.read_only:
             self._end_read(txn)
             return
+        mappers = self._mappers
         for (collection, doc_id), (entity, loaded) in self._tracked.items():
-            doc = entity.to_dict()
+            doc = mappers[collection].dump(entity)
             if doc != loaded:
                 txn.put(collection, doc_id, doc)
         for (collection, doc_id), record in self._records.items():
@@ -440,7 +363,7 @@ class DocUnitOfWork:
     def _end_read(self, txn: DocTransaction) -> None:
         """Commit of a read-only unit of work: it must have changed nothing."""
         changed = [f"{c}/{i}" for (c, i), (entity, loaded) in self._tracked.items()
-                   if entity.to_dict() != loaded]
+                   if self._mappers[c].dump(entity) != loaded]
         changed += [f"{c}/{i}" for c, i in self._records]
         if self._processed or self._emitted:
             changed.append("an idempotency record or an event")
@@ -469,16 +392,32 @@ class DocUnitOfWork:
         self._records.clear()
 
 
+class DocUnitsOfWork:
+    """``Deps.uow``: a new unit of work over ``store`` per call, its way of reading the
+    store chosen once, here."""
+
+    def __init__(self, store: DocStore, *, source: str = "//mtc/control-plane",
+                 clock: Callable[[], float] | None = None, mappers: Mappers = MAPPERS) -> None:
+        self._store = store
+        self._source = source
+        self._clock = clock
+        self._mappers = mappers
+        self._reads = reads_for(store)
+
+    def __call__(self, *, read_only: bool = False) -> DocUnitOfWork:
+        return DocUnitOfWork(self._store, source=self._source, clock=self._clock,
+                             read_only=read_only, mappers=self._mappers, reads=self._reads)
+
+
 def prune_expired(store: DocStore, now: float, *, retention_s: float,
                   idempotency_s: float, limit: int = 5_000) -> int:
     """Delete event-log entries older than ``retention_s`` and idempotency records older than
     ``idempotency_s`` (at most ``limit`` each), on stores that prune by themselves (sqlite,
     memory). Firestore has no ``prune``: its TTL policy on ``expire_at`` does it."""
-    prune = getattr(store, "prune", None)
-    if prune is None:
+    if not isinstance(store, Pruning):
         return 0
-    return int(prune(EVENTS, now - retention_s, limit)) + int(
-        prune(PROCESSED, now - idempotency_s, limit))
+    return store.prune(EVENTS, now - retention_s, limit) + store.prune(
+        PROCESSED, now - idempotency_s, limit)
 
 
 def dumps(doc: dict[str, Any]) -> str:

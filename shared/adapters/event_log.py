@@ -10,7 +10,7 @@ from typing import Any
 from shared.adapters.outbox import doc_id as _doc_id
 from shared.adapters.outbox import envelope_to_doc
 from shared.domain.events import Envelope
-from shared.ports import DocStore
+from shared.ports import DocStore, RangeReads
 
 EVENTS = "events"
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0  # ControlPlaneConfig's default, when none is at hand
@@ -23,6 +23,7 @@ class DocEventLog:
 
     def __init__(self, store: DocStore, *, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self._store = store
+        self._ranged = store if isinstance(store, RangeReads) else None  # a time index
         self._seq = 0
         self.retention_s = retention_s
 
@@ -36,9 +37,8 @@ class DocEventLog:
     def read(self, since: float = 0.0) -> Iterator[dict[str, Any]]:
         """Entries with ``time >= since`` in (time, seq) order, from the store's time index
         where it has one (no full read)."""
-        ranged = getattr(self._store, "since", None)
-        if ranged is not None:
-            yield from ranged(EVENTS, since)
+        if self._ranged is not None:
+            yield from self._ranged.since(EVENTS, since)
             return
         docs = self._store.read(EVENTS, {})
         yield from sorted((d for d in docs if d["time"] >= since),

@@ -178,7 +178,8 @@ class FirestoreTransaction:
 
 
 class FirestoreDocStore:
-    """``DocStore`` over a Firestore database; ``prefix`` namespaces the collections."""
+    """``DocStore`` over a Firestore database, with ``Claiming`` (``shared.ports``); ``prefix``
+    namespaces the collections."""
 
     def __init__(self, client: firestore.Client, *, prefix: str = "") -> None:
         self.client = client

@@ -49,8 +49,8 @@ def _leave(index: dict[Any, set[str]], key: Any, doc_id: str) -> None:
     """``doc_id`` out of ``index[key]``; a bucket left mostly empty is rebuilt. A Python set
     never shrinks on removal, and an intersection walks the whole table: the idle bucket of
     a 16,640-node fleet, down to 212 ids once its nodes were allocated, still walked the
-    table sized for 16,640 (150 us per scheduling query, not 5). A rebuild copies what is
-    left, at most once per as many removals: amortized O(1)."""
+    table sized for 16,640. A rebuild copies what is left, at most once per as many
+    removals: amortized O(1)."""
     bucket = index[key]
     bucket.discard(doc_id)
     if sys.getsizeof(bucket) > _SPARSE_BYTES + _SPARSE_PER_ID * len(bucket):
@@ -61,8 +61,8 @@ _SPARSE_BYTES, _SPARSE_PER_ID = 4096, 128  # a table over this (bytes) is rebuil
 
 
 class MemoryTransaction:
-    keeps_values = True  # documents come back with the values written (no JSON in between)
-    any_ids = True  # any string is a document id ('/' too): idempotency keys need no hashing
+    """An ``IndexedTransaction``: documents come back with the values written (no JSON in
+    between), keys-only queries and projections from the indexes."""
 
     def __init__(self, store: MemoryDocStore, read_only: bool = False) -> None:
         self._store = store
@@ -133,6 +133,8 @@ class MemoryTransaction:
 
 
 class MemoryDocStore:
+    """A ``DocStore`` with ``IndexedQueries``, ``Pruning`` and ``RangeReads``."""
+
     def __init__(self) -> None:
         self.data: defaultdict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         self.lock = threading.RLock()
@@ -149,6 +151,10 @@ class MemoryDocStore:
         self._unordered: set[str] = set()
 
     def begin(self, *, read_only: bool = False) -> MemoryTransaction:
+        return MemoryTransaction(self, read_only)
+
+    def begin_indexed(self, *, read_only: bool = False) -> MemoryTransaction:
+        """``begin``, as the ``IndexedQueries`` store it is (``shared.ports``)."""
         return MemoryTransaction(self, read_only)
 
     # -- writes keep the indexes (every write to ``data`` goes through these two)

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from shared.domain.events import Envelope, Event, event_class
-from shared.ports import Clock, DocStore, Emitter, Publisher
+from shared.ports import Claiming, Clock, DocStore, Emitter, Publisher
 
 log = logging.getLogger("mtc.outbox")
 
@@ -87,13 +87,13 @@ def sweep_outbox(store: DocStore, publisher: Publisher, *, min_age_s: float = 0.
     handler is idempotent on the CloudEvent source + id, which a republish keeps."""
     now = time.time() if now is None else now
     outbox = DocOutbox(store)
-    claim = getattr(store, "claim", None)
+    claiming = store if isinstance(store, Claiming) else None
     published = 0
     for envelope in outbox.pending(limit):
         if envelope.time > now - min_age_s:
             break  # pending() is ordered by time: the rest are younger still
-        if claim is not None and not claim(OUTBOX, envelope.id, field="claimed_until",
-                                           now=now, until=now + lease_s):
+        if claiming is not None and not claiming.claim(
+                OUTBOX, envelope.id, field="claimed_until", now=now, until=now + lease_s):
             continue
         publisher.publish(envelope)
         outbox.mark_published([envelope.id])

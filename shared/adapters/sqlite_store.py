@@ -108,6 +108,8 @@ class SqliteTransaction:
 
 
 class SqliteDocStore:
+    """A ``DocStore`` with ``Pruning`` and ``RangeReads`` (``shared.ports``)."""
+
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path

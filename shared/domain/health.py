@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from shared.domain.direct_init import direct_init
 from shared.domain.errors import ValidationError
 from shared.domain.validation import require_number, require_str
 
@@ -93,9 +92,6 @@ class RepairAction(enum.StrEnum):
         return self not in (RepairAction.NONE, RepairAction.RESTART_JOB)
 
 
-_tuple_new = tuple.__new__
-
-
 class _NoDetails(Mapping[str, Any]):
     """The details of a condition that has none: one shared, immutable, empty mapping (a
     report carries a dozen such conditions), which pickles and copies as itself (a
@@ -162,8 +158,8 @@ class Condition(NamedTuple):
             parsed = _STATUSES.get(data.get("status"))  # type: ignore[arg-type]
             if parsed is not None and type(ctype) is str and ctype and type(since) is float \
                     and math.isfinite(since) and (details is None or type(details) is dict):
-                return _tuple_new(cls, (ctype, parsed, str(data.get("reason", "")), since,
-                                        dict(details) if details else _NO_DETAILS))
+                return cls(ctype, parsed, str(data.get("reason", "")), since,
+                           dict(details) if details else _NO_DETAILS)
         status = require_str(data, "status")
         try:
             parsed_status = ConditionStatus(status.lower())
@@ -181,7 +177,6 @@ class Condition(NamedTuple):
         )
 
 
-@direct_init
 @dataclass(frozen=True)
 class HealthReport:
     node_id: str
@@ -196,7 +191,6 @@ class HealthReport:
         return None
 
 
-@direct_init
 @dataclass(frozen=True)
 class FailureRecord:
     """One diagnosed failure in a node's history; the repair ladder climbs on these."""
@@ -206,7 +200,6 @@ class FailureRecord:
     action: RepairAction
 
 
-@direct_init
 @dataclass(frozen=True)
 class Diagnosis:
     failure_mode: str  # "healthy" when nothing is wrong

@@ -77,7 +77,6 @@ def stale_report(node: Node, observed_at: float) -> bool:
 
 
 _TRUE = ConditionStatus.TRUE.value
-_tuple_new = tuple.__new__
 
 
 def observe(node: Node, report: HealthReport) -> bool:
@@ -89,14 +88,12 @@ def observe(node: Node, report: HealthReport) -> bool:
     changed = False
     at = report.observed_at
     held = node.conditions
-    # (conditions unpacked, and tuple.__new__ for the NodeConditions: a NamedTuple's own
-    # __new__ is a Python function, and a report folds a dozen)
     for ctype, cstatus, reason, since, _ in report.conditions:
         prev = held.get(ctype)
-        status = cstatus._value_
+        status = cstatus.value
         if prev is None:
             changed = True
-            held[ctype] = _tuple_new(NodeCondition, (status, reason, since, at))
+            held[ctype] = NodeCondition(status, reason, since, at)
             continue
         held_status, held_reason, held_since, last_seen = prev
         if ctype in OPERATOR_CONDITIONS and report.source != OPERATOR_SOURCE \
@@ -104,9 +101,9 @@ def observe(node: Node, report: HealthReport) -> bool:
             continue  # an operator's drain is lifted by an operator, never by an agent
         if held_status != status or held_reason != reason or held_since != since:
             changed = True
-            held[ctype] = _tuple_new(NodeCondition, (status, reason, since, at))
+            held[ctype] = NodeCondition(status, reason, since, at)
         elif at > last_seen:
-            held[ctype] = _tuple_new(NodeCondition, (status, held_reason, held_since, at))
+            held[ctype] = NodeCondition(status, held_reason, held_since, at)
     if report.source not in REMOTE_SOURCES and report.condition(HEARTBEAT) is None:
         lost = node.conditions.get(HEARTBEAT)
         if lost is not None and lost.status == _TRUE:

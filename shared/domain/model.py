@@ -7,22 +7,26 @@ Entities are plain mutable objects owned by a unit of work; every state change g
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus, FailureRecord, RepairAction
 from shared.domain.partition import Partition as Partition  # re-exported: callers keep one import
 from shared.domain.partition import partition_key as partition_key
+from shared.domain.ranks import Ranks, as_ranks
 from shared.domain.recovery import JobRecovery
-from shared.domain.spec_cache import cluster_specs as _cluster_spec
-from shared.domain.spec_cache import job_specs as _job_spec
 from shared.domain.specs import ClusterSpec, CustomJobSpec
 from shared.domain.statemachine import TransitionTable
 
 
 def _fs(*states: Any) -> frozenset[Any]:
     return frozenset(states)
+
+
+S = TypeVar("S")
+SpecDoc = Callable[[str, S], dict[str, Any]]  # (entity id, spec) -> the spec's document
+SpecParse = Callable[[str, Mapping[str, Any]], S]  # (entity id, document) -> its spec
 
 
 # ---------------------------------------------------------------- clusters
@@ -35,9 +39,6 @@ class ClusterState(enum.StrEnum):
     DELETING = "DELETING"
     DELETED = "DELETED"
     FAILED = "FAILED"
-
-
-_CLUSTER_STATES = dict(ClusterState._value2member_map_)  # value -> member, no Enum call
 
 
 CS = ClusterState
@@ -70,10 +71,12 @@ class Cluster:
         self.updated_at = now
         self.message = message
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, spec_doc: SpecDoc[ClusterSpec] | None = None) -> dict[str, Any]:
+        """``spec_doc``: (cluster id, spec) -> the spec's document (a mapper's cache), else
+        the spec's own ``to_dict``."""
         return {
             "cluster_id": self.cluster_id,
-            "spec": _cluster_spec.doc(self.cluster_id, self.spec),
+            "spec": spec_doc(self.cluster_id, self.spec) if spec_doc else self.spec.to_dict(),
             "state": self.state.value,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
@@ -82,11 +85,15 @@ class Cluster:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Cluster:
+    def from_dict(cls, d: dict[str, Any], parse_spec: SpecParse[ClusterSpec] | None = None
+                  ) -> Cluster:
+        """``parse_spec``: (cluster id, document) -> its spec (a mapper's cache), else
+        ``ClusterSpec.from_dict``."""
+        spec = d["spec"]
         return cls(
             cluster_id=d["cluster_id"],
-            spec=_cluster_spec(d["cluster_id"], d["spec"]),
-            state=_CLUSTER_STATES.get(d["state"]) or ClusterState(d["state"]),
+            spec=parse_spec(d["cluster_id"], spec) if parse_spec else ClusterSpec.from_dict(spec),
+            state=ClusterState(d["state"]),
             created_at=d["created_at"],
             updated_at=d["updated_at"],
             generation=d.get("generation", 1),
@@ -141,10 +148,8 @@ class NodeCondition(NamedTuple):
     """A node's current state of one condition type: status and reason as last reported,
     ``since`` when the status last changed, ``last_seen`` the newest report that carried it.
 
-    Immutable, so a node's document and its entity share them: decoding a node copies one
-    dict of twelve of these instead of building twelve objects, and a commit that left them
-    alone compares them by identity (a node is decoded and encoded several times per event).
-    A change replaces the condition (``_replace``)."""
+    Immutable, so a node's document and its entity may share them. A change replaces the
+    condition (``_replace``)."""
 
     status: str
     reason: str
@@ -152,26 +157,15 @@ class NodeCondition(NamedTuple):
     last_seen: float
 
 
-class ConditionMap(dict[str, NodeCondition]):
-    """A node document's conditions as :meth:`Node.to_dict` writes them (values already
-    :class:`NodeCondition`); a store that round-trips through JSON gives back a plain dict
-    of lists, which :func:`_conditions` rebuilds."""
-
-
-def _conditions(raw: Any) -> dict[str, NodeCondition]:
-    if type(raw) is ConditionMap:
-        return dict(raw)
-    return {t: NodeCondition(*c) for t, c in (raw or {}).items()}
+def conditions_from(raw: Mapping[str, Any] | None) -> dict[str, NodeCondition]:
+    """A document's conditions: each a :class:`NodeCondition` already, or its list."""
+    return {t: c if type(c) is NodeCondition else NodeCondition(*c)
+            for t, c in (raw or {}).items()}
 
 
 class NodeRole(enum.StrEnum):
     LOGIN = "login"
     WORKER = "worker"
-
-
-# value -> member without Enum.__call__ (a node document is decoded millions of times a run)
-_NODE_STATES, _NODE_ROLES = dict(NodeState._value2member_map_), dict(NodeRole._value2member_map_)
-_ACTIONS = dict(RepairAction._value2member_map_)
 
 
 @dataclass
@@ -242,87 +236,47 @@ class Node:
         return True
 
     def to_dict(self) -> dict[str, Any]:
-        # the fields as they are (plain values, or immutable: the conditions are shared), then
-        # the few that are stored in another form (a node is encoded several times an event)
-        doc = dict(self.__dict__)
-        doc["role"] = self.role._value_
-        doc["state"] = self.state._value_
-        action = self.repair_action
-        doc["repair_action"] = action._value_ if action else None
-        doc["history"] = [[r.at, r.failure_mode, r.action._value_] for r in self.history]
-        doc["conditions"] = ConditionMap(self.conditions)
-        sound = self.sound
-        doc["sound"] = sound  # derived, for the store's indexes (ignored by from_dict)
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc["role"] = self.role.value
+        doc["state"] = self.state.value
+        doc["repair_action"] = self.repair_action.value if self.repair_action else None
+        doc["history"] = [[r.at, r.failure_mode, r.action.value] for r in self.history]
+        doc["conditions"] = dict(self.conditions)
+        doc["sound"] = self.sound  # derived, for the store's indexes (ignored by from_dict)
         # the job it is allocated to and sound under, else None: a restart reads one index
         # bucket for which of its 2,048 nodes are sound (shared.job_nodes)
-        doc["sound_for"] = _sound_for(self, sound)
+        doc["sound_for"] = sound_for(self)
         return doc
 
-    def doc_value(self, name: str) -> Any:
-        """``to_dict()[name]`` (None for a field it lacks) without encoding the rest: a
-        query within a unit of work checks the nodes it holds field by field (a cluster's
-        creation holds 2,081)."""
-        encode = _NODE_ENCODINGS.get(name)
-        return encode(self) if encode is not None else self.__dict__.get(name)
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Node:
-        node = _new(cls)
-        state = node.__dict__
-        if d.keys() == _NODE_ENCODED:  # what to_dict writes: the fields, then the derived two
-            state.update(d)  # (one copy: a node is decoded several times per event)
-            del state["sound"], state["sound_for"]
-        else:  # an older or a partial document: over the defaults
-            state.update(_NODE_DEFAULTS)
-            state.update(d)
-            state.pop("sound", None)
-            state.pop("sound_for", None)
-            if state.keys() != _NODE_FIELDS:
-                return cls._from_partial(d)  # a required field missing, or one we do not know
-        state["role"] = _NODE_ROLES[state["role"]]
-        state["state"] = _NODE_STATES[state["state"]]
-        action = state["repair_action"]
-        state["repair_action"] = _ACTIONS[action] if action else None
-        history = state["history"]
-        state["history"] = [FailureRecord(h[0], h[1], _ACTIONS[h[2]]) for h in history] \
-            if history else []
-        state["conditions"] = _conditions(state["conditions"])
-        return node
-
-    @classmethod
-    def _from_partial(cls, d: dict[str, Any]) -> Node:
-        """A document that is not exactly a node's fields: required ones read by name (a
-        missing one raises KeyError), unknown ones ignored."""
-        known = {k: v for k, v in d.items() if k in _NODE_FIELDS}
-        for name in _NODE_REQUIRED:
+    def from_dict(cls, d: Mapping[str, Any]) -> Node:
+        """A node's document; unknown fields are ignored, the derived ones too, a missing
+        required one raises KeyError, a missing optional one gets its default."""
+        known = {k: v for k, v in d.items() if k in NODE_FIELDS}
+        for name in NODE_REQUIRED:
             known[name] = d[name]
-        return cls.from_dict(known)
+        known["role"] = NodeRole(known["role"])
+        known["state"] = NodeState(known["state"])
+        action = known.get("repair_action")
+        known["repair_action"] = RepairAction(action) if action else None
+        known["history"] = [FailureRecord(h[0], h[1], RepairAction(h[2]))
+                            for h in known.get("history") or ()]
+        known["conditions"] = conditions_from(known.get("conditions"))
+        known.setdefault("accelerator_type", None)
+        known.setdefault("accelerator_count", 0)
+        return cls(**known)
 
 
-def _sound_for(node: Node, sound: bool) -> str | None:
+def sound_for(node: Node) -> str | None:
     """The document's ``sound_for``: the job the node is allocated to and sound under."""
-    return node.job_id if sound and node.state is NodeState.ALLOCATED else None
+    return node.job_id if node.state is NodeState.ALLOCATED and node.sound else None
 
 
-# the document fields Node.to_dict writes in another form than the attribute's own
-_NODE_ENCODINGS: dict[str, Callable[[Node], Any]] = {
-    "role": lambda n: n.role._value_,
-    "state": lambda n: n.state._value_,
-    "repair_action": lambda n: n.repair_action._value_ if n.repair_action else None,
-    "sound": lambda n: n.sound,
-    "sound_for": lambda n: _sound_for(n, n.sound),
-    "history": lambda n: n.to_dict()["history"],
-    "conditions": lambda n: n.to_dict()["conditions"],
-}
-_new = object.__new__
-_NODE_FIELDS = frozenset(f.name for f in fields(Node))
-_NODE_ENCODED = _NODE_FIELDS | {"sound", "sound_for"}  # the keys of Node.to_dict's document
-# what an older document lacks: the field's default (history and conditions: empty, rebuilt;
-# a node without accelerators may omit them)
-_NODE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Node)
-                                  if f.default is not MISSING}
-_NODE_DEFAULTS.update(history=None, conditions=None, accelerator_type=None, accelerator_count=0)
-_NODE_REQUIRED = tuple(sorted(_NODE_FIELDS - _NODE_DEFAULTS.keys()))
+NODE_FIELDS = frozenset(f.name for f in fields(Node))
+# (a node without accelerators may omit them)
+NODE_REQUIRED = tuple(sorted(
+    {f.name for f in fields(Node) if f.default is MISSING and f.default_factory is MISSING}
+    - {"accelerator_type", "accelerator_count"}))
 
 
 # ---------------------------------------------------------------- jobs
@@ -341,9 +295,6 @@ class JobState(enum.StrEnum):
     CANCELLED = "JOB_STATE_CANCELLED"
 
 
-_JOB_STATES = dict(JobState._value2member_map_)  # value -> member, no Enum call
-
-
 JS = JobState
 JOB_TRANSITIONS: TransitionTable[JobState] = TransitionTable(
     "job",
@@ -358,11 +309,11 @@ JOB_TRANSITIONS: TransitionTable[JobState] = TransitionTable(
     },
 )
 TERMINAL_JOB_STATES = frozenset({JS.SUCCEEDED, JS.FAILED, JS.CANCELLED})
+NO_RANKS = Ranks()  # (immutable: one shared by every job not placed)
 
 
 class Checkpoint(NamedTuple):
-    """A saved checkpoint. Immutable, so the job document and the entity share them (a job
-    keeps its last 20 and is read several times per event of its own)."""
+    """A saved checkpoint. Immutable, so the job document and the entity may share them."""
 
     step: int
     path: str
@@ -371,15 +322,10 @@ class Checkpoint(NamedTuple):
     save_s: float = 0.0  # how long its save blocked training, as measured (0: not measured)
 
 
-class CheckpointList(list[Checkpoint]):
-    """A job document's checkpoints as :meth:`Job.to_dict` writes them (already
-    :class:`Checkpoint`); a store that round-trips through JSON gives back lists."""
-
-
-def _checkpoints(raw: Any) -> list[Checkpoint]:
-    if type(raw) is CheckpointList:
-        return list(raw)
-    return [Checkpoint(*c[:5]) for c in raw or ()]
+def checkpoints_from(raw: Any) -> list[Checkpoint]:
+    """A document's checkpoints: each a :class:`Checkpoint` already, or its list (an older
+    one without ``save_s``)."""
+    return [c if type(c) is Checkpoint else Checkpoint(*c[:5]) for c in raw or ()]
 
 
 @dataclass
@@ -393,11 +339,10 @@ class Job:
     priority: int = 0
     attempt: int = 0  # increases with every start: worker events of older attempts are stale
     restart_count: int = 0
-    # a node per rank ('' for a lost rank's hole); tuples, shared with the job's document (a
-    # 2,048-rank job is read and written several times per restart: no copy, and an
-    # unchanged one compares by identity at commit). A change assigns a new tuple.
-    node_ids: tuple[str, ...] = ()
-    previous_node_ids: tuple[str, ...] = ()
+    # a node per rank ('' for a lost rank's hole): immutable values that know their holes,
+    # shared with the job's document. A change assigns a new value.
+    node_ids: Ranks = NO_RANKS
+    previous_node_ids: Ranks = NO_RANKS
     checkpoints: list[Checkpoint] = field(default_factory=list)
     interrupt_reason: str = ""
     interrupt_requested_at: float | None = None
@@ -409,10 +354,8 @@ class Job:
     checkpoint_advice: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if type(self.node_ids) is not tuple:  # a list from a caller: our own immutable copy
-            self.node_ids = tuple(self.node_ids)
-        if type(self.previous_node_ids) is not tuple:
-            self.previous_node_ids = tuple(self.previous_node_ids)
+        self.node_ids = as_ranks(self.node_ids)  # (a tuple or list from a caller)
+        self.previous_node_ids = as_ranks(self.previous_node_ids)
 
     def transition(self, target: JobState, now: float) -> None:
         JOB_TRANSITIONS.check(self.job_id, self.state, target)
@@ -429,20 +372,22 @@ class Job:
     def latest_checkpoint(self) -> Checkpoint | None:
         return max(self.checkpoints, key=lambda c: c.step, default=None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, spec_doc: SpecDoc[CustomJobSpec] | None = None) -> dict[str, Any]:
+        """``spec_doc``: (job id, spec) -> the spec's document (a mapper's cache), else the
+        spec's own ``to_dict``."""
         return {
             "job_id": self.job_id,
             "cluster_id": self.cluster_id,
-            "spec": _job_spec.doc(self.job_id, self.spec),
+            "spec": spec_doc(self.job_id, self.spec) if spec_doc else self.spec.to_dict(),
             "state": self.state.value,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             "priority": self.priority,
             "attempt": self.attempt,
             "restart_count": self.restart_count,
-            "node_ids": tuple(self.node_ids),
-            "previous_node_ids": tuple(self.previous_node_ids),
-            "checkpoints": CheckpointList(self.checkpoints),
+            "node_ids": self.node_ids,
+            "previous_node_ids": self.previous_node_ids,
+            "checkpoints": list(self.checkpoints),
             "interrupt_reason": self.interrupt_reason,
             "interrupt_requested_at": self.interrupt_requested_at,
             "started_at": self.started_at,
@@ -453,20 +398,24 @@ class Job:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Job:
+    def from_dict(cls, d: dict[str, Any], parse_spec: SpecParse[CustomJobSpec] | None = None
+                  ) -> Job:
+        """``parse_spec``: (job id, document) -> its spec (a mapper's cache), else
+        ``CustomJobSpec.from_dict``."""
+        spec = d["spec"]
         return cls(
             job_id=d["job_id"],
             cluster_id=d["cluster_id"],
-            spec=_job_spec(d["job_id"], d["spec"]),
-            state=_JOB_STATES.get(d["state"]) or JobState(d["state"]),
+            spec=parse_spec(d["job_id"], spec) if parse_spec else CustomJobSpec.from_dict(spec),
+            state=JobState(d["state"]),
             created_at=d["created_at"],
             updated_at=d["updated_at"],
             priority=d.get("priority", 0),
             attempt=d.get("attempt", 0),
             restart_count=d.get("restart_count", 0),
-            node_ids=tuple(d.get("node_ids", ())),
-            previous_node_ids=tuple(d.get("previous_node_ids", ())),
-            checkpoints=_checkpoints(d.get("checkpoints")),
+            node_ids=as_ranks(d.get("node_ids", ())),
+            previous_node_ids=as_ranks(d.get("previous_node_ids", ())),
+            checkpoints=checkpoints_from(d.get("checkpoints")),
             interrupt_reason=d.get("interrupt_reason", ""),
             interrupt_requested_at=d.get("interrupt_requested_at"),
             started_at=d.get("started_at"),

@@ -3,8 +3,6 @@ re-exports it): counts and the ids taken out, without scanning every node."""
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +14,7 @@ class Partition:
     ``out_of_service`` holds the nodes taken out (repairs, replacements); ``settling`` counts
     the nodes still coming up for the first time, which are not in service either but need
     no ids here: a 16k-node partition coming up would otherwise rewrite a 16k-id document
-    for every node that enters service. ``down`` is what the blast-radius guard counts.
-    ``out_of_service`` changes through ``take_out``/``put_back``/``set_out_of_service``; the
-    sorted list its document stores is kept beside it (no re-sort per write)."""
+    for every node that enters service. ``down`` is what the blast-radius guard counts."""
 
     cluster_id: str
     name: str
@@ -26,7 +22,6 @@ class Partition:
     out_of_service: set[str] = field(default_factory=set)
     removed_at: list[float] = field(default_factory=list)
     settling: int = 0
-    _sorted: list[str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> str:
@@ -35,19 +30,10 @@ class Partition:
     def take_out(self, node_id: str, now: float, window_s: float) -> None:
         if node_id not in self.out_of_service:
             self.out_of_service.add(node_id)
-            if self._sorted is not None:
-                bisect.insort(self._sorted, node_id)
             self.removed_at = [t for t in self.removed_at if t >= now - window_s] + [now]
 
     def put_back(self, node_id: str) -> None:
-        if node_id in self.out_of_service:
-            self.out_of_service.discard(node_id)
-            if self._sorted is not None:
-                i = bisect.bisect_left(self._sorted, node_id)
-                if i < len(self._sorted) and self._sorted[i] == node_id:
-                    del self._sorted[i]
-                else:
-                    self._sorted = None
+        self.out_of_service.discard(node_id)
 
     @property
     def down(self) -> int:
@@ -63,35 +49,23 @@ class Partition:
 
     def set_out_of_service(self, node_ids: set[str]) -> None:
         self.out_of_service = set(node_ids)
-        self._sorted = None
-
-    def _ids(self) -> list[str]:
-        if self._sorted is None or len(self._sorted) != len(self.out_of_service):
-            self._sorted = sorted(self.out_of_service)
-        return list(self._sorted)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "cluster_id": self.cluster_id,
             "name": self.name,
             "total_nodes": self.total_nodes,
-            "out_of_service": self._ids(),
+            "out_of_service": sorted(self.out_of_service),
             "removed_at": list(self.removed_at),
             "settling": self.settling,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Partition:
-        ids = list(d.get("out_of_service", ()))
-        # the fields stored directly, not through the dataclass's keyword __init__: a
-        # partition is decoded on every node's return to service (1.8 -> 1.2 us)
-        part = object.__new__(cls)
-        part.__dict__.update(
-            cluster_id=d["cluster_id"], name=d["name"], total_nodes=d.get("total_nodes", 0),
-            out_of_service=set(ids), removed_at=list(d.get("removed_at", ())),
-            settling=d.get("settling", 0),
-            _sorted=ids if not ids or all(a < b for a, b in itertools.pairwise(ids)) else None)
-        return part
+        return cls(cluster_id=d["cluster_id"], name=d["name"],
+                   total_nodes=d.get("total_nodes", 0),
+                   out_of_service=set(d.get("out_of_service", ())),
+                   removed_at=list(d.get("removed_at", ())), settling=d.get("settling", 0))
 
 
 def partition_key(cluster_id: str, name: str) -> str:

@@ -20,6 +20,7 @@ from shared.adapters.docstore import DocUnitOfWork
 from shared.adapters.memory_store import MemoryDocStore
 from shared.adapters.sqlite_store import SqliteDocStore
 from shared.domain.model import Node, NodeCondition, NodeRole, NodeState
+from shared.ports import IndexedQueries
 
 T = 1_800_000_000.0
 FIELDS = ("node_id", "partition", "sound")
@@ -201,10 +202,12 @@ def assert_reads_write_nothing(store: Any) -> None:
         uow.jobs.add(job)
         uow.commit()
     puts: list[tuple[str, str]] = []
-    begin = store.begin
+    # (an IndexedQueries store's units of work begin through ``begin_indexed``)
+    opener = "begin_indexed" if isinstance(store, IndexedQueries) else "begin"
+    begin = getattr(store, opener)
 
-    def spying() -> Any:
-        txn = begin()
+    def spying(**kw: Any) -> Any:
+        txn = begin(**kw)
         put = txn.put
 
         def counted(collection: str, doc_id: str, doc: dict[str, Any]) -> None:
@@ -214,7 +217,7 @@ def assert_reads_write_nothing(store: Any) -> None:
         txn.put = counted
         return txn
 
-    store.begin = spying
+    setattr(store, opener, spying)
     try:
         with DocUnitOfWork(store) as uow:
             assert uow.nodes.get("n1") == sick
@@ -222,8 +225,13 @@ def assert_reads_write_nothing(store: Any) -> None:
             assert [n.node_id for n in uow.nodes.list("c1")] == ["n1"]
             assert [j.job_id for j in uow.jobs.list("c1")] == ["j1"]
             uow.commit()
+        with DocUnitOfWork(store) as uow:  # the spy sees a write
+            uow.nodes.get("n1").reason = "seen"  # type: ignore[union-attr]
+            uow.commit()
     finally:
-        store.begin = begin
+        setattr(store, opener, begin)
+    assert puts == [("nodes", "n1")]
+    puts.clear()
     assert puts == []
 
 
@@ -234,11 +242,11 @@ def test_a_read_writes_nothing(store: Any) -> None:
 def assert_read_only_units_change_nothing(store: Any) -> None:
     """A read-only unit of work (an API GET) reads what is committed, and a change in it is a
     bug that fails its commit and writes nothing; its transaction refuses writes itself."""
-    from shared.adapters.docstore import UnitsOfWork
+    from shared.adapters.uow_pool import PooledUnitsOfWork
     from shared.ports import ReadOnlyWrite
 
     add(store, node("n1"))
-    units = UnitsOfWork(store)
+    units = PooledUnitsOfWork(store)
     with units(read_only=True) as uow:
         assert uow.nodes.get("n1") == node("n1")
         assert [n.node_id for n in uow.nodes.list("c1")] == ["n1"]

@@ -1,13 +1,17 @@
-"""Node documents: what the fast codec reads and writes, for every shape a store gives back."""
+"""Entity documents: what the domain's codecs and the mapper's (``shared.adapters.mapper``)
+read and write, for every shape a store gives back."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from shared.adapters.mapper import nodes as node_codec
 from shared.domain.health import FailureRecord, RepairAction
-from shared.domain.model import ConditionMap, Node, NodeCondition, NodeRole, NodeState
+from shared.domain.model import Node, NodeCondition, NodeRole, NodeState
 
 T = 1_700_000_000.0
 
@@ -20,24 +24,40 @@ def node() -> Node:
     return n
 
 
-def test_round_trip_in_memory_and_through_json() -> None:
+LOADS = [Node.from_dict, node_codec.load]  # the domain's codec, the mapper's
+
+
+@pytest.mark.parametrize("load", LOADS)
+def test_round_trip_in_memory_and_through_json(load: Callable[[dict[str, Any]], Node]) -> None:
     n = node()
     doc = n.to_dict()
-    assert Node.from_dict(doc) == n
+    assert load(doc) == n
+    assert node_codec.dump(n) == doc
     # a store that keeps JSON (sqlite, Firestore) gives back lists and plain dicts
-    assert Node.from_dict(json.loads(json.dumps(doc))) == n
+    assert load(json.loads(json.dumps(doc))) == n
 
 
-def test_derived_fields_are_written_and_not_read_back() -> None:
+@pytest.mark.parametrize("load", LOADS)
+def test_derived_fields_are_written_and_not_read_back(
+        load: Callable[[dict[str, Any]], Node]) -> None:
     doc = node().to_dict()
     assert doc["sound"] is True and doc["sound_for"] == "j1"
-    assert not hasattr(Node.from_dict(doc), "sound_for")
+    assert not hasattr(load(doc), "sound_for")
 
 
-def test_conditions_are_shared_not_copied_and_a_change_does_not_reach_the_document() -> None:
-    doc = node().to_dict()
-    assert type(doc["conditions"]) is ConditionMap
-    loaded = Node.from_dict(doc)
+def test_the_mapper_writes_the_domain_s_document_in_every_state() -> None:
+    n = node()
+    for state in NodeState:
+        for fault in ("", "gpu_fell_off_bus"):
+            n.state, n.fault = state, fault
+            assert node_codec.dump(n) == n.to_dict(), (state, fault)
+
+
+@pytest.mark.parametrize("load", LOADS)
+def test_conditions_are_shared_not_copied_and_a_change_does_not_reach_the_document(
+        load: Callable[[dict[str, Any]], Node]) -> None:
+    doc = node_codec.dump(node())
+    loaded = load(doc)
     assert loaded.conditions["XidError"] is doc["conditions"]["XidError"]
     assert loaded.conditions is not doc["conditions"]
     loaded.conditions["XidError"] = loaded.conditions["XidError"]._replace(status="true")
@@ -46,26 +66,29 @@ def test_conditions_are_shared_not_copied_and_a_change_does_not_reach_the_docume
     assert len(doc["history"]) == 1
 
 
-def test_an_older_document_gets_the_defaults() -> None:
+@pytest.mark.parametrize("load", LOADS)
+def test_an_older_document_gets_the_defaults(load: Callable[[dict[str, Any]], Node]) -> None:
     doc = {"node_id": "n", "cluster_id": "c", "pool": "p", "partition": "x", "role": "worker",
            "machine_type": "m", "state": "idle", "since": T}
-    n = Node.from_dict(doc)
+    n = load(doc)
     assert (n.accelerator_type, n.accelerator_count, n.history, n.conditions) == (None, 0, [], {})
     assert n.generation == 1 and n.renewed_at is None
 
 
-def test_unknown_fields_are_ignored_and_missing_required_ones_raise() -> None:
+@pytest.mark.parametrize("load", LOADS)
+def test_unknown_fields_are_ignored_and_missing_required_ones_raise(
+        load: Callable[[dict[str, Any]], Node]) -> None:
     doc = {**node().to_dict(), "from_a_newer_version": 1}
-    n = Node.from_dict(doc)
+    n = load(doc)
     assert n == node() and not hasattr(n, "from_a_newer_version")
     broken = node().to_dict()
     del broken["cluster_id"]
     with pytest.raises(KeyError, match="cluster_id"):
-        Node.from_dict(broken)
+        load(broken)
 
 
 def test_job_checkpoints_are_shared_and_survive_json() -> None:
-    from shared.domain.model import Checkpoint, CheckpointList, Job, JobState
+    from shared.domain.model import Checkpoint, Job, JobState
     from shared.domain.specs import CustomJobSpec
     from tests.harness import job_body
 
@@ -73,7 +96,6 @@ def test_job_checkpoints_are_shared_and_survive_json() -> None:
     job = Job("j1", "c", spec, JobState.RUNNING, T, T,
               checkpoints=[Checkpoint(10, "gs://b/ckpt-10", T, 1, 2.5)])
     doc = job.to_dict()
-    assert type(doc["checkpoints"]) is CheckpointList
     loaded = Job.from_dict(doc)
     assert loaded.checkpoints == job.checkpoints and loaded.checkpoints is not doc["checkpoints"]
     assert loaded.checkpoints[0] is doc["checkpoints"][0]
@@ -100,8 +122,8 @@ def test_job_ranks_are_tuples_shared_with_the_document() -> None:
 
 
 def test_one_field_of_the_document_is_the_document_s() -> None:
-    """``Node.doc_value`` answers a query's field without encoding the node: the same value
-    as the document's, derived fields included, in every state."""
+    """The node mapper's ``value`` answers a query's field without encoding the node: the
+    same value as the document's, derived fields included, in every state."""
     n = node()
     for state in NodeState:
         n.state = state
@@ -109,7 +131,7 @@ def test_one_field_of_the_document_is_the_document_s() -> None:
             n.fault = fault
             doc = n.to_dict()
             for name in [*doc, "not_a_field"]:
-                assert n.doc_value(name) == doc.get(name), (state, fault, name)
+                assert node_codec.value(n, name) == doc.get(name), (state, fault, name)
 
 
 @pytest.mark.parametrize("doc", [
@@ -119,15 +141,14 @@ def test_one_field_of_the_document_is_the_document_s() -> None:
     {"cluster_id": "c1", "name": "train", "out_of_service": ["n3", "n1"]},  # not sorted
 ])
 def test_a_partition_decodes_as_its_dataclass_builds_it(doc: dict[str, object]) -> None:
-    """``Partition.from_dict`` stores the fields directly: equal to the dataclass built from
-    the same values, through JSON too, with the sorted id list kept only when it is sorted."""
+    """``Partition.from_dict`` is the dataclass built from the same values, through JSON
+    too; its document lists the ids taken out sorted."""
     from shared.domain.partition import Partition
 
     ids = list(doc.get("out_of_service", []))  # type: ignore[call-overload]
     built = Partition("c1", "train", doc.get("total_nodes", 0), set(ids),  # type: ignore[arg-type]
                       list(doc.get("removed_at", [])), doc.get("settling", 0))  # type: ignore[call-overload,arg-type]
     decoded = Partition.from_dict(doc)  # type: ignore[arg-type]
-    assert decoded._sorted == (sorted(ids) if ids == sorted(ids) else None)
     assert decoded == built and decoded.to_dict() == built.to_dict()
     assert Partition.from_dict(json.loads(json.dumps(decoded.to_dict()))) == built
     decoded.take_out("n2", 5.0, 60.0)

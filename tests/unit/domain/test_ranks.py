@@ -35,7 +35,7 @@ def test_with_holes_is_the_loop(case: tuple[list[str], set[str]]) -> None:
     node_ids, gone = case
     out = ranks.with_holes(tuple(node_ids), gone)
     assert out == tuple("" if n in gone else n for n in node_ids)
-    assert type(out) is tuple  # immutable: a job's document shares it
+    assert type(out) is ranks.Ranks  # immutable: a job's document shares it
 
 
 def test_fill_holes_in_rank_order() -> None:
@@ -56,8 +56,8 @@ def _holes(node_ids: tuple[str, ...]) -> tuple[int, ...]:
 @given(ranked(), st.integers(0, 80), st.integers(0, 80))
 def test_holes_are_the_loop_also_for_the_tuples_the_helpers_made(
         case: tuple[list[str], set[str]], first: int, count: int) -> None:
-    """``holes`` remembers the tuples ``with_holes`` and ``fill_holes`` made with the holes
-    they made: what it answers from memory must be what a scan finds."""
+    """``holes`` of a plain tuple, of :class:`Ranks` (asked twice: found once, then known) and
+    of the values ``with_holes`` and ``fill_holes`` made: what a loop finds."""
     node_ids, gone = case
     start = tuple(node_ids)
     assert ranks.holes(start) == _holes(start)
@@ -72,7 +72,15 @@ def test_holes_are_the_loop_also_for_the_tuples_the_helpers_made(
     assert ranks.holes(every) == tuple(range(len(start)))
 
 
-def test_holes_remember_only_the_last_few_tuples() -> None:
-    made = [ranks.with_holes((f"a{i}", "b"), {"b"}) for i in range(3 * ranks._KEEP)]
-    assert len(ranks._HOLES) <= ranks._KEEP
-    assert all(ranks.holes(t) == (1,) for t in made)  # forgotten ones are scanned again
+def test_ranks_are_a_value_that_knows_its_holes() -> None:
+    """A job's ranks: equal to the tuple of the same nodes, immutable, their holes found
+    once (held by the value, not by a cache keyed on anything else) and copied with it."""
+    import copy
+    import pickle
+
+    r = ranks.Ranks(("a", "", "b", ""))
+    assert r == ("a", "", "b", "") and hash(r) == hash(("a", "", "b", ""))
+    assert r.holes == (1, 3) and r.holes is r.holes
+    assert ranks.as_ranks(r) is r and ranks.holes(r) is r.holes
+    assert pickle.loads(pickle.dumps(r)).holes == (1, 3) == copy.deepcopy(r).holes
+    assert ranks.Ranks(("",) * 3).holes == (0, 1, 2) and ranks.Ranks().holes == ()

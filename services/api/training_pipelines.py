@@ -24,10 +24,10 @@ from typing import Any, TypeVar
 from services.api import custom_jobs, tuning_jobs
 from services.api import models as model_api
 from services.api import operations as ops
+from services.api.collection import Collection, Scope
 from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, FieldViolation, invalid
 from services.api.names import Parent, resource_id
-from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.custom_job import CustomJob, CustomJobSpec, RpcStatus
 from services.api.wire.models import ListTrainingPipelinesResponse, TrainingPipeline
 from services.api.wire.proto_json import timestamp
@@ -165,44 +165,22 @@ def _create_tuning(ctx: ApiContext, parent: Parent, message: TrainingPipeline,
         return render(uow, parent, record)
 
 
-def get(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
-    ctx.refresh()
-    with ctx.unit() as uow:
-        return render(uow, parent, _load(uow, parent, pipeline_id))
-
-
-def list_pipelines(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
-                   size: str | None = None, token: str | None = None) -> dict[str, Any]:
-    terms = parse_filter(filter_text, FILTERABLE)
-    limit = page_size(size)
-    ctx.refresh()
-    with ctx.unit() as uow:
-        out = [item for item in (render(uow, parent, r) for r in records_of(uow, KIND, parent))
-               if matches_resource(terms, item)]
-    page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
-    return ListTrainingPipelinesResponse(
-        training_pipelines=[TrainingPipeline.model_validate(p) for p in page.items],
-        next_page_token=page.next_page_token).to_json()
-
-
-def cancel(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
-    with ctx.unit() as uow:
-        record = _load(uow, parent, pipeline_id)
-        if record.get("study_id"):
-            study = tuning.get_study(record["study_id"], uow)
-            if study is None or study["state"] in tuning.TERMINAL:
-                state = render(uow, parent, record)["state"]
-                raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is "
-                               f"{state}: only a pipeline that has not ended can be cancelled")
-            tuning.cancel_study(record["study_id"], uow, ctx.runtime.deps)
-            return {}
+def _cancel(scope: Scope, pipeline_id: str, record: dict[str, Any]) -> None:
+    uow, parent, deps = scope.uow, scope.parent, scope.ctx.runtime.deps
+    if record.get("study_id"):
+        study = tuning.get_study(record["study_id"], uow)
+        ended = study is None or study["state"] in tuning.TERMINAL
+    else:
         job = uow.jobs.get(custom_jobs.domain_job_id(record["job_id"]))
-        if job is None or job.terminal:
-            state = render(uow, parent, record)["state"]
-            raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
-                           "only a pipeline that has not ended can be cancelled")
-        h.cancel_job(job.job_id, uow, ctx.runtime.deps)
-    return {}
+        ended = job is None or job.terminal
+    if ended:
+        state = render(uow, parent, record)["state"]
+        raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
+                       "only a pipeline that has not ended can be cancelled")
+    if record.get("study_id"):
+        tuning.cancel_study(record["study_id"], uow, deps)
+    else:
+        h.cancel_job(custom_jobs.domain_job_id(record["job_id"]), uow, deps)
 
 
 def delete(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
@@ -216,9 +194,9 @@ def delete(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
                          "PIPELINE_STATE_CANCELLED"):
             raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
                            "cancel it and wait for PIPELINE_STATE_CANCELLED before deleting it")
-        op = ops.start(uow, parent, target=KIND, target_id=pipeline_id, verb="delete",
-                       generation=int(record["created"] * 1e6), now=ctx.now,
-                       retention_s=ctx.runtime.deps.config.retention_s)
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=pipeline_id,
+                                               verb="delete",
+                                               generation=int(record["created"] * 1e6))
         uow.delete_record(RESOURCES, pipelines.pipeline_key(pipeline_id))
         if record.get("study_id"):
             uow.delete_record(pipelines.PIPELINE_STUDIES, record["study_id"])
@@ -383,3 +361,13 @@ def _renamed(call: Callable[[], T]) -> T:
 
 def _load(uow: Any, parent: Parent, pipeline_id: str) -> dict[str, Any]:
     return load_record(uow, KIND, pipeline_id, parent, parent.child(COLLECTION, pipeline_id))
+
+
+PIPELINES: Collection[dict[str, Any]] = Collection(
+    ListTrainingPipelinesResponse, "training_pipelines", TrainingPipeline,
+    load=lambda scope: records_of(scope.uow, KIND, scope.parent),
+    render=lambda scope, record: render(scope.uow, scope.parent, record),
+    filterable=FILTERABLE, find=lambda scope, pipeline_id: _load(scope.uow, scope.parent,
+                                                                  pipeline_id),
+    stop=_cancel, create=create, id_param="trainingPipelineId", remove=delete)
+get, list_pipelines, cancel = PIPELINES.get, PIPELINES.list_page, PIPELINES.cancel

@@ -8,13 +8,21 @@ job runs on the cluster its ``jobSpec.persistentResourceId`` names, in the same 
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from services.api import operations as ops
 from services.api.collection import Collection, Scope
-from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
+from services.api.context import (
+    RESOURCES,
+    ApiContext,
+    load_record,
+    new_id,
+    prior_create,
+    records_of,
+    require_cluster,
+    save_record,
+)
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
@@ -40,16 +48,10 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
     if job_id is not None:
         resource_id(job_id, "customJobId")
     with ctx.unit() as uow:
-        cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
-        if cluster is None or cluster["parent"] != parent.name:
-            raise invalid("jobSpec.persistentResourceId",
-                          f"no cluster {cluster_id!r} in {parent.name}")
-        job_id = job_id or f"{uuid.uuid4().int % 10**18:018d}"
-        existing = uow.record(RESOURCES, f"{KIND}:{job_id}")
-        if existing is not None and (existing["parent"] != parent.name
-                                     or existing["resource"] != _stored(message)):
-            raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, job_id)} already "
-                           "exists with a different body")
+        require_cluster(uow, parent, cluster_id, "jobSpec.persistentResourceId")
+        job_id = job_id or new_id()
+        existing = prior_create(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id),
+                                _stored(message))
         job = h.submit_job(cluster_id, spec_body, uow, ctx.runtime.deps, domain_job_id(job_id))
         if existing is None:
             save_record(uow, KIND, job_id, parent, _stored(message), ctx.now)

@@ -10,13 +10,12 @@ else the CustomJob of this parent whose ``AIP_MODEL_DIR`` is the ``artifactUri``
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from services.api import operations as ops
 from services.api.collection import Collection, Scope
-from services.api.context import ApiContext, records_of
+from services.api.context import ApiContext, new_id, records_of
 from services.api.custom_jobs import domain_job_id
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
@@ -62,17 +61,17 @@ def upload(ctx: ApiContext, parent: Parent, body: Any) -> dict[str, Any]:
         if model_id is not None and uow.record(registry.MODELS, model_id) is not None:
             raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, model_id)} already "
                            "exists: upload a new version with parentModel")
-        new_id = parent_id or model_id or f"{uuid.uuid4().int % 10**18:018d}"
+        target = parent_id or model_id or new_id()
         lineage, job_key = _lineage(ctx, uow, parent, model)
-        version = registry.add_version(uow, parent=parent.name, model_id=new_id,
+        version = registry.add_version(uow, parent=parent.name, model_id=target,
                                        new_model=parent_id is None, model=wire,
                                        lineage=lineage, job_key=job_key, now=ctx.now)
         if aliases:
-            registry.merge_aliases(uow, parent.name, new_id, version["version_id"], aliases,
+            registry.merge_aliases(uow, parent.name, target, version["version_id"], aliases,
                                    ctx.now)
-        response = {"@type": RESPONSE, "model": parent.child(COLLECTION, new_id),
+        response = {"@type": RESPONSE, "model": parent.child(COLLECTION, target),
                     "modelVersionId": version["version_id"]}
-        op = Scope(ctx, uow, parent).operation(target="model", target_id=new_id, verb="upload",
+        op = Scope(ctx, uow, parent).operation(target="model", target_id=target, verb="upload",
                                                generation=int(version["version_id"]),
                                                response=response)
         return ops.render(uow, op, ctx.now)

@@ -17,7 +17,6 @@ study ends SUCCEEDED (``TuningJobEnded``).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,7 +24,16 @@ from services.api import custom_jobs, tuning_jobs
 from services.api import models as model_api
 from services.api import operations as ops
 from services.api.collection import Collection, Scope
-from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
+from services.api.context import (
+    RESOURCES,
+    ApiContext,
+    load_record,
+    new_id,
+    prior_create,
+    records_of,
+    require_cluster,
+    save_record,
+)
 from services.api.errors import ApiError, FieldViolation, invalid
 from services.api.names import Parent, resource_id
 from services.api.wire.custom_job import CustomJob, CustomJobSpec, RpcStatus
@@ -78,13 +86,13 @@ def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None =
     job_body, cluster_id = _renamed(lambda: custom_jobs.domain_body(job_message))
     stored = _stored(message)
     with ctx.unit() as uow:
-        pipeline_id = pipeline_id or f"{uuid.uuid4().int % 10**18:018d}"
+        pipeline_id = pipeline_id or new_id()
         retried = _retried_create(uow, parent, pipeline_id, stored)
         if retried is not None:
             return retried
         parent_id = _check_model(uow, parent, message)
-        _require_cluster(uow, parent, cluster_id, "trainingTaskInputs.persistentResourceId")
-        job_id = f"{uuid.uuid4().int % 10**18:018d}"
+        require_cluster(uow, parent, cluster_id, "trainingTaskInputs.persistentResourceId")
+        job_id = new_id()
         job = h.submit_job(cluster_id, job_body, uow, ctx.runtime.deps, custom_jobs.domain_job_id(job_id))
         save_record(uow, custom_jobs.KIND, job_id, parent,
                     {k: v for k, v in job_message.to_json().items()
@@ -102,21 +110,9 @@ def _retried_create(uow: Any, parent: Parent, pipeline_id: str, stored: dict[str
                     ) -> dict[str, Any] | None:
     """A create retried with the same id and body answers what the first one made (None: no
     such pipeline yet); the same id with another body is ALREADY_EXISTS."""
-    existing = uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id))
-    if existing is None:
-        return None
-    if existing["parent"] != parent.name or existing["resource"] != stored:
-        raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, pipeline_id)} "
-                       "already exists with a different body")
-    return render(uow, parent, existing)
-
-
-def _require_cluster(uow: Any, parent: Parent, cluster_id: str, field: str) -> None:
-    """The cluster a pipeline's job runs on exists under the pipeline's parent (a 400 naming
-    ``field`` otherwise: the caller's reference is wrong, not the server)."""
-    cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
-    if cluster is None or cluster["parent"] != parent.name:
-        raise invalid(field, f"no cluster {cluster_id!r} in {parent.name}")
+    existing = prior_create(uow, KIND, pipeline_id, parent,
+                            parent.child(COLLECTION, pipeline_id), stored)
+    return None if existing is None else render(uow, parent, existing)
 
 
 _TUNING_INPUT = ("studySpec", "maxTrialCount", "parallelTrialCount", "maxFailedTrialCount",
@@ -138,15 +134,15 @@ def _create_tuning(ctx: ApiContext, parent: Parent, message: TrainingPipeline,
     domain = _renamed(lambda: tuning_jobs._domain(tuning_message))
     stored = _stored(message)
     with ctx.unit() as uow:
-        pipeline_id = pipeline_id or f"{uuid.uuid4().int % 10**18:018d}"
+        pipeline_id = pipeline_id or new_id()
         retried = _retried_create(uow, parent, pipeline_id, stored)
         if retried is not None:
             return retried
         parent_id = _check_model(uow, parent, message)
         cluster_id = domain.pop("clusterId")
-        _require_cluster(uow, parent, cluster_id,
-                         "trainingTaskInputs.trialJobSpec.persistentResourceId")
-        study_id = f"{uuid.uuid4().int % 10**18:018d}"
+        require_cluster(uow, parent, cluster_id,
+                        "trainingTaskInputs.trialJobSpec.persistentResourceId")
+        study_id = new_id()
         where = {"parent": parent.name, "project": parent.project, "location": parent.location}
         try:
             tuning.create_study(study_id, where, cluster_id, domain, uow, ctx.runtime.deps)

@@ -8,14 +8,22 @@ spec through ``shared.policies.tuning.study_from_json``) and renders the stored 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from services.api import custom_jobs
 from services.api import operations as ops
 from services.api.collection import Collection, Scope
-from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
+from services.api.context import (
+    RESOURCES,
+    ApiContext,
+    load_record,
+    new_id,
+    prior_create,
+    records_of,
+    require_cluster,
+    save_record,
+)
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
 from services.api.wire.custom_job import CustomJob
@@ -41,16 +49,10 @@ def create(ctx: ApiContext, parent: Parent, body: Any, study_id: str | None = No
         resource_id(study_id, "hyperparameterTuningJobId")
     with ctx.unit() as uow:
         cluster_id = domain.pop("clusterId")
-        cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
-        if cluster is None or cluster["parent"] != parent.name:
-            raise invalid("trialJobSpec.persistentResourceId",
-                          f"no cluster {cluster_id!r} in {parent.name}")
-        study_id = study_id or f"{uuid.uuid4().int % 10**18:018d}"
-        existing = uow.record(RESOURCES, f"{KIND}:{study_id}")
-        if existing is not None and (existing["parent"] != parent.name
-                                     or existing["resource"] != _stored(message)):
-            raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, study_id)} already "
-                           "exists with a different body")
+        require_cluster(uow, parent, cluster_id, "trialJobSpec.persistentResourceId")
+        study_id = study_id or new_id()
+        existing = prior_create(uow, KIND, study_id, parent,
+                                parent.child(COLLECTION, study_id), _stored(message))
         where = {"parent": parent.name, "project": parent.project, "location": parent.location}
         study = h.create_study(study_id, where, cluster_id, domain, uow, ctx.runtime.deps)
         if existing is None:

@@ -5,18 +5,22 @@ under a parent, how one is rendered, how one is stopped, its create and delete) 
 ``Collection``: list with an AIP-160 filter and AIP-158 paging, get, cancel, and the handlers
 the route table (``services.api.routes``) serves them by. Filters match the rendered wire
 resource, so a filter sees exactly what a GET shows; a list without one renders only its page.
+Creates share a generated id, the check of the cluster a resource runs on, and the answer to
+a retried create (``prior_create``).
 """
 
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from services.api import operations as ops
 from services.api.call import Call
-from services.api.context import ApiContext
+from services.api.context import RESOURCES, ApiContext, resource_key
+from services.api.errors import ApiError, invalid
 from services.api.names import Parent
 from services.api.paging import Page, matches, page_size, paginate, parse_filter, resource_field
 from services.api.wire.proto_json import Message
@@ -129,3 +133,30 @@ class Collection(Generic[T]):
     def serve_cancel(self, call: Call) -> Json:
         call.body(required=False)  # checked, though the name is all it needs
         return self.cancel(call.ctx, call.parent, call.rid)
+
+
+# ---------------------------------------------------------------- what creates share
+
+
+def new_id() -> str:
+    """A generated resource id: a number of 18 digits, as Vertex's are."""
+    return f"{uuid.uuid4().int % 10**18:018d}"
+
+
+def require_cluster(uow: Any, parent: Parent, cluster_id: str, field: str) -> None:
+    """The cluster a resource runs on exists under its parent (a 400 naming ``field``
+    otherwise: the caller's reference is wrong, not the server)."""
+    cluster = uow.record(RESOURCES, resource_key("cluster", cluster_id))
+    if cluster is None or cluster["parent"] != parent.name:
+        raise invalid(field, f"no cluster {cluster_id!r} in {parent.name}")
+
+
+def prior_create(uow: Any, kind: str, resource_id: str, parent: Parent, name: str,
+                 resource: dict[str, Any]) -> dict[str, Any] | None:
+    """The record of a create with this id that came before (a retry of it, with the same
+    body: it answers what the first made), or None; another body is ALREADY_EXISTS."""
+    existing = uow.record(RESOURCES, resource_key(kind, resource_id))
+    if existing is not None and (existing["parent"] != parent.name
+                                 or existing["resource"] != resource):
+        raise ApiError("ALREADY_EXISTS", f"{name} already exists with a different body")
+    return existing  # type: ignore[no-any-return]

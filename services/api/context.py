@@ -5,7 +5,6 @@ API keeps beside the domain (each resource's project and location, its wire form
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from services.api.auth import Principal
-from services.api.errors import ApiError, invalid, not_found
+from services.api.errors import ApiError, not_found
 from services.api.names import Parent
 from shared.domain.errors import Conflict, InvalidTransition, NotFound, ValidationError
 from shared.handling import Runtime, command_unit
@@ -103,27 +102,3 @@ def save_record(uow: Any, kind: str, resource_id: str, parent: Parent,
 def records_of(uow: Any, kind: str, parent: Parent) -> list[dict[str, Any]]:
     return sorted(uow.records(RESOURCES, {"kind": kind, "parent": parent.name}),
                   key=lambda r: (r["created"], r["id"]))
-
-
-def new_id() -> str:
-    """A generated resource id: a number of 18 digits, as Vertex's are."""
-    return f"{uuid.uuid4().int % 10**18:018d}"
-
-
-def require_cluster(uow: Any, parent: Parent, cluster_id: str, field: str) -> None:
-    """The cluster a resource runs on exists under its parent (a 400 naming ``field``
-    otherwise: the caller's reference is wrong, not the server)."""
-    cluster = uow.record(RESOURCES, resource_key("cluster", cluster_id))
-    if cluster is None or cluster["parent"] != parent.name:
-        raise invalid(field, f"no cluster {cluster_id!r} in {parent.name}")
-
-
-def prior_create(uow: Any, kind: str, resource_id: str, parent: Parent, name: str,
-                 resource: dict[str, Any]) -> dict[str, Any] | None:
-    """The record of a create with this id that came before (a retry of it, with the same
-    body: it answers what the first made), or None; another body is ALREADY_EXISTS."""
-    existing = uow.record(RESOURCES, resource_key(kind, resource_id))
-    if existing is not None and (existing["parent"] != parent.name
-                                 or existing["resource"] != resource):
-        raise ApiError("ALREADY_EXISTS", f"{name} already exists with a different body")
-    return existing  # type: ignore[no-any-return]

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from services.api import operations as ops
-from services.api.collection import Collection, Scope
-from services.api.context import ApiContext, new_id, records_of
+from services.api.collection import Collection, Scope, new_id
+from services.api.context import ApiContext, records_of
 from services.api.custom_jobs import domain_job_id
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id

@@ -23,17 +23,8 @@ from typing import Any, TypeVar
 from services.api import custom_jobs, tuning_jobs
 from services.api import models as model_api
 from services.api import operations as ops
-from services.api.collection import Collection, Scope
-from services.api.context import (
-    RESOURCES,
-    ApiContext,
-    load_record,
-    new_id,
-    prior_create,
-    records_of,
-    require_cluster,
-    save_record,
-)
+from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
+from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, FieldViolation, invalid
 from services.api.names import Parent, resource_id
 from services.api.wire.custom_job import CustomJob, CustomJobSpec, RpcStatus

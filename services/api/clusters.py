@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from services.api import operations as ops
+from services.api.collection import Collection, Scope
 from services.api.context import ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, FieldViolation, invalid, not_found
 from services.api.names import Parent, resource_id
-from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.cluster import (
     ClusterNode,
     ListClusterNodesResponse,
@@ -36,6 +36,7 @@ KIND = "cluster"
 COLLECTION = "modelDevelopmentClusters"
 FILTERABLE = ("state", "displayName")
 MAX_CLUSTER_NODES = 16_384
+Shown = tuple[Cluster, dict[str, Any]]  # a cluster and its API record
 
 
 def create(ctx: ApiContext, parent: Parent, body: Any, cluster_id: str | None
@@ -56,37 +57,9 @@ def create(ctx: ApiContext, parent: Parent, body: Any, cluster_id: str | None
                            "already exists")
         cluster = _mapped(lambda: job_commands.create_cluster(domain, uow, ctx.runtime.deps), message)
         save_record(uow, KIND, cluster_id, parent, _stored(message), ctx.now)
-        op = ops.start(uow, parent, target=KIND, target_id=cluster_id, verb="create",
-                       generation=cluster.generation, now=ctx.now,
-                       retention_s=ctx.runtime.deps.config.retention_s)
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=cluster_id,
+                                               verb="create", generation=cluster.generation)
         return ops.render(uow, op, ctx.now, _renderer(uow, parent))
-
-
-def get(ctx: ApiContext, parent: Parent, cluster_id: str) -> dict[str, Any]:
-    ctx.refresh()
-    with ctx.unit() as uow:
-        return _load(uow, parent, cluster_id)
-
-
-def list_clusters(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
-                  size: str | None = None, token: str | None = None) -> dict[str, Any]:
-    terms = parse_filter(filter_text, FILTERABLE)
-    limit = page_size(size)
-    ctx.refresh()
-    with ctx.unit() as uow:
-        out = []
-        for record in records_of(uow, KIND, parent):
-            cluster = uow.clusters.get(record["id"])
-            if cluster is None or cluster.state is ClusterState.DELETED:
-                continue
-            item = render(uow, cluster, parent, record)
-            if matches_resource(terms, item):
-                out.append(item)
-    page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
-    return ListModelDevelopmentClustersResponse(
-        model_development_clusters=[ModelDevelopmentCluster.model_validate(c)
-                                    for c in page.items],
-        next_page_token=page.next_page_token).to_json()
 
 
 def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any, *,
@@ -113,9 +86,8 @@ def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any, *,
                           message)
         save_record(uow, KIND, cluster_id, parent, _stored(message), ctx.now,
                     created=record["created"])
-        op = ops.start(uow, parent, target=KIND, target_id=cluster_id, verb="update",
-                       generation=cluster.generation, now=ctx.now,
-                       retention_s=ctx.runtime.deps.config.retention_s)
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=cluster_id,
+                                               verb="update", generation=cluster.generation)
         return ops.render(uow, op, ctx.now, _renderer(uow, parent))
 
 
@@ -172,23 +144,21 @@ def delete(ctx: ApiContext, parent: Parent, cluster_id: str, *, force: bool = Fa
             job_commands.cancel_job(job.job_id, uow, ctx.runtime.deps)
             job.error = job.error or "cluster deleted"
         job_commands.delete_cluster(cluster_id, uow, ctx.runtime.deps)
-        op = ops.start(uow, parent, target=KIND, target_id=cluster_id, verb="delete",
-                       generation=cluster.generation, now=ctx.now,
-                       retention_s=ctx.runtime.deps.config.retention_s)
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=cluster_id,
+                                               verb="delete", generation=cluster.generation)
         return ops.render(uow, op, ctx.now)
 
 
 def nodes(ctx: ApiContext, parent: Parent, cluster_id: str, *, size: str | None = None,
           token: str | None = None) -> dict[str, Any]:
-    """mtc's extension: the cluster's nodes, as sinfo shows them."""
-    limit = page_size(size)
-    ctx.refresh()
-    with ctx.unit() as uow:
-        load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
-        found = sorted(uow.nodes.list(cluster_id), key=lambda n: n.node_id)
-        page = paginate(found, size=limit, token=token)
-        items = [node_view(parent, cluster_id, n) for n in page.items]
-    return ListClusterNodesResponse(nodes=items, next_page_token=page.next_page_token).to_json()
+    """mtc's extension: the cluster's nodes, as sinfo shows them (no filter)."""
+    return NODES.list_page(ctx, parent, size=size, token=token, owner=cluster_id)
+
+
+def _nodes_of(scope: Scope) -> list[Node]:
+    cluster_id, parent = scope.owner, scope.parent
+    load_record(scope.uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
+    return sorted(scope.uow.nodes.list(cluster_id), key=lambda n: n.node_id)
 
 
 def node_view(parent: Parent, cluster_id: str, n: Node) -> ClusterNode:
@@ -313,10 +283,27 @@ def _renderer(uow: Any, parent: Parent) -> Any:
     return render_cluster
 
 
-def _load(uow: Any, parent: Parent, cluster_id: str) -> dict[str, Any]:
-    name = parent.child(COLLECTION, cluster_id)
-    record = load_record(uow, KIND, cluster_id, parent, name)
-    cluster = uow.clusters.get(cluster_id)
+def _listed(scope: Scope) -> Iterator[Shown]:
+    for record in records_of(scope.uow, KIND, scope.parent):
+        cluster = scope.uow.clusters.get(record["id"])
+        if cluster is not None and cluster.state is not ClusterState.DELETED:
+            yield cluster, record
+
+
+def _found(scope: Scope, cluster_id: str) -> Shown:
+    name = scope.parent.child(COLLECTION, cluster_id)
+    record = load_record(scope.uow, KIND, cluster_id, scope.parent, name)
+    cluster = scope.uow.clusters.get(cluster_id)
     if cluster is None or cluster.state is ClusterState.DELETED:
         raise not_found(name)
-    return render(uow, cluster, parent, record)
+    return cluster, record
+
+
+CLUSTERS: Collection[Shown] = Collection(
+    ListModelDevelopmentClustersResponse, "model_development_clusters", ModelDevelopmentCluster,
+    load=_listed, render=lambda scope, shown: render(scope.uow, shown[0], scope.parent, shown[1]),
+    filterable=FILTERABLE, find=_found, create=create, id_param="modelDevelopmentClusterId")
+NODES: Collection[Node] = Collection(
+    ListClusterNodesResponse, "nodes", ClusterNode, load=_nodes_of,
+    render=lambda scope, n: node_view(scope.parent, scope.owner, n).to_json())
+get, list_clusters = CLUSTERS.get, CLUSTERS.list_page

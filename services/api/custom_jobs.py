@@ -8,14 +8,14 @@ job runs on the cluster its ``jobSpec.persistentResourceId`` names, in the same 
 from __future__ import annotations
 
 import re
-import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from services.api import operations as ops
+from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
 from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
-from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
@@ -27,6 +27,7 @@ KIND = "customJob"
 COLLECTION = "customJobs"
 FILTERABLE = ("state", "displayName", "createTime")
 GCS_URI = re.compile(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/[^\x00-\x1f]*)?$")
+Shown = tuple[Job, dict[str, Any]]  # a job and its API record: what a GET renders
 _SCHEDULING_EXTENSIONS = {"mtcPartition": "partition", "mtcPriority": "priority",
                           "mtcMaxRestarts": "maxRestarts"}
 
@@ -38,53 +39,15 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
     if job_id is not None:
         resource_id(job_id, "customJobId")
     with ctx.unit() as uow:
-        cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
-        if cluster is None or cluster["parent"] != parent.name:
-            raise invalid("jobSpec.persistentResourceId",
-                          f"no cluster {cluster_id!r} in {parent.name}")
-        job_id = job_id or f"{uuid.uuid4().int % 10**18:018d}"
-        existing = uow.record(RESOURCES, f"{KIND}:{job_id}")
-        if existing is not None and (existing["parent"] != parent.name
-                                     or existing["resource"] != _stored(message)):
-            raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, job_id)} already "
-                           "exists with a different body")
+        require_cluster(uow, parent, cluster_id, "jobSpec.persistentResourceId")
+        job_id = job_id or new_id()
+        existing = prior_create(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id),
+                                _stored(message))
         job = job_commands.submit_job(cluster_id, spec_body, uow, ctx.runtime.deps, domain_job_id(job_id))
         if existing is None:
             save_record(uow, KIND, job_id, parent, _stored(message), ctx.now)
         record = {"resource": _stored(message), "parent": parent.name}
         return render(job, parent, job_id, record)
-
-
-def get(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
-    ctx.refresh()
-    with ctx.unit() as uow:
-        return _load(uow, parent, job_id)
-
-
-def list_jobs(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
-              size: str | None = None, token: str | None = None) -> dict[str, Any]:
-    terms = parse_filter(filter_text, FILTERABLE)
-    limit = page_size(size)
-    ctx.refresh()
-    with ctx.unit() as uow:
-        rendered = []
-        for record in [*records_of(uow, KIND, parent), *adopted_records(uow, parent)]:
-            job = uow.jobs.get(domain_job_id(record["id"]))
-            if job is None:
-                continue
-            out = render(job, parent, record["id"], record)
-            if matches_resource(terms, out):
-                rendered.append(out)
-    page = paginate(rendered, size=limit, token=token, filter_text=filter_text or "")
-    return ListCustomJobsResponse(custom_jobs=[CustomJob.model_validate(j) for j in page.items],
-                                  next_page_token=page.next_page_token).to_json()
-
-
-def cancel(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
-    with ctx.unit() as uow:
-        _load(uow, parent, job_id)
-        job_commands.cancel_job(domain_job_id(job_id), uow, ctx.runtime.deps)
-    return {}
 
 
 def delete(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
@@ -96,9 +59,8 @@ def delete(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
         if job is not None and not job.terminal:
             raise ApiError("FAILED_PRECONDITION", f"custom job {job_id} is {job.state.value}: "
                            "cancel it and wait for JOB_STATE_CANCELLED before deleting it")
-        op = ops.start(uow, parent, target=KIND, target_id=job_id, verb="delete",
-                       generation=int(record["created"] * 1e6), now=ctx.now,
-                       retention_s=ctx.runtime.deps.config.retention_s)
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=job_id, verb="delete",
+                                               generation=int(record["created"] * 1e6))
         uow.delete_record(RESOURCES, f"{KIND}:{job_id}")
         uow.delete_record("jobs", domain_job_id(job_id))
         return ops.render(uow, op, ctx.now)
@@ -220,20 +182,41 @@ def adopted_record(job: Job) -> dict[str, Any]:
     return {"id": job.job_id, "resource": resource, "created": job.created_at}
 
 
-def _load(uow: Any, parent: Parent, job_id: str) -> dict[str, Any]:
+def _listed(scope: Scope) -> Iterator[Shown]:
+    """The parent's jobs, then the adopted ones on its clusters (a job gone is left out)."""
+    uow, parent = scope.uow, scope.parent
+    for record in [*records_of(uow, KIND, parent), *adopted_records(uow, parent)]:
+        job = uow.jobs.get(domain_job_id(record["id"]))
+        if job is not None:
+            yield job, record
+
+
+def _found(scope: Scope, job_id: str) -> Shown:
+    uow, parent = scope.uow, scope.parent
     name = parent.child(COLLECTION, job_id)
     job = uow.jobs.get(job_id)
     if job is not None and adopted(job.spec):  # under its cluster's parent, or nowhere
         load_record(uow, "cluster", job.cluster_id, parent, name)
-        return render(job, parent, job_id, adopted_record(job))
+        return job, adopted_record(job)
     record = load_record(uow, KIND, job_id, parent, name)
     job = uow.jobs.get(domain_job_id(job_id))
     if job is None:
         raise not_found(name)
-    return render(job, parent, job_id, record)
+    return job, record
 
+
+def _cancel(scope: Scope, job_id: str, _: Shown) -> None:
+    job_commands.cancel_job(domain_job_id(job_id), scope.uow, scope.ctx.runtime.deps)
 
 
 def domain_job_id(job_id: str) -> str:
     """Vertex job ids are numbers; the domain's ids start with a letter."""
     return job_id if job_id[:1].isalpha() else f"cj-{job_id}"
+
+
+JOBS: Collection[Shown] = Collection(
+    ListCustomJobsResponse, "custom_jobs", CustomJob, load=_listed,
+    render=lambda scope, shown: render(shown[0], scope.parent, shown[1]["id"], shown[1]),
+    filterable=FILTERABLE, find=_found, stop=_cancel, create=create, id_param="customJobId",
+    remove=delete)
+get, list_jobs, cancel = JOBS.get, JOBS.list_page, JOBS.cancel

@@ -10,15 +10,15 @@ else the CustomJob of this parent whose ``AIP_MODEL_DIR`` is the ``artifactUri``
 from __future__ import annotations
 
 import re
-import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from services.api import operations as ops
+from services.api.collection import Collection, Scope, new_id
 from services.api.context import ApiContext, records_of
 from services.api.custom_jobs import domain_job_id
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
-from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.models import (
     ListModelsResponse,
     ListModelVersionsResponse,
@@ -35,6 +35,7 @@ COLLECTION = "models"
 FILTERABLE = ("displayName", "versionId", "artifactUri")
 ALIAS = re.compile(r"^-?[a-z][a-z0-9-]{0,126}[a-z0-9]$|^-?[a-z]$")
 RESPONSE = f"{ops.TYPE}.v1.UploadModelResponse"
+Shown = tuple[dict[str, Any], dict[str, Any]]  # a version and its model's head record
 # what the caller may set; output-only fields in an upload body are ignored, as Vertex does
 _INPUT = ("displayName", "description", "versionDescription", "metadataSchemaUri", "metadata",
           "predictSchemata", "containerSpec", "artifactUri", "labels", "versionAliases")
@@ -60,68 +61,25 @@ def upload(ctx: ApiContext, parent: Parent, body: Any) -> dict[str, Any]:
         if model_id is not None and uow.record(registry.MODELS, model_id) is not None:
             raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, model_id)} already "
                            "exists: upload a new version with parentModel")
-        new_id = parent_id or model_id or f"{uuid.uuid4().int % 10**18:018d}"
+        target = parent_id or model_id or new_id()
         lineage, job_key = _lineage(ctx, uow, parent, model)
-        version = registry.add_version(uow, parent=parent.name, model_id=new_id,
+        version = registry.add_version(uow, parent=parent.name, model_id=target,
                                        new_model=parent_id is None, model=wire,
                                        lineage=lineage, job_key=job_key, now=ctx.now)
         if aliases:
-            registry.merge_aliases(uow, parent.name, new_id, version["version_id"], aliases,
+            registry.merge_aliases(uow, parent.name, target, version["version_id"], aliases,
                                    ctx.now)
-        response = {"@type": RESPONSE, "model": parent.child(COLLECTION, new_id),
+        response = {"@type": RESPONSE, "model": parent.child(COLLECTION, target),
                     "modelVersionId": version["version_id"]}
-        op = ops.start(uow, parent, target="model", target_id=new_id, verb="upload",
-                       generation=int(version["version_id"]), now=ctx.now,
-                       retention_s=ctx.runtime.deps.config.retention_s, response=response)
+        op = Scope(ctx, uow, parent).operation(target="model", target_id=target, verb="upload",
+                                               generation=int(version["version_id"]),
+                                               response=response)
         return ops.render(uow, op, ctx.now)
 
 
-def get(ctx: ApiContext, parent: Parent, model_id: str, ref: str | None) -> dict[str, Any]:
-    ctx.refresh()
-    with ctx.unit() as uow:
-        record = _version(uow, parent, model_id, ref)
-        return render(record, registry.head(uow, parent.name, model_id))
-
-
-def list_models(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
-                size: str | None = None, token: str | None = None) -> dict[str, Any]:
-    """Each model once, as its default version."""
-    terms = parse_filter(filter_text, FILTERABLE)
-    limit = page_size(size)
-    ctx.refresh()
-    with ctx.unit() as uow:
-        heads = sorted(uow.records(registry.MODELS, {"parent": parent.name}),
-                       key=lambda r: (r["created"], r["id"]))
-        out = []
-        for top in heads:
-            record = uow.record(registry.VERSIONS, f"{top['id']}@{top['aliases'][registry.DEFAULT]}")
-            if record is None:
-                continue
-            item = render(record, top)
-            if matches_resource(terms, item):
-                out.append(item)
-    page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
-    return ListModelsResponse(models=[Model.model_validate(m) for m in page.items],
-                              next_page_token=page.next_page_token).to_json()
-
-
-def list_versions(ctx: ApiContext, parent: Parent, model_id: str, *,
-                  filter_text: str | None = None, size: str | None = None,
-                  token: str | None = None) -> dict[str, Any]:
-    terms = parse_filter(filter_text, FILTERABLE)
-    limit = page_size(size)
-    ctx.refresh()
-    with ctx.unit() as uow:
-        top = _head(uow, parent, model_id)
-        out = [item for item in (render(r, top) for r in registry.versions(uow, model_id))
-               if matches_resource(terms, item)]
-    page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
-    return ListModelVersionsResponse(models=[Model.model_validate(m) for m in page.items],
-                                     next_page_token=page.next_page_token).to_json()
-
-
-def merge_version_aliases(ctx: ApiContext, parent: Parent, model_id: str, ref: str | None,
-                          body: Any) -> dict[str, Any]:
+def merge_version_aliases(ctx: ApiContext, parent: Parent, name: str, body: Any
+                          ) -> dict[str, Any]:
+    model_id, ref = model_ref(name)
     request = parse_message(MergeVersionAliasesRequest, body)
     changes = _aliases(request.version_aliases, "versionAliases")
     if not changes:
@@ -134,9 +92,10 @@ def merge_version_aliases(ctx: ApiContext, parent: Parent, model_id: str, ref: s
         return render(fresh, registry.head(uow, parent.name, model_id))
 
 
-def delete(ctx: ApiContext, parent: Parent, model_id: str, ref: str | None) -> dict[str, Any]:
+def delete(ctx: ApiContext, parent: Parent, name: str) -> dict[str, Any]:
     """``models/{id}``: the model and every version; ``models/{id}@{version}``: that version
     (not the default one, nor the only one)."""
+    model_id, ref = model_ref(name)
     with ctx.unit() as uow:
         top = _head(uow, parent, model_id)
         if ref is None:
@@ -146,10 +105,45 @@ def delete(ctx: ApiContext, parent: Parent, model_id: str, ref: str | None) -> d
             record = _version(uow, parent, model_id, ref)
             registry.delete_version(uow, parent.name, model_id, record["version_id"])
             target, generation = f"{model_id}@{record['version_id']}", 0
-        op = ops.start(uow, parent, target="model", target_id=target, verb="delete",
-                       generation=generation, now=ctx.now,
-                       retention_s=ctx.runtime.deps.config.retention_s)
+        op = Scope(ctx, uow, parent).operation(target="model", target_id=target,
+                                               verb="delete", generation=generation)
         return ops.render(uow, op, ctx.now)
+
+
+def model_ref(name: str) -> tuple[str, str | None]:
+    """``{id}`` or ``{id}@{version or alias}`` (the path's) -> the model id and the ref."""
+    model_id, at, ref = name.partition("@")
+    return model_id, (ref if at else None)
+
+
+def _heads(scope: Scope) -> Iterator[Shown]:
+    """Each model of the parent once, as its default version, oldest first."""
+    uow = scope.uow
+    heads = sorted(uow.records(registry.MODELS, {"parent": scope.parent.name}),
+                   key=lambda r: (r["created"], r["id"]))
+    for top in heads:
+        record = uow.record(registry.VERSIONS, f"{top['id']}@{top['aliases'][registry.DEFAULT]}")
+        if record is not None:
+            yield record, top
+
+
+def _versions(scope: Scope) -> Iterator[Shown]:
+    """The versions of the model ``scope.owner``."""
+    top = _head(scope.uow, scope.parent, scope.owner)
+    return ((record, top) for record in registry.versions(scope.uow, scope.owner))
+
+
+def _found(scope: Scope, name: str) -> Shown:
+    model_id, ref = model_ref(name)
+    record = _version(scope.uow, scope.parent, model_id, ref)
+    return record, registry.head(scope.uow, scope.parent.name, model_id)
+
+
+def list_versions(ctx: ApiContext, parent: Parent, name: str, *,
+                  filter_text: str | None = None, size: str | None = None,
+                  token: str | None = None) -> dict[str, Any]:
+    return VERSIONS.list_page(ctx, parent, filter_text=filter_text, size=size, token=token,
+                              owner=model_ref(name)[0])
 
 
 # ---------------------------------------------------------------- helpers
@@ -244,3 +238,13 @@ def _lineage(ctx: ApiContext, uow: Any, parent: Parent, model: Model
             name = parent.child("customJobs", record["id"])
             return registry.lineage(job, name, record["resource"]), f"customJob:{record['id']}"
     return None, None
+
+
+MODELS: Collection[Shown] = Collection(
+    ListModelsResponse, "models", Model, load=_heads,
+    render=lambda _, shown: render(*shown), filterable=FILTERABLE, find=_found,
+    remove=delete)
+VERSIONS: Collection[Shown] = Collection(
+    ListModelVersionsResponse, "models", Model, load=_versions,
+    render=lambda _, shown: render(*shown), filterable=FILTERABLE)
+get, list_models = MODELS.get, MODELS.list_page

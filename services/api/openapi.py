@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 document of the API, generated from the wire models and ``http.ROUTES``.
+"""The OpenAPI 3.1 document of the API, generated from the wire models and ``routes.ROUTES``.
 
 Every route of the dispatcher is a path here (both ``v1`` and ``v1beta1`` where the route
 takes either), with its path and query parameters, the wire model its body is parsed into
@@ -51,7 +51,7 @@ _BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "ex
 
 
 class RouteLike(Protocol):
-    """What the document needs of ``http.Route`` (passed in: http imports this module)."""
+    """What the document needs of a ``routes.Route`` (passed in: any table can be documented)."""
 
     @property
     def method(self) -> str: ...
@@ -334,7 +334,7 @@ def _path_parameters(path: str) -> list[dict[str, Any]]:
 
 
 def document(routes: Iterable[RouteLike]) -> dict[str, Any]:
-    """The document of ``routes`` (``http.ROUTES``); a route ``SPECS`` lacks is a KeyError."""
+    """The document of ``routes`` (``routes.ROUTES``); a route ``SPECS`` lacks is a KeyError."""
     refs, components = _schemas()
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:

@@ -17,17 +17,16 @@ study ends SUCCEEDED (``TuningJobEnded``).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from services.api import custom_jobs, tuning_jobs
 from services.api import models as model_api
 from services.api import operations as ops
+from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
 from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, FieldViolation, invalid
 from services.api.names import Parent, resource_id
-from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.custom_job import CustomJob, CustomJobSpec, RpcStatus
 from services.api.wire.models import ListTrainingPipelinesResponse, TrainingPipeline
 from services.api.wire.proto_json import timestamp
@@ -78,13 +77,13 @@ def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None =
     job_body, cluster_id = _renamed(lambda: custom_jobs.domain_body(job_message))
     stored = _stored(message)
     with ctx.unit() as uow:
-        pipeline_id = pipeline_id or f"{uuid.uuid4().int % 10**18:018d}"
+        pipeline_id = pipeline_id or new_id()
         retried = _retried_create(uow, parent, pipeline_id, stored)
         if retried is not None:
             return retried
         parent_id = _check_model(uow, parent, message)
-        _require_cluster(uow, parent, cluster_id, "trainingTaskInputs.persistentResourceId")
-        job_id = f"{uuid.uuid4().int % 10**18:018d}"
+        require_cluster(uow, parent, cluster_id, "trainingTaskInputs.persistentResourceId")
+        job_id = new_id()
         job = job_commands.submit_job(cluster_id, job_body, uow, ctx.runtime.deps,
                                       custom_jobs.domain_job_id(job_id))
         save_record(uow, custom_jobs.KIND, job_id, parent,
@@ -103,21 +102,9 @@ def _retried_create(uow: Any, parent: Parent, pipeline_id: str, stored: dict[str
                     ) -> dict[str, Any] | None:
     """A create retried with the same id and body answers what the first one made (None: no
     such pipeline yet); the same id with another body is ALREADY_EXISTS."""
-    existing = uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id))
-    if existing is None:
-        return None
-    if existing["parent"] != parent.name or existing["resource"] != stored:
-        raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, pipeline_id)} "
-                       "already exists with a different body")
-    return render(uow, parent, existing)
-
-
-def _require_cluster(uow: Any, parent: Parent, cluster_id: str, field: str) -> None:
-    """The cluster a pipeline's job runs on exists under the pipeline's parent (a 400 naming
-    ``field`` otherwise: the caller's reference is wrong, not the server)."""
-    cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
-    if cluster is None or cluster["parent"] != parent.name:
-        raise invalid(field, f"no cluster {cluster_id!r} in {parent.name}")
+    existing = prior_create(uow, KIND, pipeline_id, parent,
+                            parent.child(COLLECTION, pipeline_id), stored)
+    return None if existing is None else render(uow, parent, existing)
 
 
 _TUNING_INPUT = ("studySpec", "maxTrialCount", "parallelTrialCount", "maxFailedTrialCount",
@@ -139,15 +126,15 @@ def _create_tuning(ctx: ApiContext, parent: Parent, message: TrainingPipeline,
     domain = _renamed(lambda: tuning_jobs._domain(tuning_message))
     stored = _stored(message)
     with ctx.unit() as uow:
-        pipeline_id = pipeline_id or f"{uuid.uuid4().int % 10**18:018d}"
+        pipeline_id = pipeline_id or new_id()
         retried = _retried_create(uow, parent, pipeline_id, stored)
         if retried is not None:
             return retried
         parent_id = _check_model(uow, parent, message)
         cluster_id = domain.pop("clusterId")
-        _require_cluster(uow, parent, cluster_id,
-                         "trainingTaskInputs.trialJobSpec.persistentResourceId")
-        study_id = f"{uuid.uuid4().int % 10**18:018d}"
+        require_cluster(uow, parent, cluster_id,
+                        "trainingTaskInputs.trialJobSpec.persistentResourceId")
+        study_id = new_id()
         where = {"parent": parent.name, "project": parent.project, "location": parent.location}
         try:
             tuning.create_study(study_id, where, cluster_id, domain, uow, ctx.runtime.deps)
@@ -166,44 +153,22 @@ def _create_tuning(ctx: ApiContext, parent: Parent, message: TrainingPipeline,
         return render(uow, parent, record)
 
 
-def get(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
-    ctx.refresh()
-    with ctx.unit() as uow:
-        return render(uow, parent, _load(uow, parent, pipeline_id))
-
-
-def list_pipelines(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
-                   size: str | None = None, token: str | None = None) -> dict[str, Any]:
-    terms = parse_filter(filter_text, FILTERABLE)
-    limit = page_size(size)
-    ctx.refresh()
-    with ctx.unit() as uow:
-        out = [item for item in (render(uow, parent, r) for r in records_of(uow, KIND, parent))
-               if matches_resource(terms, item)]
-    page = paginate(out, size=limit, token=token, filter_text=filter_text or "")
-    return ListTrainingPipelinesResponse(
-        training_pipelines=[TrainingPipeline.model_validate(p) for p in page.items],
-        next_page_token=page.next_page_token).to_json()
-
-
-def cancel(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
-    with ctx.unit() as uow:
-        record = _load(uow, parent, pipeline_id)
-        if record.get("study_id"):
-            study = tuning.get_study(record["study_id"], uow)
-            if study is None or study["state"] in tuning.TERMINAL:
-                state = render(uow, parent, record)["state"]
-                raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is "
-                               f"{state}: only a pipeline that has not ended can be cancelled")
-            tuning.cancel_study(record["study_id"], uow, ctx.runtime.deps)
-            return {}
+def _cancel(scope: Scope, pipeline_id: str, record: dict[str, Any]) -> None:
+    uow, parent, deps = scope.uow, scope.parent, scope.ctx.runtime.deps
+    if record.get("study_id"):
+        study = tuning.get_study(record["study_id"], uow)
+        ended = study is None or study["state"] in tuning.TERMINAL
+    else:
         job = uow.jobs.get(custom_jobs.domain_job_id(record["job_id"]))
-        if job is None or job.terminal:
-            state = render(uow, parent, record)["state"]
-            raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
-                           "only a pipeline that has not ended can be cancelled")
-        job_commands.cancel_job(job.job_id, uow, ctx.runtime.deps)
-    return {}
+        ended = job is None or job.terminal
+    if ended:
+        state = render(uow, parent, record)["state"]
+        raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
+                       "only a pipeline that has not ended can be cancelled")
+    if record.get("study_id"):
+        tuning.cancel_study(record["study_id"], uow, deps)
+    else:
+        job_commands.cancel_job(custom_jobs.domain_job_id(record["job_id"]), uow, deps)
 
 
 def delete(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
@@ -217,9 +182,9 @@ def delete(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
                          "PIPELINE_STATE_CANCELLED"):
             raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
                            "cancel it and wait for PIPELINE_STATE_CANCELLED before deleting it")
-        op = ops.start(uow, parent, target=KIND, target_id=pipeline_id, verb="delete",
-                       generation=int(record["created"] * 1e6), now=ctx.now,
-                       retention_s=ctx.runtime.deps.config.retention_s)
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=pipeline_id,
+                                               verb="delete",
+                                               generation=int(record["created"] * 1e6))
         uow.delete_record(RESOURCES, pipelines.pipeline_key(pipeline_id))
         if record.get("study_id"):
             uow.delete_record(pipelines.PIPELINE_STUDIES, record["study_id"])
@@ -384,3 +349,13 @@ def _renamed(call: Callable[[], T]) -> T:
 
 def _load(uow: Any, parent: Parent, pipeline_id: str) -> dict[str, Any]:
     return load_record(uow, KIND, pipeline_id, parent, parent.child(COLLECTION, pipeline_id))
+
+
+PIPELINES: Collection[dict[str, Any]] = Collection(
+    ListTrainingPipelinesResponse, "training_pipelines", TrainingPipeline,
+    load=lambda scope: records_of(scope.uow, KIND, scope.parent),
+    render=lambda scope, record: render(scope.uow, scope.parent, record),
+    filterable=FILTERABLE, find=lambda scope, pipeline_id: _load(scope.uow, scope.parent,
+                                                                  pipeline_id),
+    stop=_cancel, create=create, id_param="trainingPipelineId", remove=delete)
+get, list_pipelines, cancel = PIPELINES.get, PIPELINES.list_page, PIPELINES.cancel

@@ -8,15 +8,15 @@ spec through ``shared.policies.tuning.study_from_json``) and renders the stored 
 
 from __future__ import annotations
 
-import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from services.api import custom_jobs
 from services.api import operations as ops
+from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
 from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
-from services.api.paging import matches_resource, page_size, paginate, parse_filter
 from services.api.wire.custom_job import CustomJob
 from services.api.wire.proto_json import format_duration, timestamp
 from services.api.wire.tuning import HyperparameterTuningJob, ListHyperparameterTuningJobsResponse
@@ -27,6 +27,7 @@ from shared.policies import tuning as policy
 KIND = "hyperparameterTuningJob"
 COLLECTION = "hyperparameterTuningJobs"
 FILTERABLE = ("state", "displayName", "createTime")
+Shown = tuple[dict[str, Any], dict[str, Any]]  # a study and its API record
 _INPUT = ("displayName", "studySpec", "maxTrialCount", "parallelTrialCount",
           "maxFailedTrialCount", "trialJobSpec", "labels")
 
@@ -39,54 +40,15 @@ def create(ctx: ApiContext, parent: Parent, body: Any, study_id: str | None = No
         resource_id(study_id, "hyperparameterTuningJobId")
     with ctx.unit() as uow:
         cluster_id = domain.pop("clusterId")
-        cluster = uow.record(RESOURCES, f"cluster:{cluster_id}")
-        if cluster is None or cluster["parent"] != parent.name:
-            raise invalid("trialJobSpec.persistentResourceId",
-                          f"no cluster {cluster_id!r} in {parent.name}")
-        study_id = study_id or f"{uuid.uuid4().int % 10**18:018d}"
-        existing = uow.record(RESOURCES, f"{KIND}:{study_id}")
-        if existing is not None and (existing["parent"] != parent.name
-                                     or existing["resource"] != _stored(message)):
-            raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, study_id)} already "
-                           "exists with a different body")
+        require_cluster(uow, parent, cluster_id, "trialJobSpec.persistentResourceId")
+        study_id = study_id or new_id()
+        existing = prior_create(uow, KIND, study_id, parent,
+                                parent.child(COLLECTION, study_id), _stored(message))
         where = {"parent": parent.name, "project": parent.project, "location": parent.location}
         study = h.create_study(study_id, where, cluster_id, domain, uow, ctx.runtime.deps)
         if existing is None:
             save_record(uow, KIND, study_id, parent, _stored(message), ctx.now)
         return render(study, parent, study_id, {"resource": _stored(message)})
-
-
-def get(ctx: ApiContext, parent: Parent, study_id: str) -> dict[str, Any]:
-    ctx.refresh()
-    with ctx.unit() as uow:
-        return _load(uow, parent, study_id)
-
-
-def list_jobs(ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
-              size: str | None = None, token: str | None = None) -> dict[str, Any]:
-    terms = parse_filter(filter_text, FILTERABLE)
-    limit = page_size(size)
-    ctx.refresh()
-    with ctx.unit() as uow:
-        rendered = []
-        for record in records_of(uow, KIND, parent):
-            study = h.get_study(record["id"], uow)
-            if study is None:
-                continue
-            out = render(study, parent, record["id"], record)
-            if matches_resource(terms, out):
-                rendered.append(out)
-    page = paginate(rendered, size=limit, token=token, filter_text=filter_text or "")
-    return ListHyperparameterTuningJobsResponse(
-        hyperparameter_tuning_jobs=[HyperparameterTuningJob.model_validate(j) for j in page.items],
-        next_page_token=page.next_page_token).to_json()
-
-
-def cancel(ctx: ApiContext, parent: Parent, study_id: str) -> dict[str, Any]:
-    with ctx.unit() as uow:
-        _load(uow, parent, study_id)
-        h.cancel_study(study_id, uow, ctx.runtime.deps)
-    return {}
 
 
 def delete(ctx: ApiContext, parent: Parent, study_id: str) -> dict[str, Any]:
@@ -100,9 +62,8 @@ def delete(ctx: ApiContext, parent: Parent, study_id: str) -> dict[str, Any]:
             raise ApiError("FAILED_PRECONDITION", f"hyperparameter tuning job {study_id} is "
                            f"{study['state']}: cancel it and wait for JOB_STATE_CANCELLED "
                            "before deleting it")
-        op = ops.start(uow, parent, target=KIND, target_id=study_id, verb="delete",
-                       generation=int(record["created"] * 1e6), now=ctx.now,
-                       retention_s=ctx.runtime.deps.config.retention_s)
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=study_id, verb="delete",
+                                               generation=int(record["created"] * 1e6))
         if study is not None:
             for job_id in h.delete_study(study_id, uow):
                 uow.delete_record(RESOURCES, f"customJob:{job_id}")
@@ -206,10 +167,30 @@ def _trial(t: dict[str, Any], parent: Parent) -> dict[str, Any]:
     return out
 
 
-def _load(uow: Any, parent: Parent, study_id: str) -> dict[str, Any]:
-    name = parent.child(COLLECTION, study_id)
-    record = load_record(uow, KIND, study_id, parent, name)
-    study = h.get_study(study_id, uow)
+def _listed(scope: Scope) -> Iterator[Shown]:
+    for record in records_of(scope.uow, KIND, scope.parent):
+        study = h.get_study(record["id"], scope.uow)
+        if study is not None:
+            yield study, record
+
+
+def _found(scope: Scope, study_id: str) -> Shown:
+    name = scope.parent.child(COLLECTION, study_id)
+    record = load_record(scope.uow, KIND, study_id, scope.parent, name)
+    study = h.get_study(study_id, scope.uow)
     if study is None:
         raise not_found(name)
-    return render(study, parent, study_id, record)
+    return study, record
+
+
+def _cancel(scope: Scope, study_id: str, _: Shown) -> None:
+    h.cancel_study(study_id, scope.uow, scope.ctx.runtime.deps)
+
+
+STUDIES: Collection[Shown] = Collection(
+    ListHyperparameterTuningJobsResponse, "hyperparameter_tuning_jobs",
+    HyperparameterTuningJob, load=_listed,
+    render=lambda scope, shown: render(shown[0], scope.parent, shown[1]["id"], shown[1]),
+    filterable=FILTERABLE, find=_found, stop=_cancel, create=create,
+    id_param="hyperparameterTuningJobId", remove=delete)
+get, list_jobs, cancel = STUDIES.get, STUDIES.list_page, STUDIES.cancel

@@ -1,0 +1,162 @@
+"""The resource kit: list, get and cancel as every collection of the API does them.
+
+A resource module says what is particular to it (how its resources are loaded and found
+under a parent, how one is rendered, how one is stopped, its create and delete) and gets a
+``Collection``: list with an AIP-160 filter and AIP-158 paging, get, cancel, and the handlers
+the route table (``services.api.routes``) serves them by. Filters match the rendered wire
+resource, so a filter sees exactly what a GET shows; a list without one renders only its page.
+Creates share a generated id, the check of the cluster a resource runs on, and the answer to
+a retried create (``prior_create``).
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from services.api import operations as ops
+from services.api.call import Call
+from services.api.context import RESOURCES, ApiContext, resource_key
+from services.api.errors import ApiError, invalid
+from services.api.names import Parent
+from services.api.paging import Page, matches, page_size, paginate, parse_filter, resource_field
+from services.api.wire.proto_json import Message
+
+T = TypeVar("T")
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a collection's functions read through: the call's context, its unit of work, the
+    parent, and for a nested collection (a model's versions, a cluster's nodes) its owner."""
+
+    ctx: ApiContext
+    uow: Any
+    parent: Parent
+    owner: str = ""
+
+    def operation(self, *, target: str, target_id: str, verb: str, generation: int,
+                  response: Json | None = None) -> Json:
+        """The long-running Operation of a change (the same one on a retry)."""
+        return ops.start(self.uow, self.parent, target=target, target_id=target_id, verb=verb,
+                         generation=generation, now=self.ctx.now,
+                         retention_s=self.ctx.runtime.deps.config.retention_s,
+                         response=response)
+
+
+@dataclass(frozen=True)
+class Collection(Generic[T]):
+    """One kind of resource. ``load`` yields what is under the scope in list order (what is
+    gone already left out), ``find`` one by id or NOT_FOUND, ``render`` one as the wire
+    resource (a dict the ``item`` model validates); the list answer is ``response`` with the
+    page in its ``items_field``. ``create``, ``remove`` (delete) and ``stop`` (cancel) where
+    the resource has them; a new resource's client-chosen id is the ``id_param`` query."""
+
+    response: type[Message]
+    items_field: str
+    item: type[Message]
+    load: Callable[[Scope], Iterable[T]]
+    render: Callable[[Scope, T], Json]
+    filterable: tuple[str, ...] = ()
+    field: Callable[[Json, str], Any] = resource_field  # a filter term's value in a resource
+    find: Callable[[Scope, str], T] | None = None
+    stop: Callable[[Scope, str, T], None] | None = None
+    create: Callable[[ApiContext, Parent, Any, str | None], Json] | None = None
+    id_param: str = ""
+    remove: Callable[[ApiContext, Parent, str], Json] | None = None
+
+    def list_page(self, ctx: ApiContext, parent: Parent, *, filter_text: str | None = None,
+                  size: str | None = None, token: str | None = None, owner: str = "") -> Json:
+        """One page of the resources under ``parent`` (and ``owner``) the filter matches."""
+        terms = parse_filter(filter_text, self.filterable)
+        limit = page_size(size)
+        ctx.refresh()
+        with ctx.unit() as uow:
+            scope = Scope(ctx, uow, parent, owner)
+            found = list(self.load(scope))
+            if terms:
+                shown = [self.render(scope, item) for item in found]
+                kept = [r for r in shown if matches(terms, functools.partial(self.field, r))]
+                page = paginate(kept, size=limit, token=token, filter_text=filter_text or "")
+            else:
+                page = paginate(found, size=limit, token=token, filter_text=filter_text or "")
+                page = Page([self.render(scope, item) for item in page.items],
+                            page.next_page_token)
+        items = [self.item.model_validate(r) for r in page.items]
+        return self.response(**{self.items_field: items,
+                                "next_page_token": page.next_page_token}).to_json()
+
+    def get(self, ctx: ApiContext, parent: Parent, rid: str) -> Json:
+        ctx.refresh()
+        with ctx.unit() as uow:
+            scope = Scope(ctx, uow, parent)
+            return self.render(scope, self._found(scope, rid))
+
+    def cancel(self, ctx: ApiContext, parent: Parent, rid: str) -> Json:
+        """Stop the resource (as google.protobuf.Empty): the work winds down after."""
+        if self.stop is None:
+            raise TypeError("this collection has no cancel")
+        with ctx.unit() as uow:
+            scope = Scope(ctx, uow, parent)
+            self.stop(scope, rid, self._found(scope, rid))
+        return {}
+
+    def _found(self, scope: Scope, rid: str) -> T:
+        if self.find is None:
+            raise TypeError("this collection has no get")
+        return self.find(scope, rid)
+
+    # ------------------------------------------------------------ handlers (routes.ROUTES)
+
+    def serve_create(self, call: Call) -> Json:
+        if self.create is None:
+            raise TypeError("this collection has no create")
+        return self.create(call.ctx, call.parent, call.body(), call.arg(self.id_param) or None)
+
+    def serve_list(self, call: Call, owner: str = "") -> Json:
+        return self.list_page(call.ctx, call.parent, filter_text=call.arg("filter"),
+                              size=call.arg("pageSize"), token=call.arg("pageToken"),
+                              owner=owner)
+
+    def serve_get(self, call: Call) -> Json:
+        return self.get(call.ctx, call.parent, call.rid)
+
+    def serve_delete(self, call: Call) -> Json:
+        if self.remove is None:
+            raise TypeError("this collection has no delete")
+        return self.remove(call.ctx, call.parent, call.rid)
+
+    def serve_cancel(self, call: Call) -> Json:
+        call.body(required=False)  # checked, though the name is all it needs
+        return self.cancel(call.ctx, call.parent, call.rid)
+
+
+# ---------------------------------------------------------------- what creates share
+
+
+def new_id() -> str:
+    """A generated resource id: a number of 18 digits, as Vertex's are."""
+    return f"{uuid.uuid4().int % 10**18:018d}"
+
+
+def require_cluster(uow: Any, parent: Parent, cluster_id: str, field: str) -> None:
+    """The cluster a resource runs on exists under its parent (a 400 naming ``field``
+    otherwise: the caller's reference is wrong, not the server)."""
+    cluster = uow.record(RESOURCES, resource_key("cluster", cluster_id))
+    if cluster is None or cluster["parent"] != parent.name:
+        raise invalid(field, f"no cluster {cluster_id!r} in {parent.name}")
+
+
+def prior_create(uow: Any, kind: str, resource_id: str, parent: Parent, name: str,
+                 resource: dict[str, Any]) -> dict[str, Any] | None:
+    """The record of a create with this id that came before (a retry of it, with the same
+    body: it answers what the first made), or None; another body is ALREADY_EXISTS."""
+    existing = uow.record(RESOURCES, resource_key(kind, resource_id))
+    if existing is not None and (existing["parent"] != parent.name
+                                 or existing["resource"] != resource):
+        raise ApiError("ALREADY_EXISTS", f"{name} already exists with a different body")
+    return existing  # type: ignore[no-any-return]

@@ -56,6 +56,7 @@ def test_plan_finds_the_smallest_count_that_meets_the_wait_target(scenario: Path
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_cli_goodput_floor_and_bad_input(scenario: Path, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan"

@@ -179,6 +179,7 @@ def test_reads_the_cluster_spec(tmp_path: Path) -> None:
     assert "rank 2/3" in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("env", "named"),
     [

@@ -19,7 +19,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider
 
-# The quick loop while you work: everything but the integration and slow tests, under a minute.
+# The quick loop while you work: everything but the integration and slow tests.
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: compiling every module and
 # rewriting every test's asserts again on each run is most of a cold collection.
 test-fast: $(STAMP)

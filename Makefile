@@ -1,4 +1,5 @@
-# The two commands that matter: `make demo` and `make test`. Both set up what they need.
+# The two commands that matter: `make demo` and `make test` (`make test-fast` while you work).
+# All of them set up what they need.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,8 +19,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider
 
+# The quick loop while you work: everything but the integration and slow tests.
+# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: compiling every module and
+# rewriting every test's asserts again on each run is most of a cold collection.
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not integration and not slow"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -m "not integration and not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check shared simulator services tests examples

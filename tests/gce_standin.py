@@ -79,7 +79,9 @@ class ComputeStandin:
         self.state = StandinState()
         self.lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # a short poll interval: shutdown() waits up to one, at every test's teardown
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
+                                        daemon=True)
 
     @property
     def endpoint(self) -> str:

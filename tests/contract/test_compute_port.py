@@ -46,7 +46,12 @@ NODES = tuple(f"w{i}" for i in range(WORLD))
 GRACE_S = 600.0  # long enough that no driver's workers are SIGKILLed before they save
 
 
-@pytest.fixture(params=sorted(DRIVERS))
+# drivers that start real worker processes, servers or client libraries: `make test` runs them
+SLOW_DRIVERS = {"gce", "local", "remote"}
+
+
+@pytest.fixture(params=[pytest.param(name, marks=pytest.mark.slow) if name in SLOW_DRIVERS else name
+                        for name in sorted(DRIVERS)])
 def driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
     made = DRIVERS[request.param](tmp_path)
     yield made

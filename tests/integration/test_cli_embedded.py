@@ -16,6 +16,8 @@ import pytest
 
 from tests.cli_support import ROOT, clean_env, cluster_body, job_body, mtc, mtc_json, write
 
+pytestmark = pytest.mark.integration  # the CLI as subprocesses, real workers
+
 
 def wait_for(state: Path, predicate: Any, timeout: float = 40.0) -> Any:
     deadline = time.monotonic() + timeout

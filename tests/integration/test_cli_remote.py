@@ -16,6 +16,8 @@ import pytest
 
 from tests.cli_support import ROOT, clean_env, cluster_body, job_body, mtc, mtc_json, write
 
+pytestmark = pytest.mark.integration  # `mtc serve` and the CLI as subprocesses
+
 
 @dataclass
 class Server:

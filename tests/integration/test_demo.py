@@ -8,6 +8,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration  # `mtc demo` as a subprocess: real worker processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 STORY = [

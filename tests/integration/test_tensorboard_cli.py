@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from services.api.names import Parent
@@ -19,6 +20,8 @@ from services.cli.commands_logs import tensorboard_command
 from services.wiring.embedded import embedded
 from tests.cli_support import ROOT, clean_env, cluster_body, job_body, mtc
 from tests.serving import free_port
+
+pytestmark = pytest.mark.integration  # real TensorBoard and worker processes
 
 LOCAL = Parent("local", "local")
 

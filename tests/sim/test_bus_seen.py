@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 import simpy
 
 from shared.domain.events import NodeProvisioned
@@ -60,6 +61,7 @@ def test_ids_older_than_the_window_are_forgotten(monkeypatch: Any) -> None:
     assert all(newest - at <= WINDOW_S + 60.0 * 100 for at in bus._seen.values())
 
 
+@pytest.mark.slow
 def test_the_twins_store_keeps_only_the_idempotency_records_of_its_window() -> None:
     """The twin prunes its store's idempotency records when the bus forgets its ids, as the
     embedded control plane's sweeper does: a run ends with those of the last window and of

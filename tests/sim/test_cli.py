@@ -24,6 +24,7 @@ def test_add_parser_plugs_into_a_parent_cli() -> None:
     assert args.replications == 3
 
 
+@pytest.mark.slow
 def test_run_prints_the_table_and_writes_the_plot(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["run", str(SMALL), "--set", "duration=2d", "--out", str(tmp_path)])
@@ -53,6 +54,7 @@ def test_a_bad_override_names_the_key(tmp_path: Path,
     assert "jobs[0].checkpoint_intervall: unknown key" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_sweep_on_two_processes_writes_csv_json_and_plots(tmp_path: Path) -> None:
     code = cli.main(["sweep", str(SMALL), "--set", "duration=1d", "--vary",
                      "checkpoint_interval=10m,60m", "--vary", "spares=0,4",

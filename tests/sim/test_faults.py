@@ -51,6 +51,7 @@ def held_then(result: twin.RunResult, kind: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- the livelock (regression)
 
 
+@pytest.mark.slow
 def test_held_repair_is_planned_again_one_node_zero_delay_xid() -> None:
     """The regression case: 1 node, zero delays, XID 79 (a reboot fixes it) ten times a day.
     Two removals within the blast window make the guard hold the next repair. Before the fix
@@ -70,6 +71,7 @@ def test_held_repair_is_planned_again_one_node_zero_delay_xid() -> None:
     assert result.events < 50_000  # re-reports are at the agent's interval, not per second
 
 
+@pytest.mark.slow
 def test_a_restart_only_xid_on_a_broken_node_is_not_lost() -> None:
     """XID 13 asks triage only for a job restart, but here the node needs a reboot: the job
     restarts on it and fails at once (zero delays) until the repeat-offender rule suspects the

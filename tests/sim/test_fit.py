@@ -63,6 +63,7 @@ def test_gamma_quantiles_and_poisson_intervals_match_scipy() -> None:
     assert fitting.poisson_interval(0, 1.0).low == 0.0
 
 
+@pytest.mark.slow
 def test_fit_recovers_the_known_rates_repairs_and_delays(recorded: tuple[Path, Any]) -> None:
     path, result = recorded
     f = fitting.fit(history.load_events(path))

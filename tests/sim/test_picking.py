@@ -45,6 +45,7 @@ def _listed_draw(self: FailureProcesses) -> Any:
     return candidates[int(self.rng.integers(len(candidates)))]
 
 
+@pytest.mark.slow
 def test_a_run_with_many_stragglers_draws_the_same_nodes(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
     # many stragglers and faults (nodes deleted and replaced) in a short run of small.yaml

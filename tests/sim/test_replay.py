@@ -105,6 +105,7 @@ def test_mtc_replay_reads_the_embedded_store_and_prints_the_difference(
     assert mtc(["replay", str(state), "--policy", str(tmp_path / "nope")]) == 2
 
 
+@pytest.mark.slow
 def test_twin_reports_the_goodput_difference_with_its_interval(
         recorded: list[dict[str, Any]], tmp_path: Path) -> None:
     diff = replay.twin_diff(recorded, replay.load_policy(xid45_fatal(tmp_path)),

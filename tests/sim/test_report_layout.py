@@ -73,6 +73,7 @@ def test_stacked_blocks_keep_long_values_on_their_own_line() -> None:
     assert grid.boxed_width() == len("│ what │ a-value-that-is-longer-than-the-console-is-wide │")
 
 
+@pytest.mark.slow
 def test_a_pipe_at_80_columns_gets_whole_values_and_json_stays_machine_form(
         tmp_path: Path) -> None:
     env = dict(os.environ, COLUMNS="80", PYTHONPATH=str(REPO))

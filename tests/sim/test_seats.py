@@ -73,6 +73,7 @@ class _Reference:
 
 # a shortcut for at most 2 changed nodes (small gangs take it and the full pass both), and
 # for up to 64 (every restart whose old attempt is over takes it)
+@pytest.mark.slow
 @pytest.mark.parametrize("reseat_all_over", [2, 64])
 @settings(max_examples=250, deadline=None)
 @given(steps=st.lists(_step, min_size=1, max_size=30))
@@ -128,6 +129,7 @@ def test_seats_match_a_pass_over_every_rank(reseat_all_over: int,
                                  or (n.fault is not None and n.fault.signal.blocks_launch)}
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(size=st.integers(0, 300), changes=st.lists(st.integers(0, 299), max_size=12),
        limit=st.integers(0, 16))

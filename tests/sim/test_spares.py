@@ -42,6 +42,7 @@ def test_spare_waits_and_p95() -> None:
     assert spares.p95(list(range(1, 101))) == 95 and spares.p95([]) == 0.0
 
 
+@pytest.mark.slow
 def test_plan_finds_the_smallest_count_that_meets_the_wait_target(scenario: Path,
                                                                   tmp_path: Path) -> None:
     plan = spares.plan_spares(scenario, [4, 0, 2, 1], replications=2, max_p95_wait_s=600)
@@ -56,6 +57,7 @@ def test_plan_finds_the_smallest_count_that_meets_the_wait_target(scenario: Path
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_cli_goodput_floor_and_bad_input(scenario: Path, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan"

@@ -5,6 +5,7 @@ follow are the same), and the bus's block draws are the draws one at a time."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from simulator.streams import Streams, _SeedSequence, pcg64_seeds, stable_key
 words = st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=8)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(entropy=words)
 def test_the_state_is_numpys(entropy: list[int]) -> None:
@@ -25,6 +27,7 @@ def test_the_state_is_numpys(entropy: list[int]) -> None:
     assert draws.tolist() == np.random.Generator(np.random.PCG64(numpys)).random(4).tolist()
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(base=st.integers(0, 2**63 - 1), domain=st.integers(0, 2**32 - 1),
        names=st.lists(st.text(max_size=12), min_size=1, max_size=20, unique=True))
@@ -45,6 +48,7 @@ def test_streams_seeded_many_at_once_are_the_streams_seeded_one_by_one(
         3).tolist()  # asked for again: seeded again, to the same state
 
 
+@pytest.mark.slow
 @given(entropy=words, n_words=st.integers(1, 9))
 def test_any_other_request_is_numpys_own(entropy: list[int], n_words: int) -> None:
     mine, numpys = _SeedSequence(entropy), np.random.SeedSequence(entropy)

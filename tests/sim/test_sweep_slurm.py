@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from simulator import sweep, sweep_slurm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +53,7 @@ def test_big_sweeps_split_into_arrays_below_max_array_size() -> None:
         (3, [0, 4]), (1500, [0, 499]), (2600, [0])]
 
 
+@pytest.mark.slow
 def test_one_array_task_writes_the_row_a_local_run_gives(tmp_path: Path) -> None:
     tasks = sweep.tasks(str(SMALL), [("spares", ["0", "4"])], 1, 3, {"duration": "12h"})
     sweep_slurm.write_tasks(tmp_path, tasks)

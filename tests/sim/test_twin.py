@@ -57,6 +57,7 @@ def test_same_seed_same_summary_other_seed_other_summary(xid79: Scenario) -> Non
     assert a["interruptions"]["gpu_off_bus"] > 10  # the scenario does fail
 
 
+@pytest.mark.slow
 def test_runs_are_reproducible_across_processes_and_hash_seeds() -> None:
     code = ("import json,sys; from simulator import twin; "
             "from simulator.scenario import load_scenario; "
@@ -75,6 +76,7 @@ def without_offenders(config: ControlPlaneConfig) -> ControlPlaneConfig:
     return replace(config, restart=replace(config.restart, offender_count=0))
 
 
+@pytest.mark.slow
 def test_the_triage_table_decides_the_outcome() -> None:
     """The real triage table is in the loop: map XID 79 to NONE or RESTART_JOB and (with the
     repeat-offender backstop off) the broken node is never repaired, the job keeps

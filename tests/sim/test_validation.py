@@ -9,6 +9,7 @@ from simulator.validation import run_point
 HOUR = 3600.0
 
 
+@pytest.mark.slow
 def test_simulated_ettr_matches_the_analytic_models_where_they_hold() -> None:
     """16 nodes, job MTBF 8 h, ~300 failures: intervals well below the MTBF, where the
     first-order models are accurate; the twin (with its measured restart cost) agrees."""
@@ -20,6 +21,7 @@ def test_simulated_ettr_matches_the_analytic_models_where_they_hold() -> None:
         assert p.sim_ettr == pytest.approx(p.first_order, abs=0.015)
 
 
+@pytest.mark.slow
 def test_the_best_simulated_interval_is_near_young_and_daly() -> None:
     points = [run_point(nodes=16, job_mtbf_s=2 * HOUR, interval_s=m * 60.0, failures=300)
               for m in (5, 10, 30, 60)]
@@ -30,6 +32,7 @@ def test_the_best_simulated_interval_is_near_young_and_daly() -> None:
     assert points[0].young_s == pytest.approx(657.3, rel=0.01)  # sqrt(2 x 30 s x 2 h)
 
 
+@pytest.mark.slow
 def test_the_models_underestimate_when_failures_are_frequent() -> None:
     """Interval comparable to the MTBF: the first-order models count half an interval lost
     per failure, but an attempt that fails before its first checkpoint loses only the time

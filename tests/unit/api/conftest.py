@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from flask.testing import FlaskClient
 from services.api.http import create_app
 from services.wiring.api import embedded_api
 from services.wiring.embedded import EmbeddedApp, embedded
+from shared.config import ControlPlaneConfig
 from tests.serving import PARENT, cluster_body
 
 TOKEN = "unit-admin"
@@ -40,9 +42,18 @@ class Api:
         raise AssertionError(op)
 
 
+def one_pass_config() -> ControlPlaneConfig:
+    """The embedded default, but a node serves after one healthy report, not two: its agent
+    reports every second, so hysteresis made every cluster a test creates take a second to be
+    READY, most of these tests' time. Hysteresis itself is tested with the repair policy and
+    the handlers; nothing here depends on it."""
+    config = ControlPlaneConfig()
+    return replace(config, repair=replace(config.repair, return_after_passes=1))
+
+
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[Api]:
-    app = embedded(tmp_path / "state")
+    app = embedded(tmp_path / "state", config=one_pass_config())
     ctx, _ = embedded_api(app, env_token=TOKEN)
     yield Api(create_app(ctx).test_client(), app)
     app.compute.kill_all()

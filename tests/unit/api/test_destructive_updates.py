@@ -9,8 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.serving import PARENT, cluster_body
 from tests.unit.api.conftest import Api
+
+pytestmark = pytest.mark.slow  # real training workers (examples/train.py) run to the end
 
 ROOT = Path(__file__).resolve().parents[3]
 CLUSTER = f"/v1beta1/{PARENT}/modelDevelopmentClusters/c1"

@@ -6,10 +6,14 @@ from __future__ import annotations
 import sys
 import time
 
+import pytest
+
 from services.api.names import Parent
 from services.cli.commands_logs import tensorboard_runs
 from tests.serving import PARENT, ROOT
 from tests.unit.api.conftest import Api
+
+pytestmark = pytest.mark.slow  # real training workers write the event files
 
 TRAIN = [sys.executable, str(ROOT / "examples" / "train.py"), "--steps", "5"]
 MACHINE = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",

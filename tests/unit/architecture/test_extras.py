@@ -77,6 +77,7 @@ def test_the_blocker_blocks() -> None:
     assert proc.returncode != 0 and "not in this extra" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("extra", "body"), [
     # the node agent: its CLI and a full probe run, without simpy, matplotlib, flask...
     ("agent", "import services.node_agent.cli\n"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 LAUNCHER = Path(__file__).resolve().parents[3] / "shared/adapters/compute/worker_launcher.py"
+pytestmark = pytest.mark.slow  # the launcher and its child as real processes
 CHILD = ("import signal, sys, time\n"
          "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
          "print('ready', flush=True)\n"

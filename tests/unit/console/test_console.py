@@ -22,7 +22,7 @@ from services.wiring.embedded import embedded
 from shared.domain.health import FailureRecord, RepairAction
 from shared.domain.model import Node, NodeCondition, NodeRole, NodeState
 from shared.policies.repair import RepairConfig
-from tests.unit.api.conftest import AUTH, TOKEN, Api
+from tests.unit.api.conftest import AUTH, TOKEN, Api, one_pass_config
 
 CFG = RepairConfig()
 NOW = 1_000_000.0
@@ -129,7 +129,7 @@ def test_the_run_directory_is_read_with_bounds_and_never_outside(tmp_path: Path)
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[Api]:
-    app = embedded(tmp_path / "state")
+    app = embedded(tmp_path / "state", config=one_pass_config())
     ctx, _ = embedded_api(app, env_token=TOKEN)
     flask_app = create_app(ctx)
     register(flask_app, ctx, tmp_path / "run")

@@ -94,6 +94,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]
     return model(root)
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_run_ends_with_bitwise_identical_weights(
     tmp_path: Path, reference: dict[str, np.ndarray]
 ) -> None:
@@ -113,6 +114,7 @@ def test_interrupted_and_resumed_run_ends_with_bitwise_identical_weights(
     assert_bitwise_equal(model(tmp_path), reference)
 
 
+@pytest.mark.slow
 def test_a_corrupt_newest_checkpoint_is_skipped(
     tmp_path: Path, reference: dict[str, np.ndarray]
 ) -> None:
@@ -128,6 +130,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped(
     assert_bitwise_equal(model(tmp_path), reference)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_content_disagrees_with_its_name_is_skipped(tmp_path: Path) -> None:
     assert train(tmp_path, "--steps", "20", "--checkpoint-every", "10").returncode == 0
     ckpt = tmp_path / "checkpoints"
@@ -137,6 +140,7 @@ def test_a_checkpoint_whose_content_disagrees_with_its_name_is_skipped(tmp_path:
     assert "resumed from step 10" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_finished_run_started_again_only_rewrites_the_model(
     tmp_path: Path, reference: dict[str, np.ndarray]
 ) -> None:
@@ -150,6 +154,7 @@ def test_a_finished_run_started_again_only_rewrites_the_model(
     assert not list((tmp_path / "tb").glob("attempt-2/events.*"))  # nothing new to write
 
 
+@pytest.mark.slow
 def test_other_ranks_compute_the_same_weights_and_write_nothing(tmp_path: Path) -> None:
     args = ("--steps", "30", "--checkpoint-every", "10")
     chief = train(tmp_path / "r0", *args, RANK="0", WORLD_SIZE="2")
@@ -174,6 +179,7 @@ def test_reads_the_cluster_spec(tmp_path: Path) -> None:
     assert "rank 2/3" in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("env", "named"),
     [

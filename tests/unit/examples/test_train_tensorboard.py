@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.unit.examples.test_train_example import TRAIN, checkpoints, job_env, preempt, train
@@ -37,6 +38,7 @@ def reference(root: Path) -> list[tuple[int, float]]:
     return curve(root)
 
 
+@pytest.mark.slow
 def test_a_resume_after_sigterm_continues_the_curve(tmp_path: Path) -> None:
     out = preempt(tmp_path / "run", *SLOW)
     stopped = int(out.split("preempted at step ")[1].split(",")[0])
@@ -51,6 +53,7 @@ def test_a_resume_after_sigterm_continues_the_curve(tmp_path: Path) -> None:
     assert curve(tmp_path / "run") == reference(tmp_path / "ref")  # the same values, too
 
 
+@pytest.mark.slow
 def test_steps_recomputed_after_a_kill_are_not_written_twice(tmp_path: Path) -> None:
     """SIGKILL after the step-20 checkpoint and after some later steps reached the event
     files: the resumed attempt recomputes 21.. from the checkpoint but writes only what the

@@ -438,6 +438,7 @@ def test_functions_start_the_workflow_where_it_drives_provisioning(gcloud: Any,
     assert WORKFLOW == "mtc-provision-cluster" and WORKFLOW in deployed  # what it starts
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path: Path) -> None:
     before = CLOUDBUILD.read_text()
     proc = subprocess.run([sys.executable, "-m", "deploy.cloudbuild", "--dry-run",

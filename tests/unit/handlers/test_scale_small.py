@@ -13,6 +13,7 @@ from types import ModuleType
 import pytest
 
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "scale_bench.py"
+pytestmark = pytest.mark.slow  # a small benchmark: hundreds of nodes brought up
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from cloudevents.http import CloudEvent, from_http
 from services.node_agent.cli import main
 from services.node_agent.publish import EVENT_TYPE, http_publisher, report_to_cloudevent
 from shared.domain.health import Condition, ConditionStatus, HealthReport
-
-from .conftest import FakeRunner, fixture_text, ok
+from tests.recorded import fixture_text
+from tests.unit.probes.fakes import FakeRunner, ok
 
 NOW = 1_796_000_000.0
 XID_79 = (

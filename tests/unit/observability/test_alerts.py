@@ -182,7 +182,7 @@ def hook() -> Iterator[tuple[str, list[dict[str, Any]], list[int]]]:
     fail_first = [0]
     handler = type("Hook", (_Hook,), {"bodies": bodies, "fail_first": fail_first})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)  # quick shutdown
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/hook", bodies, fail_first

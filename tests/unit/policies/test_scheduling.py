@@ -243,6 +243,7 @@ def _scenario(draw: st.DrawFn) -> tuple[list[JobRequest], list[NodeSlot]]:
     return jobs, idle
 
 
+@pytest.mark.slow
 @given(_scenario(), st.booleans())
 def test_placements_are_whole_valid_and_disjoint(
     scenario: tuple[list[JobRequest], list[NodeSlot]], backfill: bool
@@ -265,6 +266,7 @@ def test_placements_are_whole_valid_and_disjoint(
     assert out == place_jobs(list(reversed(jobs)), list(reversed(idle)), NOW, backfill=backfill)
 
 
+@pytest.mark.slow
 @given(_scenario())
 def test_backfill_changes_nothing_before_the_first_blocked_job(
     scenario: tuple[list[JobRequest], list[NodeSlot]],

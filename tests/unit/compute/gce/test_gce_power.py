@@ -16,6 +16,8 @@ import pytest
 from shared.adapters.compute.gce.power import nodeset_of
 from tests.gce_standin import ComputeStandin, Inject
 
+pytestmark = pytest.mark.slow  # the power scripts as subprocesses, each importing the client library
+
 ROOT = Path(__file__).resolve().parents[4]
 SCONTROL = r'''#!/usr/bin/env python3
 import re, sys

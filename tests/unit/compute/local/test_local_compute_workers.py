@@ -25,6 +25,7 @@ from tests.harness import Recorder, one_pool_gang
 REPO = Path(__file__).resolve().parents[4]
 TRAIN = REPO / "examples" / "train.py"
 PY = sys.executable
+pytestmark = pytest.mark.slow  # real worker subprocesses
 MANAGED = (
     "CLOUD_ML_JOB_ID", "CLUSTER_SPEC", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "AIP_CHECKPOINT_DIR", "AIP_MODEL_DIR", "AIP_TENSORBOARD_LOG_DIR", "USER_VAR",

@@ -25,7 +25,8 @@ from shared.domain.events import JobWorkersExited
 from shared.ports import Gang
 from tests.harness import Recorder, one_pool_gang
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+              pytest.mark.slow]  # real worker subprocesses
 
 GRACE_S = 2.0
 # how long past the grace period an end may take: liveness bounds, not measurements (a loaded

@@ -15,6 +15,7 @@ from shared.adapters.compute.worker_launcher import exit_code_of
 
 LAUNCHER = Path(worker_launcher.__file__)
 PY = sys.executable
+pytestmark = pytest.mark.slow  # the launcher and its children as real processes
 
 
 def launch(exit_file: Path, *command: str, new_session: bool = True) -> subprocess.Popen[str]:

@@ -9,8 +9,8 @@ from shared.domain.health import ConditionStatus, HealthReport
 from shared.probes.agent import AgentState, collect
 from shared.probes.commands import run_command
 from shared.probes.config import AgentConfig
-
-from .conftest import FakeRunner, fixture_text, ok
+from tests.recorded import fixture_text
+from tests.unit.probes.fakes import FakeRunner, ok
 
 NOW = 1_796_000_000.0
 T, F, U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN

@@ -8,8 +8,8 @@ import pytest
 from shared.domain.health import ConditionStatus
 from shared.probes import dcgm, nccl
 from shared.probes.commands import CommandTimedOut, ProbeError, ToolNotFound
-
-from .conftest import FakeRunner, fixture_text, ok
+from tests.recorded import fixture_text
+from tests.unit.probes.fakes import FakeRunner, ok
 
 NOW = 1_796_000_000.0
 ARGV = ["srun", "--reservation=mtc-deep-n1", "all_reduce_perf", "-b", "8", "-e", "8G"]

@@ -8,8 +8,8 @@ import pytest
 from shared.domain.health import ConditionStatus
 from shared.probes.commands import ProbeError, run_command
 from shared.probes.dcgm import DcgmParseError, diag_condition, parse_dcgm_diag_json, probe
-
-from .conftest import FakeRunner, fixture_text, ok
+from tests.recorded import fixture_text
+from tests.unit.probes.fakes import FakeRunner, ok
 
 NOW = 1_796_000_000.0
 

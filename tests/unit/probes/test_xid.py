@@ -14,8 +14,8 @@ from shared.probes.xid import (
     parse_xid_lines,
     xid_condition,
 )
-
-from .conftest import FakeRunner, fixture_text, ok
+from tests.recorded import fixture_text
+from tests.unit.probes.fakes import FakeRunner, ok
 
 NOW = 1_796_000_000.0
 

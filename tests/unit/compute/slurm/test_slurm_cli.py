@@ -21,8 +21,7 @@ from shared.adapters.compute.slurm.cli import (
     subprocess_runner,
 )
 from shared.domain.errors import PermanentError, TransientError
-
-from .conftest import fixture_text
+from tests.recorded import fixture_text
 
 ERRORS: dict[str, Any] = json.loads(fixture_text("slurm/cli_errors.json"))
 

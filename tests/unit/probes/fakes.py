@@ -1,19 +1,10 @@
-"""Shared helpers: recorded fixtures and a fake command runner for the node agent tests."""
+"""A fake command runner for the probes (and the node agent that runs them)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
-
-import pytest
 
 from shared.probes.commands import CommandResult, ToolNotFound
-
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-
-
-def fixture_text(relative: str) -> str:
-    return (FIXTURES / relative).read_text(encoding="utf-8")
 
 
 class FakeRunner:
@@ -33,12 +24,3 @@ class FakeRunner:
 
 def ok(stdout: str, returncode: int = 0, stderr: str = "") -> CommandResult:
     return CommandResult(("fake",), returncode, stdout, stderr)
-
-
-@pytest.fixture
-def sleeper(tmp_path: Path) -> str:
-    """An executable that hangs like a wedged GPU tool (and forks, like dcgmi does)."""
-    script = tmp_path / "hang.sh"
-    script.write_text("#!/bin/sh\nsleep 5 &\nsleep 5\n")
-    script.chmod(0o755)
-    return str(script)

@@ -12,8 +12,8 @@ from shared.probes.nvidia_smi import (
     parse_nvidia_smi_xml,
     probe,
 )
-
-from .conftest import FakeRunner, fixture_text, ok
+from tests.recorded import fixture_text
+from tests.unit.probes.fakes import FakeRunner, ok
 
 NOW = 1_796_000_000.0
 T, F, U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN

@@ -21,7 +21,7 @@ from services.cli.demo_slurm import cluster_spec, demo_config, job_spec
 from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp, embedded
 from shared.adapters.compute.slurm.api import SlurmControl
-from shared.adapters.compute.slurm.cli import SlurmCli, SlurmError
+from shared.adapters.compute.slurm.cli import SlurmCli, SlurmError, subprocess_runner
 from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.domain.events import Envelope
 from shared.domain.model import Job, JobState, NodeState
@@ -305,8 +305,11 @@ def test_controller_down_is_retried_with_backoff_and_an_alert(
     conf = Path(cluster.slurm_conf).read_text().replace("SlurmctldPort=", "SlurmctldPort=1", 1)
     dead = tmp_path / "dead-slurm.conf"
     dead.write_text(conf)
+    # every collaborator of SlurmCompute holds the one client: point it at a dead controller
     live = compute.cli
-    compute.cli = SlurmControl(timeout_s=3.0, slurm_conf=str(dead))
+    assert isinstance(live, SlurmControl)
+    kept = live._run, live.timeout_s
+    live._run, live.timeout_s = subprocess_runner(str(dead)), 3.0
     try:
         start = time.monotonic()
         compute.cordon(node_id, "mtc test: drain during an outage")  # must not raise
@@ -317,7 +320,7 @@ def test_controller_down_is_retried_with_backoff_and_an_alert(
         assert any(a.kind == "slurm-unreachable" for a in alerts), alerts
         assert node_state(app, node_id) is NodeState.IDLE  # nothing inferred from the silence
     finally:
-        compute.cli = live
+        live._run, live.timeout_s = kept
     took = run_until(
         app, "the drain to land once Slurm answers", lambda: cluster.slurm.node(name).drained, 60
     )

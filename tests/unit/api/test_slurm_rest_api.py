@@ -57,7 +57,7 @@ class StandIn(BaseHTTPRequestHandler):
 def server() -> Iterator[str]:
     StandIn.seen = []
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()

@@ -23,7 +23,7 @@ test: $(STAMP)
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: compiling every module and
 # rewriting every test's asserts again on each run is most of a cold collection.
 test-fast: $(STAMP)
-	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -m "not integration and not slow"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -n 2 -m "not integration and not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check shared simulator services tests examples

@@ -15,7 +15,7 @@ from itertools import repeat
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from shared.domain.events import Envelope, Event
-from shared.domain.health import RepairAction
+from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Cluster, Job, Node, Partition
 
 
@@ -361,6 +361,23 @@ class DeepChecks(Protocol):
     ``deep-check`` whose conditions carry ``details["deep_check_attempt"]``."""
 
     def start_deep_check(self, node_id: str, attempt: int) -> None: ...
+
+
+@runtime_checkable
+class Polled(Protocol):
+    """A Compute that learns what happened by looking (Slurm, Compute Engine, local
+    processes): someone beside it calls ``poll`` on a cadence to turn what it sees into
+    events. A Compute that is told (the executor's client, the twin) has none."""
+
+    def poll(self) -> None: ...
+
+
+@runtime_checkable
+class FaultInjection(Protocol):
+    """A Compute that can make a node report a fault (local nodes, the twin's fleet): the
+    API's and CLI's ``node fault`` for demos and tests; real machines report their own."""
+
+    def inject_fault(self, node_id: str, conditions: Sequence[Condition]) -> None: ...
 
 
 @runtime_checkable

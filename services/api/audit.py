@@ -11,7 +11,7 @@ import itertools
 from typing import Any
 from uuid import uuid4
 
-from shared.ports import DocStore
+from shared.ports import DocStore, Pruning, RangeReads
 
 AUDIT_COLLECTION = "audit_log"
 
@@ -41,9 +41,8 @@ class AuditLog:
 
     def read(self, since: float = 0.0) -> list[dict[str, Any]]:
         """Records with ``at >= since``, oldest first; from the store's time index if it has one."""
-        ranged = getattr(self._store, "since", None)
-        if ranged is not None:
-            return list(ranged(AUDIT_COLLECTION, since))
+        if isinstance(self._store, RangeReads):
+            return list(self._store.since(AUDIT_COLLECTION, since))
         docs = [d for d in self._store.read(AUDIT_COLLECTION, {}) if d["time"] >= since]
         return sorted(docs, key=lambda d: (d["time"], d.get("seq", 0)))
 
@@ -54,9 +53,8 @@ class AuditLog:
         ``now - retention_s``; any other store is scanned by ``expire_at``. On Firestore a TTL
         policy on ``expire_at`` does it as well.
         """
-        indexed = getattr(self._store, "prune", None)
-        if indexed is not None:
-            return int(indexed(AUDIT_COLLECTION, now - self.retention_s, limit))
+        if isinstance(self._store, Pruning):
+            return int(self._store.prune(AUDIT_COLLECTION, now - self.retention_s, limit))
         expired = [d for d in self._store.read(AUDIT_COLLECTION, {}) if d["expire_at"] < now]
         expired.sort(key=lambda d: d["expire_at"])
         for d in expired[:limit]:

@@ -29,6 +29,7 @@ from services.api.wiremodel import parse_message
 from shared.domain.errors import NotFound, ValidationError
 from shared.domain.events import NodeHealthReported
 from shared.domain.faults import FaultRequest, check_fault_target, fault_conditions, validate_fault
+from shared.ports import FaultInjection
 
 # FaultRequest field -> the wire field that sets it (errors name the wire field)
 FIELDS = {"xids": "xids", "ecc_dbe": "eccDbe", "dcgm_level": "dcgmLevel",
@@ -90,8 +91,8 @@ def report_health(ctx: ApiContext, parent: Parent, cluster_id: str, node_id: str
     if isinstance(body, dict) and "conditions" in body:
         return _agent_report(ctx, cluster_id, cluster_name, parent, node_id, body)
     fault = fault_of(body)
-    inject = getattr(ctx.runtime.deps.compute, "inject_fault", None)
-    if inject is None:
+    compute = ctx.runtime.deps.compute
+    if not isinstance(compute, FaultInjection):
         raise ApiError("FAILED_PRECONDITION", "this server's compute backend takes node "
                        "health from its node agents only; it cannot inject a report")
     with ctx.unit() as uow:
@@ -107,7 +108,7 @@ def report_health(ctx: ApiContext, parent: Parent, cluster_id: str, node_id: str
             raise ApiError("FAILED_PRECONDITION", exc.reason) from None
     conditions = fault_conditions(fault, ctx.now)
     try:
-        inject(node_id, conditions)
+        compute.inject_fault(node_id, conditions)
     except LookupError:
         raise ApiError("NOT_FOUND", f"{name} not found (the machine is gone)") from None
     ctx.refresh()

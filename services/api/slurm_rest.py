@@ -146,7 +146,7 @@ _DEFAULT_LOCK = threading.Lock()
 def configured(ctx: ApiContext) -> SlurmRestConfig:
     """The context's configuration, else the environment's (read once, on first use)."""
     global _DEFAULT
-    own = getattr(ctx, "slurm_rest", None)
+    own = ctx.slurm_rest
     if own is not None:
         return own  # type: ignore[no-any-return]
     with _DEFAULT_LOCK:

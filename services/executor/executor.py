@@ -30,7 +30,7 @@ import os
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,7 +40,7 @@ from services.observability import alerts
 from shared.adapters.compute.remote.bus import Delivery, RequestSource
 from shared.adapters.compute.remote.codec import ComputeRequest, apply, decode
 from shared.domain.errors import PermanentError
-from shared.ports import Clock, Compute, Emitter
+from shared.ports import Clock, Compute, Emitter, Polled
 
 log = logging.getLogger("mtc.executor")
 
@@ -185,10 +185,9 @@ class Executor:
         deliveries = self.source.receive(self.batch, timeout_s)
         for delivery in deliveries:
             self.handle(delivery)
-        poll: Callable[[], None] | None = getattr(self.compute, "poll", None)
-        if poll is not None:
+        if isinstance(self.compute, Polled):
             try:
-                poll()
+                self.compute.poll()
             except Exception:
                 log.exception("polling the machines failed")
         self.beat()

@@ -41,6 +41,7 @@ class EmbeddedApp:
     bus: OutboxBus
     compute: Any  # LocalCompute or SlurmCompute: also has poll() and inject_fault()
     deps: Deps
+    slurm_conf: str | None = None  # over Slurm: the cluster's (its slurmrestd tokens too)
 
     def uow(self) -> DocUnitOfWork:
         return cast(DocUnitOfWork, self.deps.uow())  # (build_deps: document units of work)
@@ -132,4 +133,5 @@ def embedded(state_dir: Path, *, compute: ComputeKind = "local", slurm_conf: str
                       config=local_config(config, state_dir))
     # the checkpoint advice, as a file beside each job's checkpoints (under the output root)
     deps = replace(deps, advice=FileAdviceSink(deps.config.output_root))
-    return EmbeddedApp(state_dir, store, bus, machines, deps)
+    return EmbeddedApp(state_dir, store, bus, machines, deps,
+                       slurm_conf=slurm_conf if compute != "local" else None)

@@ -1,0 +1,34 @@
+"""Callers ask an adapter for a declared port (``isinstance``), never for an attribute by
+name: these pin which adapter offers which optional port, so a renamed method fails here
+instead of silently turning a capability off."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.adapters.compute.local.compute import LocalCompute
+from shared.adapters.compute.remote.compute import RemoteCompute
+from shared.adapters.compute.slurm.compute import SlurmCompute
+from shared.adapters.memory_store import MemoryDocStore
+from shared.adapters.sqlite_store import SqliteDocStore
+from shared.ports import Closeable, FaultInjection, Polled, Pruning, RangeReads
+from simulator.compute import SimCompute
+
+
+@pytest.mark.parametrize(("adapter", "port", "offered"), [
+    (LocalCompute, Polled, True),
+    (SlurmCompute, Polled, True),
+    (RemoteCompute, Polled, False),  # told by the executor's results, never looks itself
+    (LocalCompute, FaultInjection, True),
+    (SlurmCompute, FaultInjection, False),  # a fault is a kernel-log line on the node
+    (SimCompute, FaultInjection, False),
+    (LocalCompute, Closeable, True),
+    (SqliteDocStore, Closeable, True),
+    (SqliteDocStore, RangeReads, True),
+    (SqliteDocStore, Pruning, True),
+    (MemoryDocStore, RangeReads, True),
+    (MemoryDocStore, Pruning, True),
+])
+def test_each_adapter_offers_the_ports_it_declares(adapter: type, port: type,
+                                                  offered: bool) -> None:
+    assert issubclass(adapter, port) is offered

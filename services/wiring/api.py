@@ -27,6 +27,7 @@ class EmbeddedApiRuntime:
     deps: Deps = field(init=False)
     store: DocStore = field(init=False)
     _next_tick: float = field(init=False, default=0.0)
+    last_tick: float | None = field(init=False, default=None)  # monotonic; None: no tick yet
 
     def __post_init__(self) -> None:
         self.deps = self.app.deps
@@ -39,6 +40,7 @@ class EmbeddedApiRuntime:
         now = time.monotonic()
         if now >= self._next_tick:
             self.app.tick()
+            self.last_tick = time.monotonic()
             self._next_tick = now + self.tick_s
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from services.wiring.api import EmbeddedApiRuntime
 from services.wiring.embedded import EmbeddedApp
 from shared.adapters.docstore import CLUSTERS
 from shared.handling import Deps
@@ -41,8 +42,9 @@ class ControlLoop:
                  chores: tuple[Chore, ...] = ()) -> None:
         self.app = app
         self.pump_s = pump_s
-        self.budget_s = budget_s
         self.tick_s = tick_s
+        # a slice of delivery and the fleet tick when due: what a call does in process
+        self._deliver = EmbeddedApiRuntime(app, budget_s=budget_s, tick_s=tick_s)
         self.chore_s = chore_s
         self.chores = chores
         self._wake = threading.Condition()
@@ -51,21 +53,15 @@ class ControlLoop:
         self._in_pass = False
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._next_tick = 0.0
         self._next_chores = 0.0
-        self._last_tick: float | None = None
         self._last_error: str | None = None
 
     # ------------------------------------------------------------ the loop's side
 
     def step(self) -> None:
         """One pass (the thread runs it over and over; tests may call it directly)."""
-        self.app.pump(budget_s=self.budget_s, max_polls=1)
+        self._deliver.after_request()
         now = time.monotonic()
-        if now >= self._next_tick:
-            self.app.tick()
-            self._last_tick = time.monotonic()
-            self._next_tick = now + self.tick_s
         if now >= self._next_chores:
             for chore in self.chores:
                 chore()
@@ -130,7 +126,7 @@ class ControlLoop:
         return self._thread is not None and self._thread.is_alive()
 
     def health(self) -> LoopHealth:
-        last = self._last_tick
+        last = self._deliver.last_tick
         return LoopHealth(self.alive, None if last is None else time.monotonic() - last,
                           self._last_error)
 

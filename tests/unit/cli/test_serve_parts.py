@@ -65,6 +65,7 @@ class FakeApp:
         self.ticks = 0
         self.fail = False
         self.deps: Any = None
+        self.store: Any = None
 
     def pump(self, *, budget_s: float, max_polls: int | None = None) -> int:
         self.pumps += 1

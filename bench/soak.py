@@ -83,6 +83,10 @@ FAULT_KINDS = ("xid", "ecc_dbe", "row_remap_failure", "dcgm", "thermal", "disk",
 XID_CHOICES = (79, 79, 48, 48, 74, 62, 13, 94, 54)
 WORKER_KILL_KINDS = ("rank", "all_ranks", "launcher")
 REPLAY_KINDS = ("duplicate", "delayed", "reordered", "expired")
+# kinds a soak must show at least once: past this fraction of the chaos window, a draw that
+# would pick something else picks a missing one instead (a short soak is otherwise left to luck)
+CHAOS_MUST_HAPPEN = ("fault", "worker_kill", "controller_kill")
+CHAOS_COVERAGE_FROM = 0.5
 CONTROLLER_DOWN_S = (0.2, 2.0)  # a killed controller stays down this long
 CLI_PUMP_BUDGET_S = 1.0  # a second process pumps this long (as a CLI command does)
 
@@ -421,7 +425,7 @@ class Soak:
             self.keep_controller()
             self.submit_and_cancel()
             if self.now() >= next_chaos:
-                self.chaos()
+                self.chaos(covering=self.now() >= self.t0 + CHAOS_COVERAGE_FROM * self.duration_s)
                 next_chaos = self.now() + self.rng.expovariate(1 / CHAOS_MEAN_INTERVAL_S)
             if self.now() >= next_check:
                 self.check_all()
@@ -488,9 +492,12 @@ class Soak:
 
     # ------------------------------------------------------------------ chaos
 
-    def chaos(self) -> None:
+    def chaos(self, covering: bool = False) -> None:
         kinds = list(CHAOS_WEIGHTS)
         kind = self.rng.choices(kinds, weights=[CHAOS_WEIGHTS[k] for k in kinds])[0]
+        missing = [k for k in CHAOS_MUST_HAPPEN if not self.fig.chaos[k]]
+        if covering and missing and kind not in missing:
+            kind = missing[0]
         done = getattr(self, f"chaos_{kind}")()
         if done:
             self.fig.chaos[kind] += 1

@@ -25,6 +25,7 @@ MODULES = {
     "pydantic": ["pydantic"], "optuna": ["optuna"], "prometheus-client": ["prometheus_client"],
     "rich": ["rich"], "tensorboardX": ["tensorboardX"], "simpy": ["simpy"],
     "matplotlib": ["matplotlib"], "waitress": ["waitress"],
+    "torch": ["torch"], "transformers": ["transformers"],
 }
 BLOCKER = r'''
 import importlib.abc, runpy, sys
@@ -69,7 +70,7 @@ def test_every_extra_names_packages_this_test_knows() -> None:
         if extra != "dev":
             assert names(reqs) <= set(MODULES), extra
     assert names(proj["dependencies"]) <= set(MODULES)
-    assert "mtc[agent,gcp,server,sim]" in proj["optional-dependencies"]["dev"]
+    assert "mtc[agent,gcp,server,sim,torch]" in proj["optional-dependencies"]["dev"]
 
 
 def test_the_blocker_blocks() -> None:

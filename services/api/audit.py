@@ -8,6 +8,7 @@ records, so ``AuditLog.prune`` prunes this collection itself.
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any
 from uuid import uuid4
 
@@ -60,3 +61,29 @@ class AuditLog:
         for d in expired[:limit]:
             self._store.remove(AUDIT_COLLECTION, d["id"])
         return min(len(expired), limit)
+
+
+class AnonymousBudget:
+    """Calls no token identified are audited up to ``per_minute`` a minute; past that they
+    are counted, and the next one recorded says how many were left out. An anonymous flood
+    can neither fill the audit log nor push the identified callers' records out of it."""
+
+    def __init__(self, per_minute: int = 60) -> None:
+        self.per_minute = per_minute
+        self._lock = threading.Lock()
+        self._minute = -1
+        self._admitted = 0
+        self._skipped = 0
+
+    def admit(self, now: float) -> int | None:
+        """None: leave this call out; else how many were left out since the last admitted."""
+        with self._lock:
+            minute = int(now // 60)
+            if minute != self._minute:
+                self._minute, self._admitted = minute, 0
+            if self._admitted >= self.per_minute:
+                self._skipped += 1
+                return None
+            self._admitted += 1
+            skipped, self._skipped = self._skipped, 0
+            return skipped

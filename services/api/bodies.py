@@ -54,7 +54,7 @@ def audit_reason(request: flask.Request) -> str:
     """The body's ``reason`` (an operator's command), for the audit record; "" when none."""
     try:
         body = json.loads(request.get_data(cache=True) or b"{}")
-    except (ValueError, RequestEntityTooLarge):
+    except (ValueError, RecursionError, RequestEntityTooLarge):  # the call itself said 400
         return ""
     reason = body.get("reason") if isinstance(body, dict) else None
     return reason[:512] if isinstance(reason, str) else ""

@@ -11,6 +11,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.api.audit import AnonymousBudget
 from services.api.auth import Principal
 from services.api.errors import ApiError, not_found
 from services.api.names import Parent
@@ -24,6 +25,10 @@ class Guard(Protocol):
     """Authentication and authorization (services.api.auth)."""
 
     def check(self, authorization: str | None, permission: str, project: str) -> Principal: ...
+
+    def identify(self, authorization: str | None) -> Principal: ...
+
+    def authorize(self, principal: Principal, permission: str, project: str) -> None: ...
 
 
 class Audit(Protocol):
@@ -41,6 +46,7 @@ class ApiContext:
     max_wait_s: float = 60.0
     sleep: Callable[[float], None] = field(default=time.sleep)
     slurm_rest: Any = None  # the Slurm Job API's SlurmRestConfig; None: from the environment
+    anonymous: AnonymousBudget = field(default_factory=AnonymousBudget)
 
     @property
     def now(self) -> float:

@@ -57,13 +57,13 @@ def dispatch(request: flask.Request, ctx: ApiContext) -> flask.Response:
 
 def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiContext
          ) -> flask.Response:
-    who = "-"
+    who = UNAUTHENTICATED
     resource = path = request.path
     try:
-        where = parent(groups["project"], groups["location"])
-        principal = ctx.guard.check(request.headers.get("Authorization"), route.permission,
-                                    where.project)
+        principal = ctx.guard.identify(request.headers.get("Authorization"))
         who = principal.name
+        where = parent(groups["project"], groups["location"])
+        ctx.guard.authorize(principal, route.permission, where.project)
         call = Call(ctx, where, groups, request.args,
                     lambda required: read_body(request, required=required), who)
         status = 200
@@ -82,13 +82,26 @@ def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiC
         status = 500
         response = _json(ApiError("INTERNAL", "internal error; the server log has the "
                                   "details").body(), 500)
-    if route.mutates and ctx.audit is not None and who != "-":
-        ctx.audit.record(principal=who, permission=route.permission, resource=resource,
-                         method=request.method, status=status, now=ctx.now,
-                         reason=audit_reason(request) if route.reasoned else "")
+    if route.mutates and ctx.audit is not None:  # denied calls too: who tried what
+        _audit(ctx, route, request, who, status, resource)
     return response
 
 
+def _audit(ctx: ApiContext, route: Route, request: flask.Request, who: str, status: int,
+           resource: str) -> None:
+    reason = audit_reason(request) if route.reasoned else ""
+    if who == UNAUTHENTICATED:
+        skipped = ctx.anonymous.admit(ctx.now)
+        if skipped is None:
+            return
+        if skipped:
+            reason = f"{skipped} more unauthenticated call(s) not recorded before this one"
+    assert ctx.audit is not None
+    ctx.audit.record(principal=who, permission=route.permission, resource=resource,
+                     method=request.method, status=status, now=ctx.now, reason=reason)
+
+
+UNAUTHENTICATED = "(unauthenticated)"  # the audit's caller of a call no token identified
 READ_RETRIES_S = (0.05, 0.1, 0.2, 0.4)  # waits before each retry of a read the store refused
 
 

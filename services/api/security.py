@@ -24,9 +24,17 @@ class TokenGuard:
     authenticator: Authenticator
 
     def check(self, authorization: str | None, permission: str, project: str) -> Principal:
-        principal = self.authenticator.authenticate(authorization)
+        principal = self.identify(authorization)
         authorize(principal, permission, project)
         return principal
+
+    def identify(self, authorization: str | None) -> Principal:
+        """Who is calling (a 401 when nobody can be told), before what they may do is asked:
+        a denied call's audit record names the caller it denied."""
+        return self.authenticator.authenticate(authorization)
+
+    def authorize(self, principal: Principal, permission: str, project: str) -> None:
+        authorize(principal, permission, project)
 
 
 @dataclass(frozen=True)

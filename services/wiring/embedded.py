@@ -23,6 +23,7 @@ from shared.adapters.advice_file import FileAdviceSink
 from shared.adapters.docstore import CLUSTERS, DocUnitOfWork
 from shared.adapters.outbox import make_envelope
 from shared.adapters.outbox_bus import OutboxBus
+from shared.adapters.private_files import private_dir
 from shared.config import ControlPlaneConfig
 from shared.domain.events import Envelope, Event, FleetTicked
 from shared.handling import Deps, command_unit, run_command
@@ -119,8 +120,7 @@ def embedded(state_dir: Path, *, compute: ComputeKind = "local", slurm_conf: str
     from shared.adapters.clock import SystemClock
     from shared.adapters.sqlite_store import SqliteDocStore
 
-    state_dir = Path(state_dir).resolve()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = private_dir(Path(state_dir).resolve())
     clock = clock or SystemClock()
     store = SqliteDocStore(state_dir / "mtc.db")
     bus = OutboxBus(store, control_plane_routes())

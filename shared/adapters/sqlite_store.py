@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from shared.adapters.private_files import private_file
 from shared.ports import ReadOnlyWrite
 
 SCHEMA = """
@@ -112,7 +113,7 @@ class SqliteDocStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
+        self.path = private_file(path)
         self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None,
                                      check_same_thread=False)
         self._conn.execute("PRAGMA journal_mode=WAL")

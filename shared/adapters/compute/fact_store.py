@@ -20,6 +20,7 @@ from pathlib import Path
 
 from shared.adapters.compute.ledger import CHECKPOINTS_SCHEMA, SqliteLedger
 from shared.adapters.outbox import FACT_OUTBOX_SCHEMA, SqliteFactOutbox
+from shared.adapters.private_files import private_file
 from shared.domain.events import Event
 from shared.ports import Clock, Emitter
 
@@ -42,6 +43,7 @@ class FactStore:
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
+            private_file(Path(self.path))
             db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
                                  check_same_thread=False)
             db.execute("PRAGMA busy_timeout = 30000")

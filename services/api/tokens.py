@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from services.api.auth import PolicyStore, Principal, permissions_of
 from services.api.errors import ApiError
+from shared.domain.errors import StateError
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,23 @@ def _new_record(principal: str, role: str, project: str) -> tuple[str, dict[str,
                    "createdAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
 
 
+def _parse(text: str, path: Path) -> list[dict[str, Any]]:
+    """The token records of ``text``, or a StateError naming ``path`` and the way out."""
+    way_out = ("restore it from a backup, or move it aside and mint tokens again with "
+               "`mtc token create` (every token in it stops working)")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise StateError(f"{path} is damaged (not JSON: {exc}); {way_out}") from None
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    if not isinstance(tokens, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("sha256"), str)
+            and isinstance(r.get("principal"), str) for r in tokens):
+        raise StateError(f"{path} is damaged (expected {{\"tokens\": [records with sha256 "
+                         f"and principal]}}); {way_out}")
+    return list(tokens)
+
+
 class LocalTokens:
     """API tokens in ``path`` (e.g. ``<state_dir>/api-tokens.json``): records of
     ``{id, sha256, principal, bindings, createdAt}``, never the tokens themselves.
@@ -102,8 +120,14 @@ class LocalTokens:
             stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
             if stamp != self._stamp:
                 _tighten(self.path)
-                data = json.loads(self.path.read_text(encoding="utf-8"))
-                self._records = list(data.get("tokens", []))
+                try:
+                    self._records = _parse(self.path.read_text(encoding="utf-8"), self.path)
+                except StateError:
+                    if self._stamp is None:
+                        raise  # at start: refuse, naming the file
+                    # damaged under a running server: the last good records stay in force
+                    log.error("%s changed and is damaged; the tokens read before stay in "
+                              "force until it is repaired", self.path)
                 self._stamp = stamp
             return self._records
 

@@ -240,8 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         from services.cli.serve import serve
 
-        return serve(state_dir, host=args.host, port=args.port, duration_s=args.duration,
-                     sim_dir=args.sim_dir, threads=args.threads)
+        try:
+            return serve(state_dir, host=args.host, port=args.port, duration_s=args.duration,
+                         sim_dir=args.sim_dir, threads=args.threads)
+        except MtcError as exc:  # a damaged or unreadable state: named, not a traceback
+            report(ClientError(_status(exc), str(exc)))
+            return 2
     args.api = args.api or os.environ.get("MTC_API") or None
     name = command_name(args)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.adapters.private_files import private_file
+from shared.domain.errors import StateError
 from shared.ports import ReadOnlyWrite
 
 SCHEMA = """
@@ -113,12 +114,17 @@ class SqliteDocStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = private_file(path)
-        self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None,
-                                     check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(SCHEMA)
+        try:
+            self.path = private_file(path)
+            self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None,
+                                         check_same_thread=False)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.executescript(SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise StateError(f"cannot open the state database {path}: {exc} (the directory "
+                             f"{path.parent} must be writable by this user, and the file a "
+                             "sqlite database)") from exc
         self._lock = threading.RLock()
 
     def begin(self, *, read_only: bool = False) -> SqliteTransaction:

@@ -15,6 +15,11 @@ class TransientError(MtcError):
     """Retrying may help: the function answers 500 so the message is redelivered."""
 
 
+class StateError(PermanentError):
+    """A state file that cannot be used as it is (damaged, unreadable, not writable): the
+    message names the file and what to do, and nothing is started over it."""
+
+
 class ValidationError(PermanentError):
     """Bad input: names the field path and the reason."""
 

@@ -211,6 +211,9 @@ class ContainerSpec:
         args = kit.list_field(data, "args", path, _parse_arg, required=False, non_empty=False)
         env = kit.list_field(data, "env", path, _parse_env, required=False, non_empty=False)
         assert image is not None
+        if command and not command[0].strip():  # it would only fail at run time
+            raise ValidationError(f"{path}.command[0]", "must name the program to run (it is "
+                                  "blank)")
         return cls(image, command, args, env)
 
     def to_dict(self) -> dict[str, Any]:

@@ -15,10 +15,11 @@ from services.api.audit import AnonymousBudget
 from services.api.auth import Principal
 from services.api.errors import ApiError, not_found
 from services.api.names import Parent
+from shared.adapters.docstore import API_RESOURCES
 from shared.domain.errors import Conflict, InvalidTransition, NotFound, ValidationError
 from shared.handling import Runtime, command_unit
 
-RESOURCES = "api_resources"  # {kind, id, project, location, parent, resource (wire), created}
+RESOURCES = API_RESOURCES  # {kind, id, project, location, parent, resource (wire), created}
 
 
 class Guard(Protocol):

@@ -23,6 +23,7 @@ import flask
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from services.observability import alerts, metrics
+from shared.adapters.docstore import API_RESOURCES
 from shared.ports import Clock, DocStore, EventLog
 
 
@@ -64,19 +65,34 @@ class Observability:
         denied = self._check(request)
         if denied is not None:
             return denied
+        scope = self._scope(request)
         if request.path == "/metrics":
-            return flask.Response(metrics.render(self.registry()), status=200,
+            reg = self.registry() if scope is None else metrics.registry(
+                self.store, self.clock, clusters=scope)
+            return flask.Response(metrics.render(reg), status=200,
                                   content_type=CONTENT_TYPE_LATEST)
         flag = request.args.get("all", "false").lower()
         if flag not in ("true", "false", "1", "0"):
             return _error(400, "all: must be true or false")
         now = self.clock.now()
         tick = metrics.last_tick(self.store.read(alerts.CONTROLLER_TICKS, {}))
-        listed = alerts.listing(self.store.read(alerts.ALERTS, {}), now, tick,
-                                include_resolved=flag in ("true", "1"),
-                                executors=self.store.read(alerts.EXECUTORS, {}))
+        stored = self.store.read(alerts.ALERTS, {})
+        if scope is not None:  # one project's clusters' alerts; the controller's liveness
+            stored = [d for d in stored if d.get("cluster_id") in scope]
+        listed = alerts.listing(stored, now, tick, include_resolved=flag in ("true", "1"),
+                                executors=self.store.read(alerts.EXECUTORS, {})
+                                if scope is None else ())
         return flask.Response(json.dumps({"alerts": listed, "now": now}, indent=1),
                               status=200, mimetype="application/json")
+
+    def _scope(self, request: flask.Request) -> frozenset[str] | None:
+        """The clusters this caller may see: all on loopback or with no ``?project=`` (the
+        guard then asked for a token bound to every project); else the named project's."""
+        project = request.args.get("project")
+        if self.open_access or not project:
+            return None
+        return frozenset(str(d["id"]) for d in self.store.read(
+            API_RESOURCES, {"kind": "cluster", "project": project}))
 
     def _check(self, request: flask.Request) -> flask.Response | None:
         if self.open_access:

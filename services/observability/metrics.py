@@ -152,12 +152,23 @@ def last_tick(docs: Iterable[dict[str, Any]]) -> float | None:
 class StoreCollector:
     """The custom collector: register it in a ``CollectorRegistry`` (``registry()``)."""
 
-    def __init__(self, store: DocStore, clock: Clock, *, event_log: EventLog | None = None
-                 ) -> None:
+    def __init__(self, store: DocStore, clock: Clock, *, event_log: EventLog | None = None,
+                 clusters: frozenset[str] | None = None) -> None:
+        """``clusters``: the only clusters a scrape may see (one project's); None: the fleet.
+        A scoped scrape gets its clusters' node and job series and the controller's
+        liveness, none of the fleet-wide ones (outbox, dead letters, executors, the event
+        log's repairs and histograms), which would tell one tenant about the others."""
         self.store = store
         self.clock = clock
+        self.clusters = clusters
         self.stats = EventStats()
-        self._cursor = EventCursor(event_log) if isinstance(event_log, DocEventLog) else None
+        self._cursor = (EventCursor(event_log) if isinstance(event_log, DocEventLog)
+                        and clusters is None else None)
+
+    def _mine(self, docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.clusters is None:
+            return list(docs)
+        return [d for d in docs if d.get("cluster_id") in self.clusters]
 
     def describe(self) -> list[Metric]:
         return []  # computed at scrape time; no collection at registration
@@ -168,11 +179,14 @@ class StoreCollector:
             self.stats.feed(self._cursor.next())
         yield from self._nodes()
         yield from self._jobs()
+        if self.clusters is not None:
+            yield from self._liveness(now)
+            return
         yield from self._bus(now)
         yield from self._events()
 
     def _nodes(self) -> Iterator[Metric]:
-        g = node_gauges(self.store.read(NODES, {}))
+        g = node_gauges(self._mine(self.store.read(NODES, {})))
         nodes = GaugeMetricFamily("mtc_nodes", "Nodes by cluster, partition and state",
                                   labels=["cluster", "partition", "state"])
         for labels, n in sorted(g["states"].items()):
@@ -187,7 +201,7 @@ class StoreCollector:
             yield family
 
     def _jobs(self) -> Iterator[Metric]:
-        docs = self.store.read(JOBS, {})
+        docs = self._mine(self.store.read(JOBS, {}))
         by_state: Counter[tuple[str, str]] = Counter((d["cluster_id"], d["state"]) for d in docs)
         jobs = GaugeMetricFamily("mtc_jobs", "Jobs by cluster and state",
                                  labels=["cluster", "state"])
@@ -225,16 +239,7 @@ class StoreCollector:
         dead = GaugeMetricFamily("mtc_dead_letters", "Dead-lettered events on record")
         dead.add_metric([], len(self.store.read(DEAD_LETTERS, {})))
         yield dead
-        tick = last_tick(self.store.read(alerts.CONTROLLER_TICKS, {}))
-        age = GaugeMetricFamily("mtc_controller_last_tick_age_seconds", "Seconds since the "
-                                "controller last ticked the fleet (absent before the first)")
-        stamp = GaugeMetricFamily("mtc_controller_last_tick_timestamp_seconds", "When the "
-                                  "controller last ticked the fleet (Unix time)")
-        if tick is not None:
-            age.add_metric([], max(0.0, now - tick))
-            stamp.add_metric([], tick)
-        yield age
-        yield stamp
+        yield from self._liveness(now)
         executors = self.store.read(alerts.EXECUTORS, {})
         seen = GaugeMetricFamily("mtc_executor_last_seen_age_seconds", "Seconds since each "
                                  "compute executor last recorded that it is alive",
@@ -245,7 +250,8 @@ class StoreCollector:
                                 max(0.0, now - float(doc["last_seen"])))
         yield seen
         firing = Counter(d["kind"] for d in self.store.read(alerts.ALERTS, {"state": alerts.FIRING}))
-        controller = alerts.controller_alert(tick, now)
+        controller = alerts.controller_alert(
+            last_tick(self.store.read(alerts.CONTROLLER_TICKS, {})), now)
         if controller is not None:
             firing[controller.kind] += 1
         for silent in alerts.executor_alerts(executors, now):
@@ -255,6 +261,18 @@ class StoreCollector:
         for kind in alerts.KINDS:
             active.add_metric([kind], firing.get(kind, 0))
         yield active
+
+    def _liveness(self, now: float) -> Iterator[Metric]:
+        tick = last_tick(self.store.read(alerts.CONTROLLER_TICKS, {}))
+        age = GaugeMetricFamily("mtc_controller_last_tick_age_seconds", "Seconds since the "
+                                "controller last ticked the fleet (absent before the first)")
+        stamp = GaugeMetricFamily("mtc_controller_last_tick_timestamp_seconds", "When the "
+                                  "controller last ticked the fleet (Unix time)")
+        if tick is not None:
+            age.add_metric([], max(0.0, now - tick))
+            stamp.add_metric([], tick)
+        yield age
+        yield stamp
 
     def _events(self) -> Iterator[Metric]:
         s = self.stats
@@ -274,11 +292,11 @@ class StoreCollector:
             yield family
 
 
-def registry(store: DocStore, clock: Clock, *, event_log: EventLog | None = None
-             ) -> CollectorRegistry:
+def registry(store: DocStore, clock: Clock, *, event_log: EventLog | None = None,
+             clusters: frozenset[str] | None = None) -> CollectorRegistry:
     """A registry of its own holding one StoreCollector (never the global default one)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(StoreCollector(store, clock, event_log=event_log))
+    reg.register(StoreCollector(store, clock, event_log=event_log, clusters=clusters))
     return reg
 
 

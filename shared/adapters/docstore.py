@@ -28,6 +28,8 @@ from shared.ports import DocStore, DocTransaction, Pruning, ReadOnlyWrite
 CLUSTERS = "clusters"
 NODES = "nodes"
 JOBS = "jobs"
+# the API's records beside the domain: {kind, id, project, location, parent, resource, created}
+API_RESOURCES = "api_resources"
 PARTITIONS = "partitions"
 PROCESSED = "processed_events"
 # retention horizon of idempotency records when no configuration is at hand

@@ -24,7 +24,7 @@ from services.api.errors import ApiError
 from services.api.names import parent
 from services.api.openapi import document
 from services.api.routes import ROUTES, Route
-from shared.domain.errors import TransientError
+from shared.domain.errors import StorageFull, TransientError
 
 __all__ = ["ROUTES", "Route", "create_app", "dispatch", "http_error_body"]
 
@@ -71,6 +71,11 @@ def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiC
     except ApiError as exc:
         status = exc.http_status
         response = _json(exc.body(), status)
+    except StorageFull as exc:  # nothing was kept; the same call succeeds once space returns
+        log.error("%s %s: %s", request.method, path, exc)
+        status = 503
+        response = _json(ApiError("UNAVAILABLE", str(exc)).body(), 503)
+        response.headers["Retry-After"] = "30"
     except TransientError as exc:  # the store was busy: the caller's retry will do
         log.warning("%s %s: %s", request.method, path, exc)
         status = 503
@@ -97,8 +102,12 @@ def _audit(ctx: ApiContext, route: Route, request: flask.Request, who: str, stat
         if skipped:
             reason = f"{skipped} more unauthenticated call(s) not recorded before this one"
     assert ctx.audit is not None
-    ctx.audit.record(principal=who, permission=route.permission, resource=resource,
-                     method=request.method, status=status, now=ctx.now, reason=reason)
+    try:
+        ctx.audit.record(principal=who, permission=route.permission, resource=resource,
+                         method=request.method, status=status, now=ctx.now, reason=reason)
+    except StorageFull as exc:  # the answer stands; the log keeps what the record would have
+        log.error("audit record not stored (%s): %s %s %s by %s -> %d", exc, request.method,
+                  resource, route.permission, who, status)
 
 
 UNAUTHENTICATED = "(unauthenticated)"  # the audit's caller of a call no token identified

@@ -16,11 +16,15 @@ from dataclasses import dataclass, field
 from services.wiring.api import EmbeddedApiRuntime
 from services.wiring.embedded import EmbeddedApp
 from shared.adapters.docstore import CLUSTERS
+from shared.domain.errors import StorageFull
 from shared.handling import Deps
 
 log = logging.getLogger("mtc.loop")
 
 Chore = Callable[[], object]
+
+
+STORAGE_RETRY_S = 2.0  # a pass the full state storage refused is tried again this often
 
 
 @dataclass
@@ -71,9 +75,14 @@ class ControlLoop:
         while not self._stopping.is_set():
             with self._wake:
                 self._in_pass = True
+            pause_s = self.pump_s
             try:
                 self.step()
                 self._last_error = None
+            except StorageFull as exc:  # the state cannot grow: say so, keep trying
+                log.error("control loop pass not committed: %s", exc)
+                self._last_error = f"{type(exc).__name__}: {exc}"
+                pause_s = STORAGE_RETRY_S
             except Exception as exc:  # logged, and the next pass retries
                 log.exception("control loop pass failed")
                 self._last_error = f"{type(exc).__name__}: {exc}"
@@ -82,7 +91,7 @@ class ControlLoop:
                 self._in_pass = False
                 self._wake.notify_all()
                 if not self._nudged and not self._stopping.is_set():
-                    self._wake.wait(self.pump_s)
+                    self._wake.wait(pause_s)
                 self._nudged = False
 
     def start(self) -> ControlLoop:
@@ -162,6 +171,8 @@ def readiness(app: EmbeddedApp, loop: ControlLoop, *, stale_s: float | None = No
         h = loop.health()
         if not h.alive:
             return "control loop not running"
+        if h.last_error is not None and h.last_error.startswith(StorageFull.__name__):
+            return h.last_error  # names the state directory: the operator's next step
         if h.last_tick_age_s is None:
             return "no fleet tick yet"
         if h.last_tick_age_s > stale:

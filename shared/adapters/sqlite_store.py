@@ -8,14 +8,16 @@ transaction's begin to its end and around every statement outside one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from shared.adapters.private_files import private_file
-from shared.domain.errors import StateError
+from shared.domain.errors import StateError, StorageFull
 from shared.ports import ReadOnlyWrite
 
 SCHEMA = """
@@ -28,6 +30,24 @@ CREATE TABLE IF NOT EXISTS docs (
 CREATE INDEX IF NOT EXISTS docs_by_time
     ON docs (collection, json_extract(data, '$.time'), json_extract(data, '$.seq'));
 """
+
+
+FULL_CODES = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR})
+
+
+@contextlib.contextmanager
+def full_means_unavailable(path: Path) -> Iterator[None]:
+    """A write sqlite refuses for want of space becomes ``StorageFull`` naming ``path``'s
+    directory (an API 503, a control-loop pass retried), not a raw OperationalError."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code in FULL_CODES or (code is not None and code & 0xFF in FULL_CODES) \
+                or "disk is full" in str(exc):
+            raise StorageFull(f"the state storage refused a write: {path} ({exc}); free "
+                              f"space in {path.parent} and retry") from exc
+        raise
 
 
 def _dumps(doc: dict[str, Any]) -> str:
@@ -53,8 +73,9 @@ class SqliteTransaction:
     writer."""
 
     def __init__(self, conn: sqlite3.Connection, lock: threading.RLock,
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, path: Path = Path("state.db")) -> None:
         self._conn = conn
+        self._path = path
         self._lock = lock
         self._read_only = read_only
         lock.acquire()
@@ -81,27 +102,39 @@ class SqliteTransaction:
     def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
         if self._read_only:
             raise ReadOnlyWrite(f"put {collection}/{doc_id} in a read-only transaction")
-        self._conn.execute(
-            "INSERT OR REPLACE INTO docs (collection, id, data) VALUES (?, ?, ?)",
-            (collection, doc_id, _dumps(doc)),
-        )
+        with full_means_unavailable(self._path):
+            self._conn.execute(
+                "INSERT OR REPLACE INTO docs (collection, id, data) VALUES (?, ?, ?)",
+                (collection, doc_id, _dumps(doc)),
+            )
 
     def delete(self, collection: str, doc_id: str) -> None:
         if self._read_only:
             raise ReadOnlyWrite(f"delete {collection}/{doc_id} in a read-only transaction")
-        self._conn.execute("DELETE FROM docs WHERE collection=? AND id=?", (collection, doc_id))
+        with full_means_unavailable(self._path):
+            self._conn.execute("DELETE FROM docs WHERE collection=? AND id=?",
+                               (collection, doc_id))
 
     def commit(self) -> None:
         try:
-            self._conn.execute("COMMIT")
+            with full_means_unavailable(self._path):
+                self._conn.execute("COMMIT")
+        except StorageFull:
+            self._abandon()
+            raise
         finally:
             self._release()
 
     def rollback(self) -> None:
         try:
-            self._conn.execute("ROLLBACK")
+            self._abandon()
         finally:
             self._release()
+
+    def _abandon(self) -> None:
+        """Roll back what is open (sqlite may have rolled back itself: a full disk does)."""
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
 
     def _release(self) -> None:
         if self._open:
@@ -128,7 +161,7 @@ class SqliteDocStore:
         self._lock = threading.RLock()
 
     def begin(self, *, read_only: bool = False) -> SqliteTransaction:
-        return SqliteTransaction(self._conn, self._lock, read_only)
+        return SqliteTransaction(self._conn, self._lock, read_only, self.path)
 
     def read(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
         where, params = _where(equals)
@@ -140,14 +173,14 @@ class SqliteDocStore:
         return [json.loads(r[0]) for r in rows]
 
     def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
-        with self._lock:
+        with self._lock, full_means_unavailable(self.path):
             self._conn.execute(
                 "INSERT OR REPLACE INTO docs (collection, id, data) VALUES (?, ?, ?)",
                 (collection, doc_id, _dumps(doc)),
             )
 
     def remove(self, collection: str, doc_id: str) -> None:
-        with self._lock:
+        with self._lock, full_means_unavailable(self.path):
             self._conn.execute("DELETE FROM docs WHERE collection=? AND id=?",
                                (collection, doc_id))
 

@@ -20,6 +20,12 @@ class StateError(PermanentError):
     message names the file and what to do, and nothing is started over it."""
 
 
+class StorageFull(TransientError):
+    """The state storage cannot take a write (the disk or the database is full): nothing of
+    the write was kept, and the same call succeeds once space returns. The message names
+    where the state lives."""
+
+
 class ValidationError(PermanentError):
     """Bad input: names the field path and the reason."""
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from shared.adapters.compute.ledger import CHECKPOINTS_SCHEMA, SqliteLedger
 from shared.adapters.outbox import FACT_OUTBOX_SCHEMA, SqliteFactOutbox
 from shared.adapters.private_files import private_file
+from shared.adapters.sqlite_store import full_means_unavailable
 from shared.domain.events import Event
 from shared.ports import Clock, Emitter
 
@@ -56,15 +57,21 @@ class FactStore:
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; BEGIN IMMEDIATE so processes taking turns never interleave."""
-        with self.lock:
+        with self.lock, full_means_unavailable(Path(self.path)):
             db = self._connect()
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # a full disk has rolled it back already
+                    db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
+            try:
+                db.execute("COMMIT")
+            except sqlite3.Error:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
 
     @staticmethod
     def ledger(db: sqlite3.Connection) -> SqliteLedger:

@@ -31,6 +31,7 @@ from services.cli.commands_local import (
     cmd_token,
 )
 from services.cli.commands_logs import cmd_job_logs, cmd_tensorboard
+from services.cli.commands_state import cmd_state
 from services.wiring.embedded import embedded
 from shared.domain.errors import MtcError, NotFound, ValidationError
 
@@ -163,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     leaf(tsub, "list", "the tokens (ids, principals, roles; never the tokens)")
     leaf(tsub, "revoke", "revoke a token by id").add_argument("token_id")
 
+    st = sub.add_parser("state", help="the state directory: check it, back it up, restore it "
+                        "(local state only)")
+    ssub = st.add_subparsers(dest="action", required=True)
+    leaf(ssub, "check", "each database's integrity check, and the files agree with each other")
+    leaf(ssub, "backup", "an online copy of the databases and the token file into DEST (new)"
+         ).add_argument("dest", metavar="DEST")
+    leaf(ssub, "restore", "put a backup back (stop mtc serve first)"
+         ).add_argument("source", metavar="BACKUP")
+
     tb = leaf(sub, "tensorboard", "TensorBoard on 127.0.0.1 over a CustomJob's event files (a "
               "run per attempt) or a HyperparameterTuningJob's (per trial); " + LOCAL_ONLY)
     tb.add_argument("job_id", help="a customJob or hyperparameterTuningJob id")
@@ -255,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "unset MTC_API)")
         if args.command == "token":
             cmd_token(args, state_dir)
+        elif args.command == "state":
+            cmd_state(args, state_dir)
         elif api_command:
             _run_api(args, state_dir)
         else:

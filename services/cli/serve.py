@@ -53,7 +53,7 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
           duration_s: float | None = None, out: Callable[[str], None] = print,
           sim_dir: Path | None = None, threads: int = THREADS) -> int:
     logs.setup()  # mtc.* loggers: JSON lines off a terminal
-    app = app or embedded(state_dir)
+    app = app or embedded(state_dir, verify=True)  # a damaged state is refused, named
     loop = ControlLoop(app)
     ctx, auth = embedded_api(app, env_token, runtime=LoopRuntime(loop))
     if ctx.audit is not None:

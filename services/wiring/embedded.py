@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast
 from services.observability.alert_sinks import webhook_from_env
 from services.wiring.builder import ComputeKind, build_deps, local_config, make_compute
 from services.wiring.routes import control_plane_routes
+from shared.adapters import state_files
 from shared.adapters.advice_file import FileAdviceSink
 from shared.adapters.docstore import CLUSTERS, DocUnitOfWork
 from shared.adapters.outbox import make_envelope
@@ -114,13 +115,17 @@ class EmbeddedApp:
 
 def embedded(state_dir: Path, *, compute: ComputeKind = "local", slurm_conf: str | None = None,
              config: ControlPlaneConfig | None = None, clock: Clock | None = None,
-             compute_options: dict[str, Any] | None = None) -> EmbeddedApp:
+             compute_options: dict[str, Any] | None = None, verify: bool = False
+             ) -> EmbeddedApp:
     """The control plane over ``state_dir`` (sqlite store, outbox bus) and ``compute``: local
-    subprocess workers, or the Slurm cluster of ``slurm_conf`` (None: ``$SLURM_CONF``)."""
+    subprocess workers, or the Slurm cluster of ``slurm_conf`` (None: ``$SLURM_CONF``).
+    A state whose files disagree is refused (``StateError``); ``verify`` (a server's start)
+    also runs each database's integrity check."""
     from shared.adapters.clock import SystemClock
     from shared.adapters.sqlite_store import SqliteDocStore
 
     state_dir = private_dir(Path(state_dir).resolve())
+    state_files.refuse_if_damaged(state_dir, integrity=verify)
     clock = clock or SystemClock()
     store = SqliteDocStore(state_dir / "mtc.db")
     bus = OutboxBus(store, control_plane_routes())

@@ -32,7 +32,7 @@ def test_a_token_file_damaged_while_serving_keeps_the_tokens_read_before(tmp_pat
     assert tokens.authenticate(token) is not None
     path.write_text('{"tokens": 7}', encoding="utf-8")  # another size: it is re-read
     assert tokens.authenticate(token) is not None
-    with pytest.raises(StateError, match="api-tokens.json is damaged"):
+    with pytest.raises(StateError, match=r"api-tokens\.json is damaged"):
         LocalTokens(path).authenticate(token)  # a fresh start refuses it
 
 

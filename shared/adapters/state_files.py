@@ -58,8 +58,9 @@ def check(state_dir: Path, *, integrity: bool = True) -> list[Finding]:
             problem = _integrity(db)
             if problem is not None:
                 found.append(Finding(db, problem))
-    used = _used_elsewhere(state_dir)
-    if used and (not state_db.exists() or state_db.stat().st_size == 0):
+    blank = not state_db.exists() or state_db.stat().st_size == 0
+    used = _used_elsewhere(state_dir) if blank else ""
+    if used:
         found.append(Finding(state_db, f"is {'missing' if not state_db.exists() else 'empty'} "
                              f"while {used}: the control plane would forget that fleet"))
     tokens = state_dir / TOKENS

@@ -42,7 +42,7 @@ DEFAULT_STATE_DIR = "var/mtc"
 
 def _common() -> argparse.ArgumentParser:
     """Options every command also takes after its name (``mtc job list --json``)."""
-    c = argparse.ArgumentParser(add_help=False)
+    c = _state_dir_option()
     s = argparse.SUPPRESS
     c.add_argument("--json", action="store_true", default=s, help="print the wire JSON")
     c.add_argument("--project", default=s, help="the project (env MTC_PROJECT; default local)")
@@ -52,6 +52,14 @@ def _common() -> argparse.ArgumentParser:
                    help="a running `mtc serve` (env MTC_API); default: the local state dir")
     c.add_argument("--token", default=s, help="bearer token for --api (env MTC_API_TOKEN; "
                    "default: <state-dir>/api-token)")
+    return c
+
+
+def _state_dir_option() -> argparse.ArgumentParser:
+    """``--state-dir``, also after a command's name (``mtc serve --state-dir DIR``)."""
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument("--state-dir", default=argparse.SUPPRESS, metavar="DIR",
+                   help=f"the embedded state (env MTC_STATE_DIR; default {DEFAULT_STATE_DIR})")
     return c
 
 
@@ -183,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--for", dest="duration", type=float, metavar="S")
     ctl.set_defaults(fn=cmd_controller)
 
-    sv = sub.add_parser("serve", help="run the Vertex AI API and the control plane together")
+    sv = sub.add_parser("serve", help="run the Vertex AI API and the control plane together",
+                        parents=[_state_dir_option()])
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8080)
     sv.add_argument("--for", dest="duration", type=float, metavar="S", help="stop after S s")

@@ -84,3 +84,15 @@ def test_tokens_are_minted_listed_and_revoked(capsys: pytest.CaptureFixture[str]
     assert main([*state, "token", "revoke", record["id"]]) == 0
     assert main([*state, "token", "revoke", record["id"]]) == 2
     assert "error: NOT_FOUND:" in capsys.readouterr().err
+
+
+def test_global_options_are_taken_after_the_command_too(tmp_path: Path) -> None:
+    """Issue 29 item 1: README writes `mtc serve --port P --state-dir DIR`."""
+    parser = build_parser()
+    after = parser.parse_args(["serve", "--port", "0", "--state-dir", str(tmp_path)])
+    before = parser.parse_args(["--state-dir", str(tmp_path), "serve", "--port", "0"])
+    assert after.state_dir == before.state_dir == str(tmp_path)
+    listed = parser.parse_args(["job", "list", "--state-dir", str(tmp_path), "--json"])
+    assert listed.state_dir == str(tmp_path) and listed.json is True
+    assert "--state-dir" in parser._subparsers._group_actions[0].choices["serve"].format_help()
+    assert main(["state", "check", "--state-dir", str(tmp_path)]) == 0

@@ -205,8 +205,14 @@ def _found(scope: Scope, job_id: str) -> Shown:
     return job, record
 
 
-def _cancel(scope: Scope, job_id: str, _: Shown) -> None:
-    job_commands.cancel_job(domain_job_id(job_id), scope.uow, scope.ctx.runtime.deps)
+def _cancel(scope: Scope, job_id: str, shown: Shown) -> None:
+    """Refused once the job has ended (as the pipelines' cancel is), naming its state."""
+    job, record = shown
+    if job.terminal:
+        state = render(job, scope.parent, record["id"], record)["state"]
+        raise ApiError("FAILED_PRECONDITION", f"custom job {job_id} is {state}: only a job "
+                       "that has not ended can be cancelled")
+    job_commands.cancel_job(job.job_id, scope.uow, scope.ctx.runtime.deps)
 
 
 def domain_job_id(job_id: str) -> str:

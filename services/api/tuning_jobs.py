@@ -183,7 +183,13 @@ def _found(scope: Scope, study_id: str) -> Shown:
     return study, record
 
 
-def _cancel(scope: Scope, study_id: str, _: Shown) -> None:
+def _cancel(scope: Scope, study_id: str, shown: Shown) -> None:
+    """Refused once the tuning job has ended, naming its state."""
+    study, record = shown
+    if study["state"] in h.TERMINAL:
+        state = render(study, scope.parent, record["id"], record)["state"]
+        raise ApiError("FAILED_PRECONDITION", f"hyperparameter tuning job {study_id} is "
+                       f"{state}: only a job that has not ended can be cancelled")
     h.cancel_study(study_id, scope.uow, scope.ctx.runtime.deps)
 
 

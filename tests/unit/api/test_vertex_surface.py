@@ -251,3 +251,21 @@ def test_nul_characters_are_refused(api: Api) -> None:
     body = job_body()
     body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"] = ["python\x00", "-c"]
     assert violation(api.call("POST", JOBS, body)) == "(body)"
+
+
+def test_cancelling_an_ended_job_is_refused_naming_its_state(api: Api) -> None:
+    """Issue 29 item 5: it answered 200 {} and changed nothing."""
+    api.cluster()
+    body = job_body()
+    body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"] = [sys.executable, "-c",
+                                                                        "pass"]
+    assert api.call("POST", f"{JOBS}?customJobId=quick", body).status_code == 200
+    for _ in range(200):
+        if api.call("GET", f"{JOBS}/quick").json["state"] == "JOB_STATE_SUCCEEDED":
+            break
+        api.app.pump(budget_s=0.2)
+    refused = api.call("POST", f"{JOBS}/quick:cancel")
+    assert refused.status_code == 400, refused.json
+    assert refused.json["error"]["status"] == "FAILED_PRECONDITION"
+    assert "JOB_STATE_SUCCEEDED" in refused.json["error"]["message"]
+    assert api.call("GET", f"{JOBS}/quick").json["state"] == "JOB_STATE_SUCCEEDED"

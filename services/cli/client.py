@@ -239,12 +239,21 @@ def _user() -> str:
 # ---------------------------------------------------------------- over HTTP
 
 
+def checked_url(url: str) -> str:
+    """``--api``'s URL, or a 400 that says how to write it (requests' InvalidSchema does not)."""
+    scheme, _, rest = url.partition("://")
+    if not rest or scheme not in ("http", "https"):
+        raise ClientError("INVALID_ARGUMENT", f"--api: {url!r} is not an http(s) URL; write "
+                          f"it as http://{rest or url} (MTC_API the same)")
+    return url
+
+
 class HttpClient:
     """The REST API of a running ``mtc serve`` (or any deployment of it), bearer token auth."""
 
     def __init__(self, url: str, token: str, *, timeout_s: float = 60.0,
                  session: requests.Session | None = None) -> None:
-        self.url = url.rstrip("/")
+        self.url = checked_url(url).rstrip("/")
         self.timeout_s = timeout_s
         self.session = session or requests.Session()
         self.session.headers["Authorization"] = f"Bearer {token}"

@@ -20,7 +20,7 @@ from typing import Any
 from services.api.errors import ApiError
 from services.api.names import parent
 from services.api.security import ADMIN_TOKEN_FILE
-from services.cli.client import Client, ClientError, HttpClient, LocalClient
+from services.cli.client import Client, ClientError, HttpClient, LocalClient, checked_url
 from services.cli.commands_api import NODE_VERBS, cmd_cluster, cmd_job, cmd_node_op, cmd_nodes
 from services.cli.commands_local import (
     LOCAL_ONLY,
@@ -40,14 +40,17 @@ API_COMMANDS = {"cluster", "job", "node list", *(f"node {v}" for v in NODE_VERBS
 DEFAULT_STATE_DIR = "var/mtc"
 
 
-def _common() -> argparse.ArgumentParser:
-    """Options every command also takes after its name (``mtc job list --json``)."""
+def _common(*, remote: bool = True) -> argparse.ArgumentParser:
+    """Options every command also takes after its name (``mtc job list --json``); a command
+    that works on the local state only (``remote=False``) does not offer ``--api``."""
     c = _state_dir_option()
     s = argparse.SUPPRESS
     c.add_argument("--json", action="store_true", default=s, help="print the wire JSON")
     c.add_argument("--project", default=s, help="the project (env MTC_PROJECT; default local)")
     c.add_argument("--location", default=s,
                    help="the location (env MTC_LOCATION; default local)")
+    if not remote:
+        return c
     c.add_argument("--api", default=s, metavar="URL",
                    help="a running `mtc serve` (env MTC_API); default: the local state dir")
     c.add_argument("--token", default=s, help="bearer token for --api (env MTC_API_TOKEN; "
@@ -83,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     def leaf(parent_sub: Any, name: str, help_text: str | None = None) -> Any:
         return parent_sub.add_parser(name, parents=common, help=help_text,
+                                     description=help_text)
+
+    local = [_common(remote=False)]
+
+    def local_leaf(parent_sub: Any, name: str, help_text: str) -> Any:
+        """A command of the local state only: its help offers no --api."""
+        return parent_sub.add_parser(name, parents=local, help=help_text,
                                      description=help_text)
 
     c = sub.add_parser("cluster", help="create, get, list, update, delete, nodes of "
@@ -145,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--cluster", required=True, help="the node's cluster")
         x.add_argument("--reason", required=True, help="why (goes in the audit record)")
         x.set_defaults(fn=cmd_node_op)
-    f = leaf(nsub, "fault", "inject a health fault, as a node agent would report it; "
+    f = local_leaf(nsub, "fault", "inject a health fault, as a node agent would report it; "
              + LOCAL_ONLY)
     f.add_argument("node_id")
     f.add_argument("--xid", type=int, action="append", help="an NVIDIA XID code (repeatable)")
@@ -156,45 +166,46 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--disk", type=float, metavar="USED_FRACTION")
     f.add_argument("--slow", type=float, metavar="RATIO_TO_BASELINE")
 
-    e = leaf(sub, "events", "the timeline; " + LOCAL_ONLY)
-    e.add_argument("--since", type=float, default=0.0)
+    e = local_leaf(sub, "events", "the timeline; " + LOCAL_ONLY)
+    e.add_argument("--since", type=float, default=0.0, metavar="UNIX_TIME",
+                   help="only events at or after this time (default: all kept)")
     e.add_argument("--follow", type=float, metavar="S", help="keep printing for S seconds")
     e.add_argument("--all", action="store_true", help="include routine heartbeats")
     e.set_defaults(fn=cmd_events)
 
     t = sub.add_parser("token", help="API tokens for `mtc serve` (local state only)")
     tsub = t.add_subparsers(dest="action", required=True)
-    x = leaf(tsub, "create", "mint a token (printed once); " + LOCAL_ONLY)
+    x = local_leaf(tsub, "create", "mint a token (printed once); " + LOCAL_ONLY)
     x.add_argument("--role", required=True,
                    choices=["viewer", "editor", "admin", "node-agent"])
     x.add_argument("--name", required=True, help="the principal is token:NAME")
     x.epilog = "--project P binds the role on P only (default: every project, '*')"
-    leaf(tsub, "list", "the tokens (ids, principals, roles; never the tokens)")
-    leaf(tsub, "revoke", "revoke a token by id").add_argument("token_id")
+    local_leaf(tsub, "list", "the tokens (ids, principals, roles; never the tokens)")
+    local_leaf(tsub, "revoke", "revoke a token by id").add_argument("token_id")
 
     st = sub.add_parser("state", help="the state directory: check it, back it up, restore it "
                         "(local state only)")
     ssub = st.add_subparsers(dest="action", required=True)
-    leaf(ssub, "check", "each database's integrity check, and the files agree with each other")
-    leaf(ssub, "backup", "an online copy of the databases and the token file into DEST (new)"
+    local_leaf(ssub, "check", "each database's integrity check, and the files agree with each other")
+    local_leaf(ssub, "backup", "an online copy of the databases and the token file into DEST (new)"
          ).add_argument("dest", metavar="DEST")
-    leaf(ssub, "restore", "put a backup back (stop mtc serve first)"
+    local_leaf(ssub, "restore", "put a backup back (stop mtc serve first)"
          ).add_argument("source", metavar="BACKUP")
 
-    tb = leaf(sub, "tensorboard", "TensorBoard on 127.0.0.1 over a CustomJob's event files (a "
+    tb = local_leaf(sub, "tensorboard", "TensorBoard on 127.0.0.1 over a CustomJob's event files (a "
               "run per attempt) or a HyperparameterTuningJob's (per trial); " + LOCAL_ONLY)
     tb.add_argument("job_id", help="a customJob or hyperparameterTuningJob id")
     tb.add_argument("--port", type=int, default=0, help="default: a free port")
     tb.set_defaults(fn=cmd_tensorboard)
 
-    ctl = leaf(sub, "controller", "run the embedded control plane loop; " + LOCAL_ONLY)
-    ctl.add_argument("--for", dest="duration", type=float, metavar="S")
+    ctl = local_leaf(sub, "controller", "run the embedded control plane loop; " + LOCAL_ONLY)
+    ctl.add_argument("--for", dest="duration", type=float, metavar="S", help="stop after S s")
     ctl.set_defaults(fn=cmd_controller)
 
     sv = sub.add_parser("serve", help="run the Vertex AI API and the control plane together",
                         parents=[_state_dir_option()])
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--port", type=int, default=8080, help="port to bind (0: a free one)")
     sv.add_argument("--for", dest="duration", type=float, metavar="S", help="stop after S s")
     sv.add_argument("--threads", type=int, default=8, metavar="N",
                     help="request threads (default 8); the control loop has its own")
@@ -202,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a twin run directory (mtc sim run/sweep --out DIR): the console "
                     "shows its plots and tables")
 
-    d = leaf(sub, "demo", "the self-healing story, start to end, in one run; " + LOCAL_ONLY)
-    d.add_argument("--steps", type=int, default=120)
+    d = local_leaf(sub, "demo", "the self-healing story, start to end, in one run; " + LOCAL_ONLY)
+    d.add_argument("--steps", type=int, default=120, help="the demo job's training steps")
     d.set_defaults(fn=cmd_demo)
 
     try:
@@ -298,7 +309,7 @@ def _run_api(args: argparse.Namespace, state_dir: Path) -> None:
         raise ClientError.from_status(exc.status_json(), exc.status) from exc
     run = cmd_nodes if command_name(args) == "node list" else args.fn
     if args.api:
-        client: Client = HttpClient(args.api, api_token(args, state_dir))
+        client: Client = HttpClient(checked_url(args.api), api_token(args, state_dir))
         run(args, client)
         return
     app = embedded(state_dir)

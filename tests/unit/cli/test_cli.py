@@ -96,3 +96,18 @@ def test_global_options_are_taken_after_the_command_too(tmp_path: Path) -> None:
     assert listed.state_dir == str(tmp_path) and listed.json is True
     assert "--state-dir" in parser._subparsers._group_actions[0].choices["serve"].format_help()
     assert main(["state", "check", "--state-dir", str(tmp_path)]) == 0
+
+
+def test_local_commands_do_not_offer_api_and_a_url_without_scheme_says_how(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29 item 9: events, controller, demo and tensorboard advertised --api and then
+    refused it; `--api localhost:8080` was a raw InvalidSchema."""
+    choices = build_parser()._subparsers._group_actions[0].choices
+    for name in ("events", "controller", "demo", "tensorboard"):
+        assert "--api URL" not in choices[name].format_help(), name
+    assert "--api URL" in choices["job"]._subparsers._group_actions[0].choices["list"].format_help()
+    capsys.readouterr()
+    assert main(["--state-dir", str(tmp_path), "--api", "localhost:8080", "--token", "t", "job",
+                 "list"]) == 2
+    err = capsys.readouterr().err
+    assert "write it as http://localhost:8080" in err and "InvalidSchema" not in err

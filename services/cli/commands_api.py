@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,11 +33,27 @@ def load_body(path: str) -> Any:
         raise ClientError("INVALID_ARGUMENT", reason, [("-f", reason)]) from exc
 
 
-def show(obj: Any, as_json: bool, table: Callable[[], Table] | None = None) -> None:
+def show(obj: Any, as_json: bool, table: Callable[[], Table] | None = None, *,
+         where: str = "") -> None:
+    """``obj`` as JSON, or as the table; an empty list says where it looked (``where``: the
+    parent), on stderr, so `--project` and `--api` mistakes are visible."""
     if as_json or table is None:
         print(json.dumps(obj, indent=2))
     else:
-        console.print(table())
+        console.print(whole_ids(table()))
+    if where and isinstance(obj, list) and not obj:
+        print(f"none in {where}" + ("" if "--api" in sys.argv or os.environ.get("MTC_API")
+                                    else " (the local state; --api URL for a server)"),
+              file=sys.stderr)
+
+
+def whole_ids(t: Table) -> Table:
+    """The first column (the ids people copy) is never cut to fit the terminal."""
+    if t.columns:
+        first = t.columns[0]
+        first.no_wrap = True
+        first.min_width = max((len(str(c)) for c in first.cells), default=0) or None
+    return t
 
 
 def last_segment(name: str | None) -> str:
@@ -117,7 +134,7 @@ def cmd_cluster(args: argparse.Namespace, client: Client) -> None:
             show(cluster, args.json, lambda: cluster_table([cluster]))
         case "list":
             items = client.list_clusters(parent, args.filter)
-            show(items, args.json, lambda: cluster_table(items))
+            show(items, args.json, lambda: cluster_table(items), where=parent.name)
         case "delete":
             op = _finish(client, args, client.delete_cluster(parent, args.cluster_id),
                          f"cluster delete of {args.cluster_id}")
@@ -181,7 +198,7 @@ def cmd_job(args: argparse.Namespace, client: Client) -> None:
             if args.cluster:
                 jobs = [j for j in jobs if (j.get("mtcProgress") or {}).get("clusterId")
                         == args.cluster]
-            show(jobs, args.json, lambda: job_table(jobs))
+            show(jobs, args.json, lambda: job_table(jobs), where=parent.name)
         case "cancel":
             client.cancel_job(parent, args.job_id)
             job = client.get_job(parent, args.job_id)

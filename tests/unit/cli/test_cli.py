@@ -111,3 +111,23 @@ def test_local_commands_do_not_offer_api_and_a_url_without_scheme_says_how(
                  "list"]) == 2
     err = capsys.readouterr().err
     assert "write it as http://localhost:8080" in err and "InvalidSchema" not in err
+
+
+def test_an_empty_list_says_where_it_looked_and_ids_are_never_cut(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """Issue 29 items 3 and 4."""
+    from rich.table import Table
+
+    from services.cli.commands_api import whole_ids
+
+    assert main(["--state-dir", str(tmp_path), "--project", "p", "--location", "l", "job",
+                 "list"]) == 0
+    assert "none in projects/p/locations/l" in capsys.readouterr().err
+    long_id = "7205370512345678901234"
+    t = Table("JOB", "CLUSTER", "STATE", "ATTEMPT", "RESTARTS", "NODES", "CHECKPOINT")
+    t.add_row(long_id, "c1", "RUNNING", "1", "0", "c1-gpu-0,c1-gpu-1,c1-gpu-2,c1-gpu-3", "120")
+    from rich.console import Console
+    narrow = Console(width=60, record=True)
+    narrow.print(whole_ids(t))
+    assert long_id in narrow.export_text()

@@ -75,3 +75,31 @@ def read_lines(path: str, offset: int, *, max_lines: int, ended: bool,
     end = offset + used
     text = [c.decode("utf-8", errors="replace").removesuffix("\r") for c in lines]
     return Page(text, end, end >= size or not lines)
+
+
+TAIL_LINES = 5
+TAIL_CHARS = 800
+
+
+def tail_note(path: str | None, rank: int | None, *, lines: int = TAIL_LINES,
+              max_chars: int = TAIL_CHARS) -> str:
+    """The last non-blank lines a failed rank wrote, as a note for its attempt's exit (the
+    job's error says why, as Vertex's does), bounded; "" when there is nothing to show."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - 8 * max_chars))
+            data = f.read()
+    except OSError:
+        return ""
+    text = [ln.strip() for ln in data.decode("utf-8", errors="replace").splitlines()]
+    last = [ln for ln in text if ln][-lines:]
+    if not last:
+        return ""
+    body = " | ".join(last)
+    if len(body) > max_chars:
+        body = "..." + body[-max_chars:]
+    who = f"rank {rank}" if rank is not None else "the workers"
+    return f"; {who}'s last output: {body}"

@@ -269,3 +269,21 @@ def test_cancelling_an_ended_job_is_refused_naming_its_state(api: Api) -> None:
     assert refused.json["error"]["status"] == "FAILED_PRECONDITION"
     assert "JOB_STATE_SUCCEEDED" in refused.json["error"]["message"]
     assert api.call("GET", f"{JOBS}/quick").json["state"] == "JOB_STATE_SUCCEEDED"
+
+
+def test_a_failed_job_says_why_with_the_failing_ranks_last_output(api: Api) -> None:
+    """Issue 29: a failed replica's exit code and last lines go into error.message (the cause
+    was only in `mtc job logs`)."""
+    api.cluster()
+    body = job_body()
+    body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"] = [
+        sys.executable, "-c", "import no_such_module_for_mtc"]
+    assert api.call("POST", f"{JOBS}?customJobId=broken", body).status_code == 200
+    for _ in range(200):
+        job = api.call("GET", f"{JOBS}/broken").json
+        if job["state"] == "JOB_STATE_FAILED":
+            break
+        api.app.pump(budget_s=0.2)
+    message = job["error"]["message"]
+    assert "code 1" in message or "exit codes rank 0: 1" in message, message
+    assert "ModuleNotFoundError: No module named 'no_such_module_for_mtc'" in message, message

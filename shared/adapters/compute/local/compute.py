@@ -65,8 +65,8 @@ from shared.adapters.compute.local.procs import (
     spawn_launcher,
     start_ticks,
 )
-from shared.adapters.compute.protocol import managed_env, safe_name
-from shared.adapters.compute.worker_logs import LogFile
+from shared.adapters.compute.protocol import ExitCode, managed_env, safe_name
+from shared.adapters.compute.worker_logs import LogFile, tail_note
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
 from shared.ports import Clock, Emitter, Gang, WorkerSpec
@@ -362,7 +362,20 @@ class LocalCompute:
             if not all_ranks_exited(codes):
                 continue
             self.store.queue(db, ranks_exited(self.store.ledger(db), job_id, attempt, codes,
+                                         self._failure_note(db, att, codes, failed_rank),
                                          first_failed=failed_rank))
+
+    def _failure_note(self, db: sqlite3.Connection, att: sqlite3.Row,
+                      codes: dict[int, int | None], failed_rank: int | None) -> str:
+        """The failing rank's last output, for the job's error (none for a clean exit or a
+        preemption: those say nothing of a failure)."""
+        rank = failed_rank if failed_rank is not None else next(
+            (r for r, c in sorted(codes.items()) if c not in (0, None)), None)
+        if rank is None or codes.get(rank) in (0, ExitCode.PREEMPTED):
+            return ""
+        row = db.execute("SELECT log_path FROM workers WHERE job_id = ? AND attempt = ? AND "
+                         "rank = ?", (att["job_id"], att["attempt"], rank)).fetchone()
+        return tail_note(row["log_path"] if row else None, rank)
 
     def _end_gang(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
         """A rank failed: the attempt is over for every rank. SIGTERM the others' groups now;

@@ -41,7 +41,7 @@ from shared.adapters.compute.slurm.ops import OpQueue, OpResult, log
 from shared.adapters.compute.slurm.scripts import write_scripts
 from shared.adapters.compute.slurm.settings import SlurmSettings
 from shared.adapters.compute.slurm.view import SlurmView
-from shared.adapters.compute.worker_logs import LogFile
+from shared.adapters.compute.worker_logs import LogFile, tail_note
 from shared.ports import Gang
 
 EXIT_SUBMIT_FAILED = int(ExitCode.FAILED)
@@ -356,6 +356,9 @@ class SlurmAttempts:
         self, db: sqlite3.Connection, att: sqlite3.Row, codes: Mapping[int, int | None], note: str
     ) -> None:
         first = first_failed(att, codes)
+        final = {r: int(ExitCode.KILLED) if c is None else c for r, c in codes.items()}
+        if any(c not in (0, int(ExitCode.PREEMPTED)) for c in final.values()):
+            note += tail_note(str(self.job_log(att["job_id"])), None)  # ranks interleaved
         ledger = self._store.ledger(db)
         self._store.queue(db, ranks_exited(ledger, att["job_id"], att["attempt"], codes, note, first))
 

@@ -14,13 +14,21 @@ present and empty; the state gauges are the same everywhere.
 from __future__ import annotations
 
 import bisect
+import importlib.metadata
 import math
+import platform
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -32,12 +40,13 @@ from services.observability import alerts
 from shared.adapters.docstore import JOBS, NODES, DocEventLog, EventCursor
 from shared.adapters.outbox import OUTBOX
 from shared.adapters.outbox_bus import DEAD_LETTERS
-from shared.domain.model import Node, NodeState
+from shared.domain.model import JobState, Node, NodeState
 from shared.goodput import job_accounting
 from shared.ports import Clock, DocStore, EventLog
 
 BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
-MAX_GOODPUT_JOBS = 200  # goodput gauges for the newest jobs only: bounded cardinality
+MAX_JOB_SERIES = 200  # per-job series for this many jobs at most: bounded cardinality
+RECENT_S = 3600.0  # an ended job keeps its series this long after it ended
 PENDING_HORIZON_S = 24 * 3600.0  # a fault never followed by a drain is forgotten after this
 _DRAIN_TYPES = ("mtc.node.draining.v1", "mtc.node.drained.v1", "mtc.node.repair_started.v1")
 _GOODPUT_TYPES = frozenset({"mtc.job.submitted.v1", "mtc.job.requeued.v1", "mtc.job.started.v1",
@@ -70,6 +79,8 @@ class EventStats:
     """What the event timeline says, accumulated incrementally (``feed``)."""
 
     repairs: Counter[tuple[str, str]] = field(default_factory=Counter)  # (action, outcome)
+    starts: Counter[str] = field(default_factory=Counter)  # action
+    holds: Counter[str] = field(default_factory=Counter)  # action
     fault_to_drain: Histogram = field(default_factory=Histogram)
     fault_to_resumed: Histogram = field(default_factory=Histogram)
     _report_at: dict[str, float] = field(default_factory=dict)  # node -> first faulty report
@@ -106,11 +117,11 @@ class EventStats:
             self._resume_from.setdefault(data["job_id"], self._fault_at.pop(data["node_id"]))
         elif type_ == "mtc.node.repair_held.v1":
             self._fault_at.pop(node, None)
-            self.repairs[(data.get("action", ""), "held")] += 1
+            self.holds[data.get("action", "")] += 1
         elif type_ == "mtc.job.started.v1" and data.get("job_id") in self._resume_from:
             self.fault_to_resumed.observe(t - self._resume_from.pop(data["job_id"]))
         if type_ == "mtc.node.repair_started.v1":
-            self.repairs[(data.get("action", ""), "started")] += 1
+            self.starts[data.get("action", "")] += 1
         elif type_ == "mtc.node.repair_completed.v1":
             self.repairs[(data.get("action", ""), "succeeded" if data.get("ok") else "failed")] += 1
         elif type_ == "mtc.node.retired.v1" and data.get("replacement_id"):
@@ -143,6 +154,16 @@ def node_gauges(docs: Iterable[dict[str, Any]]) -> dict[str, Counter[tuple[str, 
             held[where] += alerts.held(node)
             lemons[where] += alerts.lemon(node)
     return {"states": states, "held": held, "lemons": lemons}
+
+
+def per_job_series(docs: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The jobs that get series of their own: live ones, and those ended in the last
+    ``RECENT_S`` (a dashboard sees how they ended), newest first, at most ``MAX_JOB_SERIES``:
+    every job ever submitted keeping its own series is unbounded cardinality."""
+    kept = [d for d in docs if d.get("ended_at") is None
+            or float(d["ended_at"]) >= now - RECENT_S]
+    kept.sort(key=lambda d: -float(d.get("created_at") or 0.0))
+    return kept[:MAX_JOB_SERIES]
 
 
 def last_tick(docs: Iterable[dict[str, Any]]) -> float | None:
@@ -189,8 +210,10 @@ class StoreCollector:
         g = node_gauges(self._mine(self.store.read(NODES, {})))
         nodes = GaugeMetricFamily("mtc_nodes", "Nodes by cluster, partition and state",
                                   labels=["cluster", "partition", "state"])
-        for labels, n in sorted(g["states"].items()):
-            nodes.add_metric(list(labels), n)
+        places = sorted({labels[:2] for labels in g["states"]})
+        for where in places:  # every state, 0 included: a rule sees a state empty out
+            for state in NodeState:
+                nodes.add_metric([*where, state.value], g["states"].get((*where, state.value), 0))
         yield nodes
         for name, key, text in (("mtc_repairs_held", "held", "Repairs held by the blast-radius "
                                  "guard (SUSPECT nodes kept in service)"),
@@ -205,12 +228,13 @@ class StoreCollector:
         by_state: Counter[tuple[str, str]] = Counter((d["cluster_id"], d["state"]) for d in docs)
         jobs = GaugeMetricFamily("mtc_jobs", "Jobs by cluster and state",
                                  labels=["cluster", "state"])
-        for labels, n in sorted(by_state.items()):
-            jobs.add_metric(list(labels), n)
+        for cluster in sorted({c for c, _ in by_state}):
+            for state in JobState:
+                jobs.add_metric([cluster, state.value], by_state.get((cluster, state.value), 0))
         yield jobs
-        newest = sorted(docs, key=lambda d: -float(d.get("created_at") or 0.0))[:MAX_GOODPUT_JOBS]
-        restarts = GaugeMetricFamily("mtc_job_restarts", "Restarts of each job so far",
-                                     labels=["cluster", "job"])
+        newest = per_job_series(docs, self.clock.now())
+        restarts = CounterMetricFamily("mtc_job_restarts", "Restarts of each live (or lately "
+                                       "ended) job so far", labels=["cluster", "job"])
         goodput = GaugeMetricFamily("mtc_job_goodput_ratio", "Runtime goodput of each job "
                                     "(productive / wall time, from its event timeline)",
                                     labels=["cluster", "job"])
@@ -276,12 +300,19 @@ class StoreCollector:
 
     def _events(self) -> Iterator[Metric]:
         s = self.stats
-        repairs = CounterMetricFamily("mtc_repairs", "Repairs by action and outcome "
-                                      "(started, succeeded, failed, held), from the event log",
+        repairs = CounterMetricFamily("mtc_repairs", "Repairs completed, by action and "
+                                      "outcome (succeeded, failed), from the event log",
                                       labels=["action", "outcome"])
         for (action, outcome), n in sorted(s.repairs.items()):
             repairs.add_metric([action, outcome], n)
         yield repairs
+        for name, counts, text in (
+                ("mtc_repair_starts", s.starts, "Repairs started, by action"),
+                ("mtc_repair_holds", s.holds, "Repairs the blast-radius guard held, by action")):
+            counter = CounterMetricFamily(name, text, labels=["action"])
+            for action, n in sorted(counts.items()):
+                counter.add_metric([action], n)
+            yield counter
         for name, hist, text in (
                 ("mtc_fault_to_drain_seconds", s.fault_to_drain,
                  "From a fault's observed time to the node being taken out (drain or repair)"),
@@ -297,7 +328,19 @@ def registry(store: DocStore, clock: Clock, *, event_log: EventLog | None = None
     """A registry of its own holding one StoreCollector (never the global default one)."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(StoreCollector(store, clock, event_log=event_log, clusters=clusters))
+    if clusters is None:  # the serving process itself: a fleet view, not a tenant's
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+        info = Info("mtc_build", "The mtc build serving this endpoint", registry=reg)
+        info.info({"version": _version(), "python": platform.python_version()})
     return reg
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("mtc")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def render(reg: CollectorRegistry) -> bytes:

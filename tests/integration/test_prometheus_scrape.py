@@ -114,7 +114,7 @@ def test_prometheus_scrapes_nodes_and_fault_to_drain(tmp_path: Path) -> None:
                             "(mtc_fault_to_drain_seconds_bucket))")
             assert median is not None and not math.isnan(median)
             assert 0 < median <= 5.0  # the drain followed the report within a few seconds
-            assert scalar(prom, "sum(mtc_job_restarts)") == 1  # the one job, restarted once
+            assert scalar(prom, "sum(mtc_job_restarts_total)") == 1  # the one job, restarted once
             assert scalar(prom, "mtc_dead_letters") == 0
             alerts_json = requests.get(f"{url}/alerts.json", timeout=10).json()
             assert alerts_json["alerts"] == [] and alerts_json["now"] > 0

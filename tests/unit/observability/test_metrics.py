@@ -3,6 +3,8 @@ their labels and values after a real self-healing story on the in-memory plane."
 
 from __future__ import annotations
 
+import platform
+
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,11 +52,18 @@ def test_node_job_bus_and_event_metrics_after_a_fault() -> None:
     assert after["mtc_fault_to_drain_seconds_bucket"][(("le", "5.0"),)] == 1
     assert after["mtc_fault_to_resumed_seconds_count"][()] == 1
     assert after["mtc_fault_to_resumed_seconds_sum"][()] == 7.0
-    assert after["mtc_repairs_total"][(("action", "reboot"), ("outcome", "started"))] == 1
+    assert after["mtc_repair_starts_total"][(("action", "reboot"),)] == 1
+    assert "mtc_repairs_total" not in after  # started is not an outcome: none completed yet
     assert after["mtc_nodes"][(("cluster", "c1"), ("partition", "train"),
                                ("state", "repairing"))] == 1
     assert after["mtc_jobs"][(("cluster", "c1"), ("state", "JOB_STATE_RUNNING"))] == 1
-    assert after["mtc_job_restarts"][(("cluster", "c1"), ("job", "j1"))] == 1
+    assert after["mtc_job_restarts_total"][(("cluster", "c1"), ("job", "j1"))] == 1
+    assert after["mtc_jobs"][(("cluster", "c1"), ("state", "JOB_STATE_FAILED"))] == 0
+    assert after["mtc_nodes"][(("cluster", "c1"), ("partition", "train"),
+                               ("state", "failed"))] == 0  # an empty state is 0, not absent
+    assert after["mtc_build_info"][(("python", platform.python_version()),
+                                    ("version", metrics._version()))] == 1
+    assert after["process_cpu_seconds_total"][()] > 0
     # 10 s trained and checkpointed, then 4 s from the fault to the restart (the shared
     # accounting, shared.goodput): nothing lost since the checkpoint
     job = (("cluster", "c1"), ("job", "j1"))
@@ -68,7 +77,7 @@ def test_node_job_bus_and_event_metrics_after_a_fault() -> None:
     assert again["mtc_fault_to_drain_seconds_count"][()] == 1
     fresh = scrape(plane)  # a new collector (a restarted server) rebuilds from the log
     assert fresh["mtc_fault_to_resumed_seconds_count"][()] == 1
-    assert fresh["mtc_repairs_total"] == after["mtc_repairs_total"]
+    assert fresh["mtc_repair_starts_total"] == after["mtc_repair_starts_total"]
 
 
 def test_bus_lag_is_the_oldest_undelivered_entry_and_gcp_has_no_event_stats() -> None:
@@ -77,5 +86,19 @@ def test_bus_lag_is_the_oldest_undelivered_entry_and_gcp_has_no_event_stats() ->
     plane.clock.advance(7)
     out = scrape(plane, metrics.registry(plane.store, plane.clock, event_log=None))
     assert out["mtc_bus_lag_seconds"][()] == 7.0
-    assert "mtc_repairs_total" not in out
+    assert "mtc_repair_starts_total" not in out
     assert out["mtc_fault_to_drain_seconds_count"][()] == 0
+
+
+def test_only_live_and_lately_ended_jobs_keep_series_of_their_own() -> None:
+    """Issue 29 item 10: every job ever submitted kept its own series (unbounded)."""
+    now = 100_000.0
+    docs = [{"job_id": "live", "created_at": 1.0, "ended_at": None},
+            {"job_id": "lately", "created_at": 2.0, "ended_at": now - 60.0},
+            {"job_id": "long-ago", "created_at": 3.0, "ended_at": now - metrics.RECENT_S - 1}]
+    docs += [{"job_id": f"j{i}", "created_at": 10.0 + i, "ended_at": None}
+             for i in range(metrics.MAX_JOB_SERIES)]
+    kept = [d["job_id"] for d in metrics.per_job_series(docs, now)]
+    assert "long-ago" not in kept and len(kept) == metrics.MAX_JOB_SERIES
+    assert kept[0] == f"j{metrics.MAX_JOB_SERIES - 1}"  # newest first
+    assert [d["job_id"] for d in metrics.per_job_series(docs[:3], now)] == ["lately", "live"]

@@ -4,6 +4,8 @@ holes. Scheduling places pending jobs with them; a hot swap asks them for a spar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from shared.domain import lifecycle, ranks
 from shared.domain.model import Job, NodeRole, NodeState
 from shared.gangs import pool_counts
@@ -47,11 +49,13 @@ def idle_slots(cluster_id: str, uow: UnitOfWork, partitions: set[str | None] | N
     return slots
 
 
-def request(job: Job) -> JobRequest:
+def request(job: Job, held: Sequence[str] | None = None) -> JobRequest:
     """Ask only for the holes, pool by pool (ranks are numbered pool after pool; a
-    scaled-down job's elastic pool counts its running replicas)."""
+    scaled-down job's elastic pool counts its running replicas). ``held``: the ranks to
+    ask for instead of the job's own (a hot swap asks before it lets its nodes go)."""
     counts = pool_counts(job)
-    held = job.node_ids if job.node_ids else ("",) * sum(counts)
+    if held is None:
+        held = job.node_ids if job.node_ids else ("",) * sum(counts)
     groups = []
     first = 0
     for pool, count in zip(job.spec.worker_pool_specs, counts, strict=True):

@@ -173,8 +173,7 @@ def want_to_grow(job: Job, uow: UnitOfWork, deps: Deps) -> None:
     (SIGTERM, grace) so that it restarts at full size (``_grow``). Once per attempt."""
     if job.recovery.replicas is None or job.interrupt_requested_at is not None:
         return
-    trial = _regrown(job)
-    if not _spares(job, trial, uow, deps):
+    if not _spares_at_full_size(job, uow, deps):
         return
     job.interrupt_requested_at = deps.clock.now()
     job.interrupt_reason = GROW_REASON
@@ -183,21 +182,22 @@ def want_to_grow(job: Job, uow: UnitOfWork, deps: Deps) -> None:
                           grace_s=deps.config.grace_period_s, reason=GROW_REASON))
 
 
-def _regrown(job: Job) -> ranks.Ranks:
-    """The job's ranks at full size, holes where the replicas it gave up go (no change)."""
+def _spares_at_full_size(job: Job, uow: UnitOfWork, deps: Deps) -> list[str]:
+    """The spares that would bring the job back to its spec's size now (the job is left
+    as it is)."""
     replicas, node_ids = job.recovery.replicas, job.node_ids
     gangs.regrow(job)
-    trial = job.node_ids
-    job.recovery.replicas, job.node_ids = replicas, node_ids
-    return trial
+    try:
+        return _spares(job, job.node_ids, uow, deps)
+    finally:
+        job.recovery.replicas, job.node_ids = replicas, node_ids
 
 
 def _grow(job: Job, fault_at: float, uow: UnitOfWork, deps: Deps) -> bool:
     """The scaled-down attempt stopped to grow: spares take the replicas back (a hot swap:
     they start cold from the peer tier); without them (taken meanwhile) it goes on scaled
     down, on the same nodes."""
-    trial = _regrown(job)
-    placed = _spares(job, trial, uow, deps)
+    placed = _spares_at_full_size(job, uow, deps)
     mode = Mode.HOT_SWAP if placed else Mode.SCALE_DOWN
     why = (f"grow: {len(placed)} spare(s) ready, back to full size" if placed
            else "grow: the spare was taken meanwhile, staying scaled down")

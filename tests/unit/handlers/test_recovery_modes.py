@@ -65,10 +65,6 @@ def chosen(plane: Plane) -> list[JobRecoveryChosen]:
     return [e.event for e in plane.delivered if isinstance(e.event, JobRecoveryChosen)]
 
 
-def states(plane: Plane) -> list[str]:
-    return [e.event.state for e in plane.delivered if e.type == "mtc.job.finished.v1"]
-
-
 def test_xid13_restarts_in_place() -> None:
     """XID 13 (RESTART_JOB): same nodes, attempt+1 at once, no PENDING, no drain, no
     backoff; the gang says in_place; the decision is explained."""

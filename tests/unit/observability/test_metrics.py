@@ -4,7 +4,6 @@ their labels and values after a real self-healing story on the in-memory plane."
 from __future__ import annotations
 
 import platform
-
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families

@@ -140,7 +140,8 @@ def end_state(plane: Plane) -> dict[str, Any]:
     reg = metrics.registry(plane.store, plane.clock, event_log=plane.deps.event_log)
     scraped = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
                for family in text_string_to_metric_families(metrics.render(reg).decode())
-               for sample in family.samples}
+               for sample in family.samples
+               if sample.name.startswith("mtc_")}  # the state's, not the process's
     return {"jobs": jobs, "nodes": nodes, "alerts": alerts, "study": (s["state"], s["error"]),
             "trials": trials, "metrics": scraped}
 

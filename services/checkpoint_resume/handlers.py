@@ -76,6 +76,9 @@ def on_checkpoint_saved(event: JobCheckpointSaved, uow: UnitOfWork, deps: Deps) 
     job = uow.jobs.get(event.job_id)
     if job is None:
         raise NotFound("job", event.job_id)
+    if event.tier != "durable":  # memory or peer: progress, not a durable checkpoint to
+        progress.progressed(job, event.attempt, event.saved_at)  # requeue from or advise on
+        return
     if any(c.step == event.step for c in job.checkpoints):
         return
     job.checkpoints.append(Checkpoint(event.step, event.path, event.saved_at, event.attempt,

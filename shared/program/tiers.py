@@ -299,6 +299,8 @@ class TieredCheckpointer:
                 "rank": s.rank, "world_size": s.world_size, "attempt": s.attempt,
                 "pid": os.getpid(), "step": self._step, "time": time.time(),
                 "newest": dict(self.newest),
+                "dirs": {n.MEMORY: str(s.tier1_dir or ""), n.PEER: str(s.tier2_dir or ""),
+                         n.DURABLE: str(s.durable_dir)},
                 "last_save": None if last is None else {
                     "step": last.step, "tiers": list(last.tiers), "blocking_s": last.blocking_s},
             }

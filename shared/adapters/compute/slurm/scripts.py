@@ -121,9 +121,9 @@ def write_scripts(
     ]
     if peer_root is not None:
         lines += tier_lines(gang, run_dir, peer_root)
-        prev = [h for h in previous_hosts if h] or hosts
-        write_executable(run_dir / "prev-hostfile",
-                         "\n".join(slurm_node(h) for h in prev) + "\n", mode=0o644)
+        whole = previous_hosts and all(h and SLURM_NODE.fullmatch(h) for h in previous_hosts)
+        prev = list(previous_hosts) if whole else hosts  # else: as if placed as now
+        write_executable(run_dir / "prev-hostfile", "\n".join(prev) + "\n", mode=0o644)
     lines += [f"export {k}={q(v)}" for k, v in sorted(common)]
     for i, (g, env, template) in enumerate(zip(gang.groups, exports, templates, strict=True)):
         end = g.first_rank + g.count

@@ -212,7 +212,8 @@ class TieredCheckpointer:
         copy = snapshot(state)
         if background:
             self._start()
-            self._queue.put(_Job(step, copy, background))  # waits while the previous is written
+            # one snapshot may wait while another is written; a third waits for the queue
+            self._queue.put(_Job(step, copy, background))
         done = background
         if n.DURABLE in wanted and self._write_durable(step, copy, began):
             done = (*background, n.DURABLE)
@@ -355,11 +356,15 @@ class TieredCheckpointer:
         return sorted(found, key=lambda e: (-e.step, order[e.tier]))
 
     def restorable(self) -> dict[int, list[Entry]]:
-        """The steps with at least one whole entry (payload checked), entries nearest first."""
+        """The steps with at least one whole entry, entries nearest first: the first whole
+        entry of each step is checked here (payload read and hashed), the farther ones of
+        that step only when it is loaded (``restore`` checks every entry it loads)."""
         out: dict[int, list[Entry]] = {}
         for e in self.candidates():
-            if entries.verify(e) is not None:
-                out.setdefault(e.step, []).append(e)
+            if e.step in out:
+                out[e.step].append(e)  # a fallback for that step, checked if it is needed
+            elif entries.verify(e) is not None:
+                out[e.step] = [e]
             else:
                 self.log(f"restore: skipping a torn {e.tier} entry of step {e.step}: {e.path}")
         return out

@@ -309,6 +309,22 @@ class JobWorkersExited(Event):
 
 @register
 @dataclass(frozen=True)
+class JobRecoveryChosen(Event):
+    """The recovery policy picked ``mode`` for an incident on attempt ``attempt``
+    (``shared.policies.recovery``): ``reason`` says why, with the numbers."""
+
+    TYPE: ClassVar[str] = "mtc.job.recovery_chosen.v1"
+    SUBJECT_FIELD: ClassVar[str] = "job_id"
+    job_id: str
+    attempt: int
+    mode: str
+    incident: str
+    reason: str
+    expected_lost_s: float
+
+
+@register
+@dataclass(frozen=True)
 class JobRequeued(Event):
     TYPE: ClassVar[str] = "mtc.job.requeued.v1"
     SUBJECT_FIELD: ClassVar[str] = "job_id"

@@ -78,7 +78,7 @@ from shared.adapters.compute.protocol import managed_env, safe_name, tier_env
 from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
-from shared.ports import Clock, Emitter, Gang, WorkerSpec
+from shared.ports import Clock, Emitter, Gang, RecoveryPlan, WorkerSpec
 
 TIER_SCAN_S = 2.0  # how often the ranks' heartbeats are read for tier saves
 MEMORY_LOST_BY = frozenset({RepairAction.REBOOT, RepairAction.REIMAGE, RepairAction.REPLACE})
@@ -227,7 +227,7 @@ class LocalCompute:
                                            str(Path(spec.checkpoint_dir).absolute()), now)
             tiers = tier_env(spec.job_id, spec.rank, gang.node_ids, self.memory_root,
                              spec.checkpoint_dir, before)
-            pid, exit_file, log_path = self._launch(spec, pools, tiers)
+            pid, exit_file, log_path = self._launch(spec, pools, tiers, gang.recovery)
             launched.append(pid)
             self._children.add(pid)
             db.execute(
@@ -248,17 +248,20 @@ class LocalCompute:
         return tuple(r["node_id"] for r in rows)
 
     def worker_env(self, spec: WorkerSpec, pools: Sequence[int] = (),
-                   tiers: Mapping[str, str] | None = None) -> dict[str, str]:
+                   tiers: Mapping[str, str] | None = None,
+                   recovery: RecoveryPlan | None = None) -> dict[str, str]:
         """The environment a managed service gives a replica (the spec's env cannot
         override the service's own variables); ``pools``: the gang's replicas per pool;
-        ``tiers``: its checkpoint tier directories."""
-        return {**os.environ, **managed_env(spec, pools=pools, tiers=tiers)}
+        ``tiers``: its checkpoint tier directories; ``recovery``: how the attempt was
+        started (``MTC_RECOVERY_MODE``)."""
+        return {**os.environ, **managed_env(spec, pools=pools, tiers=tiers, recovery=recovery)}
 
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         return self.state_dir / "logs" / safe_name(job_id) / f"attempt-{attempt}-rank-{rank}.log"
 
     def _launch(self, spec: WorkerSpec, pools: Sequence[int],
-                tiers: Mapping[str, str]) -> tuple[int, str, str]:
+                tiers: Mapping[str, str],
+                recovery: RecoveryPlan | None = None) -> tuple[int, str, str]:
         """Start the launcher in a new session: it survives us and records the exit code."""
         for d in (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
@@ -268,7 +271,7 @@ class LocalCompute:
         run_dir.mkdir(parents=True, exist_ok=True)
         exit_file = run_dir / f"attempt-{spec.attempt}-rank-{spec.rank}.exit"
         exit_file.unlink(missing_ok=True)
-        env = self.worker_env(spec, pools, tiers)
+        env = self.worker_env(spec, pools, tiers, recovery)
         pid = spawn_launcher(self._python, exit_file, spec.command, env, log)
         return pid, str(exit_file), str(log)
 

@@ -276,7 +276,9 @@ class JobCheckpointSaved(Event):
     path: str
     saved_at: float
     save_s: float = 0.0  # how long the save blocked training, as measured (0: not measured)
-    tier: str = "durable"  # memory | peer | durable (shared.policies.recovery.Tier)
+    # where it was saved: "durable" (tier 3, AIP_CHECKPOINT_DIR), "memory" (tier 1, the
+    # node's tmpfs) or "peer" (tier 2, a copy on the buddy's node); shared.program.names
+    tier: str = "durable"
 
 
 @register

@@ -32,6 +32,11 @@ the same way everywhere (see ``examples/train.py``):
 * **Advice** (``MTC_ADVICE_FILE``, ``$AIP_CHECKPOINT_DIR/../mtc-advice.env``): ``KEY=value``
   lines the control plane rewrites as the job's history grows, e.g.
   ``MTC_CHECKPOINT_INTERVAL_S``, the checkpoint interval its failure rate calls for.
+* **Tiers** (``tier_env``; the program side is ``shared.program.tiers``): each rank gets a
+  directory in its node's memory (``MTC_TIER1_DIR``), one on its buddy's node for its peer
+  copy (``MTC_TIER2_DIR``; the buddy is the node of rank ``(rank + 1) % world``), the peer
+  copy of the previous attempt to read back (``MTC_TIER2_SOURCE_DIR``) and a heartbeat file
+  on the job's storage (``MTC_PROGRESS_FILE``); names in ``shared.program.names``.
 * **Signals**: SIGTERM means "checkpoint and exit 75 within the grace period"; SIGKILL follows.
 """
 
@@ -43,12 +48,13 @@ import re
 import signal
 import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from shared.adapters.advice_file import advice_path
 from shared.domain import exits
 from shared.ports import RecoveryPlan, WorkerSpec
+from shared.program import names as tier_names
 
 LAUNCHER = Path(__file__).with_name("worker_launcher.py")
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 40000
@@ -123,12 +129,13 @@ def recovery_env(plan: RecoveryPlan | None, attempt: int, node_id: str) -> dict[
 
 
 def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
-                pools: Sequence[int] = (), recovery: RecoveryPlan | None = None
-                ) -> dict[str, str]:
+                pools: Sequence[int] = (), tiers: Mapping[str, str] | None = None,
+                recovery: RecoveryPlan | None = None) -> dict[str, str]:
     """What a managed service adds to a replica's environment (the spec's env cannot
     override the service's own variables). ``pools``: the replica count of each worker pool
     (none: one pool), so ``CLUSTER_SPEC`` has Vertex's shape: one address list per pool and
-    the task's index within its pool; ``RANK`` stays global, as torch needs it."""
+    the task's index within its pool; ``RANK`` stays global, as torch needs it. ``tiers``:
+    the rank's checkpoint tier variables (``tier_env``); none: durable only."""
     port = master_port(spec.job_id, spec.attempt)
     counts = tuple(pools) or (spec.world_size,)
     if sum(counts) != spec.world_size:
@@ -165,8 +172,65 @@ def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
         MTC_JOB_ATTEMPT=str(spec.attempt),
         MTC_ADVICE_FILE=str(advice_path(spec.checkpoint_dir)),
     )
+    env.update(tiers or {})
     env.update(recovery_env(recovery, spec.attempt, spec.node_id))
     return env
+
+
+def progress_path(checkpoint_dir: str | Path, rank: int) -> Path:
+    """A rank's heartbeat file (``MTC_PROGRESS_FILE``): beside the checkpoints, on the job's
+    storage, so the adapter reads it wherever the rank runs."""
+    return Path(checkpoint_dir).parent / "mtc-progress" / f"rank-{rank}.json"
+
+
+def tier_progress(checkpoint_dir: str | Path, attempt: int,
+                  world_size: int) -> list[tuple[str, int, str, float]]:
+    """From the ranks' heartbeats: for the memory and peer tiers, the newest step every rank
+    of ``attempt`` holds, where rank 0's entry of it is, and the longest time a rank's save
+    of it blocked (0.0: not known). Nothing for a tier until every rank has reported."""
+    beats = []
+    for rank in range(world_size):
+        try:
+            beat = json.loads(progress_path(checkpoint_dir, rank).read_text())
+        except (OSError, ValueError):
+            return []
+        if not isinstance(beat, dict) or beat.get("attempt") != attempt:
+            return []
+        beats.append(beat)
+    out: list[tuple[str, int, str, float]] = []
+    for tier in (tier_names.MEMORY, tier_names.PEER):
+        steps = [s for b in beats if isinstance(s := (b.get("newest") or {}).get(tier), int) and s > 0]
+        if not steps or len(steps) < len(beats):
+            continue
+        step = min(steps)
+        where = str((beats[0].get("dirs") or {}).get(tier, ""))
+        blocked = [float(last.get("blocking_s", 0.0)) for b in beats
+                   if isinstance(last := b.get("last_save"), dict) and last.get("step") == step
+                   and tier in (last.get("tiers") or ())]
+        out.append((tier, step, f"{where}/step-{step:010d}" if where else tier,
+                    max(blocked, default=0.0)))
+    return out
+
+
+def tier_env(job_id: str, rank: int, node_ids: Sequence[str], memory_root: Callable[[str], Path],
+             checkpoint_dir: str | Path,
+             previous_node_ids: Sequence[str] | None = None) -> dict[str, str]:
+    """Rank ``rank``'s tier variables when ``node_ids[r]`` runs rank ``r``. ``memory_root``:
+    a node's memory directory (local: a directory per simulated node; Slurm:
+    ``/dev/shm/mtc``). Tier 1 is ``<root of my node>/<job>/rank-<r>``; the peer copy of rank
+    ``r`` is ``<root of its buddy's node>/<job>/peer/rank-<r>``, the buddy being rank
+    ``(r + 1) % world``; the copy to read back is where the previous attempt's buddy held it
+    (``previous_node_ids``: that attempt's placement; none or too short: this one's)."""
+    world, job = len(node_ids), safe_name(job_id)
+    before = previous_node_ids if previous_node_ids and len(previous_node_ids) > rank else node_ids
+    return {
+        tier_names.TIER1_DIR: str(memory_root(node_ids[rank]) / job / tier_names.rank_dir(rank)),
+        tier_names.TIER2_DIR: str(memory_root(node_ids[(rank + 1) % world]) / job
+                                  / tier_names.peer_dir(rank)),
+        tier_names.TIER2_SOURCE_DIR: str(memory_root(before[(rank + 1) % len(before)]) / job
+                                         / tier_names.peer_dir(rank)),
+        tier_names.PROGRESS_FILE: str(progress_path(checkpoint_dir, rank)),
+    }
 
 
 def checkpoint_name(step: int) -> str:

@@ -96,6 +96,9 @@ def test_the_blocker_blocks() -> None:
             "try:\n    runpy.run_module('shared.adapters.compute.gce.power', run_name='__main__')\n"
             "except SystemExit as e:\n    assert e.code == 0, e.code\n"),
     ("sim", "import simulator.cli\n"),
+    # a training program's side: the checkpoint tiers with numpy and nothing of mtc's servers
+    ("program", "import shared.program.tiers, shared.program.cut\n"
+                "assert 'shared.adapters' not in sys.modules and 'shared.domain' not in sys.modules\n"),
 ])
 def test_each_part_runs_with_only_its_extra(extra: str, body: str) -> None:
     proc = run(extra, body)

@@ -140,3 +140,49 @@ def test_an_attempt_is_signalled_once_and_its_deadline_only_comes_closer() -> No
     assert signal_deadline(100.0, 130.0, 110.0, 5.0) == (False, 115.0)  # sooner: moved up
     assert signal_deadline(100.0, None, 110.0, 5.0) == (False, 115.0)
     assert signal_deadline(None, None, 100.0, -4.0) == (True, 100.0)  # no negative grace
+
+
+def test_tier_env_puts_the_peer_copy_on_the_buddys_node(tmp_path: Path) -> None:
+    from shared.adapters.compute.protocol import tier_env
+
+    def root(node: str) -> Path:
+        return tmp_path / node / "shm"
+
+    nodes = ("a", "b", "c")
+    env = [tier_env("job/1", r, nodes, root, tmp_path / "out" / "ckpt", ("a", "x", "c")) for r in range(3)]
+    assert [e["MTC_TIER1_DIR"] for e in env] == [str(root(n) / "job_1" / f"rank-{r}")
+                                                 for r, n in enumerate(nodes)]
+    assert [e["MTC_TIER2_DIR"] for e in env] == [str(root(n) / "job_1" / "peer" / f"rank-{r}")
+                                                 for r, n in enumerate(("b", "c", "a"))]
+    assert env[0]["MTC_TIER2_SOURCE_DIR"] == str(root("x") / "job_1" / "peer" / "rank-0")  # before
+    assert env[2]["MTC_PROGRESS_FILE"] == str(tmp_path / "out" / "mtc-progress" / "rank-2.json")
+    spec = WorkerSpec("job/1", 1, 0, 3, "a", ("true",), (("MTC_TIER1_DIR", "mine"),), "c", "m", "t")
+    assert managed_env(spec, tiers=env[0])["MTC_TIER1_DIR"] == env[0]["MTC_TIER1_DIR"]  # the service's
+    assert managed_env(spec)["MTC_TIER1_DIR"] == "mine"  # no tiers given: the job's own, if any
+
+
+def test_tier_saves_are_reported_once_when_every_rank_holds_them(
+        tmp_path: Path, store: LedgerStore) -> None:
+    from shared.adapters.compute.ledger import report_tier_saves
+    from shared.adapters.compute.protocol import progress_path
+
+    ckpt = tmp_path / "out" / "checkpoints"
+
+    def beat(rank: int, memory: int | None, peer: int | None, attempt: int = 2) -> None:
+        path = progress_path(ckpt, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            "attempt": attempt, "newest": {"memory": memory, "peer": peer, "durable": None},
+            "dirs": {"memory": f"/m{rank}", "peer": f"/p{rank}"},
+            "last_save": {"step": memory, "tiers": ["memory", "peer"], "blocking_s": 0.01 * (rank + 1)}}))
+
+    beat(0, 20, 20)
+    assert report_tier_saves(store, "j", 2, str(ckpt), 2, 1.0) == []  # rank 1 has not reported
+    beat(1, 20, 10)
+    got = report_tier_saves(store, "j", 2, str(ckpt), 2, 2.0)
+    assert [(e.tier, e.step, e.path) for e in got] == [("memory", 20, "/m0/step-0000000020"),
+                                                       ("peer", 10, "/p0/step-0000000010")]
+    assert got[0].save_s == pytest.approx(0.02) and got[1].save_s == 0.0
+    assert report_tier_saves(store, "j", 2, str(ckpt), 2, 3.0) == []  # once
+    beat(1, 20, 20, attempt=1)  # a heartbeat of another attempt says nothing of this one
+    assert report_tier_saves(store, "j", 2, str(ckpt), 2, 4.0) == []

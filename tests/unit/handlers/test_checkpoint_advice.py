@@ -83,3 +83,23 @@ def test_the_ledger_reports_the_save_time_a_program_wrote_beside_its_checkpoint(
     (tmp_path / "ckpt-00000030").mkdir()  # no save time written: not measured
     events = report_checkpoints(MemoryLedger(), "j", 1, str(tmp_path), 5.0)
     assert [(e.step, e.save_s) for e in events] == [(10, 12.5), (20, 0.0), (30, 0.0)]
+
+
+def test_a_memory_or_peer_save_is_progress_not_a_durable_checkpoint(tmp_path: Path) -> None:
+    """A tier-1/2 save (seconds of blocking measured in milliseconds) must not enter the
+    durable checkpoint list nor the advice, nor hide the durable save of the same step."""
+    plane = Plane(ControlPlaneConfig(heartbeat_timeout_s=1e9))
+    plane.up()
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    plane.clock.advance(3600)
+    for tier in ("memory", "peer"):
+        plane.inject(JobCheckpointSaved("j1", 1, 100, f"/shm/{tier}/step-100", plane.clock.now(),
+                                        save_s=0.001, tier=tier))
+    plane.deliver()
+    assert plane.job("j1").checkpoints == [] and plane.job("j1").checkpoint_advice is None
+    plane.inject(JobCheckpointSaved("j1", 1, 100, str(tmp_path / "ckpt-100"), plane.clock.now(),
+                                    save_s=45.0))
+    plane.deliver()
+    (saved,) = plane.job("j1").checkpoints
+    assert saved.path == str(tmp_path / "ckpt-100") and saved.save_s == 45.0

@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
+from services.api import custom_jobs
+from services.api.names import Parent
 from services.job_submission import commands as job_commands
+from services.presentation import timeline, views
+from shared.adapters.outbox import envelope_to_doc
 from shared.config import ControlPlaneConfig
 from shared.domain.errors import ValidationError
 from shared.domain.events import (
@@ -96,6 +100,16 @@ def test_xid13_restarts_in_place() -> None:
     assert job.recovery.decisions[-1]["measured_s"] is not None
     assert job.recovery.decisions[-1]["measured_s"] >= 7
     assert "warm" in job.recovery.startup
+    # explained: the job view, the API's CustomJob and the timeline say the mode
+    view = views.job_view(job)["recovery"]
+    assert view["mode"] == "in_place" and view["measuredSeconds"] >= 7
+    assert view["expectedLostSeconds"] == decision["expected_lost_s"] and view["why"]
+    wire = custom_jobs.render(job, Parent("p", "l"), "j1", {"resource": {"displayName": "t"}})
+    [shown] = wire["mtcProgress"]["recovery"]
+    assert shown["mode"] == "in_place" and shown["measuredSeconds"] >= 7
+    line = timeline.describe(next(envelope_to_doc(e) for e in plane.delivered
+                                  if isinstance(e.event, JobRecoveryChosen)))
+    assert "recovery in_place" in line and "app_restart" in line
 
 
 def _expected(why: str) -> list[tuple[str, float]]:

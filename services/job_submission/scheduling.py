@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from services.job_submission import launch
 from shared import job_nodes
 from shared.domain import lifecycle, progress, ranks, timeouts
 from shared.domain.adopted import adopted
-from shared.domain.errors import ValidationError
 from shared.domain.events import JobFinished, JobInterruptRequested, JobStarted, NodeDrained
 from shared.domain.model import Job, JobState, NodeRole, NodeState
-from shared.domain.specs import WorkerPoolSpec
 from shared.handling import Deps
 from shared.policies.scheduling import JobRequest, NodeSlot, ReplicaGroup, place_jobs
 from shared.ports import Gang, LaunchGroup, UnitOfWork
@@ -249,7 +248,7 @@ def gang(job: Job, deps: Deps) -> Gang:
     groups: list[LaunchGroup] = []
     first = 0
     for pool in job.spec.worker_pool_specs:
-        command, env = _command(pool, deps)
+        command, env = launch.pool_command(pool, deps)
         n = pool.replica_count
         if len(node_ids) < first + n:
             raise ValueError(f"job {job.job_id}: {len(node_ids)} nodes for {first + n} ranks")
@@ -258,16 +257,3 @@ def gang(job: Job, deps: Deps) -> Gang:
     # node_ids[:first] is node_ids itself (one tuple, shared with JobStarted) unless the job
     # holds more nodes than ranks
     return Gang(job.job_id, job.attempt, node_ids[:first], tuple(groups), ckpt, model, logs)
-
-
-def _command(pool: WorkerPoolSpec, deps: Deps) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """Locally a container's command runs as a process on this machine, without the image."""
-    if pool.container_spec is not None:
-        c = pool.container_spec
-        command = c.command + c.args
-        if not command:
-            raise ValidationError("containerSpec.command", "is required to run without an image")
-        return command, c.env
-    assert pool.python_package_spec is not None
-    p = pool.python_package_spec
-    return (deps.config.python, "-m", p.python_module, *p.args), p.env

@@ -76,8 +76,8 @@ master_addr: str,
                                    gang.model_dir, gang.tensorboard_dir), master_addr, pools)
             for g in gang.groups]
     templates = [spec_template(env.pop("CLUSTER_SPEC")) for env in envs]
-    exports = [{env_name(k): v for k, v in env.items() if k not in ("RANK", "MTC_NODE_ID")}
-               for env in envs]
+    tf_templates = [spec_template(env.pop("TF_CONFIG")) for env in envs]
+    exports = [{env_name(k): v for k, v in env.items() if k not in PER_TASK} for env in envs]
     common = set.intersection(*(set(e.items()) for e in exports))
     hosts = [slurm_node(names.get(n)) for n in gang.node_ids]
     for d in (gang.checkpoint_dir, gang.model_dir, gang.tensorboard_dir):
@@ -106,13 +106,15 @@ master_addr: str,
         'export MTC_SLURM_NODE="${SLURMD_NODENAME:-}"',
     ]
     lines += [f"export {k}={q(v)}" for k, v in sorted(common)]
-    for i, (g, env, template) in enumerate(zip(gang.groups, exports, templates, strict=True)):
+    for i, (g, env, template, tf) in enumerate(zip(gang.groups, exports, templates, tf_templates,
+                                                   strict=True)):
         end = g.first_rank + g.count
         lines.append(f"{'if' if i == 0 else 'elif'} (( RANK < {end} )); then"
                      f"  # workerpool{i}: ranks {g.first_rank}-{end - 1}")
         lines.append(f"    first={g.first_rank}")
         lines += [f"    export {k}={q(v)}" for k, v in sorted(env.items()) if (k, v) not in common]
         lines.append(f"    spec={q(template)}")
+        lines.append(f"    tf={q(tf)}")
         lines.append(f"    cmd=({' '.join(q(a) for a in g.command)})")
     lines += [
         "else",
@@ -121,6 +123,9 @@ master_addr: str,
         "fi",
         'spec="${spec//__MTC_INDEX__/$((RANK - first))}"',
         'export CLUSTER_SPEC="${spec//__MTC_NODE__/$MTC_NODE_ID}"',
+        'tf="${tf//__MTC_INDEX__/$((RANK - first))}"',
+        'export TF_CONFIG="${tf//__MTC_NODE__/$MTC_NODE_ID}"',
+        'export GROUP_RANK="$RANK" NODE_RANK="$RANK"',
         f'exec {q(python)} {q(str(LAUNCHER))} --zero-after-stop'
         f' --exit-file {q(str(run_dir))}/rank-"$RANK".exit -- "${{cmd[@]}}"',
     ]
@@ -147,6 +152,10 @@ master_addr: str,
         'exit "$rc"',
     ]
     write_executable(run_dir / "batch.sh", "\n".join(batch) + "\n")
+
+
+# set per task by task.sh from Slurm's task id, not exported per pool
+PER_TASK = ("RANK", "MTC_NODE_ID", "GROUP_RANK", "NODE_RANK")
 
 
 def spec_template(cluster_spec: str) -> str:

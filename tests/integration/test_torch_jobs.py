@@ -59,7 +59,7 @@ def until(api: Api, job_id: str, predicate: Any, timeout: float = 150.0) -> dict
 
 
 def logs(api: Api, job_id: str) -> str:
-    folder = api.app.compute.state_dir / "logs" / job_id  # type: ignore[attr-defined]
+    folder = api.app.compute.state_dir / "logs" / job_id
     return "\n".join(p.read_text() for p in sorted(folder.glob("*.log")))
 
 
@@ -111,6 +111,7 @@ def test_a_killed_rank_ends_the_gang_which_restarts_and_resumes(api: Api) -> Non
     job = until(api, "t2", lambda j: j["state"] == "JOB_STATE_RUNNING"
                 and int(j["mtcProgress"]["restartCount"]) >= 1
                 and j["mtcProgress"]["attempt"] >= 2)
+    assert api.app.deps.event_log is not None
     exits = [d["data"] for d in api.app.deps.event_log.read()
              if d["type"] == "mtc.job.workers_exited.v1"]
     assert exits and exits[0]["exit_code"] == 128 + signal.SIGKILL, exits

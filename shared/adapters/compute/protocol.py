@@ -35,6 +35,8 @@ the same way everywhere (see ``examples/train.py``):
 * **Advice** (``MTC_ADVICE_FILE``, ``$AIP_CHECKPOINT_DIR/../mtc-advice.env``): ``KEY=value``
   lines the control plane rewrites as the job's history grows, e.g.
   ``MTC_CHECKPOINT_INTERVAL_S``, the checkpoint interval its failure rate calls for.
+* **Termination message** (``MTC_TERMINATION_LOG``): a file where a failing program may
+  leave one short line on why; the attempt's detail (the job's error) carries it.
 * **Signals**: SIGTERM means "checkpoint and exit 75 within the grace period"; SIGKILL follows.
 """
 
@@ -227,6 +229,26 @@ def read_exit_file(path: Path) -> int | None:
         return int(text)
     except ValueError:
         return int(ExitCode.FAILED)  # impossible with an atomic writer: a failure, not success
+
+
+MESSAGE_SUFFIX, MAX_MESSAGE = ".msg", 2000
+
+
+def termination_message(exit_file: Path | str) -> str:
+    """What a rank left in ``$MTC_TERMINATION_LOG`` (``<exit file>.msg``, as Kubernetes'
+    termination log) to say why it failed, e.g. pip's last lines; '' when nothing."""
+    try:
+        text = Path(str(exit_file) + MESSAGE_SUFFIX).read_text(errors="replace")
+    except OSError:
+        return ""
+    return " ".join(text.split())[:MAX_MESSAGE]
+
+
+def with_message(note: str, exit_files: Mapping[int, Path | str], rank: int | None) -> str:
+    """``note`` and the message of ``rank`` (the rank that failed first), if it left one."""
+    message = termination_message(exit_files[rank]) if rank is not None and rank in exit_files \
+        else ""
+    return f"{note}; rank {rank}: {message}" if message else note
 
 
 def safe_name(name: str) -> str:

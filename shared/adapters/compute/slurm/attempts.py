@@ -28,7 +28,7 @@ from shared.adapters.compute.ledger import (
     report_checkpoints,
     workers_exited,
 )
-from shared.adapters.compute.protocol import ExitCode, read_exit_file, safe_name
+from shared.adapters.compute.protocol import ExitCode, read_exit_file, safe_name, with_message
 from shared.adapters.compute.slurm.api import (
     REQUEUED_JOB_STATES,
     TERMINAL_JOB_STATES,
@@ -356,6 +356,8 @@ class SlurmAttempts:
         self, db: sqlite3.Connection, att: sqlite3.Row, codes: Mapping[int, int | None], note: str
     ) -> None:
         first = first_failed(att, codes)
+        run_dir = self.run_dir(att["job_id"], att["attempt"])
+        note = with_message(note, {r: run_dir / f"rank-{r}.exit" for r in codes}, first)
         ledger = self._store.ledger(db)
         self._store.queue(db, ranks_exited(ledger, att["job_id"], att["attempt"], codes, note, first))
 

@@ -92,10 +92,11 @@ def cluster_body(workers: int = 4, spares: int = 0) -> dict[str, Any]:
     }
 
 
-def create_cluster(url: str, token: str, cluster_id: str = "c1", **kw: Any) -> dict[str, Any]:
+def create_cluster(url: str, token: str, cluster_id: str = "c1", *, parent: str = PARENT,
+                   **kw: Any) -> dict[str, Any]:
     """Create through REST and wait on the Operation until it is done."""
     headers = {"Authorization": f"Bearer {token}"}
-    resp = requests.post(f"{url}/v1beta1/{PARENT}/modelDevelopmentClusters",
+    resp = requests.post(f"{url}/v1beta1/{parent}/modelDevelopmentClusters",
                          params={"modelDevelopmentClusterId": cluster_id},
                          json=cluster_body(**kw), headers=headers, timeout=30)
     resp.raise_for_status()

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,28 @@ def test_a_killed_rank_ends_the_gang_which_restarts_and_resumes(api: Api) -> Non
     until(api, "t2", lambda j: "resumed from step" in logs(api, "t2"))
     api.call("POST", f"{JOBS}/t2:cancel")
     assert job["mtcProgress"]["attempt"] >= 2
+
+
+def test_a_package_pip_cannot_install_fails_the_job_with_pips_last_lines(api: Api) -> None:
+    api.cluster(workers=2)
+    pkgs = output(api).parent / "pkgs"  # gs://bucket/pkgs
+    pkgs.mkdir(parents=True)
+    with zipfile.ZipFile(pkgs / "bad-0.1-py3-none-any.whl", "w") as z:
+        z.writestr("bad/__init__.py", "")
+        z.writestr("bad-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: bad\n"
+                   "Version: 0.1\nRequires-Dist: no-such-dependency-here\n")
+        z.writestr("bad-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: t\n"
+                   "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("bad-0.1.dist-info/RECORD", "")
+    pool = {"machineSpec": {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
+                            "acceleratorCount": 8}, "replicaCount": 1,
+            "pythonPackageSpec": {"executorImageUri": "gcr.io/me/python:3",  # a custom image
+                                  "packageUris": ["gs://bucket/pkgs/bad-0.1-py3-none-any.whl"],
+                                  "pythonModule": "bad"}}
+    body = {"displayName": "bad", "jobSpec": {"persistentResourceId": "c1",
+                                              "workerPoolSpecs": [pool]}}
+    assert api.call("POST", f"{JOBS}?customJobId=t3", body).status_code == 200
+    job = until(api, "t3", lambda j: j["state"] in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"))
+    assert job["state"] == "JOB_STATE_FAILED"
+    assert "no-such-dependency-here" in job["error"]["message"], job["error"]
+    assert "pip could not install" in job["error"]["message"]

@@ -124,14 +124,14 @@ def custom_job_body(steps: int) -> dict[str, Any]:
             "workerPoolSpecs": [{
                 "machineSpec": {"machineType": "a3-highgpu-8g",
                                 "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
-                "replicaCount": "2",
+                "replicaCount": "1",
                 "containerSpec": {
                     "imageUri": "local/examples:latest",
                     "command": [sys.executable, str(ROOT / "examples" / "train.py")],
                     "args": ["--steps", str(steps), "--checkpoint-every",
                              str(CHECKPOINT_EVERY_STEPS), "--step-time", str(STEP_TIME_S)],
                 },
-            }],
+            }] * 2,  # pool 0 the primary replica (one, as on Vertex), pool 1 the worker
             "scheduling": {"mtcPartition": "train", "restartJobOnWorkerRestart": False},
         },
     }

@@ -15,11 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared.domain import lifecycle, progress, ranks
-from shared.domain.errors import ValidationError
 from shared.domain.events import JobStarted
 from shared.domain.model import Job, JobState
-from shared.domain.specs import CustomJobSpec, WorkerPoolSpec
+from shared.domain.specs import CustomJobSpec
 from shared.handling import Deps
+from shared.pool_commands import pool_command
 from shared.ports import Gang, LaunchGroup, RecoveryPlan, UnitOfWork
 
 
@@ -124,7 +124,7 @@ def gang(job: Job, deps: Deps, plan: RecoveryPlan | None = None) -> Gang:
     groups: list[LaunchGroup] = []
     first = 0
     for pool, n in zip(job.spec.worker_pool_specs, pool_counts(job), strict=True):
-        command, env = _command(pool, deps)
+        command, env = pool_command(pool, deps)
         if n < 1:
             continue  # (an elastic pool is never shrunk below its minimum, at least 1)
         if len(node_ids) < first + n:
@@ -135,17 +135,3 @@ def gang(job: Job, deps: Deps, plan: RecoveryPlan | None = None) -> Gang:
     # holds more nodes than ranks
     return Gang(job.job_id, job.attempt, node_ids[:first], tuple(groups), ckpt, model, logs,
                 plan)
-
-
-def _command(pool: WorkerPoolSpec, deps: Deps
-             ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """Locally a container's command runs as a process on this machine, without the image."""
-    if pool.container_spec is not None:
-        c = pool.container_spec
-        command = c.command + c.args
-        if not command:
-            raise ValidationError("containerSpec.command", "is required to run without an image")
-        return command, c.env
-    assert pool.python_package_spec is not None
-    p = pool.python_package_spec
-    return (deps.config.python, "-m", p.python_module, *p.args), p.env

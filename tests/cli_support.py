@@ -36,10 +36,11 @@ def job_body(steps: int, cluster: str | None = "demo", *, step_time: float = 0.0
         spec.pop("persistentResourceId")
     else:
         spec["persistentResourceId"] = cluster
-    container = spec["workerPoolSpecs"][0]["containerSpec"]
-    container["command"] = [sys.executable, str(EXAMPLES / "train.py")]
-    container["args"] = ["--steps", str(steps), "--checkpoint-every", "20", "--step-time",
-                         str(step_time)]
+    for pool in spec["workerPoolSpecs"]:  # pool 0 the primary replica, pool 1 the worker
+        container = pool["containerSpec"]
+        container["command"] = [sys.executable, str(EXAMPLES / "train.py")]
+        container["args"] = ["--steps", str(steps), "--checkpoint-every", "20", "--step-time",
+                             str(step_time)]
     return body
 
 

@@ -92,10 +92,11 @@ def cluster_body(workers: int = 4, spares: int = 0) -> dict[str, Any]:
     }
 
 
-def create_cluster(url: str, token: str, cluster_id: str = "c1", **kw: Any) -> dict[str, Any]:
+def create_cluster(url: str, token: str, cluster_id: str = "c1", *, parent: str = PARENT,
+                   **kw: Any) -> dict[str, Any]:
     """Create through REST and wait on the Operation until it is done."""
     headers = {"Authorization": f"Bearer {token}"}
-    resp = requests.post(f"{url}/v1beta1/{PARENT}/modelDevelopmentClusters",
+    resp = requests.post(f"{url}/v1beta1/{parent}/modelDevelopmentClusters",
                          params={"modelDevelopmentClusterId": cluster_id},
                          json=cluster_body(**kw), headers=headers, timeout=30)
     resp.raise_for_status()
@@ -106,3 +107,11 @@ def create_cluster(url: str, token: str, cluster_id: str = "c1", **kw: Any) -> d
         op = requests.post(f"{url}/v1beta1/{op['name']}:wait", json={"timeout": "10s"},
                            headers=headers, timeout=30).json()
     return op  # type: ignore[no-any-return]
+
+
+def vertex_pools(pool: dict[str, Any], replicas: int | str) -> list[dict[str, Any]]:
+    """``replicas`` replicas of ``pool`` in Vertex's layout: pool 0 the one primary replica,
+    pool 1 the others (the API refuses a pool 0 of more than one replica, as Vertex does)."""
+    n = int(replicas)
+    rest = [{**pool, "replicaCount": type(replicas)(n - 1)}] if n > 1 else []
+    return [{**pool, "replicaCount": type(replicas)(1)}, *rest]

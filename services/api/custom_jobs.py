@@ -92,6 +92,11 @@ def domain_body(message: CustomJob) -> tuple[dict[str, Any], str]:
             machine.pop("acceleratorType")
         if "replicaCount" in pool:
             pool = {**pool, "replicaCount": int(pool["replicaCount"])}
+        if i == 0 and pool.get("replicaCount", 1) != 1:
+            raise invalid("jobSpec.workerPoolSpecs[0].replicaCount",
+                          "must be 1: pool 0 is the primary replica, exactly one, as Vertex "
+                          f"requires; put the other replicas in workerPoolSpecs[1] (got "
+                          f"{pool['replicaCount']})")
         pools.append({**pool, "machineSpec": machine} if pool.get("machineSpec") else pool)
     scheduling = dict(wire.get("scheduling") or {})
     for ext, key in _SCHEDULING_EXTENSIONS.items():

@@ -154,9 +154,15 @@ def check_fits(cluster: Cluster, spec: CustomJobSpec) -> None:
                                   f"no node pool of cluster {cluster.cluster_id} matches "
                                   f"{pool_spec.machine_spec.to_dict()}")
         capacity = sum(p.node_count for p in pools)
-        if pool_spec.replica_count > capacity:
+        # worker pools of one machine type share its nodes (pool 0 and pool 1 of Vertex's
+        # layout usually do): count them together, up to this one
+        needed = sum(w.replica_count for w in spec.worker_pool_specs[:i + 1]
+                     if w.machine_spec == pool_spec.machine_spec)
+        if needed > capacity:
+            shared = "" if needed == pool_spec.replica_count else \
+                " (with the earlier worker pools of this machine type)"
             raise ValidationError(f"{path}.replicaCount",
-                                  f"needs {pool_spec.replica_count} nodes; matching pools "
+                                  f"needs {needed} nodes{shared}; matching pools "
                                   f"have {capacity}")
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shared.domain import images
 from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
 
@@ -220,6 +221,7 @@ class ContainerSpec:
         if command and not command[0].strip():  # it would only fail at run time
             raise ValidationError(f"{path}.command[0]", "must name the program to run (it is "
                                   "blank)")
+        images.check_image(image, kit.join(path, "imageUri"))
         return cls(image, command, args, env)
 
     def to_dict(self) -> dict[str, Any]:
@@ -250,6 +252,7 @@ class PythonPackageSpec:
         args = kit.list_field(data, "args", path, _parse_arg, required=False, non_empty=False)
         env = kit.list_field(data, "env", path, _parse_env, required=False, non_empty=False)
         assert image is not None and module is not None
+        images.check_image(image, kit.join(path, "executorImageUri"))
         return cls(image, uris, module, args, env)
 
     def to_dict(self) -> dict[str, Any]:
@@ -319,13 +322,34 @@ class WorkerPoolSpec:
         if (container is None) == (package is None):
             raise ValidationError(path, "needs exactly one of containerSpec or pythonPackageSpec")
         disk = kit.field(data, "diskSpec", path, dict, required=False)
-        return cls(
+        pool = cls(
             machine,
             replicas,
             ContainerSpec.parse(container, kit.join(path, "containerSpec")) if container else None,
             PythonPackageSpec.parse(package, kit.join(path, "pythonPackageSpec")) if package else None,
             DiskSpec.parse(disk, kit.join(path, "diskSpec")) if disk is not None else None,
         )
+        try:
+            pool.processes_per_replica()
+        except ValidationError as exc:
+            where = "containerSpec" if container else "pythonPackageSpec"
+            raise ValidationError(kit.join(path, where) + "." + exc.path, exc.reason) from None
+        return pool
+
+    @property
+    def image_uri(self) -> str:
+        """The pool's image: the container's, or the package's executor image."""
+        if self.container_spec is not None:
+            return self.container_spec.image_uri
+        assert self.python_package_spec is not None
+        return self.python_package_spec.executor_image_uri
+
+    def processes_per_replica(self) -> int:
+        """Processes each replica runs (``images.processes_per_replica``)."""
+        c, p = self.container_spec, self.python_package_spec
+        env = dict(c.env if c is not None else p.env if p is not None else ())
+        return images.processes_per_replica(self.image_uri, self.machine_spec.accelerator_count,
+                                            env)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"machineSpec": self.machine_spec.to_dict(),

@@ -23,6 +23,7 @@ from shared.codec import to_cloudevent, to_pubsub
 from shared.domain.events import NodeHealthReported
 from shared.domain.model import NodeState
 from tests.harness import CLUSTER, Plane, xid
+from tests.serving import vertex_pools
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,12 +166,12 @@ def custom_job(cluster: str = "c1", replicas: str = "2", display: str = "train"
         "displayName": display,
         "jobSpec": {
             "persistentResourceId": cluster,
-            "workerPoolSpecs": [{
-                "machineSpec": dict(GPU), "replicaCount": replicas,
+            "workerPoolSpecs": vertex_pools({
+                "machineSpec": dict(GPU),
                 "containerSpec": {"imageUri": "local", "command": ["python3", "train.py"],
                                   "args": ["--steps", "10"],
                                   "env": [{"name": "SEED", "value": "7"}]},
-            }],
+            }, replicas),
             "scheduling": {"timeout": "600s", "mtcPartition": "gpu"},
         },
     }
@@ -288,7 +289,7 @@ def test_api_custom_job_create_get_list_cancel_delete(vertex: Vertex) -> None:
     api_, plane = vertex.api, vertex.plane
     job = api_.ok("POST", f"{JOBS}?customJobId=j9", custom_job())
     assert job["name"] == f"{PARENT}/customJobs/j9"
-    assert job["jobSpec"]["workerPoolSpecs"][0]["replicaCount"] == "2"
+    assert [p["replicaCount"] for p in job["jobSpec"]["workerPoolSpecs"]] == ["1", "1"]
     assert job["jobSpec"]["scheduling"] == {"timeout": "600s", "mtcPartition": "gpu"}
     got = api_.ok("GET", f"{JOBS}/j9")
     assert got["state"] == "JOB_STATE_RUNNING"

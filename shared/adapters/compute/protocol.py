@@ -12,7 +12,10 @@ the same way everywhere (see ``examples/train.py``):
   ``CLUSTER_SPEC`` has Vertex's distributed-training shape: a list of addresses per worker
   pool (``workerpool0``, ``workerpool1``, ...) and the replica's ``task`` as its pool and its
   index within it (https://cloud.google.com/vertex-ai/docs/training/distributed-training);
-  ``RANK`` counts across the pools, pool after pool.
+  ``RANK`` counts across the pools, pool after pool. ``torch_env`` adds the rest of what
+  ``torchrun`` gives (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``) and
+  Vertex's ``TF_CONFIG``; a node that runs several processes runs ``torch.distributed.run``
+  (``torch_node``), which gives each process its own (see docs/pytorch.md).
 * **Exit codes** (``ExitCode``): 0 done; 75 (``EX_TEMPFAIL`` of BSD ``sysexits.h``) preempted
   with a checkpoint saved; 128+N killed by signal N (the shell's convention); 137 also when a
   worker vanished without leaving its code; 127/126 command not found / not executable. An
@@ -37,6 +40,8 @@ the same way everywhere (see ``examples/train.py``):
   copy (``MTC_TIER2_DIR``; the buddy is the node of rank ``(rank + 1) % world``), the peer
   copy of the previous attempt to read back (``MTC_TIER2_SOURCE_DIR``) and a heartbeat file
   on the job's storage (``MTC_PROGRESS_FILE``); names in ``shared.program.names``.
+* **Termination message** (``MTC_TERMINATION_LOG``): a file where a failing program may
+  leave one short line on why; the attempt's detail (the job's error) carries it.
 * **Signals**: SIGTERM means "checkpoint and exit 75 within the grace period"; SIGKILL follows.
 """
 
@@ -172,6 +177,7 @@ def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
         MTC_JOB_ATTEMPT=str(spec.attempt),
         MTC_ADVICE_FILE=str(advice_path(spec.checkpoint_dir)),
     )
+    env.update(torch_env(spec.rank, cluster_spec))
     env.update(tiers or {})
     env.update(recovery_env(recovery, spec.attempt, spec.node_id))
     return env
@@ -233,6 +239,28 @@ def tier_env(job_id: str, rank: int, node_ids: Sequence[str], memory_root: Calla
     }
 
 
+TF_TASK_TYPES = ("chief", "worker", "ps", "evaluator")  # Vertex: workerpool0..3 in TF_CONFIG
+
+
+def torch_env(node_rank: int, cluster_spec: Mapping[str, object]) -> dict[str, str]:
+    """What ``torchrun`` gives a single-process node (one process per replica; a node that
+    runs several processes gets them from ``torch.distributed.run`` itself, which overrides
+    these) and Vertex's ``TF_CONFIG``: ``CLUSTER_SPEC`` with the pools named as TensorFlow
+    names them (``workerpool0`` is ``chief``, ``workerpool1`` ``worker``, ...)."""
+    cluster = cluster_spec["cluster"]
+    task = cluster_spec["task"]
+    assert isinstance(cluster, dict) and isinstance(task, dict)
+
+    def tf_name(pool: str) -> str:
+        i = int(pool.removeprefix("workerpool"))
+        return TF_TASK_TYPES[i] if i < len(TF_TASK_TYPES) else pool
+
+    tf_config = {**cluster_spec, "cluster": {tf_name(k): v for k, v in cluster.items()},
+                 "task": {**task, "type": tf_name(str(task["type"]))}}
+    return {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(node_rank),
+            "NODE_RANK": str(node_rank), "TF_CONFIG": json.dumps(tf_config)}
+
+
 def checkpoint_name(step: int) -> str:
     """The name a program gives the checkpoint of ``step`` (what ``checkpoint_steps`` finds)."""
     return f"ckpt-{step:08d}"
@@ -278,6 +306,26 @@ def read_exit_file(path: Path) -> int | None:
         return int(text)
     except ValueError:
         return int(ExitCode.FAILED)  # impossible with an atomic writer: a failure, not success
+
+
+MESSAGE_SUFFIX, MAX_MESSAGE = ".msg", 2000
+
+
+def termination_message(exit_file: Path | str) -> str:
+    """What a rank left in ``$MTC_TERMINATION_LOG`` (``<exit file>.msg``, as Kubernetes'
+    termination log) to say why it failed, e.g. pip's last lines; '' when nothing."""
+    try:
+        text = Path(str(exit_file) + MESSAGE_SUFFIX).read_text(errors="replace")
+    except OSError:
+        return ""
+    return " ".join(text.split())[:MAX_MESSAGE]
+
+
+def with_message(note: str, exit_files: Mapping[int, Path | str], rank: int | None) -> str:
+    """``note`` and the message of ``rank`` (the rank that failed first), if it left one."""
+    message = termination_message(exit_files[rank]) if rank is not None and rank in exit_files \
+        else ""
+    return f"{note}; rank {rank}: {message}" if message else note
 
 
 def safe_name(name: str) -> str:

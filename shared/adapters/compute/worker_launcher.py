@@ -139,7 +139,10 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
     relay = _Relay()
     relay.install()  # before the child exists: a signal during start-up is kept, not lost
     try:
-        child = subprocess.Popen(list(command), preexec_fn=_pdeathsig_hook())
+        env = {**os.environ, "MTC_TERMINATION_LOG": f"{exit_file}.msg"}  # why it failed
+        with contextlib.suppress(OSError):
+            os.unlink(f"{exit_file}.msg")
+        child = subprocess.Popen(list(command), preexec_fn=_pdeathsig_hook(), env=env)
     except FileNotFoundError as exc:
         print(f"worker_launcher: cannot start {command[0]!r}: {exc}", file=sys.stderr)
         code = EXIT_NOT_FOUND

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.serving import PARENT, cluster_body
+from tests.serving import PARENT, cluster_body, vertex_pools
 from tests.unit.api.conftest import Api
 
 pytestmark = pytest.mark.slow  # real training workers (examples/train.py) run to the end
@@ -22,13 +22,14 @@ JOBS = f"/v1/{PARENT}/customJobs"
 
 
 def train_job(replicas: int) -> dict[str, Any]:
-    return {"displayName": "train", "jobSpec": {"persistentResourceId": "c1", "workerPoolSpecs": [{
+    return {"displayName": "train", "jobSpec": {"persistentResourceId": "c1",
+                                                "workerPoolSpecs": vertex_pools({
         "machineSpec": {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
                         "acceleratorCount": 8},
-        "replicaCount": replicas,
         "containerSpec": {"imageUri": "local", "command": [
             sys.executable, str(ROOT / "examples" / "train.py")],
-            "args": ["--steps", "100000", "--checkpoint-every", "5", "--step-time", "0.02"]}}]}}
+            "args": ["--steps", "100000", "--checkpoint-every", "5", "--step-time", "0.02"]}},
+        replicas)}}
 
 
 def until(api: Api, predicate: Any, timeout: float = 30.0) -> Any:
@@ -39,7 +40,7 @@ def until(api: Api, predicate: Any, timeout: float = 30.0) -> Any:
         if value:
             return value
         time.sleep(0.05)
-    raise AssertionError("timed out")
+    raise AssertionError("timed out: " + str(api.call("GET", f"{JOBS}/j1").json))
 
 
 def running_job(api: Api, replicas: int) -> dict[str, Any]:

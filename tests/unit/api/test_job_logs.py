@@ -9,7 +9,7 @@ from typing import Any
 
 from services.api.job_logs import _encode
 from shared.adapters.compute.worker_logs import read_lines
-from tests.serving import PARENT
+from tests.serving import PARENT, vertex_pools
 from tests.unit.api.conftest import Api
 
 JOBS = f"/v1/{PARENT}/customJobs"
@@ -18,11 +18,12 @@ PROGRAM = ("import os\nr = os.environ['RANK']\nfor i in range(2500):\n"
 
 
 def job(replicas: int = 2) -> dict[str, Any]:
-    return {"displayName": "echo", "jobSpec": {"persistentResourceId": "c1", "workerPoolSpecs": [{
+    return {"displayName": "echo", "jobSpec": {"persistentResourceId": "c1",
+                                               "workerPoolSpecs": vertex_pools({
         "machineSpec": {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
                         "acceleratorCount": 8},
-        "replicaCount": replicas,
-        "containerSpec": {"imageUri": "local", "command": [sys.executable, "-c", PROGRAM]}}]}}
+        "containerSpec": {"imageUri": "local", "command": [sys.executable, "-c", PROGRAM]}},
+        replicas)}}
 
 
 def finished(api: Api, job_id: str) -> None:

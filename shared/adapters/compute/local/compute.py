@@ -74,7 +74,13 @@ from shared.adapters.compute.local.procs import (
     spawn_launcher,
     start_ticks,
 )
-from shared.adapters.compute.protocol import ExitCode, managed_env, safe_name, tier_env
+from shared.adapters.compute.protocol import (
+    ExitCode,
+    managed_env,
+    safe_name,
+    tier_env,
+    with_message,
+)
 from shared.adapters.compute.worker_logs import LogFile, tail_note
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
@@ -403,15 +409,16 @@ class LocalCompute:
                 self._end_gang(db, att, now)
             self._scan_checkpoints(db, att, now)
             ranks = db.execute(
-                "SELECT rank, exit_code FROM workers WHERE job_id = ? AND attempt = ?"
+                "SELECT rank, exit_code, exit_file FROM workers WHERE job_id = ? AND attempt = ?"
                 " ORDER BY rank",
                 (job_id, attempt),
             ).fetchall()
             codes = {r["rank"]: r["exit_code"] for r in ranks}
             if not all_ranks_exited(codes):
                 continue
+            note = with_message("", {r["rank"]: r["exit_file"] for r in ranks}, failed_rank)
             self.store.queue(db, ranks_exited(self.store.ledger(db), job_id, attempt, codes,
-                                         self._failure_note(db, att, codes, failed_rank),
+                                         note + self._failure_note(db, att, codes, failed_rank),
                                          first_failed=failed_rank))
 
     def _failure_note(self, db: sqlite3.Connection, att: sqlite3.Row,

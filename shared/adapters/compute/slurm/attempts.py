@@ -29,7 +29,7 @@ from shared.adapters.compute.ledger import (
     report_tier_saves,
     workers_exited,
 )
-from shared.adapters.compute.protocol import ExitCode, read_exit_file, safe_name
+from shared.adapters.compute.protocol import ExitCode, read_exit_file, safe_name, with_message
 from shared.adapters.compute.slurm.api import (
     REQUEUED_JOB_STATES,
     TERMINAL_JOB_STATES,
@@ -362,6 +362,8 @@ class SlurmAttempts:
         self, db: sqlite3.Connection, att: sqlite3.Row, codes: Mapping[int, int | None], note: str
     ) -> None:
         first = first_failed(att, codes)
+        run_dir = self.run_dir(att["job_id"], att["attempt"])
+        note = with_message(note, {r: run_dir / f"rank-{r}.exit" for r in codes}, first)
         final = {r: int(ExitCode.KILLED) if c is None else c for r, c in codes.items()}
         if any(c not in (0, int(ExitCode.PREEMPTED)) for c in final.values()):
             note += tail_note(str(self.job_log(att["job_id"])), None)  # ranks interleaved

@@ -91,8 +91,8 @@ def write_scripts(
                         recovery=gang.recovery)
             for g in gang.groups]
     templates = [spec_template(env.pop("CLUSTER_SPEC")) for env in envs]
-    per_node = ("RANK", "MTC_NODE_ID", "MTC_RECOVERY_FRESH")  # set by task.sh per node
-    exports = [{env_name(k): v for k, v in env.items() if k not in per_node} for env in envs]
+    tf_templates = [spec_template(env.pop("TF_CONFIG")) for env in envs]
+    exports = [{env_name(k): v for k, v in env.items() if k not in PER_TASK} for env in envs]
     common = set.intersection(*(set(e.items()) for e in exports))
     hosts = [slurm_node(names.get(n)) for n in gang.node_ids]
     for d in (gang.checkpoint_dir, gang.model_dir, gang.tensorboard_dir):
@@ -129,13 +129,15 @@ def write_scripts(
         prev = list(previous_hosts) if whole else hosts  # else: as if placed as now
         write_executable(run_dir / "prev-hostfile", "\n".join(prev) + "\n", mode=0o644)
     lines += [f"export {k}={q(v)}" for k, v in sorted(common)]
-    for i, (g, env, template) in enumerate(zip(gang.groups, exports, templates, strict=True)):
+    for i, (g, env, template, tf) in enumerate(zip(gang.groups, exports, templates, tf_templates,
+                                                   strict=True)):
         end = g.first_rank + g.count
         lines.append(f"{'if' if i == 0 else 'elif'} (( RANK < {end} )); then"
                      f"  # workerpool{i}: ranks {g.first_rank}-{end - 1}")
         lines.append(f"    first={g.first_rank}")
         lines += [f"    export {k}={q(v)}" for k, v in sorted(env.items()) if (k, v) not in common]
         lines.append(f"    spec={q(template)}")
+        lines.append(f"    tf={q(tf)}")
         lines.append(f"    cmd=({' '.join(q(a) for a in g.command)})")
     lines += [
         "else",
@@ -144,6 +146,9 @@ def write_scripts(
         "fi",
         'spec="${spec//__MTC_INDEX__/$((RANK - first))}"',
         'export CLUSTER_SPEC="${spec//__MTC_NODE__/$MTC_NODE_ID}"',
+        'tf="${tf//__MTC_INDEX__/$((RANK - first))}"',
+        'export TF_CONFIG="${tf//__MTC_NODE__/$MTC_NODE_ID}"',
+        'export GROUP_RANK="$RANK" NODE_RANK="$RANK"',
         f'exec {q(python)} {q(str(LAUNCHER))} --zero-after-stop'
         f' --exit-file {q(str(run_dir))}/rank-"$RANK".exit -- "${{cmd[@]}}"',
     ]
@@ -187,6 +192,10 @@ def tier_lines(gang: Gang, run_dir: Path, peer_root: Path) -> list[str]:
         '/peer/rank-"$RANK"',
         f'export {tier_names.PROGRESS_FILE}={q(str(progress))}/rank-"$RANK".json',
     ]
+
+
+# set per task by task.sh from Slurm's task id, not exported per pool
+PER_TASK = ("RANK", "MTC_NODE_ID", "GROUP_RANK", "NODE_RANK", "MTC_RECOVERY_FRESH")
 
 
 def spec_template(cluster_spec: str) -> str:

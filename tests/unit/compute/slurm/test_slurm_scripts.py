@@ -106,6 +106,13 @@ def test_each_rank_runs_its_own_pools_command_and_env(tmp_path: Path) -> None:
         port = int(env["MASTER_PORT"])
         assert spec["cluster"] == {"workerpool0": [f"10.0.0.1:{port}"],
                                    "workerpool1": [f"10.0.0.1:{port + 1}", f"10.0.0.1:{port + 2}"]}
+        # torchrun's node variables and Vertex's TF_CONFIG, per task (not per pool)
+        assert env["GROUP_RANK"] == env["NODE_RANK"] == str(rank) and env["LOCAL_RANK"] == "0"
+        tf = json.loads(env["TF_CONFIG"])
+        assert tf["task"]["type"] == ("chief" if rank == 0 else "worker")
+        assert tf["task"]["index"] == index
+        assert tf["cluster"] == {"chief": spec["cluster"]["workerpool0"],
+                                 "worker": spec["cluster"]["workerpool1"]}
     assert not list(tmp_path.glob("PWNED*")) and not list(run_dir.glob("PWNED*"))
 
 

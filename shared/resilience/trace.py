@@ -4,7 +4,7 @@
 
     version: 1
     name: one-of-each
-    cluster: {nodes: 4, spares: 1}
+    cluster: {nodes: 4, spares: 1, repair: 5s}
     job: {replicas: 4, min_replicas: 3, step_time: 0.05, checkpoint_every: 20, steps: 100000}
     faults:
       - {kind: app_crash, at: 4, target: {rank: 1}}
@@ -88,12 +88,13 @@ class Trace:
     description: str
     nodes: int  # worker nodes of the cluster
     spares: int  # hot spares beside them
+    repair_s: float  # how long a node's repair (a reboot) takes
     job: JobShape
     faults: tuple[Fault, ...]
 
     def as_dict(self) -> dict[str, Any]:
         return {"version": self.version, "name": self.name, "nodes": self.nodes,
-                "spares": self.spares, "job": vars(self.job),
+                "spares": self.spares, "repair_s": self.repair_s, "job": vars(self.job),
                 "faults": [{"kind": f.kind.value, "when": f.when, "target": f.target}
                            for f in self.faults]}
 
@@ -123,15 +124,16 @@ def parse_trace(data: Any) -> Trace:
     name = kit.text(kit.get(top, "name", "trace"), "name")
     description = str(kit.get(top, "description", "")).strip()
     cluster = kit.mapping(kit.get(top, "cluster", {}), "cluster")
-    kit.only_keys(cluster, "cluster", ("nodes", "spares"))
+    kit.only_keys(cluster, "cluster", ("nodes", "spares", "repair"))
     nodes = kit.integer(kit.get(cluster, "nodes", 4), "cluster.nodes", low=1, high=64)
     spares = kit.integer(kit.get(cluster, "spares", 1), "cluster.spares", low=0, high=16)
+    repair = seconds(kit.get(cluster, "repair", 5.0), "cluster.repair")
     job = _job(kit.mapping(kit.required(top, "job", ""), "job"), nodes)
     raw = kit.required(top, "faults", "")
     if not isinstance(raw, list) or not raw:
         raise ValidationError("faults", "must be a non-empty list of faults")
     faults = tuple(_fault(item, kit.join("faults", i), job) for i, item in enumerate(raw))
-    return Trace(version, name, description, nodes, spares, job, faults)
+    return Trace(version, name, description, nodes, spares, repair, job, faults)
 
 
 def _job(data: Mapping[str, Any], nodes: int) -> JobShape:

@@ -33,6 +33,7 @@ from services.wiring.embedded import EmbeddedApp, embedded
 from shared.domain.events import Envelope
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
 from shared.domain.model import JobState, NodeState
+from shared.resilience.bench_config import bench_config
 from shared.resilience.score import Injected, RunScore, Sample, score_run
 from shared.resilience.trace import Fault, FaultKind, Trace
 
@@ -261,9 +262,7 @@ def _children(pid: int) -> list[int]:
 def run_embedded(trace: Trace, state_dir: Path, *, pin: str | None, timeout_s: float = 120.0,
                  say: Any = None) -> RunScore:
     """Play ``trace`` on a fresh embedded app over ``state_dir`` (wiped by the caller)."""
-    from services.cli.demo import demo_config
-
-    app = embedded(state_dir, config=demo_config(), compute_options=compute_options(trace))
+    app = embedded(state_dir, config=bench_config(), compute_options=compute_options(trace))
     try:
         return LiveRun(app, trace, pin=pin, timeout_s=timeout_s, say=say).run()
     finally:

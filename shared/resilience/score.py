@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shared.goodput import job_accounting
+from shared.goodput import infer_params, job_accounting
 from shared.goodput.live import pace
 
 T_STARTED = "mtc.job.started.v1"
@@ -209,7 +209,9 @@ def run_goodput(rows: Sequence[Mapping[str, Any]], job_id: str, nodes: int = 1,
     """The run's goodput from the shared accounting (runtime goodput, ETTR, lost work)."""
     acct = job_accounting(rows, job_id, now=end, nodes=nodes)
     jg = acct.goodput
-    return {"wall_s": round(acct.wall_s, 3), "recovery_s": round(acct.recovery_s, 3),
+    p = infer_params([r for r in rows if _mine(r, job_id)], job_id, nodes)
+    return {"step_time_s": round(p.step_time_s, 4), "startup_s": round(p.startup_s, 3),
+            "save_s": round(p.checkpoint_save_s, 4),"wall_s": round(acct.wall_s, 3), "recovery_s": round(acct.recovery_s, 3),
             "lost_steps": acct.lost_steps, "restarts": acct.restarts,
             "runtime_goodput": round(acct.runtime_goodput, 4),
             "ettr": round(jg.ettr, 4) if jg is not None else 0.0,

@@ -26,20 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.api.names import Parent
-from services.cli.client import LocalClient
 from services.job_submission import commands as job_commands
+from services.repair import operator
 from services.wiring.embedded import EmbeddedApp, embedded
+from shared.domain.errors import MtcError
 from shared.domain.events import Envelope
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
-from shared.domain.model import JobState, NodeState
+from shared.domain.model import JobState, NodeRole, NodeState
 from shared.resilience.bench_config import bench_config
 from shared.resilience.score import Injected, RunScore, Sample, score_run
 from shared.resilience.trace import Fault, FaultKind, Trace
 
 CLUSTER_ID = "bench"
 JOB_ID = "bench-train"
-PARENT = Parent("local", "local")
+BY = "mtc bench recovery"  # the operator the drains are recorded under
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train.py"
 MACHINE = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
@@ -108,6 +108,7 @@ class LiveRun:
         self.say = say or (lambda _msg: None)
         app.bus.listeners.append(self.seen)
         self.injected: list[Injected] = []
+        self._drained: list[str] = []
 
     # ------------------------------------------------------------------ reading state
     def _job(self) -> Any:
@@ -133,12 +134,19 @@ class LiveRun:
         return s0 + min(ahead, j.checkpoint_every - 1)
 
     def _resumed_since(self, at: float) -> bool:
+        """The job trains again after the fault at ``at``: an attempt started after it has
+        made progress, or the attempt it hit is whole and kept making progress (3 s on)."""
         job = self._job()
         if job is None or job.state is not JobState.RUNNING or not self.seen.starts:
             return False
         started, attempt, _ = self.seen.starts[-1]
-        return any(t > at and a == attempt for t, a, _ in self.seen.samples) and (
-            started > at or self.app.deps.clock.now() - at > 2.0)
+        progressed = any(t > max(at, started) and a == attempt for t, a, _ in self.seen.samples)
+        if started > at:
+            return progressed
+        whole = all(w.exit_code is None for w in self.app.compute.workers(JOB_ID)
+                    if w.attempt == attempt)
+        late = any(t > at + 3.0 and a == attempt for t, a, _ in self.seen.samples)
+        return whole and late
 
     # ------------------------------------------------------------------ the run
     def run(self) -> RunScore:
@@ -219,23 +227,22 @@ class LiveRun:
                                      step_estimated=True))
 
     def _drain_idle(self, busy: set[str]) -> None:
-        client = LocalClient(self.app)
+        """An operator's drain of every idle worker (``mtc node drain``): no spare is ready."""
         with self.app.transaction() as uow:
-            idle = [n.node_id for n in uow.nodes.list(CLUSTER_ID)
-                    if n.node_id not in busy and n.state is NodeState.IDLE]
-        self._drained = idle
-        for node_id in idle:
-            client.node_command(PARENT, CLUSTER_ID, node_id, "drain",
-                                "recovery benchmark: no spare ready")
+            self._drained = [n.node_id for n in uow.nodes.list(CLUSTER_ID)
+                             if n.node_id not in busy and n.state is NodeState.IDLE
+                             and n.role is NodeRole.WORKER]
+            for node_id in self._drained:
+                operator.act(operator.DRAIN, CLUSTER_ID, node_id,
+                             "recovery benchmark: no spare ready", BY, uow, self.app.deps)
 
     def _undo(self, fault: Fault) -> None:
         if fault.kind is not FaultKind.NO_SPARE_ELASTIC:
             return
-        client = LocalClient(self.app)
-        for node_id in getattr(self, "_drained", []):
-            with contextlib.suppress(Exception):
-                client.node_command(PARENT, CLUSTER_ID, node_id, "resume",
-                                    "recovery benchmark: spare back")
+        for node_id in self._drained:
+            with contextlib.suppress(MtcError), self.app.transaction() as uow:
+                operator.act(operator.RESUME, CLUSTER_ID, node_id,
+                             "recovery benchmark: the spare is back", BY, uow, self.app.deps)
         self._drained = []
 
 

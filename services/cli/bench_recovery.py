@@ -64,7 +64,10 @@ def cmd_bench_recovery(args: argparse.Namespace, named: str | None) -> int:
     quiet = bool(args.json)
     console = Console(highlight=False, stderr=quiet)
     console.width = max(console.width, 132)  # the table's ten columns, unclipped
-    say = (lambda msg: console.print(f"[dim]{msg}[/dim]"))
+
+    def say(msg: str) -> None:
+        console.print(f"[dim]{msg}[/dim]")
+
     runs = play(trace, target=args.target, compare=args.compare,
                 state_root=bench_state_dir(named), timeout_s=args.timeout, say=say)
     command = "mtc " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "mtc bench recovery"

@@ -190,7 +190,7 @@ def _reached(inc: Injected, progress: list[Sample], attempt: int,
     t, s = before[-1]
     if step_s is None or step_s <= 0:
         return s, True
-    return s + int(math.floor((inc.at - t) / step_s)), True
+    return s + math.floor((inc.at - t) / step_s), True
 
 
 def _mode(at: float, until: float, window: Sequence[Mapping[str, Any]], job_id: str,
@@ -211,7 +211,8 @@ def run_goodput(rows: Sequence[Mapping[str, Any]], job_id: str, nodes: int = 1,
     jg = acct.goodput
     p = infer_params([r for r in rows if _mine(r, job_id)], job_id, nodes)
     return {"step_time_s": round(p.step_time_s, 4), "startup_s": round(p.startup_s, 3),
-            "save_s": round(p.checkpoint_save_s, 4),"wall_s": round(acct.wall_s, 3), "recovery_s": round(acct.recovery_s, 3),
+            "save_s": round(p.checkpoint_save_s, 4), "wall_s": round(acct.wall_s, 3),
+            "recovery_s": round(acct.recovery_s, 3),
             "lost_steps": acct.lost_steps, "restarts": acct.restarts,
             "runtime_goodput": round(acct.runtime_goodput, 4),
             "ettr": round(jg.ettr, 4) if jg is not None else 0.0,

@@ -8,8 +8,8 @@ live run measured when it ran first (``costs``), so the twin answers "what would
 plane do with these costs". The twin takes no "wait until resumed", so faults are placed one
 at a time: the scenario is run with the faults so far, and the next one goes at its time or
 just after the job resumed from the one before, whichever is later (each run takes a
-fraction of a second; the same seed gives the same prefix). ``after_step`` becomes a time at
-the job's nominal pace. A ``no_spare_elastic`` fault first takes every idle node out (a
+fraction of a second; the same seed gives the same prefix); as live, the first fault waits
+for the job's first checkpoint. ``after_step`` becomes a time at the job's nominal pace. A ``no_spare_elastic`` fault first takes every idle node out (a
 scripted fault on each, repaired only after the benchmark's horizon).
 """
 
@@ -115,11 +115,11 @@ def run(trace: Trace, *, costs: Mapping[str, float] | None = None,
         t0 = starts[0][0]
         at = t0 + (fault.at_s if fault.at_s is not None
                    else costs["startup_s"] + (fault.after_step or 0) * j.step_time_s)
-        if placed:
-            resumed = _resumed_at(result.rows, placed[-1][2])
-            if resumed is None:
-                break
-            at = max(at, resumed + MARGIN_S)
+        # as live: not before the job's first checkpoint, nor before it resumed from the last
+        resumed = _resumed_at(result.rows, placed[-1][2] if placed else t0 - 1.0)
+        if resumed is None:
+            break
+        at = max(at, resumed + MARGIN_S)
         nodes = max((s for s in starts if s[0] <= at), key=lambda s: s[0])[1]
         slot = _slot("", fault, nodes)
         if fault.kind is FaultKind.NO_SPARE_ELASTIC:

@@ -263,6 +263,17 @@ class LaunchGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveryPlan:
+    """How an attempt was started after an incident (``shared.policies.recovery``): ``mode``
+    is a ``Mode`` value; ``fresh_node_ids`` the nodes new to the job (a hot swap's spare):
+    they start cold and their ranks restore from the peer tier, the others are warm and
+    restore from memory. Adapters tell the workers through ``MTC_RECOVERY_MODE``."""
+
+    mode: str
+    fresh_node_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Gang:
     """One job attempt's workers, started together: one value per restart whatever the job's
     size (a 2,048-node job is one gang, not 2,048 specs). ``node_ids[r]`` runs rank ``r``;
@@ -275,6 +286,7 @@ class Gang:
     checkpoint_dir: str
     model_dir: str
     tensorboard_dir: str
+    recovery: RecoveryPlan | None = None  # None: a requeue (today's path) or a first start
 
     def __post_init__(self) -> None:
         """O(pools), not O(ranks): a gang that exists is one an adapter can start."""

@@ -276,6 +276,7 @@ class JobCheckpointSaved(Event):
     path: str
     saved_at: float
     save_s: float = 0.0  # how long the save blocked training, as measured (0: not measured)
+    tier: str = "durable"  # memory | peer | durable (shared.policies.recovery.Tier)
 
 
 @register
@@ -302,6 +303,22 @@ class JobWorkersExited(Event):
     attempt: int
     exit_code: int
     detail: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class JobRecoveryChosen(Event):
+    """The recovery policy picked ``mode`` for an incident on attempt ``attempt``
+    (``shared.policies.recovery``): ``reason`` says why, with the numbers."""
+
+    TYPE: ClassVar[str] = "mtc.job.recovery_chosen.v1"
+    SUBJECT_FIELD: ClassVar[str] = "job_id"
+    job_id: str
+    attempt: int
+    mode: str
+    incident: str
+    reason: str
+    expected_lost_s: float
 
 
 @register

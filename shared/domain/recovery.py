@@ -17,6 +17,15 @@ it are ``shared.policies.restarts`` and ``shared.domain.progress``).
   before that transaction commits (a commit retried for 20 s on a busy store). Kept here, it is
   announced again by the start that commits (``take_early_exit``), rather than redelivered
   until a delivery budget runs out and lost, which left a RUNNING job with no workers.
+* ``decisions``: the recovery policy's choices (``shared.policies.recovery``), newest last,
+  ``KEEP_DECISIONS`` kept: ``at, attempt, mode, incident, why, expected_lost_s, measured_s``
+  (``measured_s``: from the incident to the new attempt's first progress, None until seen);
+* ``replicas``: the data-parallel replicas a scaled-down attempt runs with (None: the spec's);
+* ``attempt_started_at``, ``attempt_mode``: when the running attempt started, and how (a
+  ``RecoveryPlan`` mode, "" when placed);
+* ``tiers``: per checkpoint tier other than durable (those are ``Job.checkpoints``), the
+  newest entry ``{step, at, attempt, save_s}``; ``startup``: measured startup seconds,
+  ``cold`` and ``warm`` (JobStarted to JobFirstStep, less the restore).
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from shared.domain.events import JobWorkersExited
+
+KEEP_DECISIONS = 20
 
 
 class EarlyExit(NamedTuple):
@@ -42,6 +53,12 @@ class JobRecovery:
     progress_at: float | None = None
     progress_interval_s: float = 0.0
     early_exit: EarlyExit | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    replicas: int | None = None
+    attempt_started_at: float | None = None
+    attempt_mode: str = ""  # how the running attempt was started ("": placed)
+    tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    startup: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +69,12 @@ class JobRecovery:
             "progress_at": self.progress_at,
             "progress_interval_s": self.progress_interval_s,
             "early_exit": None if self.early_exit is None else list(self.early_exit),
+            "decisions": [dict(d) for d in self.decisions],
+            "replicas": self.replicas,
+            "attempt_started_at": self.attempt_started_at,
+            "attempt_mode": self.attempt_mode,
+            "tiers": {k: dict(v) for k, v in self.tiers.items()},
+            "startup": dict(self.startup),
         }
 
     @classmethod
@@ -65,7 +88,26 @@ class JobRecovery:
             progress_at=d.get("progress_at"),
             progress_interval_s=d.get("progress_interval_s", 0.0),
             early_exit=EarlyExit(*d["early_exit"]) if d.get("early_exit") else None,
+            decisions=[dict(x) for x in d.get("decisions", [])],
+            replicas=d.get("replicas"),
+            attempt_started_at=d.get("attempt_started_at"),
+            attempt_mode=d.get("attempt_mode", ""),
+            tiers={k: dict(v) for k, v in (d.get("tiers") or {}).items()},
+            startup=dict(d.get("startup") or {}),
         )
+
+    def decided(self, decision: dict[str, Any]) -> None:
+        """Keep one policy choice (bounded: the newest ``KEEP_DECISIONS``)."""
+        self.decisions.append(dict(decision))
+        del self.decisions[:-KEEP_DECISIONS]
+
+    def measured(self, attempt: int, at: float) -> None:
+        """Attempt ``attempt``, the one after the incident's, has made progress at ``at``:
+        the decision's measured seconds (from the incident), once."""
+        for d in reversed(self.decisions):
+            if d.get("attempt") == attempt - 1 and d.get("measured_s") is None:
+                d["measured_s"] = round(max(0.0, at - float(d["at"])), 3)
+                return
 
     def hold_early_exit(self, attempt: int, exit_code: int, detail: str) -> None:
         """Keep the exit of ``attempt``, whose start is not recorded yet (the newest wins:

@@ -278,15 +278,21 @@ def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:08d}.npz"
 
 
-def save_checkpoint(directory: Path, state: State, lr: float, seed: int) -> Path:
-    """Atomically write ``ckpt-<step>.npz``, then point ``LATEST`` at it."""
-    directory.mkdir(parents=True, exist_ok=True)
+def state_arrays(state: State, lr: float, seed: int) -> dict[str, Any]:
+    """What a checkpoint holds, by name (the npz members; the tiers' payload too)."""
     arrays: dict[str, Any] = {f"param_{k}": state.params[k] for k in PARAMS}
     arrays.update({f"m_{k}": state.m[k] for k in PARAMS})
     arrays.update({f"v_{k}": state.v[k] for k in PARAMS})
     arrays["step"] = np.array(state.step, dtype=np.int64)
     arrays["rng_state"] = np.array(json.dumps(state.rng.bit_generator.state))
     arrays["config"] = np.array(json.dumps({"lr": lr, "seed": seed, "hidden": HIDDEN}))
+    return arrays
+
+
+def save_checkpoint(directory: Path, state: State, lr: float, seed: int) -> Path:
+    """Atomically write ``ckpt-<step>.npz``, then point ``LATEST`` at it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays = state_arrays(state, lr, seed)
     path = directory / checkpoint_name(state.step)
     began = time.monotonic()
 
@@ -305,13 +311,19 @@ def load_checkpoint(path: Path, seed: int) -> State:
     if not match:
         raise ValueError("not a checkpoint file name")
     with np.load(path, allow_pickle=False) as z:
-        step = int(z["step"])
-        config = json.loads(str(z["config"]))
-        params = {k: np.array(z[f"param_{k}"], dtype=np.float64) for k in PARAMS}
-        m = {k: np.array(z[f"m_{k}"], dtype=np.float64) for k in PARAMS}
-        v = {k: np.array(z[f"v_{k}"], dtype=np.float64) for k in PARAMS}
-        rng_state = json.loads(str(z["rng_state"]))
-    if step != int(match.group(1)):
+        arrays = {k: z[k] for k in z.files}
+    return state_from_arrays(arrays, int(match.group(1)), seed)
+
+
+def state_from_arrays(arrays: Any, step_named: int, seed: int) -> State:
+    """A state from a checkpoint's arrays; raises on anything partial or inconsistent."""
+    step = int(arrays["step"])
+    config = json.loads(str(arrays["config"]))
+    params = {k: np.array(arrays[f"param_{k}"], dtype=np.float64) for k in PARAMS}
+    m = {k: np.array(arrays[f"m_{k}"], dtype=np.float64) for k in PARAMS}
+    v = {k: np.array(arrays[f"v_{k}"], dtype=np.float64) for k in PARAMS}
+    rng_state = json.loads(str(arrays["rng_state"]))
+    if step != step_named:
         raise ValueError(f"holds step {step}, not the step in its name")
     if config.get("seed") != seed or config.get("hidden") != HIDDEN:
         raise ValueError(f"written for another problem ({config}); refusing to resume")
@@ -450,7 +462,9 @@ def run(args: argparse.Namespace, env: Env, preemption: Preemption) -> int:
     where = f"{env.master_addr}:{env.master_port}" if env.master_port else env.master_addr
     log(f"starting: steps={args.steps} lr={args.lr} master={where} ckpt={env.checkpoint_dir}")
     x, y = dataset(args.seed)
-    state = newest_checkpoint(env.checkpoint_dir, args.seed, log)
+    tiers = open_tiers(args, env, log)
+    state = restore_tiered(tiers, args.seed, log) if tiers else newest_checkpoint(
+        env.checkpoint_dir, args.seed, log)
     if state is None:
         state = initial_state(args.seed)
         log("no checkpoint found: starting from step 0")
@@ -464,7 +478,11 @@ def run(args: argparse.Namespace, env: Env, preemption: Preemption) -> int:
     def checkpoint() -> Path:
         if metrics is not None:
             metrics.close()  # the scalars reach the checkpoint's step before it exists
-        return save_checkpoint(env.checkpoint_dir, state, args.lr, args.seed)
+        if tiers is None:
+            return save_checkpoint(env.checkpoint_dir, state, args.lr, args.seed)
+        done = tiers.due(state.step)  # saved at this step already
+        which = tuple(t for t in TIER_NAMES if t == "durable" or t not in done)
+        return save_tiered(tiers, state, args, env.checkpoint_dir, which, log)
 
     try:
         every_log = max(1, args.steps // 10)
@@ -474,28 +492,91 @@ def run(args: argparse.Namespace, env: Env, preemption: Preemption) -> int:
                 metrics.add(state.step, {"loss": loss})
             if state.step % every_log == 0:
                 log(f"step {state.step} loss {loss:.6f}")
-            if chief and args.checkpoint_every and state.step % args.checkpoint_every == 0:
+            if tiers is not None:
+                due = tiers.due(state.step)
+                if "durable" in due and metrics is not None:
+                    metrics.close()
+                if due:
+                    save_tiered(tiers, state, args, env.checkpoint_dir, due, log)
+                    saved_step = state.step if "durable" in due else saved_step
+                else:
+                    tiers.step_done(state.step)
+            elif chief and args.checkpoint_every and state.step % args.checkpoint_every == 0:
                 path = checkpoint()
                 saved_step = state.step
                 log(f"checkpoint saved: {path.name}")
             preemption.sleep(args.step_time)
             if preemption.signum is not None and state.step < args.steps:
                 name = signal.Signals(preemption.signum).name
-                if chief and saved_step != state.step:
+                if (chief or tiers is not None) and saved_step != state.step:
                     path = checkpoint()
-                    log(f"checkpoint saved: {path.name}")
+                    if tiers is None:
+                        log(f"checkpoint saved: {path.name}")
+                if tiers is not None:
+                    tiers.close()  # the memory and peer copies are written before the exit
                 log(f"{name} received: preempted at step {state.step}, exiting {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
     finally:
         if metrics is not None:
             metrics.close()
-    if chief:
-        if saved_step != state.step:
-            path = checkpoint()
+    if (chief or tiers is not None) and saved_step != state.step:
+        path = checkpoint()
+        if tiers is None:
             log(f"checkpoint saved: {path.name}")
+    if tiers is not None:
+        tiers.close()
+    if chief:
         log(f"model saved: {save_model(env.model_dir, state)}")
     log(f"done at step {state.step}: weights sha256 {weights_digest(state.params)}")
     return EXIT_OK
+
+
+# ---------------------------------------------------------------- checkpoint tiers
+
+TIER_NAMES = ("memory", "peer", "durable")
+
+
+def open_tiers(args: argparse.Namespace, env: Env, log: Any) -> Any:
+    """mtc's checkpoint tiers (``shared.program.tiers``) when the managed environment names
+    them (``MTC_TIER1_DIR``), else None: durable checkpoints only, as before. Every rank
+    saves its own memory and peer copies; rank 0 the durable one (the state is replicated)."""
+    if not os.environ.get("MTC_TIER1_DIR", "").strip():
+        return None
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "shared" / "program" / "tiers.py").is_file():  # this checkout's library first
+        sys.path.insert(0, str(checkout))
+    from shared.program.tiers import TieredCheckpointer, TierSettings
+    try:
+        settings = TierSettings.from_env(
+            dict(os.environ), durable_dir=env.checkpoint_dir, rank=env.rank,
+            world_size=env.world_size, tier3_every=args.checkpoint_every, replicated=True)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    log(f"checkpoint tiers: memory every {settings.tier1_every}, peer every "
+        f"{settings.tier2_every}, durable every {settings.tier3_every} steps")
+    return TieredCheckpointer(settings, log)
+
+
+def restore_tiered(tiers: Any, seed: int, log: Any) -> State | None:
+    """The newest step every rank can restore, from the nearest tier that holds it."""
+    restored = tiers.restore()
+    if restored is None:
+        return None
+    log(f"restoring step {restored.step} from the {restored.tier} tier ({restored.path})")
+    return state_from_arrays(restored.state, restored.step, seed)
+
+
+def save_tiered(tiers: Any, state: State, args: argparse.Namespace, directory: Path,
+                which: tuple[str, ...], log: Any) -> Path:
+    """Save to the tiers ``which``; the durable one also points ``LATEST`` at its file."""
+    report = tiers.save(state.step, state_arrays(state, args.lr, args.seed), which)
+    path = directory / checkpoint_name(state.step)
+    if "durable" in report.tiers:
+        atomic_write(directory / LATEST, lambda f: f.write(f"{path.name}\n".encode()))
+        log(f"checkpoint saved: {path.name}")
+    log(f"tiers {'+'.join(report.tiers)} saving step {state.step}: blocked "
+        f"{report.blocking_s * 1000:.2f} ms")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

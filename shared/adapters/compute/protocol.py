@@ -32,6 +32,11 @@ the same way everywhere (see ``examples/train.py``):
 * **Advice** (``MTC_ADVICE_FILE``, ``$AIP_CHECKPOINT_DIR/../mtc-advice.env``): ``KEY=value``
   lines the control plane rewrites as the job's history grows, e.g.
   ``MTC_CHECKPOINT_INTERVAL_S``, the checkpoint interval its failure rate calls for.
+* **Tiers** (``tier_env``; the program side is ``shared.program.tiers``): each rank gets a
+  directory in its node's memory (``MTC_TIER1_DIR``), one on its buddy's node for its peer
+  copy (``MTC_TIER2_DIR``; the buddy is the node of rank ``(rank + 1) % world``), the peer
+  copy of the previous attempt to read back (``MTC_TIER2_SOURCE_DIR``) and a heartbeat file
+  on the job's storage (``MTC_PROGRESS_FILE``); names in ``shared.program.names``.
 * **Signals**: SIGTERM means "checkpoint and exit 75 within the grace period"; SIGKILL follows.
 """
 
@@ -43,12 +48,13 @@ import re
 import signal
 import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from shared.adapters.advice_file import advice_path
 from shared.domain import exits
 from shared.ports import WorkerSpec
+from shared.program import names as tier_names
 
 LAUNCHER = Path(__file__).with_name("worker_launcher.py")
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 40000
@@ -112,11 +118,12 @@ def pool_of(rank: int, pools: Sequence[int]) -> tuple[int, int]:
 
 
 def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
-                pools: Sequence[int] = ()) -> dict[str, str]:
+                pools: Sequence[int] = (), tiers: Mapping[str, str] | None = None) -> dict[str, str]:
     """What a managed service adds to a replica's environment (the spec's env cannot
     override the service's own variables). ``pools``: the replica count of each worker pool
     (none: one pool), so ``CLUSTER_SPEC`` has Vertex's shape: one address list per pool and
-    the task's index within its pool; ``RANK`` stays global, as torch needs it."""
+    the task's index within its pool; ``RANK`` stays global, as torch needs it. ``tiers``:
+    the rank's checkpoint tier variables (``tier_env``); none: durable only."""
     port = master_port(spec.job_id, spec.attempt)
     counts = tuple(pools) or (spec.world_size,)
     if sum(counts) != spec.world_size:
@@ -153,7 +160,35 @@ def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
         MTC_JOB_ATTEMPT=str(spec.attempt),
         MTC_ADVICE_FILE=str(advice_path(spec.checkpoint_dir)),
     )
+    env.update(tiers or {})
     return env
+
+
+def progress_path(checkpoint_dir: str | Path, rank: int) -> Path:
+    """A rank's heartbeat file (``MTC_PROGRESS_FILE``): beside the checkpoints, on the job's
+    storage, so the adapter reads it wherever the rank runs."""
+    return Path(checkpoint_dir).parent / "mtc-progress" / f"rank-{rank}.json"
+
+
+def tier_env(job_id: str, rank: int, node_ids: Sequence[str], memory_root: Callable[[str], Path],
+             checkpoint_dir: str | Path,
+             previous_node_ids: Sequence[str] | None = None) -> dict[str, str]:
+    """Rank ``rank``'s tier variables when ``node_ids[r]`` runs rank ``r``. ``memory_root``:
+    a node's memory directory (local: a directory per simulated node; Slurm:
+    ``/dev/shm/mtc``). Tier 1 is ``<root of my node>/<job>/rank-<r>``; the peer copy of rank
+    ``r`` is ``<root of its buddy's node>/<job>/peer/rank-<r>``, the buddy being rank
+    ``(r + 1) % world``; the copy to read back is where the previous attempt's buddy held it
+    (``previous_node_ids``: that attempt's placement; none or too short: this one's)."""
+    world, job = len(node_ids), safe_name(job_id)
+    before = previous_node_ids if previous_node_ids and len(previous_node_ids) > rank else node_ids
+    return {
+        tier_names.TIER1_DIR: str(memory_root(node_ids[rank]) / job / tier_names.rank_dir(rank)),
+        tier_names.TIER2_DIR: str(memory_root(node_ids[(rank + 1) % world]) / job
+                                  / tier_names.peer_dir(rank)),
+        tier_names.TIER2_SOURCE_DIR: str(memory_root(before[(rank + 1) % len(before)]) / job
+                                         / tier_names.peer_dir(rank)),
+        tier_names.PROGRESS_FILE: str(progress_path(checkpoint_dir, rank)),
+    }
 
 
 def checkpoint_name(step: int) -> str:

@@ -1,0 +1,372 @@
+"""Checkpoints in three tiers, restored from the nearest complete one (numpy + stdlib only).
+
+A program hands its state (named numpy arrays or bytes) and its step to a
+``TieredCheckpointer``; the managed environment says where the tiers are
+(``shared.program.names``):
+
+* tier 1, ``memory``: this rank's directory in its node's memory (``MTC_TIER1_DIR``, tmpfs),
+  every ``MTC_TIER1_EVERY`` steps. The step blocks only for the snapshot (an in-memory copy
+  of each array); a background thread encodes and writes it.
+* tier 2, ``peer``: the same snapshot copied to this rank's buddy's node (``MTC_TIER2_DIR``),
+  every ``MTC_TIER2_EVERY`` steps, by the same background thread. The buddy runs on another
+  node, so one node's loss never takes both copies.
+* tier 3, ``durable``: ``AIP_CHECKPOINT_DIR`` in the worker protocol's ``ckpt-<step>.npz``
+  format (the adapters' scan and older programs keep working), every ``MTC_TIER3_EVERY``
+  steps and on SIGTERM; written before ``save`` returns, as today.
+
+Entries are atomic with a manifest written last (``entries``); a torn one is never used.
+``restore`` finds the steps this rank can restore on every tier it reaches, agrees with the
+other ranks on the newest step all of them can restore (``cut``) and loads it from the
+nearest tier: memory, then the peer copy (``MTC_TIER2_SOURCE_DIR``), then durable.
+``replicated=True`` (data parallel: every rank holds the same state) lets a rank use any
+rank's entry of that step; ``replicated=False`` (sharded) only its own. Retention keeps the
+newest ``MTC_TIER_KEEP`` entries per tier (``MTC_TIER3_KEEP`` durable). A heartbeat
+(``MTC_PROGRESS_FILE``) tells the control plane the step, the newest step per tier and the
+last save's tier and blocking seconds, at most every ``progress_interval_s``.
+
+Without ``MTC_TIER1_DIR`` the checkpointer is durable-only: today's behaviour.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from shared.program import entries
+from shared.program import names as n
+from shared.program.cut import agree
+from shared.program.entries import Entry, State
+
+TIER_ORDER = (n.MEMORY, n.PEER, n.DURABLE)  # nearest first: restore prefers this order
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}")
+    return value
+
+
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name, "").strip()
+    return Path(raw) if raw else None
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """Where the tiers are and how often each saves (0: never)."""
+
+    rank: int
+    world_size: int
+    durable_dir: Path
+    tier1_dir: Path | None = None
+    tier2_dir: Path | None = None
+    tier2_source_dir: Path | None = None
+    tier1_every: int = 0
+    tier2_every: int = 0
+    tier3_every: int = 0
+    keep: int = 3
+    durable_keep: int = 0  # 0: keep every durable checkpoint (as programs did before tiers)
+    progress_file: Path | None = None
+    progress_interval_s: float = 5.0
+    replicated: bool = True
+    attempt: int | None = None
+    restore_timeout_s: float = 120.0
+
+    @property
+    def tiered(self) -> bool:
+        return self.tier1_dir is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], *, durable_dir: Path, rank: int, world_size: int,
+                 tier1_every: int = 10, tier3_every: int = 100,
+                 replicated: bool = True) -> TierSettings:
+        """The settings the managed environment gives; the keyword values are the
+        program's defaults, the ``MTC_TIER*_EVERY`` variables override them. No
+        ``MTC_TIER1_DIR``: durable only, every ``tier3_every`` steps."""
+        t1 = _path(env, n.TIER1_DIR)
+        every1 = _int(env, n.TIER1_EVERY, tier1_every) if t1 else 0
+        t2 = _path(env, n.TIER2_DIR) if t1 else None
+        attempt_raw = env.get("MTC_JOB_ATTEMPT", "").strip()
+        return cls(
+            rank=rank, world_size=world_size, durable_dir=durable_dir,
+            tier1_dir=t1, tier2_dir=t2,
+            tier2_source_dir=(_path(env, n.TIER2_SOURCE_DIR) or t2) if t1 else None,
+            tier1_every=every1,
+            tier2_every=_int(env, n.TIER2_EVERY, every1) if t2 else 0,
+            tier3_every=_int(env, n.TIER3_EVERY, tier3_every),
+            keep=_int(env, n.TIER_KEEP, 3, 1),
+            durable_keep=_int(env, n.TIER3_KEEP, 0),
+            progress_file=_path(env, n.PROGRESS_FILE),
+            replicated=replicated,
+            attempt=int(attempt_raw) if attempt_raw.isdigit() else None,
+            restore_timeout_s=float(_int(env, n.RESTORE_TIMEOUT_S, 120, 1)),
+        )
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """One save as the program saw it: the tiers it went to and how long the step blocked."""
+
+    step: int
+    tiers: tuple[str, ...]
+    blocking_s: float
+
+
+@dataclass(frozen=True)
+class Restored:
+    step: int
+    state: dict[str, np.ndarray | bytes]
+    tier: str
+    path: Path
+
+
+@dataclass
+class _Job:
+    step: int
+    snapshot: dict[str, np.ndarray | bytes]
+    tiers: tuple[str, ...]
+
+
+@dataclass
+class WriteLog:
+    """What the background thread wrote: (tier, step, thread name), and what failed."""
+
+    writes: list[tuple[str, int, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def snapshot(state: State) -> dict[str, np.ndarray | bytes]:
+    """The copy the step blocks for: every array copied (the program may change its own in
+    place the moment ``save`` returns), bytes are immutable."""
+    return {k: bytes(v) if isinstance(v, bytes | bytearray | memoryview) else np.array(v, copy=True)
+            for k, v in state.items()}
+
+
+class TieredCheckpointer:
+    """Saves a rank's state to its tiers and restores the newest consistent step."""
+
+    def __init__(self, settings: TierSettings, log: Callable[[str], None] = print) -> None:
+        self.settings = settings
+        self.log = log
+        self.newest: dict[str, int | None] = dict.fromkeys(TIER_ORDER)
+        self.last_save: SaveReport | None = None
+        self.written = WriteLog()
+        self._step = 0
+        self._lock = threading.Lock()
+        self._beat_at = -float("inf")
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=1)
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ saving
+
+    def due(self, step: int) -> tuple[str, ...]:
+        """The tiers whose interval ends at ``step``."""
+        s = self.settings
+        every = {n.MEMORY: s.tier1_every, n.PEER: s.tier2_every, n.DURABLE: s.tier3_every}
+        return tuple(t for t in TIER_ORDER if every[t] and step % every[t] == 0)
+
+    def maybe_save(self, step: int, state: State) -> SaveReport | None:
+        """Save to the tiers due at ``step`` (none due: nothing, and a heartbeat if one is due)."""
+        tiers = self.due(step)
+        if not tiers:
+            self.step_done(step)
+            return None
+        return self.save(step, state, tiers)
+
+    def save(self, step: int, state: State, tiers: tuple[str, ...] | None = None) -> SaveReport:
+        """Snapshot ``state`` and save it to ``tiers`` (default: every tier configured).
+        Memory and peer are written by the background thread; durable before returning."""
+        s = self.settings
+        wanted = tiers if tiers is not None else TIER_ORDER
+        background = tuple(t for t in wanted if (t == n.MEMORY and s.tier1_dir)
+                           or (t == n.PEER and s.tier2_dir))
+        began = time.perf_counter()
+        copy = snapshot(state)
+        if background:
+            self._start()
+            self._queue.put(_Job(step, copy, background))  # waits while the previous is written
+        done = background
+        if n.DURABLE in wanted and self._write_durable(step, copy, began):
+            done = (*background, n.DURABLE)
+        report = SaveReport(step, done, time.perf_counter() - began)
+        with self._lock:
+            self.last_save = report
+            self._step = max(self._step, step)
+        self._heartbeat(force=n.DURABLE in done)
+        return report
+
+    def _write_durable(self, step: int, copy: dict[str, np.ndarray | bytes], began: float) -> bool:
+        """Rank 0's copy of a replicated state, every rank's own of a sharded one."""
+        s = self.settings
+        if s.replicated and s.rank != 0:  # one copy of a replicated state is enough
+            return False
+        payload = entries.encode(copy)
+        if s.replicated:
+            entries.write_durable(s.durable_dir, step, s.rank, s.world_size, payload,
+                                  save_s=time.perf_counter() - began)
+            if s.durable_keep:
+                entries.prune_durable(s.durable_dir, s.durable_keep)
+        else:
+            where = self._sharded_durable()
+            entries.write_entry(where, step, s.rank, s.world_size, payload)
+            if s.durable_keep:
+                entries.prune(where, s.durable_keep)
+        with self._lock:
+            self.newest[n.DURABLE] = max(step, self.newest[n.DURABLE] or 0)
+        return True
+
+    def _sharded_durable(self) -> Path:
+        return self.settings.durable_dir / "ranks" / n.rank_dir(self.settings.rank)
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="mtc-tier-writer", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        """The background writer: one job at a time, memory first, then the peer copy."""
+        s = self.settings
+        while (job := self._queue.get()) is not None:
+            try:
+                payload = entries.encode(job.snapshot)
+                for tier in job.tiers:
+                    where = s.tier1_dir if tier == n.MEMORY else s.tier2_dir
+                    assert where is not None
+                    try:
+                        entries.write_entry(where, job.step, s.rank, s.world_size, payload)
+                        entries.prune(where, s.keep)
+                    except OSError as exc:  # a peer unreachable must not stop training
+                        self.written.errors.append(f"{tier} step {job.step}: {exc}")
+                        self.log(f"tier {tier}: save of step {job.step} failed: {exc}")
+                        continue
+                    with self._lock:
+                        self.newest[tier] = max(job.step, self.newest[tier] or 0)
+                    self.written.writes.append((tier, job.step, threading.current_thread().name))
+                self._heartbeat()
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def flush(self) -> None:
+        """Wait until the background thread has written every snapshot handed to it."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def close(self) -> None:
+        """Flush, stop the thread and write a last heartbeat (before the program exits)."""
+        if self._thread is not None:
+            self._queue.join()
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        self._heartbeat(force=True)
+
+    # ------------------------------------------------------------ heartbeat
+
+    def step_done(self, step: int) -> None:
+        """A step finished: a heartbeat if one is due (bounded rate)."""
+        with self._lock:
+            self._step = max(self._step, step)
+        self._heartbeat()
+
+    def _heartbeat(self, force: bool = False) -> None:
+        s = self.settings
+        if s.progress_file is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._beat_at < s.progress_interval_s:
+                return
+            self._beat_at = now
+            last = self.last_save
+            body = {
+                "rank": s.rank, "world_size": s.world_size, "attempt": s.attempt,
+                "pid": os.getpid(), "step": self._step, "time": time.time(),
+                "newest": dict(self.newest),
+                "last_save": None if last is None else {
+                    "step": last.step, "tiers": list(last.tiers), "blocking_s": last.blocking_s},
+            }
+            with contextlib.suppress(OSError):  # a heartbeat is best effort
+                s.progress_file.parent.mkdir(parents=True, exist_ok=True)
+                entries.atomic_file(s.progress_file, json.dumps(body).encode())
+
+    # ------------------------------------------------------------ restoring
+
+    def candidates(self) -> list[Entry]:
+        """Every entry this rank may restore from, nearest tier first (manifest read, payload
+        not yet checked)."""
+        s = self.settings
+        seen: set[Path] = set()
+        found: list[Entry] = []
+
+        def add(directory: Path | None, tier: str) -> None:
+            if directory is None:
+                return
+            key = directory.absolute()
+            if key in seen:
+                return
+            seen.add(key)
+            found.extend(entries.list_entries(directory, tier))
+
+        add(s.tier1_dir, n.MEMORY)
+        if s.replicated and s.tier1_dir is not None:  # any copy on this node will do
+            job_root = s.tier1_dir.parent
+            for d in sorted(job_root.glob("rank-*")) + sorted(job_root.glob("peer/rank-*")):
+                add(d, n.MEMORY)
+        add(s.tier2_source_dir, n.PEER)
+        add(s.tier2_dir, n.PEER)
+        if s.replicated:
+            found.extend(entries.list_durable(s.durable_dir, s.rank, s.world_size))
+        else:
+            add(self._sharded_durable(), n.DURABLE)
+        if not s.replicated:
+            found = [e for e in found if e.rank == s.rank and e.world_size == s.world_size]
+        order = {t: i for i, t in enumerate(TIER_ORDER)}
+        return sorted(found, key=lambda e: (-e.step, order[e.tier]))
+
+    def restorable(self) -> dict[int, list[Entry]]:
+        """The steps with at least one whole entry (payload checked), entries nearest first."""
+        out: dict[int, list[Entry]] = {}
+        for e in self.candidates():
+            if entries.verify(e) is not None:
+                out.setdefault(e.step, []).append(e)
+            else:
+                self.log(f"restore: skipping a torn {e.tier} entry of step {e.step}: {e.path}")
+        return out
+
+    def restore(self) -> Restored | None:
+        """The state of the newest step every rank can restore, from the nearest tier that
+        holds it whole; None: no such step (start from scratch)."""
+        s = self.settings
+        usable = self.restorable()
+        step = agree(usable, s.rank, s.world_size, s.durable_dir, s.attempt,
+                     s.restore_timeout_s, self.log)
+        if step is None:
+            return None
+        for e in usable[step]:
+            payload = entries.verify(e)
+            if payload is None:
+                continue
+            with self._lock:
+                self._step = step
+                self.newest = {t: (step if any(x.tier == t for x in usable[step]) else None)
+                               for t in TIER_ORDER}
+            self._heartbeat(force=True)
+            return Restored(step, entries.decode(payload), e.tier, e.path)
+        raise RuntimeError(f"restore: every entry of step {step} went bad while reading it")

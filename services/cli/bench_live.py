@@ -2,7 +2,8 @@
 
 A cluster of the trace's nodes and hot spares comes up in a fresh state directory; a job of
 ``examples/train.py`` (numpy) with the trace's replicas runs on it; each fault is injected when
-its time (or step) comes and the job has resumed from the fault before it:
+its time (or step) comes and the job has trained half a durable interval since it resumed
+from the fault before it (a fault right after a checkpoint would lose nothing):
 
 - ``app_crash``: SIGKILL of the rank's program (the launcher records the exit);
 - ``xid_13`` / ``xid_79``: the node reports the XID (``FaultInjection``, as ``mtc node fault``);
@@ -19,6 +20,7 @@ What the runner saw (the injections, the step each fault found) goes to
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -46,6 +48,7 @@ MACHINE = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB"
            "acceleratorCount": 8}
 PIN_LABEL = "mtc-recovery-mode"
 ELASTIC_LABEL = "mtc-min-replicas"
+PROGRESS_DIR = "mtc-progress"  # protocol.progress_path: the ranks' heartbeats
 TICK_S = 1.0
 POLL_S = 0.02
 
@@ -109,6 +112,7 @@ class LiveRun:
         app.bus.listeners.append(self.seen)
         self.injected: list[Injected] = []
         self._drained: list[str] = []
+        self._progress_dir: Path | None = None
 
     # ------------------------------------------------------------------ reading state
     def _job(self) -> Any:
@@ -128,10 +132,37 @@ class LiveRun:
             return None
         started, attempt, resume = self.seen.starts[-1]
         mine = [(t, s) for t, a, s in self.seen.samples if a == attempt]
-        t0, s0 = mine[-1] if mine else (started, max(resume, 0))
+        mine += self.heartbeats(attempt)
+        t0, s0 = max(mine, key=lambda x: x[1]) if mine else (started, max(resume, 0))
         j = self.trace.job
-        ahead = int((now - t0) / j.step_time_s) if mine else 0
+        ahead = int((now - t0) / self.pace()) if mine else 0
         return s0 + min(ahead, j.checkpoint_every - 1)
+
+    def pace(self) -> float:
+        """Seconds a step, measured between the newest two checkpoints of one attempt (a
+        loaded machine is slower than the nominal step time); else the nominal."""
+        s = self.seen.samples
+        for (t0, a0, s0), (t1, a1, s1) in zip(reversed(s[:-1]), reversed(s[1:]), strict=True):
+            if a0 == a1 and s1 > s0 and t1 > t0:
+                return (t1 - t0) / (s1 - s0)
+        return self.trace.job.step_time_s
+
+    def heartbeats(self, attempt: int) -> list[tuple[float, int]]:
+        """(time, step) of the ranks' progress heartbeats of ``attempt`` (``MTC_PROGRESS_FILE``,
+        beside the job's checkpoints), when the program writes them (the tiers library)."""
+        if self._progress_dir is None:
+            root = Path(self.app.deps.config.output_root)
+            self._progress_dir = next(iter(root.rglob(PROGRESS_DIR)), None) if root.is_dir() \
+                else None
+            if self._progress_dir is None:
+                return []
+        out = []
+        for path in self._progress_dir.glob("rank-*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                body = json.loads(path.read_text())
+                if int(body["attempt"]) == attempt:
+                    out.append((float(body["time"]), int(body["step"])))
+        return out
 
     def _resumed_since(self, at: float) -> bool:
         """The job trains again after the fault at ``at``: an attempt started after it has
@@ -159,12 +190,14 @@ class LiveRun:
                                     JOB_ID)
         self._wait("the job's first checkpoint", lambda: bool(self.seen.samples))
         t0 = self.seen.starts[0][0]
+        resumed = self.seen.samples[0][0]
         for index, fault in enumerate(self.trace.faults):
-            last = self.injected[-1].at if self.injected else None
-            self._wait(f"fault {index}'s moment", lambda f=fault, la=last: self._due(f, t0, la))
+            self._wait(f"fault {index}'s moment",
+                       lambda f=fault, r=resumed: self._due(f, t0, r))
             self._inject(index, fault)
             self._wait(f"the job to resume after fault {index} ({fault.kind})",
                        lambda at=self.injected[-1].at: self._resumed_since(at))
+            resumed = self.app.deps.clock.now()
             self._undo(fault)
         end = app.deps.clock.now()
         with app.transaction() as uow:
@@ -182,9 +215,12 @@ class LiveRun:
             c = uow.clusters.get(CLUSTER_ID)
             return c is not None and c.state.value == "READY"
 
-    def _due(self, fault: Fault, t0: float, last: float | None) -> bool:
+    def _due(self, fault: Fault, t0: float, resumed: float) -> bool:
+        """The fault's time (or step) has come, and the job has trained half a durable
+        interval since it resumed (a fault right after a checkpoint would lose nothing)."""
         now = self.app.deps.clock.now()
-        if last is not None and not self._resumed_since(last):
+        j = self.trace.job
+        if now < resumed + j.checkpoint_every * j.step_time_s / 2:
             return False
         job = self._job()
         if job is None or job.state is not JobState.RUNNING:

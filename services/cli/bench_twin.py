@@ -6,10 +6,11 @@ node slot), one cause per fault kind (:data:`CAUSES`). The job's costs (startup,
 save) default to round figures of the embedded default and are replaced by the costs the
 live run measured when it ran first (``costs``), so the twin answers "what would the control
 plane do with these costs". The twin takes no "wait until resumed", so faults are placed one
-at a time: the scenario is run with the faults so far, and the next one goes at its time or
-just after the job resumed from the one before, whichever is later (each run takes a
-fraction of a second; the same seed gives the same prefix); as live, the first fault waits
-for the job's first checkpoint. ``after_step`` becomes a time at the job's nominal pace. A ``no_spare_elastic`` fault first takes every idle node out (a
+at a time: the scenario is run with the faults so far, and the next one goes at its time or,
+as live, half a durable interval after the job resumed from the one before (after its first
+checkpoint for the first fault), whichever is later; each run takes a fraction of a second
+and the same seed gives the same prefix. ``after_step`` becomes a time at the nominal pace.
+A ``no_spare_elastic`` fault first takes every idle node out (a
 scripted fault on each, repaired only after the benchmark's horizon).
 """
 
@@ -38,7 +39,6 @@ CAUSES: Mapping[str, dict[str, Any]] = {
     SPARE_OUT: {"signal": {"xid": [79]}, "fix": "replace"},
 }
 DEFAULT_COSTS = {"startup_s": 2.0, "restore_s": 0.1, "save_s": 0.01}
-MARGIN_S = 1.0  # a fault goes this long after the job resumed from the one before, at least
 SLOT = re.compile(r"-(\d+)$")
 
 
@@ -119,7 +119,7 @@ def run(trace: Trace, *, costs: Mapping[str, float] | None = None,
         resumed = _resumed_at(result.rows, placed[-1][2] if placed else t0 - 1.0)
         if resumed is None:
             break
-        at = max(at, resumed + MARGIN_S)
+        at = max(at, resumed + j.checkpoint_every * j.step_time_s / 2)
         nodes = max((s for s in starts if s[0] <= at), key=lambda s: s[0])[1]
         slot = _slot("", fault, nodes)
         if fault.kind is FaultKind.NO_SPARE_ELASTIC:

@@ -53,17 +53,20 @@ def recover(job: Job, unsound: list[str] | None, reason: str, uow: UnitOfWork,
     gone = _gone(job, uow, unsound)
     incident = _incident(job, gone, uow, unsound)
     held = ranks.with_holes(job.node_ids, set(gone)) if gone else job.node_ids
-    placed = _spares(job, held, uow, deps) if ranks.holes(held) else []
+    could_move = job.recovery.tiers.get("peer") is not None \
+        or recovery.min_replicas(dict(job.spec.labels)) is not None
+    placed = _spares(job, held, uow, deps) if could_move and ranks.holes(held) else []
     cap = _capacity(job, held, placed, deps)
     pinned = recovery.pin_of(_label(job.spec.labels, recovery.MODE_LABEL),
                              _cluster_pin(job, uow))
-    note = ""
-    if job.recovery.streak >= LOOPING_STREAK:
-        pinned = Mode.REQUEUE
-        note = f"{job.recovery.streak} restarts without progress: backing off; "
-    decision = recovery.choose(incident, measure.costs(job, fault_at, deps), cap, pinned)
+    costs = measure.costs(job, fault_at, deps)
+    decision = recovery.choose(incident, costs, cap, pinned)
     if decision.mode is Mode.REQUEUE and len(decision.expected_lost_s) == 1 and pinned is None:
         return False  # no alternative: today's path, nothing to explain
+    note = ""
+    if job.recovery.streak >= LOOPING_STREAK and decision.mode is not Mode.REQUEUE:
+        note = f"{job.recovery.streak} restarts without progress: backing off; "
+        decision = recovery.choose(incident, costs, cap, Mode.REQUEUE)
     _record(job, decision, incident.kind.value, note, fault_at, uow)
     if decision.mode is Mode.REQUEUE:
         return False

@@ -7,6 +7,7 @@ spare scales down and grows back; a job without tiers or elasticity is requeued 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any
 
@@ -62,10 +63,6 @@ def tiers(plane: Plane, attempt: int = 1) -> None:
 
 def chosen(plane: Plane) -> list[JobRecoveryChosen]:
     return [e.event for e in plane.delivered if isinstance(e.event, JobRecoveryChosen)]
-
-
-def states(plane: Plane) -> list[str]:
-    return [e.event.state for e in plane.delivered if e.type == "mtc.job.finished.v1"]
 
 
 def test_xid13_restarts_in_place() -> None:
@@ -137,7 +134,8 @@ def test_a_drained_node_with_a_spare_ready_hot_swaps() -> None:
     assert [e.mode for e in chosen(plane)] == ["hot_swap"]
 
 
-SPARELESS = {**CLUSTER, "nodePools": [{**CLUSTER["nodePools"][0], "spareCount": 0}]}
+SPARELESS: dict[str, Any] = copy.deepcopy(CLUSTER)
+SPARELESS["nodePools"][0]["spareCount"] = 0
 
 
 def test_an_elastic_job_scales_down_then_grows_back() -> None:

@@ -12,6 +12,7 @@ set them (``shared.adapters.compute.protocol.managed_env``) and the program that
   each tier (the job's own choice, through its environment; the program has defaults).
 * ``MTC_TIER_KEEP``: entries kept per rank on tiers 1 and 2, ``MTC_TIER3_KEEP`` on the
   durable tier (retention).
+* ``MTC_PROGRESS_INTERVAL_S``: the least seconds between two heartbeats (default 5).
 * ``MTC_RESTORE_TIMEOUT_S``: how long a rank waits for the others' restorable steps.
 * ``MTC_PROGRESS_FILE``: the rank's heartbeat (JSON: step, time, newest step per tier, the
   last save's tier and blocking seconds), rewritten at a bounded rate.
@@ -28,6 +29,7 @@ TIER3_EVERY = "MTC_TIER3_EVERY"
 TIER_KEEP = "MTC_TIER_KEEP"
 TIER3_KEEP = "MTC_TIER3_KEEP"
 RESTORE_TIMEOUT_S = "MTC_RESTORE_TIMEOUT_S"
+PROGRESS_INTERVAL_S = "MTC_PROGRESS_INTERVAL_S"
 PROGRESS_FILE = "MTC_PROGRESS_FILE"
 DIR_VARS = (TIER1_DIR, TIER2_DIR, TIER2_SOURCE_DIR, PROGRESS_FILE)  # what an adapter sets
 

@@ -62,6 +62,17 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
 def _path(env: Mapping[str, str], name: str) -> Path | None:
     raw = env.get(name, "").strip()
     return Path(raw) if raw else None
@@ -113,6 +124,7 @@ class TierSettings:
             keep=_int(env, n.TIER_KEEP, 3, 1),
             durable_keep=_int(env, n.TIER3_KEEP, 0),
             progress_file=_path(env, n.PROGRESS_FILE),
+            progress_interval_s=_float(env, n.PROGRESS_INTERVAL_S, 5.0),
             replicated=replicated,
             attempt=int(attempt_raw) if attempt_raw.isdigit() else None,
             restore_timeout_s=float(_int(env, n.RESTORE_TIMEOUT_S, 120, 1)),
@@ -299,6 +311,8 @@ class TieredCheckpointer:
                 "rank": s.rank, "world_size": s.world_size, "attempt": s.attempt,
                 "pid": os.getpid(), "step": self._step, "time": time.time(),
                 "newest": dict(self.newest),
+                "dirs": {n.MEMORY: str(s.tier1_dir or ""), n.PEER: str(s.tier2_dir or ""),
+                         n.DURABLE: str(s.durable_dir)},
                 "last_save": None if last is None else {
                     "step": last.step, "tiers": list(last.tiers), "blocking_s": last.blocking_s},
             }

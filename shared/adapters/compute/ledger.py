@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from shared.adapters.compute.protocol import attempt_exit, checkpoint_steps, save_cost
+from shared.adapters.compute.protocol import (
+    attempt_exit,
+    checkpoint_steps,
+    save_cost,
+    tier_progress,
+)
 from shared.domain.events import JobCheckpointSaved, JobWorkersExited, NodeRepairCompleted
 
 CHECKPOINTS_SCHEMA = """
@@ -73,6 +78,23 @@ def report_checkpoints(store: LedgerStore, job_id: str, attempt: int, checkpoint
         if store.checkpoint(checkpoint_dir, step, job_id, attempt, str(path), now):
             out.append(JobCheckpointSaved(job_id, attempt, step, str(path), now,
                                           save_s=save_cost(path)))
+    return out
+
+
+def report_tier_saves(store: LedgerStore, job_id: str, attempt: int, checkpoint_dir: str,
+                      world_size: int, now: float) -> list[JobCheckpointSaved]:
+    """``JobCheckpointSaved`` (with its ``tier``) for the newest step that every rank of the
+    attempt holds in memory, and on its peer, by their heartbeats (``tier_progress``); once
+    per (tier, step), and only a step newer than the last reported (the heartbeats' own
+    rate bounds how often)."""
+    out: list[JobCheckpointSaved] = []
+    for tier, step, path, save_s in tier_progress(checkpoint_dir, attempt, world_size):
+        key = f"{checkpoint_dir}#{tier}"
+        seen = store.seen_steps(key)
+        if seen and step <= max(seen):
+            continue
+        if store.checkpoint(key, step, job_id, attempt, path, now):
+            out.append(JobCheckpointSaved(job_id, attempt, step, path, now, save_s=save_s, tier=tier))
     return out
 
 

@@ -170,6 +170,35 @@ def progress_path(checkpoint_dir: str | Path, rank: int) -> Path:
     return Path(checkpoint_dir).parent / "mtc-progress" / f"rank-{rank}.json"
 
 
+def tier_progress(checkpoint_dir: str | Path, attempt: int,
+                  world_size: int) -> list[tuple[str, int, str, float]]:
+    """From the ranks' heartbeats: for the memory and peer tiers, the newest step every rank
+    of ``attempt`` holds, where rank 0's entry of it is, and the longest time a rank's save
+    of it blocked (0.0: not known). Nothing for a tier until every rank has reported."""
+    beats = []
+    for rank in range(world_size):
+        try:
+            beat = json.loads(progress_path(checkpoint_dir, rank).read_text())
+        except (OSError, ValueError):
+            return []
+        if not isinstance(beat, dict) or beat.get("attempt") != attempt:
+            return []
+        beats.append(beat)
+    out: list[tuple[str, int, str, float]] = []
+    for tier in (tier_names.MEMORY, tier_names.PEER):
+        steps = [s for b in beats if isinstance(s := (b.get("newest") or {}).get(tier), int) and s > 0]
+        if not steps or len(steps) < len(beats):
+            continue
+        step = min(steps)
+        where = str((beats[0].get("dirs") or {}).get(tier, ""))
+        blocked = [float(last.get("blocking_s", 0.0)) for b in beats
+                   if isinstance(last := b.get("last_save"), dict) and last.get("step") == step
+                   and tier in (last.get("tiers") or ())]
+        out.append((tier, step, f"{where}/step-{step:010d}" if where else tier,
+                    max(blocked, default=0.0)))
+    return out
+
+
 def tier_env(job_id: str, rank: int, node_ids: Sequence[str], memory_root: Callable[[str], Path],
              checkpoint_dir: str | Path,
              previous_node_ids: Sequence[str] | None = None) -> dict[str, str]:

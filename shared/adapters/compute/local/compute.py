@@ -21,6 +21,14 @@ protocol (``protocol``). Signals: ``signal_workers`` sends SIGTERM to each rank'
 which relays it once to the rank's whole process group; after ``grace_s`` a ``poll()``
 SIGKILLs the groups left.
 
+Checkpoint tiers (``protocol.tier_env``): each simulated node has a directory,
+``<state_dir>/nodes/<node>/``, whose ``shm/`` stands in for the node's ``/dev/shm``: a rank's
+tier-1 entries are in ``shm/<job>/rank-<r>`` of its node, the tier-2 copy of rank ``r`` in
+``shm/<job>/peer/rank-<r>`` of its buddy's node (rank ``(r + 1) % world``). A node's memory
+goes with it: deleting it, or a repair that reboots, reimages or replaces it, wipes its
+``shm/`` (the tier-1 entries of its ranks and the peer copies it held for others). Tier
+saves are reported from the ranks' heartbeats (``tier_reports``).
+
 Gangs: an attempt's ranks live and die together. When ``poll()`` finds a rank that exited
 non-zero or was killed while the attempt had not been signalled, it records that rank as the
 attempt's first failure and ends the rest as ``signal_workers`` would (SIGTERM to each
@@ -50,6 +58,7 @@ from shared.adapters.compute.ledger import (
     attempt_row,
     ranks_exited,
     report_checkpoints,
+    report_tier_saves,
 )
 from shared.adapters.compute.local.nodes import (
     DEFAULT_REPAIR_DURATIONS_S,
@@ -65,11 +74,14 @@ from shared.adapters.compute.local.procs import (
     spawn_launcher,
     start_ticks,
 )
-from shared.adapters.compute.protocol import managed_env, safe_name
+from shared.adapters.compute.protocol import managed_env, safe_name, tier_env
 from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
 from shared.ports import Clock, Emitter, Gang, WorkerSpec
+
+TIER_SCAN_S = 2.0  # how often the ranks' heartbeats are read for tier saves
+MEMORY_LOST_BY = frozenset({RepairAction.REBOOT, RepairAction.REIMAGE, RepairAction.REPLACE})
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,7 @@ class LocalCompute:
         self._gang_grace = gang_grace_s
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._children: set[int] = set()  # launchers we spawned: ours to reap
+        self._tiers_scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last read
         self.store = FactStore(self.state_dir / self.DB_FILE, NODES_SCHEMA + _SCHEMA, emit, clock)
         self.nodes = LocalNodes(NodeSettings(
             repair_durations_s={**DEFAULT_REPAIR_DURATIONS_S, **(repair_durations_s or {})},
@@ -151,9 +164,24 @@ class LocalCompute:
 
     def delete_node(self, node_id: str) -> None:
         self.nodes.delete_node(node_id)
+        self.wipe_node_memory(node_id)
 
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
-        self.nodes.start_repair(node_id, action, attempt)
+        if self.nodes.start_repair(node_id, action, attempt) and RepairAction(action) in MEMORY_LOST_BY:
+            self.wipe_node_memory(node_id)  # the node goes down: its memory with it
+
+    def node_dir(self, node_id: str) -> Path:
+        """The simulated node's own directory (its ``shm/`` is its memory)."""
+        return self.state_dir / "nodes" / safe_name(node_id)
+
+    def memory_root(self, node_id: str) -> Path:
+        """The node's stand-in for ``/dev/shm``: the checkpoint tiers' memory."""
+        return self.node_dir(node_id) / "shm"
+
+    def wipe_node_memory(self, node_id: str) -> None:
+        """The node lost its memory (a reboot, a reimage, a replacement, the node lost): its
+        ranks' tier-1 entries and the peer copies it held go."""
+        shutil.rmtree(self.memory_root(node_id), ignore_errors=True)
 
     def start_deep_check(self, node_id: str, attempt: int) -> None:
         """The ``DeepChecks`` capability, simulated: see ``LocalNodes.start_deep_check``."""
@@ -188,6 +216,7 @@ class LocalCompute:
         self, db: sqlite3.Connection, gang: Gang, now: float, launched: list[int]
     ) -> None:
         pools = tuple(g.count for g in gang.groups)
+        before = self._placement_before(db, gang.job_id, gang.attempt)
         for spec in gang.workers():  # by rank
             key = (spec.job_id, spec.attempt, spec.rank)
             if db.execute(
@@ -196,7 +225,9 @@ class LocalCompute:
                 continue
             self.store.ledger(db).start_attempt(spec.job_id, spec.attempt, spec.world_size,
                                            str(Path(spec.checkpoint_dir).absolute()), now)
-            pid, exit_file, log_path = self._launch(spec, pools)
+            tiers = tier_env(spec.job_id, spec.rank, gang.node_ids, self.memory_root,
+                             spec.checkpoint_dir, before)
+            pid, exit_file, log_path = self._launch(spec, pools, tiers)
             launched.append(pid)
             self._children.add(pid)
             db.execute(
@@ -205,15 +236,29 @@ class LocalCompute:
                 (*key, spec.node_id, pid, start_ticks(pid), exit_file, log_path, now),
             )
 
-    def worker_env(self, spec: WorkerSpec, pools: Sequence[int] = ()) -> dict[str, str]:
+    @staticmethod
+    def _placement_before(db: sqlite3.Connection, job_id: str, attempt: int) -> tuple[str, ...]:
+        """The nodes of the job's previous attempt by rank (where its peer copies are)."""
+        prev = db.execute("SELECT MAX(attempt) FROM workers WHERE job_id = ? AND attempt < ?",
+                          (job_id, attempt)).fetchone()[0]
+        if prev is None:
+            return ()
+        rows = db.execute("SELECT node_id FROM workers WHERE job_id = ? AND attempt = ?"
+                          " ORDER BY rank", (job_id, prev)).fetchall()
+        return tuple(r["node_id"] for r in rows)
+
+    def worker_env(self, spec: WorkerSpec, pools: Sequence[int] = (),
+                   tiers: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment a managed service gives a replica (the spec's env cannot
-        override the service's own variables); ``pools``: the gang's replicas per pool."""
-        return {**os.environ, **managed_env(spec, pools=pools)}
+        override the service's own variables); ``pools``: the gang's replicas per pool;
+        ``tiers``: its checkpoint tier directories."""
+        return {**os.environ, **managed_env(spec, pools=pools, tiers=tiers)}
 
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         return self.state_dir / "logs" / safe_name(job_id) / f"attempt-{attempt}-rank-{rank}.log"
 
-    def _launch(self, spec: WorkerSpec, pools: Sequence[int]) -> tuple[int, str, str]:
+    def _launch(self, spec: WorkerSpec, pools: Sequence[int],
+                tiers: Mapping[str, str]) -> tuple[int, str, str]:
         """Start the launcher in a new session: it survives us and records the exit code."""
         for d in (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
@@ -223,7 +268,8 @@ class LocalCompute:
         run_dir.mkdir(parents=True, exist_ok=True)
         exit_file = run_dir / f"attempt-{spec.attempt}-rank-{spec.rank}.exit"
         exit_file.unlink(missing_ok=True)
-        pid = spawn_launcher(self._python, exit_file, spec.command, self.worker_env(spec, pools), log)
+        env = self.worker_env(spec, pools, tiers)
+        pid = spawn_launcher(self._python, exit_file, spec.command, env, log)
         return pid, str(exit_file), str(log)
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:
@@ -375,6 +421,13 @@ class LocalCompute:
         ledger = self.store.ledger(db)
         for fact in report_checkpoints(ledger, att["job_id"], att["attempt"],
                                        att["checkpoint_dir"], now):
+            self.store.queue(db, fact)
+        key = (att["job_id"], att["attempt"])
+        if now - self._tiers_scanned.get(key, -TIER_SCAN_S) < TIER_SCAN_S:
+            return  # the heartbeats are read at a bounded rate, not every poll
+        self._tiers_scanned[key] = now
+        for fact in report_tier_saves(ledger, att["job_id"], att["attempt"],
+                                      att["checkpoint_dir"], att["world_size"], now):
             self.store.queue(db, fact)
 
     def poll(self) -> None:

@@ -154,16 +154,16 @@ class LocalNodes:
 
     # ------------------------------------------------------------ repairs
 
-    def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
+    def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> bool:
         """Start a repair once per (node, attempt); a repeat, even with another action, is a
-        no-op. MANUAL never completes by itself."""
+        no-op (False). MANUAL never completes by itself."""
         action = RA(action)
         now = self._store.clock.now()
         duration = self._settings.repair_durations_s.get(action, 0.0)
         completes_at = None if action is RA.MANUAL else now + duration
         with self._store.tx() as db:
-            self._store.ledger(db).start_repair(node_id, attempt, action.value, now,
-                                          completes_at=completes_at)
+            return self._store.ledger(db).start_repair(node_id, attempt, action.value, now,
+                                                       completes_at=completes_at)
 
     def _complete_repairs(self, db: sqlite3.Connection, now: float) -> None:
         due = db.execute(

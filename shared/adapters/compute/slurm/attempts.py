@@ -26,6 +26,7 @@ from shared.adapters.compute.ledger import (
     attempt_row,
     ranks_exited,
     report_checkpoints,
+    report_tier_saves,
     workers_exited,
 )
 from shared.adapters.compute.protocol import ExitCode, read_exit_file, safe_name
@@ -44,6 +45,8 @@ from shared.adapters.compute.slurm.view import SlurmView
 from shared.adapters.compute.worker_logs import LogFile
 from shared.ports import Gang
 
+TIER_SCAN_S = 2.0  # how often the ranks' heartbeats are read for tier saves
+
 EXIT_SUBMIT_FAILED = int(ExitCode.FAILED)
 JOB_GONE_SETTLE_S = 1.0  # exit files land before the task ends; allow for a slow file system
 
@@ -61,6 +64,7 @@ class SlurmAttempts:
         self._cli = cli
         self._ops = ops
         self._instance = instance
+        self._tiers_scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last read
         ops.register("submit", self._op_submit, self._done_submit, self._failed_submit)
         ops.register("signal", self._op_signal)
         ops.register("cancel", self._op_cancel)
@@ -224,7 +228,9 @@ class SlurmAttempts:
             try:
                 write_scripts(
                     gang, names, run_dir, output, python=self._settings.python,
-                    master_addr=self._settings.master_addr
+                    master_addr=self._settings.master_addr,
+                    peer_root=self._settings.state_dir / "nodes",
+                    previous_hosts=previous_hosts(db, job_id, attempt),
                 )
             except ValueError as exc:  # job input the scripts cannot carry safely
                 att = attempt_row(db, job_id, attempt)
@@ -363,6 +369,19 @@ class SlurmAttempts:
         ledger = self._store.ledger(db)
         for fact in report_checkpoints(ledger, att["job_id"], att["attempt"], att["checkpoint_dir"], now):
             self._store.queue(db, fact)
+        key = (att["job_id"], att["attempt"])
+        if now - self._tiers_scanned.get(key, -TIER_SCAN_S) >= TIER_SCAN_S:  # a bounded rate
+            self._tiers_scanned[key] = now
+            for fact in report_tier_saves(ledger, att["job_id"], att["attempt"],
+                                          att["checkpoint_dir"], att["world_size"], now):
+                self._store.queue(db, fact)
+
+
+def previous_hosts(db: sqlite3.Connection, job_id: str, attempt: int) -> list[str]:
+    """The Slurm nodes of the job's previous attempt by rank (none: its first)."""
+    row = db.execute("SELECT slurm_nodes FROM attempts WHERE job_id = ? AND attempt < ?"
+                     " ORDER BY attempt DESC LIMIT 1", (job_id, attempt)).fetchone()
+    return list(json.loads(row["slurm_nodes"])) if row else []
 
 
 def first_failed(att: sqlite3.Row, codes: Mapping[int, int | None]) -> int | None:

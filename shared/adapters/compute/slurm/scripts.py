@@ -14,6 +14,15 @@ and node are filled in by the shell. It runs the command under ``worker_launcher
 leaves each rank's exit code in ``rank-<RANK>.exit``. A batch job Slurm requeues by itself
 exits at once: mtc runs the next attempt instead.
 
+Checkpoint tiers (``protocol.tier_env``'s layout, computed by the shell so the script stays
+one per pool, not per rank): tier 1 is ``/dev/shm/mtc/<job>/rank-$RANK`` on the rank's own
+node; the tier-2 copy of rank r goes to ``<peer root>/<buddy's Slurm node>/shm/<job>/peer/
+rank-<r>``, the buddy being line ``(r + 1) % world`` of ``hostfile``, and is read back from
+the previous attempt's buddy (``prev-hostfile``). Stand-in, said plainly: on real machines
+tier 2 goes over the network into the buddy's memory; here it is the buddy's directory
+under the adapter's state directory, on the cluster's shared file system, so it survives
+the buddy's reboot where real memory would not.
+
 Gangs: the step runs with ``srun --kill-on-bad-exit=1``, so a task that exits non-zero or is
 killed ends the step for every task (https://slurm.schedmd.com/srun.html#OPT_kill-on-bad-exit),
 and a killed launcher takes its command with it (``worker_launcher``). A task that was asked
@@ -34,11 +43,12 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from shared.adapters.compute.protocol import LAUNCHER, managed_env
+from shared.adapters.compute.protocol import LAUNCHER, managed_env, progress_path, safe_name
 from shared.ports import Gang, WorkerSpec
+from shared.program import names as tier_names
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SLURM_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -57,19 +67,23 @@ def comment(text: str) -> str:
 
 
 def write_scripts(
-gang: Gang,
-names: Mapping[str, str | None],
-run_dir: Path,
-output: Path,
-*,
-python: str,
-master_addr: str,
+    gang: Gang,
+    names: Mapping[str, str | None],
+    run_dir: Path,
+    output: Path,
+    *,
+    python: str,
+    master_addr: str,
+    peer_root: Path | None = None,
+    previous_hosts: Sequence[str] = (),
 ) -> None:
     """Write the attempt's scripts into ``run_dir`` (``names``: mtc node id -> Slurm node):
     ``hostfile`` (rank r's Slurm node on line r, so srun puts each pool's ranks on the
     machines chosen for them), one ``task.sh`` that picks its launch group's command and
-    environment by ``$RANK``, and ``batch.sh``. Job input the scripts cannot carry safely
-    is refused (``ValueError``) before anything is written."""
+    environment by ``$RANK``, and ``batch.sh``. ``peer_root``: where the stand-in of each
+    node's memory for peer copies is (none: no tiers); ``previous_hosts``: the Slurm nodes
+    of the job's previous attempt by rank (where its peer copies are). Job input the
+    scripts cannot carry safely is refused (``ValueError``) before anything is written."""
     pools = tuple(g.count for g in gang.groups)
     envs = [managed_env(WorkerSpec(gang.job_id, gang.attempt, g.first_rank, gang.world_size,
                                    gang.node_ids[g.first_rank], g.command, g.env, gang.checkpoint_dir,
@@ -105,6 +119,11 @@ master_addr: str,
         "export MTC_NODE_ID",
         'export MTC_SLURM_NODE="${SLURMD_NODENAME:-}"',
     ]
+    if peer_root is not None:
+        lines += tier_lines(gang, run_dir, peer_root)
+        prev = [h for h in previous_hosts if h] or hosts
+        write_executable(run_dir / "prev-hostfile",
+                         "\n".join(slurm_node(h) for h in prev) + "\n", mode=0o644)
     lines += [f"export {k}={q(v)}" for k, v in sorted(common)]
     for i, (g, env, template) in enumerate(zip(gang.groups, exports, templates, strict=True)):
         end = g.first_rank + g.count
@@ -147,6 +166,23 @@ master_addr: str,
         'exit "$rc"',
     ]
     write_executable(run_dir / "batch.sh", "\n".join(batch) + "\n")
+
+
+def tier_lines(gang: Gang, run_dir: Path, peer_root: Path) -> list[str]:
+    """task.sh's checkpoint tier variables for ``$RANK`` (see the module docstring)."""
+    q, job = shlex.quote, safe_name(gang.job_id)
+    progress = progress_path(gang.checkpoint_dir, 0).parent
+    return [
+        f"tier_world={gang.world_size}",
+        f'buddy=$(sed -n "$(( (RANK + 1) % tier_world + 1 ))p" {q(str(run_dir / "hostfile"))})',
+        f'prev_world=$(wc -l < {q(str(run_dir / "prev-hostfile"))})',
+        f'prev_buddy=$(sed -n "$(( (RANK + 1) % prev_world + 1 ))p" {q(str(run_dir / "prev-hostfile"))})',
+        f'export {tier_names.TIER1_DIR}={q(f"/dev/shm/mtc/{job}")}/rank-"$RANK"',
+        f'export {tier_names.TIER2_DIR}={q(str(peer_root))}/"$buddy"/shm/{q(job)}/peer/rank-"$RANK"',
+        f'export {tier_names.TIER2_SOURCE_DIR}={q(str(peer_root))}/"$prev_buddy"/shm/{q(job)}'
+        '/peer/rank-"$RANK"',
+        f'export {tier_names.PROGRESS_FILE}={q(str(progress))}/rank-"$RANK".json',
+    ]
 
 
 def spec_template(cluster_spec: str) -> str:

@@ -157,3 +157,20 @@ def test_a_job_whose_values_hold_task_sh_marks_is_refused(tmp_path: Path) -> Non
         write_scripts(two_pools(marked), NAMES, tmp_path / "run", tmp_path / "slurm.out",
                       python=sys.executable, master_addr="10.0.0.1")
     assert not (tmp_path / "run").exists()
+
+
+def test_each_rank_gets_its_tiers_and_its_buddys_node_for_the_peer_copy(tmp_path: Path) -> None:
+    """Tier 1 in the node's /dev/shm; the peer copy of rank r on the node of rank (r+1) %
+    world (the stand-in: its directory under the peer root); read back from where the
+    previous attempt's buddy held it."""
+    run_dir, peer = tmp_path / "run", tmp_path / "nodes"
+    write_scripts(two_pools(tmp_path), NAMES, run_dir, tmp_path / "slurm.out",
+                  python=sys.executable, master_addr="10.0.0.1", peer_root=peer,
+                  previous_hosts=["n3", "n9", "n2"])
+    for rank, node, buddy, before in ((0, "n3", "n1", "n9"), (1, "n1", "n2", "n2"),
+                                      (2, "n2", "n3", "n3")):
+        env = cast("dict[str, str]", run_task(run_dir, tmp_path, rank, node)["env"])
+        assert env["MTC_TIER1_DIR"] == f"/dev/shm/mtc/job-2/rank-{rank}"
+        assert env["MTC_TIER2_DIR"] == f"{peer}/{buddy}/shm/job-2/peer/rank-{rank}"
+        assert env["MTC_TIER2_SOURCE_DIR"] == f"{peer}/{before}/shm/job-2/peer/rank-{rank}"
+        assert env["MTC_PROGRESS_FILE"] == f"{tmp_path}/out/mtc-progress/rank-{rank}.json"

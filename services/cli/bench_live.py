@@ -65,9 +65,11 @@ def job_spec(trace: Trace, pin: str | None) -> dict[str, Any]:
     labels = {ELASTIC_LABEL: str(j.min_replicas)} if j.min_replicas is not None else {}
     if pin:
         labels[PIN_LABEL] = pin
+    env = [{"name": "MTC_TIER1_EVERY", "value": str(j.tier1_every)}] if j.tier1_every else []
     return {"displayName": f"bench-{trace.name}", "labels": labels, "jobSpec": {
         "workerPoolSpecs": [{"machineSpec": MACHINE, "replicaCount": j.replicas,
                              "containerSpec": {
+                                 "env": env,
                                  "imageUri": "local/examples:latest",
                                  "command": [sys.executable, str(EXAMPLE)],
                                  "args": ["--steps", str(j.steps), "--checkpoint-every",
@@ -254,6 +256,9 @@ class LiveRun:
                 ConditionType.HEARTBEAT_LOST.value, ConditionStatus.TRUE, "node lost (bench)",
                 now, {"silent_for_s": app.deps.config.heartbeat_timeout_s})])
             kill_ranks(compute, JOB_ID, job.attempt, node)
+            wipe = getattr(compute, "wipe_node_memory", None)
+            if wipe is not None:  # the node's memory (its tier-1 and peer copies) goes with it
+                wipe(node)
         else:
             code = 13 if fault.kind is FaultKind.XID_13 else 79
             compute.inject_fault(node, [Condition(ConditionType.XID_ERROR.value,

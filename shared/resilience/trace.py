@@ -5,7 +5,7 @@
     version: 1
     name: one-of-each
     cluster: {nodes: 4, spares: 1, repair: 5s}
-    job: {replicas: 4, min_replicas: 3, step_time: 0.05, checkpoint_every: 20, steps: 100000}
+    job: {replicas: 4, min_replicas: 3, step_time: 0.05, checkpoint_every: 20, tier1_every: 5}
     faults:
       - {kind: app_crash, at: 4, target: {rank: 1}}
       - {kind: xid_79, after_step: 300, target: {node: bench-h100-2}}
@@ -79,6 +79,7 @@ class JobShape:
     step_time_s: float
     checkpoint_every: int
     steps: int
+    tier1_every: int | None = None  # memory (and peer) saves, in steps; None: the program's
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def parse_trace(data: Any) -> Trace:
 
 def _job(data: Mapping[str, Any], nodes: int) -> JobShape:
     kit.only_keys(data, "job", ("replicas", "min_replicas", "step_time", "checkpoint_every",
-                                "steps"))
+                                "tier1_every", "steps"))
     replicas = kit.integer(kit.get(data, "replicas", nodes), "job.replicas", low=1, high=nodes)
     low = data.get("min_replicas")
     min_replicas = None if low is None else kit.integer(low, "job.min_replicas", low=1,
@@ -148,7 +149,9 @@ def _job(data: Mapping[str, Any], nodes: int) -> JobShape:
         raise ValidationError("job.step_time", "must be positive")
     every = kit.integer(kit.get(data, "checkpoint_every", 20), "job.checkpoint_every", low=1)
     steps = kit.integer(kit.get(data, "steps", 100000), "job.steps", low=1)
-    return JobShape(replicas, min_replicas, step, every, steps)
+    raw1 = data.get("tier1_every")
+    tier1 = None if raw1 is None else kit.integer(raw1, "job.tier1_every", low=1, high=every)
+    return JobShape(replicas, min_replicas, step, every, steps, tier1)
 
 
 def _fault(item: Any, path: str, job: JobShape) -> Fault:

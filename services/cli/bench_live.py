@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ MACHINE = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB"
            "acceleratorCount": 8}
 PIN_LABEL = "mtc-recovery-mode"
 ELASTIC_LABEL = "mtc-min-replicas"
+RESTORED = re.compile(r"restoring step (\d+) from the \w+ tier|resumed from step (\d+)")
 PROGRESS_DIR = "mtc-progress"  # protocol.progress_path: the ranks' heartbeats
 TICK_S = 1.0
 POLL_S = 0.02
@@ -90,6 +92,7 @@ class _Seen:
     """Progress as it is delivered: checkpoints and attempt starts, with their times."""
 
     samples: list[Sample] = field(default_factory=list)
+    durable: set[Sample] = field(default_factory=set)  # those of durable checkpoints
     starts: list[tuple[float, int, int]] = field(default_factory=list)  # (time, attempt, resume)
 
     def __call__(self, env: Envelope, _outcomes: Any) -> None:
@@ -97,8 +100,11 @@ class _Seen:
         if data.get("job_id") != JOB_ID:
             return
         if env.event.TYPE == "mtc.job.checkpoint_saved.v1":
-            self.samples.append((float(data.get("saved_at", env.time)), int(data["attempt"]),
-                                 int(data["step"])))
+            sample = (float(data.get("saved_at", env.time)), int(data["attempt"]),
+                      int(data["step"]))
+            self.samples.append(sample)
+            if data.get("tier", "durable") == "durable":
+                self.durable.add(sample)
         elif env.event.TYPE == "mtc.job.started.v1":
             self.starts.append((env.time, int(data["attempt"]), int(data.get("resume_step", -1))))
 
@@ -143,7 +149,7 @@ class LiveRun:
     def pace(self) -> float:
         """Seconds a step, measured between the newest two checkpoints of one attempt (a
         loaded machine is slower than the nominal step time); else the nominal."""
-        s = self.seen.samples
+        s = [x for x in self.seen.samples if x in self.seen.durable]
         for (t0, a0, s0), (t1, a1, s1) in zip(reversed(s[:-1]), reversed(s[1:]), strict=True):
             if a0 == a1 and s1 > s0 and t1 > t0:
                 return (t1 - t0) / (s1 - s0)
@@ -210,7 +216,20 @@ class LiveRun:
         decisions = list(getattr(getattr(job, "recovery", None), "decisions", None) or [])
         return score_run(rows, JOB_ID, self.injected, label=self.pin or "chosen",
                          target="embedded", decisions=decisions,
-                         nodes=self.trace.job.replicas, end=end)
+                         nodes=self.trace.job.replicas, resumes=self.resumes(), end=end)
+
+    def resumes(self) -> dict[int, int]:
+        """The step each attempt's rank 0 restored (its log: ``restoring step N from the T
+        tier`` or ``resumed from step N``)."""
+        out: dict[int, int] = {}
+        for f in self.app.compute.log_files(JOB_ID):
+            if f.rank not in (0, None):
+                continue
+            with contextlib.suppress(OSError):
+                match = RESTORED.search(Path(f.path).read_text(errors="replace"))
+                if match:
+                    out[f.attempt] = int(match.group(1) or match.group(2))
+        return out
 
     def _cluster_ready(self) -> bool:
         with self.app.transaction() as uow:

@@ -117,12 +117,18 @@ def progress_samples(rows: Iterable[Mapping[str, Any]], job_id: str,
 def score_incidents(rows: Sequence[Mapping[str, Any]], job_id: str,
                     injected: Sequence[Injected], *, samples: Iterable[Sample] = (),
                     decisions: Sequence[Mapping[str, Any]] = (),
+                    resumes: Mapping[int, int] | None = None,
                     end: float | None = None) -> tuple[IncidentScore, ...]:
+    """``resumes``: the step each attempt really resumed from, by attempt, where the runner
+    read it (the program's log: a restore from a memory or peer tier is newer than the
+    durable checkpoint ``JobStarted.resume_step`` names)."""
     rows = sorted(rows, key=lambda r: float(r["time"]))
     progress = progress_samples(rows, job_id, samples)
-    starts = [(float(r["time"]), int(r["data"]["attempt"]), int(r["data"].get("resume_step", -1)))
+    read = resumes or {}
+    starts = [(float(r["time"]), int(r["data"]["attempt"]),
+               read.get(int(r["data"]["attempt"]), int(r["data"].get("resume_step", -1))))
               for r in rows if r["type"] == T_STARTED and _mine(r, job_id)]
-    step_s = pace(rows, job_id)
+    step_s = pace([r for r in rows if r["data"].get("tier", "durable") == "durable"], job_id)
     last = end if end is not None else (float(rows[-1]["time"]) if rows else 0.0)
     order = sorted(injected, key=lambda i: i.at)
     out = []
@@ -222,9 +228,9 @@ def run_goodput(rows: Sequence[Mapping[str, Any]], job_id: str, nodes: int = 1,
 def score_run(rows: Sequence[Mapping[str, Any]], job_id: str, injected: Sequence[Injected], *,
               label: str, target: str, samples: Iterable[Sample] = (),
               decisions: Sequence[Mapping[str, Any]] = (), nodes: int = 1,
-              end: float | None = None) -> RunScore:
+              resumes: Mapping[int, int] | None = None, end: float | None = None) -> RunScore:
     incidents = score_incidents(rows, job_id, injected, samples=samples, decisions=decisions,
-                                end=end)
+                                resumes=resumes, end=end)
     return RunScore(label, target, job_id, incidents, run_goodput(rows, job_id, nodes, end))
 
 

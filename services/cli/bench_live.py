@@ -51,6 +51,7 @@ PIN_LABEL = "mtc-recovery-mode"
 ELASTIC_LABEL = "mtc-min-replicas"
 RESTORED = re.compile(r"restoring step (\d+) from the \w+ tier|resumed from step (\d+)")
 PROGRESS_DIR = "mtc-progress"  # protocol.progress_path: the ranks' heartbeats
+HEARTBEAT_S = 0.2  # the chief's progress heartbeat, at most this often (the tiers library)
 TICK_S = 1.0
 POLL_S = 0.02
 
@@ -67,7 +68,9 @@ def job_spec(trace: Trace, pin: str | None) -> dict[str, Any]:
     labels = {ELASTIC_LABEL: str(j.min_replicas)} if j.min_replicas is not None else {}
     if pin:
         labels[PIN_LABEL] = pin
-    env = [{"name": "MTC_TIER1_EVERY", "value": str(j.tier1_every)}] if j.tier1_every else []
+    env = [{"name": "MTC_PROGRESS_INTERVAL_S", "value": str(HEARTBEAT_S)}]
+    if j.tier1_every:
+        env.append({"name": "MTC_TIER1_EVERY", "value": str(j.tier1_every)})
     return {"displayName": f"bench-{trace.name}", "labels": labels, "jobSpec": {
         "workerPoolSpecs": [{"machineSpec": MACHINE, "replicaCount": j.replicas,
                              "containerSpec": {
@@ -121,6 +124,7 @@ class LiveRun:
         self.injected: list[Injected] = []
         self._drained: list[str] = []
         self._progress_dir: Path | None = None
+        self.beats: list[Sample] = []  # the chief's heartbeats: (time, attempt, step)
 
     # ------------------------------------------------------------------ reading state
     def _job(self) -> Any:
@@ -140,7 +144,9 @@ class LiveRun:
             return None
         started, attempt, resume = self.seen.starts[-1]
         mine = [(t, s) for t, a, s in self.seen.samples if a == attempt]
-        mine += self.heartbeats(attempt)
+        beats = self.heartbeats(attempt)
+        if beats:  # the chief's own reading, 0.2 s old at most
+            return beats[-1][1]
         t0, s0 = max(mine, key=lambda x: x[1]) if mine else (started, max(resume, 0))
         j = self.trace.job
         ahead = int((now - t0) / self.pace()) if mine else 0
@@ -156,21 +162,34 @@ class LiveRun:
         return self.trace.job.step_time_s
 
     def heartbeats(self, attempt: int) -> list[tuple[float, int]]:
-        """(time, step) of the ranks' progress heartbeats of ``attempt`` (``MTC_PROGRESS_FILE``,
-        beside the job's checkpoints), when the program writes them (the tiers library)."""
+        """(time, step) of the chief's progress heartbeats of ``attempt``."""
+        self._poll_heartbeat()
+        return [(t, s) for t, a, s in self.beats if a == attempt]
+
+    def _poll_heartbeat(self) -> None:
+        """Read rank 0's heartbeat (``MTC_PROGRESS_FILE``, beside the job's checkpoints,
+        written by the tiers library) and keep each new (time, attempt, step)."""
         if self._progress_dir is None:
             root = Path(self.app.deps.config.output_root)
             self._progress_dir = next(iter(root.rglob(PROGRESS_DIR)), None) if root.is_dir() \
                 else None
             if self._progress_dir is None:
-                return []
-        out = []
-        for path in self._progress_dir.glob("rank-*.json"):
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                body = json.loads(path.read_text())
-                if int(body["attempt"]) == attempt:
-                    out.append((float(body["time"]), int(body["step"])))
-        return out
+                return
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            body = json.loads((self._progress_dir / "rank-0.json").read_text())
+            beat = (float(body["time"]), int(body["attempt"]), int(body["step"]))
+            if not self.beats or self.beats[-1] != beat:
+                self.beats.append(beat)
+
+    def _restored(self, attempt: int) -> int | None:
+        """The step rank 0 of ``attempt`` restored, from its log (None: not yet)."""
+        for f in self.app.compute.log_files(JOB_ID):
+            if f.attempt == attempt and f.rank in (0, None):
+                with contextlib.suppress(OSError):
+                    match = RESTORED.search(Path(f.path).read_text(errors="replace"))
+                    if match:
+                        return int(match.group(1) or match.group(2))
+        return None
 
     def _resumed_since(self, at: float) -> bool:
         """The job trains again after the fault at ``at``: an attempt started after it has
@@ -180,6 +199,10 @@ class LiveRun:
             return False
         started, attempt, _ = self.seen.starts[-1]
         progressed = any(t > max(at, started) and a == attempt for t, a, _ in self.seen.samples)
+        beats = self.heartbeats(attempt)
+        if started > at and (beats or self.beats):
+            restored = self._restored(attempt)  # the chief stepped past what it restored
+            return restored is not None and any(s > restored for _, s in beats)
         if started > at:
             return progressed
         whole = all(w.exit_code is None for w in self.app.compute.workers(JOB_ID)
@@ -216,7 +239,8 @@ class LiveRun:
         decisions = list(getattr(getattr(job, "recovery", None), "decisions", None) or [])
         return score_run(rows, JOB_ID, self.injected, label=self.pin or "chosen",
                          target="embedded", decisions=decisions,
-                         nodes=self.trace.job.replicas, resumes=self.resumes(), end=end)
+                         nodes=self.trace.job.replicas, resumes=self.resumes(), end=end,
+                         samples=self.beats, tier_events=not self.beats)
 
     def resumes(self) -> dict[int, int]:
         """The step each attempt's rank 0 restored (its log: ``restoring step N from the T
@@ -283,8 +307,9 @@ class LiveRun:
             compute.inject_fault(node, [Condition(ConditionType.XID_ERROR.value,
                                                   ConditionStatus.TRUE, f"NVRM: Xid {code}",
                                                   now, {"xids": [code]})])
+        read = bool(self.heartbeats(job.attempt))
         self.injected.append(Injected(index, fault.kind.value, now, node, fault.rank, step,
-                                     step_estimated=True))
+                                      step_estimated=not read))
 
     def _drain_idle(self, busy: set[str]) -> None:
         """An operator's drain of every idle worker (``mtc node drain``): no spare is ready."""

@@ -100,14 +100,15 @@ def _mine(row: Mapping[str, Any], job_id: str) -> bool:
 
 
 def progress_samples(rows: Iterable[Mapping[str, Any]], job_id: str,
-                     extra: Iterable[Sample] = ()) -> list[Sample]:
-    """Every sign of the job's progress: checkpoints, first steps, the runner's samples."""
+                     extra: Iterable[Sample] = (), *, tier_events: bool = True) -> list[Sample]:
+    """Every sign of the job's progress: checkpoints (memory and peer saves too, unless
+    ``tier_events`` is false), first steps, the runner's samples."""
     out = list(extra)
     for r in rows:
         if not _mine(r, job_id):
             continue
         d = r["data"]
-        if r["type"] == T_CKPT:
+        if r["type"] == T_CKPT and (tier_events or d.get("tier", "durable") == "durable"):
             out.append((float(d.get("saved_at", r["time"])), int(d["attempt"]), int(d["step"])))
         elif r["type"] == T_FIRST_STEP:
             out.append((float(r["time"]), int(d["attempt"]), int(d["step"])))
@@ -117,13 +118,15 @@ def progress_samples(rows: Iterable[Mapping[str, Any]], job_id: str,
 def score_incidents(rows: Sequence[Mapping[str, Any]], job_id: str,
                     injected: Sequence[Injected], *, samples: Iterable[Sample] = (),
                     decisions: Sequence[Mapping[str, Any]] = (),
-                    resumes: Mapping[int, int] | None = None,
+                    resumes: Mapping[int, int] | None = None, tier_events: bool = True,
                     end: float | None = None) -> tuple[IncidentScore, ...]:
     """``resumes``: the step each attempt really resumed from, by attempt, where the runner
     read it (the program's log: a restore from a memory or peer tier is newer than the
-    durable checkpoint ``JobStarted.resume_step`` names)."""
+    durable checkpoint ``JobStarted.resume_step`` names). ``tier_events`` false: memory and
+    peer saves are no progress sign (a runner that reads the chief's own heartbeat, where
+    ranks do not move together)."""
     rows = sorted(rows, key=lambda r: float(r["time"]))
-    progress = progress_samples(rows, job_id, samples)
+    progress = progress_samples(rows, job_id, samples, tier_events=tier_events)
     read = resumes or {}
     starts = [(float(r["time"]), int(r["data"]["attempt"]),
                read.get(int(r["data"]["attempt"]), int(r["data"].get("resume_step", -1))))
@@ -228,9 +231,10 @@ def run_goodput(rows: Sequence[Mapping[str, Any]], job_id: str, nodes: int = 1,
 def score_run(rows: Sequence[Mapping[str, Any]], job_id: str, injected: Sequence[Injected], *,
               label: str, target: str, samples: Iterable[Sample] = (),
               decisions: Sequence[Mapping[str, Any]] = (), nodes: int = 1,
-              resumes: Mapping[int, int] | None = None, end: float | None = None) -> RunScore:
+              resumes: Mapping[int, int] | None = None, tier_events: bool = True,
+              end: float | None = None) -> RunScore:
     incidents = score_incidents(rows, job_id, injected, samples=samples, decisions=decisions,
-                                resumes=resumes, end=end)
+                                resumes=resumes, tier_events=tier_events, end=end)
     return RunScore(label, target, job_id, incidents, run_goodput(rows, job_id, nodes, end))
 
 

@@ -107,3 +107,10 @@ def test_the_run_has_goodput_and_a_ratio_against_requeue() -> None:
                      target="embedded")
     [r] = recover_ratio(run, slow)
     assert r["ratio"] == pytest.approx((109.0 - 103.05) / (106.0 - 103.05))
+
+
+def test_a_restore_the_runner_read_beats_the_durable_resume_step() -> None:
+    # attempt 2 restored step 24 from memory, newer than the durable step 20 it names
+    [s] = score_incidents(log(), JOB, [Injected(0, "app_crash", 103.05, "n1", 1, 25)],
+                          resumes={2: 24})
+    assert s.resume_step == 24 and s.steps_lost == 1

@@ -114,3 +114,14 @@ def test_a_restore_the_runner_read_beats_the_durable_resume_step() -> None:
     [s] = score_incidents(log(), JOB, [Injected(0, "app_crash", 103.05, "n1", 1, 25)],
                           resumes={2: 24})
     assert s.resume_step == 24 and s.steps_lost == 1
+
+
+def test_tier_saves_of_other_ranks_are_no_progress_when_the_chief_is_read() -> None:
+    # a fast rank's memory save right after the restart, the chief's first step later
+    rows = [*log(), row(105.2, "job.checkpoint_saved", job_id=JOB, attempt=2, step=60,
+                        path="m", saved_at=105.2, tier="memory")]
+    inc = [Injected(0, "xid_79", 103.05, "n1", 1, 25)]
+    [s] = score_incidents(rows, JOB, inc)
+    assert s.recovered_s == pytest.approx(105.2 - 103.05)
+    [s] = score_incidents(rows, JOB, inc, samples=[(105.6, 2, 21)], tier_events=False)
+    assert s.recovered_s == pytest.approx(105.6 - 103.05)

@@ -57,6 +57,7 @@ def _bad(edit: Any) -> ValidationError:
     (lambda d: d["job"].update(replicas=5), "job.replicas"),
     (lambda d: d["job"].update(min_replicas=0), "job.min_replicas"),
     (lambda d: d["cluster"].update(nodes=0), "cluster.nodes"),
+    (lambda d: d["job"].update(tier1_every=21), "job.tier1_every"),
     (lambda d: d.update(faults=[]), "faults"),
 ])
 def test_a_bad_field_is_named(edit: Any, path: str) -> None:

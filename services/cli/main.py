@@ -20,6 +20,8 @@ from typing import Any
 from services.api.errors import ApiError
 from services.api.names import parent
 from services.api.security import ADMIN_TOKEN_FILE
+from services.cli.bench_recovery import add_parser as add_bench
+from services.cli.bench_recovery import cmd_bench_recovery
 from services.cli.client import Client, ClientError, HttpClient, LocalClient, checked_url
 from services.cli.commands_api import NODE_VERBS, cmd_cluster, cmd_job, cmd_node_op, cmd_nodes
 from services.cli.commands_local import (
@@ -213,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a twin run directory (mtc sim run/sweep --out DIR): the console "
                     "shows its plots and tables")
 
+    add_bench(sub, local)
+
     d = local_leaf(sub, "demo", "the self-healing story, start to end, in one run; " + LOCAL_ONLY)
     d.add_argument("--steps", type=int, default=120, help="the demo job's training steps")
     d.set_defaults(fn=cmd_demo)
@@ -278,6 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     args.api = args.api or os.environ.get("MTC_API") or None
     name = command_name(args)
+    if args.command == "bench":
+        try:
+            return cmd_bench_recovery(args, named)
+        except MtcError as exc:
+            report(ClientError(_status(exc), str(exc)))
+            return 2
     try:
         api_command = args.command in API_COMMANDS or name in API_COMMANDS
         if args.api and not api_command:

@@ -50,6 +50,9 @@ FAMILIES = ("llama", "gemma")
 def build_model(spec: Mapping[str, Any], init_from: str | None = None) -> torch.nn.Module:
     """A causal LM from a config (random weights), or from a local directory an earlier run
     saved. Never a hub download: ``init_from`` must be a directory on this machine."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     family = spec.get("family", "llama")
     fields = {k: v for k, v in spec.items() if k != "family"}
     fields.setdefault("vocab_size", VOCAB_SIZE)

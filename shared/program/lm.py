@@ -52,7 +52,7 @@ def build_model(spec: Mapping[str, Any], init_from: str | None = None) -> torch.
     saved. Never a hub download: ``init_from`` must be a directory on this machine."""
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     family = spec.get("family", "llama")
     fields = {k: v for k, v in spec.items() if k != "family"}
     fields.setdefault("vocab_size", VOCAB_SIZE)

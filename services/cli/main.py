@@ -31,11 +31,13 @@ from services.cli.commands_local import (
     cmd_token,
 )
 from services.cli.commands_logs import cmd_job_logs, cmd_tensorboard
+from services.cli.commands_recipe import add_parser as add_recipe
 from services.wiring.embedded import embedded
 from shared.domain.errors import MtcError, NotFound, ValidationError
 
 DEFAULT_PROJECT = DEFAULT_LOCATION = "local"
-API_COMMANDS = {"cluster", "job", "node list", *(f"node {v}" for v in NODE_VERBS)}
+API_COMMANDS = {"cluster", "job", "recipe", "node list", *(f"node {v}" for v in NODE_VERBS)}
+OFFLINE_COMMANDS = {"recipe list", "recipe show"}  # packaged data: no state, no server
 DEFAULT_STATE_DIR = "var/mtc"
 
 
@@ -163,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     leaf(tsub, "list", "the tokens (ids, principals, roles; never the tokens)")
     leaf(tsub, "revoke", "revoke a token by id").add_argument("token_id")
 
+    add_recipe(sub, common)
+
     tb = leaf(sub, "tensorboard", "TensorBoard on 127.0.0.1 over a CustomJob's event files (a "
               "run per attempt) or a HyperparameterTuningJob's (per trial); " + LOCAL_ONLY)
     tb.add_argument("job_id", help="a customJob or hyperparameterTuningJob id")
@@ -249,7 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.api and not api_command:
             raise ClientError("FAILED_PRECONDITION", f"`mtc {name}` {LOCAL_ONLY} (drop --api, "
                               "unset MTC_API)")
-        if args.command == "token":
+        if name in OFFLINE_COMMANDS:
+            args.fn(args, None)
+        elif args.command == "token":
             cmd_token(args, state_dir)
         elif api_command:
             _run_api(args, state_dir)

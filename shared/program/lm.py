@@ -182,7 +182,8 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
                    "parameters": sum(p.numel() for p in model.parameters()),
                    "recipe": config.get("name"), "version": config.get("version")}
         (env.model_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        log(f"done at step {step}: loss {meter.value:.4f}, {tokens_per_s:.0f} tokens/s")
+        log(f"model saved: {env.model_dir}")
+        log(f"done at step {step}: loss {meter.value:.6f}, {tokens_per_s:.0f} tokens/s")
     if distributed:
         dist.barrier()
         dist.destroy_process_group()

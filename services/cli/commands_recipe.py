@@ -89,13 +89,14 @@ def cmd_recipe(args: argparse.Namespace, client: Client | None) -> None:
 
 def run(args: argparse.Namespace, client: Client) -> None:
     recipe = _resolved(args)
-    parent_model = recipe.body.get("parent_model")
+    parent_model: str | None = recipe.body.get("parent_model")
     if parent_model:
         model = client.get_model(args.parent, last_segment(str(parent_model)))
         if not model.get("artifactUri"):
             raise ClientError("FAILED_PRECONDITION", f"model {parent_model} has no artifactUri "
                               "to start from", [("parent_model", "has no artifactUri")])
         recipe = resolve(recipe.name, [*_sets(args), f"init_from={model['artifactUri']}"])
+        parent_model = f"{model.get('name')}@{model.get('versionId')}"
     if recipe.body.get("requires_parent") and not recipe.body.get("init_from"):
         raise ClientError("INVALID_ARGUMENT", f"recipe {recipe.name} continues from a model: "
                           "--set parent_model=MODEL_ID or --set init_from=DIR",
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace, client: Client) -> None:
     labels = {"mtc-recipe": recipe.name, "mtc-recipe-version": str(recipe.version),
               "mtc-loss-in-range": "true" if within else "false"}
     if parent_model:
-        labels["mtc-parent-model"] = last_segment(str(parent_model))[:63]
+        labels["mtc-parent-model"] = last_segment(str(parent_model)).split("@")[0][:63]
     upload = {"model": {"displayName": f"{recipe.name}-v{recipe.version}",
                         "description": f"recipe {recipe.name} v{recipe.version}"
                         + (f" from {lineage_parent}" if lineage_parent else ""),

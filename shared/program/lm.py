@@ -14,7 +14,8 @@ Config keys: ``task`` (pretrain | sft), ``model`` (``family``: llama | gemma, an
 architecture's config fields), ``data`` (``seq_len``, ``corpus_bytes`` or ``examples``),
 ``hyperparameters`` (``steps``, ``batch_size``, ``lr``, ``warmup``, ``weight_decay``,
 ``seed``, ``step_sleep_s``), ``checkpoint`` (``every``), ``init_from`` (a model directory
-written by an earlier run: continued pretraining, SFT from a pretrained model).
+or a ``ckpt-<step>`` checkpoint an earlier run wrote: continued pretraining, SFT from a
+pretrained model).
 """
 
 from __future__ import annotations
@@ -39,20 +40,33 @@ from shared.program.runtime import Env, Hypertune, Scalars
 from shared.program.torch_checkpoint import (
     EXIT_OK,
     EXIT_PREEMPTED,
+    METADATA,
     Checkpointer,
     Preemption,
     deterministic,
+    load_model_weights,
 )
 
 FAMILIES = ("llama", "gemma")
 
 
+MODEL_CONFIG = "model-config.json"  # beside the checkpoints: the architecture they hold
+
+
 def build_model(spec: Mapping[str, Any], init_from: str | None = None) -> torch.nn.Module:
-    """A causal LM from a config (random weights), or from a local directory an earlier run
-    saved. Never a hub download: ``init_from`` must be a directory on this machine."""
+    """A causal LM from a config (random weights), or from what an earlier run left on this
+    machine (never a hub download): a model directory (``save_pretrained``), or a durable
+    checkpoint ``ckpt-<step>/`` (its weights, the architecture from ``model-config.json``
+    beside it)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    path = Path(init_from) if init_from else None
+    if path is not None and (path / METADATA).is_file():
+        saved = json.loads((path.parent / MODEL_CONFIG).read_text())
+        model = build_model(saved)
+        load_model_weights(model, path)
+        return model
     family = spec.get("family", "llama")
     fields = {k: v for k, v in spec.items() if k != "family"}
     fields.setdefault("vocab_size", VOCAB_SIZE)
@@ -67,12 +81,20 @@ def build_model(spec: Mapping[str, Any], init_from: str | None = None) -> torch.
         cls, config = GemmaForCausalLM, GemmaConfig(**fields)
     else:
         raise ValueError(f"model.family must be one of {FAMILIES}, not {family!r}")
-    if init_from:
-        path = Path(init_from)
+    if path is not None:
         if not (path / "config.json").is_file():
             raise ValueError(f"init_from {init_from}: no saved model there (config.json)")
         return cls.from_pretrained(str(path), local_files_only=True)  # type: ignore[no-any-return]
     return cls(config)  # type: ignore[no-any-return]
+
+
+def model_spec(model: torch.nn.Module) -> dict[str, Any]:
+    """The recipe-shaped ``model`` section that rebuilds ``model``'s architecture."""
+    config = model.config.to_dict()  # type: ignore[operator,union-attr]
+    family = "gemma" if config.get("model_type") == "gemma" else "llama"
+    keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "max_position_embeddings", "vocab_size")
+    return {"family": family, **{k: config[k] for k in keep if config.get(k) is not None}}
 
 
 def lr_lambda(warmup: int, steps: int) -> Any:
@@ -124,6 +146,11 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
     distributed = env.init()
     torch.manual_seed(seed)  # the same initial weights on every rank
     model = build_model(config.get("model", {}), config.get("init_from"))
+    if env.rank == 0:  # the architecture beside the checkpoints (continued pretraining reads it)
+        env.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        tmp = env.checkpoint_dir / f".{MODEL_CONFIG}.tmp"
+        tmp.write_text(json.dumps(model_spec(model)))
+        os.replace(tmp, env.checkpoint_dir / MODEL_CONFIG)
     model.config.use_cache = False  # type: ignore[union-attr]
     model.train()
     wrapped: torch.nn.Module = DistributedDataParallel(model) if distributed else model

@@ -47,7 +47,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -224,6 +229,14 @@ class Checkpointer:
             self.log(f"preempted at step {step}: exiting {EXIT_PREEMPTED}")
             return EXIT_PREEMPTED
         return None
+
+
+def load_model_weights(model: torch.nn.Module, checkpoint: Path) -> None:
+    """Only the model's weights out of a checkpoint this module wrote (one process): what
+    continued pretraining starts from; the optimizer and the rest stay behind."""
+    state = {"train": {"model": get_model_state_dict(model)}}
+    dcp_load(state, checkpoint_id=str(checkpoint), no_dist=True)
+    set_model_state_dict(model, state["train"]["model"])
 
 
 def _fsync_dir(path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 from services.recipes.catalog import Recipe, program_config, resolve
 
 pytestmark = pytest.mark.slow
+torch = pytest.importorskip("torch")
 pytest.importorskip("transformers.models.llama.modeling_llama")
 
 
@@ -32,7 +33,17 @@ def test_pretrain_llama_then_continued_pretraining_land_in_their_ranges(tmp_path
     first = train(pretrain, tmp_path / "pretrain")
     assert pretrain.within(first["final_loss"]), (first, pretrain.expected_loss)
     assert first["steps"] == pretrain.body["hyperparameters"]["steps"]
-    assert (tmp_path / "pretrain" / "checkpoints" / "ckpt-00000060" / ".metadata").is_file()
+    checkpoint = tmp_path / "pretrain" / "checkpoints" / "ckpt-00000060"
+    assert (checkpoint / ".metadata").is_file()
+
+    # a durable checkpoint is a starting point too: the same weights as the saved model
+    from shared.program.lm import build_model
+
+    from_checkpoint = build_model({"family": "gemma"}, init_from=str(checkpoint))
+    from_model = build_model({}, init_from=str(tmp_path / "pretrain" / "model"))
+    saved, loaded = from_model.state_dict(), from_checkpoint.state_dict()
+    assert saved.keys() == loaded.keys()
+    assert all(torch.equal(saved[k], loaded[k]) for k in saved)
 
     continued = resolve("continued-pretraining",
                         ["size=tiny", f"init_from={tmp_path / 'pretrain' / 'model'}"])

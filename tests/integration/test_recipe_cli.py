@@ -75,3 +75,20 @@ def test_run_tiny_pretrain_registers_the_model_with_its_lineage(cluster: Path) -
     assert lineage["job"] == "projects/local/locations/local/customJobs/pre1"
     assert lineage["checkpointStep"] == "60"  # the DCP directory the control plane scanned
     assert lineage["inputs"]["command"][1:] == ["-m", "shared.program.lm"]
+
+
+def test_over_the_api_a_missing_parent_model_is_the_servers_not_found(tmp_path: Path) -> None:
+    """`recipe run` goes through --api like `job submit`: the parent model is looked up on the
+    server (HttpClient.get_model), and nothing is submitted when it is not there."""
+    from tests.integration.test_cli_remote import server as serve_fixture
+
+    gen = serve_fixture.__wrapped__(tmp_path)  # type: ignore[attr-defined]
+    srv = next(gen)
+    try:
+        proc = srv.run("recipe", "run", "sft", "--size", "tiny", "--cluster", "demo",
+                       "--set", "parent_model=nope", check=False)
+        assert proc.returncode == 2 and "NOT_FOUND" in proc.stderr, proc.stderr
+        assert srv.json("job", "list") == []
+        assert {r["name"] for r in srv.json("recipe", "list")} >= {"pretrain", "sft"}
+    finally:
+        next(gen, None)

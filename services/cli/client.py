@@ -18,6 +18,7 @@ import requests
 
 from services.api import clusters, custom_jobs, node_ops, operations_api
 from services.api import job_logs as logs_api
+from services.api import models as models_api
 from services.api.context import ApiContext
 from services.api.errors import CANONICAL, ApiError
 from services.api.names import Parent
@@ -28,6 +29,8 @@ CODE_NAMES = {code: name for name, (_, code) in CANONICAL.items()} | {2: "UNKNOW
 BAD_REQUEST = "type.googleapis.com/google.rpc.BadRequest"
 WAIT_SLICE_S = 5.0  # one :wait call waits at most this long: `mtc serve` answers one
 # request at a time and only ticks the fleet between requests, so a long :wait would stall it
+JOB_ENDED = frozenset({"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"})
+JOB_POLL_S = 1.0
 
 
 @dataclass
@@ -71,6 +74,9 @@ class Client(Protocol):
     def cancel_job(self, parent: Parent, job_id: str) -> dict[str, Any]: ...
     def delete_job(self, parent: Parent, job_id: str) -> dict[str, Any]: ...
     def wait_operation(self, name: str, timeout_s: float) -> dict[str, Any]: ...
+    def wait_job(self, parent: Parent, job_id: str, timeout_s: float) -> dict[str, Any]: ...
+    def upload_model(self, parent: Parent, body: Any) -> dict[str, Any]: ...
+    def get_model(self, parent: Parent, model_id: str) -> dict[str, Any]: ...
     def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
                       rank: int | None = None, token: str | None = None) -> dict[str, Any]: ...
     def node_command(self, parent: Parent, cluster_id: str, node_id: str, verb: str,
@@ -218,6 +224,25 @@ class LocalClient:
             self.app.run(done, timeout_s=timeout_s)
         return current
 
+    def wait_job(self, parent: Parent, job_id: str, timeout_s: float) -> dict[str, Any]:
+        """Drive the control plane here until the job has ended (or the timeout)."""
+        current: dict[str, Any] = {}
+
+        def ended() -> bool:
+            current.update(self.get_job(parent, job_id))
+            return current.get("state") in JOB_ENDED
+
+        if not ended():
+            self.app.run(ended, timeout_s=timeout_s)
+        return current
+
+    def upload_model(self, parent: Parent, body: Any) -> dict[str, Any]:
+        return self._call(lambda: models_api.upload(self.ctx, parent, body),
+                          **_audit("models.upload", parent, "POST", "models:upload"))
+
+    def get_model(self, parent: Parent, model_id: str) -> dict[str, Any]:
+        return self._call(lambda: models_api.get(self.ctx, parent, model_id))
+
 
 def _audit(permission: str, parent: Parent, method: str, tail: str = "") -> dict[str, str]:
     collection = permission.split(".")[0]
@@ -351,6 +376,21 @@ class HttpClient:
                                timeout_s=slice_s + self.timeout_s)
             if op.get("done") or time.monotonic() >= deadline:
                 return op
+
+    def wait_job(self, parent: Parent, job_id: str, timeout_s: float) -> dict[str, Any]:
+        """Poll the job (the server's own loop moves it) until it has ended or the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.get_job(parent, job_id)
+            if job.get("state") in JOB_ENDED or time.monotonic() >= deadline:
+                return job
+            time.sleep(JOB_POLL_S)
+
+    def upload_model(self, parent: Parent, body: Any) -> dict[str, Any]:
+        return self._request("POST", f"v1/{parent.name}/models:upload", body=body)
+
+    def get_model(self, parent: Parent, model_id: str) -> dict[str, Any]:
+        return self._request("GET", f"v1/{parent.name}/models/{model_id}")
 
 
 def _http_code(http_status: int) -> int:

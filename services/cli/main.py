@@ -33,12 +33,14 @@ from services.cli.commands_local import (
     cmd_token,
 )
 from services.cli.commands_logs import cmd_job_logs, cmd_tensorboard
+from services.cli.commands_recipe import add_parser as add_recipe
 from services.cli.commands_state import cmd_state
 from services.wiring.embedded import embedded
 from shared.domain.errors import MtcError, NotFound, ValidationError
 
 DEFAULT_PROJECT = DEFAULT_LOCATION = "local"
-API_COMMANDS = {"cluster", "job", "node list", *(f"node {v}" for v in NODE_VERBS)}
+API_COMMANDS = {"cluster", "job", "recipe", "node list", *(f"node {v}" for v in NODE_VERBS)}
+OFFLINE_COMMANDS = {"recipe list", "recipe show"}  # packaged data: no state, no server
 DEFAULT_STATE_DIR = "var/mtc"
 
 
@@ -194,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     local_leaf(ssub, "restore", "put a backup back (stop mtc serve first)"
          ).add_argument("source", metavar="BACKUP")
 
+    add_recipe(sub, common)
+
     tb = local_leaf(sub, "tensorboard", "TensorBoard on 127.0.0.1 over a CustomJob's event files (a "
               "run per attempt) or a HyperparameterTuningJob's (per trial); " + LOCAL_ONLY)
     tb.add_argument("job_id", help="a customJob or hyperparameterTuningJob id")
@@ -293,7 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.api and not api_command:
             raise ClientError("FAILED_PRECONDITION", f"`mtc {name}` {LOCAL_ONLY} (drop --api, "
                               "unset MTC_API)")
-        if args.command == "token":
+        if name in OFFLINE_COMMANDS:
+            args.fn(args, None)
+        elif args.command == "token":
             cmd_token(args, state_dir)
         elif args.command == "state":
             cmd_state(args, state_dir)

@@ -1,0 +1,238 @@
+"""The recipes' training program: a tiny Llama- or Gemma-shaped causal LM, pretrained on the
+standard library's sources or fine-tuned on generated tasks, under torch.distributed.
+
+``python -m shared.program.lm --config '<json>'`` (``mtc recipe run`` writes the JSON: a
+recipe with its ``--set`` overrides applied, see ``services/recipes``). It runs unchanged
+under mtc, ``torchrun`` or Vertex (``shared.program.runtime.Env``): DDP over gloo on CPU or
+NCCL on GPUs, checkpoints with ``torch.distributed.checkpoint`` every ``checkpoint.every``
+steps and on SIGTERM (then exit 75), resume from the newest complete one, TensorBoard scalars
+continuous across attempts, hypertune when it is a trial. At the end rank 0 writes the model
+(``save_pretrained``: config.json and safetensors) and ``metrics.json`` (the final loss, the
+tokens per second) into ``AIP_MODEL_DIR``.
+
+Config keys: ``task`` (pretrain | sft), ``model`` (``family``: llama | gemma, and the
+architecture's config fields), ``data`` (``seq_len``, ``corpus_bytes`` or ``examples``),
+``hyperparameters`` (``steps``, ``batch_size``, ``lr``, ``warmup``, ``weight_decay``,
+``seed``, ``step_sleep_s``), ``checkpoint`` (``every``), ``init_from`` (a model directory
+or a ``ckpt-<step>`` checkpoint an earlier run wrote: continued pretraining, SFT from a
+pretrained model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from shared.program.lm_data import VOCAB_SIZE, SftStream, TokenStream, stdlib_corpus
+from shared.program.runtime import Env, Hypertune, Scalars
+from shared.program.torch_checkpoint import (
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    METADATA,
+    Checkpointer,
+    Preemption,
+    deterministic,
+    load_model_weights,
+)
+
+FAMILIES = ("llama", "gemma")
+
+
+MODEL_CONFIG = "model-config.json"  # beside the checkpoints: the architecture they hold
+
+
+def build_model(spec: Mapping[str, Any], init_from: str | None = None) -> torch.nn.Module:
+    """A causal LM from a config (random weights), or from what an earlier run left on this
+    machine (never a hub download): a model directory (``save_pretrained``), or a durable
+    checkpoint ``ckpt-<step>/`` (its weights, the architecture from ``model-config.json``
+    beside it)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    path = Path(init_from) if init_from else None
+    if path is not None and (path / METADATA).is_file():
+        saved = json.loads((path.parent / MODEL_CONFIG).read_text())
+        model = build_model(saved)
+        load_model_weights(model, path)
+        return model
+    family = spec.get("family", "llama")
+    fields = {k: v for k, v in spec.items() if k != "family"}
+    fields.setdefault("vocab_size", VOCAB_SIZE)
+    if family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cls: Any = LlamaForCausalLM
+        config: Any = LlamaConfig(**fields)
+    elif family == "gemma":
+        from transformers import GemmaConfig, GemmaForCausalLM
+
+        cls, config = GemmaForCausalLM, GemmaConfig(**fields)
+    else:
+        raise ValueError(f"model.family must be one of {FAMILIES}, not {family!r}")
+    if path is not None:
+        if not (path / "config.json").is_file():
+            raise ValueError(f"init_from {init_from}: no saved model there (config.json)")
+        return cls.from_pretrained(str(path), local_files_only=True)  # type: ignore[no-any-return]
+    return cls(config)  # type: ignore[no-any-return]
+
+
+def model_spec(model: torch.nn.Module) -> dict[str, Any]:
+    """The recipe-shaped ``model`` section that rebuilds ``model``'s architecture."""
+    config = model.config.to_dict()  # type: ignore[operator,union-attr]
+    family = "gemma" if config.get("model_type") == "gemma" else "llama"
+    keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "max_position_embeddings", "vocab_size")
+    return {"family": family, **{k: config[k] for k in keep if config.get(k) is not None}}
+
+
+def lr_lambda(warmup: int, steps: int) -> Any:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+class LossMeter:
+    """An exponential average of the loss, saved with the checkpoint (so a resumed run's
+    final loss is the one an uninterrupted run reports)."""
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        self.alpha, self.value, self.count = alpha, 0.0, 0
+
+    def add(self, loss: float) -> None:
+        self.value = loss if self.count == 0 else (1 - self.alpha) * self.value + self.alpha * loss
+        self.count += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "count": self.count}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.value, self.count = float(state["value"]), int(state["count"])
+
+
+def make_stream(config: Mapping[str, Any], env: Env) -> TokenStream | SftStream:
+    data, hp = config.get("data", {}), config.get("hyperparameters", {})
+    seq_len, batch, seed = int(data.get("seq_len", 64)), int(hp.get("batch_size", 8)), int(
+        hp.get("seed", 0))
+    if config.get("task", "pretrain") == "sft":
+        return SftStream(int(data.get("examples", 2000)), seq_len, batch, seed, env.rank,
+                         env.world_size)
+    corpus = stdlib_corpus(int(data.get("corpus_bytes", 1_000_000)))
+    return TokenStream(corpus, seq_len, batch, seed, env.rank, env.world_size)
+
+
+def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
+    def log(msg: str) -> None:
+        print(f"[lm rank {env.rank}/{env.world_size}] {msg}", flush=True)
+
+    hp = config.get("hyperparameters", {})
+    steps, seed = int(hp.get("steps", 100)), int(hp.get("seed", 0))
+    deterministic(seed)
+    distributed = env.init()
+    torch.manual_seed(seed)  # the same initial weights on every rank
+    model = build_model(config.get("model", {}), config.get("init_from"))
+    if env.rank == 0:  # the architecture beside the checkpoints (continued pretraining reads it)
+        env.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        tmp = env.checkpoint_dir / f".{MODEL_CONFIG}.tmp"
+        tmp.write_text(json.dumps(model_spec(model)))
+        os.replace(tmp, env.checkpoint_dir / MODEL_CONFIG)
+    model.config.use_cache = False  # type: ignore[union-attr]
+    model.train()
+    wrapped: torch.nn.Module = DistributedDataParallel(model) if distributed else model
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=float(hp.get("lr", 3e-3)),
+                                  weight_decay=float(hp.get("weight_decay", 0.0)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(int(hp.get("warmup", 10)), steps))
+    stream = make_stream(config, env)
+    meter = LossMeter()
+    every = int(config.get("checkpoint", {}).get("every", 0))
+    ckpt = Checkpointer(env.checkpoint_dir, wrapped, optimizer, every=every, log=log,
+                        extra={"scheduler": scheduler, "loader": stream, "loss": meter},
+                        preemption=preemption)
+    torch.manual_seed(seed + 1 + env.rank)  # this rank's dropout draws
+    step = ckpt.restore()
+    log(f"{'resumed at' if step else 'starting from'} step {step} of {steps}; "
+        f"{sum(p.numel() for p in model.parameters())} parameters")
+    scalars = Scalars(env.tensorboard_dir, env.attempt, enabled=env.rank == 0)
+    sleep_s = float(hp.get("step_sleep_s", 0.0))
+    tokens, started = 0, time.perf_counter()
+    try:
+        while step < steps:
+            ids, labels = stream.next_batch()
+            logits = wrapped(input_ids=ids).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                   labels.reshape(-1), ignore_index=-100)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(wrapped.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            tokens += ids.numel()
+            value = loss.detach().clone()
+            if distributed:
+                dist.all_reduce(value)
+                value /= env.world_size
+            meter.add(float(value))
+            scalars.add(step, {"loss": float(value), "lr": float(scheduler.get_last_lr()[0])})
+            if step % max(1, steps // 10) == 0:
+                log(f"step {step} loss {float(value):.4f}")
+            if sleep_s:
+                time.sleep(sleep_s)
+            # the scalars reach the checkpoint's step before it exists (no gap on resume)
+            if ckpt.after_step(step, steps, before_save=scalars.close) == EXIT_PREEMPTED:
+                return EXIT_PREEMPTED
+    finally:
+        scalars.close()
+    elapsed = time.perf_counter() - started
+    tokens_per_s = tokens * env.world_size / elapsed if elapsed > 0 and tokens else 0.0
+    Hypertune(env.trial_id, str(config.get("metric", "loss"))).report(meter.value, step)
+    if env.rank == 0:
+        env.model_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(env.model_dir))  # type: ignore[operator]
+        metrics = {"final_loss": meter.value, "steps": step, "tokens_per_s": tokens_per_s,
+                   "parameters": sum(p.numel() for p in model.parameters()),
+                   "recipe": config.get("name"), "version": config.get("version")}
+        (env.model_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        log(f"model saved: {env.model_dir}")
+        log(f"done at step {step}: loss {meter.value:.6f}, {tokens_per_s:.0f} tokens/s")
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    preemption = Preemption().install()  # first, so a signal during start-up is not lost
+    p = argparse.ArgumentParser(prog="python -m shared.program.lm")
+    p.add_argument("--config", required=True, help="the recipe as JSON (or @file)")
+    args = p.parse_args(argv)
+    text = args.config
+    if text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    config = json.loads(text)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never a download
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    return train(config, Env.read(), preemption)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""`mtc recipe` on the embedded default: list and show read the packaged files; `run` of the
+tiny pretrain is an ordinary CustomJob (real worker processes, real torch) that ends
+SUCCEEDED with its loss in the recipe's range, and its model lands in the registry with the
+lineage: the job, its checkpoint, the recipe's name and version."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cli_support import cluster_body, mtc, mtc_json, write
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("transformers.models.llama.modeling_llama")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Path]:
+    state = tmp_path / "state"
+    spec = write(tmp_path / "cluster.json", cluster_body())
+    assert mtc_json(state, "cluster", "create", "demo", "-f", str(spec), "--wait", "20"
+                    )["state"] == "READY"
+    yield state
+    from services.wiring.embedded import embedded
+
+    app = embedded(state)
+    app.compute.kill_all()
+    app.close()
+
+
+def test_list_and_show_need_no_state(tmp_path: Path) -> None:
+    state = tmp_path / "none"
+    listed = {r["name"]: r for r in mtc_json(state, "recipe", "list")}
+    assert {"pretrain", "sft", "continued-pretraining"} <= listed.keys()
+    assert listed["pretrain"]["version"] == 1 and "tiny" in listed["pretrain"]["sizes"]
+    shown = mtc_json(state, "recipe", "show", "sft", "--size", "tiny", "--set",
+                     "hyperparameters.steps=5")
+    assert shown["hyperparameters"]["steps"] == 5 and shown["task"] == "sft"
+    bad = mtc(state, "recipe", "show", "pretrain", "--set", "model.family=gpt", check=False)
+    assert bad.returncode == 2 and "model.family" in bad.stderr
+    assert not state.exists()  # nothing opened a state directory
+
+
+def test_run_tiny_pretrain_registers_the_model_with_its_lineage(cluster: Path) -> None:
+    result = mtc_json(cluster, "recipe", "run", "pretrain", "--size", "tiny", "--cluster",
+                      "demo", "--job-id", "pre1", "--timeout", "240")
+    assert result["state"] == "JOB_STATE_SUCCEEDED" and result["withinExpected"] is True
+    low, high = result["expectedLoss"]
+    assert low <= result["finalLoss"] <= high
+    job = mtc_json(cluster, "job", "get", "pre1")
+    assert job["labels"]["mtc-recipe"] == "pretrain"
+    assert [p["replicaCount"] for p in job["jobSpec"]["workerPoolSpecs"]] in ([1], ["1"])
+    assert Path(result["artifactUri"], "model.safetensors").is_file()
+    metrics = json.loads(Path(result["artifactUri"], "metrics.json").read_text())
+    assert metrics["final_loss"] == pytest.approx(result["finalLoss"], abs=1e-6)
+
+    from services.api import models
+    from services.api.names import parent
+    from services.cli.client import LocalClient
+    from services.wiring.embedded import embedded
+
+    app = embedded(cluster)
+    try:
+        client = LocalClient(app)
+        model = models.get(client.ctx, parent("local", "local"), result["model"].rsplit("/")[-1])
+    finally:
+        app.close()
+    assert model["labels"]["mtc-recipe"] == "pretrain"
+    assert model["labels"]["mtc-recipe-version"] == "1"
+    assert model["metadata"]["finalLoss"] == result["finalLoss"]
+    lineage = model["mtcLineage"]
+    assert lineage["job"] == "projects/local/locations/local/customJobs/pre1"
+    assert lineage["checkpointStep"] == "60"  # the DCP directory the control plane scanned
+    assert lineage["inputs"]["command"][1:] == ["-m", "shared.program.lm"]
+
+
+def test_over_the_api_a_missing_parent_model_is_the_servers_not_found(tmp_path: Path) -> None:
+    """`recipe run` goes through --api like `job submit`: the parent model is looked up on the
+    server (HttpClient.get_model), and nothing is submitted when it is not there."""
+    from tests.integration.test_cli_remote import server as serve_fixture
+
+    gen = serve_fixture.__wrapped__(tmp_path)  # type: ignore[attr-defined]
+    srv = next(gen)
+    try:
+        proc = srv.run("recipe", "run", "sft", "--size", "tiny", "--cluster", "demo",
+                       "--set", "parent_model=nope", check=False)
+        assert proc.returncode == 2 and "NOT_FOUND" in proc.stderr, proc.stderr
+        assert srv.json("job", "list") == []
+        assert {r["name"] for r in srv.json("recipe", "list")} >= {"pretrain", "sft"}
+    finally:
+        next(gen, None)

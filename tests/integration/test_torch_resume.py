@@ -1,0 +1,150 @@
+"""Bit-exact resume of a real torch.distributed program (shared/program/lm.py, a tiny Llama
+with attention dropout, DDP over gloo, 2 ranks forked by the test
+with the variables torchrun would set): a run
+stopped mid-way by SIGTERM to one rank and resumed from its torch.distributed.checkpoint ends
+with weights equal (torch.equal) to an uninterrupted run's, and its TensorBoard curve holds
+every step exactly once across the two attempts."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers.models.llama.modeling_llama")
+
+STEPS, EVERY = 12, 3
+CONFIG: dict[str, Any] = {
+    "task": "pretrain",
+    "model": {"family": "llama", "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "max_position_embeddings": 64, "attention_dropout": 0.1},
+    "data": {"seq_len": 32, "corpus_bytes": 60_000},
+    "hyperparameters": {"steps": STEPS, "batch_size": 4, "lr": 0.003, "warmup": 2},
+    "checkpoint": {"every": EVERY},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Rank:
+    """A rank forked from this process (torch and transformers already imported: no seconds
+    of import per rank), exiting with the program's code; its output goes to a file."""
+
+    def __init__(self, env: dict[str, str], config: dict[str, Any], log: Path) -> None:
+        self.log = log
+        self.proc = multiprocessing.get_context("fork").Process(
+            target=_rank_main, args=(env, config, str(log)), daemon=True)
+        self.proc.start()
+
+    def poll(self) -> int | None:
+        return self.proc.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        assert self.proc.pid is not None
+        os.kill(self.proc.pid, signum)
+
+
+def _rank_main(env: dict[str, str], config: dict[str, Any], log: str) -> None:
+    from shared.program import lm
+
+    os.environ.update(env)
+    with open(log, "w", buffering=1) as out:
+        sys.stdout = sys.stderr = out
+        try:
+            code = lm.main(["--config", json.dumps(config)])
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        out.flush()
+    os._exit(code)
+
+
+def launch(out: Path, attempt: int, config: dict[str, Any]) -> list[Rank]:
+    """Two ranks with the variables torchrun (and mtc's managed_env) sets."""
+    port = free_port()
+    out.mkdir(parents=True, exist_ok=True)
+    ranks = []
+    for rank in range(2):
+        env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "AIP_CHECKPOINT_DIR": str(out / "checkpoints"), "AIP_MODEL_DIR": str(out / "model"),
+               "AIP_TENSORBOARD_LOG_DIR": str(out / "tb"), "MTC_JOB_ATTEMPT": str(attempt)}
+        ranks.append(Rank(env, config, out / f"attempt-{attempt}-rank-{rank}.log"))
+    return ranks
+
+
+def finish(ranks: list[Rank], timeout: float = 120) -> tuple[list[int | None], str]:
+    for r in ranks:
+        r.proc.join(timeout)
+    return [r.poll() for r in ranks], "\n".join(r.log.read_text() for r in ranks)
+
+
+def weights(model_dir: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def scalar_steps(tb: Path) -> list[int]:
+    from tensorboardX.proto.event_pb2 import Event
+
+    steps = []
+    for path in sorted(tb.glob("attempt-*/events.out.tfevents.*")):
+        data, pos = path.read_bytes(), 0
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack_from("<Q", data, pos)
+            event = Event()
+            event.ParseFromString(data[pos + 12 : pos + 12 + length])
+            steps += [event.step for v in event.summary.value if v.tag == "loss"]
+            pos += 16 + length
+    return sorted(steps)
+
+
+def test_resume_after_sigterm_is_bit_exact(tmp_path: Path) -> None:
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    slow = {**CONFIG, "hyperparameters": {**CONFIG["hyperparameters"], "step_sleep_s": 0.3}}
+    uninterrupted = launch(whole, 1, CONFIG)
+    first = launch(cut, 1, slow)  # same math, slower steps: time to stop it mid-way
+    marker = cut / "checkpoints" / f"ckpt-{EVERY:08d}" / ".metadata"
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline:
+        assert first[1].poll() is None, finish(first)[1]
+        time.sleep(0.05)
+    assert marker.exists(), "no first checkpoint"
+    first[1].send_signal(signal.SIGTERM)  # one rank only: the ranks agree on the stop step
+    codes, log = finish(first)
+    assert codes == [75, 75], log
+    saved = sorted(int(p.name[5:]) for p in (cut / "checkpoints").glob("ckpt-*[0-9]"))
+    assert EVERY <= saved[-1] < STEPS, saved
+    codes, whole_log = finish(uninterrupted)
+    assert codes == [0, 0], whole_log
+
+    codes, log = finish(launch(cut, 2, CONFIG))
+    assert codes == [0, 0], log
+    assert f"resumed at step {saved[-1]}" in log
+    a, b = weights(whole / "model"), weights(cut / "model")
+    assert a.keys() == b.keys()
+    unequal = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not unequal, unequal
+    loss = [json.loads((d / "model" / "metrics.json").read_text())["final_loss"]
+            for d in (whole, cut)]
+    assert loss[0] == loss[1]
+    assert scalar_steps(cut / "tb") == list(range(1, STEPS + 1))

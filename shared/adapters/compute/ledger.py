@@ -19,6 +19,7 @@ records live where the adapter keeps its state:
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,10 +29,16 @@ from typing import Any, Protocol
 from shared.adapters.compute.protocol import (
     attempt_exit,
     checkpoint_steps,
+    progress_path,
     save_cost,
     tier_progress,
 )
-from shared.domain.events import JobCheckpointSaved, JobWorkersExited, NodeRepairCompleted
+from shared.domain.events import (
+    JobCheckpointSaved,
+    JobFirstStep,
+    JobWorkersExited,
+    NodeRepairCompleted,
+)
 
 CHECKPOINTS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -96,6 +103,24 @@ def report_tier_saves(store: LedgerStore, job_id: str, attempt: int, checkpoint_
         if store.checkpoint(key, step, job_id, attempt, path, now):
             out.append(JobCheckpointSaved(job_id, attempt, step, path, now, save_s=save_s, tier=tier))
     return out
+
+
+def report_first_step(store: LedgerStore, job_id: str, attempt: int, checkpoint_dir: str,
+                      now: float) -> JobFirstStep | None:
+    """The attempt's ``JobFirstStep``, once, when rank 0's heartbeat (``MTC_PROGRESS_FILE``)
+    shows this attempt past a step: the end of its startup, which the recovery policy weighs
+    (read as often as the tier heartbeats, so up to that late). None before, or for a program
+    that writes no heartbeat."""
+    try:
+        beat = json.loads(progress_path(checkpoint_dir, 0).read_text())
+    except (OSError, ValueError):
+        return None
+    step = beat.get("step") if isinstance(beat, dict) else None
+    if beat.get("attempt") != attempt or not isinstance(step, int) or step <= 0:
+        return None
+    if store.checkpoint(f"{checkpoint_dir}#first-step", attempt, job_id, attempt, "", now):
+        return JobFirstStep(job_id=job_id, attempt=attempt, step=step)
+    return None
 
 
 def checkpoint_saved(store: LedgerStore, job_id: str, attempt: int, checkpoint_dir: str,

@@ -58,6 +58,7 @@ from shared.adapters.compute.ledger import (
     attempt_row,
     ranks_exited,
     report_checkpoints,
+    report_first_step,
     report_tier_saves,
 )
 from shared.adapters.compute.local.nodes import (
@@ -452,6 +453,8 @@ class LocalCompute:
         for fact in report_tier_saves(ledger, att["job_id"], att["attempt"],
                                       att["checkpoint_dir"], att["world_size"], now):
             self.store.queue(db, fact)
+        self.store.queue(db, report_first_step(ledger, att["job_id"], att["attempt"],
+                                               att["checkpoint_dir"], now))
 
     def poll(self) -> None:
         """Turn what happened since the last poll (by any process) into events, once each."""

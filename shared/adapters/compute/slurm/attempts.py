@@ -26,6 +26,7 @@ from shared.adapters.compute.ledger import (
     attempt_row,
     ranks_exited,
     report_checkpoints,
+    report_first_step,
     report_tier_saves,
     workers_exited,
 )
@@ -380,6 +381,8 @@ class SlurmAttempts:
             for fact in report_tier_saves(ledger, att["job_id"], att["attempt"],
                                           att["checkpoint_dir"], att["world_size"], now):
                 self._store.queue(db, fact)
+            self._store.queue(db, report_first_step(ledger, att["job_id"], att["attempt"],
+                                                    att["checkpoint_dir"], now))
 
 
 def previous_hosts(db: sqlite3.Connection, job_id: str, attempt: int) -> list[str]:

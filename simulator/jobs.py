@@ -24,7 +24,9 @@ from shared.domain.events import Event, JobCheckpointSaved, JobFirstStep, JobWor
 from simulator.bus import SimBus
 from simulator.clock import EPOCH_S, call_later
 from simulator.failures import Fault, diurnal_integral, diurnal_spans
+from simulator.recovery_config import plan_for
 from simulator.scenario_types import JobCfg, Scenario
+from simulator.tiers import settle_tiered
 from simulator.world import COMPUTE_SOURCE, Attempt, SimJob, SimNode
 
 # the worker protocol's exit statuses, as plain ints on the hot path
@@ -49,12 +51,22 @@ class JobModel:
 
     def add_job(self, cfg: JobCfg) -> SimJob:
         job = SimJob(cfg, cfg.name)
+        if self.sc.recovery is not None:
+            job.plan = plan_for(self.sc.recovery, cfg, self.sc.cluster.gpus_per_node)
         self.jobs[job.job_id] = job
         return job
 
     def _cycle(self, att: Attempt) -> tuple[float, float]:
+        plan = att.job.plan
+        if plan is not None:  # a snapshot (tier 1) or a synchronous durable save per cycle
+            return plan.interval_s, plan.save_s
         cfg = att.job.cfg
         return cfg.checkpoint_interval_s, cfg.checkpoint_save_s
+
+    @staticmethod
+    def final_save_s(job: SimJob) -> float:
+        """The save on SIGTERM or at the end of training."""
+        return job.plan.final_save_s if job.plan is not None else job.cfg.checkpoint_save_s
 
     def _work(self, att: Attempt, t0: float, t1: float) -> tuple[float, float]:
         """Nominal work (seconds at full speed) done computing over [t0, t1], and the same
@@ -104,6 +116,8 @@ class JobModel:
 
     def _record_checkpoint(self, att: Attempt, at: float, work: float) -> None:
         job = att.job
+        if job.plan is not None:  # which entry counts is known when progress stops (tiers)
+            return
         step = att.base_step + int(work / job.cfg.step_time_s + 1e-9)
         if step > job.ckpt_step:
             job.ckpt_step = step
@@ -111,6 +125,9 @@ class JobModel:
 
     def _settle(self, att: Attempt, t: float, *, saved: bool) -> None:
         """Progress stops at ``t``: split the attempt's time into the truth ledger."""
+        if att.job.plan is not None:
+            settle_tiered(self, att, t, saved=saved)
+            return
         cfg = att.job.cfg
         truth = att.job.truth
         startup_end = att.start + cfg.startup_s + cfg.warmup_s
@@ -212,6 +229,14 @@ class JobModel:
 
     def _emit_checkpoint(self, job: SimJob, attempt: int) -> None:
         job.emitted_step = job.ckpt_step
+        if job.plan is not None:  # the newest entry usable after the stop, and its tier
+            self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt,
+                                         step=job.ckpt_step,
+                                         path=f"sim://{job.job_id}/{job.ckpt_tier}/"
+                                              f"ckpt-{job.ckpt_step:08d}",
+                                         saved_at=EPOCH_S + job.ckpt_at,
+                                         save_s=job.plan.save_s, tier=job.ckpt_tier))
+            return
         self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt, step=job.ckpt_step,
                                      path=f"sim://{job.job_id}/checkpoints/"
                                           f"ckpt-{job.ckpt_step:08d}",
@@ -273,8 +298,8 @@ class JobModel:
         att.stopped_at = finish
         self._settle(att, finish, saved=True)
         att.alive = False
-        save = att.job.cfg.checkpoint_save_s
-        call_later(self.env, save, self._exit, att, EXIT_OK, "training finished")
+        call_later(self.env, self.final_save_s(att.job), self._exit, att, EXIT_OK,
+                   "training finished")
 
     def _rearm_checkpoints(self, att: Attempt) -> None:
         interval, save = self._cycle(att)

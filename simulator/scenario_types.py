@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator.availability import AvailabilityCfg
 from simulator.failures import FailureCfg
 from simulator.readers import Dist
+
+if TYPE_CHECKING:
+    from simulator.recovery_config import RecoveryCfg
 
 # ---------------------------------------------------------------- constants (defaults)
 # Units are in the names: _S seconds, _PER_NODE_DAY events per node per day, _FRACTION 0..1.
@@ -145,3 +148,5 @@ class Scenario:
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
     # how the capacity is bought and what it costs (simulator.availability): its own block
     availability: AvailabilityCfg = field(default_factory=AvailabilityCfg)
+    # checkpoint tiers and recovery modes (simulator.recovery_config); None: today's path
+    recovery: RecoveryCfg | None = None

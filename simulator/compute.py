@@ -51,7 +51,7 @@ from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.picking import Qualifying
 from simulator.scenario_types import Scenario
 from simulator.streams import FAILURES_DOMAIN, PROVISION_DOMAIN, REPAIR_DOMAIN
-from simulator.tiers import mark_gone, scale_of, start_costs
+from simulator.tiers import mark_gone, tiered_attempt
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode, regang
 
 MAX_STARTS_AT_ONE_INSTANT = 1000  # attempts of one job at one simulated time: a livelock
@@ -303,17 +303,14 @@ class SimCompute(FailureProcesses):
         cfg = job.cfg
         node_ids = gang.node_ids  # by rank already: no per-rank work per restart
         old = job.attempt
+        startup = cfg.startup_s + cfg.warmup_s  # a slow first step is startup too
         if job.plan is None:
-            resume = job.ckpt_step >= 0
-            startup = cfg.startup_s + cfg.warmup_s  # a slow first step is startup too
-            restore = cfg.checkpoint_restore_s if resume else 0.0
+            restore = cfg.checkpoint_restore_s if job.ckpt_step >= 0 else 0.0
             att = Attempt(job, gang.attempt, node_ids, now, now + startup + restore,
                           max(job.ckpt_step, 0))
         else:  # warm or cold, restored from the tier of the newest surviving entry
-            startup, restore, tier = start_costs(job, gang)
-            att = Attempt(job, gang.attempt, node_ids, now, now + startup + restore,
-                          max(job.ckpt_step, 0), boot=startup, restored_from=tier,
-                          scale=scale_of(job, gang))
+            att = tiered_attempt(job, gang, now)
+            startup = att.boot
         job.attempt = att
         job.truth.attempts += 1
         broken = self._seat(job, old, att, now)
@@ -443,25 +440,8 @@ class SimCompute(FailureProcesses):
             self._settle(att, now, saved=False)
             self._exit(att, EXIT_PREEMPTED, "stopped during startup")
             return
-        interval, save = self._cycle(att)
-        cycle = interval + save
-        into = (now - att.ready) % cycle
-        final = self.final_save_s(att.job)
-        if into >= interval:  # a periodic save is under way: let it finish
-            done_at = now + (cycle - into)
-            if done_at - now <= grace_s and att.job.plan is None:
-                att.stopped_at = done_at
-                call_later(self.env, done_at - now, self._graceful, att, done_at, False)
-                return
-            if att.job.plan is not None and done_at - now + final <= grace_s:
-                # the snapshot under way, then the save on SIGTERM (sent to the peer)
-                att.stopped_at = done_at
-                call_later(self.env, done_at - now + final, self._graceful, att, done_at, True)
-                return
-        elif final <= grace_s:
-            call_later(self.env, final, self._graceful, att, now, True)
-            return
-        call_later(self.env, grace_s, self._sigkill, att)
+        if not self._save_on_sigterm(att, now, grace_s):
+            call_later(self.env, grace_s, self._sigkill, att)
 
     def stop_workers(self, job_id: str, attempt: int) -> None:
         self.calls += 1

@@ -163,6 +163,29 @@ class JobModel:
         job.steps_done = max(job.steps_done, att.base_step
                              + int(work_kept / cfg.step_time_s + 1e-9))
 
+    def _save_on_sigterm(self, att: Attempt, now: float, grace_s: float) -> bool:
+        """Schedule the graceful exit if the save fits the grace period (False: it does
+        not, SIGKILL comes). A periodic save under way finishes first."""
+        interval, save = self._cycle(att)
+        cycle = interval + save
+        into = (now - att.ready) % cycle
+        final = self.final_save_s(att.job)
+        if into >= interval:  # a periodic save is under way: let it finish
+            done_at = now + (cycle - into)
+            if done_at - now <= grace_s and att.job.plan is None:
+                att.stopped_at = done_at
+                call_later(self.env, done_at - now, self._graceful, att, done_at, False)
+                return True
+            if att.job.plan is not None and done_at - now + final <= grace_s:
+                # the snapshot under way, then the save on SIGTERM (sent to the peer)
+                att.stopped_at = done_at
+                call_later(self.env, done_at - now + final, self._graceful, att, done_at, True)
+                return True
+        elif final <= grace_s:
+            call_later(self.env, final, self._graceful, att, now, True)
+            return True
+        return False
+
     def _graceful(self, att: Attempt, stopped: float, save_now: bool) -> None:
         if att.exited or not att.alive:
             return

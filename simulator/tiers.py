@@ -175,6 +175,11 @@ def start_costs(job: SimJob, gang: Gang) -> tuple[float, float, str]:
     return startup, plan.restore_s[tier], tier
 
 
-def scale_of(job: SimJob, gang: Gang) -> float:
-    """The pace of a smaller gang (a scale-down: fewer data-parallel replicas)."""
-    return min(1.0, len(gang.node_ids) / job.cfg.nodes)
+def tiered_attempt(job: SimJob, gang: Gang, now: float) -> Attempt:
+    """A tiered job's new attempt: warm or cold, restored from the tier of the newest
+    surviving entry, at the pace of its gang (a scale-down has fewer data-parallel
+    replicas for the same global batch)."""
+    startup, restore, tier = start_costs(job, gang)
+    return Attempt(job, gang.attempt, gang.node_ids, now, now + startup + restore,
+                   max(job.ckpt_step, 0), boot=startup, restored_from=tier,
+                   scale=min(1.0, len(gang.node_ids) / job.cfg.nodes))

@@ -1,0 +1,131 @@
+"""Checkpoint tiers in the twin (issue 26): which tier an incident restores from, that no tier
+saves faster than its bandwidth, and that the event-log accounting still agrees with the job
+model's ledger."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from shared.goodput.totals import Badput
+from simulator import twin
+from simulator.readers import ScenarioError
+from simulator.recovery_config import parse_recovery, plan_for
+from simulator.scenario import load_scenario
+from simulator.tiers import _cut
+from simulator.world import Attempt, SimJob
+from tests.sim.conftest import scenario, xid79_raw
+
+RECOVERY = {"tiers": ["memory", "peer", "durable"], "parameters": 8e9,
+            "bytes_per_parameter": 14, "memory_gb_s": 10, "peer_gb_s": 12.5,
+            "durable_gb_s": 20, "memory_every": "2m", "durable_every": "30m",
+            "startup_warm": "30s"}
+
+
+def tiered(scripted: list[dict[str, Any]], **recovery: Any) -> dict[str, Any]:
+    """The 16-node XID 79 job with no random faults, ``scripted`` ones, and tiers."""
+    raw = xid79_raw(duration="6h")
+    raw["failures"]["causes"] = {
+        "gpu_off_bus": {"count": 0, "signal": {"xid": [79]}, "fix": "reboot"},
+        "software_bug": {"count": 0, "signal": "none", "fix": "none"}}
+    raw["failures"]["reference"] = {"nodes": 16, "days": 1}
+    raw["failures"]["scripted"] = scripted
+    raw["recovery"] = {**RECOVERY, **recovery}
+    return raw
+
+
+def restored_from(raw: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
+    result = twin.run(scenario(raw), seed=1)
+    tiers = [r["data"].get("tier") for r in result.rows
+             if r["type"] == "mtc.job.checkpoint_saved.v1"]
+    return result.truth["train"]["restore_by_tier_s"], tiers
+
+
+def test_a_node_loss_restores_from_the_peer_not_memory() -> None:
+    by_tier, logged = restored_from(tiered([{"at": "1h", "node": 3, "cause": "gpu_off_bus"}]))
+    assert logged[0] == "peer"
+    assert by_tier.get("peer", 0) > 0 and by_tier.get("memory", 0) == 0
+
+
+def test_a_program_crash_restores_from_memory() -> None:
+    by_tier, logged = restored_from(tiered([{"at": "1h", "node": 3, "cause": "software_bug"}]))
+    assert logged[0] == "memory"
+    assert by_tier.get("memory", 0) > 0 and by_tier.get("peer", 0) == 0
+
+
+def test_durable_only_restores_from_durable() -> None:
+    by_tier, logged = restored_from(tiered([{"at": "1h", "node": 3, "cause": "software_bug"}],
+                                           tiers="durable"))
+    assert set(logged) == {"durable"} and set(by_tier) == {"durable"}
+
+
+def test_no_tier_saves_more_often_than_its_bandwidth_allows() -> None:
+    # 16 nodes x 8 GPUs, 112 GB of state: 7 GB a node; at 0.05 GB/s the peer copy takes 140 s,
+    # longer than the 60 s between snapshots: every third snapshot goes to the peer
+    cfg = parse_recovery({**RECOVERY, "memory_every": "1m", "peer_gb_s": 0.05}, "recovery")
+    assert cfg is not None
+    job = scenario(xid79_raw()).jobs[0]
+    plan = plan_for(cfg, job, 8)
+    cycle = plan.interval_s + plan.save_s
+    for tier in plan.tiers:
+        assert plan.every[tier] * cycle >= plan.lag_s[tier]
+    assert plan.lag_s["peer"] == pytest.approx(140.0)
+    assert plan.every["peer"] == 3
+    assert plan.restore_s["peer"] == pytest.approx(140.0)
+    # a node lost 10 s after snapshot 6: that snapshot's peer copy is still in flight, the
+    # cut is the one before (3), never the memory copy the node took with it
+    att = Attempt(SimJob(job, "train", plan=plan), 1, tuple(f"n{i}" for i in range(16)), 0.0,
+                  0.0, 0)
+    assert _cut(plan, att, 6 * cycle + 10.0, 6, cycle, {"n3"}) == (3, "peer")
+    assert _cut(plan, att, 6 * cycle + 150.0, 6, cycle, {"n3"}) == (6, "peer")
+    assert _cut(plan, att, 6 * cycle + 10.0, 6, cycle, set()) == (6, "memory")
+    # a node and its buddy (half the gang on) both lost: only durable is left
+    assert _cut(plan, att, 6 * cycle + 150.0, 6, cycle, {"n3", "n11"})[1] == "durable"
+
+
+def test_the_event_log_accounting_matches_the_job_model_with_tiers() -> None:
+    raw = tiered([{"at": "1h", "node": 3, "cause": "gpu_off_bus"},
+                  {"at": "3h", "node": 5, "cause": "software_bug"}])
+    result = twin.run(scenario(raw), seed=2)
+    jg = result.job()
+    truth = result.truth["train"]
+    assert jg.productive_s == pytest.approx(truth["kept_compute_s"], rel=1e-3)
+    assert jg.lost(Badput.WASTED_PROGRESS_FROM_DISRUPTION) == pytest.approx(
+        truth["wasted_s"], abs=1.0)
+    assert jg.lost(Badput.PROGRAM_STARTUP) == pytest.approx(truth["startup_s"], abs=1.0)
+    assert jg.lost(Badput.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME) == pytest.approx(
+        truth["restore_s"], abs=0.1)
+    assert jg.lost(Badput.UNPRODUCTIVE_CHECKPOINT_SAVE_TIME) == pytest.approx(
+        truth["save_s"], abs=1.0)
+    assert abs(jg.lost(Badput.OTHER)) < 1e-3
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"tiers": ["memory", "peer"]}, "recovery.tiers"),
+    ({"tiers": ["peer", "durable"]}, "recovery.tiers"),
+    ({"tiers": ["disk"]}, "recovery.tiers"),
+    ({"mode": "teleport"}, "recovery.mode"),
+    ({"peer_gb_s": 0}, "recovery.peer_gb_s"),
+    ({"memory_every": "1s"}, "recovery.memory_every"),
+    ({"spares": "lukewarm"}, "recovery.spares"),
+    ({"min_replicas": 17}, "recovery.min_replicas"),
+    ({"bogus": 1}, "recovery.bogus"),
+])
+def test_bad_recovery_settings_name_the_field(change: dict[str, Any], field: str) -> None:
+    raw = tiered([])
+    raw["recovery"].update(change)
+    with pytest.raises(ScenarioError) as err:
+        scenario(copy.deepcopy(raw))
+    assert field in str(err.value)
+
+
+def test_the_tiers_scenario_is_llama3_with_a_recovery_block() -> None:
+    base, tiers = load_scenario(), load_scenario(
+        load_scenario.__globals__["SCENARIO_DIR"] / "llama3-tiers.yaml")
+    assert base.recovery is None and tiers.recovery is not None
+    assert (tiers.jobs, tiers.failures, tiers.seed) == (base.jobs, base.failures, base.seed)
+    durable = load_scenario(load_scenario.__globals__["SCENARIO_DIR"] / "llama3-tiers.yaml",
+                            {"recovery.tiers": "durable"})
+    assert durable.recovery is not None and durable.recovery.pinned == "requeue"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from shared.domain.errors import ValidationError
 from shared.policies.checkpointing import CheckpointPolicy
+from shared.policies.recovery import RecoveryDefaults
 from shared.policies.repair import RepairConfig
 from shared.policies.restarts import RestartConfig
 from shared.policies.triage import TriageTable, load_triage_table
@@ -24,6 +25,8 @@ class ControlPlaneConfig:
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     # restart backoff and repeat-offender nodes (shared/policies/restarts.py)
     restart: RestartConfig = field(default_factory=RestartConfig)
+    # the recovery policy's assumptions until a job measures its own (shared/policies/recovery)
+    recovery: RecoveryDefaults = field(default_factory=RecoveryDefaults)
     # progress watchdog (shared/domain/progress.py): a running job silent for longer than
     # max(progress_timeout_s, progress_interval_factor x its longest gap between checkpoints)
     # is interrupted and requeued; 0 turns it off

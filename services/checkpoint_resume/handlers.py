@@ -21,23 +21,28 @@ from __future__ import annotations
 
 import contextlib
 
-from services.checkpoint_resume import restarts
-from shared import job_nodes
+from services.checkpoint_resume import measure, modes, restarts
+from services.checkpoint_resume.release import release
+from shared import gangs, job_nodes
 from shared.domain import exits, lifecycle, progress, ranks, timeouts
 from shared.domain.errors import NotFound
 from shared.domain.events import (
+    FleetTicked,
     JobCheckpointSaved,
     JobFinished,
+    JobFirstStep,
     JobInterruptRequested,
     JobRequeued,
     JobSignalled,
     JobWorkersExited,
     NodeDrained,
     NodeDraining,
+    NodeReturnedToService,
 )
 from shared.domain.model import Checkpoint, Job, JobState, NodeState
-from shared.handling import Deps
+from shared.handling import Deps, Outcome
 from shared.policies import checkpointing
+from shared.policies.recovery import Tier
 from shared.ports import UnitOfWork
 
 SERVICE = "checkpoint_resume"
@@ -76,8 +81,15 @@ def on_checkpoint_saved(event: JobCheckpointSaved, uow: UnitOfWork, deps: Deps) 
     job = uow.jobs.get(event.job_id)
     if job is None:
         raise NotFound("job", event.job_id)
+    tier = measure.tier_of(event)
+    if tier is not Tier.DURABLE:  # a memory or peer entry: the recovery policy's input
+        if measure.record_tier(job, event, tier):
+            progress.progressed(job, event.attempt, event.saved_at)
+            job.recovery.measured(event.attempt, event.saved_at)
+        return
     if any(c.step == event.step for c in job.checkpoints):
         return
+    job.recovery.measured(event.attempt, event.saved_at)  # (first progress, if no first step)
     job.checkpoints.append(Checkpoint(event.step, event.path, event.saved_at, event.attempt,
                                       max(0.0, event.save_s)))
     progress.progressed(job, event.attempt, event.saved_at)  # the watchdog's progress
@@ -149,9 +161,9 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         restarts.back_off(job, deps)
         if unsound is not None and suspects:  # they left the job's ranks
             unsound = [n for n in unsound if n not in suspects]
-        _requeue(job, job.interrupt_reason
-                 or f"workers exited with {exits.describe(event.exit_code)}", uow, deps,
-                 unsound)
+        reason = job.interrupt_reason or f"workers exited with {exits.describe(event.exit_code)}"
+        if not modes.recover(job, unsound, reason, uow, deps):  # in place, hot swap, scale down
+            _requeue(job, reason, uow, deps, unsound)
 
 
 def _finish(job: Job, state: JobState, detail: str, uow: UnitOfWork, deps: Deps) -> None:
@@ -170,6 +182,7 @@ def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps,
     gone = out.intersection(job.node_ids if unsound is None else unsound)
     gone.discard("")
     _release(ranks.in_rank_order(gone, job.node_ids), job.job_id, uow, deps)
+    gangs.regrow(job)  # a scaled-down job is requeued at its full size
     job.transition(JobState.PENDING, deps.clock.now())
     job.restart_count += 1
     held = job.node_ids  # a running job has no holes: the same value, shared
@@ -185,12 +198,7 @@ def _release_nodes(job: Job, uow: UnitOfWork, deps: Deps) -> None:
     _release(list(filter(None, job.node_ids)), job.job_id, uow, deps)
 
 
-def _release(node_ids: list[str], job_id: str, uow: UnitOfWork, deps: Deps) -> None:
-    now = deps.clock.now()
-    for node_id in node_ids:
-        node = uow.nodes.get(node_id)
-        if node is not None and lifecycle.release_from_job(node, job_id, now):
-            uow.emit(NodeDrained(node_id=node.node_id, reason=node.reason))
+_release = release
 
 
 def _release_orphan(node_id: str, uow: UnitOfWork, deps: Deps) -> None:
@@ -213,9 +221,24 @@ def _finished(job: Job, uow: UnitOfWork, detail: str) -> None:
                          restart_count=job.restart_count, detail=detail))
 
 
+def on_node_returned(event: NodeReturnedToService, uow: UnitOfWork, deps: Deps) -> None:
+    """A node is back: a scaled-down job may grow again (``modes.grow_where_ready``)."""
+    modes.grow_where_ready(event.cluster_id, uow, deps)
+
+
+def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome | None:
+    """The tick looks again for spares for scaled-down jobs (a spare may have come without a
+    return to service: a provisioned replacement, a job that ended)."""
+    modes.grow_where_ready(event.cluster_id, uow, deps)
+    return None if uow.emitted else Outcome.UNCHANGED
+
+
 SUBSCRIPTIONS = {
     NodeDraining: on_node_draining,
     JobInterruptRequested: on_interrupt_requested,
     JobCheckpointSaved: on_checkpoint_saved,
     JobWorkersExited: on_workers_exited,
+    JobFirstStep: measure.on_first_step,
+    NodeReturnedToService: on_node_returned,
+    FleetTicked: on_fleet_ticked,
 }

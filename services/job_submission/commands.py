@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from services.job_submission.scheduling import free_held_nodes
+from shared import gangs
 from shared.domain.adopted import RESERVED_LABELS
 from shared.domain.errors import Conflict, NotFound, ValidationError
 from shared.domain.events import (
@@ -25,6 +26,7 @@ from shared.domain.events import (
 from shared.domain.model import Cluster, ClusterState, Job, JobState
 from shared.domain.specs import ID_PATTERN, ClusterSpec, CustomJobSpec
 from shared.handling import Deps
+from shared.policies import recovery
 from shared.ports import UnitOfWork
 
 # ---------------------------------------------------------------- clusters
@@ -32,6 +34,8 @@ from shared.ports import UnitOfWork
 
 def create_cluster(body: Any, uow: UnitOfWork, deps: Deps) -> Cluster:
     spec = ClusterSpec.parse(body)
+    for name, message in recovery.label_errors(dict(spec.labels)):
+        raise ValidationError(name, message)
     now = deps.clock.now()
     existing = uow.clusters.get(spec.cluster_id)
     if existing is not None and existing.state is not ClusterState.DELETED:
@@ -100,6 +104,7 @@ def submit_job(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps,
         raise ValidationError(f"labels.{key}", "is set by mtc on the jobs it adopts")
     if job_id is not None and not ID_PATTERN.match(job_id):
         raise ValidationError("jobId", "must be lowercase letters, digits and hyphens")
+    _check_recovery_labels(spec)
     check_fits(cluster, spec)
     job_id = job_id or f"job-{uuid.uuid4().hex[:10]}"
     existing = uow.jobs.get(job_id)
@@ -113,6 +118,21 @@ def submit_job(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps,
     uow.jobs.add(job)
     uow.emit(JobSubmitted(job_id=job_id, cluster_id=cluster_id))
     return job
+
+
+def _check_recovery_labels(spec: CustomJobSpec) -> None:
+    """``mtc-recovery-mode`` names a mode; ``mtc-min-replicas`` is below the elastic pool's
+    replicas (``shared.gangs.elastic_pool``)."""
+    labels = dict(spec.labels)
+    for name, message in recovery.label_errors(labels):
+        raise ValidationError(name, message)
+    low = recovery.min_replicas(labels)
+    if low is not None:
+        pool = spec.worker_pool_specs[gangs.elastic_pool(spec)]
+        if low > pool.replica_count:
+            raise ValidationError(f"labels.{recovery.MIN_REPLICAS_LABEL}",
+                                  f"{low} is more than the data-parallel pool's "
+                                  f"{pool.replica_count} replicas")
 
 
 def check_fits(cluster: Cluster, spec: CustomJobSpec) -> None:

@@ -10,18 +10,19 @@ twice.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from shared import job_nodes
+from shared.capacity import idle_slots, request
 from shared.domain import lifecycle, progress, ranks, timeouts
 from shared.domain.adopted import adopted
-from shared.domain.errors import ValidationError
-from shared.domain.events import JobFinished, JobInterruptRequested, JobStarted, NodeDrained
-from shared.domain.model import Job, JobState, NodeRole, NodeState
-from shared.domain.specs import WorkerPoolSpec
+from shared.domain.events import JobFinished, JobInterruptRequested, NodeDrained
+from shared.domain.model import Job, JobState
+from shared.gangs import gang, local_output_dir, output_dirs, start_attempt
 from shared.handling import Deps
-from shared.policies.scheduling import JobRequest, NodeSlot, ReplicaGroup, place_jobs
-from shared.ports import Gang, LaunchGroup, UnitOfWork
+from shared.policies.scheduling import place_jobs
+from shared.ports import UnitOfWork
+
+__all__ = ["enforce_timeouts", "free_held_nodes", "gang", "idle_slots", "local_output_dir",
+           "output_dirs", "schedule", "watch_progress"]
 
 
 def free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps, reason: str = "job cancelled"
@@ -99,48 +100,11 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
         return
     for job in waiting:
         _clear_cleared_suspects(job, uow)
-    requests = [_request(job) for job in waiting]
+    requests = [request(job) for job in waiting]
     placements = place_jobs(requests, slots, now, backfill=deps.config.backfill)
     by_id = {j.job_id: j for j in waiting}
     for placement in placements:
         _start(by_id[placement.job_id], list(placement.node_ids), uow, deps)
-
-
-# up to this many partitions, a query each; more, one query of every idle node (placement
-# sorts the slots itself, so their order does not matter): 128 jobs waiting across 16
-# partitions made every scheduling pass 16 queries
-PER_PARTITION_QUERIES = 2
-_WORKER = NodeRole.WORKER.value  # (a constant: asked per idle node)
-SLOT_FIELDS = ("node_id", "partition", "machine_type", "accelerator_type", "accelerator_count",
-               "is_spare", "role", "sound")
-
-
-def idle_slots(cluster_id: str, uow: UnitOfWork, partitions: set[str | None] | None = None
-               ) -> list[NodeSlot]:
-    """The idle worker nodes that take work, as placement sees them (only those of
-    ``partitions`` when given: jobs that name a partition are placed nowhere else). A
-    projection of the stored fields, not every idle node decoded (and compared again at
-    commit): a 16,000-node fleet waiting for its jobs has 16,000 idle nodes, and only the
-    nodes placed are read. A sound node takes work; only the others are read to ask
-    ``lifecycle.takes_work``."""
-    if partitions is not None and len(partitions) <= PER_PARTITION_QUERIES:
-        rows = [row for p in sorted(partitions, key=str)
-                for row in uow.nodes.project(cluster_id, SLOT_FIELDS, state=NodeState.IDLE,
-                                             partition=p)]
-    else:  # jobs waiting in many partitions: one query, not one per partition
-        rows = uow.nodes.project(cluster_id, SLOT_FIELDS, state=NodeState.IDLE)
-        if partitions is not None:
-            rows = [row for row in rows if row[1] in partitions]
-    slots = []
-    for node_id, partition, machine, accel, count, spare, role, sound in rows:
-        if role != _WORKER:
-            continue
-        if not sound:
-            node = uow.nodes.get(node_id)
-            if node is None or not lifecycle.takes_work(node):
-                continue
-        slots.append(NodeSlot(node_id, partition, machine, accel, count, spare))
-    return slots
 
 
 def _drop_unfit(job: Job, uow: UnitOfWork, deps: Deps) -> None:
@@ -162,28 +126,6 @@ def _drop_unfit(job: Job, uow: UnitOfWork, deps: Deps) -> None:
         job.node_ids = ranks.with_holes(job.node_ids, {node_id})
 
 
-def _ranks(job: Job) -> tuple[str, ...]:
-    """The job's node per rank; '' where a rank has no node (yet)."""
-    return job.node_ids if job.node_ids else ("",) * job.spec.replica_count
-
-
-def _request(job: Job) -> JobRequest:
-    """Ask only for the holes, pool by pool (ranks are numbered pool after pool)."""
-    held = _ranks(job)
-    groups = []
-    first = 0
-    for pool in job.spec.worker_pool_specs:
-        missing = ranks.holes_in(held, first, pool.replica_count)  # (remembered per tuple)
-        first += pool.replica_count
-        if missing:
-            groups.append(ReplicaGroup(pool.machine_spec.machine_type,
-                                       pool.machine_spec.accelerator_type,
-                                       pool.machine_spec.accelerator_count, missing))
-    return JobRequest(job.job_id, job.spec.scheduling.partition, tuple(groups), job.priority,
-                      job.created_at, job.restart_count > 0, tuple(job.previous_node_ids),
-                      tuple(job.recovery.excluded_node_ids))
-
-
 def _clear_cleared_suspects(job: Job, uow: UnitOfWork) -> None:
     """A suspect is kept out of the job's next placement while it is held or repaired; once
     it takes work again after the job was requeued (returned by its repair and checks, or
@@ -203,71 +145,4 @@ def _clear_cleared_suspects(job: Job, uow: UnitOfWork) -> None:
 
 
 def _start(job: Job, placed: list[str], uow: UnitOfWork, deps: Deps) -> None:
-    now = deps.clock.now()
-    job.node_ids = ranks.fill_holes(_ranks(job), placed)
-    job.transition(JobState.RUNNING, now)
-    job.attempt += 1
-    job.started_at = job.started_at or now
-    job.recovery.not_before = None
-    job.recovery.excluded_node_ids = []  # suspects are kept out of one placement: this one
-    progress.started(job, now)
-    for node_id in placed:
-        node = uow.nodes.get(node_id)
-        assert node is not None, f"placed on {node_id}, which is gone"
-        lifecycle.assign_to_job(node, job.job_id, now)
-    workers = gang(job, deps)
-    deps.compute.start_workers(workers)
-    latest = job.latest_checkpoint
-    uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=workers.node_ids,
-                        resume_step=latest.step if latest else -1))
-    early = job.recovery.take_early_exit(job.job_id, job.attempt)
-    if early is not None:  # the attempt already ran and exited before this commit
-        uow.emit(early)
-
-
-def output_dirs(job: Job, deps: Deps) -> tuple[str, str, str]:
-    """The managed-training layout under baseOutputDirectory: checkpoints/, model/, logs/.
-    A ``gs://BUCKET/PATH`` prefix lands under the output root (``<root>/gcs/BUCKET/PATH``):
-    the API admits nothing else, so outputs never leave the configured root."""
-    base = local_output_dir(job.spec.base_output_directory, deps.config.output_root, job.job_id)
-    return f"{base}/checkpoints", f"{base}/model", f"{base}/logs"
-
-
-def local_output_dir(uri: str | None, root: Path, job_id: str) -> str:
-    if not uri:
-        return str(root / job_id)
-    if uri.startswith("gs://"):
-        parts = [p for p in uri.removeprefix("gs://").split("/") if p not in ("", ".", "..")]
-        return str(root.joinpath("gcs", *parts))
-    return uri.removeprefix("file://").rstrip("/")  # the twin's sim:// names, tests' own paths
-
-
-def gang(job: Job, deps: Deps) -> Gang:
-    """The attempt's one start request: a launch group per pool, ranks pool after pool."""
-    ckpt, model, logs = output_dirs(job, deps)
-    node_ids = tuple(job.node_ids)
-    groups: list[LaunchGroup] = []
-    first = 0
-    for pool in job.spec.worker_pool_specs:
-        command, env = _command(pool, deps)
-        n = pool.replica_count
-        if len(node_ids) < first + n:
-            raise ValueError(f"job {job.job_id}: {len(node_ids)} nodes for {first + n} ranks")
-        groups.append(LaunchGroup(first, n, command, env))
-        first += n
-    # node_ids[:first] is node_ids itself (one tuple, shared with JobStarted) unless the job
-    # holds more nodes than ranks
-    return Gang(job.job_id, job.attempt, node_ids[:first], tuple(groups), ckpt, model, logs)
-
-
-def _command(pool: WorkerPoolSpec, deps: Deps) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """Locally a container's command runs as a process on this machine, without the image."""
-    if pool.container_spec is not None:
-        c = pool.container_spec
-        command = c.command + c.args
-        if not command:
-            raise ValidationError("containerSpec.command", "is required to run without an image")
-        return command, c.env
-    assert pool.python_package_spec is not None
-    p = pool.python_package_spec
-    return (deps.config.python, "-m", p.python_module, *p.args), p.env
+    start_attempt(job, placed, uow, deps)  # (shared with the recoveries that skip the queue)

@@ -20,7 +20,12 @@ it are ``shared.policies.restarts`` and ``shared.domain.progress``).
 * ``decisions``: the recovery policy's choices (``shared.policies.recovery``), newest last,
   ``KEEP_DECISIONS`` kept: ``at, attempt, mode, incident, why, expected_lost_s, measured_s``
   (``measured_s``: from the incident to the new attempt's first progress, None until seen);
-* ``replicas``: the data-parallel replicas a scaled-down attempt runs with (None: the spec's).
+* ``replicas``: the data-parallel replicas a scaled-down attempt runs with (None: the spec's);
+* ``attempt_started_at``, ``attempt_mode``: when the running attempt started, and how (a
+  ``RecoveryPlan`` mode, "" when placed);
+* ``tiers``: per checkpoint tier other than durable (those are ``Job.checkpoints``), the
+  newest entry ``{step, at, attempt, save_s}``; ``startup``: measured startup seconds,
+  ``cold`` and ``warm`` (JobStarted to JobFirstStep, less the restore).
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class JobRecovery:
     early_exit: EarlyExit | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
     replicas: int | None = None
+    attempt_started_at: float | None = None
+    attempt_mode: str = ""  # how the running attempt was started ("": placed)
+    tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    startup: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +71,10 @@ class JobRecovery:
             "early_exit": None if self.early_exit is None else list(self.early_exit),
             "decisions": [dict(d) for d in self.decisions],
             "replicas": self.replicas,
+            "attempt_started_at": self.attempt_started_at,
+            "attempt_mode": self.attempt_mode,
+            "tiers": {k: dict(v) for k, v in self.tiers.items()},
+            "startup": dict(self.startup),
         }
 
     @classmethod
@@ -77,6 +90,10 @@ class JobRecovery:
             early_exit=EarlyExit(*d["early_exit"]) if d.get("early_exit") else None,
             decisions=[dict(x) for x in d.get("decisions", [])],
             replicas=d.get("replicas"),
+            attempt_started_at=d.get("attempt_started_at"),
+            attempt_mode=d.get("attempt_mode", ""),
+            tiers={k: dict(v) for k, v in (d.get("tiers") or {}).items()},
+            startup=dict(d.get("startup") or {}),
         )
 
     def decided(self, decision: dict[str, Any]) -> None:

@@ -138,6 +138,7 @@ class ClusterSpec:
     login_machine_type: str
     node_pools: tuple[NodePoolSpec, ...]
     partitions: tuple[PartitionSpec, ...]
+    labels: tuple[tuple[str, str], ...] = ()  # e.g. mtc-recovery-mode: the cluster's pin
 
     @classmethod
     def parse(cls, value: Any) -> ClusterSpec:
@@ -171,7 +172,9 @@ class ClusterSpec:
             if pid not in owner:
                 raise ValidationError(f"nodePools[{i}].id", f"node pool {pid!r} is in no partition")
         assert cluster_id is not None and login_type is not None
-        return cls(cluster_id, display_name or cluster_id, login_type, pools, partitions)
+        labels = _labels(kit.field(data, "labels", "", dict, required=False) or {}, "labels")
+        return cls(cluster_id, display_name or cluster_id, login_type, pools, partitions,
+                   labels)
 
     def partition_of(self, pool_id: str) -> str:
         return next(p.name for p in self.partitions if pool_id in p.node_pool_ids)
@@ -180,13 +183,16 @@ class ClusterSpec:
         return next(p for p in self.node_pools if p.pool_id == pool_id)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "clusterId": self.cluster_id,
             "displayName": self.display_name,
             "loginNode": {"machineType": self.login_machine_type},
             "nodePools": [p.to_dict() for p in self.node_pools],
             "partitions": [p.to_dict() for p in self.partitions],
         }
+        if self.labels:
+            out["labels"] = dict(self.labels)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ClusterSpec:

@@ -8,8 +8,8 @@ below says when, and what it costs:
 ============  ===========================================  ==================================
 mode          allowed when                                 expected lost seconds
 ============  ===========================================  ==================================
-in_place      the nodes stay usable (APP_RESTART) and      warm start + memory restore
-              the job has a memory (tier 1) entry          + progress since that entry
+in_place      the nodes stay usable (APP_RESTART) and      warm start + the best tier's
+              the job has a memory (tier 1) entry          restore + progress since its entry
 hot_swap      a node leaves, a spare is ready for each,    max(cold start + peer restore,
               and the job has a peer (tier 2) entry        warm start + memory restore)
                                                            + progress since the cut
@@ -92,6 +92,27 @@ class Capacity:
 
 
 @dataclass(frozen=True)
+class RecoveryDefaults:
+    """What the policy assumes where a job has not measured it yet (``deps.config``): a
+    job's own figures replace these as they come (checkpoint_resume's ``costs``).
+    ``restore_s`` per tier; ``spare_eta_s`` None: no spare is on its way."""
+
+    startup_cold_s: float = 120.0
+    startup_warm_s: float = 20.0
+    restore_memory_s: float = 5.0
+    restore_peer_s: float = 30.0
+    restore_durable_s: float = 120.0
+    repair_eta_s: float = 1800.0
+    spare_eta_s: float | None = None
+    step_s: float = 1.0
+    enabled: bool = True  # False: every incident is requeued (today's path)
+
+    def restore_s(self, tier: Tier) -> float:
+        return {Tier.MEMORY: self.restore_memory_s, Tier.PEER: self.restore_peer_s,
+                Tier.DURABLE: self.restore_durable_s}[tier]
+
+
+@dataclass(frozen=True)
 class Decision:
     mode: Mode
     expected_lost_s: tuple[tuple[Mode, float], ...]  # every allowed mode, cheapest first
@@ -122,12 +143,19 @@ def _s(x: float) -> str:
 def _in_place(incident: Incident, costs: JobCosts, capacity: Capacity) -> _Cost:
     if incident.kind is not IncidentKind.APP_RESTART:
         return _Cost(None, "the node leaves service")
-    mem = costs.tier(Tier.MEMORY)
-    if mem is None:
+    if costs.tier(Tier.MEMORY) is None:
         return _Cost(None, "no memory-tier entry")
-    total = costs.startup_warm_s + mem.restore_s + mem.lost_s
-    return _Cost(total, f"warm start {_s(costs.startup_warm_s)} + memory restore "
-                        f"{_s(mem.restore_s)} + {_s(mem.lost_s)} lost")
+    best = _best(costs, tuple(Tier))  # every tier survives; the newest complete one is read
+    total = costs.startup_warm_s + best.restore_s + best.lost_s
+    return _Cost(total, f"warm start {_s(costs.startup_warm_s)} + {best.tier} restore "
+                        f"{_s(best.restore_s)} + {_s(best.lost_s)} lost")
+
+
+def _best(costs: JobCosts, tiers: tuple[Tier, ...]) -> TierCost:
+    """The tier a restore reads: the least restore plus lost time (nearest first on a tie);
+    callers make sure one exists."""
+    usable = [t for t in (costs.tier(x) for x in tiers) if t is not None]
+    return min(usable, key=lambda t: (t.restore_s + t.lost_s, _TIER_ORDER[t.tier]))
 
 
 def _hot_swap(incident: Incident, costs: JobCosts, capacity: Capacity) -> _Cost:
@@ -159,10 +187,9 @@ def _scale_down(incident: Incident, costs: JobCosts, capacity: Capacity) -> _Cos
         return _Cost(None, "a spare is ready (shrinking would only cost a regrow)")
     if capacity.replicas - 1 < capacity.min_replicas:
         return _Cost(None, f"{capacity.replicas} replicas, at least {capacity.min_replicas}")
-    usable = [t for t in (costs.tier(x) for x in Tier) if t is not None]
-    if not usable:
+    if all(costs.tier(x) is None for x in Tier):
         return _Cost(None, "no checkpoint to restart from")
-    best = min(usable, key=lambda t: (t.restore_s + t.lost_s, _TIER_ORDER[t.tier]))
+    best = _best(costs, tuple(Tier))
     eta = capacity.repair_eta_s if capacity.spare_eta_s is None \
         else min(capacity.spare_eta_s, capacity.repair_eta_s)
     given_up = eta / max(1, capacity.replicas)
@@ -235,6 +262,28 @@ def choose(incident: Incident, costs: JobCosts, capacity: Capacity,
     if refused:
         why += f"; {refused}"
     return Decision(best, tuple((m, float(s)) for m, s in ranked), why)
+
+
+MODE_LABEL = "mtc-recovery-mode"  # a job's or a cluster's pin
+MIN_REPLICAS_LABEL = "mtc-min-replicas"  # elastic: the data-parallel pool may shrink to this
+
+
+def label_errors(labels: dict[str, str]) -> list[tuple[str, str]]:
+    """(field, message) for each recovery label a spec gets wrong (callers answer 400)."""
+    out = []
+    mode = labels.get(MODE_LABEL)
+    if mode is not None and mode not in _VALUES:
+        out.append((f"labels.{MODE_LABEL}", f"must be one of {', '.join(sorted(_VALUES))}"))
+    low = labels.get(MIN_REPLICAS_LABEL)
+    if low is not None and (not low.isdigit() or int(low) < 1):
+        out.append((f"labels.{MIN_REPLICAS_LABEL}", "must be a whole number of replicas >= 1"))
+    return out
+
+
+def min_replicas(labels: dict[str, str]) -> int | None:
+    """The elastic job's minimum replicas (None: not elastic, or not a number)."""
+    low = labels.get(MIN_REPLICAS_LABEL, "")
+    return int(low) if low.isdigit() and int(low) >= 1 else None
 
 
 def pin_of(*labels: str | None) -> Mode | None:

@@ -252,19 +252,29 @@ class JobModel:
 
     def _emit_checkpoint(self, job: SimJob, attempt: int) -> None:
         job.emitted_step = job.ckpt_step
-        if job.plan is not None:  # the newest entry usable after the stop, and its tier
-            self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt,
-                                         step=job.ckpt_step,
-                                         path=f"sim://{job.job_id}/{job.ckpt_tier}/"
-                                              f"ckpt-{job.ckpt_step:08d}",
-                                         saved_at=EPOCH_S + job.ckpt_at,
-                                         save_s=job.plan.save_s, tier=job.ckpt_tier))
+        plan = job.plan
+        if plan is not None:  # the newest durable entry, then the newest usable one
+            if job.emitted_durable < job.durable_step < job.ckpt_step:
+                job.emitted_durable = job.durable_step
+                self._emit_tier(job, attempt, job.durable_step, job.durable_at, "durable")
+            self._emit_tier(job, attempt, job.ckpt_step, job.ckpt_at, job.ckpt_tier)
+            if job.ckpt_tier == "durable":
+                job.emitted_durable = job.ckpt_step
             return
         self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt, step=job.ckpt_step,
                                      path=f"sim://{job.job_id}/checkpoints/"
                                           f"ckpt-{job.ckpt_step:08d}",
                                      saved_at=EPOCH_S + job.ckpt_at,
                                      save_s=job.cfg.checkpoint_save_s))
+
+    def _emit_tier(self, job: SimJob, attempt: int, step: int, at: float, tier: str) -> None:
+        plan = job.plan
+        assert plan is not None
+        save = plan.save_s if tier == "memory" or len(plan.tiers) == 1 \
+            else plan.lag_s[tier]  # what the copy to that tier took
+        self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt, step=step,
+                                     path=f"sim://{job.job_id}/{tier}/ckpt-{step:08d}",
+                                     saved_at=EPOCH_S + at, save_s=save, tier=tier))
 
     def _first_step(self, att: Attempt) -> None:
         """The workers log their first step: the accounting measures startup up to it."""

@@ -128,6 +128,8 @@ def settle_tiered(model: JobModel, att: Attempt, t: float, *, saved: bool) -> No
         _set_checkpoint(job, att, att.ready + n_cut * cycle, work_kept, tier)
     elif job.ckpt_step >= 0 and job.ckpt_tier not in surviving(plan, att, att.gone or set()):
         job.ckpt_tier = tier  # nothing newer: the entry it resumed from, read from there
+    if DURABLE in plan.tiers and len(plan.tiers) > 1:
+        _note_durable(model, att, plan, t, counted, cycle)
     truth.wasted_s += wasted + max(0.0, tail)
     truth.kept_compute_s += compute_kept
     truth.kept_work_s += work_kept
@@ -150,6 +152,24 @@ def _cut(plan: TierPlan, att: Attempt, t: float, counted: int, cycle: float,
         if n > best:  # (ties keep the faster, lower tier: surviving() lists it first)
             best, best_tier = n, tier
     return best, best_tier
+
+
+def _note_durable(model: JobModel, att: Attempt, plan: TierPlan, t: float, upto: int,
+                  cycle: float) -> None:
+    """The newest durable entry complete by ``t`` among the first ``upto`` snapshots."""
+    k = plan.every[DURABLE]
+    n = upto - upto % k
+    while n > 0 and att.ready + n * cycle + plan.lag_s[DURABLE] > t:
+        n -= k
+    if n <= 0:
+        return
+    work = att.work_at_ckpt
+    for j in range(n, att.counted):
+        work -= model._work(att, att.ready + j * cycle, att.ready + j * cycle + plan.interval_s)[0]
+    job = att.job
+    step = att.base_step + int(work / job.cfg.step_time_s + 1e-9)
+    if step > job.durable_step:
+        job.durable_step, job.durable_at = step, att.ready + n * cycle
 
 
 def _set_checkpoint(job: SimJob, att: Attempt, at: float, work: float, tier: str) -> None:

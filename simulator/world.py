@@ -86,6 +86,9 @@ class SimJob:
     ckpt_step: int = -1  # newest complete checkpoint (the program's own storage)
     ckpt_at: float = 0.0
     ckpt_tier: str = "durable"  # the tier the newest usable checkpoint is read from
+    durable_step: int = -1  # with tiers: the newest durable entry (reported at each exit)
+    durable_at: float = 0.0
+    emitted_durable: int = -1
     emitted_step: int = -1
     steps_done: int = 0
     finished: bool = False

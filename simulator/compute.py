@@ -109,7 +109,7 @@ class SimCompute(FailureProcesses):
         if isinstance(event, JobWorkersExited):
             once = self.ledger.end_attempt(event.job_id, event.attempt)
         elif isinstance(event, JobCheckpointSaved):
-            once = self.ledger.checkpoint(f"sim://{event.job_id}/checkpoints", event.step,
+            once = self.ledger.checkpoint(event.path.rsplit("/", 1)[0], event.step,
                                           event.job_id, event.attempt, event.path, event.saved_at)
         elif isinstance(event, NodeRepairCompleted):
             once = self.ledger.end_repair(event.node_id, event.attempt, float(self.env.now))

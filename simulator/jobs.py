@@ -34,6 +34,9 @@ EXIT_OK = int(ExitCode.OK)
 EXIT_CRASH = int(ExitCode.FAILED)
 EXIT_PREEMPTED = int(ExitCode.PREEMPTED)  # checkpoint saved on SIGTERM, run me again
 EXIT_KILLED = int(ExitCode.KILLED)  # SIGKILL after the grace period
+# with tiers, an entry is reported when it is made (the program's library), not at the exit:
+# the save on SIGTERM is reported this long before the exit (both cross the bus)
+REPORT_BEFORE_EXIT_S = 1.0
 
 
 class JobModel:
@@ -191,6 +194,10 @@ class JobModel:
             return
         self._settle(att, stopped, saved=save_now)
         att.alive = False
+        if att.job.plan is not None:  # the library reports the save, then the process exits
+            call_later(self.env, REPORT_BEFORE_EXIT_S, self._exit, att, EXIT_PREEMPTED,
+                       "checkpoint saved on SIGTERM")
+            return
         self._exit(att, EXIT_PREEMPTED, "checkpoint saved on SIGTERM")
 
     def _sigkill(self, att: Attempt) -> None:
@@ -252,14 +259,15 @@ class JobModel:
 
     def _emit_checkpoint(self, job: SimJob, attempt: int) -> None:
         job.emitted_step = job.ckpt_step
-        plan = job.plan
-        if plan is not None:  # the newest durable entry, then the newest usable one
-            if job.emitted_durable < job.durable_step < job.ckpt_step:
-                job.emitted_durable = job.durable_step
-                self._emit_tier(job, attempt, job.durable_step, job.durable_at, "durable")
-            self._emit_tier(job, attempt, job.ckpt_step, job.ckpt_at, job.ckpt_tier)
-            if job.ckpt_tier == "durable":
-                job.emitted_durable = job.ckpt_step
+        if job.plan is not None:  # each tier's newest entry, the one to restore from last
+            entries = dict(job.tier_newest)
+            entries[job.ckpt_tier] = (job.ckpt_step, job.ckpt_at)
+            order = sorted(entries, key=lambda tier: (tier == job.ckpt_tier, entries[tier][0]))
+            for tier in order:
+                step, at = entries[tier]
+                if step > job.tier_emitted.get(tier, -1):
+                    job.tier_emitted[tier] = step
+                    self._emit_tier(job, attempt, step, at, tier)
             return
         self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt, step=job.ckpt_step,
                                      path=f"sim://{job.job_id}/checkpoints/"

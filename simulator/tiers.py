@@ -128,9 +128,18 @@ def settle_tiered(model: JobModel, att: Attempt, t: float, *, saved: bool) -> No
         _set_checkpoint(job, att, att.ready + n_cut * cycle, work_kept, tier)
     elif job.ckpt_step >= 0 and job.ckpt_tier not in surviving(plan, att, att.gone or set()):
         job.ckpt_tier = tier  # nothing newer: the entry it resumed from, read from there
-    if DURABLE in plan.tiers and len(plan.tiers) > 1:
-        _note_durable(model, att, plan, t, counted, cycle)
+    gone = att.gone or set()
+    if saved and keep_tail:
+        gone = _gone_on_sigterm(model, att)
+    held = surviving(plan, att, gone)
+    _note_entries(model, att, plan, t, counted, cycle, held)
+    if saved and keep_tail:  # the save on SIGTERM is in memory (if kept) and on the peer
+        for kept in held:
+            if kept != DURABLE:
+                job.tier_newest[kept] = (job.ckpt_step, job.ckpt_at)
     truth.wasted_s += wasted + max(0.0, tail)
+    if job.ckpt_step > job.emitted_step and t < model.horizon:  # reported as it is known
+        model._emit_checkpoint(job, att.number)
     truth.kept_compute_s += compute_kept
     truth.kept_work_s += work_kept
     truth.slowdown_s["diurnal"] += max(0.0, compute_kept - plain_kept)
@@ -154,22 +163,30 @@ def _cut(plan: TierPlan, att: Attempt, t: float, counted: int, cycle: float,
     return best, best_tier
 
 
-def _note_durable(model: JobModel, att: Attempt, plan: TierPlan, t: float, upto: int,
-                  cycle: float) -> None:
-    """The newest durable entry complete by ``t`` among the first ``upto`` snapshots."""
-    k = plan.every[DURABLE]
-    n = upto - upto % k
-    while n > 0 and att.ready + n * cycle + plan.lag_s[DURABLE] > t:
-        n -= k
-    if n <= 0:
+def _note_entries(model: JobModel, att: Attempt, plan: TierPlan, t: float, counted: int,
+                  cycle: float, tiers: tuple[str, ...]) -> None:
+    """Each surviving tier's newest entry complete by ``t`` (this attempt's snapshots):
+    what the program's library reports (``JobCheckpointSaved.tier``)."""
+    newest: dict[str, int] = {}
+    for tier in tiers:
+        k = plan.every[tier]
+        n = counted - counted % k
+        while n > 0 and att.ready + n * cycle + plan.lag_s[tier] > t:
+            n -= k
+        if n > 0:
+            newest[tier] = n
+    if not newest:
         return
-    work = att.work_at_ckpt
-    for j in range(n, att.counted):
-        work -= model._work(att, att.ready + j * cycle, att.ready + j * cycle + plan.interval_s)[0]
     job = att.job
-    step = att.base_step + int(work / job.cfg.step_time_s + 1e-9)
-    if step > job.durable_step:
-        job.durable_step, job.durable_at = step, att.ready + n * cycle
+    work, j = att.work_at_ckpt, counted
+    for tier, n in sorted(newest.items(), key=lambda kv: -kv[1]):
+        while j > n:  # the work at snapshot n: less the snapshots after it
+            j -= 1
+            work -= model._work(att, att.ready + j * cycle, att.ready + j * cycle
+                                + plan.interval_s)[0]
+        step = att.base_step + int(work / job.cfg.step_time_s + 1e-9)
+        if step > job.tier_newest.get(tier, (-1, 0.0))[0]:
+            job.tier_newest[tier] = (step, att.ready + n * cycle)
 
 
 def _set_checkpoint(job: SimJob, att: Attempt, at: float, work: float, tier: str) -> None:

@@ -86,9 +86,9 @@ class SimJob:
     ckpt_step: int = -1  # newest complete checkpoint (the program's own storage)
     ckpt_at: float = 0.0
     ckpt_tier: str = "durable"  # the tier the newest usable checkpoint is read from
-    durable_step: int = -1  # with tiers: the newest durable entry (reported at each exit)
-    durable_at: float = 0.0
-    emitted_durable: int = -1
+    # with tiers: each tier's newest entry (step, time) and the newest step reported
+    tier_newest: dict[str, tuple[int, float]] = field(default_factory=dict)
+    tier_emitted: dict[str, int] = field(default_factory=dict)
     emitted_step: int = -1
     steps_done: int = 0
     finished: bool = False

@@ -262,7 +262,8 @@ class JobModel:
         if job.plan is not None:  # each tier's newest entry, the one to restore from last
             entries = dict(job.tier_newest)
             entries[job.ckpt_tier] = (job.ckpt_step, job.ckpt_at)
-            order = sorted(entries, key=lambda tier: (tier == job.ckpt_tier, entries[tier][0]))
+            order = sorted(entries, key=lambda tier: (tier == job.ckpt_tier, entries[tier][0],
+                                                      tier != "durable"))
             for tier in order:
                 step, at = entries[tier]
                 if step > job.tier_emitted.get(tier, -1):

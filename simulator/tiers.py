@@ -137,6 +137,11 @@ def settle_tiered(model: JobModel, att: Attempt, t: float, *, saved: bool) -> No
         for kept in held:
             if kept != DURABLE:
                 job.tier_newest[kept] = (job.ckpt_step, job.ckpt_at)
+    elif gone and MEMORY in plan.tiers and job.ckpt_step > job.tier_newest.get(
+            MEMORY, (-1, 0.0))[0]:
+        # the ranks that stayed hold the cut in memory too (every snapshot is a tier-1
+        # entry); what they hold beyond it the lost ranks cannot match, so it is not reported
+        job.tier_newest[MEMORY] = (job.ckpt_step, job.ckpt_at)
     truth.wasted_s += wasted + max(0.0, tail)
     if job.ckpt_step > job.emitted_step and t < model.horizon:  # reported as it is known
         model._emit_checkpoint(job, att.number)

@@ -45,8 +45,9 @@ def restored_from(raw: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
 
 def test_a_node_loss_restores_from_the_peer_not_memory() -> None:
     by_tier, logged = restored_from(tiered([{"at": "1h", "node": 3, "cause": "gpu_off_bus"}]))
-    # the newest durable entry is reported too (the policy's requeue cost), before the cut
-    assert logged[:2] == ["durable", "peer"]
+    # every tier's newest entry is reported (the policy's costs), the restore tier's last;
+    # the ranks that stayed report the cut in memory, nothing newer
+    assert logged[:3] == ["durable", "memory", "peer"]
     assert by_tier.get("peer", 0) > 0 and by_tier.get("memory", 0) == 0
 
 

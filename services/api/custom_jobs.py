@@ -159,6 +159,12 @@ def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dic
             "intervalSeconds": advice["interval_s"], "mtbfSeconds": advice["mtbf_s"],
             "saveSeconds": advice["save_s"], "interruptions": advice["interruptions"],
             "basis": advice["basis"], "time": timestamp(advice["at"])}
+    if job.recovery.decisions:  # checkpoint_resume's recovery choices (services/.../modes.py)
+        out["mtcProgress"]["recovery"] = [
+            {"attempt": d["attempt"], "mode": d["mode"], "incident": d["incident"],
+             "why": d["why"], "expectedLostSeconds": d["expected_lost_s"],
+             "measuredSeconds": d.get("measured_s"), "time": timestamp(d["at"])}
+            for d in job.recovery.decisions]
     if record.get("models"):  # the registry's versions uploaded from it (services/pipelines)
         out["mtcModels"] = list(record["models"])
     return CustomJob.model_validate(out).to_json()

@@ -53,17 +53,20 @@ def recover(job: Job, unsound: list[str] | None, reason: str, uow: UnitOfWork,
     gone = _gone(job, uow, unsound)
     incident = _incident(job, gone, uow, unsound)
     held = ranks.with_holes(job.node_ids, set(gone)) if gone else job.node_ids
-    placed = _spares(job, held, uow, deps) if ranks.holes(held) else []
+    could_move = job.recovery.tiers.get("peer") is not None \
+        or recovery.min_replicas(dict(job.spec.labels)) is not None
+    placed = _spares(job, held, uow, deps) if could_move and ranks.holes(held) else []
     cap = _capacity(job, held, placed, deps)
     pinned = recovery.pin_of(_label(job.spec.labels, recovery.MODE_LABEL),
                              _cluster_pin(job, uow))
-    note = ""
-    if job.recovery.streak >= LOOPING_STREAK:
-        pinned = Mode.REQUEUE
-        note = f"{job.recovery.streak} restarts without progress: backing off; "
-    decision = recovery.choose(incident, measure.costs(job, fault_at, deps), cap, pinned)
+    costs = measure.costs(job, fault_at, deps)
+    decision = recovery.choose(incident, costs, cap, pinned)
     if decision.mode is Mode.REQUEUE and len(decision.expected_lost_s) == 1 and pinned is None:
         return False  # no alternative: today's path, nothing to explain
+    note = ""
+    if job.recovery.streak >= LOOPING_STREAK and decision.mode is not Mode.REQUEUE:
+        note = f"{job.recovery.streak} restarts without progress: backing off; "
+        decision = recovery.choose(incident, costs, cap, Mode.REQUEUE)
     _record(job, decision, incident.kind.value, note, fault_at, uow)
     if decision.mode is Mode.REQUEUE:
         return False
@@ -173,8 +176,7 @@ def want_to_grow(job: Job, uow: UnitOfWork, deps: Deps) -> None:
     (SIGTERM, grace) so that it restarts at full size (``_grow``). Once per attempt."""
     if job.recovery.replicas is None or job.interrupt_requested_at is not None:
         return
-    trial = _regrown(job)
-    if not _spares(job, trial, uow, deps):
+    if not _spares_at_full_size(job, uow, deps):
         return
     job.interrupt_requested_at = deps.clock.now()
     job.interrupt_reason = GROW_REASON
@@ -183,21 +185,22 @@ def want_to_grow(job: Job, uow: UnitOfWork, deps: Deps) -> None:
                           grace_s=deps.config.grace_period_s, reason=GROW_REASON))
 
 
-def _regrown(job: Job) -> ranks.Ranks:
-    """The job's ranks at full size, holes where the replicas it gave up go (no change)."""
+def _spares_at_full_size(job: Job, uow: UnitOfWork, deps: Deps) -> list[str]:
+    """The spares that would bring the job back to its spec's size now (the job is left
+    as it is)."""
     replicas, node_ids = job.recovery.replicas, job.node_ids
     gangs.regrow(job)
-    trial = job.node_ids
-    job.recovery.replicas, job.node_ids = replicas, node_ids
-    return trial
+    try:
+        return _spares(job, job.node_ids, uow, deps)
+    finally:
+        job.recovery.replicas, job.node_ids = replicas, node_ids
 
 
 def _grow(job: Job, fault_at: float, uow: UnitOfWork, deps: Deps) -> bool:
     """The scaled-down attempt stopped to grow: spares take the replicas back (a hot swap:
     they start cold from the peer tier); without them (taken meanwhile) it goes on scaled
     down, on the same nodes."""
-    trial = _regrown(job)
-    placed = _spares(job, trial, uow, deps)
+    placed = _spares_at_full_size(job, uow, deps)
     mode = Mode.HOT_SWAP if placed else Mode.SCALE_DOWN
     why = (f"grow: {len(placed)} spare(s) ready, back to full size" if placed
            else "grow: the spare was taken meanwhile, staying scaled down")

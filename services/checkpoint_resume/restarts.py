@@ -87,6 +87,7 @@ def after_failed_attempt(job: Job, blamed: list[str], uow: UnitOfWork, deps: Dep
 def back_off(job: Job, deps: Deps) -> None:
     """Count the restart in the streak and set when it may start."""
     rec = job.recovery
-    made_progress = any(c.attempt == job.attempt for c in job.checkpoints)
+    made_progress = any(c.attempt == job.attempt for c in job.checkpoints) \
+        or any(t.get("attempt") == job.attempt for t in rec.tiers.values())
     rec.streak = restarts.next_streak(rec.streak, made_progress)
     rec.not_before = restarts.not_before(deps.clock.now(), rec.streak, deps.config.restart)

@@ -168,7 +168,8 @@ def kind(type_: str) -> str:
         return "fault"
     if "repair" in type_ or "drain" in type_ or "interrupt" in type_ or "signalled" in type_:
         return "repair"
-    if "returned" in type_ or "finished" in type_ or "started" in type_:
+    if "returned" in type_ or "finished" in type_ or "started" in type_ \
+            or "recovery_chosen" in type_:
         return "recovery"
     return "info"
 
@@ -197,5 +198,8 @@ def timeline(docs: Sequence[Mapping[str, Any]], flt: EventFilter, limit: int
         out.append({"time": float(doc["time"]), "at": iso(float(doc["time"])),
                     "type": doc["type"], "kind": "info" if healthy else kind(doc["type"]),
                     "text": line,
-                    "node": data.get("node_id"), "job": data.get("job_id")})
+                    "node": data.get("node_id"), "job": data.get("job_id"),
+                    # the recovery the policy chose (shared.policies.recovery), as a badge
+                    "mode": data.get("mode") if doc["type"].endswith("recovery_chosen.v1")
+                    else None})
     return {"events": out, "more": False}

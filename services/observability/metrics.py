@@ -70,6 +70,8 @@ class EventStats:
     """What the event timeline says, accumulated incrementally (``feed``)."""
 
     repairs: Counter[tuple[str, str]] = field(default_factory=Counter)  # (action, outcome)
+    recoveries: Counter[str] = field(default_factory=Counter)  # by mode
+    _requeue_chosen: set[str] = field(default_factory=set)  # jobs whose requeue was counted
     fault_to_drain: Histogram = field(default_factory=Histogram)
     fault_to_resumed: Histogram = field(default_factory=Histogram)
     _report_at: dict[str, float] = field(default_factory=dict)  # node -> first faulty report
@@ -115,12 +117,28 @@ class EventStats:
             self.repairs[(data.get("action", ""), "succeeded" if data.get("ok") else "failed")] += 1
         elif type_ == "mtc.node.retired.v1" and data.get("replacement_id"):
             self.repairs[("replace", "succeeded")] += 1
+        self._recovery(type_, data)
         if type_ in _GOODPUT_TYPES and data.get("job_id"):
             self.job_docs.setdefault(data["job_id"], []).append(doc)
         horizon = t - PENDING_HORIZON_S
         if len(self._fault_at) + len(self._report_at) > 10_000:
             self._fault_at = {n: f for n, f in self._fault_at.items() if f >= horizon}
             self._report_at = {n: f for n, f in self._report_at.items() if f >= horizon}
+
+    def _recovery(self, type_: str, data: dict[str, Any]) -> None:
+        """Recoveries by mode: each ``JobRecoveryChosen``, and each requeue no choice
+        preceded (today's path: the policy had no alternative) as ``requeue``."""
+        job = str(data.get("job_id", ""))
+        if type_ == "mtc.job.recovery_chosen.v1":
+            mode = str(data.get("mode", ""))
+            self.recoveries[mode] += 1
+            if mode == "requeue":
+                self._requeue_chosen.add(job)
+        elif type_ == "mtc.job.requeued.v1":
+            if job in self._requeue_chosen:
+                self._requeue_chosen.discard(job)
+            else:
+                self.recoveries["requeue"] += 1
 
     def accounting(self, job_id: str) -> Any:
         return job_accounting([*self.diagnosed, *self.job_docs.get(job_id, [])], job_id)
@@ -264,6 +282,12 @@ class StoreCollector:
         for (action, outcome), n in sorted(s.repairs.items()):
             repairs.add_metric([action, outcome], n)
         yield repairs
+        recoveries = CounterMetricFamily("mtc_recoveries", "Job recoveries by mode (in_place, "
+                                         "hot_swap, scale_down, requeue), from the event log",
+                                         labels=["mode"])
+        for mode, n in sorted(s.recoveries.items()):
+            recoveries.add_metric([mode], n)
+        yield recoveries
         for name, hist, text in (
                 ("mtc_fault_to_drain_seconds", s.fault_to_drain,
                  "From a fault's observed time to the node being taken out (drain or repair)"),

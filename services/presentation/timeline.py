@@ -80,6 +80,10 @@ def describe(doc: dict[str, Any]) -> str:
             return f"job {d['job_id']}: checkpoint step {d['step']} saved (attempt {d['attempt']})"
         case "mtc.job.workers_exited.v1":
             return f"job {d['job_id']}: attempt {d['attempt']} workers exited, code {d['exit_code']}"
+        case "mtc.job.recovery_chosen.v1":
+            return (f"job {d['job_id']}: recovery {d['mode']} for attempt {d['attempt']} "
+                    f"({d['incident']}), expected {d['expected_lost_s']:.0f} s lost: "
+                    f"{d['reason']}")
         case "mtc.job.requeued.v1":
             return f"job {d['job_id']}: requeued (restart {d['restart_count']}): {d['reason']}"
         case "mtc.job.finished.v1":
@@ -104,6 +108,6 @@ def style(type_: str) -> str:
         return "bold red"
     if "repair" in type_ or "drain" in type_:
         return "yellow"
-    if "returned" in type_ or "finished" in type_:
+    if "returned" in type_ or "finished" in type_ or "recovery_chosen" in type_:
         return "bold green"
     return "cyan"

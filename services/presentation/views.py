@@ -62,4 +62,18 @@ def job_view(j: Job) -> dict[str, Any]:
         "updateTime": iso(j.updated_at),
         "error": j.error or None,
         "jobSpec": j.spec.to_dict()["jobSpec"],
+        "recovery": recovery_view(j),
     }
+
+
+def recovery_view(j: Job) -> dict[str, Any] | None:
+    """The newest recovery the policy chose (mode, why, expected and measured seconds) and
+    the earlier ones; None when the job never had a choice (today's requeue only)."""
+    decisions = j.recovery.decisions
+    if not decisions:
+        return None
+    rows = [{"attempt": d["attempt"], "mode": d["mode"], "incident": d["incident"],
+             "why": d["why"], "expectedLostSeconds": d["expected_lost_s"],
+             "measuredSeconds": d.get("measured_s"), "time": iso(d["at"])}
+            for d in decisions]
+    return {**rows[-1], "history": rows}

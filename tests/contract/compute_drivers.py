@@ -14,16 +14,22 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from shared.adapters.compute.local.compute import LocalCompute
-from shared.adapters.compute.protocol import ExitCode, checkpoint_name, checkpoint_steps
+from shared.adapters.compute.protocol import (
+    ExitCode,
+    checkpoint_name,
+    checkpoint_steps,
+    recovery_env,
+)
 from shared.adapters.compute.slurm.api import job_name
 from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.domain.events import Envelope, Event
 from shared.domain.model import Node, NodeRole, NodeState
-from shared.ports import Compute, Gang
+from shared.ports import Compute, Gang, RecoveryPlan
 from shared.probes.commands import ToolNotFound
 from tests.harness import FakeCompute, ManualClock, Recorder, one_pool_gang
 from tests.unit.compute.slurm.fake_slurm import FakeSlurm
@@ -48,7 +54,8 @@ def on_term(*_):
     sys.exit(75)
 signal.signal(signal.SIGTERM, on_term)
 ready = Path(sys.argv[1]) / f"ready-{os.environ['MTC_JOB_ATTEMPT']}-{rank}"
-ready.write_text("ready")
+ready.write_text(os.environ.get("MTC_RECOVERY_MODE", "") + " "
+                 + os.environ.get("MTC_RECOVERY_FRESH", ""))
 while True:
     time.sleep(0.01)
 '''
@@ -85,8 +92,16 @@ class Driver:
             raise AssertionError(f"{self.name}: {what} did not happen")
 
     # -- workers
-    def gang(self, attempt: int, node_ids: Sequence[str]) -> Gang:
-        return one_pool_gang(JOB, attempt, node_ids, self.command(), out=self.tmp / "out" / JOB)
+    def gang(self, attempt: int, node_ids: Sequence[str],
+             recovery: RecoveryPlan | None = None) -> Gang:
+        gang = one_pool_gang(JOB, attempt, node_ids, self.command(), out=self.tmp / "out" / JOB)
+        return replace(gang, recovery=recovery)
+
+    def recovery_seen(self, attempt: int, rank: int) -> tuple[str, str] | None:
+        """What the rank was told of its attempt's recovery (``MTC_RECOVERY_MODE``,
+        ``MTC_RECOVERY_FRESH``); None where the workers have no environment to look at
+        (the twin's analytic job model: it reads ``Gang.recovery`` for its costs)."""
+        return None
 
     def command(self) -> tuple[str, ...]:
         return ("true",)
@@ -149,6 +164,12 @@ class FakeDriver(Driver):
     def launches(self, attempt: int) -> int:
         return sum(1 for s in self.fake.started if (s.job_id, s.attempt, s.rank) == (JOB, attempt, 0))
 
+    def recovery_seen(self, attempt: int, rank: int) -> tuple[str, str] | None:
+        """The fake runs nothing: what it was handed, as the environment would say it."""
+        [gang] = [g for g in self.fake.gangs if (g.job_id, g.attempt) == (JOB, attempt)]
+        env = recovery_env(gang.recovery, attempt, gang.node_ids[rank])
+        return env.get("MTC_RECOVERY_MODE", ""), env.get("MTC_RECOVERY_FRESH", "")
+
 
 class LocalDriver(FileCheckpoints, Driver):
     """``LocalCompute`` with real subprocess workers on a manual clock."""
@@ -192,6 +213,11 @@ class LocalDriver(FileCheckpoints, Driver):
 
     def launches(self, attempt: int) -> int:
         return sum(1 for w in self.local.workers(JOB) if (w.attempt, w.rank) == (attempt, 0))
+
+    def recovery_seen(self, attempt: int, rank: int) -> tuple[str, str] | None:
+        """What the program found in its environment (it writes it to its ready file)."""
+        mode, _, fresh = (self.ctrl / f"ready-{attempt}-{rank}").read_text().partition(" ")
+        return mode, fresh
 
     def close(self) -> None:
         self.local.kill_all()
@@ -291,6 +317,14 @@ class SlurmDriver(FileCheckpoints, Driver):
     def launches(self, attempt: int) -> int:
         name = job_name(JOB, attempt, self.slurm_compute.instance)
         return sum(1 for c in self.slurm.calls if c == ("sbatch", name))
+
+    def recovery_seen(self, attempt: int, rank: int) -> tuple[str, str] | None:
+        """What task.sh exports to the rank: the mode for all, the fresh mark per node."""
+        script = (self.slurm_compute.run_dir(JOB, attempt) / "task.sh").read_text()
+        mode = re.search(r"export MTC_RECOVERY_MODE=(\S+)", script)
+        hosts = re.findall(r"MTC_NODE_ID=(\S+?)(?: MTC_RECOVERY_FRESH=(\d))? ;;", script)
+        fresh = hosts[rank][1] if rank < len(hosts) else ""
+        return (mode.group(1) if mode else ""), fresh
 
     def close(self) -> None:
         self.slurm_compute.close()

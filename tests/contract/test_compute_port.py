@@ -39,7 +39,7 @@ from shared.domain.events import (
 )
 from shared.domain.health import RepairAction
 from shared.policies.repair import DEEP_CHECK_SOURCE, DEEP_CHECK_TYPES
-from shared.ports import DeepChecks, provision_nodes
+from shared.ports import DeepChecks, RecoveryPlan, provision_nodes
 from tests.contract.compute_drivers import DRIVERS, JOB, WORLD, Driver, make_node
 
 NODES = tuple(f"w{i}" for i in range(WORLD))
@@ -223,3 +223,47 @@ def test_each_checkpoint_is_reported_once_across_attempts_and_before_the_exit(
     assert steps == sorted(steps)
     assert {e.attempt for e in saved} == {1, 2}
     assert sum(1 for e in saved if e.attempt == 1) >= 2
+
+
+# ------------------------------------------------------------------ recoveries (issue 26)
+
+
+def test_an_in_place_restart_runs_the_next_attempt_on_the_same_nodes(driver: Driver) -> None:
+    """``Gang.recovery`` in_place: attempt 2 on the nodes attempt 1 ran on, started once,
+    its ranks told the mode (none of them fresh), ending in one exit of its own."""
+    up(driver, *NODES)
+    driver.compute.start_workers(driver.gang(1, NODES))
+    driver.running(1)
+    stop_by_signal(driver, 1)
+    gang = driver.gang(2, NODES, RecoveryPlan("in_place"))
+    driver.compute.start_workers(gang)
+    driver.running(2)
+    launched = driver.launches(2)
+    driver.compute.start_workers(gang)  # a repeat is the same attempt
+    driver.settle()
+    assert driver.launches(2) == launched
+    for rank in range(WORLD):
+        seen = driver.recovery_seen(2, rank)
+        assert seen is None or seen == ("in_place", "0"), seen
+    exited = stop_by_signal(driver, 2)
+    assert exited.exit_code == 75 and len(exits(driver, 1)) == 1
+
+
+def test_a_hot_swap_starts_the_fresh_node_beside_the_kept_ones(driver: Driver) -> None:
+    """``Gang.recovery`` hot_swap: rank 1 moves to a spare that is new to the job; only that
+    rank is told it is fresh (it restores from the peer tier), rank 0 stays where it was."""
+    up(driver, *NODES, "spare")
+    driver.compute.start_workers(driver.gang(1, NODES))
+    driver.running(1)
+    stop_by_signal(driver, 1)
+    swapped = (NODES[0], "spare", *NODES[2:])
+    launched = driver.launches(1)
+    driver.compute.start_workers(driver.gang(2, swapped, RecoveryPlan("hot_swap", ("spare",))))
+    driver.running(2)
+    assert driver.launches(2) in (1, launched + 1)  # (the twin counts the job's launches)
+    seen = [driver.recovery_seen(2, rank) for rank in range(WORLD)]
+    if seen[0] is not None:
+        assert seen[0] == ("hot_swap", "0") and seen[1] == ("hot_swap", "1"), seen
+    exited = stop_by_signal(driver, 2)
+    assert exited.exit_code == 75
+

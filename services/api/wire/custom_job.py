@@ -164,6 +164,20 @@ class CheckpointAdvice(Message):
     time: Timestamp | None = None
 
 
+class RecoveryDecision(Message):
+    """One recovery the policy chose for the job (``shared.policies.recovery``): the mode,
+    the incident, why (with the numbers), the expected lost seconds and, once the new
+    attempt made progress, the measured seconds from the fault. Output only."""
+
+    attempt: Int32
+    mode: str
+    incident: str
+    why: str
+    expected_lost_seconds: float
+    measured_seconds: float | None = None
+    time: Timestamp | None = None
+
+
 class JobProgress(Message):
     """mtc's extension on a CustomJob: how self-healing went for it (output only)."""
 
@@ -173,6 +187,7 @@ class JobProgress(Message):
     nodes: list[str] = Field(default_factory=list)
     latest_checkpoint: LatestCheckpoint | None = None
     checkpoint_advice: CheckpointAdvice | None = None
+    recovery: list[RecoveryDecision] | None = None  # newest last; absent: none chosen
 
 
 class CustomJob(Message):

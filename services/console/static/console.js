@@ -222,8 +222,9 @@ function renderTimeline(tl, append) {
   const list = $("timeline");
   if (!tl) { list.replaceChildren(); return; }
   const items = tl.events.map((e) => el("li", { class: e.kind, "data-type": e.type,
-    "data-node": e.node, "data-job": e.job },
-  el("span", { class: "at" }, new Date(e.time * 1000).toLocaleTimeString()), e.text));
+    "data-node": e.node, "data-job": e.job, "data-mode": e.mode || "" },
+  el("span", { class: "at" }, new Date(e.time * 1000).toLocaleTimeString()),
+  ...(e.mode ? [el("span", { class: "mode" }, e.mode.replace("_", " "))] : []), e.text));
   if (append) list.append(...items); else list.replaceChildren(...items);
   $("timeline-older").hidden = !tl.more && !append;
   $("timeline-older").dataset.before = tl.events.length ? tl.events[tl.events.length - 1].time : "";

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from shared.adapters.advice_file import advice_path
 from shared.domain import exits
-from shared.ports import WorkerSpec
+from shared.ports import RecoveryPlan, WorkerSpec
 
 LAUNCHER = Path(__file__).with_name("worker_launcher.py")
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 40000
@@ -111,8 +111,20 @@ def pool_of(rank: int, pools: Sequence[int]) -> tuple[int, int]:
     raise ValueError(f"rank {rank} is outside the pools {list(pools)}")
 
 
+def recovery_env(plan: RecoveryPlan | None, attempt: int, node_id: str) -> dict[str, str]:
+    """How this attempt was started, for the program (``shared.policies.recovery``):
+    ``MTC_RECOVERY_MODE`` in_place / hot_swap / scale_down, ``requeue`` for a later attempt
+    started without a plan (absent on the first); ``MTC_RECOVERY_FRESH`` 1 on a node new to
+    the job (its ranks restore from the peer tier), 0 on the others (from memory)."""
+    if plan is None:
+        return {"MTC_RECOVERY_MODE": "requeue"} if attempt > 1 else {}
+    return {"MTC_RECOVERY_MODE": plan.mode,
+            "MTC_RECOVERY_FRESH": "1" if node_id in plan.fresh_node_ids else "0"}
+
+
 def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
-                pools: Sequence[int] = ()) -> dict[str, str]:
+                pools: Sequence[int] = (), recovery: RecoveryPlan | None = None
+                ) -> dict[str, str]:
     """What a managed service adds to a replica's environment (the spec's env cannot
     override the service's own variables). ``pools``: the replica count of each worker pool
     (none: one pool), so ``CLUSTER_SPEC`` has Vertex's shape: one address list per pool and
@@ -153,6 +165,7 @@ def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
         MTC_JOB_ATTEMPT=str(spec.attempt),
         MTC_ADVICE_FILE=str(advice_path(spec.checkpoint_dir)),
     )
+    env.update(recovery_env(recovery, spec.attempt, spec.node_id))
     return env
 
 

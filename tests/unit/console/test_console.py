@@ -102,6 +102,15 @@ def test_timeline_is_newest_first_bounded_and_filtered() -> None:
     assert not views.belongs(docs[2], "c1", {"n1"}, {"j1"})
 
 
+def test_the_timeline_shows_the_recovery_mode() -> None:
+    docs = [_doc(0, "mtc.job.recovery_chosen.v1", job_id="j1", attempt=1, mode="in_place",
+                 incident="app_restart", reason="in_place 17.0s = ...", expected_lost_s=17.0),
+            _doc(1, "mtc.job.started.v1", job_id="j1", attempt=2, node_ids=["n1"])]
+    out = views.timeline(docs, views.EventFilter(), 10)["events"]
+    assert [(e["kind"], e["mode"]) for e in out] == [("recovery", None), ("recovery", "in_place")]
+    assert "recovery in_place for attempt 1 (app_restart)" in out[1]["text"]
+
+
 def test_the_run_directory_is_read_with_bounds_and_never_outside(tmp_path: Path) -> None:
     run = tmp_path / "run"
     (run / "sweep").mkdir(parents=True)

@@ -79,3 +79,26 @@ def test_bus_lag_is_the_oldest_undelivered_entry_and_gcp_has_no_event_stats() ->
     assert out["mtc_bus_lag_seconds"][()] == 7.0
     assert "mtc_repairs_total" not in out
     assert out["mtc_fault_to_drain_seconds_count"][()] == 0
+
+
+def test_recoveries_are_counted_by_mode() -> None:
+    """An in-place restart (the job measured tier-1 saves) counts as in_place; a later
+    requeue the policy had no alternative to (a drained node, no peer copy for a spare to
+    restore from, not elastic: today's path, no decision recorded) counts as requeue."""
+    plane = Plane(ControlPlaneConfig(heartbeat_timeout_s=1e9)).up()
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    first = plane.job("j1").node_ids
+    plane.clock.advance(10)
+    plane.inject(JobCheckpointSaved("j1", 1, 100, "mem://j1/100", plane.clock.now(), 0.1,
+                                    "memory"))
+    plane.deliver()
+    plane.report(first[0], xid(13, plane.clock.now()))
+    plane.deliver()
+    plane.exit_workers("j1", 1, 75)
+    assert plane.job("j1").attempt == 2
+    plane.report(first[1], xid(79, plane.clock.now()))
+    plane.deliver()
+    plane.exit_workers("j1", 2, 75)
+    out = scrape(plane)
+    assert out["mtc_recoveries_total"] == {(("mode", "in_place"),): 1, (("mode", "requeue"),): 1}

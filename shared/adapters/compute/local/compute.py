@@ -69,7 +69,7 @@ from shared.adapters.compute.protocol import managed_env, safe_name
 from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
-from shared.ports import Clock, Emitter, Gang, WorkerSpec
+from shared.ports import Clock, Emitter, Gang, RecoveryPlan, WorkerSpec
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ class LocalCompute:
                 continue
             self.store.ledger(db).start_attempt(spec.job_id, spec.attempt, spec.world_size,
                                            str(Path(spec.checkpoint_dir).absolute()), now)
-            pid, exit_file, log_path = self._launch(spec, pools)
+            pid, exit_file, log_path = self._launch(spec, pools, gang.recovery)
             launched.append(pid)
             self._children.add(pid)
             db.execute(
@@ -205,15 +205,18 @@ class LocalCompute:
                 (*key, spec.node_id, pid, start_ticks(pid), exit_file, log_path, now),
             )
 
-    def worker_env(self, spec: WorkerSpec, pools: Sequence[int] = ()) -> dict[str, str]:
+    def worker_env(self, spec: WorkerSpec, pools: Sequence[int] = (),
+                   recovery: RecoveryPlan | None = None) -> dict[str, str]:
         """The environment a managed service gives a replica (the spec's env cannot
-        override the service's own variables); ``pools``: the gang's replicas per pool."""
-        return {**os.environ, **managed_env(spec, pools=pools)}
+        override the service's own variables); ``pools``: the gang's replicas per pool;
+        ``recovery``: how the attempt was started (``MTC_RECOVERY_MODE``)."""
+        return {**os.environ, **managed_env(spec, pools=pools, recovery=recovery)}
 
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         return self.state_dir / "logs" / safe_name(job_id) / f"attempt-{attempt}-rank-{rank}.log"
 
-    def _launch(self, spec: WorkerSpec, pools: Sequence[int]) -> tuple[int, str, str]:
+    def _launch(self, spec: WorkerSpec, pools: Sequence[int],
+                recovery: RecoveryPlan | None = None) -> tuple[int, str, str]:
         """Start the launcher in a new session: it survives us and records the exit code."""
         for d in (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
@@ -223,7 +226,8 @@ class LocalCompute:
         run_dir.mkdir(parents=True, exist_ok=True)
         exit_file = run_dir / f"attempt-{spec.attempt}-rank-{spec.rank}.exit"
         exit_file.unlink(missing_ok=True)
-        pid = spawn_launcher(self._python, exit_file, spec.command, self.worker_env(spec, pools), log)
+        pid = spawn_launcher(self._python, exit_file, spec.command, self.worker_env(spec, pools, recovery),
+                              log)
         return pid, str(exit_file), str(log)
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:

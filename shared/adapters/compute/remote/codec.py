@@ -33,7 +33,7 @@ from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
-from shared.ports import Compute, DeepChecks, Gang, LaunchGroup, WorkerSpec
+from shared.ports import Compute, DeepChecks, Gang, LaunchGroup, RecoveryPlan, WorkerSpec
 
 TOPIC = "compute-requests"  # the topic is ``<prefix>compute-requests``
 SCHEMA = "mtc.compute.request.v1"
@@ -198,13 +198,18 @@ def _call(request: ComputeRequest, compute: Compute) -> Callable[[], None]:
 
 
 def gang_args(gang: Gang) -> dict[str, Any]:
-    """``start_workers``'s arguments: the gang once, its command and env once per pool."""
-    return {"gang": {
+    """``start_workers``'s arguments: the gang once, its command and env once per pool
+    (``recovery`` only when the attempt has a plan: an older executor ignores it)."""
+    out: dict[str, Any] = {
         "job_id": gang.job_id, "attempt": gang.attempt, "node_ids": list(gang.node_ids),
         "groups": [{"first_rank": g.first_rank, "count": g.count, "command": list(g.command),
                     "env": [list(pair) for pair in g.env]} for g in gang.groups],
         "checkpoint_dir": gang.checkpoint_dir, "model_dir": gang.model_dir,
-        "tensorboard_dir": gang.tensorboard_dir}}
+        "tensorboard_dir": gang.tensorboard_dir}
+    if gang.recovery is not None:
+        out["recovery"] = {"mode": gang.recovery.mode,
+                           "fresh_node_ids": list(gang.recovery.fresh_node_ids)}
+    return {"gang": out}
 
 
 def gang_of_args(args: Mapping[str, Any]) -> Gang:
@@ -224,10 +229,20 @@ def gang_of_args(args: Mapping[str, Any]) -> Gang:
     groups = kit.list_field(d, "groups", path, _group)
     ckpt, model, logs = (cast(str, kit.string(d, k, path))
                          for k in ("checkpoint_dir", "model_dir", "tensorboard_dir"))
+    plan = _plan(d.get("recovery"), f"{path}.recovery")
     try:
-        return Gang(job_id, attempt, tuple(node_ids), groups, ckpt, model, logs)
+        return Gang(job_id, attempt, tuple(node_ids), groups, ckpt, model, logs, plan)
     except ValueError as exc:  # the groups do not cover the ranks exactly
         raise ValidationError(f"{path}.groups", str(exc)) from exc
+
+
+def _plan(value: Any, path: str) -> RecoveryPlan | None:
+    """The attempt's ``RecoveryPlan`` (absent: None, today's requeue or a first start)."""
+    if value is None:
+        return None
+    d = kit.mapping(value, path, noun="an object")
+    fresh = kit.list_field(d, "fresh_node_ids", path, _arg, required=False, non_empty=False)
+    return RecoveryPlan(cast(str, kit.string(d, "mode", path)), tuple(fresh or ()))
 
 
 def _group(value: Any, path: str) -> LaunchGroup:

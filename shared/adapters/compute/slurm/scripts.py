@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from shared.adapters.compute.protocol import LAUNCHER, managed_env
-from shared.ports import Gang, WorkerSpec
+from shared.ports import Gang, RecoveryPlan, WorkerSpec
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SLURM_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -73,11 +73,12 @@ master_addr: str,
     pools = tuple(g.count for g in gang.groups)
     envs = [managed_env(WorkerSpec(gang.job_id, gang.attempt, g.first_rank, gang.world_size,
                                    gang.node_ids[g.first_rank], g.command, g.env, gang.checkpoint_dir,
-                                   gang.model_dir, gang.tensorboard_dir), master_addr, pools)
+                                   gang.model_dir, gang.tensorboard_dir), master_addr, pools,
+                        gang.recovery)
             for g in gang.groups]
     templates = [spec_template(env.pop("CLUSTER_SPEC")) for env in envs]
-    exports = [{env_name(k): v for k, v in env.items() if k not in ("RANK", "MTC_NODE_ID")}
-               for env in envs]
+    per_node = ("RANK", "MTC_NODE_ID", "MTC_RECOVERY_FRESH")  # set by task.sh per node
+    exports = [{env_name(k): v for k, v in env.items() if k not in per_node} for env in envs]
     common = set.intersection(*(set(e.items()) for e in exports))
     hosts = [slurm_node(names.get(n)) for n in gang.node_ids]
     for d in (gang.checkpoint_dir, gang.model_dir, gang.tensorboard_dir):
@@ -98,11 +99,14 @@ master_addr: str,
         "esac",
         'case "${SLURMD_NODENAME:-}" in',
     ]
-    lines += [f"    {q(names[n] or '')}) MTC_NODE_ID={q(n)} ;;" for n in gang.node_ids]
+    plan = gang.recovery
+    lines += [f"    {q(names[n] or '')}) MTC_NODE_ID={q(n)}{_fresh_mark(plan, n)} ;;"
+              for n in gang.node_ids]
     lines += [
         '    *) MTC_NODE_ID="${SLURMD_NODENAME:-unknown}" ;;',
         "esac",
         "export MTC_NODE_ID",
+        *(["export MTC_RECOVERY_FRESH"] if plan is not None else []),
         'export MTC_SLURM_NODE="${SLURMD_NODENAME:-}"',
     ]
     lines += [f"export {k}={q(v)}" for k, v in sorted(common)]
@@ -176,3 +180,9 @@ def write_executable(path: Path, text: str, mode: int = 0o755) -> None:
     tmp.chmod(mode)
     os.replace(tmp, path)
 
+
+def _fresh_mark(plan: RecoveryPlan | None, node_id: str) -> str:
+    """The node's ``MTC_RECOVERY_FRESH`` (``protocol.recovery_env``) in task.sh's case."""
+    if plan is None:
+        return ""
+    return f" MTC_RECOVERY_FRESH={1 if node_id in plan.fresh_node_ids else 0}"

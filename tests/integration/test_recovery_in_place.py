@@ -1,0 +1,72 @@
+"""In place on the embedded default with real processes (examples/train.py, issue 26).
+
+The training program has no tier library in this branch: its tier-1 (memory) save is
+reported by the test, the event the library's report becomes (a stand-in, stated). The rest
+is real: the agent's XID 13 report, triage's RESTART_JOB, the SIGTERM, the durable save and
+exit 75 of real worker processes, and the next attempt's real processes on the same nodes,
+told ``MTC_RECOVERY_MODE=in_place`` through their environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.cli.demo import CLUSTER_SPEC, demo_compute_options, job_spec
+from services.job_submission import commands as job_commands
+from services.wiring.embedded import embedded
+from shared.domain.events import JobCheckpointSaved, JobRequeued
+from shared.domain.health import Condition, ConditionStatus, ConditionType
+from shared.domain.model import Job, JobState
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+@pytest.mark.slow
+def test_xid13_restarts_the_real_workers_in_place(tmp_path: Path) -> None:
+    app = embedded(tmp_path / "state", compute_options=demo_compute_options())
+    try:
+        with app.transaction() as uow:
+            job_commands.create_cluster(CLUSTER_SPEC, uow, app.deps)
+
+        def job() -> Job:
+            with app.uow() as uow:
+                found = uow.jobs.get("inplace-1")
+            assert found is not None
+            return found
+
+        def ready() -> bool:
+            with app.uow() as uow:
+                cluster = uow.clusters.get("demo")
+            return cluster is not None and cluster.state.value == "READY"
+
+        assert app.run(ready, timeout_s=20)
+        with app.transaction() as uow:
+            job_commands.submit_job("demo", job_spec(100_000), uow, app.deps, "inplace-1")
+        assert app.run(lambda: len(app.compute.workers("inplace-1")) == 2, timeout_s=30)
+        app.run(lambda: False, timeout_s=1.0)  # (its SIGTERM handler is installed)
+        first = job()
+        now = app.deps.clock.now()
+        app.inject(JobCheckpointSaved(job_id="inplace-1", attempt=1, step=1, path="memory",
+                                      saved_at=now, save_s=0.01, tier="memory"), "//test")
+        app.compute.inject_fault(first.node_ids[0], [Condition(
+            ConditionType.XID_ERROR.value, ConditionStatus.TRUE, "NVRM: Xid 13", now,
+            {"xids": [13]})])
+        assert app.run(lambda: job().attempt >= 2, timeout_s=30)
+        again = job()
+        assert again.state is JobState.RUNNING and tuple(again.node_ids) == tuple(first.node_ids)
+        assert again.recovery.decisions[-1]["mode"] == "in_place"
+        assert app.deps.event_log is not None
+        log = [d["type"] for d in app.deps.event_log.read()
+               if d["data"].get("job_id") == "inplace-1"]
+        assert JobRequeued.TYPE not in log  # never PENDING
+        workers = [w for w in app.compute.workers("inplace-1") if w.attempt == 2]
+        assert sorted(w.node_id for w in workers) == sorted(first.node_ids)
+        assert all(environ(w.pid)["MTC_RECOVERY_MODE"] == "in_place" for w in workers)
+    finally:
+        app.compute.kill_all()
+        app.close()

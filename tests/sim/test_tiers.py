@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from shared.goodput.totals import Badput
+from shared.ports import Gang, LaunchGroup, RecoveryPlan
 from simulator import twin
 from simulator.readers import ScenarioError
 from simulator.recovery_config import parse_recovery, plan_for
 from simulator.scenario import load_scenario
-from simulator.tiers import _cut
+from simulator.tiers import _cut, start_costs, tiered_attempt
 from simulator.world import Attempt, SimJob
 from tests.sim.conftest import scenario, xid79_raw
 
@@ -132,3 +133,40 @@ def test_the_tiers_scenario_is_llama3_with_a_recovery_block() -> None:
     durable = load_scenario(load_scenario.__globals__["SCENARIO_DIR"] / "llama3-tiers.yaml",
                             {"recovery.tiers": "durable"})
     assert durable.recovery is not None and durable.recovery.pinned == "requeue"
+
+
+def _gang(nodes: int, plan: RecoveryPlan | None) -> Gang:
+    ids = tuple(f"n{i}" for i in range(nodes))
+    return Gang("train", 2, ids, (LaunchGroup(0, nodes, ("train",), ()),), "sim://c",
+                "sim://m", "sim://t", plan)
+
+
+@pytest.mark.parametrize(("plan", "spares", "warm"), [
+    (None, "warm", False),  # a requeue: today's cold start
+    (RecoveryPlan("in_place"), "cold", True),
+    (RecoveryPlan("scale_down"), "cold", True),
+    (RecoveryPlan("hot_swap", ("n3",)), "warm", True),  # onto a warm spare
+    (RecoveryPlan("hot_swap", ("n3",)), "cold", False),  # the gang waits for a cold spare
+    (RecoveryPlan("requeue"), "warm", False),
+])
+def test_startup_is_warm_for_nodes_that_stayed_and_warm_spares(
+        plan: RecoveryPlan | None, spares: str, warm: bool) -> None:
+    cfg = parse_recovery({**RECOVERY, "spares": spares}, "recovery")
+    assert cfg is not None
+    job_cfg = scenario(xid79_raw()).jobs[0]
+    job = SimJob(job_cfg, "train", plan=plan_for(cfg, job_cfg, 8), ckpt_step=10,
+                 ckpt_tier="peer")
+    startup, restore, tier = start_costs(job, _gang(16, plan))
+    assert startup == (30.0 if warm else job_cfg.startup_s)
+    assert tier == "peer" and restore == pytest.approx(job.plan.restore_s["peer"])  # type: ignore[union-attr]
+
+
+def test_a_scaled_down_gang_runs_at_its_share_of_the_pace() -> None:
+    cfg = parse_recovery(RECOVERY, "recovery")
+    assert cfg is not None
+    job_cfg = scenario(xid79_raw()).jobs[0]
+    job = SimJob(job_cfg, "train", plan=plan_for(cfg, job_cfg, 8), ckpt_step=10,
+                 ckpt_tier="memory")
+    att = tiered_attempt(job, _gang(12, RecoveryPlan("scale_down")), 100.0)
+    assert att.scale == pytest.approx(12 / 16)
+    assert att.ready == pytest.approx(100.0 + 30.0 + job.plan.restore_s["memory"])  # type: ignore[union-attr]

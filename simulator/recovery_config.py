@@ -34,7 +34,7 @@ from typing import Any
 
 from shared.policies.recovery import Mode, Tier
 from simulator.readers import ScenarioError, duration, get, integer, join, mapping, number, only_keys, text
-from simulator.scenario_types import JobCfg
+from simulator.scenario_types import JobCfg, RecoveryCfg
 
 RECOVERY_KEYS = ("tiers", "mode", "min_replicas", "parameters", "bytes_per_parameter",
                  "memory_gb_s", "peer_gb_s", "durable_gb_s", "memory_every", "peer_every",
@@ -51,30 +51,6 @@ DEFAULT_DURABLE_GB_S = 2000.0  # aggregate: Tectonic's sustained 2 TB/s (Llama 3
 DEFAULT_MEMORY_EVERY_S = 120.0
 DEFAULT_STARTUP_WARM_S = 60.0
 GB = 1e9
-
-
-@dataclass(frozen=True)
-class RecoveryCfg:
-    tiers: tuple[str, ...]  # in TIER_ORDER
-    mode: str  # auto or a Mode value
-    min_replicas: int | None
-    parameters: float
-    bytes_per_parameter: float
-    memory_gb_s: float
-    peer_gb_s: float
-    durable_gb_s: float
-    memory_every_s: float
-    peer_every_s: float
-    durable_every_s: float | None  # None: the job's checkpoint_interval
-    startup_warm_s: float
-    spares_warm: bool
-
-    @property
-    def pinned(self) -> str | None:
-        """The mode the job is pinned to: ``mode`` unless auto; durable only is requeue."""
-        if self.mode != "auto":
-            return self.mode
-        return Mode.REQUEUE.value if self.tiers == (Tier.DURABLE.value,) else None
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from simulator.availability import AvailabilityCfg
 from simulator.failures import FailureCfg
 from simulator.readers import Dist
-
-if TYPE_CHECKING:
-    from simulator.recovery_config import RecoveryCfg
 
 # ---------------------------------------------------------------- constants (defaults)
 # Units are in the names: _S seconds, _PER_NODE_DAY events per node per day, _FRACTION 0..1.
@@ -128,6 +125,33 @@ class ControlPlaneCfg:
     heartbeat_timeout_s: float
     max_event_age_s: float
     backfill: bool
+
+
+# checkpoint tiers and recovery modes: parsed and turned into numbers by
+# simulator.recovery_config
+@dataclass(frozen=True)
+class RecoveryCfg:
+    tiers: tuple[str, ...]  # in TIER_ORDER
+    mode: str  # auto or a Mode value
+    min_replicas: int | None
+    parameters: float
+    bytes_per_parameter: float
+    memory_gb_s: float
+    peer_gb_s: float
+    durable_gb_s: float
+    memory_every_s: float
+    peer_every_s: float
+    durable_every_s: float | None  # None: the job's checkpoint_interval
+    startup_warm_s: float
+    spares_warm: bool
+
+    @property
+    def pinned(self) -> str | None:
+        """The mode the job is pinned to: ``mode`` unless auto; durable only is requeue."""
+        if self.mode != "auto":
+            return self.mode
+        return "requeue" if self.tiers == ("durable",) else None
+
 
 
 @dataclass(frozen=True)

@@ -25,15 +25,25 @@ cold for a requeue (``Gang.recovery`` None, today's path), a first start and a c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from shared.policies.recovery import Mode, Tier
 from shared.ports import Gang, RecoveryPlan
 from simulator.recovery_config import TierPlan
 from simulator.world import Attempt, SimJob, SimNode
 
-if TYPE_CHECKING:
-    from simulator.jobs import JobModel
+
+class JobModel(Protocol):
+    """What this module uses of ``simulator.jobs.JobModel`` (which imports this one)."""
+
+    nodes: dict[str, SimNode]
+    horizon: float
+
+    def _advance(self, att: Attempt, t: float) -> None: ...
+
+    def _work(self, att: Attempt, t0: float, t1: float) -> tuple[float, float]: ...
+
+    def _emit_checkpoint(self, job: SimJob, attempt: int) -> None: ...
 
 MEMORY, PEER, DURABLE = Tier.MEMORY.value, Tier.PEER.value, Tier.DURABLE.value
 WARM_MODES = (Mode.IN_PLACE.value, Mode.SCALE_DOWN.value, Mode.HOT_SWAP.value)

@@ -54,8 +54,9 @@ class JobModel:
 
     def add_job(self, cfg: JobCfg) -> SimJob:
         job = SimJob(cfg, cfg.name)
-        if self.sc.recovery is not None:
-            job.plan = plan_for(self.sc.recovery, cfg, self.sc.cluster.gpus_per_node)
+        rec = self.sc.recovery
+        if rec is not None and len(rec.tiers) > 1:  # (durable alone: today's path)
+            job.plan = plan_for(rec, cfg, self.sc.cluster.gpus_per_node)
         self.jobs[job.job_id] = job
         return job
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shared.policies.recovery import Mode, Tier
@@ -153,6 +153,15 @@ def check_recovery(cfg: RecoveryCfg | None, jobs: tuple[JobCfg, ...], events: st
             raise ScenarioError("recovery.memory_every",
                                 f"must be at least one step ({job.step_time_s:g} s) of "
                                 f"jobs.{i}")
+
+
+def durable_only(cfg: RecoveryCfg, job: JobCfg, gpus_per_node: int) -> JobCfg:
+    """With durable storage alone the job is today's, at these sizes and bandwidths: its
+    save (synchronous, the whole write), restore and interval come from the block, and the
+    twin runs today's code path with them (``SimJob.plan`` stays None)."""
+    plan = plan_for(cfg, job, gpus_per_node)
+    return replace(job, checkpoint_interval_s=plan.interval_s, checkpoint_save_s=plan.save_s,
+                   checkpoint_restore_s=plan.restore_s[Tier.DURABLE.value])
 
 
 def plan_for(cfg: RecoveryCfg, job: JobCfg, gpus_per_node: int) -> TierPlan:

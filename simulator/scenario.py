@@ -42,7 +42,7 @@ from simulator.readers import (
     only_keys,
     text,
 )
-from simulator.recovery_config import check_recovery, parse_recovery
+from simulator.recovery_config import check_recovery, durable_only, parse_recovery
 from simulator.scenario_types import (
     DEFAULT_ACCELERATOR,
     DEFAULT_BUS_LATENCY_S,
@@ -303,6 +303,8 @@ def parse_scenario(data: Any, *, source: str = "") -> Scenario:
     _check_scripted(failures.scripted, cluster)
     recovery = parse_recovery(top.get("recovery"), "recovery")
     check_recovery(recovery, jobs, events)
+    if recovery is not None and recovery.tiers == ("durable",):  # today's path, these sizes
+        jobs = tuple(durable_only(recovery, j, cluster.gpus_per_node) for j in jobs)
     detection = mapping(top.get("detection"), "detection")
     report_interval = duration(get(detection, "report_interval", DEFAULT_REPORT_INTERVAL_S),
                                "detection.report_interval")

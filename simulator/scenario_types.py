@@ -147,10 +147,9 @@ class RecoveryCfg:
 
     @property
     def pinned(self) -> str | None:
-        """The mode the job is pinned to: ``mode`` unless auto; durable only is requeue."""
-        if self.mode != "auto":
-            return self.mode
-        return "requeue" if self.tiers == ("durable",) else None
+        """The mode the job is pinned to (None: the policy chooses; with durable alone it
+        has no alternative to a requeue)."""
+        return self.mode if self.mode != "auto" else None
 
 
 

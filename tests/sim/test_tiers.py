@@ -59,10 +59,21 @@ def test_a_program_crash_restores_from_memory() -> None:
     assert by_tier.get("memory", 0) > 0 and by_tier.get("peer", 0) == 0
 
 
-def test_durable_only_restores_from_durable() -> None:
-    by_tier, logged = restored_from(tiered([{"at": "1h", "node": 3, "cause": "software_bug"}],
-                                           tiers="durable"))
-    assert set(logged) == {"durable"} and set(by_tier) == {"durable"}
+def test_durable_alone_is_todays_path_at_those_sizes() -> None:
+    """``tiers: durable`` is today's twin, exactly, with the save and restore the sizes and
+    the bandwidth give: 8e9 x 14 B at 20 GB/s is 5.6 s each way."""
+    scripted = [{"at": "1h", "node": 3, "cause": "gpu_off_bus"},
+                {"at": "3h", "node": 5, "cause": "software_bug"}]
+    tiers = tiered(scripted, tiers="durable")
+    today = tiered(scripted)
+    del today["recovery"]
+    today["jobs"][0].update(checkpoint_save=5.6, checkpoint_restore=5.6)
+    a, b = twin.run(scenario(tiers), seed=2), twin.run(scenario(today), seed=2)
+    assert scenario(tiers).jobs[0].checkpoint_save_s == pytest.approx(5.6)
+    assert a.truth == b.truth
+    assert a.job().ettr == b.job().ettr and a.events == b.events
+    assert {k: v for k, v in a.summary().items() if k not in ("scenario", "timings")} == \
+        {k: v for k, v in b.summary().items() if k not in ("scenario", "timings")}
 
 
 def test_no_tier_saves_more_often_than_its_bandwidth_allows() -> None:
@@ -132,7 +143,11 @@ def test_the_tiers_scenario_is_llama3_with_a_recovery_block() -> None:
     assert (tiers.jobs, tiers.failures, tiers.seed) == (base.jobs, base.failures, base.seed)
     durable = load_scenario(load_scenario.__globals__["SCENARIO_DIR"] / "llama3-tiers.yaml",
                             {"recovery.tiers": "durable"})
-    assert durable.recovery is not None and durable.recovery.pinned == "requeue"
+    assert durable.recovery is not None and durable.recovery.pinned is None
+    # today's path with the block's figures: 5.67 TB at 2 TB/s, every 15 minutes
+    assert durable.jobs[0].checkpoint_save_s == pytest.approx(2.835)
+    assert durable.jobs[0].checkpoint_restore_s == pytest.approx(2.835)
+    assert durable.jobs[0].checkpoint_interval_s == 900.0
 
 
 def _gang(nodes: int, plan: RecoveryPlan | None) -> Gang:

@@ -30,6 +30,7 @@ from shared.domain import lifecycle
 from shared.domain.errors import ValidationError
 from shared.domain.model import IN_SERVICE, Cluster, ClusterState, Job, Node, NodeRole, NodeState
 from shared.domain.specs import ClusterSpec
+from shared.policies import recovery
 
 T = TypeVar("T")
 KIND = "cluster"
@@ -210,6 +211,9 @@ def domain_body(cluster_id: str, message: ModelDevelopmentCluster) -> dict[str, 
     if slurm and slurm.partitions:
         body["partitions"] = [{"name": p.id, "nodePoolIds": list(p.node_pool_ids)}
                               for p in slurm.partitions]
+    pin = message.labels.get(recovery.MODE_LABEL)
+    if pin is not None:  # the cluster's recovery pin (shared.policies.recovery; docs/recovery.md)
+        body["labels"] = {recovery.MODE_LABEL: pin}
     return body
 
 

@@ -12,6 +12,11 @@ exit, signals included, is the program's and fails it unless the spec says
 ``restartJobOnWorkerRestart`` (then it restarts, with the same backoff). Nodes that keep
 ending a job's attempts are suspected and handed to repair (``restarts.py``).
 
+A restart does not always go through the queue: ``modes.recover`` asks the recovery policy
+(``shared.policies.recovery``) first, and restarts the job in place, on a hot-swapped spare or
+scaled down when that loses less time than a requeue (``measure`` keeps the job's figures);
+otherwise, and for every job without checkpoint tiers or elasticity, ``_requeue`` as before.
+
 A job past its ``scheduling.timeout`` (``shared.domain.timeouts``) is stopped through the same
 interrupt (job_submission's tick asks for it); when that attempt's workers exit, the job fails
 with the deadline error instead of being requeued, even if they exit 0 after the SIGTERM.

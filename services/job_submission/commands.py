@@ -68,6 +68,8 @@ def update_cluster(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps) -> C
     spec = ClusterSpec.parse(body)
     if spec.cluster_id != cluster_id:
         raise ValidationError("clusterId", f"cannot change the cluster id ({cluster_id})")
+    for name, message in recovery.label_errors(dict(spec.labels)):
+        raise ValidationError(name, message)
     if spec == cluster.spec:
         return cluster
     for pool in cluster.spec.node_pools:

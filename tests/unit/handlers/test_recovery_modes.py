@@ -259,3 +259,17 @@ def test_bad_recovery_labels_are_refused(labels: dict[str, str], field: str) -> 
     with pytest.raises(ValidationError) as err:
         plane.api(lambda u, d: job_commands.submit_job("c1", body, u, d, "j1"))
     assert field in str(err.value)
+
+
+def test_tier_saves_are_policy_inputs_not_durable_checkpoints() -> None:
+    """A memory or peer save is recorded per tier (newest kept, a redelivery or an older
+    one changes nothing) and never becomes the durable checkpoint a requeue resumes from."""
+    plane = plane_with()
+    submit(plane)
+    tiers(plane)
+    saved(plane, 1, 150, "memory")  # older than the kept one
+    saved(plane, 1, 195, "memory")  # a redelivery
+    job = plane.job("j1")
+    assert [c.step for c in job.checkpoints] == [100]
+    assert job.recovery.tiers["memory"]["step"] == 195
+    assert job.recovery.tiers["peer"]["step"] == 190

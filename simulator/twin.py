@@ -43,7 +43,7 @@ from shared.adapters.outbox import DocOutbox
 from shared.config import ControlPlaneConfig
 from shared.domain.events import ClusterReady, Envelope, JobFinished
 from shared.handling import Deps, run_command
-from shared.policies.recovery import Tier
+from shared.policies.recovery import MIN_REPLICAS_LABEL, MODE_LABEL, Tier
 from shared.policies.repair import load_repair_config
 from shared.policies.triage import load_triage_table
 from simulator import goodput
@@ -116,9 +116,9 @@ def job_body(scenario: Scenario, index: int) -> dict[str, Any]:
     if rec is not None:  # the job's recovery knobs, as the SDK sets them (labels)
         labels = {}
         if rec.pinned is not None:
-            labels["mtc-recovery-mode"] = rec.pinned
+            labels[MODE_LABEL] = rec.pinned
         if rec.min_replicas is not None:
-            labels["mtc-min-replicas"] = str(rec.min_replicas)
+            labels[MIN_REPLICAS_LABEL] = str(rec.min_replicas)
         if labels:
             body["labels"] = labels
     return body

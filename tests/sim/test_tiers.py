@@ -38,10 +38,27 @@ def tiered(scripted: list[dict[str, Any]], **recovery: Any) -> dict[str, Any]:
 
 
 def restored_from(raw: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
+    by_tier, tiers, _, _ = tiered_run(raw)
+    return by_tier, tiers
+
+
+def tiered_run(raw: dict[str, Any]) -> tuple[dict[str, float], list[str], list[str], float]:
+    """(restore seconds by tier, tiers reported, modes chosen, startup seconds)."""
     result = twin.run(scenario(raw), seed=1)
     tiers = [r["data"].get("tier") for r in result.rows
              if r["type"] == "mtc.job.checkpoint_saved.v1"]
-    return result.truth["train"]["restore_by_tier_s"], tiers
+    modes = [r["data"]["mode"] for r in result.rows
+             if r["type"] == "mtc.job.recovery_chosen.v1"]
+    truth = result.truth["train"]
+    return truth["restore_by_tier_s"], tiers, modes, truth["startup_s"]
+
+
+@pytest.mark.parametrize(("cause", "mode"), [("software_bug", "in_place"),
+                                             ("gpu_off_bus", "hot_swap")])
+def test_the_policy_restarts_warm_in_place_or_onto_a_warm_spare(cause: str, mode: str) -> None:
+    _, _, modes, startup = tiered_run(tiered([{"at": "1h", "node": 3, "cause": cause}]))
+    assert modes == [mode]
+    assert startup == pytest.approx(120.0 + 30.0)  # the first start cold, the restart warm
 
 
 def test_a_node_loss_restores_from_the_peer_not_memory() -> None:

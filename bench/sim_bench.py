@@ -2,7 +2,8 @@
 count, where the time goes, the twin's overhead over calling the same handlers directly, and
 wall time vs fleet size and duration.
 
-    taskset -c 0 .venv/bin/python bench/sim_bench.py llama3 [--repeat 3] [--duration 54d]
+    taskset -c 0 .venv/bin/python bench/sim_bench.py llama3 [--repeat 3] [--duration 54d] \
+        [--scenario simulator/scenarios/llama3-tiers.yaml]
     taskset -c 0 .venv/bin/python bench/sim_bench.py handlers [--duration 54d]
     taskset -c 0 .venv/bin/python bench/sim_bench.py overhead [--scenario small.yaml]
     taskset -c 0 .venv/bin/python bench/sim_bench.py replay [--duration 54d] [--repeat 3]
@@ -164,7 +165,8 @@ def timed_run(scenario: Scenario) -> tuple[twin.RunResult, float]:
 
 
 def cmd_llama3(args: argparse.Namespace) -> dict[str, Any]:
-    scenario = load_scenario(None, {"duration": args.duration} if args.duration else None)
+    scenario = load_scenario(args.scenario,
+                             {"duration": args.duration} if args.duration else None)
     prof = cProfile.Profile() if args.profile else None
     runs, floors = [], []
     for _ in range(1 if prof else args.repeat):  # the floor beside each run, under its load
@@ -431,6 +433,8 @@ def main() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("llama3")
     p.add_argument("--duration", default=None)
+    p.add_argument("--scenario", default=None,
+                   help="another scenario file (simulator/scenarios/llama3-tiers.yaml)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--repeat", type=int, default=3, help="runs; the fastest counts")
     p = sub.add_parser("handlers", help="handler CPU time by service and event type")

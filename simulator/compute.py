@@ -51,6 +51,7 @@ from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.picking import Qualifying
 from simulator.scenario_types import Scenario
 from simulator.streams import FAILURES_DOMAIN, PROVISION_DOMAIN, REPAIR_DOMAIN
+from simulator.tiers import mark_gone, tiered_attempt
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode, regang
 
 MAX_STARTS_AT_ONE_INSTANT = 1000  # attempts of one job at one simulated time: a livelock
@@ -108,7 +109,7 @@ class SimCompute(FailureProcesses):
         if isinstance(event, JobWorkersExited):
             once = self.ledger.end_attempt(event.job_id, event.attempt)
         elif isinstance(event, JobCheckpointSaved):
-            once = self.ledger.checkpoint(f"sim://{event.job_id}/checkpoints", event.step,
+            once = self.ledger.checkpoint(event.path.rsplit("/", 1)[0], event.step,
                                           event.job_id, event.attempt, event.path, event.saved_at)
         elif isinstance(event, NodeRepairCompleted):
             once = self.ledger.end_repair(event.node_id, event.attempt, float(self.env.now))
@@ -206,6 +207,7 @@ class SimCompute(FailureProcesses):
         self.stragglers.pop(node_id, None)
         self.fitness_changed(node)
         if node.attempt is not None and node.attempt.alive:
+            mark_gone(node.attempt, node_id)
             self._kill(node.attempt, float(self.env.now), "node deleted", hang=False)
 
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
@@ -300,12 +302,15 @@ class SimCompute(FailureProcesses):
         self._check_wedged(job, now)
         cfg = job.cfg
         node_ids = gang.node_ids  # by rank already: no per-rank work per restart
-        resume = job.ckpt_step >= 0
-        startup = cfg.startup_s + cfg.warmup_s  # a slow first step is startup too
-        restore = cfg.checkpoint_restore_s if resume else 0.0
         old = job.attempt
-        att = Attempt(job, gang.attempt, node_ids, now, now + startup + restore,
-                      max(job.ckpt_step, 0))
+        startup = cfg.startup_s + cfg.warmup_s  # a slow first step is startup too
+        if job.plan is None:
+            restore = cfg.checkpoint_restore_s if job.ckpt_step >= 0 else 0.0
+            att = Attempt(job, gang.attempt, node_ids, now, now + startup + restore,
+                          max(job.ckpt_step, 0))
+        else:  # warm or cold, restored from the tier of the newest surviving entry
+            att = tiered_attempt(job, gang, now)
+            startup = att.boot
         job.attempt = att
         job.truth.attempts += 1
         broken = self._seat(job, old, att, now)
@@ -364,6 +369,7 @@ class SimCompute(FailureProcesses):
             seat = node.seat
             prev = old if seat is job else node.attempt
             if prev is not None and prev.alive and prev is not att:
+                mark_gone(prev, nid)
                 self._kill(prev, now, "node taken by another attempt", hang=False)
             if seat is not job:
                 if seat is not None:
@@ -427,7 +433,6 @@ class SimCompute(FailureProcesses):
             return
         if att.stopped_at is not None:
             return  # already saving on an earlier SIGTERM
-        cfg = att.job.cfg
         att.stopped_at = now
         att.token += 1
         if now < att.ready:  # nothing new since the checkpoint it resumes from
@@ -435,18 +440,8 @@ class SimCompute(FailureProcesses):
             self._settle(att, now, saved=False)
             self._exit(att, EXIT_PREEMPTED, "stopped during startup")
             return
-        cycle = cfg.checkpoint_interval_s + cfg.checkpoint_save_s
-        into = (now - att.ready) % cycle
-        if into >= cfg.checkpoint_interval_s:  # a periodic save is under way: let it finish
-            done_at = now + (cycle - into)
-            if done_at - now <= grace_s:
-                att.stopped_at = done_at
-                call_later(self.env, done_at - now, self._graceful, att, done_at, False)
-                return
-        elif cfg.checkpoint_save_s <= grace_s:
-            call_later(self.env, cfg.checkpoint_save_s, self._graceful, att, now, True)
-            return
-        call_later(self.env, grace_s, self._sigkill, att)
+        if not self._save_on_sigterm(att, now, grace_s):
+            call_later(self.env, grace_s, self._sigkill, att)
 
     def stop_workers(self, job_id: str, attempt: int) -> None:
         self.calls += 1

@@ -23,6 +23,7 @@ from simulator.failures import (
 from simulator.jobs import JobModel
 from simulator.picking import Qualifying
 from simulator.streams import DETECT_DOMAIN, FAILURES_DOMAIN
+from simulator.tiers import mark_gone
 from simulator.world import AGENT_SOURCE, OPERATOR_SOURCE, Attempt, SimNode
 
 
@@ -128,6 +129,11 @@ class FailureProcesses(JobModel):
                 peer = self.nodes[nid]
                 if peer is not node and peer.up and not peer.deleted and peer.fault is None:
                     victims.append(peer)
+        if fault.fix != "none" and fault.cause.kills_job:  # every victim's memory goes (tiers)
+            for victim in victims:
+                att = victim.attempt
+                if att is not None and att.alive and not att.exited:
+                    mark_gone(att, victim.node_id)
         for victim in victims:
             self.apply_fault(victim, fault)
 
@@ -143,6 +149,8 @@ class FailureProcesses(JobModel):
         att = node.attempt
         if att is not None and att.alive and not att.exited and cause.kills_job:
             att.job.truth.interruptions[cause.name] += 1
+            if fault.fix != "none":  # the node leaves for a repair: its memory with it
+                mark_gone(att, node.node_id)
             self._kill(att, now, cause.name, hang=cause.hang or fault.signal.node_down)
         if fault.fix == "none":
             if self.failing:
@@ -265,6 +273,11 @@ class FailureProcesses(JobModel):
     def _slowest(self, att: Attempt) -> float:
         """The pace of an attempt's gang: its slowest straggler's ratio (1.0: none
         straggles), read from whichever is smaller, the gang or the stragglers."""
+        if att.scale != 1.0:  # a scale-down: fewer replicas, the same global batch
+            return att.scale * self._slowest_node(att)
+        return self._slowest_node(att)
+
+    def _slowest_node(self, att: Attempt) -> float:
         stragglers = self.stragglers
         if not stragglers:
             return 1.0

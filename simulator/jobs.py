@@ -24,7 +24,9 @@ from shared.domain.events import Event, JobCheckpointSaved, JobFirstStep, JobWor
 from simulator.bus import SimBus
 from simulator.clock import EPOCH_S, call_later
 from simulator.failures import Fault, diurnal_integral, diurnal_spans
+from simulator.recovery_config import plan_for
 from simulator.scenario_types import JobCfg, Scenario
+from simulator.tiers import settle_tiered
 from simulator.world import COMPUTE_SOURCE, Attempt, SimJob, SimNode
 
 # the worker protocol's exit statuses, as plain ints on the hot path
@@ -32,6 +34,9 @@ EXIT_OK = int(ExitCode.OK)
 EXIT_CRASH = int(ExitCode.FAILED)
 EXIT_PREEMPTED = int(ExitCode.PREEMPTED)  # checkpoint saved on SIGTERM, run me again
 EXIT_KILLED = int(ExitCode.KILLED)  # SIGKILL after the grace period
+# with tiers, an entry is reported when it is made (the program's library), not at the exit:
+# the save on SIGTERM is reported this long before the exit (both cross the bus)
+REPORT_BEFORE_EXIT_S = 1.0
 
 
 class JobModel:
@@ -49,12 +54,23 @@ class JobModel:
 
     def add_job(self, cfg: JobCfg) -> SimJob:
         job = SimJob(cfg, cfg.name)
+        rec = self.sc.recovery
+        if rec is not None and len(rec.tiers) > 1:  # (durable alone: today's path)
+            job.plan = plan_for(rec, cfg, self.sc.cluster.gpus_per_node)
         self.jobs[job.job_id] = job
         return job
 
     def _cycle(self, att: Attempt) -> tuple[float, float]:
+        plan = att.job.plan
+        if plan is not None:  # a snapshot (tier 1) or a synchronous durable save per cycle
+            return plan.interval_s, plan.save_s
         cfg = att.job.cfg
         return cfg.checkpoint_interval_s, cfg.checkpoint_save_s
+
+    @staticmethod
+    def final_save_s(job: SimJob) -> float:
+        """The save on SIGTERM or at the end of training."""
+        return job.plan.final_save_s if job.plan is not None else job.cfg.checkpoint_save_s
 
     def _work(self, att: Attempt, t0: float, t1: float) -> tuple[float, float]:
         """Nominal work (seconds at full speed) done computing over [t0, t1], and the same
@@ -104,6 +120,8 @@ class JobModel:
 
     def _record_checkpoint(self, att: Attempt, at: float, work: float) -> None:
         job = att.job
+        if job.plan is not None:  # which entry counts is known when progress stops (tiers)
+            return
         step = att.base_step + int(work / job.cfg.step_time_s + 1e-9)
         if step > job.ckpt_step:
             job.ckpt_step = step
@@ -111,6 +129,9 @@ class JobModel:
 
     def _settle(self, att: Attempt, t: float, *, saved: bool) -> None:
         """Progress stops at ``t``: split the attempt's time into the truth ledger."""
+        if att.job.plan is not None:
+            settle_tiered(self, att, t, saved=saved)
+            return
         cfg = att.job.cfg
         truth = att.job.truth
         startup_end = att.start + cfg.startup_s + cfg.warmup_s
@@ -146,11 +167,38 @@ class JobModel:
         job.steps_done = max(job.steps_done, att.base_step
                              + int(work_kept / cfg.step_time_s + 1e-9))
 
+    def _save_on_sigterm(self, att: Attempt, now: float, grace_s: float) -> bool:
+        """Schedule the graceful exit if the save fits the grace period (False: it does
+        not, SIGKILL comes). A periodic save under way finishes first."""
+        interval, save = self._cycle(att)
+        cycle = interval + save
+        into = (now - att.ready) % cycle
+        final = self.final_save_s(att.job)
+        if into >= interval:  # a periodic save is under way: let it finish
+            done_at = now + (cycle - into)
+            if done_at - now <= grace_s and att.job.plan is None:
+                att.stopped_at = done_at
+                call_later(self.env, done_at - now, self._graceful, att, done_at, False)
+                return True
+            if att.job.plan is not None and done_at - now + final <= grace_s:
+                # the snapshot under way, then the save on SIGTERM (sent to the peer)
+                att.stopped_at = done_at
+                call_later(self.env, done_at - now + final, self._graceful, att, done_at, True)
+                return True
+        elif final <= grace_s:
+            call_later(self.env, final, self._graceful, att, now, True)
+            return True
+        return False
+
     def _graceful(self, att: Attempt, stopped: float, save_now: bool) -> None:
         if att.exited or not att.alive:
             return
         self._settle(att, stopped, saved=save_now)
         att.alive = False
+        if att.job.plan is not None:  # the library reports the save, then the process exits
+            call_later(self.env, REPORT_BEFORE_EXIT_S, self._exit, att, EXIT_PREEMPTED,
+                       "checkpoint saved on SIGTERM")
+            return
         self._exit(att, EXIT_PREEMPTED, "checkpoint saved on SIGTERM")
 
     def _sigkill(self, att: Attempt) -> None:
@@ -212,11 +260,31 @@ class JobModel:
 
     def _emit_checkpoint(self, job: SimJob, attempt: int) -> None:
         job.emitted_step = job.ckpt_step
+        if job.plan is not None:  # each tier's newest entry, the one to restore from last
+            entries = dict(job.tier_newest)
+            entries[job.ckpt_tier] = (job.ckpt_step, job.ckpt_at)
+            order = sorted(entries, key=lambda tier: (tier == job.ckpt_tier, entries[tier][0],
+                                                      tier != "durable"))
+            for tier in order:
+                step, at = entries[tier]
+                if step > job.tier_emitted.get(tier, -1):
+                    job.tier_emitted[tier] = step
+                    self._emit_tier(job, attempt, step, at, tier)
+            return
         self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt, step=job.ckpt_step,
                                      path=f"sim://{job.job_id}/checkpoints/"
                                           f"ckpt-{job.ckpt_step:08d}",
                                      saved_at=EPOCH_S + job.ckpt_at,
                                      save_s=job.cfg.checkpoint_save_s))
+
+    def _emit_tier(self, job: SimJob, attempt: int, step: int, at: float, tier: str) -> None:
+        plan = job.plan
+        assert plan is not None
+        save = plan.save_s if tier == "memory" or len(plan.tiers) == 1 \
+            else plan.lag_s[tier]  # what the copy to that tier took
+        self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt, step=step,
+                                     path=f"sim://{job.job_id}/{tier}/ckpt-{step:08d}",
+                                     saved_at=EPOCH_S + at, save_s=save, tier=tier))
 
     def _first_step(self, att: Attempt) -> None:
         """The workers log their first step: the accounting measures startup up to it."""
@@ -273,8 +341,8 @@ class JobModel:
         att.stopped_at = finish
         self._settle(att, finish, saved=True)
         att.alive = False
-        save = att.job.cfg.checkpoint_save_s
-        call_later(self.env, save, self._exit, att, EXIT_OK, "training finished")
+        call_later(self.env, self.final_save_s(att.job), self._exit, att, EXIT_OK,
+                   "training finished")
 
     def _rearm_checkpoints(self, att: Attempt) -> None:
         interval, save = self._cycle(att)

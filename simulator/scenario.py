@@ -42,6 +42,7 @@ from simulator.readers import (
     only_keys,
     text,
 )
+from simulator.recovery_config import check_recovery, durable_only, parse_recovery
 from simulator.scenario_types import (
     DEFAULT_ACCELERATOR,
     DEFAULT_BUS_LATENCY_S,
@@ -97,7 +98,11 @@ DEFAULT_SCENARIO = SCENARIO_DIR / "llama3.yaml"
 TOP_KEYS = ("name", "description", "seed", "duration", "cluster", "jobs", "failures", "repair",
             "detection", "bus", "control_plane", "checkpoint_events",
             # the capacity's mode and price (simulator.availability), apart from the rest
-            "availability")
+            "availability",
+            # checkpoint tiers and recovery modes (simulator.recovery_config)
+            "recovery",
+            # another scenario file this one starts from (its keys, deep-merged under these)
+            "base")
 DETECTION_KEYS = ("xid", "ecc", "dcgm", "disk", "thermal", "heartbeat", "speed")
 
 
@@ -296,6 +301,10 @@ def parse_scenario(data: Any, *, source: str = "") -> Scenario:
     name = get(top, "name", Path(source).stem if source else "scenario")
     failures = parse_failures(top.get("failures"), "failures")
     _check_scripted(failures.scripted, cluster)
+    recovery = parse_recovery(top.get("recovery"), "recovery")
+    check_recovery(recovery, jobs, events)
+    if recovery is not None and recovery.tiers == ("durable",):  # today's path, these sizes
+        jobs = tuple(durable_only(recovery, j, cluster.gpus_per_node) for j in jobs)
     detection = mapping(top.get("detection"), "detection")
     report_interval = duration(get(detection, "report_interval", DEFAULT_REPORT_INTERVAL_S),
                                "detection.report_interval")
@@ -318,6 +327,7 @@ def parse_scenario(data: Any, *, source: str = "") -> Scenario:
         raw=copy.deepcopy(dict(top)),
         availability=parse_availability(top.get("availability"), "availability",
                                         cluster.nodes),
+        recovery=recovery,
     )
 
 
@@ -334,9 +344,33 @@ def _check_scripted(scripted: tuple[ScriptedFault, ...], cluster: ClusterCfg) ->
                                 f"partition {part.name!r} has nodes 0..{part.nodes - 1}")
 
 
-def load_raw(path: str | Path | None = None) -> dict[str, Any]:
-    """The YAML of a scenario file (the default Llama 3 one when ``path`` is None)."""
+def load_raw(path: str | Path | None = None, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The YAML of a scenario file (the default Llama 3 one when ``path`` is None). A file
+    with ``base: other.yaml`` (relative to it) is that file with this one's keys merged over
+    it, mappings key by key (``llama3-tiers.yaml``: Llama 3 plus a ``recovery`` block)."""
     file = Path(path) if path is not None else DEFAULT_SCENARIO
+    data = _read_yaml(file)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ScenarioError("base", "must be a scenario file name")
+    parent = (file.parent / base).resolve()
+    if parent in _seen or parent == file.resolve():
+        raise ScenarioError("base", f"{base!r} includes itself")
+    return _merge(load_raw(parent, (*_seen, file.resolve())), data)
+
+
+def _merge(under: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(under)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = _merge(old, value) if isinstance(old, dict) and isinstance(value, dict) \
+            else value
+    return out
+
+
+def _read_yaml(file: Path) -> dict[str, Any]:
     try:
         text_ = file.read_text(encoding="utf-8")
     except OSError as exc:

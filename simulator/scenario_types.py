@@ -127,6 +127,32 @@ class ControlPlaneCfg:
     backfill: bool
 
 
+# checkpoint tiers and recovery modes: parsed and turned into numbers by
+# simulator.recovery_config
+@dataclass(frozen=True)
+class RecoveryCfg:
+    tiers: tuple[str, ...]  # in TIER_ORDER
+    mode: str  # auto or a Mode value
+    min_replicas: int | None
+    parameters: float
+    bytes_per_parameter: float
+    memory_gb_s: float
+    peer_gb_s: float
+    durable_gb_s: float
+    memory_every_s: float
+    peer_every_s: float
+    durable_every_s: float | None  # None: the job's checkpoint_interval
+    startup_warm_s: float
+    spares_warm: bool
+
+    @property
+    def pinned(self) -> str | None:
+        """The mode the job is pinned to (None: the policy chooses; with durable alone it
+        has no alternative to a requeue)."""
+        return self.mode if self.mode != "auto" else None
+
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -145,3 +171,5 @@ class Scenario:
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
     # how the capacity is bought and what it costs (simulator.availability): its own block
     availability: AvailabilityCfg = field(default_factory=AvailabilityCfg)
+    # checkpoint tiers and recovery modes (simulator.recovery_config); None: today's path
+    recovery: RecoveryCfg | None = None

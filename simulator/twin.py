@@ -43,6 +43,7 @@ from shared.adapters.outbox import DocOutbox
 from shared.config import ControlPlaneConfig
 from shared.domain.events import ClusterReady, Envelope, JobFinished
 from shared.handling import Deps, run_command
+from shared.policies.recovery import MIN_REPLICAS_LABEL, MODE_LABEL, Tier
 from shared.policies.repair import load_repair_config
 from shared.policies.triage import load_triage_table
 from simulator import goodput
@@ -97,7 +98,7 @@ def cluster_body(scenario: Scenario) -> dict[str, Any]:
 def job_body(scenario: Scenario, index: int) -> dict[str, Any]:
     c = scenario.cluster
     j = scenario.jobs[index]
-    return {
+    body: dict[str, Any] = {
         "displayName": j.name,
         "jobSpec": {
             "workerPoolSpecs": [{
@@ -111,6 +112,16 @@ def job_body(scenario: Scenario, index: int) -> dict[str, Any]:
             "baseOutputDirectory": {"outputUriPrefix": f"sim://{j.name}"},
         },
     }
+    rec = scenario.recovery
+    if rec is not None:  # the job's recovery knobs, as the SDK sets them (labels)
+        labels = {}
+        if rec.pinned is not None:
+            labels[MODE_LABEL] = rec.pinned
+        if rec.min_replicas is not None:
+            labels[MIN_REPLICAS_LABEL] = str(rec.min_replicas)
+        if labels:
+            body["labels"] = labels
+    return body
 
 
 @dataclass
@@ -310,12 +321,21 @@ class Twin:
             accounting_s=accounting_s, by_service=dict(self.bus.stats.handler_s)))
 
     def job_params(self) -> dict[str, goodput.JobParams]:
-        return {j.name: goodput.JobParams(
+        out = {j.name: goodput.JobParams(
             step_time_s=j.step_time_s, checkpoint_save_s=j.checkpoint_save_s,
             checkpoint_restore_s=j.checkpoint_restore_s, startup_s=j.startup_s, mfu=j.mfu,
             checkpoint_interval_s=j.checkpoint_interval_s, nodes=j.nodes,
             all_checkpoints=self.scenario.checkpoint_events == "all")
             for j in self.scenario.jobs}
+        for name, sj in self.compute.jobs.items():
+            plan = sj.plan
+            if plan is not None and name in out:  # the tiers' cycle and restore per tier
+                out[name] = replace(
+                    out[name], checkpoint_interval_s=plan.interval_s,
+                    checkpoint_save_s=plan.save_s,
+                    checkpoint_restore_s=plan.restore_s[Tier.DURABLE.value],
+                    restore_by_tier=tuple(sorted(plan.restore_s.items())))
+        return out
 
     def _result(self, acc: goodput.Accounting, horizon: float, timings: Timings) -> RunResult:
         assert self.ready_at is not None
@@ -334,6 +354,8 @@ class Twin:
                 "failed_launches": t.failed_launches, "steps": sj.steps_done,
                 "slowdown_s": dict(t.slowdown_s),
             }
+            if sj.plan is not None:  # tiers: the restore by the tier it read from
+                truth[name]["restore_by_tier_s"] = dict(t.restore_by_tier)
         repairs: dict[str, int] = defaultdict(int)
         held = 0
         for row in self.bus.rows:

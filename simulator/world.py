@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.failures import Fault, NodeStream
+from simulator.recovery_config import TierPlan
 from simulator.scenario_types import JobCfg
 
 COMPUTE_SOURCE = "//mtc/sim/compute"
@@ -72,6 +73,8 @@ class JobTruth:
     restore_s: float = 0.0
     attempts: int = 0
     failed_launches: int = 0
+    # with checkpoint tiers (scenario ``recovery``): restore seconds by the tier restored from
+    restore_by_tier: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     interruptions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     slowdown_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -82,12 +85,17 @@ class SimJob:
     job_id: str
     ckpt_step: int = -1  # newest complete checkpoint (the program's own storage)
     ckpt_at: float = 0.0
+    ckpt_tier: str = "durable"  # the tier the newest usable checkpoint is read from
+    # with tiers: each tier's newest entry (step, time) and the newest step reported
+    tier_newest: dict[str, tuple[int, float]] = field(default_factory=dict)
+    tier_emitted: dict[str, int] = field(default_factory=dict)
     emitted_step: int = -1
     steps_done: int = 0
     finished: bool = False
     attempt: Attempt | None = None
     same_instant: tuple[float, int] = (-1.0, 0)  # (simulated t, starts at it): livelock guard
     truth: JobTruth = field(default_factory=JobTruth)
+    plan: TierPlan | None = None  # its checkpoint tiers in numbers (None: today's durable)
     # nodes of its latest attempt that another job's attempt has taken since (their seat)
     lost: set[str] = field(default_factory=set)
     # the nodes of its latest attempt, kept up to date from restart to restart by the ranks
@@ -116,6 +124,12 @@ class Attempt:
     plain_at_ckpt: float = 0.0  # the same without straggler slowdown
     cause: str = ""
     _members: frozenset[str] | None = None
+    # with checkpoint tiers: startup (warm or cold) and the tier restored from, the nodes
+    # whose memory this attempt lost (their tier-1 entries), and its pace (a smaller gang)
+    boot: float = 0.0
+    restored_from: str = ""
+    gone: set[str] | None = None
+    scale: float = 1.0
 
     @property
     def members(self) -> frozenset[str]:

@@ -185,6 +185,7 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
     rows = sorted(rows, key=lambda r: float(r["time"]))
     attempts: dict[int, _Attempt] = {}
     ckpts: list[tuple[float, int, int]] = []  # (saved_at, step, attempt)
+    ckpt_tiers: dict[int, str] = {}  # step -> the tier it was logged in (restore_by_tier)
     requeues: list[float] = []
     interrupts: dict[int, list[tuple[float, str]]] = defaultdict(list)
     submitted: float | None = None
@@ -205,6 +206,8 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
                 att.exit_at, att.exit_code, att.detail = t, int(data["exit_code"]), \
                     str(data.get("detail", ""))
         elif type_ == T_CKPT:
+            if p.restore_by_tier:
+                ckpt_tiers[int(data["step"])] = str(data.get("tier", "durable"))
             ckpts.append((float(data.get("saved_at", t)), int(data["step"]),
                           int(data["attempt"])))
         elif type_ == T_REQUEUED:
@@ -259,6 +262,8 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
         until = bisect.bisect_right(ckpt_times, stop + 1e-6, lo=saved_by_start)
         mine = [c for c in ckpts[saved_by_start:until] if c[2] == att.number]
         startup, restore = p.startup_s, (p.checkpoint_restore_s if resumed else 0.0)
+        if resumed and p.restore_by_tier:
+            restore = dict(p.restore_by_tier).get(ckpt_tiers.get(resume_step, ""), restore)
         first = first_steps.get(att.number)
         if first is not None:  # measured: start to the end of the first step, less its
             ready = max(att.start, first - p.step_time_s)  # nominal compute

@@ -52,6 +52,9 @@ class JobParams:
     # each attempt's startup (+ restore) measured from its first checkpoint, not the nominal
     # figure: the live system knows no nominal figure, and a slow restart shows up as such
     measure_startup: bool = False
+    # restore seconds by checkpoint tier (``JobCheckpointSaved.tier``): an attempt resumed
+    # from a checkpoint of a listed tier restores in that long (else checkpoint_restore_s)
+    restore_by_tier: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,237 @@
+"""Checkpoint tiers in the job model (issue 26): which entry survives an incident, what the
+next attempt restores from, and how long it starts.
+
+A tiered job snapshots its state every ``TierPlan.interval_s`` of compute (the step blocks for
+the copy to host memory, ``save_s``); every snapshot is a tier-1 (memory) entry, every
+``every[peer]``-th is also sent to the buddy node (tier 2) and every ``every[durable]``-th to
+durable storage (tier 3), each complete ``lag_s`` after the snapshot (asynchronous: no tier
+is written faster than its bandwidth). When progress stops:
+
+- nothing lost (a program crash, a hang, a planned stop): every tier survives, tier 1 is the
+  newest;
+- a node lost or taken for a repair (its fault has a fix, it was deleted or taken): its tier-1
+  entries go with it; its ranks' tier-2 copies live on its buddy (the node half a gang away,
+  so a switch or rack taking neighbours keeps them), lost only if the buddy went too; the
+  newest step complete for every rank (the consistent cut) is then the newest tier-2 entry
+  (or tier-3 when a buddy pair went);
+- a save on SIGTERM is a snapshot sent on to the peer tier (durable without one) before the
+  exit: everything is kept.
+
+The cut's step and tier become the job's checkpoint (``JobCheckpointSaved.tier``): the next
+attempt restores from that tier in size / bandwidth. Its startup is warm (processes
+restarted, runtime up) for an in-place restart, a scale-down and a hot swap onto a warm spare,
+cold for a requeue (``Gang.recovery`` None, today's path), a first start and a cold spare.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from shared.policies.recovery import Mode, Tier
+from shared.ports import Gang, RecoveryPlan
+from simulator.recovery_config import TierPlan
+from simulator.world import Attempt, SimJob, SimNode
+
+
+class JobModel(Protocol):
+    """What this module uses of ``simulator.jobs.JobModel`` (which imports this one)."""
+
+    nodes: dict[str, SimNode]
+    horizon: float
+
+    def _advance(self, att: Attempt, t: float) -> None: ...
+
+    def _work(self, att: Attempt, t0: float, t1: float) -> tuple[float, float]: ...
+
+    def _emit_checkpoint(self, job: SimJob, attempt: int) -> None: ...
+
+MEMORY, PEER, DURABLE = Tier.MEMORY.value, Tier.PEER.value, Tier.DURABLE.value
+WARM_MODES = (Mode.IN_PLACE.value, Mode.SCALE_DOWN.value, Mode.HOT_SWAP.value)
+
+
+def mark_gone(att: Attempt, node_id: str) -> None:
+    """The node's memory is lost to the attempt (a fault to repair, a deletion)."""
+    if att.job.plan is None:
+        return
+    if att.gone is None:
+        att.gone = set()
+    att.gone.add(node_id)
+
+
+def buddy_lost(att: Attempt, gone: set[str]) -> bool:
+    """Did a node and its buddy (the node ``n // 2`` ranks on) both go?"""
+    ids = att.node_ids
+    n = len(ids)
+    if n < 2 or len(gone) < 2:
+        return False
+    index = {nid: i for i, nid in enumerate(ids) if nid in gone}
+    return any(ids[(i + n // 2) % n] in gone for i in index.values())
+
+
+def surviving(plan: TierPlan, att: Attempt, gone: set[str]) -> tuple[str, ...]:
+    """The tiers whose entries every rank can still read, newest-first preference order."""
+    if not gone:
+        return plan.tiers
+    if PEER in plan.tiers and not buddy_lost(att, gone):
+        return (PEER, DURABLE)
+    return (DURABLE,)
+
+
+def _gone_on_sigterm(model: JobModel, att: Attempt) -> set[str]:
+    """The nodes that leave with this stop: lost ones, and those with a fault to repair."""
+    gone = set(att.gone or ())
+    nodes: dict[str, SimNode] = model.nodes
+    for nid in att.node_ids:
+        node = nodes.get(nid)
+        if node is None or node.deleted or node.fault is not None:
+            gone.add(nid)
+    return gone
+
+
+def settle_tiered(model: JobModel, att: Attempt, t: float, *, saved: bool) -> None:
+    """``JobModel._settle`` for a tiered job: progress stops at ``t``; the truth ledger gets
+    the attempt's time, the job its newest surviving checkpoint (step, time, tier)."""
+    job = att.job
+    plan = job.plan
+    assert plan is not None
+    cfg = job.cfg
+    truth = job.truth
+    startup_end = att.start + att.boot
+    truth.startup_s += max(0.0, min(t, startup_end) - att.start)
+    restored = max(0.0, min(t, att.ready) - startup_end)
+    truth.restore_s += restored
+    if att.restored_from:
+        truth.restore_by_tier[att.restored_from] += restored
+    if t <= att.ready:
+        return
+    interval, save = plan.interval_s, plan.save_s
+    cycle = interval + save
+    model._advance(att, t)
+    counted = att.counted
+    keep_tail = saved or t >= model.horizon
+    if keep_tail:
+        n_cut, tier = counted, MEMORY if MEMORY in plan.tiers else DURABLE
+    else:
+        n_cut, tier = _cut(plan, att, t, counted, cycle, att.gone or set())
+    work_kept, plain_kept = att.work_at_ckpt, att.plain_at_ckpt
+    for j in range(n_cut, counted):  # the snapshots after the cut are lost with the tail
+        work, plain = model._work(att, att.ready + j * cycle, att.ready + j * cycle + interval)
+        work_kept -= work
+        plain_kept -= plain
+    compute_kept = n_cut * interval
+    wasted = (counted - n_cut) * interval
+    last_ckpt = att.ready + counted * cycle
+    tail = t - last_ckpt
+    if keep_tail and tail > 0:  # saved on SIGTERM, or still running at the end: kept
+        seg = min(tail, interval)
+        compute_kept += seg
+        work, plain = model._work(att, last_ckpt, last_ckpt + seg)
+        work_kept += work
+        plain_kept += plain
+        tail = max(0.0, tail - seg)
+        if saved:
+            truth.save_s += plan.final_save_s
+            if _gone_on_sigterm(model, att):
+                tier = PEER if PEER in plan.tiers else DURABLE
+            _set_checkpoint(job, att, t + plan.final_save_s, work_kept, tier)
+    elif n_cut > 0:
+        _set_checkpoint(job, att, att.ready + n_cut * cycle, work_kept, tier)
+    elif job.ckpt_step >= 0 and job.ckpt_tier not in surviving(plan, att, att.gone or set()):
+        job.ckpt_tier = tier  # nothing newer: the entry it resumed from, read from there
+    gone = att.gone or set()
+    if saved and keep_tail:
+        gone = _gone_on_sigterm(model, att)
+    held = surviving(plan, att, gone)
+    _note_entries(model, att, plan, t, counted, cycle, held)
+    if saved and keep_tail:  # the save on SIGTERM is in memory (if kept) and on the peer
+        for kept in held:
+            if kept != DURABLE:
+                job.tier_newest[kept] = (job.ckpt_step, job.ckpt_at)
+    elif gone and MEMORY in plan.tiers and job.ckpt_step > job.tier_newest.get(
+            MEMORY, (-1, 0.0))[0]:
+        # the ranks that stayed hold the cut in memory too (every snapshot is a tier-1
+        # entry); what they hold beyond it the lost ranks cannot match, so it is not reported
+        job.tier_newest[MEMORY] = (job.ckpt_step, job.ckpt_at)
+    truth.wasted_s += wasted + max(0.0, tail)
+    if job.ckpt_step > job.emitted_step and t < model.horizon:  # reported as it is known
+        model._emit_checkpoint(job, att.number)
+    truth.kept_compute_s += compute_kept
+    truth.kept_work_s += work_kept
+    truth.slowdown_s["diurnal"] += max(0.0, compute_kept - plain_kept)
+    truth.slowdown_s["straggler"] += max(0.0, plain_kept - work_kept)
+    job.steps_done = max(job.steps_done, att.base_step + int(work_kept / cfg.step_time_s + 1e-9))
+
+
+def _cut(plan: TierPlan, att: Attempt, t: float, counted: int, cycle: float,
+         gone: set[str]) -> tuple[int, str]:
+    """(snapshot number, tier) of the newest entry every rank can read at ``t``; 0: the
+    entry the attempt resumed from (it is where every tier starts again)."""
+    tiers = surviving(plan, att, gone)
+    best, best_tier = 0, tiers[0]
+    for tier in tiers:
+        k = plan.every[tier]
+        n = counted - counted % k
+        while n > 0 and att.ready + n * cycle + plan.lag_s[tier] > t:
+            n -= k  # the newest one still in flight when progress stopped is not complete
+        if n > best:  # (ties keep the faster, lower tier: surviving() lists it first)
+            best, best_tier = n, tier
+    return best, best_tier
+
+
+def _note_entries(model: JobModel, att: Attempt, plan: TierPlan, t: float, counted: int,
+                  cycle: float, tiers: tuple[str, ...]) -> None:
+    """Each surviving tier's newest entry complete by ``t`` (this attempt's snapshots):
+    what the program's library reports (``JobCheckpointSaved.tier``)."""
+    newest: dict[str, int] = {}
+    for tier in tiers:
+        k = plan.every[tier]
+        n = counted - counted % k
+        while n > 0 and att.ready + n * cycle + plan.lag_s[tier] > t:
+            n -= k
+        if n > 0:
+            newest[tier] = n
+    if not newest:
+        return
+    job = att.job
+    work, j = att.work_at_ckpt, counted
+    for tier, n in sorted(newest.items(), key=lambda kv: -kv[1]):
+        while j > n:  # the work at snapshot n: less the snapshots after it
+            j -= 1
+            work -= model._work(att, att.ready + j * cycle, att.ready + j * cycle
+                                + plan.interval_s)[0]
+        step = att.base_step + int(work / job.cfg.step_time_s + 1e-9)
+        if step > job.tier_newest.get(tier, (-1, 0.0))[0]:
+            job.tier_newest[tier] = (step, att.ready + n * cycle)
+
+
+def _set_checkpoint(job: SimJob, att: Attempt, at: float, work: float, tier: str) -> None:
+    step = att.base_step + int(work / job.cfg.step_time_s + 1e-9)
+    if step >= job.ckpt_step:
+        job.ckpt_step = step
+        job.ckpt_at = at
+        job.ckpt_tier = tier
+
+
+def start_costs(job: SimJob, gang: Gang) -> tuple[float, float, str]:
+    """(startup, restore, tier restored from) of a tiered job's new attempt."""
+    plan = job.plan
+    assert plan is not None
+    recovery: RecoveryPlan | None = gang.recovery
+    warm = recovery is not None and recovery.mode in WARM_MODES and job.ckpt_step >= 0
+    if warm and recovery is not None and recovery.fresh_node_ids and not plan.spares_warm:
+        warm = False  # a cold spare: the whole gang waits for it
+    startup = (plan.startup_warm_s if warm else plan.startup_cold_s) + job.cfg.warmup_s
+    if job.ckpt_step < 0:
+        return startup, 0.0, ""
+    tier = job.ckpt_tier if job.ckpt_tier in plan.restore_s else DURABLE
+    return startup, plan.restore_s[tier], tier
+
+
+def tiered_attempt(job: SimJob, gang: Gang, now: float) -> Attempt:
+    """A tiered job's new attempt: warm or cold, restored from the tier of the newest
+    surviving entry, at the pace of its gang (a scale-down has fewer data-parallel
+    replicas for the same global batch)."""
+    startup, restore, tier = start_costs(job, gang)
+    return Attempt(job, gang.attempt, gang.node_ids, now, now + startup + restore,
+                   max(job.ckpt_step, 0), boot=startup, restored_from=tier,
+                   scale=min(1.0, len(gang.node_ids) / job.cfg.nodes))

@@ -29,7 +29,7 @@ class Runtime:
     framework modules it must import) and the processes per replica it implies."""
 
     runtime: str
-    framework: str  # the module the runtime must provide (torch, sklearn, xgboost)
+    framework: str  # the module the runtime must provide (torch)
     accelerator: str  # cpu, gpu or xla: gpu and xla run acceleratorCount processes per replica
 
 
@@ -40,8 +40,8 @@ PREBUILT: dict[str, Runtime] = {
     "pytorch-gpu": Runtime("pytorch", "torch", "gpu"),
     "pytorch-xla": Runtime("pytorch", "torch", "xla"),
     "pytorch-tpu": Runtime("pytorch", "torch", "xla"),
-    "sklearn-cpu": Runtime("sklearn", "sklearn", "cpu"),  # needs scikit-learn installed
-    "xgboost-cpu": Runtime("xgboost", "xgboost", "cpu"),  # needs xgboost installed
+    # sklearn-cpu and xgboost-cpu would be Runtime("sklearn", "sklearn", "cpu") and
+    # Runtime("xgboost", "xgboost", "cpu"), but neither package is installed on these machines
 }
 # the version part Vertex uses: 2-4, 1-13, 2-4.py310 (framework version, then Python)
 VERSION_RE = re.compile(r"^(?P<family>[a-z]+-[a-z]+)\.(?P<version>\d+-\d+)(?:\.py\d+)?$")

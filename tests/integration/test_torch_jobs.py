@@ -1,5 +1,6 @@
 """PyTorch jobs under mtc's local compute: examples/torch_ddp.py on 2 nodes x 2 processes
-(``torch.distributed.run`` per node, gloo on CPU), to success and through a SIGKILL of one rank."""
+(``torch.distributed.run`` per node, gloo on CPU), to success and through a SIGKILL of one rank;
+and a pythonPackageSpec whose package pip cannot install fails with pip's last lines."""
 
 from __future__ import annotations
 

@@ -261,7 +261,11 @@ class LocalCompute:
         override the service's own variables); ``pools``: the gang's replicas per pool;
         ``tiers``: its checkpoint tier directories; ``recovery``: how the attempt was
         started (``MTC_RECOVERY_MODE``)."""
-        return {**os.environ, **managed_env(spec, pools=pools, tiers=tiers, recovery=recovery)}
+        env = {**os.environ, **managed_env(spec, pools=pools, tiers=tiers, recovery=recovery)}
+        if "PATH" not in dict(spec.env):  # `python` in a command is mtc's own, with its packages
+            env["PATH"] = os.pathsep.join([str(Path(self._python).parent),
+                                           *filter(None, env.get("PATH", "").split(os.pathsep))])
+        return env
 
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         return self.state_dir / "logs" / safe_name(job_id) / f"attempt-{attempt}-rank-{rank}.log"

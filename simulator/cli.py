@@ -13,7 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulator.scenario import DEFAULT_SCENARIO, ScenarioError, load_scenario, parse_value
+from simulator.scenario import (
+    DEFAULT_SCENARIO,
+    ScenarioError,
+    load_scenario,
+    packaged,
+    parse_value,
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -76,6 +82,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def add_commands(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="sim_command", required=True,
                                 metavar="{run,sweep,fit,plan-spares,advise}")
+    ls = sub.add_parser("scenarios", help="the packaged scenarios, runnable by name "
+                                          "(mtc sim run llama3)")
+    ls.set_defaults(func=cmd_scenarios, fn=cmd_scenarios)
+
     run = sub.add_parser("run", help="one seeded run: goodput table and a timeline plot")
     _common(run)
     run.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
@@ -151,9 +161,19 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     adv.set_defaults(func=cmd_advise, fn=cmd_advise)
 
 
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    """Each packaged scenario: its name and the first line of its description."""
+    for file in packaged():
+        first = next((ln.lstrip("# ").strip() for ln in file.read_text(encoding="utf-8")
+                      .splitlines() if ln.startswith("#") and ln.lstrip("# ").strip()), "")
+        print(f"{file.stem:<20} {first}")
+    return 0
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", nargs="?", default=None,
-                   help=f"scenario YAML (default: {DEFAULT_SCENARIO.name}, Llama 3 405B)")
+                   help=f"scenario YAML or a packaged scenario's name (default: "
+                   f"{DEFAULT_SCENARIO.stem}, Llama 3 405B; `mtc sim scenarios` lists them)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one scenario value (same keys as --vary)")
     p.add_argument("--out", type=Path, default=None,

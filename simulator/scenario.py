@@ -348,7 +348,7 @@ def load_raw(path: str | Path | None = None, _seen: tuple[Path, ...] = ()) -> di
     """The YAML of a scenario file (the default Llama 3 one when ``path`` is None). A file
     with ``base: other.yaml`` (relative to it) is that file with this one's keys merged over
     it, mappings key by key (``llama3-tiers.yaml``: Llama 3 plus a ``recovery`` block)."""
-    file = Path(path) if path is not None else DEFAULT_SCENARIO
+    file = resolve(path) if path is not None else DEFAULT_SCENARIO
     data = _read_yaml(file)
     base = data.pop("base", None)
     if base is None:
@@ -359,6 +359,25 @@ def load_raw(path: str | Path | None = None, _seen: tuple[Path, ...] = ()) -> di
     if parent in _seen or parent == file.resolve():
         raise ScenarioError("base", f"{base!r} includes itself")
     return _merge(load_raw(parent, (*_seen, file.resolve())), data)
+
+
+def packaged() -> list[Path]:
+    """The scenarios that ship with mtc (``mtc sim scenarios``), by name."""
+    return sorted(SCENARIO_DIR.glob("*.yaml"))
+
+
+def resolve(path: str | Path) -> Path:
+    """A scenario file: ``path`` as given when it exists, else a packaged scenario of that
+    name (``llama3``, ``llama3.yaml``), so ``mtc sim run llama3`` works from any directory;
+    otherwise the path as given (reading it says what is wrong, with the names to use)."""
+    file = Path(path)
+    if file.exists():
+        return file
+    name = file.name if file.suffix in (".yaml", ".yml") else f"{file.name}.yaml"
+    shipped = SCENARIO_DIR / name
+    if len(file.parts) <= 2 and shipped.exists():
+        return shipped
+    return file
 
 
 def _merge(under: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -374,7 +393,9 @@ def _read_yaml(file: Path) -> dict[str, Any]:
     try:
         text_ = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError(str(file), f"cannot read: {exc.strerror or exc}") from None
+        names = ", ".join(p.stem for p in packaged())
+        raise ScenarioError(str(file), f"cannot read: {exc.strerror or exc} (a file, or a "
+                            f"packaged scenario by name: {names}; `mtc sim scenarios`)") from None
     try:
         data = yaml.safe_load(text_)
     except yaml.YAMLError as exc:

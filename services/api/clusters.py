@@ -26,6 +26,7 @@ from services.api.wire.cluster import (
 from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
 from services.job_submission import commands as job_commands
+from services.observability import alerts
 from shared.domain import lifecycle
 from shared.domain.errors import ValidationError
 from shared.domain.model import IN_SERVICE, Cluster, ClusterState, Job, Node, NodeRole, NodeState
@@ -265,19 +266,35 @@ def render(uow: Any, cluster: Cluster, parent: Parent, record: dict[str, Any]
            ) -> dict[str, Any]:
     by_state: dict[str, int] = {}
     total = in_service = 0
+    held: list[str] = []
     for node in uow.nodes.list(cluster.cluster_id):
         if node.role.value == "login" or node.retire_when_drained:
             continue  # the login node; nodes leaving in a scale-down
         total += 1
         by_state[node.state.value] = by_state.get(node.state.value, 0) + 1
         in_service += node.state in IN_SERVICE
+        if alerts.held(node):
+            held.append(node.node_id)
     out = {"name": parent.child(COLLECTION, cluster.cluster_id), **record["resource"],
            "state": cluster.state.value, "createTime": timestamp(record["created"]),
            "updateTime": timestamp(cluster.updated_at),
-           "mtcStateMessage": cluster.message or None,
+           "mtcStateMessage": _message(cluster, held) or None,
            "mtcNodes": {"total": total, "inService": in_service,
-                        "outOfService": total - in_service, "byState": by_state}}
+                        "outOfService": total - in_service, "byState": by_state,
+                        "repairsHeld": len(held)}}
     return ModelDevelopmentCluster.model_validate(out).to_json()
+
+
+def _message(cluster: Cluster, held: list[str]) -> str:
+    """The cluster's state message; held repairs are said wherever its health is shown (a
+    node kept in service with a fault must not read as "all nodes in service")."""
+    if not held:
+        return cluster.message
+    first = sorted(held)[0]
+    note = (f"{len(held)} repair{'s' if len(held) > 1 else ''} held by the blast-radius guard "
+            f"({', '.join(sorted(held)[:3])}{'...' if len(held) > 3 else ''}); release with "
+            f"`mtc node release-hold {first} --cluster {cluster.cluster_id} --reason WHY`")
+    return f"{cluster.message}; {note}" if cluster.message else note
 
 
 def _renderer(uow: Any, parent: Parent) -> Any:

@@ -77,6 +77,7 @@ class NodeSummary(Message):
     in_service: Int32 = 0
     out_of_service: Int32 = 0
     by_state: dict[str, int] = Field(default_factory=dict)
+    repairs_held: Int32 = 0  # SUSPECT nodes the blast-radius guard keeps in service
 
 
 class ModelDevelopmentCluster(Message):

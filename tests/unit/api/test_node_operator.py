@@ -64,3 +64,30 @@ def test_node_commands_refuse_bad_input(api: Api) -> None:
     nodes = api.call("GET", f"{C}/nodes").json["nodes"]
     assert all(n["state"] == "idle" and not n.get("operatorDrained") for n in nodes
                if n["role"] == "worker")
+
+
+def test_a_held_repair_is_said_where_the_clusters_health_is_shown(api: Api) -> None:
+    """Issue 29 item 6: a node whose GPU fell off the bus, held by the guard, kept its job
+    while the cluster read "READY / all nodes in service"."""
+    import time
+
+    from shared.domain.health import Condition, ConditionStatus, ConditionType
+
+    api.cluster(workers=4)
+    workers = [n["nodeId"] for n in api.call("GET", f"{C}/nodes").json["nodes"]
+               if n["role"] == "worker"]
+    for node in workers[:2]:  # the guard allows one of four out at a time
+        api.app.compute.inject_fault(node, [Condition(  # type: ignore[attr-defined]
+            ConditionType.XID_ERROR.value, ConditionStatus.TRUE, "Xid 79", time.time(),
+            {"xids": [79]})])
+    for _ in range(100):
+        cluster = api.call("GET", C).json
+        if cluster["mtcNodes"].get("repairsHeld"):
+            break
+        api.app.pump(budget_s=0.2)
+        time.sleep(0.05)
+    assert cluster["mtcNodes"]["repairsHeld"] == 1, cluster
+    message = cluster["mtcStateMessage"]
+    assert "1 repair held by the blast-radius guard" in message, message
+    assert "mtc node release-hold" in message and "--cluster c1" in message
+    assert message != "all nodes in service"

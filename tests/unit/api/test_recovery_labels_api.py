@@ -28,8 +28,7 @@ def test_a_bad_cluster_pin_is_refused(api: Api) -> None:
 
 def test_a_bad_job_pin_is_refused(api: Api) -> None:
     api.cluster("c1")
-    from tests.harness import job_body
-    body = {**job_body(2), "labels": {"mtc-min-replicas": "0"}}
-    body["jobSpec"]["persistentResourceId"] = "c1"
+    from tests.cli_support import job_body
+    body = {**job_body(10, "c1"), "labels": {"mtc-min-replicas": "0"}}  # Vertex's pool layout
     resp = api.call("POST", f"/v1beta1/{PARENT}/customJobs", body)
     assert resp.status_code == 400 and "labels.mtc-min-replicas" in str(resp.json)

@@ -30,6 +30,7 @@ from shared.domain.health import Condition, ConditionStatus, ConditionType, Repa
 from shared.domain.model import JobState, NodeState
 from shared.goodput import job_accounting
 from shared.handling import Outcome
+from shared.policies.restarts import RestartConfig
 
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,8 +74,13 @@ def job_spec(steps: int) -> dict[str, Any]:
     }
 
 
-def demo_config() -> ControlPlaneConfig:
-    return replace(ControlPlaneConfig(), grace_period_s=GRACE_PERIOD_S, heartbeat_timeout_s=30)
+def demo_config(*, torch: bool = False) -> ControlPlaneConfig:
+    """The demo's control plane; the PyTorch story restarts twice, so its backoff is short
+    (the restart policy is today's, only faster)."""
+    config = replace(ControlPlaneConfig(), grace_period_s=GRACE_PERIOD_S, heartbeat_timeout_s=30)
+    if torch:
+        config = replace(config, restart=RestartConfig(backoff_base_s=1.0))
+    return config
 
 
 def demo_compute_options() -> dict[str, Any]:

@@ -129,8 +129,8 @@ def _printer(t0: float) -> Any:
 
     def show(env: Envelope, outcomes: dict[str, Outcome]) -> None:
         doc = envelope_to_doc(env)
-        if is_routine(doc):
-            return
+        if is_routine(doc) or doc["data"].get("tier", "durable") != "durable":
+            return  # (the memory and peer tiers' saves, every few steps, are routine too)
         style = timeline_style(env.type)
         console.print(f"[dim]{env.time - t0:7.2f}s[/dim]  [{style}]{escape(describe(doc))}[/{style}]")
 
@@ -166,6 +166,11 @@ def _story(app: EmbeddedApp, steps: int, t0: float) -> None:
     _wait(app, "the job to succeed and the node to return",
           lambda: _job(app, job_id).terminal and _node_state(app, victim) is NodeState.IDLE)
     _summary(app, job_id, t0)
+    from services.cli.demo_tiers import tiers_story
+
+    console.rule("[bold]recovery from the checkpoint tiers: in place, hot swap")
+    tiers_story(app, "demo", console.print)
+    console.print(f"demo wall time: {time.time() - t0:.1f} s")
 
 
 def _summary(app: EmbeddedApp, job_id: str, t0: float) -> None:

@@ -4,7 +4,9 @@ A cluster of three worker nodes and one hot spare comes up; the example training
 runs on two of them; an XID 79 (GPU fallen off the bus) hits one; the node is diagnosed and
 drained, the job checkpoints on SIGTERM and is requeued onto the spare, resumes from its
 checkpoint, the faulty node is rebooted, passes its checks and returns to service, and the
-job succeeds. Then: restarts, lost work and goodput, from the event log.
+job succeeds. Then: restarts, lost work and goodput, from the event log. Then a second job,
+with checkpoint tiers, tells the in-place and hot-swap stories (``demo_tiers``).
+`mtc demo --torch` (`make demo-torch`) tells the story with a PyTorch job (``demo_torch``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEP_TIME_S = 0.05
 CHECKPOINT_EVERY_STEPS = 20
 GRACE_PERIOD_S = 10.0
+TORCH_GRACE_PERIOD_S = 30.0
 REPAIR_DURATIONS_S = {RepairAction.RESET_GPU: 0.5, RepairAction.REBOOT: 1.0,
                       RepairAction.REIMAGE: 2.0, RepairAction.REPLACE: 2.0}
 TIMEOUT_S = 50.0
@@ -75,11 +78,13 @@ def job_spec(steps: int) -> dict[str, Any]:
 
 
 def demo_config(*, torch: bool = False) -> ControlPlaneConfig:
-    """The demo's control plane; the PyTorch story restarts twice, so its backoff is short
-    (the restart policy is today's, only faster)."""
+    """The demo's control plane. The PyTorch story restarts twice, so its backoff is short
+    (the restart policy is today's, only faster), and its ranks (torch, under torchrun, on a
+    loaded machine) get more than 10 s to save and exit on SIGTERM."""
     config = replace(ControlPlaneConfig(), grace_period_s=GRACE_PERIOD_S, heartbeat_timeout_s=30)
     if torch:
-        config = replace(config, restart=RestartConfig(backoff_base_s=1.0))
+        config = replace(config, restart=RestartConfig(backoff_base_s=1.0),
+                         grace_period_s=TORCH_GRACE_PERIOD_S)
     return config
 
 

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-fast lint bench bench-stack bench-slurm clean stack demo-slurm stack-slurm bench-stack-slurm
+.PHONY: demo demo-torch test test-fast lint bench bench-stack bench-slurm clean stack demo-slurm stack-slurm bench-stack-slurm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/mtc demo
+
+# The story with a real PyTorch job: the pretrain recipe on 2 nodes x 2 ranks through an
+# XID 79 and a SIGKILL of one rank; the loss curve and final weights checked against an
+# uninterrupted run of the same recipe and seed.
+demo-torch: $(STAMP)
+	$(BIN)/mtc demo --torch
 
 test: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider

@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/torch_bench.py [--rounds 3] [--steps 150] [--world 2]
                                              [--sizes 1,8,32] [--json]
 
-* **Throughput**: the tiny ``pretrain`` recipe (``shared.program.lm``, DDP over gloo, ``--world``
+* **Throughput**: the tiny ``pretrain`` recipe (``shared.program.lm``, data parallel over gloo, ``--world``
   ranks) launched the way mtc's local compute launches a gang (each rank under
   ``worker_launcher`` in its own session, output to a log file, the environment
   ``{**os.environ, **managed_env(spec)}``) against the same program under plain ``torchrun``

@@ -98,6 +98,14 @@ def cmd_controller(args: argparse.Namespace, app: EmbeddedApp) -> None:
 
 
 def cmd_demo(args: argparse.Namespace, app: EmbeddedApp) -> None:
+    if getattr(args, "torch", False):
+        from services.cli.demo_torch import run_torch_demo
+
+        outcome = run_torch_demo(app)
+        if not (outcome.state.value == "JOB_STATE_SUCCEEDED" and outcome.continuous
+                and outcome.equal):
+            raise SystemExit("demo-torch: the job did not heal as it should (see above)")
+        return
     from services.cli.demo import run_demo
 
     run_demo(app, steps=args.steps)

@@ -4,7 +4,9 @@ A cluster of three worker nodes and one hot spare comes up; the example training
 runs on two of them; an XID 79 (GPU fallen off the bus) hits one; the node is diagnosed and
 drained, the job checkpoints on SIGTERM and is requeued onto the spare, resumes from its
 checkpoint, the faulty node is rebooted, passes its checks and returns to service, and the
-job succeeds. Then: restarts, lost work and goodput, from the event log.
+job succeeds. Then: restarts, lost work and goodput, from the event log. Then a second job,
+with checkpoint tiers, tells the in-place and hot-swap stories (``demo_tiers``).
+`mtc demo --torch` (`make demo-torch`) tells the story with a PyTorch job (``demo_torch``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from shared.domain.health import Condition, ConditionStatus, ConditionType, Repa
 from shared.domain.model import JobState, NodeState
 from shared.goodput import job_accounting
 from shared.handling import Outcome
+from shared.policies.restarts import RestartConfig
 
 console = Console(highlight=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEP_TIME_S = 0.05
 CHECKPOINT_EVERY_STEPS = 20
 GRACE_PERIOD_S = 10.0
+TORCH_GRACE_PERIOD_S = 30.0
 REPAIR_DURATIONS_S = {RepairAction.RESET_GPU: 0.5, RepairAction.REBOOT: 1.0,
                       RepairAction.REIMAGE: 2.0, RepairAction.REPLACE: 2.0}
 TIMEOUT_S = 50.0
@@ -73,8 +77,15 @@ def job_spec(steps: int) -> dict[str, Any]:
     }
 
 
-def demo_config() -> ControlPlaneConfig:
-    return replace(ControlPlaneConfig(), grace_period_s=GRACE_PERIOD_S, heartbeat_timeout_s=30)
+def demo_config(*, torch: bool = False) -> ControlPlaneConfig:
+    """The demo's control plane. The PyTorch story restarts twice, so its backoff is short
+    (the restart policy is today's, only faster), and its ranks (torch, under torchrun, on a
+    loaded machine) get more than 10 s to save and exit on SIGTERM."""
+    config = replace(ControlPlaneConfig(), grace_period_s=GRACE_PERIOD_S, heartbeat_timeout_s=30)
+    if torch:
+        config = replace(config, restart=RestartConfig(backoff_base_s=1.0),
+                         grace_period_s=TORCH_GRACE_PERIOD_S)
+    return config
 
 
 def demo_compute_options() -> dict[str, Any]:
@@ -123,8 +134,8 @@ def _printer(t0: float) -> Any:
 
     def show(env: Envelope, outcomes: dict[str, Outcome]) -> None:
         doc = envelope_to_doc(env)
-        if is_routine(doc):
-            return
+        if is_routine(doc) or doc["data"].get("tier", "durable") != "durable":
+            return  # (the memory and peer tiers' saves, every few steps, are routine too)
         style = timeline_style(env.type)
         console.print(f"[dim]{env.time - t0:7.2f}s[/dim]  [{style}]{escape(describe(doc))}[/{style}]")
 
@@ -160,6 +171,11 @@ def _story(app: EmbeddedApp, steps: int, t0: float) -> None:
     _wait(app, "the job to succeed and the node to return",
           lambda: _job(app, job_id).terminal and _node_state(app, victim) is NodeState.IDLE)
     _summary(app, job_id, t0)
+    from services.cli.demo_tiers import tiers_story
+
+    console.rule("[bold]recovery from the checkpoint tiers: in place, hot swap")
+    tiers_story(app, "demo", console.print)
+    console.print(f"demo wall time: {time.time() - t0:.1f} s")
 
 
 def _summary(app: EmbeddedApp, job_id: str, t0: float) -> None:

@@ -223,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = local_leaf(sub, "demo", "the self-healing story, start to end, in one run; " + LOCAL_ONLY)
     d.add_argument("--steps", type=int, default=120, help="the demo job's training steps")
+    d.add_argument("--torch", action="store_true", help="the story with a real PyTorch job: "
+                   "the pretrain recipe on 2 nodes x 2 ranks through an XID 79 and a SIGKILL "
+                   "of one rank, checked against an uninterrupted run (`make demo-torch`)")
     d.set_defaults(fn=cmd_demo)
 
     try:
@@ -348,7 +351,8 @@ def _run_local(args: argparse.Namespace, state_dir: Path, named: str | None) -> 
 
         # the demo's own directory (a subdirectory of one the user named): only it is wiped
         state_dir = fresh_state(demo_state_dir(named))
-        options = {"config": demo_config(), "compute_options": demo_compute_options()}
+        options = {"config": demo_config(torch=bool(getattr(args, "torch", False))),
+                   "compute_options": demo_compute_options()}
     app = embedded(state_dir, **options)
     try:
         (cmd_fault if args.command == "node" else args.fn)(args, app)

@@ -3,9 +3,10 @@ standard library's sources or fine-tuned on generated tasks, under torch.distrib
 
 ``python -m shared.program.lm --config '<json>'`` (``mtc recipe run`` writes the JSON: a
 recipe with its ``--set`` overrides applied, see ``services/recipes``). It runs unchanged
-under mtc, ``torchrun`` or Vertex (``shared.program.runtime.Env``): DDP over gloo on CPU or
-NCCL on GPUs, checkpoints with ``torch.distributed.checkpoint`` every ``checkpoint.every``
-steps and on SIGTERM (then exit 75), resume from the newest complete one, TensorBoard scalars
+under mtc, ``torchrun`` or Vertex (``shared.program.runtime.Env``): data parallel over gloo
+on CPU or NCCL on GPUs (``average_gradients``: one all-reduce per parameter, in a fixed
+order), checkpoints with ``torch.distributed.checkpoint`` every ``checkpoint.every`` steps
+and on SIGTERM (then exit 75), resume from the newest complete one, TensorBoard scalars
 continuous across attempts, hypertune when it is a trial. At the end rank 0 writes the model
 (``save_pretrained``: config.json and safetensors) and ``metrics.json`` (the final loss, the
 tokens per second) into ``AIP_MODEL_DIR``.
@@ -33,7 +34,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 
 from shared.program.lm_data import VOCAB_SIZE, SftStream, TokenStream, stdlib_corpus
 from shared.program.runtime import Env, Hypertune, Scalars
@@ -125,6 +125,19 @@ class LossMeter:
         self.value, self.count = float(state["value"]), int(state["count"])
 
 
+def average_gradients(model: torch.nn.Module, world_size: int) -> None:
+    """Data parallelism without DDP's buckets: one all-reduce per parameter, in the model's
+    order. Why: DDP lays its buckets out in parameter order on the first iteration and in
+    gradient-ready order from the second on, and gloo's ring all-reduce adds a tensor's
+    elements in an order that depends on where they sit in the bucket; with more than two
+    ranks a run resumed mid-way (whose first iteration is not step 1) then differs from an
+    uninterrupted one in the last bits. Per parameter the order depends only on its size."""
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.div_(world_size)
+            dist.all_reduce(p.grad)
+
+
 def make_stream(config: Mapping[str, Any], env: Env) -> TokenStream | SftStream:
     data, hp = config.get("data", {}), config.get("hyperparameters", {})
     seq_len, batch, seed = int(data.get("seq_len", 64)), int(hp.get("batch_size", 8)), int(
@@ -153,7 +166,7 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
         os.replace(tmp, env.checkpoint_dir / MODEL_CONFIG)
     model.config.use_cache = False  # type: ignore[union-attr]
     model.train()
-    wrapped: torch.nn.Module = DistributedDataParallel(model) if distributed else model
+    wrapped: torch.nn.Module = model
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=float(hp.get("lr", 3e-3)),
                                   weight_decay=float(hp.get("weight_decay", 0.0)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -179,6 +192,8 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
                                    labels.reshape(-1), ignore_index=-100)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
+            if distributed:
+                average_gradients(model, env.world_size)
             torch.nn.utils.clip_grad_norm_(wrapped.parameters(), 1.0)
             optimizer.step()
             scheduler.step()

@@ -30,6 +30,16 @@ STORY = [
     "back in service",
     "JOB_STATE_SUCCEEDED after 1 restart(s)",
     "goodput: runtime",
+    # the checkpoint tiers: an XID 13 restarts in place, a lost node is hot-swapped
+    "train-2: attempt 1 started",
+    "injecting XID 13",
+    "recovery in_place for attempt 1 (app_restart)",
+    "attempt 2 started on",
+    "from the memory tier",
+    "lost (heartbeat gone",
+    "recovery hot_swap for attempt 2",
+    "attempt 3 started on",
+    "train-2: JOB_STATE_SUCCEEDED after 2 restart(s)",
 ]
 
 

@@ -159,4 +159,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # os._exit once everything is written and flushed: a rank that destroyed its process
+    # group can still wait in a futex at interpreter exit (gloo on CPU), holding its gang
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from shared.program.lm_data import VOCAB_SIZE, SftStream, TokenStream, stdlib_corpus
-from shared.program.runtime import Env, Hypertune, Scalars
+from shared.program.runtime import Env, Hypertune, Scalars, exit_now
 from shared.program.torch_checkpoint import (
     EXIT_OK,
     EXIT_PREEMPTED,
@@ -250,4 +249,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # not sys.exit: gloo's teardown can hang at interpreter exit

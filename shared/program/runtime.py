@@ -150,3 +150,14 @@ class Hypertune:
         if self._tuner is not None:
             self._tuner.report_hyperparameter_tuning_metric(
                 hyperparameter_metric_tag=self.tag, metric_value=float(value), global_step=step)
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code`` once everything is written: stdio flushed, then
+    ``os._exit``. A rank that has destroyed its process group can still wait in a futex at
+    interpreter exit for minutes (gloo's teardown on CPU; seen on Slurm and locally), which
+    holds its gang open and eats the grace period. Everything the program must write (model,
+    checkpoints, TensorBoard) is closed before this is called."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -15,7 +15,8 @@ leaves each rank's exit code in ``rank-<RANK>.exit``. A batch job Slurm requeues
 exits at once: mtc runs the next attempt instead.
 
 Checkpoint tiers (``protocol.tier_env``'s layout, computed by the shell so the script stays
-one per pool, not per rank): tier 1 is ``/dev/shm/mtc/<job>/rank-$RANK`` on the rank's own
+one per pool, not per rank): tier 1 is ``/dev/shm/mtc/<job>-<hash of its checkpoint
+directory>/rank-$RANK`` on the rank's own
 node; the tier-2 copy of rank r goes to ``<peer root>/<buddy's Slurm node>/shm/<job>/peer/
 rank-<r>``, the buddy being line ``(r + 1) % world`` of ``hostfile``, and is read back from
 the previous attempt's buddy (``prev-hostfile``). Stand-in, said plainly: on real machines
@@ -39,6 +40,7 @@ ends the task before it reaches shell arithmetic.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -179,7 +181,11 @@ def write_scripts(
 
 def tier_lines(gang: Gang, run_dir: Path, peer_root: Path) -> list[str]:
     """task.sh's checkpoint tier variables for ``$RANK`` (see the module docstring)."""
-    q, job = shlex.quote, safe_name(gang.job_id)
+    q = shlex.quote
+    # /dev/shm outlives the job and is shared by every deployment on the node: the job's
+    # own storage (its checkpoint directory) names its entries, so a job of the same id in
+    # another state directory never restores this one's state (as with durable checkpoints)
+    job = f"{safe_name(gang.job_id)}-{hashlib.sha256(gang.checkpoint_dir.encode()).hexdigest()[:12]}"
     progress = progress_path(gang.checkpoint_dir, 0).parent
     return [
         f"tier_world={gang.world_size}",

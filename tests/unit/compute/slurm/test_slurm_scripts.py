@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -174,10 +175,13 @@ def test_each_rank_gets_its_tiers_and_its_buddys_node_for_the_peer_copy(tmp_path
     write_scripts(two_pools(tmp_path), NAMES, run_dir, tmp_path / "slurm.out",
                   python=sys.executable, master_addr="10.0.0.1", peer_root=peer,
                   previous_hosts=["n3", "n9", "n2"])
+    gang = two_pools(tmp_path)
+    job = f"job-2-{hashlib.sha256(gang.checkpoint_dir.encode()).hexdigest()[:12]}"
     for rank, node, buddy, before in ((0, "n3", "n1", "n9"), (1, "n1", "n2", "n2"),
                                       (2, "n2", "n3", "n3")):
         env = cast("dict[str, str]", run_task(run_dir, tmp_path, rank, node)["env"])
-        assert env["MTC_TIER1_DIR"] == f"/dev/shm/mtc/job-2/rank-{rank}"
-        assert env["MTC_TIER2_DIR"] == f"{peer}/{buddy}/shm/job-2/peer/rank-{rank}"
-        assert env["MTC_TIER2_SOURCE_DIR"] == f"{peer}/{before}/shm/job-2/peer/rank-{rank}"
+        # the job's storage names its entries: a job of the same id elsewhere never reads them
+        assert env["MTC_TIER1_DIR"] == f"/dev/shm/mtc/{job}/rank-{rank}"
+        assert env["MTC_TIER2_DIR"] == f"{peer}/{buddy}/shm/{job}/peer/rank-{rank}"
+        assert env["MTC_TIER2_SOURCE_DIR"] == f"{peer}/{before}/shm/{job}/peer/rank-{rank}"
         assert env["MTC_PROGRESS_FILE"] == f"{tmp_path}/out/mtc-progress/rank-{rank}.json"

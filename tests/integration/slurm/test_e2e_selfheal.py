@@ -210,7 +210,11 @@ def test_xid_drains_checkpoints_requeues_resumes_and_returns_the_node(
     assert [s["attempt"] for s in started] == [1, 2]
     assert started[1]["resume_step"] == saved_by_term > 0
     out = compute.job_log("heal-1").read_text()
-    assert re.findall(r"resumed from step (\d+)", out) == [str(saved_by_term)] * 2, out[-2000:]
+    # the ranks restore one consistent cut from the nearest tier (memory, here), which may
+    # sit before the SIGTERM's durable save, by at most one tier-1 interval (10 steps)
+    resumed = re.findall(r"resumed from step (\d+)", out)
+    assert len(resumed) == 2 and len(set(resumed)) == 1, out[-2000:]
+    assert saved_by_term - 10 <= int(resumed[0]) <= 240, (resumed, saved_by_term)
     assert out.count("done at step 240") == 2
 
     repaired = rec.of("node.repair_completed.v1")

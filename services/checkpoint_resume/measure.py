@@ -94,7 +94,14 @@ def costs(job: Job, fault_at: float, deps: Deps) -> JobCosts:
         since = job.started_at if job.started_at is not None else fault_at
         tiers.append(TierCost(Tier.DURABLE, 0.0, max(0.0, fault_at - since)))
     startup = job.recovery.startup
+    # one measured, the other not: a warm start is never slower than a cold one, nor a cold
+    # one faster than a warm one (a default must not make the unmeasured side look better)
+    cold = float(startup.get("cold", defaults.startup_cold_s))
+    warm = float(startup.get("warm", defaults.startup_warm_s))
+    if "warm" not in startup:
+        warm = min(warm, cold)
+    if "cold" not in startup:
+        cold = max(cold, warm)
     return JobCosts(step_s=defaults.step_s,
-                    startup_cold_s=float(startup.get("cold", defaults.startup_cold_s)),
-                    startup_warm_s=float(startup.get("warm", defaults.startup_warm_s)),
+                    startup_cold_s=cold, startup_warm_s=warm,
                     tiers=tuple(tiers))

@@ -62,7 +62,9 @@ from shared.ports import RecoveryPlan, WorkerSpec
 from shared.program import names as tier_names
 
 LAUNCHER = Path(__file__).with_name("worker_launcher.py")
-MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 40000
+# below Linux's ephemeral range (32768-60999): a port there can be any outgoing connection's,
+# and torchrun's store then fails with EADDRINUSE (seen: 50010 in a test run)
+MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 12000
 CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)(\.[A-Za-z0-9_]+)?$")
 IGNORED_SUFFIXES = frozenset({".tmp", ".part", ".partial", ".save_s"})  # .save_s: a save time
 

@@ -87,7 +87,7 @@ def test_workers_get_the_managed_environment(
             ("AIP_TENSORBOARD_LOG_DIR", workers.tensorboard_dir),
         ):
             assert env[var] == spec_dir and Path(spec_dir).is_dir()
-    assert 20000 <= port < 60000 and port == master_port("job-1", 1) != master_port("job-1", 2)
+    assert 20000 <= port < 32000 and port == master_port("job-1", 1) != master_port("job-1", 2)
 
 
 def test_each_pool_s_ranks_see_their_own_pool_in_cluster_spec(

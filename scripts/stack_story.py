@@ -119,6 +119,9 @@ def custom_job_body(steps: int) -> dict[str, Any]:
 
     return {
         "displayName": "numpy-regression",
+        # the production topology tells the drain, checkpoint and requeue story; the cheaper
+        # recoveries are `make demo`'s and `mtc bench recovery`'s (docs/recovery.md)
+        "labels": {"mtc-recovery-mode": "requeue"},
         "jobSpec": {
             "persistentResourceId": CLUSTER_ID,
             "workerPoolSpecs": [{

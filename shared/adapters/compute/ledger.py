@@ -111,6 +111,9 @@ def report_first_step(store: LedgerStore, job_id: str, attempt: int, checkpoint_
     shows this attempt past a step: the end of its startup, which the recovery policy weighs
     (read as often as the tier heartbeats, so up to that late). None before, or for a program
     that writes no heartbeat."""
+    key = f"{checkpoint_dir}#first-step"
+    if attempt in store.seen_steps(key):  # reported: no need to read the heartbeat again
+        return None
     try:
         beat = json.loads(progress_path(checkpoint_dir, 0).read_text())
     except (OSError, ValueError):
@@ -118,7 +121,7 @@ def report_first_step(store: LedgerStore, job_id: str, attempt: int, checkpoint_
     step = beat.get("step") if isinstance(beat, dict) else None
     if beat.get("attempt") != attempt or not isinstance(step, int) or step <= 0:
         return None
-    if store.checkpoint(f"{checkpoint_dir}#first-step", attempt, job_id, attempt, "", now):
+    if store.checkpoint(key, attempt, job_id, attempt, "", now):
         return JobFirstStep(job_id=job_id, attempt=attempt, step=step)
     return None
 

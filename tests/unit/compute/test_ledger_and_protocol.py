@@ -186,3 +186,24 @@ def test_tier_saves_are_reported_once_when_every_rank_holds_them(
     assert report_tier_saves(store, "j", 2, str(ckpt), 2, 3.0) == []  # once
     beat(1, 20, 20, attempt=1)  # a heartbeat of another attempt says nothing of this one
     assert report_tier_saves(store, "j", 2, str(ckpt), 2, 4.0) == []
+
+
+def test_an_attempts_first_step_is_reported_once_from_rank_0s_heartbeat(
+        tmp_path: Path, store: LedgerStore) -> None:
+    """What the recovery policy measures startup by, on the local and Slurm computes."""
+    from shared.adapters.compute.ledger import report_first_step
+    from shared.adapters.compute.protocol import progress_path
+    from shared.domain.events import JobFirstStep
+
+    ckpt = tmp_path / "out" / "checkpoints"
+    assert report_first_step(store, "j", 2, str(ckpt), 1.0) is None  # no heartbeat yet
+    path = progress_path(ckpt, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"attempt": 1, "step": 40}))
+    assert report_first_step(store, "j", 2, str(ckpt), 2.0) is None  # another attempt's
+    path.write_text(json.dumps({"attempt": 2, "step": 0}))
+    assert report_first_step(store, "j", 2, str(ckpt), 3.0) is None  # no step run yet
+    path.write_text(json.dumps({"attempt": 2, "step": 41}))
+    assert report_first_step(store, "j", 2, str(ckpt), 4.0) == JobFirstStep("j", 2, 41)
+    path.write_text(json.dumps({"attempt": 2, "step": 45}))
+    assert report_first_step(store, "j", 2, str(ckpt), 5.0) is None  # once per attempt

@@ -3,7 +3,8 @@ ordinary CustomJob, so the API, the SDK, the console and healing see nothing spe
 
 A recipe holds ``version``, ``name``, ``task``, ``model`` (the architecture's config fields and
 ``family``), ``data``, ``parallelism`` (``replicas`` and the machine), ``hyperparameters``,
-``checkpoint`` (``every``), ``expected_loss`` (``min``/``max`` of the final loss) and
+``checkpoint`` (``every``: durable; ``memory_every``: the memory and peer tiers),
+``expected_loss`` (``min``/``max`` of the final loss) and
 ``sizes`` (named overrides: ``tiny`` is what the tests run). ``resolve`` applies a size and
 ``--set key.path=value`` overrides (values parsed as YAML scalars) and checks the result;
 ``custom_job`` turns it into a CustomJob body in Vertex's layout (workerPoolSpecs[0] one

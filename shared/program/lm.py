@@ -45,6 +45,7 @@ from shared.program.torch_checkpoint import (
     deterministic,
     load_model_weights,
 )
+from shared.program.torch_tiers import TorchTiers
 
 FAMILIES = ("llama", "gemma")
 
@@ -172,10 +173,14 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
         optimizer, lr_lambda(int(hp.get("warmup", 10)), steps))
     stream = make_stream(config, env)
     meter = LossMeter()
-    every = int(config.get("checkpoint", {}).get("every", 0))
+    policy = config.get("checkpoint", {})
+    every = int(policy.get("every", 0))
+    tiers = TorchTiers.from_env(os.environ, durable_dir=env.checkpoint_dir, rank=env.rank,
+                                world_size=env.world_size, log=log,
+                                memory_every=int(policy.get("memory_every", 10)))
     ckpt = Checkpointer(env.checkpoint_dir, wrapped, optimizer, every=every, log=log,
                         extra={"scheduler": scheduler, "loader": stream, "loss": meter},
-                        preemption=preemption)
+                        preemption=preemption, tiers=tiers)
     torch.manual_seed(seed + 1 + env.rank)  # this rank's dropout draws
     step = ckpt.restore()
     log(f"{'resumed at' if step else 'starting from'} step {step} of {steps}; "
@@ -209,10 +214,12 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
             if sleep_s:
                 time.sleep(sleep_s)
             # the scalars reach the checkpoint's step before it exists (no gap on resume)
-            if ckpt.after_step(step, steps, before_save=scalars.close) == EXIT_PREEMPTED:
+            if ckpt.after_step(step, steps, before_save=scalars.close,
+                               before_near_save=scalars.flush) == EXIT_PREEMPTED:
                 return EXIT_PREEMPTED
     finally:
         scalars.close()
+        ckpt.close()
     elapsed = time.perf_counter() - started
     tokens_per_s = tokens * env.world_size / elapsed if elapsed > 0 and tokens else 0.0
     Hypertune(env.trial_id, str(config.get("metric", "loss"))).report(meter.value, step)

@@ -124,6 +124,12 @@ class Scalars:
             self._writer.add_scalar(tag, value, global_step=step)
         self.written = step
 
+    def flush(self) -> None:
+        """Hand what was added to the OS (before a memory-tier save: a killed process loses
+        nothing the save covers; the file stays open)."""
+        if self._writer is not None:
+            self._writer.flush()
+
     def close(self) -> None:
         """Drain the writer to disk (before a checkpoint, and at exit): no gap on resume."""
         if self._writer is not None:

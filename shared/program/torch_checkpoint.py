@@ -56,6 +56,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from shared.program.torch_tiers import STATE_KEY, TorchTiers, load_into
+
 # one process saves alone (no process group): dcp's warning about it says nothing new
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 EXIT_OK, EXIT_PREEMPTED = 0, 75  # the worker protocol's codes (shared.adapters.compute.protocol)
@@ -146,8 +148,10 @@ class Checkpointer:
 
     def __init__(self, directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  *, every: int = 0, extra: Mapping[str, Any] | None = None,
-                 preemption: Preemption | None = None, log: Any = print) -> None:
+                 preemption: Preemption | None = None, log: Any = print,
+                 tiers: TorchTiers | None = None) -> None:
         self.directory, self.every, self.log = Path(directory), every, log
+        self.tiers = tiers
         self.training = TrainingState(model, optimizer)
         self.extra = dict(extra or {})
         self.preemption = preemption
@@ -174,6 +178,15 @@ class Checkpointer:
             step = int(box[0])
         else:
             step = max(found, default=0)
+        if self.tiers is not None:  # every rank takes part: the agreement waits for all
+            near = self.tiers.restore()
+            if near is not None and near.step > step:
+                started = time.perf_counter()
+                load_into(self._state(), bytes(near.state[STATE_KEY]))
+                self.saved_step = near.step
+                self.log(f"restoring step {near.step} from the {near.tier} tier ({near.path}) "
+                         f"in {time.perf_counter() - started:.3f}s")
+                return near.step
         if step == 0:
             return 0
         path = self.directory / checkpoint_name(step)
@@ -215,9 +228,16 @@ class Checkpointer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(int(t.item()))
 
-    def after_step(self, step: int, total: int, before_save: Any = None) -> int | None:
-        """Call after each step: saves when due; ``EXIT_PREEMPTED`` when the program must stop
-        now (checkpoint saved), else None."""
+    def after_step(self, step: int, total: int, before_save: Any = None,
+                   before_near_save: Any = None) -> int | None:
+        """Call after each step: saves when due (the durable tier, and the memory and peer
+        tiers when there are some); ``EXIT_PREEMPTED`` when the program must stop now
+        (checkpoint saved), else None. ``before_save`` / ``before_near_save`` run before a
+        durable / a near save (the TensorBoard writer reaches the saved step: no gap)."""
+        if self.tiers is not None:
+            if before_near_save is not None and self.tiers.tiers.due(step):
+                before_near_save()
+            self.tiers.after_step(step, self._state())
         stop = self.preempted()
         due = bool(self.every) and step % self.every == 0
         if (due or stop or step == total) and self.saved_step != step:
@@ -229,6 +249,12 @@ class Checkpointer:
             self.log(f"preempted at step {step}: exiting {EXIT_PREEMPTED}")
             return EXIT_PREEMPTED
         return None
+
+
+    def close(self) -> None:
+        """The near tiers' writer drained (call before the program exits)."""
+        if self.tiers is not None:
+            self.tiers.close()
 
 
 def load_model_weights(model: torch.nn.Module, checkpoint: Path) -> None:

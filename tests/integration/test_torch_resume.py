@@ -77,8 +77,11 @@ def _rank_main(env: dict[str, str], config: dict[str, Any], log: str) -> None:
     os._exit(code)
 
 
-def launch(out: Path, attempt: int, config: dict[str, Any]) -> list[Rank]:
-    """Two ranks with the variables torchrun (and mtc's managed_env) sets."""
+def launch(out: Path, attempt: int, config: dict[str, Any],
+           tiers: dict[str, str] | None = None) -> list[Rank]:
+    """Two ranks with the variables torchrun (and mtc's managed_env) sets; ``tiers``: the
+    checkpoint tiers' variables too (two simulated nodes under ``out/mem``, as
+    ``protocol.tier_env`` lays them out: rank r's peer copy on node (r + 1) % 2)."""
     port = free_port()
     out.mkdir(parents=True, exist_ok=True)
     ranks = []
@@ -87,6 +90,12 @@ def launch(out: Path, attempt: int, config: dict[str, Any]) -> list[Rank]:
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "AIP_CHECKPOINT_DIR": str(out / "checkpoints"), "AIP_MODEL_DIR": str(out / "model"),
                "AIP_TENSORBOARD_LOG_DIR": str(out / "tb"), "MTC_JOB_ATTEMPT": str(attempt)}
+        if tiers is not None:
+            buddy = out / "mem" / f"node-{(rank + 1) % 2}" / "peer" / f"rank-{rank}"
+            env |= {"MTC_TIER1_DIR": str(out / "mem" / f"node-{rank}" / f"rank-{rank}"),
+                    "MTC_TIER2_DIR": str(buddy), "MTC_TIER2_SOURCE_DIR": str(buddy),
+                    "MTC_PROGRESS_FILE": str(out / "progress" / f"rank-{rank}.json"),
+                    **tiers}
         ranks.append(Rank(env, config, out / f"attempt-{attempt}-rank-{rank}.log"))
     return ranks
 
@@ -147,4 +156,61 @@ def test_resume_after_sigterm_is_bit_exact(tmp_path: Path) -> None:
     loss = [json.loads((d / "model" / "metrics.json").read_text())["final_loss"]
             for d in (whole, cut)]
     assert loss[0] == loss[1]
+    assert scalar_steps(cut / "tb") == list(range(1, STEPS + 1))
+
+
+TIERED = {"MTC_TIER1_EVERY": "2", "MTC_PROGRESS_INTERVAL_S": "0"}
+
+
+def newest_entry(directory: Path) -> int:
+    """The newest step whose tier entry is complete (its manifest is written last)."""
+    return max((int(p.parent.name.split("-")[-1]) for p in directory.glob("step-*/manifest.json")),
+               default=0)
+
+
+@pytest.mark.parametrize("node_lost", [False, True], ids=["memory", "peer"])
+def test_resume_from_a_near_tier_after_sigkill_is_bit_exact(tmp_path: Path,
+                                                            node_lost: bool) -> None:
+    """Both ranks SIGKILLed (no checkpoint on the way out) past a memory save and before the
+    next durable one: the next attempt restores the memory tier (``peer``: node 1's memory is
+    wiped first, as a lost node's is, so rank 1 restores its copy from node 0) and ends with
+    the uninterrupted run's weights; the heartbeat says each rank's step."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    config = {**CONFIG, "checkpoint": {"every": 6}}
+    slow = {**config, "hyperparameters": {**config["hyperparameters"], "step_sleep_s": 0.3}}
+    uninterrupted = launch(whole, 1, config)
+    first = launch(cut, 1, slow, TIERED)
+    mem = [cut / "mem" / f"node-{r}" / f"rank-{r}" for r in range(2)]
+    deadline = time.monotonic() + 120
+    while min(newest_entry(m) for m in mem) < 4 and time.monotonic() < deadline:
+        assert all(r.poll() is None for r in first), finish(first)[1]
+        time.sleep(0.05)
+    for r in first:
+        r.send_signal(signal.SIGKILL)
+    codes, log = finish(first)
+    assert codes == [-9, -9], log
+    durable = sorted(int(p.name[5:]) for p in (cut / "checkpoints").glob("ckpt-*[0-9]"))
+    near = min(newest_entry(m) for m in mem)
+    assert near > max(durable, default=0), (near, durable)  # the near tier is the newer one
+    beat = json.loads((cut / "progress" / "rank-0.json").read_text())
+    # the heartbeat follows the writer thread: it may trail the newest entry by one save
+    assert beat["step"] >= near and beat["newest"]["memory"] >= near - 2, beat
+    expected = near
+    if node_lost:
+        import shutil
+
+        shutil.rmtree(cut / "mem" / "node-1")  # rank 1's memory and rank 0's peer copy
+        # rank 1 has what its buddy's node holds (the writer puts the peer copy after memory)
+        expected = min(near, newest_entry(cut / "mem" / "node-0" / "peer" / "rank-1"))
+        assert expected > 0
+    codes, whole_log = finish(uninterrupted)
+    assert codes == [0, 0], whole_log
+
+    codes, log = finish(launch(cut, 2, config, TIERED))
+    assert codes == [0, 0], log
+    tier = "peer" if node_lost else "memory"
+    assert f"[lm rank 1/2] restoring step {expected} from the {tier} tier" in log, log
+    a, b = weights(whole / "model"), weights(cut / "model")
+    unequal = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not unequal, unequal
     assert scalar_steps(cut / "tb") == list(range(1, STEPS + 1))

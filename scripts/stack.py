@@ -51,7 +51,7 @@ import requests  # noqa: E402
 
 from services.wiring.routes import SERVICES, control_plane_routes  # noqa: E402
 from shared.adapters import pubsub as ps  # noqa: E402
-from shared.adapters.docstore import DocEventLog, DocUnitOfWork  # noqa: E402
+from shared.adapters.docstore import DocUnitOfWork  # noqa: E402
 from shared.adapters.firestore_store import FirestoreDocStore  # noqa: E402
 from shared.adapters.outbox import envelope_to_doc  # noqa: E402
 from shared.codec import from_pubsub_message  # noqa: E402
@@ -402,9 +402,6 @@ class Timeline:
             self.seen.append(env)
         if is_routine(doc):
             return
-        if self.stack.store is not None:
-            with contextlib.suppress(Exception):
-                DocEventLog(self.stack.store).append(env, "published")
         lag = max(0.0, time.time() - env.time)
         style = _style(env.type)
         self.console.print(f"[dim]{env.time - self.t0:7.2f}s[/dim]  [{style}]"

@@ -39,6 +39,7 @@ from typing import Any
 from services.wiring.builder import build_deps, local_config, make_compute
 from shared.adapters.clock import SystemClock
 from shared.adapters.compute.remote.codec import DEFAULT_TTL_S
+from shared.adapters.event_log import DocEventLog, LoggingPublisher
 from shared.adapters.firestore_store import FirestoreDocStore
 from shared.adapters.outbox import DocOutbox
 from shared.adapters.pubsub import PREFIX, PubSubDeadLetters, PubSubPublisher
@@ -163,11 +164,15 @@ class GcpRuntime:
                                                                  prefix=settings.topic_prefix)
         self.outbox = DocOutbox(self.store)
         self.compute = compute or self._make_compute()
+        config = config or settings.config()
+        self.event_log = DocEventLog(self.store, retention_s=config.retention_s)
         self.deps = build_deps(
-            self.store, clock=self.clock, compute=self.compute, publisher=self.publisher,
-            config=config or settings.config(), source=settings.source, with_event_log=False,
+            self.store, clock=self.clock, compute=self.compute,
+            publisher=LoggingPublisher(self.publisher, self.event_log),
+            config=config, source=settings.source, with_event_log=False,
             outbox=self.outbox,
             dead_letters=PubSubDeadLetters(self.store, self.publisher))
+        self.deps = dataclasses.replace(self.deps, event_log=self.event_log)
         if settings.provisioning == "workflow":  # the provisioning function starts it
             from shared.adapters.workflows import CloudWorkflows
 

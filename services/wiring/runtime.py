@@ -16,6 +16,7 @@ from cloudevents.http import CloudEvent
 
 from services.wiring.routes import subscriptions
 from shared import logs
+from shared.adapters.event_log import DocEventLog, log_delivery
 from shared.codec import decode
 from shared.domain.errors import PermanentError
 from shared.handling import Outcome, Runtime, run_handler
@@ -97,6 +98,8 @@ def _handle_cloud_event(service: str, event: CloudEvent, rt: Runtime | None) -> 
     if handler is None:
         return "ignored"  # a topic carries types other services care about
     outcome = run_handler(service, handler, envelope, rt.deps)
+    if outcome is Outcome.HANDLED and isinstance(rt.deps.event_log, DocEventLog):
+        log_delivery(rt.deps.event_log, envelope)  # no bus delivered it: it is logged here
     rt.after_request()
     return outcome.value
 

@@ -10,9 +10,13 @@ from typing import Any
 from shared.adapters.outbox import doc_id as _doc_id
 from shared.adapters.outbox import envelope_to_doc
 from shared.domain.events import Envelope
-from shared.ports import DocStore, RangeReads
+from shared.ports import DocStore, Publisher, RangeReads
 
 EVENTS = "events"
+DELIVERED = "delivered"
+# reports and ticks arrive all the time; they enter the log only when handling them changed
+# something (``log_delivery``), as the embedded bus does
+ROUTINE_TYPES = frozenset({"mtc.node.health_reported.v1", "mtc.fleet.ticked.v1"})
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0  # ControlPlaneConfig's default, when none is at hand
 FOLLOW_LOOKBACK_S = 60.0  # an incremental reader re-reads this much: late deliveries
 
@@ -70,3 +74,25 @@ class EventCursor:
         horizon = self._time - self._lookback
         self._seen = {k: t for k, t in self._seen.items() if t >= horizon}
         return out
+
+
+def log_delivery(log: DocEventLog, envelope: Envelope) -> None:
+    """An event a function handled and that changed something, in the log. One entry per
+    event whichever function handled it and however often it was delivered (the entry's id
+    is the event's key), so a cloud deployment's log matches the embedded one's."""
+    log.append(envelope, DELIVERED)
+
+
+class LoggingPublisher:
+    """Publishes, then logs what it published: in the cloud no bus delivers in process, so
+    the event log (timelines, goodput, the event-derived metrics) is kept where events leave
+    the control plane. Routine types are left to ``log_delivery``."""
+
+    def __init__(self, inner: Publisher, log: DocEventLog) -> None:
+        self._inner = inner
+        self._log = log
+
+    def publish(self, envelope: Envelope) -> None:
+        self._inner.publish(envelope)
+        if envelope.type not in ROUTINE_TYPES:
+            log_delivery(self._log, envelope)

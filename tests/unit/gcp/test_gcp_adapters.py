@@ -309,3 +309,42 @@ def root_main() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_cloud_runtime_keeps_the_event_log(gcp: tuple[Plane, GcpRuntime, Recorder]) -> None:
+    """Issue 28, the cloud path: no bus delivers in the cloud, so the event log (timelines,
+    goodput, the event-derived metrics) stayed empty there. Every event a function handled
+    and every event the control plane published is logged once (redelivery and several
+    functions included); the fault-to-drain histogram that reads the log is no longer
+    empty."""
+    from services.observability import metrics
+    from shared.codec import to_cloudevent
+
+    plane, rt, recorder = gcp
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    now = plane.clock.now()
+    report = make_envelope(NodeHealthReported(node_id="c1-gpu-001", observed_at=now,
+                                              conditions=xid(79, now)), "//test", now)
+    delivered: set[str] = set()
+    queue = [report]
+    while queue:  # what Pub/Sub would push: each event to every function subscribed to it
+        env = queue.pop(0)
+        for service in SERVICES:
+            if subscriptions(service).get(env.type) is not None:
+                rt_mod.handle_cloud_event(service, to_cloudevent(env), rt)
+        delivered.add(env.id)
+        queue += [e for e in recorder.published if e.id not in delivered and e not in queue]
+    assert rt_mod.handle_cloud_event("health_triage", to_cloudevent(report), rt) == "duplicate"
+    ours = {report.id} | {e.id for e in recorder.published}  # the plane logs its own too
+
+    def logged() -> list[dict[str, Any]]:
+        return [d for d in rt.event_log.read() if d["id"] in ours]
+
+    ids = [d["id"] for d in logged()]
+    assert len(ids) == len(set(ids)), ids  # once each
+    assert set(ids) == ours, {e.type for e in recorder.published if e.id not in ids}
+    assert {"mtc.node.health_reported.v1", "mtc.node.diagnosed.v1",
+            "mtc.node.draining.v1"} <= {d["type"] for d in logged()}
+    text = metrics.render(metrics.registry(rt.store, rt.clock, event_log=rt.event_log)).decode()
+    assert "mtc_fault_to_drain_seconds_count 1.0" in text, text

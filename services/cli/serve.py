@@ -27,6 +27,7 @@ from waitress.server import create_server
 from services.api.health import HealthEndpoints
 from services.api.http import create_app
 from services.console.app import register as register_console
+from services.console.history import History
 from services.observability.http import Observability
 from services.observability.http import add_routes as add_observability
 from services.wiring.api import embedded_api
@@ -56,12 +57,18 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     app = app or embedded(state_dir, verify=True)  # a damaged state is refused, named
     loop = ControlLoop(app)
     ctx, auth = embedded_api(app, env_token, runtime=LoopRuntime(loop))
+    clock, deps = app.deps.clock, app.deps
+    history = History(app.store)  # the console's charts; bounded by its retention
+    chores: list[Callable[[], object]] = [
+        lambda: history.sample_if_due(deps.uow, deps.event_log, clock.now()),
+        _every(PRUNE_S, lambda: history.prune(clock.now()))]
     if ctx.audit is not None:
-        audit, clock = ctx.audit, app.deps.clock
-        loop.chores = (lambda: audit.prune(clock.now()),)
-        loop.chore_s = PRUNE_S
+        audit = ctx.audit
+        chores.append(_every(PRUNE_S, lambda: audit.prune(clock.now())))
+    loop.chores = tuple(chores)
+    loop.chore_s = history.interval_s
     flask_app = create_app(ctx)
-    register_console(flask_app, ctx, sim_dir)
+    register_console(flask_app, ctx, sim_dir, history)
     # /metrics and /alerts.json: open on loopback, a viewer token otherwise
     add_observability(flask_app, Observability(app.store, app.deps.clock, ctx.guard,
                                                open_access=is_loopback(host),
@@ -106,6 +113,18 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     out("mtc serve stopped")
     sys.stdout.flush()
     return 0
+
+
+def _every(period_s: float, chore: Callable[[], object]) -> Callable[[], object]:
+    """``chore`` at most once per ``period_s`` (the loop's chores run more often)."""
+    due = [0.0]
+
+    def run() -> object:
+        if time.monotonic() < due[0]:
+            return None
+        due[0] = time.monotonic() + period_s
+        return chore()
+    return run
 
 
 def _port(server: Any, asked: int) -> int:

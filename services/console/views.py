@@ -109,9 +109,11 @@ def _seconds(by: Mapping[str, float]) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(by.items()) if round(v, 1) > 0}
 
 
-def job_row(job: Job, acct: JobAccounting, goodput: Any | None) -> dict[str, Any]:
+def job_row(job: Job, acct: JobAccounting, goodput: Any | None, name: str | None = None
+            ) -> dict[str, Any]:
     """A job with its attempts, checkpoints, lost work and (when accounted) the three goodputs
-    and badput by cause (``goodput``: shared.goodput.JobGoodput)."""
+    and badput by cause (``goodput``: shared.goodput.JobGoodput); ``name``: its API name,
+    for the actions (None: not a CustomJob, e.g. a trial)."""
     latest = job.latest_checkpoint
     row: dict[str, Any] = {
         "id": job.job_id, "displayName": job.spec.display_name, "state": job.state.value,
@@ -121,6 +123,7 @@ def job_row(job: Job, acct: JobAccounting, goodput: Any | None) -> dict[str, Any
         "latestCheckpoint": None if latest is None else {"step": latest.step, "time": iso(latest.at)},
         "lostSteps": acct.lost_steps, "recoveryS": round(acct.recovery_s, 1),
         "wallS": round(acct.wall_s, 1), "created": iso(job.created_at), "error": job.error or None,
+        "name": name,
     }
     if goodput is not None:
         row["goodput"] = {

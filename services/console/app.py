@@ -200,6 +200,9 @@ class Console:
         body["grid"] = views.grid(nodes, now, config)
         holds = sorted(n.node_id for n in views.workers(nodes) if held(n))
         body["held"] = {"count": len(holds), "nodes": holds[:20]}
+        for c in clusters:  # a held repair is never "all nodes in service"
+            if c["name"] == name and holds:
+                c["message"] = views.held_note(holds, c["message"])
         body["jobs"] = {"items": [views.job_row(j, *accts[j.job_id], name=names[j.job_id])
                                   for j in page],
                         "total": len(all_jobs), "offset": offset,

@@ -11,8 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.observability.alerts import held
 from services.presentation.timeline import describe, is_routine
 from services.presentation.views import iso
+from shared.domain import lifecycle
 from shared.domain.model import IN_SERVICE, Job, Node, NodeRole, NodeState
 from shared.goodput import JobAccounting
 from shared.policies.repair import RepairConfig
@@ -49,6 +51,7 @@ def node_row(node: Node, now: float, config: RepairConfig) -> dict[str, Any]:
         "conditions": active[:8], "hold": node.alert or None,
         "lemon": is_lemon(node, now, config), "failures": len(node.history),
         "inService": node.state in IN_SERVICE,
+        "operatorDrained": lifecycle.operator_drained(node), "held": held(node),
     }
 
 
@@ -86,6 +89,16 @@ def grid(nodes: Iterable[Node], now: float, config: RepairConfig,
             if len(p["notable"]) < notable:
                 p["notable"].append(node_row(n, now, config))
     return [parts[k] for k in sorted(parts)]
+
+
+def held_note(held_ids: Sequence[str], message: str | None) -> str:
+    """The cluster's message with its held repairs said first (not "all nodes in service")."""
+    n = len(held_ids)
+    note = (f"{n} repair{'s' if n > 1 else ''} held by the blast-radius guard "
+            f"({', '.join(held_ids[:3])}{'...' if n > 3 else ''}): release it here or with "
+            f"`mtc node release-hold {held_ids[0]} --reason WHY`")
+    rest = "" if not message or message == "all nodes in service" else f"; {message}"
+    return note + rest
 
 
 def node_page(nodes: Iterable[Node], now: float, config: RepairConfig, *,

@@ -107,16 +107,14 @@ class History:
             return 0
         since, self._last = (self._last if self._last is not None else now), now
         docs = list(event_log.read(now - LOOKBACK_S)) if event_log is not None else []
-        written = 0
-        with uow_factory() as uow:
-            for doc in self.store.read(CLUSTERS, {}):
-                if doc.get("state") == "DELETED":
-                    continue
-                cid = doc["cluster_id"]
-                sample = snapshot(cid, uow.nodes.list(cid), uow.jobs.list(cid), docs, since, now)
-                self.write(sample)
-                written += 1
-        return written
+        live = [d["cluster_id"] for d in self.store.read(CLUSTERS, {})
+                if d.get("state") != "DELETED"]
+        with uow_factory() as uow:  # written after it: a read's rollback would drop them
+            samples = [snapshot(cid, uow.nodes.list(cid), uow.jobs.list(cid), docs, since, now)
+                       for cid in live]
+        for sample in samples:
+            self.write(sample)
+        return len(samples)
 
     def write(self, sample: dict[str, Any]) -> None:
         doc = {**sample, "seq": next(self._seq), "expire_at": sample["time"] + self.retention_s,

@@ -120,7 +120,7 @@ def test_a_held_repair_shows_with_its_release_and_actions_are_audited(api: Api) 
     workers = [n["nodeId"] for n in api.call("GET", f"{C}/nodes").json["nodes"]
                if n["role"] == "worker"]
     for node in workers[:2]:  # the guard allows one of four out at a time: one is held
-        api.app.compute.inject_fault(node, [Condition(  # type: ignore[attr-defined]
+        api.app.compute.inject_fault(node, [Condition(
             ConditionType.XID_ERROR.value, ConditionStatus.TRUE, "Xid 79", time.time(),
             {"xids": [79]})])
     for _ in range(100):
@@ -163,7 +163,7 @@ def test_job_page_and_cancel_with_a_reason(api: Api) -> None:
             break
         time.sleep(0.05)
     assert row["name"] == f"{PARENT}/customJobs/long"
-    page = api.client.get("/console/api/job", query_string={"cluster": CLUSTER, "job": "long"},
+    page: Any = api.client.get("/console/api/job", query_string={"cluster": CLUSTER, "job": "long"},
                           headers=AUTH)
     assert page.status_code == 200, page.json
     assert [a["attempt"] for a in page.json["attempts"]] == [1] and page.json["logsKept"]
@@ -188,10 +188,10 @@ def test_charts_read_the_stored_history(api: Api) -> None:
     resp = api.client.get("/console/api/history", query_string={"cluster": CLUSTER},
                           headers=AUTH)
     assert resp.status_code == 200, resp.json
-    h = resp.json
+    h: Any = resp.json
     assert h["enabled"] and h["samples"] == 2 and h["nodes"]["idle"] == [2, 2]
     assert h["goodput"] == [None, None]  # nothing running
-    bad = api.client.get("/console/api/history", query_string={
+    bad: Any = api.client.get("/console/api/history", query_string={
         "cluster": CLUSTER, "windowS": "5"}, headers=AUTH)
     assert bad.status_code == 400 and "windowS" in bad.json["error"]["message"]
     assert api.client.get("/console/api/history", query_string={

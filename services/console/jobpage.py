@@ -19,9 +19,10 @@ MAX_ATTEMPTS = 50
 MAX_RANKS = 16
 TAIL_LINES = 40
 TAIL_BYTES = 16_384
-# what starts an incident on an attempt: the first of these for it
-INCIDENT_START = (f"{T}interrupt_requested.v1", f"{T}workers_exited.v1",
-                  f"{T}recovery_chosen.v1")
+# what starts an incident on an attempt: the first of these for it (a node's drain names
+# the job, not the attempt: it is the one running then)
+INCIDENT_START = ("mtc.node.draining.v1", f"{T}signalled.v1", f"{T}interrupt_requested.v1",
+                  f"{T}workers_exited.v1", f"{T}recovery_chosen.v1")
 
 
 def _mine(docs: Sequence[Mapping[str, Any]], job_id: str) -> list[Mapping[str, Any]]:
@@ -57,20 +58,23 @@ def attempts(docs: Sequence[Mapping[str, Any]], job_id: str) -> list[dict[str, A
 
 def incidents(docs: Sequence[Mapping[str, Any]], job_id: str) -> list[dict[str, Any]]:
     """Each incident: the attempt it hit, what happened, the recovery mode chosen and why,
-    and the seconds from its start to the next attempt's start (None: not recovered yet)."""
+    and the seconds from its start (a drain, a signal, the workers' exit) to the next
+    attempt's start (None: not recovered yet)."""
     mine = _mine(docs, job_id)
     begun: dict[int, float] = {}
     chosen: dict[int, Mapping[str, Any]] = {}
     started: dict[int, float] = {}
+    current = 0
     for d in mine:
         data = d["data"]
-        attempt = int(data.get("attempt", 0))
+        attempt = int(data.get("attempt", current))
         if d["type"] in INCIDENT_START:
             begun.setdefault(attempt, float(d["time"]))
         if d["type"] == f"{T}recovery_chosen.v1":
             chosen.setdefault(attempt, d)
         if d["type"] == f"{T}started.v1":
             started.setdefault(attempt, float(d["time"]))
+            current = max(current, attempt)
     out = []
     for attempt in sorted(chosen):
         d = chosen[attempt]

@@ -71,6 +71,7 @@ def test_history_is_cut_to_bounded_series_and_pruned_by_its_retention(tmp_path: 
 
 def test_job_page_attempts_incidents_and_log_tails(tmp_path: Path) -> None:
     docs = [_doc(0, "mtc.job.started.v1", job_id="j1", attempt=1, node_ids=["n1", "n2"]),
+            _doc(8, "mtc.node.draining.v1", job_id="j1", node_id="n1", reason="xid"),
             _doc(10, "mtc.job.interrupt_requested.v1", job_id="j1", attempt=1, node_id="n1",
                  reason="xid"),
             _doc(12, "mtc.job.recovery_chosen.v1", job_id="j1", attempt=1, mode="requeue",
@@ -85,7 +86,7 @@ def test_job_page_attempts_incidents_and_log_tails(tmp_path: Path) -> None:
         (1, ["n1", "n2"], None, 143), (2, ["n3", "n2"], 40, None)]
     (i,) = jobpage.incidents(docs, "j1")
     assert (i["attempt"], i["mode"], i["incident"], i["recoveryS"]) == (
-        1, "requeue", "node_fault", 15.0)  # from the interrupt to attempt 2's start
+        1, "requeue", "node_fault", 17.0)  # from the drain to attempt 2's start
     big = tmp_path / "rank0.log"
     big.write_text("".join(f"line {k}\n" for k in range(100_000)))
     small = tmp_path / "rank1.log"

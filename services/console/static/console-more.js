@@ -269,7 +269,7 @@ async function afterRender(body) {
 
 document.addEventListener("DOMContentLoaded", () => {
   for (const id of ["clusters", "jobs", "drill-table", "job-attempts", "job-incidents"]) sortable(id);
-  $("action-form").addEventListener("submit", act);
+  $("action").addEventListener("submit", act);
   $("action-close").addEventListener("click", () => { pending = null; $("action").hidden = true; });
   $("job-close").addEventListener("click", closeJob);
   $("chart-window").addEventListener("change", () => loadCharts(true));

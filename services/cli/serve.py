@@ -27,7 +27,7 @@ from waitress.server import create_server
 from services.api.health import HealthEndpoints
 from services.api.http import create_app
 from services.console.app import register as register_console
-from services.console.history import History
+from services.console.history import History, Sampler
 from services.observability.http import Observability
 from services.observability.http import add_routes as add_observability
 from services.wiring.api import embedded_api
@@ -57,16 +57,12 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     app = app or embedded(state_dir, verify=True)  # a damaged state is refused, named
     loop = ControlLoop(app)
     ctx, auth = embedded_api(app, env_token, runtime=LoopRuntime(loop))
-    clock, deps = app.deps.clock, app.deps
-    history = History(app.store)  # the console's charts; bounded by its retention
-    chores: list[Callable[[], object]] = [
-        lambda: history.sample_if_due(deps.uow, deps.event_log, clock.now()),
-        _every(PRUNE_S, lambda: history.prune(clock.now()))]
     if ctx.audit is not None:
-        audit = ctx.audit
-        chores.append(_every(PRUNE_S, lambda: audit.prune(clock.now())))
-    loop.chores = tuple(chores)
-    loop.chore_s = history.interval_s
+        audit, clock = ctx.audit, app.deps.clock
+        loop.chores = (lambda: audit.prune(clock.now()),)
+        loop.chore_s = PRUNE_S
+    history = History(app.store)  # the console's charts, sampled on a thread of their own
+    sampler = Sampler(history, app.deps.uow, app.deps.event_log, app.deps.clock)
     flask_app = create_app(ctx)
     register_console(flask_app, ctx, sim_dir, history)
     # /metrics and /alerts.json: open on loopback, a viewer token otherwise
@@ -99,6 +95,7 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     deadline = time.monotonic() + duration_s if duration_s else float("inf")
     loop.start()
+    sampler.start()
     try:
         while not stopping.is_set() and time.monotonic() < deadline:
             wasyncore.loop(timeout=POLL_S, map=sockets, use_poll=True, count=1)
@@ -107,24 +104,13 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
             signal.signal(s, handler)
         server.task_dispatcher.shutdown()  # requests under way get a few seconds
         wasyncore.close_all(sockets)
+        sampler.stop()
         loop.stop()  # the pass under way ends before the store closes
         wsgi.close()
         app.close()
     out("mtc serve stopped")
     sys.stdout.flush()
     return 0
-
-
-def _every(period_s: float, chore: Callable[[], object]) -> Callable[[], object]:
-    """``chore`` at most once per ``period_s`` (the loop's chores run more often)."""
-    due = [0.0]
-
-    def run() -> object:
-        if time.monotonic() < due[0]:
-            return None
-        due[0] = time.monotonic() + period_s
-        return chore()
-    return run
 
 
 def _port(server: Any, asked: int) -> int:

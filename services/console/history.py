@@ -1,6 +1,7 @@
 """The console's charts over time, from a bounded history it stores itself.
 
-Every ``interval_s`` the control loop asks ``History.sample_if_due`` for one sample per live
+Every ``interval_s`` a thread of ``mtc serve`` (``Sampler``; never the control loop's, so a
+slow read cannot hold up healing) asks ``History.sample_if_due`` for one sample per live
 cluster: nodes per sinfo word (zeros included), the runtime goodput of its running jobs, the
 repairs the blast-radius guard holds, and each fault-to-drain (a node's diagnosis to its
 drained event) that ended since the previous sample. Samples live in the ``console_history``
@@ -12,6 +13,8 @@ neither the store nor an answer grows with time. ``snapshot`` and ``series`` are
 from __future__ import annotations
 
 import itertools
+import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,7 +26,9 @@ from shared.domain.health import RepairAction
 from shared.domain.model import Job, JobState, Node
 from shared.ports import DocStore, Pruning, RangeReads
 
+log = logging.getLogger("mtc.console")
 HISTORY = "console_history"
+PRUNE_S = 600.0
 INTERVAL_S = 10.0
 RETENTION_S = 24 * 3600.0
 MAX_POINTS = 240  # points per series in one answer, whatever the window
@@ -106,12 +111,15 @@ class History:
         if self._last is not None and now - self._last < self.interval_s:
             return 0
         since, self._last = (self._last if self._last is not None else now), now
-        docs = list(event_log.read(now - LOOKBACK_S)) if event_log is not None else []
         live = [d["cluster_id"] for d in self.store.read(CLUSTERS, {})
                 if d.get("state") != "DELETED"]
         with uow_factory() as uow:  # written after it: a read's rollback would drop them
-            samples = [snapshot(cid, uow.nodes.list(cid), uow.jobs.list(cid), docs, since, now)
-                       for cid in live]
+            fleet = [(cid, uow.nodes.list(cid), uow.jobs.list(cid)) for cid in live]
+        # a running job's goodput counts from its start: its events are read from there
+        start = min([now - LOOKBACK_S, *(j.created_at for _, _, jobs in fleet for j in jobs
+                                          if j.state is JobState.RUNNING)])
+        docs = list(event_log.read(start)) if event_log is not None else []
+        samples = [snapshot(cid, nodes, jobs, docs, since, now) for cid, nodes, jobs in fleet]
         for sample in samples:
             self.write(sample)
         return len(samples)
@@ -139,3 +147,43 @@ class History:
         for d in old:
             self.store.remove(HISTORY, d["id"])
         return len(old)
+
+
+class Sampler:
+    """Samples every ``interval_s`` and prunes every ``PRUNE_S`` on a daemon thread of its
+    own; a pass that fails is logged and the next one runs (a chart is not worth a crash)."""
+
+    def __init__(self, history: History, uow_factory: Any, event_log: Any, clock: Any) -> None:
+        self.history = history
+        self.uow_factory = uow_factory
+        self.event_log = event_log
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def step(self) -> None:
+        now = self.clock.now()
+        self.history.sample_if_due(self.uow_factory, self.event_log, now)
+
+    def _run(self) -> None:
+        next_prune = 0.0
+        while not self._stop.is_set():
+            try:
+                self.step()
+                if self.clock.now() >= next_prune:
+                    self.history.prune(self.clock.now())
+                    next_prune = self.clock.now() + PRUNE_S
+            except Exception:
+                log.exception("console history sample failed")
+            self._stop.wait(self.history.interval_s)
+
+    def start(self) -> Sampler:
+        self._thread = threading.Thread(target=self._run, name="mtc-console-history",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)

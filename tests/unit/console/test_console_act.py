@@ -16,7 +16,7 @@ from services.api.security import TOKENS_FILE
 from services.api.tokens import LocalTokens
 from services.console import jobpage
 from services.console.app import register
-from services.console.history import MAX_POINTS, History, fault_to_drain, series
+from services.console.history import MAX_POINTS, History, Sampler, fault_to_drain, series
 from services.wiring.api import embedded_api
 from services.wiring.embedded import embedded
 from shared.adapters.compute.worker_logs import LogFile
@@ -197,3 +197,18 @@ def test_charts_read_the_stored_history(api: Api) -> None:
     assert bad.status_code == 400 and "windowS" in bad.json["error"]["message"]
     assert api.client.get("/console/api/history", query_string={
         "cluster": CLUSTER}).status_code == 401
+
+
+def test_the_sampler_samples_on_its_own_thread_until_stopped(api: Api) -> None:
+    api.cluster(workers=1)
+    deps = api.app.deps
+    history = History(api.app.store, interval_s=0.05, retention_s=60)
+    sampler = Sampler(history, deps.uow, deps.event_log, deps.clock).start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(history.read("c1", 0)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        sampler.stop()
+    assert len(history.read("c1", 0)) >= 3
+    assert sampler._thread is not None and not sampler._thread.is_alive()

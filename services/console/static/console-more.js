@@ -83,7 +83,7 @@ function renderHeld(held) {
 
 function openJob(id) { jobOpen = id; location.hash = `job=${encodeURIComponent(id)}`; loadJob(); }
 
-function closeJob() { jobOpen = null; $("job-page").hidden = true; history.replaceState(null, "", " "); }
+function closeJob() { jobOpen = null; $("job-page").hidden = true; history.replaceState(null, "", location.pathname); }
 
 const secs = (x) => (x === null || x === undefined ? "–" : `${Number(x).toFixed(1)} s`);
 

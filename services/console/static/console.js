@@ -137,6 +137,7 @@ function renderClusters(clusters) {
 function choose(name) {
   cluster = name; jobsOffset = 0; drill = null; olderBefore = null;
   $("drill").hidden = true;
+  closeJob();
   poll();
 }
 

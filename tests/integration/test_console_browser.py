@@ -303,6 +303,21 @@ def test_console_acts_with_reasons_audited_and_draws_history(browser: Any, tmp_p
         assert _audit(state, "customJobs/long:cancel") == [
             ("token:env-admin", 200, "wrong dataset")]
 
+        # a failed job says why in the jobs table, not just its exit code
+        bad = job_body(10, "c1")
+        bad["jobSpec"]["scheduling"]["mtcPartition"] = "gpu"
+        for pool in bad["jobSpec"]["workerPoolSpecs"]:
+            pool["containerSpec"]["command"] = [
+                sys.executable, "-c", "import sys; sys.exit('no such dataset: gs://x')"]
+            pool["containerSpec"]["args"] = []
+        r = requests.post(f"{url}/v1/{PARENT}/customJobs", params={"customJobId": "bad"},
+                          json=bad, headers=H, timeout=30)
+        assert r.status_code == 200, r.text
+        failed = "#jobs tr[data-job='bad'][data-state='JOB_STATE_FAILED'] .job-error"
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, failed))
+        why = browser.find_element(By.CSS_SELECTOR, failed).text
+        assert "exit" in why.lower() and why != "exit_code_1", why
+
         # a viewer sees the console; a drain is refused, and the page says so
         viewer = LocalTokens(state / TOKENS_FILE).create("token:viewer", "viewer", "p")
         _login(browser, wait, viewer)

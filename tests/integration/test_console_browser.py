@@ -318,6 +318,18 @@ def test_console_acts_with_reasons_audited_and_draws_history(browser: Any, tmp_p
         why = browser.find_element(By.CSS_SELECTOR, failed).text
         assert "exit" in why.lower() and why != "exit_code_1", why
 
+        # the jobs table sorts by a header's click and filters by its box
+        ids = "return [...document.querySelectorAll('#jobs tbody tr')].filter(r => !r.hidden)" \
+              ".map(r => r.dataset.job)"
+        header = "#jobs thead th:first-child"
+        browser.find_element(By.CSS_SELECTOR, header).click()
+        wait.until(lambda d: d.execute_script(ids) == ["bad", "long"])
+        browser.find_element(By.CSS_SELECTOR, header).click()
+        wait.until(lambda d: d.execute_script(ids) == ["long", "bad"])
+        browser.find_element(By.CSS_SELECTOR, "input.table-filter[data-table='jobs']"
+                             ).send_keys("dataset")  # bad's error says it
+        wait.until(lambda d: d.execute_script(ids) == ["bad"])
+
         # a viewer sees the console; a drain is refused, and the page says so
         viewer = LocalTokens(state / TOKENS_FILE).create("token:viewer", "viewer", "p")
         _login(browser, wait, viewer)

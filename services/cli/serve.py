@@ -27,6 +27,7 @@ from waitress.server import create_server
 from services.api.health import HealthEndpoints
 from services.api.http import create_app
 from services.console.app import register as register_console
+from services.console.history import History, Sampler
 from services.observability.http import Observability
 from services.observability.http import add_routes as add_observability
 from services.wiring.api import embedded_api
@@ -60,8 +61,10 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
         audit, clock = ctx.audit, app.deps.clock
         loop.chores = (lambda: audit.prune(clock.now()),)
         loop.chore_s = PRUNE_S
+    history = History(app.store)  # the console's charts, sampled on a thread of their own
+    sampler = Sampler(history, app.deps.uow, app.deps.event_log, app.deps.clock)
     flask_app = create_app(ctx)
-    register_console(flask_app, ctx, sim_dir)
+    register_console(flask_app, ctx, sim_dir, history)
     # /metrics and /alerts.json: open on loopback, a viewer token otherwise
     add_observability(flask_app, Observability(app.store, app.deps.clock, ctx.guard,
                                                open_access=is_loopback(host),
@@ -92,6 +95,7 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     deadline = time.monotonic() + duration_s if duration_s else float("inf")
     loop.start()
+    sampler.start()
     try:
         while not stopping.is_set() and time.monotonic() < deadline:
             wasyncore.loop(timeout=POLL_S, map=sockets, use_poll=True, count=1)
@@ -100,6 +104,7 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
             signal.signal(s, handler)
         server.task_dispatcher.shutdown()  # requests under way get a few seconds
         wasyncore.close_all(sockets)
+        sampler.stop()
         loop.stop()  # the pass under way ends before the store closes
         wsgi.close()
         app.close()

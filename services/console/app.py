@@ -20,13 +20,17 @@ import flask
 
 from services.api.context import RESOURCES, ApiContext
 from services.api.errors import ApiError, invalid
-from services.console import sim, views
+from services.console import jobpage, sim, views
 from services.console.accounting import accounting
+from services.console.history import MAX_POINTS, History, series
+from services.observability.alerts import held
 from services.presentation.views import iso
+from shared.adapters.compute.worker_logs import WorkerLogs
 from shared.domain.model import ClusterState
 
 STATIC = Path(__file__).parent / "static"
-PAGE_FILES = {"console.js": "text/javascript", "console.css": "text/css"}
+PAGE_FILES = {"console.js": "text/javascript", "console-more.js": "text/javascript",
+              "console.css": "text/css"}
 VIEW_CLUSTERS = "aiplatform.modelDevelopmentClusters.get"
 LIST_CLUSTERS = "aiplatform.modelDevelopmentClusters.list"
 LIST_JOBS = "aiplatform.customJobs.list"
@@ -70,9 +74,11 @@ def _float(name: str) -> float | None:
 class Console:
     """The console's data, read through the API's context (its store, event log, guard)."""
 
-    def __init__(self, ctx: ApiContext, sim_dir: Path | None) -> None:
+    def __init__(self, ctx: ApiContext, sim_dir: Path | None,
+                 history: History | None = None) -> None:
         self.ctx = ctx
         self.sim_dir = sim_dir
+        self.history = history
 
     @contextmanager
     def read(self) -> Iterator[Any]:
@@ -186,12 +192,19 @@ class Console:
             cluster_id = record["id"]
             nodes = uow.nodes.list(cluster_id)
             all_jobs = sorted(uow.jobs.list(cluster_id), key=lambda j: (-j.created_at, j.job_id))
-        page = all_jobs[offset:offset + JOBS_PAGE]
+            page = all_jobs[offset:offset + JOBS_PAGE]
+            names = {j.job_id: _job_name(uow, j.job_id) for j in page}
         since = min([now - POLL_WINDOW_S, *(j.created_at for j in page)])
         docs = self._events(since)
         accts = accounting(docs, page, now)
         body["grid"] = views.grid(nodes, now, config)
-        body["jobs"] = {"items": [views.job_row(j, *accts[j.job_id]) for j in page],
+        holds = sorted(n.node_id for n in views.workers(nodes) if held(n))
+        body["held"] = {"count": len(holds), "nodes": holds[:20]}
+        for c in clusters:  # a held repair is never "all nodes in service"
+            if c["name"] == name and holds:
+                c["message"] = views.held_note(holds, c["message"])
+        body["jobs"] = {"items": [views.job_row(j, *accts[j.job_id], name=names[j.job_id])
+                                  for j in page],
                         "total": len(all_jobs), "offset": offset,
                         "next": offset + JOBS_PAGE if offset + JOBS_PAGE < len(all_jobs) else None}
         body["timeline"] = self._timeline(cluster_id, nodes, all_jobs, limit, None, docs)
@@ -216,6 +229,38 @@ class Console:
         return self._timeline(record["id"], nodes, jobs, _int("limit", 100, 1, MAX_EVENTS),
                               _float("before"))
 
+    def job(self) -> dict[str, Any]:
+        """One job's page: attempts, incidents with their recovery mode, goodput, log tails."""
+        job_id = flask.request.args.get("job", "")
+        with self.read() as uow:
+            record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
+            self.check(LIST_JOBS, record["project"])
+            job = uow.jobs.get(job_id)
+            if job is None or job.cluster_id != record["id"]:
+                raise ApiError("NOT_FOUND", f"job {job_id[:200]!r} not found in this cluster")
+            name = _job_name(uow, job.job_id)
+        now = self.ctx.now
+        docs = self._events(job.created_at)
+        acct, goodput = accounting(docs, [job], now)[job.job_id]
+        compute = self.ctx.runtime.deps.compute
+        files = compute.log_files(job.job_id) if isinstance(compute, WorkerLogs) else []
+        return {"job": views.job_row(job, acct, goodput, name=name),
+                "attempts": jobpage.attempts(docs, job.job_id),
+                "incidents": jobpage.incidents(docs, job.job_id),
+                "logs": jobpage.log_tails(files, _int("lines", jobpage.TAIL_LINES, 1, 200)),
+                "logsKept": isinstance(compute, WorkerLogs)}
+
+    def charts(self) -> dict[str, Any]:
+        """The cluster's history as chart series: nodes by state, goodput, fault-to-drain."""
+        with self.read() as uow:
+            record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
+        if self.history is None:
+            return {"enabled": False, **series([])}
+        window = _int("windowS", 3600, 60, int(self.history.retention_s))
+        samples = self.history.read(record["id"], self.ctx.now - window)
+        return {"enabled": True, "windowS": window, "intervalS": self.history.interval_s,
+                **series(samples, _int("points", MAX_POINTS, 2, MAX_POINTS))}
+
     def _sim_dir(self) -> Path:
         self.check(LIST_CLUSTERS, flask.request.args.get("project") or "*")
         if self.sim_dir is None:
@@ -234,9 +279,17 @@ class Console:
         return _json(sim.table(path))
 
 
-def register(app: flask.Flask, ctx: ApiContext, sim_dir: Path | None = None) -> None:
+def _job_name(uow: Any, job_id: str) -> str | None:
+    """The API name of a job submitted as a CustomJob (None: a trial, an adopted job)."""
+    rid = job_id[3:] if job_id.startswith("cj-") else job_id
+    record = uow.record(RESOURCES, f"customJob:{rid}")
+    return f"{record['parent']}/customJobs/{rid}" if record else None
+
+
+def register(app: flask.Flask, ctx: ApiContext, sim_dir: Path | None = None,
+             history: History | None = None) -> None:
     """Add ``/console`` and its data endpoints to the API's Flask app."""
-    console = Console(ctx, sim_dir)
+    console = Console(ctx, sim_dir, history)
 
     def data(fn: Callable[[], Any]) -> Callable[[], flask.Response]:
         def endpoint() -> flask.Response:
@@ -253,6 +306,8 @@ def register(app: flask.Flask, ctx: ApiContext, sim_dir: Path | None = None) -> 
     app.add_url_rule("/console/api/poll", view_func=data(console.poll))
     app.add_url_rule("/console/api/nodes", view_func=data(console.nodes))
     app.add_url_rule("/console/api/timeline", view_func=data(console.timeline))
+    app.add_url_rule("/console/api/job", view_func=data(console.job))
+    app.add_url_rule("/console/api/history", view_func=data(console.charts))
     app.add_url_rule("/console/api/sim", view_func=data(console.sim_list))
     app.add_url_rule("/console/api/sim/file", view_func=data(console.sim_file))
 

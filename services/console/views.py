@@ -11,8 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.observability.alerts import held
 from services.presentation.timeline import describe, is_routine
 from services.presentation.views import iso
+from shared.domain import lifecycle
 from shared.domain.model import IN_SERVICE, Job, Node, NodeRole, NodeState
 from shared.goodput import JobAccounting
 from shared.policies.repair import RepairConfig
@@ -49,6 +51,7 @@ def node_row(node: Node, now: float, config: RepairConfig) -> dict[str, Any]:
         "conditions": active[:8], "hold": node.alert or None,
         "lemon": is_lemon(node, now, config), "failures": len(node.history),
         "inService": node.state in IN_SERVICE,
+        "operatorDrained": lifecycle.operator_drained(node), "held": held(node),
     }
 
 
@@ -88,6 +91,16 @@ def grid(nodes: Iterable[Node], now: float, config: RepairConfig,
     return [parts[k] for k in sorted(parts)]
 
 
+def held_note(held_ids: Sequence[str], message: str | None) -> str:
+    """The cluster's message with its held repairs said first (not "all nodes in service")."""
+    n = len(held_ids)
+    note = (f"{n} repair{'s' if n > 1 else ''} held by the blast-radius guard "
+            f"({', '.join(held_ids[:3])}{'...' if n > 3 else ''}): release it here or with "
+            f"`mtc node release-hold {held_ids[0]} --reason WHY`")
+    rest = "" if not message or message == "all nodes in service" else f"; {message}"
+    return note + rest
+
+
 def node_page(nodes: Iterable[Node], now: float, config: RepairConfig, *,
               partition: str | None, word: str | None, offset: int, size: int
               ) -> dict[str, Any]:
@@ -109,9 +122,11 @@ def _seconds(by: Mapping[str, float]) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(by.items()) if round(v, 1) > 0}
 
 
-def job_row(job: Job, acct: JobAccounting, goodput: Any | None) -> dict[str, Any]:
+def job_row(job: Job, acct: JobAccounting, goodput: Any | None, name: str | None = None
+            ) -> dict[str, Any]:
     """A job with its attempts, checkpoints, lost work and (when accounted) the three goodputs
-    and badput by cause (``goodput``: shared.goodput.JobGoodput)."""
+    and badput by cause (``goodput``: shared.goodput.JobGoodput); ``name``: its API name,
+    for the actions (None: not a CustomJob, e.g. a trial)."""
     latest = job.latest_checkpoint
     row: dict[str, Any] = {
         "id": job.job_id, "displayName": job.spec.display_name, "state": job.state.value,
@@ -121,6 +136,7 @@ def job_row(job: Job, acct: JobAccounting, goodput: Any | None) -> dict[str, Any
         "latestCheckpoint": None if latest is None else {"step": latest.step, "time": iso(latest.at)},
         "lostSteps": acct.lost_steps, "recoveryS": round(acct.recovery_s, 1),
         "wallS": round(acct.wall_s, 1), "created": iso(job.created_at), "error": job.error or None,
+        "name": name,
     }
     if goodput is not None:
         row["goodput"] = {

@@ -101,6 +101,7 @@ async function poll() {
     $("error").textContent = "";
     render(body);
     if (drill) await loadDrill();
+    await afterRender(body);
     $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (e) {
     if (e instanceof AuthError) { sessionStorage.removeItem(KEY); showLogin(e.message); }
@@ -136,6 +137,7 @@ function renderClusters(clusters) {
 function choose(name) {
   cluster = name; jobsOffset = 0; drill = null; olderBefore = null;
   $("drill").hidden = true;
+  closeJob();
   poll();
 }
 
@@ -150,7 +152,7 @@ function nodeCell(n) {
   el("span", { class: "id" }, n.id), " ", el("span", { class: "word" }, n.sinfo), ...badges,
   el("span", { class: "detail state" }, n.state + (n.rung ? ` · ${n.rung}` : "")),
   conds ? el("span", { class: "detail" }, conds) : null,
-  n.job ? el("span", { class: "detail" }, `job ${n.job}`) : null);
+  n.job ? el("span", { class: "detail" }, `job ${n.job}`) : null, nodeActions(n));
 }
 
 function renderGrid(parts) {
@@ -191,7 +193,7 @@ async function loadDrill() {
     el("td", {}, n.state), el("td", {}, n.reason),
     el("td", {}, n.conditions.map((c) => c.type).join(", ")), el("td", {}, n.rung || ""),
     el("td", {}, n.hold || ""), el("td", {}, n.lemon ? "yes" : ""), el("td", {}, n.spare ? "yes" : ""),
-    el("td", {}, n.job || ""))));
+    el("td", {}, n.job || ""), el("td", {}, nodeActions(n)))));
   $("drill-prev").disabled = page.offset === 0;
   $("drill-next").disabled = page.next === null;
   drill.next = page.next;
@@ -207,12 +209,18 @@ function renderJobs(jobs) {
     const causes = Object.entries(g.badputByCauseS || {}).map(([k, v]) => `${k} ${v.toFixed(1)} s`);
     const ckpt = j.latestCheckpoint ? `${j.checkpoints} (step ${j.latestCheckpoint.step})` : `${j.checkpoints}`;
     return el("tr", { "data-job": j.id, "data-state": j.state, "data-restarts": j.restarts },
-      el("td", {}, j.id, el("span", { class: "detail muted" }, ` ${j.displayName || ""}`)),
-      el("td", { class: `state state-${j.state}` }, j.state.replace("JOB_STATE_", "")),
+      el("td", {}, el("a", { href: `#job=${encodeURIComponent(j.id)}`, class: "job-link",
+        onclick: (ev) => { ev.preventDefault(); openJob(j.id); } }, j.id),
+      el("span", { class: "detail muted" }, ` ${j.displayName || ""}`)),
+      el("td", { class: `state state-${j.state}` }, j.state.replace("JOB_STATE_", ""),
+        j.error ? el("span", { class: "detail job-error", title: j.error }, j.error) : null),
       el("td", { class: "attempts" }, j.attempts), el("td", { class: "restarts" }, j.restarts),
       el("td", {}, ckpt), el("td", {}, j.lostSteps), el("td", {}, `${j.recoveryS} s`),
       el("td", {}, pct(g.scheduling)), el("td", {}, pct(g.runtime)), el("td", {}, pct(g.program)),
-      el("td", {}, causes.join(", ") || "–"));
+      el("td", {}, causes.join(", ") || "–"),
+      el("td", {}, j.name && !/SUCCEEDED|FAILED|CANCELL/.test(j.state) ? el("button", {
+        type: "button", class: "act", "data-action": "cancel", "data-job": j.id,
+        onclick: () => askCancel(j) }, "cancel") : ""));
   }));
   $("jobs-more").hidden = jobs.next === null && jobs.offset === 0;
   $("jobs-more").textContent = jobs.next === null ? "first jobs" : `more jobs (${jobs.total})`;

@@ -154,7 +154,7 @@ def test_every_data_endpoint_needs_a_token_and_a_viewer_binding(api: Api) -> Non
     assert "default-src 'self'" in page.headers["Content-Security-Policy"]
     assert api.client.get("/console/static/console.js").status_code == 200
     assert api.client.get("/console/static/app.py").status_code == 404
-    for path in ("poll", "nodes", "timeline", "sim", "whoami"):
+    for path in ("poll", "nodes", "timeline", "sim", "whoami", "job", "history"):
         assert api.client.get(f"/console/api/{path}").status_code == 401, path
         assert api.client.get(f"/console/api/{path}", headers={
             "Authorization": "Bearer wrong"}).status_code == 401, path

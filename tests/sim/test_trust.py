@@ -1,0 +1,75 @@
+"""The twin's output a reader can trust (issue 29 item 8): goodput's parts add up on screen,
+intervals stay inside what the quantity allows and say when they are wide, ``plan-spares``
+searches around the scenario's own spares and shows progress when piped."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from simulator import cli, report, spares, stats, twin
+from simulator.scenario import load_scenario
+
+SMALL = Path(__file__).resolve().parents[2] / "simulator" / "scenarios" / "small.yaml"
+
+
+@pytest.fixture(scope="module")
+def result() -> twin.RunResult:
+    return twin.run(load_scenario(SMALL, {"duration": "1d"}))
+
+
+def test_goodput_parts_add_up_to_the_goodput_with_the_program_line(
+        result: twin.RunResult) -> None:
+    job = result.job()
+    parts = dict(report.goodput_parts(job))
+    assert parts["job time"] == 1.0
+    subtracted = [v for k, v in parts.items() if k.startswith("- ")]
+    assert math.isclose(1.0 + sum(subtracted), job.goodput, abs_tol=1e-9)
+    assert math.isclose(parts["= productive (ETTR)"], job.ettr, abs_tol=1e-9)
+    # small.yaml's MFU is below 1: the program's gap is a line of its own, and it is the gap
+    assert parts["- program (MFU, slow steps)"] < -0.1
+    buf = io.StringIO()
+    report.print_run(result, Console(file=buf, width=200, color_system=None))
+    text = buf.getvalue()
+    assert "program (MFU, slow steps)" in text
+    assert f"{100 * job.goodput:.1f}%" in text
+
+
+def test_intervals_are_clamped_to_what_the_quantity_allows() -> None:
+    # two replications: t = 12.7, a goodput of 0.36 ± 0.45 would reach below 0
+    assert stats.clamped(0.36, 0.45, "goodput") == (0.0, pytest.approx(0.81))
+    assert stats.clamped(0.9, 0.3, "ettr") == (pytest.approx(0.6), 1.0)
+    assert stats.clamped(2.0, 5.0, "interruptions")[0] == 0.0
+    text = stats.interval_text(0.36, 0.45, "goodput", n=2)
+    assert text == "0.360 [0.000, 0.810] (n=2: wide)"
+    assert stats.interval_text(0.36, 0.01, "goodput", n=20) == "0.360 ± 0.010"
+    below, above = stats.error_bars([0.36, 0.9], [0.45, 0.3], "goodput")
+    assert below == [pytest.approx(0.36), pytest.approx(0.3)]  # the bar stops at 0
+    assert above == [pytest.approx(0.45), pytest.approx(0.1)]  # and at 100%
+    summary = [{"spares": "4", "n": 2, "goodput": 0.36, "goodput_ci": 0.45}]
+    grid = report.sweep_grid(summary, ["spares"], "t", metrics=("goodput",))
+    assert grid.rows == [("4", "0.360 [0.000, 0.810] (n=2: wide)")]
+
+
+def test_plan_spares_default_range_contains_the_scenarios_own_spares() -> None:
+    counts = spares.default_counts(32)
+    assert 32 in counts and min(counts) == 0 and max(counts) == 64
+    assert any(0 < c < 32 for c in counts)
+    assert spares.default_counts(4) == [0, 1, 2, 4, 8]
+
+
+@pytest.mark.slow
+def test_plan_spares_shows_progress_when_piped(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    code = cli.main(["plan-spares", str(SMALL), "--set", "duration=6h", "--spares", "0,4",
+                     "--replications", "1", "--goodput-floor", "0.01",
+                     "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "plan-spares: 1/2 runs (spares 0)" in captured.err
+    assert "plan-spares: 2/2 runs (spares 4)" in captured.err
+    assert "(the scenario has 4)" in captured.out

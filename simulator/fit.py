@@ -90,6 +90,8 @@ class Fit:
     repairs: tuple[RepairFit, ...]
     detection: Mapping[str, tuple[int, float, float]]  # kind -> (count, median s, sigma)
     jobs: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    confidence: float = 0.95  # of every interval: wider on a thin history (``warnings``)
+    warnings: tuple[str, ...] = ()
 
     def cause(self, name: str) -> CauseFit:
         return next(c for c in self.causes if c.name == name)
@@ -108,7 +110,30 @@ class Fit:
             "detection": {k: {"count": n, "median_s": m, "sigma": s}
                           for k, (n, m, s) in self.detection.items()},
             "jobs": {k: dict(v) for k, v in self.jobs.items()},
+            "confidence": self.confidence, "warnings": list(self.warnings),
         }
+
+
+# A history shorter than a day, or with fewer node-days than this, is thin: a rate from it
+# is a few faults over minutes or hours (often injected, bursty, not the steady process the
+# twin draws from), so 34,421 failures per 1,000 node-days "fitted" from minutes looked like
+# a measurement. The fit warns, and its intervals are 99.9% instead of 95%.
+THIN_WINDOW_S = DAY_S
+THIN_NODE_DAYS = 30.0
+THIN_CONFIDENCE = 0.999
+
+
+def thin_history(window_s: float, node_days: float) -> tuple[str, ...]:
+    """Why a history is too thin to plan from (nothing when it is not)."""
+    out = []
+    if window_s < THIN_WINDOW_S:
+        out.append(f"the history spans {window_s / 3600:.2g} h (under a day)")
+    if node_days < THIN_NODE_DAYS:
+        out.append(f"it holds {node_days:.2g} node-days (under {THIN_NODE_DAYS:g})")
+    if not out:
+        return ()
+    return (f"thin history: {' and '.join(out)}; the rates are extrapolated from a few "
+            f"faults and may be far off: intervals widened to {THIN_CONFIDENCE:.1%}",)
 
 
 def _lognormal(values: Sequence[float]) -> tuple[float, float]:
@@ -240,11 +265,15 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                    for fs in by_cause.values() for s, n, _, _ in fs):
             exit_only[cause] += 1
     node_days, job_node_days = node_s / DAY_S, max(job_node_s / DAY_S, 1e-9)
-    causes = [CauseFit(name, len(fs), node_days, poisson_interval(len(fs), node_days), "health",
+    warnings = thin_history(end - start, node_days)
+    conf = THIN_CONFIDENCE if warnings else 0.95
+    causes = [CauseFit(name, len(fs), node_days, poisson_interval(len(fs), node_days, conf),
+                       "health",
                        _signal(fs[0][2], fs[0][3]), _fixes(fs, node_events, fault_times),
                        _kills(fs, ended))
               for name, fs in sorted(by_cause.items())]
-    causes += [CauseFit(name, n, job_node_days, poisson_interval(n, job_node_days), "exit", {},
+    causes += [CauseFit(name, n, job_node_days, poisson_interval(n, job_node_days, conf),
+                        "exit", {},
                         {"none": 1.0}) for name, n in sorted(exit_only.items())
                if name not in by_cause]
     repairs = []
@@ -254,7 +283,7 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
             median, sigma = _lognormal([s for s, _ in runs])
             fails = sum(1 for _, ok in runs if not ok)
             repairs.append(RepairFit(action, len(runs), median, sigma,
-                                     wilson_interval(fails, len(runs))))
+                                     wilson_interval(fails, len(runs), conf)))
     # a delay of 0 is a report sent as the fault happened (a launch on a broken node): it says
     # nothing of the detection delay
     detection = {k: (len(pos), *_lognormal(pos)) for k, v in sorted(delays.items())
@@ -270,7 +299,7 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                             startup_s=p.startup_s,
                             checkpoint_interval_s=statistics.median(gaps) - p.checkpoint_save_s)
     return Fit(end - start, len(initial), job_nodes, node_days, job_node_days, tuple(causes),
-               tuple(repairs), detection, jobs)
+               tuple(repairs), detection, jobs, conf, warnings)
 
 
 CHECK_SOURCES = frozenset({"post-repair-check", "deep-check"})  # their since: the check's time
@@ -366,15 +395,18 @@ def _fixes(faults: Sequence[tuple[float, str, str, Mapping[str, Any]]],
 
 def summary_lines(f: Fit) -> list[str]:
     """The estimates as plain lines (one fact a line: nothing to cut on a narrow terminal)."""
-    out = [f"{f.nodes} nodes ({f.job_nodes} in the job) over {f.window_s / DAY_S:.2f} days: "
-           f"{f.node_days:.1f} node-days up, {f.job_node_days:.1f} in jobs"]
-    out.append("failure rates per 1000 node-days (95% exact Poisson interval):")
+    out = [f"WARNING: {w}" for w in f.warnings]
+    out.append(f"{f.nodes} nodes ({f.job_nodes} in the job) over {f.window_s / DAY_S:.2f} "
+               f"days: {f.node_days:.1f} node-days up, {f.job_node_days:.1f} in jobs")
+    level = f"{100 * f.confidence:g}%"
+    out.append(f"failure rates per 1000 node-days ({level} exact Poisson interval):")
     for c in f.causes:
         r = c.per_node_day
         fixes = ", ".join(f"{k} {v:.0%}" for k, v in c.fix.items())
         out.append(f"  {c.name}: {r.value * 1e3:.2f} [{r.low * 1e3:.2f}, {r.high * 1e3:.2f}]"
                    f"  n={c.count} ({c.observed}); fixed by {fixes}")
-    out.append("repairs (lognormal median, sigma; chance the action fails, 95% Wilson):")
+    out.append(f"repairs (lognormal median, sigma; chance the action fails, "
+               f"{level} Wilson):")
     for rep in f.repairs:
         out.append(f"  {rep.action}: n={rep.count} median {rep.median_s:.0f} s sigma "
                    f"{rep.sigma:.2f}; fails {rep.failure.value:.1%} "
@@ -432,7 +464,9 @@ def to_scenario(f: Fit, *, name: str = "fitted", source: str = "") -> dict[str, 
         "name": name,
         "description": f"Fitted by mtc sim fit from {source or 'an event history'}: "
                        f"{f.nodes} nodes over {f.window_s / DAY_S:.2f} days, "
-                       f"{sum(c.count for c in f.causes)} faults. Not fitted (defaults): "
+                       f"{sum(c.count for c in f.causes)} faults. "
+                       + "".join(f"WARNING: {w}. " for w in f.warnings)
+                       + "Not fitted (defaults): "
                        "lemons, diurnal slowdown, stragglers, planned restarts, the bus.",
         "duration": round(f.window_s, 3),
         "cluster": {"partitions": [{"name": "train", "nodes": int(job_nodes),

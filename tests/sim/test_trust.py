@@ -12,7 +12,9 @@ import pytest
 from rich.console import Console
 
 from simulator import cli, report, spares, stats, twin
-from simulator.scenario import load_scenario
+from simulator import fit as fitting
+from simulator.scenario import load_scenario, parse_scenario
+from tests.sim.conftest import xid79_raw
 
 SMALL = Path(__file__).resolve().parents[2] / "simulator" / "scenarios" / "small.yaml"
 
@@ -73,3 +75,20 @@ def test_plan_spares_shows_progress_when_piped(capsys: pytest.CaptureFixture[str
     assert "plan-spares: 1/2 runs (spares 0)" in captured.err
     assert "plan-spares: 2/2 runs (spares 4)" in captured.err
     assert "(the scenario has 4)" in captured.out
+
+
+def test_fit_warns_and_widens_intervals_on_thin_history() -> None:
+    raw = xid79_raw(duration="3h")  # 20 nodes, ~0.25 faults per node-day: hours of history
+    raw["failures"]["causes"]["gpu_off_bus"]["per_1000_node_days"] = 4000
+    rows = twin.run(parse_scenario(raw)).rows
+    f = fitting.fit(rows)
+    assert f.warnings and "thin history" in f.warnings[0]
+    assert f.confidence == fitting.THIN_CONFIDENCE
+    cause = f.cause("gpu_off_bus")
+    at_95 = fitting.poisson_interval(cause.count, cause.exposure_node_days)
+    assert cause.per_node_day.high > at_95.high and cause.per_node_day.low < at_95.low
+    lines = fitting.summary_lines(f)
+    assert lines[0].startswith("WARNING: thin history")
+    assert "99.9% exact Poisson interval" in "\n".join(lines)
+    assert "WARNING: thin history" in fitting.to_scenario(f)["description"]
+    assert fitting.thin_history(40 * 86_400.0, 960.0) == ()

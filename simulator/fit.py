@@ -40,10 +40,18 @@ from typing import Any
 
 from shared.goodput import infer_params
 from shared.goodput.live import pace
-from simulator.intervals import Interval, gamma_quantile, poisson_interval, wilson_interval
+from simulator.intervals import (
+    THIN_CONFIDENCE,
+    Interval,
+    gamma_quantile,
+    poisson_interval,
+    thin_history,
+    wilson_interval,
+)
 
-__all__ = ["CauseFit", "Fit", "Interval", "RepairFit", "fit", "gamma_quantile",
-           "poisson_interval", "summary_lines", "to_scenario", "wilson_interval"]
+__all__ = ["THIN_CONFIDENCE", "CauseFit", "Fit", "Interval", "RepairFit", "fit",
+           "gamma_quantile", "poisson_interval", "summary_lines", "thin_history", "to_scenario",
+           "wilson_interval"]
 
 DAY_S = 86_400.0
 OPERATOR_TYPES = frozenset({"DrainedByOperator", "ResumedByOperator", "SlowSpeedCheck"})
@@ -112,28 +120,6 @@ class Fit:
             "jobs": {k: dict(v) for k, v in self.jobs.items()},
             "confidence": self.confidence, "warnings": list(self.warnings),
         }
-
-
-# A history shorter than a day, or with fewer node-days than this, is thin: a rate from it
-# is a few faults over minutes or hours (often injected, bursty, not the steady process the
-# twin draws from), so 34,421 failures per 1,000 node-days "fitted" from minutes looked like
-# a measurement. The fit warns, and its intervals are 99.9% instead of 95%.
-THIN_WINDOW_S = DAY_S
-THIN_NODE_DAYS = 30.0
-THIN_CONFIDENCE = 0.999
-
-
-def thin_history(window_s: float, node_days: float) -> tuple[str, ...]:
-    """Why a history is too thin to plan from (nothing when it is not)."""
-    out = []
-    if window_s < THIN_WINDOW_S:
-        out.append(f"the history spans {window_s / 3600:.2g} h (under a day)")
-    if node_days < THIN_NODE_DAYS:
-        out.append(f"it holds {node_days:.2g} node-days (under {THIN_NODE_DAYS:g})")
-    if not out:
-        return ()
-    return (f"thin history: {' and '.join(out)}; the rates are extrapolated from a few "
-            f"faults and may be far off: intervals widened to {THIN_CONFIDENCE:.1%}",)
 
 
 def _lognormal(values: Sequence[float]) -> tuple[float, float]:
@@ -268,10 +254,8 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
     warnings = thin_history(end - start, node_days)
     conf = THIN_CONFIDENCE if warnings else 0.95
     causes = [CauseFit(name, len(fs), node_days, poisson_interval(len(fs), node_days, conf),
-                       "health",
-                       _signal(fs[0][2], fs[0][3]), _fixes(fs, node_events, fault_times),
-                       _kills(fs, ended))
-              for name, fs in sorted(by_cause.items())]
+                       "health", signal, _fixes(fs, node_events, fault_times), _kills(fs, ended))
+              for name, signal, fs in _by_signal(by_cause)]
     causes += [CauseFit(name, n, job_node_days, poisson_interval(n, job_node_days, conf),
                         "exit", {},
                         {"none": 1.0}) for name, n in sorted(exit_only.items())
@@ -300,6 +284,32 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                             checkpoint_interval_s=statistics.median(gaps) - p.checkpoint_save_s)
     return Fit(end - start, len(initial), job_nodes, node_days, job_node_days, tuple(causes),
                tuple(repairs), detection, jobs, conf, warnings)
+
+
+def _by_signal(by_cause: Mapping[str, Sequence[tuple[float, str, str, Mapping[str, Any]]]]
+               ) -> list[tuple[str, dict[str, Any], list[tuple[float, str, str,
+                                                             Mapping[str, Any]]]]]:
+    """Each cause split by the signal its faults were first reported with: one fitted cause
+    per signal (``<cause>_xid_79``, ``<cause>_xid_119`` when a cause came both ways), each at
+    its own rate. A cause took its first fault's signal for all of them, so a history of XID
+    79s and 119s under one name re-ran as 119s only, and a candidate's XID 79 rule never fired
+    in ``replay --twin`` (issue 29 item 8)."""
+    out = []
+    for name, faults in sorted(by_cause.items()):
+        groups: dict[str, tuple[dict[str, Any], list[Any]]] = {}
+        for fault in faults:
+            signal = _signal(fault[2], fault[3])
+            groups.setdefault(repr(sorted(signal.items())), (signal, []))[1].append(fault)
+        for signal, group in groups.values():
+            tag = "" if len(groups) == 1 else "_" + _signal_tag(signal)
+            out.append((name + tag, signal, group))
+    return out
+
+
+def _signal_tag(signal: Mapping[str, Any]) -> str:
+    if "xid" in signal:
+        return "xid_" + "_".join(str(x) for x in signal["xid"])
+    return next(iter(signal), "signal")
 
 
 CHECK_SOURCES = frozenset({"post-repair-check", "deep-check"})  # their since: the check's time

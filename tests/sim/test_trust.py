@@ -5,13 +5,15 @@ searches around the scenario's own spares and shows progress when piped."""
 from __future__ import annotations
 
 import io
+import json
 import math
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from simulator import cli, report, spares, stats, twin
+from shared.policies.triage_table import DEFAULT_TABLE_PATH
+from simulator import cli, replay, report, spares, stats, twin
 from simulator import fit as fitting
 from simulator.scenario import load_scenario, parse_scenario
 from tests.sim.conftest import xid79_raw
@@ -92,3 +94,32 @@ def test_fit_warns_and_widens_intervals_on_thin_history() -> None:
     assert "99.9% exact Poisson interval" in "\n".join(lines)
     assert "WARNING: thin history" in fitting.to_scenario(f)["description"]
     assert fitting.thin_history(40 * 86_400.0, 960.0) == ()
+
+
+@pytest.mark.slow
+def test_replay_twin_maps_each_signal_of_a_cause_so_a_rule_change_shows_up(
+        tmp_path: Path) -> None:
+    # one cause, reported as XID 119 on some nodes and XID 79 on others: the fit took the
+    # first fault's signal (119) for all, so a candidate's XID 79 rule never fired in the twin
+    raw = xid79_raw(duration="2d")
+    raw["failures"]["causes"] = {
+        "gpu": {"per_1000_node_days": 150, "signal": {"xid": [79]}, "fix": "reboot"},
+        "gsp": {"per_1000_node_days": 150, "signal": {"xid": [119]}, "fix": "reset_gpu"}}
+    rows = json.loads(json.dumps(twin.run(parse_scenario(raw)).rows, default=str))
+    for row in rows:  # the history names one cause for both
+        for c in row["data"].get("conditions") or ():
+            if (c.get("details") or {}).get("cause") == "gsp":
+                c["details"]["cause"] = "gpu"
+    f = fitting.fit(rows)
+    signals = {c.name: c.signal for c in f.causes}
+    assert signals == {"gpu_xid_79": {"xid": [79]}, "gpu_xid_119": {"xid": [119]}}, signals
+    text = DEFAULT_TABLE_PATH.read_text()
+    row = "{codes: [79], failure_mode: gpu_fell_off_bus, severity: critical, action: reboot}"
+    assert row in text
+    policy = tmp_path / "xid79-replace"
+    policy.mkdir()
+    (policy / "triage_table.yaml").write_text(text.replace(row, row.replace("reboot",
+                                                                            "replace")))
+    diff = replay.twin_diff(rows, replay.load_policy(policy), replay.load_policy(None),
+                            replications=2)
+    assert diff["candidate_replacements"] > diff["baseline_replacements"]

@@ -76,6 +76,8 @@ class CauseFit:
     signal: Mapping[str, Any]
     fix: Mapping[str, float]
     kills_job: bool = True
+    # (weight, signal, fix) per signal when the cause was reported more than one way
+    variants: tuple[tuple[float, Mapping[str, Any], Mapping[str, float]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,9 @@ class Fit:
             "causes": {c.name: {"count": c.count, "observed": c.observed,
                                 "per_1000_node_days": {k: v * 1000 for k, v in
                                                        c.per_node_day.as_dict().items()},
-                                "fix": dict(c.fix), "kills_job": c.kills_job}
+                                "fix": dict(c.fix), "kills_job": c.kills_job,
+                                "variants": [{"weight": w, "signal": dict(sig), "fix": dict(fx)}
+                                             for w, sig, fx in c.variants]}
                        for c in self.causes},
             "repairs": {r.action: {"count": r.count, "median_s": r.median_s, "sigma": r.sigma,
                                    "failure": r.failure.as_dict()} for r in self.repairs},
@@ -253,9 +257,15 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
     node_days, job_node_days = node_s / DAY_S, max(job_node_s / DAY_S, 1e-9)
     warnings = thin_history(end - start, node_days)
     conf = THIN_CONFIDENCE if warnings else 0.95
-    causes = [CauseFit(name, len(fs), node_days, poisson_interval(len(fs), node_days, conf),
-                       "health", signal, _fixes(fs, node_events, fault_times), _kills(fs, ended))
-              for name, signal, fs in _by_signal(by_cause)]
+    causes = []
+    for name, fs in sorted(by_cause.items()):
+        groups = sorted(_by_signal(fs), key=lambda g: -len(g[1]))  # the most common first
+        variants = tuple((round(len(g) / len(fs), 4), sig, _fixes(g, node_events, fault_times))
+                         for sig, g in groups) if len(groups) > 1 else ()
+        causes.append(CauseFit(name, len(fs), node_days,
+                               poisson_interval(len(fs), node_days, conf), "health",
+                               groups[0][0], _fixes(fs, node_events, fault_times),
+                               _kills(fs, ended), variants))
     causes += [CauseFit(name, n, job_node_days, poisson_interval(n, job_node_days, conf),
                         "exit", {},
                         {"none": 1.0}) for name, n in sorted(exit_only.items())
@@ -286,30 +296,17 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                tuple(repairs), detection, jobs, conf, warnings)
 
 
-def _by_signal(by_cause: Mapping[str, Sequence[tuple[float, str, str, Mapping[str, Any]]]]
-               ) -> list[tuple[str, dict[str, Any], list[tuple[float, str, str,
-                                                             Mapping[str, Any]]]]]:
-    """Each cause split by the signal its faults were first reported with: one fitted cause
-    per signal (``<cause>_xid_79``, ``<cause>_xid_119`` when a cause came both ways), each at
-    its own rate. A cause took its first fault's signal for all of them, so a history of XID
-    79s and 119s under one name re-ran as 119s only, and a candidate's XID 79 rule never fired
-    in ``replay --twin`` (issue 29 item 8)."""
-    out = []
-    for name, faults in sorted(by_cause.items()):
-        groups: dict[str, tuple[dict[str, Any], list[Any]]] = {}
-        for fault in faults:
-            signal = _signal(fault[2], fault[3])
-            groups.setdefault(repr(sorted(signal.items())), (signal, []))[1].append(fault)
-        for signal, group in groups.values():
-            tag = "" if len(groups) == 1 else "_" + _signal_tag(signal)
-            out.append((name + tag, signal, group))
-    return out
-
-
-def _signal_tag(signal: Mapping[str, Any]) -> str:
-    if "xid" in signal:
-        return "xid_" + "_".join(str(x) for x in signal["xid"])
-    return next(iter(signal), "signal")
+def _by_signal(faults: Sequence[tuple[float, str, str, Mapping[str, Any]]]
+               ) -> list[tuple[dict[str, Any], list[tuple[float, str, str, Mapping[str, Any]]]]]:
+    """A cause's faults by the signal they were first reported with. A cause took its first
+    fault's signal for all: ``small``'s faulty GPU (XID 79 or 119) re-ran as 119s only, and a
+    candidate's XID 79 rule never fired in ``replay --twin`` (issue 29 item 8); now each
+    signal is a weighted variant of the cause, with its own fixes."""
+    groups: dict[str, tuple[dict[str, Any], list[tuple[float, str, str, Mapping[str, Any]]]]] = {}
+    for fault in faults:
+        signal = _signal(fault[2], fault[3])
+        groups.setdefault(repr(sorted(signal.items())), (signal, []))[1].append(fault)
+    return list(groups.values())
 
 
 CHECK_SOURCES = frozenset({"post-repair-check", "deep-check"})  # their since: the check's time
@@ -415,6 +412,9 @@ def summary_lines(f: Fit) -> list[str]:
         fixes = ", ".join(f"{k} {v:.0%}" for k, v in c.fix.items())
         out.append(f"  {c.name}: {r.value * 1e3:.2f} [{r.low * 1e3:.2f}, {r.high * 1e3:.2f}]"
                    f"  n={c.count} ({c.observed}); fixed by {fixes}")
+        for weight, sig, fx in c.variants:
+            out.append(f"    {weight:.0%} reported as {sig}; fixed by "
+                       + ", ".join(f"{k} {v:.0%}" for k, v in fx.items()))
     out.append(f"repairs (lognormal median, sigma; chance the action fails, "
                f"{level} Wilson):")
     for rep in f.repairs:
@@ -443,6 +443,11 @@ def _dist(median: float, sigma: float) -> Any:
                                                   "sigma": round(sigma, 4)}
 
 
+def _fix_spec(fix: Mapping[str, float]) -> Any:
+    kept = {k: v for k, v in fix.items() if v > 0}
+    return next(iter(kept)) if len(kept) == 1 else kept
+
+
 def to_scenario(f: Fit, *, name: str = "fitted", source: str = "") -> dict[str, Any]:
     """The fit as a scenario (``simulator/scenario.py`` format), ready for YAML."""
     jobs = []
@@ -460,9 +465,12 @@ def to_scenario(f: Fit, *, name: str = "fitted", source: str = "") -> dict[str, 
     causes: dict[str, Any] = {}
     for c in f.causes:
         spec: dict[str, Any] = {"per_1000_node_days": round(c.per_node_day.value * 1000, 6)}
-        spec["signal"] = dict(c.signal) if c.signal else "none"
-        fix = {k: v for k, v in c.fix.items() if v > 0}
-        spec["fix"] = next(iter(fix)) if len(fix) == 1 else fix
+        if c.variants:
+            spec["variants"] = [{"weight": w, "signal": dict(sig), "fix": _fix_spec(fx)}
+                                for w, sig, fx in c.variants]
+        else:
+            spec["signal"] = dict(c.signal) if c.signal else "none"
+            spec["fix"] = _fix_spec(c.fix)
         if not c.kills_job:
             spec["kills_job"] = False
         causes[re.sub(r"\W", "_", c.name)] = spec

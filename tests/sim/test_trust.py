@@ -45,8 +45,10 @@ def test_goodput_parts_add_up_to_the_goodput_with_the_program_line(
 
 def test_intervals_are_clamped_to_what_the_quantity_allows() -> None:
     # two replications: t = 12.7, a goodput of 0.36 ± 0.45 would reach below 0
-    assert stats.clamped(0.36, 0.45, "goodput") == (0.0, pytest.approx(0.81))
-    assert stats.clamped(0.9, 0.3, "ettr") == (pytest.approx(0.6), 1.0)
+    low, high = stats.clamped(0.36, 0.45, "goodput")
+    assert low == 0.0 and high == pytest.approx(0.81)
+    low, high = stats.clamped(0.9, 0.3, "ettr")
+    assert low == pytest.approx(0.6) and high == 1.0
     assert stats.clamped(2.0, 5.0, "interruptions")[0] == 0.0
     text = stats.interval_text(0.36, 0.45, "goodput", n=2)
     assert text == "0.360 [0.000, 0.810] (n=2: wide)"
@@ -99,8 +101,9 @@ def test_fit_warns_and_widens_intervals_on_thin_history() -> None:
 @pytest.mark.slow
 def test_replay_twin_maps_each_signal_of_a_cause_so_a_rule_change_shows_up(
         tmp_path: Path) -> None:
-    # one cause, reported as XID 119 on some nodes and XID 79 on others: the fit took the
-    # first fault's signal (119) for all, so a candidate's XID 79 rule never fired in the twin
+    # one cause, reported as XID 119 on some nodes and XID 79 on others (small.yaml's faulty
+    # GPU): the fit took the first fault's signal (119) for all, so a candidate's XID 79 rule
+    # never fired in the twin; each signal is now a weighted variant of the cause
     raw = xid79_raw(duration="2d")
     raw["failures"]["causes"] = {
         "gpu": {"per_1000_node_days": 150, "signal": {"xid": [79]}, "fix": "reboot"},
@@ -111,8 +114,14 @@ def test_replay_twin_maps_each_signal_of_a_cause_so_a_rule_change_shows_up(
             if (c.get("details") or {}).get("cause") == "gsp":
                 c["details"]["cause"] = "gpu"
     f = fitting.fit(rows)
-    signals = {c.name: c.signal for c in f.causes}
-    assert signals == {"gpu_xid_79": {"xid": [79]}, "gpu_xid_119": {"xid": [119]}}, signals
+    assert [c.name for c in f.causes] == ["gpu"]
+    variants = {tuple(sig["xid"]): (w, dict(fix)) for w, sig, fix in f.cause("gpu").variants}
+    assert set(variants) == {(79,), (119,)}, variants
+    fixes = {xid: max(fix, key=lambda k: fix[k]) for xid, (_, fix) in variants.items()}
+    assert fixes == {(79,): "reboot", (119,): "reset_gpu"}, variants  # each its own fix
+    assert sum(w for w, _ in variants.values()) == pytest.approx(1.0, abs=1e-3)
+    spec = fitting.to_scenario(f)["failures"]["causes"]["gpu"]
+    assert {tuple(v["signal"]["xid"]) for v in spec["variants"]} == {(79,), (119,)}
     text = DEFAULT_TABLE_PATH.read_text()
     row = "{codes: [79], failure_mode: gpu_fell_off_bus, severity: critical, action: reboot}"
     assert row in text

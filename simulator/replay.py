@@ -45,6 +45,7 @@ from shared.policies.repair import (
 from shared.policies.triage import triage, unconfirmed_sightings
 from shared.policies.triage_table import TriageTable, load_triage_table
 from simulator.scenario_types import DEFAULT_REPAIR_MEDIAN_S
+from simulator.stats import wide_mark
 
 __all__ = ["Decision", "Policy", "PolicyError", "Replay", "load_policy", "replay", "twin_diff"]
 
@@ -215,7 +216,8 @@ class Replay:
             out.append(f"twin ({t['replications']} replications of the fitted scenario, same "
                        f"seeds): goodput {t['baseline_goodput']:.4f} -> "
                        f"{t['candidate_goodput']:.4f}, difference {t['difference']:+.4f} "
-                       f"± {t['ci']:.4f} (95%); repairs per run {t['baseline_repairs']:.1f} -> "
+                       f"± {t['ci']:.4f} (95%){wide_mark(int(t['replications']))}; "
+                       f"repairs per run {t['baseline_repairs']:.1f} -> "
                        f"{t['candidate_repairs']:.1f}, replacements "
                        f"{t.get('baseline_replacements', 0):.1f} -> "
                        f"{t.get('candidate_replacements', 0):.1f}")

@@ -103,9 +103,12 @@ def interval_text(mean: float, half: float, metric: str, n: int, digits: int = 3
         text = f"{mean:.{digits}f} ± {half:.{digits}f}"
     else:
         text = f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
-    if n < FEW_REPLICATIONS:
-        text += f" (n={n}: wide)"
-    return text
+    return text + wide_mark(n)
+
+
+def wide_mark(n: int) -> str:
+    """`` (n=2: wide)`` under FEW_REPLICATIONS replications, else nothing."""
+    return f" (n={n}: wide)" if n < FEW_REPLICATIONS else ""
 
 
 def error_bars(means: Sequence[float], halves: Sequence[float],

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from shared.policies.triage_table import DEFAULT_TABLE_PATH
-from simulator import cli, replay, report, spares, stats, twin
+from simulator import advice, cli, replay, report, spares, stats, twin
 from simulator import fit as fitting
 from simulator.scenario import load_scenario, parse_scenario
 from tests.sim.conftest import xid79_raw
@@ -56,6 +56,11 @@ def test_intervals_are_clamped_to_what_the_quantity_allows() -> None:
     below, above = stats.error_bars([0.36, 0.9], [0.45, 0.3], "goodput")
     assert below == [pytest.approx(0.36), pytest.approx(0.3)]  # the bar stops at 0
     assert above == [pytest.approx(0.45), pytest.approx(0.1)]  # and at 100%
+    out = {"written_interval_s": [1800.0], "advised_range_s": (900.0, 1200.0),
+           "advised_interval_s": 1000.0, "replications": 3, "goodput_as_written": 0.31,
+           "goodput_following_advice": 0.37, "gain": 0.06, "gain_ci": 0.02}
+    assert advice.lines(out)[-1].endswith("(95%) (n=3: wide)")
+    assert advice.lines({**out, "replications": 10})[-1].endswith("(95%)")
     summary = [{"spares": "4", "n": 2, "goodput": 0.36, "goodput_ci": 0.45}]
     grid = report.sweep_grid(summary, ["spares"], "t", metrics=("goodput",))
     assert grid.rows == [("4", "0.360 [0.000, 0.810] (n=2: wide)")]

@@ -76,14 +76,15 @@ def test_plan_spares_default_range_contains_the_scenarios_own_spares() -> None:
 @pytest.mark.slow
 def test_plan_spares_shows_progress_when_piped(capsys: pytest.CaptureFixture[str],
                                                tmp_path: Path) -> None:
-    code = cli.main(["plan-spares", str(SMALL), "--set", "duration=6h", "--spares", "0,4",
+    # no --spares: the counts tried span the scenario's own 6
+    code = cli.main(["plan-spares", str(SMALL), "--set", "duration=3h", "--set", "spares=6",
                      "--replications", "1", "--goodput-floor", "0.01",
                      "--out", str(tmp_path)])
     captured = capsys.readouterr()
     assert code == 0
-    assert "plan-spares: 1/2 runs (spares 0)" in captured.err
-    assert "plan-spares: 2/2 runs (spares 4)" in captured.err
-    assert "(the scenario has 4)" in captured.out
+    assert "spare counts [0, 1, 3, 4, 6, 9, 12] (the scenario has 6)" in captured.out
+    assert "plan-spares: 1/7 runs (spares 0)" in captured.err
+    assert "plan-spares: 7/7 runs (spares 12)" in captured.err
 
 
 def test_fit_warns_and_widens_intervals_on_thin_history() -> None:

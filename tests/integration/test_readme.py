@@ -1,4 +1,5 @@
-"""README's doctest: its shell and curl blocks run exactly as printed against a live
+"""README's doctest: its curl block and its SDK and tuning examples run exactly as printed
+against a live
 ``mtc serve`` (in a temporary directory, its default state dir ``var/mtc``), so README cannot
 drift from what the code does again (issue 29: a fresh clone's first hour found
 ``serve --state-dir`` refused and placeholders no reader could run).
@@ -39,12 +40,9 @@ SKIP: dict[str, str] = {
     "   0.77s  job train-1": "make demo's output, not a command (tests/integration/test_demo.py)",
     "             HTTP API / `mtc` CLI": "the architecture diagram",
     "mtc cluster create ID": "the CLI's synopsis (placeholders and [options]), not a command",
-    "from google.api_core.client_options": "Python SDK, not shell: the same calls run in "
-                                           "tests/integration/test_vertex_sdk.py",
-    "pipelines = aip.PipelineServiceClient": "Python SDK fragment: "
+    "pipelines = aip.PipelineServiceClient": "a Python SDK fragment (its inputs and model "
+                                             "are elided): the calls run in "
                                              "tests/integration/test_vertex_registry_sdk.py",
-    "P = aip.StudySpec.ParameterSpec": "Python SDK fragment: "
-                                       "tests/integration/test_vertex_tuning_sdk.py",
     ".venv/bin/python bench/": "a benchmark (minutes, figures in the table below it); the "
                                "small versions run in tests (e.g. tests/unit/handlers/"
                                "test_scale_small.py)",
@@ -61,13 +59,13 @@ def skip_reason(text: str) -> str | None:
     return next((why for start, why in SKIP.items() if first.startswith(start)), None)
 
 
-def runnable() -> list[str]:
-    return [text for lang, text in blocks() if lang == "sh" and skip_reason(text) is None]
+def runnable(lang: str = "sh") -> list[str]:
+    return [text for lg, text in blocks() if lg == lang and skip_reason(text) is None]
 
 
 def test_every_readme_block_is_run_or_skipped_with_a_reason() -> None:
     unknown = [text.splitlines()[0] for lang, text in blocks()
-               if skip_reason(text) is None and lang != "sh"]
+               if skip_reason(text) is None and lang not in ("sh", "python")]
     assert not unknown, f"README blocks neither run nor in SKIP (add one or the other): {unknown}"
     assert runnable(), "README has no shell block left to run"
     used = {start for start in SKIP if any(skip_reason(t) == SKIP[start] for _, t in blocks())}
@@ -127,13 +125,13 @@ def _skip_space(text: str, at: int) -> int:
     return at
 
 
-def test_readme_curl_sequence_runs_as_printed(served: tuple[Path, str]) -> None:
+def test_readme_curl_and_sdk_blocks_run_as_printed(served: tuple[Path, str]) -> None:
     cwd, url = served
     [block] = runnable()  # the curl sequence; a second shell block needs its own checks
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTC_")}
-    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], cwd=cwd,
-                          env={**env, "MTC_API": url}, capture_output=True, text=True,
-                          timeout=120)
+    env["MTC_API"] = url
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr + done.stdout
     docs = _documents(done.stdout)
     assert not [d for d in docs if "error" in d], docs
@@ -144,3 +142,14 @@ def test_readme_curl_sequence_runs_as_printed(served: tuple[Path, str]) -> None:
     assert cancel == {}, cancel  # google.protobuf.Empty, as Vertex answers
     # the job was running (~1 min of steps) and the cancel took: not a 200 that changed nothing
     assert job["state"] in ("JOB_STATE_CANCELLING", "JOB_STATE_CANCELLED"), job
+
+    # the SDK: a CustomJob on the cluster the curl block made, then a tuning job over
+    # examples/hp_trial.py (the second block uses the first's client), to its end
+    create, tune = runnable("python")
+    done = subprocess.run([sys.executable, "-c", create + tune], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr + done.stdout
+    state, tuned = done.stdout.strip().splitlines()
+    assert "JOB_STATE_" in state, state
+    assert tuned.startswith("JOB_STATE_SUCCEEDED "), tuned + done.stderr
+    assert tuned.count("('") == 6, tuned  # max_trial_count=6, each with its loss

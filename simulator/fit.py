@@ -413,7 +413,9 @@ def summary_lines(f: Fit) -> list[str]:
         out.append(f"  {c.name}: {r.value * 1e3:.2f} [{r.low * 1e3:.2f}, {r.high * 1e3:.2f}]"
                    f"  n={c.count} ({c.observed}); fixed by {fixes}")
         for weight, sig, fx in c.variants:
-            out.append(f"    {weight:.0%} reported as {sig}; fixed by "
+            shown = ", ".join(f"XID {', '.join(map(str, v))}" if k == "xid" else f"{k} {v}"
+                              for k, v in sig.items())
+            out.append(f"    {weight:.0%} reported as {shown}; fixed by "
                        + ", ".join(f"{k} {v:.0%}" for k, v in fx.items()))
     out.append(f"repairs (lognormal median, sigma; chance the action fails, "
                f"{level} Wilson):")

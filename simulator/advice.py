@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.scenario import load_scenario
-from simulator.stats import mean_ci
+from simulator.stats import mean_ci, wide_mark
 
 __all__ = ["follow_advice", "lines"]
 
@@ -80,4 +80,5 @@ def lines(out: Mapping[str, Any]) -> list[str]:
             f"job goodput over {out['replications']} replications (same seeds): "
             f"{out['goodput_as_written']:.4f} as written, "
             f"{out['goodput_following_advice']:.4f} following the advice",
-            f"gain: {out['gain']:+.4f} ± {out['gain_ci']:.4f} (95%)"]
+            f"gain: {out['gain']:+.4f} ± {out['gain_ci']:.4f} (95%)"
+            f"{wide_mark(int(out['replications']))}"]

@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,8 +142,9 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     plan = sub.add_parser("plan-spares", help="the smallest hot-spare count that meets a "
                                               "target, with a plot of the curve")
     _common(plan)
-    plan.add_argument("--spares", default="0,1,2,4,8", metavar="N1,N2,...",
-                      help="spare counts to try (default 0,1,2,4,8)")
+    plan.add_argument("--spares", default=None, metavar="N1,N2,...",
+                      help="spare counts to try (default: a range around the scenario's own "
+                           "count, from 0 to twice it; 0,1,2,4,8 when it has 4 or fewer)")
     target = plan.add_mutually_exclusive_group(required=True)
     target.add_argument("--p95-wait", metavar="DURATION",
                         help="target: p95 wait for a spare at most this (10m, 600s)")
@@ -319,15 +322,19 @@ def cmd_plan_spares(args: argparse.Namespace) -> int:
 
     console = Console(stderr=args.json)
     try:
-        counts = [int(x) for x in args.spares.split(",") if x.strip()]
         wait = duration(args.p95_wait, "--p95-wait") if args.p95_wait is not None else None
         fixed = _overrides(args.set)
         scenario = load_scenario(args.scenario, fixed)
-        with console.status(f"{scenario.name}: {len(counts)} spare counts x "
-                            f"{args.replications} replications..."):
+        own = sum(p.spares for p in scenario.cluster.partitions)
+        counts = ([int(x) for x in args.spares.split(",") if x.strip()]
+                  if args.spares is not None else spares.default_counts(own))
+        console.print(f"{scenario.name}: spare counts {counts} (the scenario has {own}) x "
+                      f"{args.replications} replications", soft_wrap=True, highlight=False)
+        with _progress(console, f"{scenario.name}: plan-spares") as tick:
             plan = spares.plan_spares(args.scenario, counts, replications=args.replications,
                                       seed=args.seed, max_p95_wait_s=wait,
-                                      min_goodput=args.goodput_floor, overrides=fixed)
+                                      min_goodput=args.goodput_floor, overrides=fixed,
+                                      progress=tick)
     except ValueError as exc:  # ScenarioError too
         return _refused(console, "plan", exc)
     out = args.out or Path("sim-out") / f"{scenario.name}-spares"
@@ -338,6 +345,22 @@ def cmd_plan_spares(args: argparse.Namespace) -> int:
     _emit(console, args.json, plan.as_dict(), plan.lines())
     console.print(f"wrote {png} and {out / 'plan-spares.json'}")
     return 0 if plan.best is not None else 1
+
+
+@contextlib.contextmanager
+def _progress(console: Any, what: str) -> Iterator[Callable[[int, int, int], None]]:
+    """A spinner in a terminal; piped, one line per spare count done on stderr (a spinner
+    draws nothing off a terminal, and a long plan looked hung)."""
+    if console.is_terminal:
+        with console.status(f"{what}...") as status:
+            yield lambda done, total, k: status.update(
+                f"{what}: {done}/{total} runs (spares {k})")
+        return
+
+    def line(done: int, total: int, k: int) -> None:
+        print(f"{what}: {done}/{total} runs (spares {k})", file=sys.stderr, flush=True)
+
+    yield line
 
 
 def cmd_advise(args: argparse.Namespace) -> int:

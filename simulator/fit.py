@@ -40,10 +40,18 @@ from typing import Any
 
 from shared.goodput import infer_params
 from shared.goodput.live import pace
-from simulator.intervals import Interval, gamma_quantile, poisson_interval, wilson_interval
+from simulator.intervals import (
+    THIN_CONFIDENCE,
+    Interval,
+    gamma_quantile,
+    poisson_interval,
+    thin_history,
+    wilson_interval,
+)
 
-__all__ = ["CauseFit", "Fit", "Interval", "RepairFit", "fit", "gamma_quantile",
-           "poisson_interval", "summary_lines", "to_scenario", "wilson_interval"]
+__all__ = ["THIN_CONFIDENCE", "CauseFit", "Fit", "Interval", "RepairFit", "fit",
+           "gamma_quantile", "poisson_interval", "summary_lines", "thin_history", "to_scenario",
+           "wilson_interval"]
 
 DAY_S = 86_400.0
 OPERATOR_TYPES = frozenset({"DrainedByOperator", "ResumedByOperator", "SlowSpeedCheck"})
@@ -68,6 +76,8 @@ class CauseFit:
     signal: Mapping[str, Any]
     fix: Mapping[str, float]
     kills_job: bool = True
+    # (weight, signal, fix) per signal when the cause was reported more than one way
+    variants: tuple[tuple[float, Mapping[str, Any], Mapping[str, float]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,8 @@ class Fit:
     repairs: tuple[RepairFit, ...]
     detection: Mapping[str, tuple[int, float, float]]  # kind -> (count, median s, sigma)
     jobs: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    confidence: float = 0.95  # of every interval: wider on a thin history (``warnings``)
+    warnings: tuple[str, ...] = ()
 
     def cause(self, name: str) -> CauseFit:
         return next(c for c in self.causes if c.name == name)
@@ -101,13 +113,16 @@ class Fit:
             "causes": {c.name: {"count": c.count, "observed": c.observed,
                                 "per_1000_node_days": {k: v * 1000 for k, v in
                                                        c.per_node_day.as_dict().items()},
-                                "fix": dict(c.fix), "kills_job": c.kills_job}
+                                "fix": dict(c.fix), "kills_job": c.kills_job,
+                                "variants": [{"weight": w, "signal": dict(sig), "fix": dict(fx)}
+                                             for w, sig, fx in c.variants]}
                        for c in self.causes},
             "repairs": {r.action: {"count": r.count, "median_s": r.median_s, "sigma": r.sigma,
                                    "failure": r.failure.as_dict()} for r in self.repairs},
             "detection": {k: {"count": n, "median_s": m, "sigma": s}
                           for k, (n, m, s) in self.detection.items()},
             "jobs": {k: dict(v) for k, v in self.jobs.items()},
+            "confidence": self.confidence, "warnings": list(self.warnings),
         }
 
 
@@ -240,11 +255,19 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                    for fs in by_cause.values() for s, n, _, _ in fs):
             exit_only[cause] += 1
     node_days, job_node_days = node_s / DAY_S, max(job_node_s / DAY_S, 1e-9)
-    causes = [CauseFit(name, len(fs), node_days, poisson_interval(len(fs), node_days), "health",
-                       _signal(fs[0][2], fs[0][3]), _fixes(fs, node_events, fault_times),
-                       _kills(fs, ended))
-              for name, fs in sorted(by_cause.items())]
-    causes += [CauseFit(name, n, job_node_days, poisson_interval(n, job_node_days), "exit", {},
+    warnings = thin_history(end - start, node_days)
+    conf = THIN_CONFIDENCE if warnings else 0.95
+    causes = []
+    for name, fs in sorted(by_cause.items()):
+        groups = sorted(_by_signal(fs), key=lambda g: -len(g[1]))  # the most common first
+        variants = tuple((round(len(g) / len(fs), 4), sig, _fixes(g, node_events, fault_times))
+                         for sig, g in groups) if len(groups) > 1 else ()
+        causes.append(CauseFit(name, len(fs), node_days,
+                               poisson_interval(len(fs), node_days, conf), "health",
+                               groups[0][0], _fixes(fs, node_events, fault_times),
+                               _kills(fs, ended), variants))
+    causes += [CauseFit(name, n, job_node_days, poisson_interval(n, job_node_days, conf),
+                        "exit", {},
                         {"none": 1.0}) for name, n in sorted(exit_only.items())
                if name not in by_cause]
     repairs = []
@@ -254,7 +277,7 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
             median, sigma = _lognormal([s for s, _ in runs])
             fails = sum(1 for _, ok in runs if not ok)
             repairs.append(RepairFit(action, len(runs), median, sigma,
-                                     wilson_interval(fails, len(runs))))
+                                     wilson_interval(fails, len(runs), conf)))
     # a delay of 0 is a report sent as the fault happened (a launch on a broken node): it says
     # nothing of the detection delay
     detection = {k: (len(pos), *_lognormal(pos)) for k, v in sorted(delays.items())
@@ -270,7 +293,20 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                             startup_s=p.startup_s,
                             checkpoint_interval_s=statistics.median(gaps) - p.checkpoint_save_s)
     return Fit(end - start, len(initial), job_nodes, node_days, job_node_days, tuple(causes),
-               tuple(repairs), detection, jobs)
+               tuple(repairs), detection, jobs, conf, warnings)
+
+
+def _by_signal(faults: Sequence[tuple[float, str, str, Mapping[str, Any]]]
+               ) -> list[tuple[dict[str, Any], list[tuple[float, str, str, Mapping[str, Any]]]]]:
+    """A cause's faults by the signal they were first reported with. A cause took its first
+    fault's signal for all: ``small``'s faulty GPU (XID 79 or 119) re-ran as 119s only, and a
+    candidate's XID 79 rule never fired in ``replay --twin`` (issue 29 item 8); now each
+    signal is a weighted variant of the cause, with its own fixes."""
+    groups: dict[str, tuple[dict[str, Any], list[tuple[float, str, str, Mapping[str, Any]]]]] = {}
+    for fault in faults:
+        signal = _signal(fault[2], fault[3])
+        groups.setdefault(repr(sorted(signal.items())), (signal, []))[1].append(fault)
+    return list(groups.values())
 
 
 CHECK_SOURCES = frozenset({"post-repair-check", "deep-check"})  # their since: the check's time
@@ -366,15 +402,23 @@ def _fixes(faults: Sequence[tuple[float, str, str, Mapping[str, Any]]],
 
 def summary_lines(f: Fit) -> list[str]:
     """The estimates as plain lines (one fact a line: nothing to cut on a narrow terminal)."""
-    out = [f"{f.nodes} nodes ({f.job_nodes} in the job) over {f.window_s / DAY_S:.2f} days: "
-           f"{f.node_days:.1f} node-days up, {f.job_node_days:.1f} in jobs"]
-    out.append("failure rates per 1000 node-days (95% exact Poisson interval):")
+    out = [f"WARNING: {w}" for w in f.warnings]
+    out.append(f"{f.nodes} nodes ({f.job_nodes} in the job) over {f.window_s / DAY_S:.2f} "
+               f"days: {f.node_days:.1f} node-days up, {f.job_node_days:.1f} in jobs")
+    level = f"{100 * f.confidence:g}%"
+    out.append(f"failure rates per 1000 node-days ({level} exact Poisson interval):")
     for c in f.causes:
         r = c.per_node_day
         fixes = ", ".join(f"{k} {v:.0%}" for k, v in c.fix.items())
         out.append(f"  {c.name}: {r.value * 1e3:.2f} [{r.low * 1e3:.2f}, {r.high * 1e3:.2f}]"
                    f"  n={c.count} ({c.observed}); fixed by {fixes}")
-    out.append("repairs (lognormal median, sigma; chance the action fails, 95% Wilson):")
+        for weight, sig, fx in c.variants:
+            shown = ", ".join(f"XID {', '.join(map(str, v))}" if k == "xid" else f"{k} {v}"
+                              for k, v in sig.items())
+            out.append(f"    {weight:.0%} reported as {shown}; fixed by "
+                       + ", ".join(f"{k} {v:.0%}" for k, v in fx.items()))
+    out.append(f"repairs (lognormal median, sigma; chance the action fails, "
+               f"{level} Wilson):")
     for rep in f.repairs:
         out.append(f"  {rep.action}: n={rep.count} median {rep.median_s:.0f} s sigma "
                    f"{rep.sigma:.2f}; fails {rep.failure.value:.1%} "
@@ -401,6 +445,11 @@ def _dist(median: float, sigma: float) -> Any:
                                                   "sigma": round(sigma, 4)}
 
 
+def _fix_spec(fix: Mapping[str, float]) -> Any:
+    kept = {k: v for k, v in fix.items() if v > 0}
+    return next(iter(kept)) if len(kept) == 1 else kept
+
+
 def to_scenario(f: Fit, *, name: str = "fitted", source: str = "") -> dict[str, Any]:
     """The fit as a scenario (``simulator/scenario.py`` format), ready for YAML."""
     jobs = []
@@ -418,9 +467,12 @@ def to_scenario(f: Fit, *, name: str = "fitted", source: str = "") -> dict[str, 
     causes: dict[str, Any] = {}
     for c in f.causes:
         spec: dict[str, Any] = {"per_1000_node_days": round(c.per_node_day.value * 1000, 6)}
-        spec["signal"] = dict(c.signal) if c.signal else "none"
-        fix = {k: v for k, v in c.fix.items() if v > 0}
-        spec["fix"] = next(iter(fix)) if len(fix) == 1 else fix
+        if c.variants:
+            spec["variants"] = [{"weight": w, "signal": dict(sig), "fix": _fix_spec(fx)}
+                                for w, sig, fx in c.variants]
+        else:
+            spec["signal"] = dict(c.signal) if c.signal else "none"
+            spec["fix"] = _fix_spec(c.fix)
         if not c.kills_job:
             spec["kills_job"] = False
         causes[re.sub(r"\W", "_", c.name)] = spec
@@ -432,7 +484,9 @@ def to_scenario(f: Fit, *, name: str = "fitted", source: str = "") -> dict[str, 
         "name": name,
         "description": f"Fitted by mtc sim fit from {source or 'an event history'}: "
                        f"{f.nodes} nodes over {f.window_s / DAY_S:.2f} days, "
-                       f"{sum(c.count for c in f.causes)} faults. Not fitted (defaults): "
+                       f"{sum(c.count for c in f.causes)} faults. "
+                       + "".join(f"WARNING: {w}. " for w in f.warnings)
+                       + "Not fitted (defaults): "
                        "lemons, diurnal slowdown, stragglers, planned restarts, the bus.",
         "duration": round(f.window_s, 3),
         "cluster": {"partitions": [{"name": "train", "nodes": int(job_nodes),

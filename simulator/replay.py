@@ -45,6 +45,7 @@ from shared.policies.repair import (
 from shared.policies.triage import triage, unconfirmed_sightings
 from shared.policies.triage_table import TriageTable, load_triage_table
 from simulator.scenario_types import DEFAULT_REPAIR_MEDIAN_S
+from simulator.stats import wide_mark
 
 __all__ = ["Decision", "Policy", "PolicyError", "Replay", "load_policy", "replay", "twin_diff"]
 
@@ -215,8 +216,11 @@ class Replay:
             out.append(f"twin ({t['replications']} replications of the fitted scenario, same "
                        f"seeds): goodput {t['baseline_goodput']:.4f} -> "
                        f"{t['candidate_goodput']:.4f}, difference {t['difference']:+.4f} "
-                       f"± {t['ci']:.4f} (95%); repairs per run {t['baseline_repairs']:.1f} -> "
-                       f"{t['candidate_repairs']:.1f}")
+                       f"± {t['ci']:.4f} (95%){wide_mark(int(t['replications']))}; "
+                       f"repairs per run {t['baseline_repairs']:.1f} -> "
+                       f"{t['candidate_repairs']:.1f}, replacements "
+                       f"{t.get('baseline_replacements', 0):.1f} -> "
+                       f"{t.get('candidate_replacements', 0):.1f}")
         return out
 
 
@@ -273,6 +277,7 @@ def twin_diff(rows: Sequence[Mapping[str, Any]], candidate: Policy, baseline: Po
     raw = fit.to_scenario(fit.fit(rows), name="replay")
     results: dict[str, list[float]] = {}
     repairs: dict[str, float] = {}
+    replaced: dict[str, float] = {}
     for policy in (baseline, candidate):
         body = copy.deepcopy(raw)
         body["control_plane"] = {"repair": dict(policy.repair_raw)}
@@ -283,9 +288,12 @@ def twin_diff(rows: Sequence[Mapping[str, Any]], candidate: Policy, baseline: Po
         results[policy.name] = [run.accounting.fleet.goodput for run in runs]
         repairs[policy.name] = sum(sum(v for k, v in run.repairs.items() if k != "held")
                                    for run in runs) / replications
+        replaced[policy.name] = sum(run.repairs.get("replace", 0) for run in runs) / replications
     base, cand = results[baseline.name], results[candidate.name]
     mean, half, _ = mean_ci([c - b for b, c in zip(base, cand, strict=True)])
     return {"replications": replications, "seeds": [seed + r for r in range(replications)],
             "baseline_goodput": sum(base) / len(base), "candidate_goodput": sum(cand) / len(cand),
             "difference": mean, "ci": half,
-            "baseline_repairs": repairs[baseline.name], "candidate_repairs": repairs[candidate.name]}
+            "baseline_repairs": repairs[baseline.name], "candidate_repairs": repairs[candidate.name],
+            "baseline_replacements": replaced[baseline.name],
+            "candidate_replacements": replaced[candidate.name]}

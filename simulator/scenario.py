@@ -371,7 +371,7 @@ def resolve(path: str | Path) -> Path:
     name (``llama3``, ``llama3.yaml``), so ``mtc sim run llama3`` works from any directory;
     otherwise the path as given (reading it says what is wrong, with the names to use)."""
     file = Path(path)
-    if file.exists():
+    if file.is_file():
         return file
     name = file.name if file.suffix in (".yaml", ".yml") else f"{file.name}.yaml"
     shipped = SCENARIO_DIR / name

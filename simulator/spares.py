@@ -16,15 +16,15 @@ that meets it (None when no count tried does). The curve is written as a PNG (ma
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from simulator.scenario import load_scenario
-from simulator.stats import mean_ci
+from simulator.stats import error_bars, interval_text, mean_ci
 
-__all__ = ["Plan", "Point", "p95", "plan_spares", "plot", "spare_waits"]
+__all__ = ["Plan", "Point", "default_counts", "p95", "plan_spares", "plot", "spare_waits"]
 
 
 def spare_waits(rows: Sequence[Mapping[str, Any]]) -> list[float]:
@@ -80,9 +80,9 @@ class Plan:
     def lines(self) -> list[str]:
         out = [f"target: {self.target}; {self.replications} replications per spare count"]
         for p in self.points:
-            ci = "" if p.goodput_ci != p.goodput_ci else f" ± {p.goodput_ci:.4f}"
+            good = interval_text(p.goodput, p.goodput_ci, "goodput", self.replications, 4)
             out.append(f"  spares {p.spares}: p95 wait {p.p95_wait_s / 60:.1f} min "
-                       f"({p.waits} waits), job goodput {p.goodput:.4f}{ci}, fleet goodput "
+                       f"({p.waits} waits), job goodput {good}, fleet goodput "
                        f"{p.fleet_goodput:.4f}{'  <- meets' if p.meets else ''}")
         out.append(f"smallest spare count that meets it: {self.best}" if self.best is not None
                    else "no spare count tried meets it")
@@ -104,8 +104,10 @@ def _run(scenario: str | Path | None, overrides: Mapping[str, Any], spares: int,
 def plan_spares(scenario: str | Path | None, counts: Sequence[int], *, replications: int = 5,
                 seed: int = 1, max_p95_wait_s: float | None = None,
                 min_goodput: float | None = None,
-                overrides: Mapping[str, Any] | None = None) -> Plan:
-    """Run every count (ascending) ``replications`` times; the smallest meeting the target."""
+                overrides: Mapping[str, Any] | None = None,
+                progress: Callable[[int, int, int], None] | None = None) -> Plan:
+    """Run every count (ascending) ``replications`` times; the smallest meeting the target.
+    ``progress(done, total, spares)`` is called after each run (the CLI's progress lines)."""
     if (max_p95_wait_s is None) == (min_goodput is None):
         raise ValueError("give exactly one target: a p95 wait or a goodput floor")
     if replications < 1 or not counts or min(counts) < 0:
@@ -113,11 +115,15 @@ def plan_spares(scenario: str | Path | None, counts: Sequence[int], *, replicati
     target = (f"p95 wait for a spare <= {max_p95_wait_s / 60:g} min"
               if max_p95_wait_s is not None else f"job goodput >= {min_goodput:g}")
     points = []
+    total, done = len(set(counts)) * replications, 0
     for k in sorted(set(counts)):
         waits: list[float] = []
         goodputs, fleet = [], []
         for r in range(replications):
             w, g, f = _run(scenario, overrides or {}, k, seed + r)
+            done += 1
+            if progress is not None:
+                progress(done, total, k)
             waits += w
             goodputs.append(g)
             fleet.append(f)
@@ -127,6 +133,15 @@ def plan_spares(scenario: str | Path | None, counts: Sequence[int], *, replicati
         points.append(Point(k, len(waits), tail, mean, half, sum(fleet) / len(fleet), meets))
     best = next((p.spares for p in points if p.meets), None)
     return Plan(target, replications, tuple(points), best)
+
+
+def default_counts(own: int) -> list[int]:
+    """The spare counts tried when none are given: a range around the scenario's own count
+    (0, a quarter, half, three quarters, itself, 1.5x and 2x), so the answer can be below or
+    above it; the old fixed 0-8 left out a scenario's 32 spares and suggested nothing."""
+    if own <= 4:
+        return [0, 1, 2, 4, 8]
+    return sorted({0, own // 4, own // 2, own * 3 // 4, own, own * 3 // 2, own * 2})
 
 
 def plot(plan: Plan, path: Path, *, max_p95_wait_s: float | None = None,
@@ -148,8 +163,9 @@ def plot(plan: Plan, path: Path, *, max_p95_wait_s: float | None = None,
         ax.axhline(max_p95_wait_s / 60, color="tab:red", ls="--", lw=1, label="target")
     right = ax.twinx()
     right.errorbar(xs, [p.goodput for p in plan.points],
-                   yerr=[0 if p.goodput_ci != p.goodput_ci else p.goodput_ci
-                         for p in plan.points], fmt="s-", color="tab:blue", capsize=3,
+                   yerr=error_bars([p.goodput for p in plan.points],
+                                   [p.goodput_ci for p in plan.points], "goodput"),
+                   fmt="s-", color="tab:blue", capsize=3,
                    label="job goodput")
     right.plot(xs, [p.fleet_goodput for p in plan.points], "^:", color="tab:gray",
                label="fleet goodput")

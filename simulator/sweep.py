@@ -29,7 +29,7 @@ from typing import Any
 from simulator.compute import WedgedClock
 from simulator.goodput import Badput
 from simulator.scenario import ScenarioError, duration, load_scenario, parse_value
-from simulator.stats import mean_ci
+from simulator.stats import error_bars, mean_ci
 
 METRICS = ("goodput", "ettr", "scheduling_goodput", "runtime_goodput", "program_goodput",
            "interruptions", "restarts", "waiting_h", "recovery_h", "wasted_h", "save_h",
@@ -301,8 +301,7 @@ def plot_sweep(out_dir: Path, summary: Sequence[Mapping[str, Any]],
                 pts = [(i, v) for i, v in enumerate(values) if v in by_value]
                 x = [xs_num[i] if xs_num is not None else i for i, _ in pts]
                 y = [by_value[v][metric] for _, v in pts]
-                err = [by_value[v][f"{metric}_ci"] for _, v in pts]
-                err = [0.0 if e != e else e for e in err]  # NaN (one replication) -> no bar
+                err = error_bars(y, [by_value[v][f"{metric}_ci"] for _, v in pts], metric)
                 name = ", ".join(f"{k}={v}" for k, v in zip(others, label, strict=True))
                 ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=name or metric)
             if xs_num is None:

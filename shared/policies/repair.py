@@ -9,6 +9,12 @@ Three rules, in this order:
    never remove more than allowed within ``blast_window_s``; past either limit the decision is
    HOLD (the node stays in, an alert is raised), because mass removal is far more often a
    misclassification or a shared cause (switch, bad driver push) than many broken nodes.
+   Both limits are fractions of the partition with a floor of one node: 25% out at once and
+   75% removed per hour by default, so a 4-node partition repairs one node at a time and heals
+   three faults within an hour (only the whole partition cycling through repair in an hour,
+   what a shared cause looks like, is held). The removal limit used to equal the
+   out-of-service one, which on a small partition meant one removal per hour: README's 4-node
+   cluster held its 2nd and 3rd fault.
 
 4. Deep-check gate (``deep_check_*`` below): before a node first joins, and before a reimaged or
    replaced one returns, it must pass DCGM level 2/3 and a collective bandwidth test; the
@@ -63,8 +69,10 @@ class RepairConfig:
     max_out_of_service_fraction: float = 0.25
     min_out_of_service_allowed: int = 1
     blast_window_s: float = 3600.0
-    # Removals allowed per blast window; None means the same number as out-of-service allowed.
+    # Removals allowed per blast window: a count, or None for max(min_out_of_service_allowed,
+    # floor(max_removals_fraction_in_window * partition size)).
     max_removals_in_window: int | None = None
+    max_removals_fraction_in_window: float = 0.75
     return_after_passes: int = 2
     return_min_interval_s: float = 0.0
     # Deep checks (DCGM level 2/3 and all_reduce_perf, in a Slurm maintenance reservation)
@@ -96,8 +104,9 @@ class RepairConfig:
             raise ValidationError("return_min_interval_s", "must not be negative")
         if self.lemon_failure_count < 1:
             raise ValidationError("lemon_failure_count", "must be at least 1")
-        if not 0.0 <= self.max_out_of_service_fraction <= 1.0:
-            raise ValidationError("max_out_of_service_fraction", "must be between 0 and 1")
+        for name in ("max_out_of_service_fraction", "max_removals_fraction_in_window"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValidationError(name, "must be between 0 and 1")
         if self.min_out_of_service_allowed < 0:
             raise ValidationError("min_out_of_service_allowed", "must not be negative")
         if self.max_removals_in_window is not None and self.max_removals_in_window < 0:
@@ -281,6 +290,14 @@ def allowed_out_of_service(total_nodes: int, config: RepairConfig) -> int:
     return max(config.min_out_of_service_allowed, share)
 
 
+def allowed_removals_in_window(total_nodes: int, config: RepairConfig) -> int:
+    """How many nodes of a partition may be taken out within ``blast_window_s``."""
+    if config.max_removals_in_window is not None:
+        return config.max_removals_in_window
+    share = math.floor(config.max_removals_fraction_in_window * total_nodes + 1e-9)
+    return max(config.min_out_of_service_allowed, share)
+
+
 def _guard(
     action: RepairAction,
     reason: str,
@@ -292,9 +309,9 @@ def _guard(
 ) -> RepairDecision:
     """Apply the blast-radius guard to a decision that takes the node out.
 
-    A node already out of service costs nothing more. Otherwise two limits, both ``allowed``
-    (max(min_out_of_service_allowed, floor(fraction * total_nodes))) unless
-    ``max_removals_in_window`` overrides the second:
+    A node already out of service costs nothing more. Otherwise two limits, each
+    max(min_out_of_service_allowed, floor(fraction * total_nodes)) with its own fraction
+    (``max_removals_in_window`` overrides the second with a count):
     - out of service now: |out_of_service_node_ids| + settling + 1 must not exceed ``allowed``;
     - removals: |removed_at within [now - blast_window_s, now]| + 1 must not exceed the limit.
     """
@@ -314,9 +331,7 @@ def _guard(
             is_lemon,
             rung,
         )
-    removal_limit = (
-        allowed if config.max_removals_in_window is None else config.max_removals_in_window
-    )
+    removal_limit = allowed_removals_in_window(partition.total_nodes, config)
     recent = sum(1 for t in partition.removed_at if now - config.blast_window_s <= t <= now)
     if recent + 1 > removal_limit:
         return RepairDecision(

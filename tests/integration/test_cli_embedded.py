@@ -213,7 +213,7 @@ def test_operator_node_commands_locally(cluster: Path) -> None:
     wait_for(cluster, lambda: "after an operator returned it" in _node(cluster, d)["reason"])
     assert _node(cluster, d)["state"] == "failed"
 
-    mtc(cluster, "node", "fault", b, "--xid", "79")  # the guard's window is spent: held
+    mtc(cluster, "node", "fault", b, "--xid", "79")  # d is out (FAILED), 1 of 4: held
     wait_for(cluster, lambda: _node(cluster, b)["state"] == "suspect")
     held = _node(cluster, b)
     out = mtc(cluster, "node", "release-hold", b, *op, "one node only").stdout

@@ -154,6 +154,31 @@ def test_blast_radius_guard_holds_the_second_node() -> None:
     assert [e.event.subject for e in held] == ["c1-gpu-001"]
 
 
+def test_readme_four_node_cluster_heals_its_second_and_third_fault() -> None:
+    """Issue 29 item 6: README's cluster (4 GPU nodes, one a spare) held the 2nd and 3rd
+    XID 79 of the hour (the removal limit was one node per partition per hour), so a node
+    whose GPU fell off the bus kept its job while the cluster read READY."""
+    plane = ready_plane()
+    for node in ("c1-gpu-000", "c1-gpu-001", "c1-gpu-002"):
+        plane.clock.advance(60)
+        plane.report(node, xid(79, plane.clock.now()))
+        plane.deliver()
+        assert plane.node(node).state is NodeState.REPAIRING, node
+        plane.finish_repairs()
+        for _ in range(2):
+            plane.clock.advance(1)
+            plane.report(node, healthy(plane.clock.now()))
+            plane.deliver()
+        assert plane.node(node).state is NodeState.IDLE, node
+    assert not [e for e in plane.delivered if e.type == "mtc.node.repair_held.v1"]
+    # The whole partition cycling through repair within the hour is what a shared cause
+    # looks like: the 4th removal of the hour is held.
+    plane.clock.advance(60)
+    plane.report("c1-gpu-003", xid(79, plane.clock.now()))
+    plane.deliver()
+    assert plane.node("c1-gpu-003").state is NodeState.SUSPECT
+
+
 def test_unmapped_xid_restarts_the_job_but_keeps_the_node() -> None:
     plane = ready_plane()
     plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))

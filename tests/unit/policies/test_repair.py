@@ -17,6 +17,7 @@ from shared.policies.repair import (
     RepairConfig,
     RepairDecision,
     allowed_out_of_service,
+    allowed_removals_in_window,
     load_repair_config,
     next_rung_after_failure,
     plan_repair,
@@ -215,9 +216,27 @@ def test_node_already_out_is_not_counted_twice() -> None:
 
 
 def test_many_recent_removals_hold_even_if_nodes_came_back() -> None:
-    d = plan(A.REBOOT, partition=view(total=8, removed_ago=(60, 120)))
+    # 75% of 8 per hour: the 7th removal within the hour is held, the 6th is not
+    six = view(total=8, removed_ago=(60, 120, 180, 240, 300, 360))
+    d = plan(A.REBOOT, partition=six)
     assert d.kind is DecisionKind.HOLD
-    assert "removed" in d.reason
+    assert "removed" in d.reason and "limit 6" in d.reason
+    assert plan(A.REBOOT, partition=view(total=8, removed_ago=(60,) * 5)).kind is \
+        DecisionKind.REPAIR
+
+
+def test_default_guard_allowed_one_removal_per_hour_on_a_small_partition() -> None:
+    # Issue 29 item 6: on a 4-node partition the removal limit equalled the out-of-service
+    # one (1), so a 2nd and 3rd fault within the hour, each after the last node came back,
+    # were held. The removal limit is now its own fraction (75%) with a floor of one node.
+    assert allowed_removals_in_window(4, CONFIG) == 3
+    assert allowed_removals_in_window(1, CONFIG) == 1
+    assert allowed_removals_in_window(100, RepairConfig(max_removals_in_window=7)) == 7
+    for earlier in ((60,), (60, 120)):
+        assert plan(A.REBOOT, partition=view(total=4, removed_ago=earlier)).kind is \
+            DecisionKind.REPAIR
+    d = plan(A.REBOOT, partition=view(total=4, removed_ago=(60, 120, 180)))
+    assert d.kind is DecisionKind.HOLD and "limit 3" in d.reason
 
 
 def test_old_removals_do_not_hold() -> None:
@@ -304,6 +323,7 @@ def test_negative_passes_are_an_error() -> None:
         ({"max_out_of_service_fraction": 1.5}, "max_out_of_service_fraction"),
         ({"min_out_of_service_allowed": -1}, "min_out_of_service_allowed"),
         ({"max_removals_in_window": -1}, "max_removals_in_window"),
+        ({"max_removals_fraction_in_window": 1.5}, "max_removals_fraction_in_window"),
         ({"return_after_passes": 0}, "return_after_passes"),
         ({"return_min_interval_s": -5}, "return_min_interval_s"),
     ],

@@ -220,7 +220,8 @@ def _replace(node: Node, uow: UnitOfWork, deps: Deps, reason: str) -> None:
             accelerator_type=node.accelerator_type, accelerator_count=node.accelerator_count,
             state=NodeState.PROVISIONING, since=now, is_spare=node.is_spare,
             reason=f"replacing {node.node_id}", replaces=node.node_id,
-            generation=node.generation, renewed_at=now,
+            generation=node.generation, renewed_at=now, rack=node.rack,
+            nvlink_domain=node.nvlink_domain, switch=node.switch,
         )
         uow.nodes.add(fresh)
         partition.take_out(fresh.node_id, now, deps.config.repair.blast_window_s)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from services.repair import domains
 from shared import deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound
@@ -71,9 +72,12 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
         # planning the lesser one dropped the held repair and lost the node for good
         diagnosis = replace(diagnosis, action=held)
     partition = _partition(uow, node)
+    if domains.drain_if_rack_failed(node, diagnosis, partition, uow, deps, _take_out):
+        return  # its rack was drained as one (racks as a unit of failure)
+    # a rack drained as one counts once, against the guard per domain, not node by node
     view = PartitionView(partition.name, partition.total_nodes,
-                         frozenset(partition.out_of_service), tuple(partition.removed_at),
-                         settling=partition.settling)
+                         frozenset(partition.out_of_service - partition.drained_node_ids()),
+                         tuple(partition.removed_at), settling=partition.settling)
     decision = plan_repair(diagnosis, node.history, view, node.node_id, now, deps.config.repair)
     reason = decision.reason
     if decision.kind is DecisionKind.NO_ACTION:

@@ -213,9 +213,9 @@ def _domain_ranks(slots: Sequence[ReplicaGroup], chosen: Sequence[str | None],
             free[node.domain] = free.get(node.domain, 0) + 1
     own = {domain: 1 for domain in near if domain}
     for node_id in chosen:
-        node = eligible.get(node_id) if node_id is not None else None
-        if node is not None and node.domain:
-            own[node.domain] = own.get(node.domain, 0) + 1
+        slot = eligible.get(node_id) if node_id is not None else None
+        if slot is not None and slot.domain:
+            own[slot.domain] = own.get(slot.domain, 0) + 1
     order = sorted(own, key=lambda d: (-own[d], d))
     holding = sorted((d for d in free if d not in own and free[d] >= need),
                      key=lambda d: (free[d], d))

@@ -43,6 +43,7 @@ class Partition:
                 members.remove(node_id)
                 if not members:  # every node of the rack is back: the rack is whole again
                     del self.drained_domains[domain]
+                    self.held_domains.clear()  # (and a held rack may be drained next time)
 
     def drain_domain(self, domain: str, node_ids: list[str]) -> bool:
         """Record ``domain`` drained as one; False when it already was (no second alert)."""

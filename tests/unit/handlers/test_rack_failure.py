@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from services.job_submission import commands as job_commands
+from services.observability import alerts
 from shared.config import ControlPlaneConfig
 from shared.domain.events import DomainDrained
 from shared.domain.model import JobState, NodeRole, NodeState
@@ -121,3 +122,14 @@ def test_without_the_setting_a_rack_failure_is_repaired_node_by_node() -> None:
     assert drained_events(plane) == []
     states = [plane.node(n).state for n in rack_of(plane, "gpu-rack-0")]
     assert states.count(NodeState.SUSPECT) == 1  # 12 nodes, 25%: 3 out, the 4th held
+
+
+def test_a_drained_rack_is_one_alert_from_state() -> None:
+    plane = Plane(ON).up(RACKS)
+    for node_id in rack_of(plane, "gpu-rack-0"):
+        plane.report(node_id, xid(79, plane.clock.now()))
+    plane.deliver()
+    with plane.uow() as uow:
+        found = alerts.domain_alerts(uow.partitions.list("c1"))
+    assert [(a.kind, a.subject) for a in found] == [("rack_drained", "c1/gpu-rack-0")]
+    assert alerts.node_alerts(plane.nodes("c1"), plane.clock.now()) == []  # none per node

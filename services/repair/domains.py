@@ -13,7 +13,6 @@ from collections.abc import Callable
 from shared.domain import lifecycle
 from shared.domain.events import DomainDrained
 from shared.domain.health import Diagnosis, FailureRecord, RepairAction
-from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import IN_SERVICE, Node, NodeState, Partition
 from shared.handling import Deps
 from shared.policies.domains import DomainDecisionKind, DomainView, plan_domain
@@ -54,7 +53,7 @@ def drain_if_rack_failed(node: Node, diagnosis: Diagnosis, partition: Partition,
                                    held=True))
         return False
     partition.drain_domain(node.rack, [n.node_id for n in members
-                                       if n.state in ACTIONABLE or n.node_id == node.node_id
+                                       if n.state in IN_SERVICE or n.node_id == node.node_id
                                        or n.node_id in partition.out_of_service])
     now = deps.clock.now()
     own = diagnosis.action if action_rank(diagnosis.action) >= action_rank(DOMAIN_ACTION) \
@@ -62,8 +61,8 @@ def drain_if_rack_failed(node: Node, diagnosis: Diagnosis, partition: Partition,
     lifecycle.record_failure(node, FailureRecord(now, diagnosis.failure_mode, own))
     before = len(partition.removed_at)
     for member in members:  # the diagnosed node first, the others in id order
-        if member.node_id != node.node_id and member.state not in ACTIONABLE:
-            continue  # already out (or coming up): its own repair stands
+        if member.node_id != node.node_id and member.state not in IN_SERVICE:
+            continue  # already out (verifying, repairing) or coming up: its own course stands
         action = own if member.node_id == node.node_id else DOMAIN_ACTION
         take_out(member, partition, action, decision.reason, uow, deps)
     kept = min(before, len(partition.removed_at))  # (take_out drops entries past the window)

@@ -9,7 +9,7 @@ from dataclasses import replace
 from services.job_submission import commands as job_commands
 from services.observability import alerts
 from shared.config import ControlPlaneConfig
-from shared.domain.events import DomainDrained
+from shared.domain.events import DomainDrained, NodeDiagnosed
 from shared.domain.model import JobState, NodeRole, NodeState
 from shared.policies.repair import RepairConfig
 from tests.harness import Plane, healthy, job_body, xid
@@ -133,3 +133,19 @@ def test_a_drained_rack_is_one_alert_from_state() -> None:
         found = alerts.domain_alerts(uow.partitions.list("c1"))
     assert [(a.kind, a.subject) for a in found] == [("rack_drained", "c1/gpu-rack-0")]
     assert alerts.node_alerts(plane.nodes("c1"), plane.clock.now()) == []  # none per node
+
+
+def test_a_redelivered_diagnosis_neither_drains_nor_alerts_again() -> None:
+    plane = Plane(ON).up(RACKS)
+    for node_id in rack_of(plane, "gpu-rack-0")[:2]:
+        plane.report(node_id, xid(79, plane.clock.now()))
+    plane.deliver()
+    diagnoses = [env.event for env in plane.delivered if isinstance(env.event, NodeDiagnosed)]
+    assert len(drained_events(plane)) == 1 and diagnoses
+    for event in diagnoses:  # the same diagnoses again, as new deliveries (a redelivery)
+        plane.inject(event)
+    plane.deliver()
+    assert len(drained_events(plane)) == 1
+    with plane.uow() as uow:
+        partition = uow.partitions.get("c1", "train")
+    assert partition is not None and list(partition.drained_domains) == ["gpu-rack-0"]

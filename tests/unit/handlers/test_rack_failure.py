@@ -149,3 +149,23 @@ def test_a_redelivered_diagnosis_neither_drains_nor_alerts_again() -> None:
     with plane.uow() as uow:
         partition = uow.partitions.get("c1", "train")
     assert partition is not None and list(partition.drained_domains) == ["gpu-rack-0"]
+
+
+def test_the_drained_rack_is_a_metric() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from services.observability import metrics
+
+    plane = Plane(ON).up(RACKS)
+    reg = metrics.registry(plane.store, plane.clock, event_log=plane.deps.event_log)
+
+    def racks() -> dict[str, float]:
+        families = text_string_to_metric_families(metrics.render(reg).decode())
+        return {s.labels["state"]: s.value for f in families for s in f.samples
+                if s.name == "mtc_racks_drained"}
+
+    assert racks() == {"drained": 0, "held": 0}
+    for node_id in rack_of(plane, "gpu-rack-0")[:2]:
+        plane.report(node_id, xid(79, plane.clock.now()))
+    plane.deliver()
+    assert racks() == {"drained": 1, "held": 0}

@@ -169,3 +169,24 @@ def test_the_drained_rack_is_a_metric() -> None:
         plane.report(node_id, xid(79, plane.clock.now()))
     plane.deliver()
     assert racks() == {"drained": 1, "held": 0}
+
+
+def test_a_lost_node_is_replaced_by_the_spare_in_the_jobs_own_rack() -> None:
+    """Spares per rack: r-b holds nodes 0-3, r-a nodes 4-7, each rack's last node a spare.
+    The job packs into r-a (4, 5, 6); when 5 is lost, the resumed job takes r-a's spare (7),
+    not the spare with the lower id in the other rack (3)."""
+    places = [{"rack": "r-b"}] * 4 + [{"rack": "r-a"}] * 4
+    body = {**RACKS, "nodePools": [{**RACKS["nodePools"][0], "nodeCount": 8, "spareCount": 2,
+                                    "topology": {"nodes": places, "spareLayout": "perRack"}}]}
+    plane = Plane(ON).up(body)
+    assert sorted(n.node_id for n in plane.nodes("c1") if n.is_spare) == \
+        ["c1-gpu-003", "c1-gpu-007"]
+    placed = running_job(plane, 3)
+    assert sorted(placed) == ["c1-gpu-004", "c1-gpu-005", "c1-gpu-006"]
+    plane.clock.advance(5)
+    plane.report("c1-gpu-005", xid(79, plane.clock.now()))
+    plane.deliver()
+    plane.exit_workers("j1", 1, 75)
+    job = plane.job("j1")
+    assert job.state is JobState.RUNNING and job.attempt == 2
+    assert sorted(job.node_ids) == ["c1-gpu-004", "c1-gpu-006", "c1-gpu-007"]

@@ -61,7 +61,7 @@ def nodes(api: Api) -> list[dict[str, Any]]:
 
 
 def test_bad_topologies_are_400s_naming_the_wire_field(racks_api: Api) -> None:
-    cases = [({"nodesPerRack": 0}, "nodePools[1].mtcTopology.nodesPerRack"),
+    cases: list[tuple[dict[str, Any], str]] = [({"nodesPerRack": 0}, "nodePools[1].mtcTopology.nodesPerRack"),
              ({"racksPerSwitch": 2}, "nodePools[1].mtcTopology.nodesPerRack"),
              ({"nodesPerRack": 4, "spareLayout": "perRow"}, "nodePools[1].mtcTopology.spareLayout"),
              ({"nodes": [{"rack": "r1"}]}, "nodePools[1].mtcTopology.nodes")]

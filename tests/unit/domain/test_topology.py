@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from shared.domain.errors import ValidationError
@@ -11,7 +13,7 @@ from shared.domain.topology import NOWHERE, Place, Topology, place_of, spare_ind
 MACHINE = {"machineType": "a3-highgpu-8g"}
 
 
-def pool(count: int = 8, spares: int = 0, **topology: object) -> NodePoolSpec:
+def pool(count: int = 8, spares: int = 0, **topology: Any) -> NodePoolSpec:
     return NodePoolSpec.parse({"id": "p", "machineSpec": MACHINE, "nodeCount": count,
                                "spareCount": spares, "topology": topology}, "nodePools[0]")
 
@@ -53,7 +55,7 @@ def test_spares_per_partition_or_per_rack(layout: str, spares: int,
     ({"nodes": [{"rack": "r"}]}, "nodePools[0].topology.nodes"),
     ({"nodes": [{"switch": "s"}] * 8}, "nodePools[0].topology.nodes[0].rack"),
 ])
-def test_bad_topologies_name_the_field(topology: dict[str, object], field: str) -> None:
+def test_bad_topologies_name_the_field(topology: dict[str, Any], field: str) -> None:
     with pytest.raises(ValidationError) as err:
         pool(8, **topology)
     assert err.value.path == field

@@ -5,6 +5,7 @@ another rack, and the guard per domain holds a second rack."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from services.job_submission import commands as job_commands
 from services.observability import alerts
@@ -14,7 +15,7 @@ from shared.domain.model import JobState, NodeRole, NodeState
 from shared.policies.repair import RepairConfig
 from tests.harness import Plane, healthy, job_body, xid
 
-RACKS = {
+RACKS: dict[str, Any] = {
     "clusterId": "c1",
     "nodePools": [{"id": "gpu", "nodeCount": 12, "spareCount": 0,
                    "topology": {"nodesPerRack": 4},

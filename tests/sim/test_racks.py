@@ -6,7 +6,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from simulator import twin
+from simulator.readers import ScenarioError
 from simulator.scenario import parse_scenario
 from tests.sim.conftest import scenario
 
@@ -68,3 +71,13 @@ def test_a_scenario_without_racks_asks_for_no_topology() -> None:
     del raw["cluster"]["partitions"][0]["spare_layout"]
     body = twin.cluster_body(parse_scenario(raw))
     assert "topology" not in body["nodePools"][0]
+
+
+def test_a_bad_rack_setting_names_its_path() -> None:
+    raw = rack_raw(layout="perRow")
+    with pytest.raises(ScenarioError, match=r"cluster\.partitions\[0\]\.spare_layout"):
+        parse_scenario(raw)
+    raw = rack_raw()
+    raw["failures"]["causes"]["rack_event"]["group"] = "row"
+    with pytest.raises(ScenarioError, match=r"failures\.causes\.rack_event\.group"):
+        parse_scenario(raw)

@@ -18,7 +18,7 @@ from shared.ports import UnitOfWork
 PER_PARTITION_QUERIES = 2
 _WORKER = NodeRole.WORKER.value  # (a constant: asked per idle node)
 SLOT_FIELDS = ("node_id", "partition", "machine_type", "accelerator_type", "accelerator_count",
-               "is_spare", "role", "sound")
+               "is_spare", "role", "sound", "nvlink_domain")
 
 
 def idle_slots(cluster_id: str, uow: UnitOfWork, partitions: set[str | None] | None = None
@@ -38,14 +38,14 @@ def idle_slots(cluster_id: str, uow: UnitOfWork, partitions: set[str | None] | N
         if partitions is not None:
             rows = [row for row in rows if row[1] in partitions]
     slots = []
-    for node_id, partition, machine, accel, count, spare, role, sound in rows:
+    for node_id, partition, machine, accel, count, spare, role, sound, domain in rows:
         if role != _WORKER:
             continue
         if not sound:
             node = uow.nodes.get(node_id)
             if node is None or not lifecycle.takes_work(node):
                 continue
-        slots.append(NodeSlot(node_id, partition, machine, accel, count, spare))
+        slots.append(NodeSlot(node_id, partition, machine, accel, count, spare, domain or ""))
     return slots
 
 

@@ -103,7 +103,8 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
                        help="a parameter and its values (repeat for a grid); keys: "
                             "checkpoint_interval, checkpoint_save, spares, nodes, "
                             "failure_scale, lemon_fraction, ladder (a+b+c), duration, "
-                            "bus_latency, or any dotted scenario path")
+                            "spare_layout, nodes_per_rack, bus_latency, or any dotted "
+                            "scenario path")
     sweep.add_argument("--replications", type=int, default=10)
     sweep.add_argument("--seed", type=int, default=1, help="seed of replication 0")
     sweep.add_argument("--processes", type=int, default=None,

@@ -82,6 +82,7 @@ class SimCompute(FailureProcesses):
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.nodes: dict[str, SimNode] = {}
         self.by_partition: dict[str, list[str]] = defaultdict(list)
+        self.by_rack: dict[str, list[str]] = defaultdict(list)  # (nodes with a rack)
         self.jobs: dict[str, SimJob] = {}
         self.stragglers: dict[str, float] = {}
         self.unfit: set[str] = set()  # deleted, down or with a fault that blocks a launch
@@ -163,13 +164,16 @@ class SimCompute(FailureProcesses):
             self.capacity.meter.start(node.node_id, float(self.env.now) + unbilled)
         took += unbilled
         call_later(self.env, took, self._provisioned, node.node_id, node.partition,
-                   node.role is NodeRole.WORKER, replacement)
+                   node.role is NodeRole.WORKER, replacement, node.rack)
 
-    def _provisioned(self, node_id: str, partition: str, worker: bool, replacement: bool) -> None:
+    def _provisioned(self, node_id: str, partition: str, worker: bool, replacement: bool,
+                     rack: str = "") -> None:
         index = len(self.by_partition[partition])
         stream = self.model.node_stream(node_id, replacement=replacement)
         node = SimNode(node_id, partition, index, stream.multiplier, up=True,
-                       replacement=replacement, stream=stream)
+                       replacement=replacement, stream=stream, rack=rack)
+        if rack and worker:
+            self.by_rack[rack].append(node_id)
         self.nodes[node_id] = node
         self.enlist(node)
         self._provisioning.discard(node_id)

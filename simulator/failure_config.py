@@ -13,6 +13,7 @@ from simulator.failures import (
     LLAMA3_DAYS,
     LLAMA3_NODES,
     LLAMA3_UNEXPECTED,
+    RACK_GROUP,
     Cause,
     Diurnal,
     FailureCfg,
@@ -237,6 +238,7 @@ def _parse_variant(value: Any, path: str, *, with_weight: bool) -> Variant:
     if total <= 0:
         raise ScenarioError(fpath, "probabilities must add up to more than 0")
     signal = parse_signal(data.get("signal"), join(path, "signal"))
+    group = get(data, "group", 1)  # "rack": every node of the struck node's rack
     return Variant(weight, signal, tuple((k, p / total) for k, p in pairs),
-                   integer(get(data, "group", 1), join(path, "group"), low=1))
+                   RACK_GROUP if group == "rack" else integer(group, join(path, "group"), low=1))
 

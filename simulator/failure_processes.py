@@ -34,6 +34,7 @@ class FailureProcesses(JobModel):
     rng: np.random.Generator
     heartbeat_timeout_s: float
     by_partition: dict[str, list[str]]
+    by_rack: dict[str, list[str]]
     stragglers: dict[str, float]
     failures: dict[str, int]
     timeline: list[tuple[float, str, str, str]]
@@ -122,10 +123,12 @@ class FailureProcesses(JobModel):
 
     def _strike(self, node: SimNode, fault: Fault) -> None:
         victims = [node]
-        if fault.group > 1:
+        if fault.group != 1:  # a block of the partition's nodes, or (RACK_GROUP) its rack
             peers = self.by_partition[node.partition]
-            start = (node.index // fault.group) * fault.group
-            for nid in peers[start:start + fault.group]:
+            start = (node.index // fault.group) * fault.group if fault.group else 0
+            block = peers[start:start + fault.group] if fault.group \
+                else self.by_rack.get(node.rack, [])
+            for nid in block:
                 peer = self.nodes[nid]
                 if peer is not node and peer.up and not peer.deleted and peer.fault is None:
                     victims.append(peer)

@@ -68,6 +68,7 @@ LLAMA3_UNEXPECTED: dict[str, tuple[str, str, int]] = {
 LLAMA3_UNEXPECTED_TOTAL = sum(c for _, _, c in LLAMA3_UNEXPECTED.values())  # 419
 
 FIXES = ("none", "reset_gpu", "reboot", "reimage", "replace")
+RACK_GROUP = 0  # a variant's ``group: rack``: the struck node's whole rack fails with it
 
 
 # ---------------------------------------------------------------- signals
@@ -185,7 +186,7 @@ class Variant:
     weight: float
     signal: Signal
     fix: tuple[tuple[str, float], ...]  # (true fix, probability)
-    group: int  # nodes that fail together (a leaf switch, a rack PDU)
+    group: int  # nodes that fail together (a leaf switch, a rack PDU); RACK_GROUP: its rack
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from shared.domain.errors import ValidationError
+from shared.domain.topology import SPARE_LAYOUTS
 from shared.policies.repair import load_repair_config
 from simulator.availability import parse_availability
 from simulator.failure_config import parse_failures
@@ -117,14 +118,18 @@ def parse_cluster(value: Any, path: str) -> ClusterCfg:
     for i, item in enumerate(raw_parts):
         ppath = join(join(path, "partitions"), i)
         pdata = mapping(item, ppath)
-        only_keys(pdata, ppath, ("name", "nodes", "spares"))
+        only_keys(pdata, ppath, ("name", "nodes", "spares", "nodes_per_rack", "spare_layout"))
         name = text(get(pdata, "name", f"p{i}"), join(ppath, "name"))
         nodes = integer(pdata.get("nodes"), join(ppath, "nodes"), low=1)
         spares = integer(get(pdata, "spares", 0), join(ppath, "spares"), low=0)
         if name in [p.name for p in parts]:
             raise ScenarioError(join(ppath, "name"), f"duplicate partition {name!r}")
         # ``nodes`` counts the nodes jobs may use; spares come on top
-        parts.append(PartitionCfg(name, nodes + spares, spares))
+        per_rack = integer(get(pdata, "nodes_per_rack", 0), join(ppath, "nodes_per_rack"), low=0)
+        layout = text(get(pdata, "spare_layout", "perPartition"), join(ppath, "spare_layout"))
+        if layout not in SPARE_LAYOUTS:
+            raise ScenarioError(join(ppath, "spare_layout"), f"must be one of {SPARE_LAYOUTS}")
+        parts.append(PartitionCfg(name, nodes + spares, spares, per_rack, layout))
     return ClusterCfg(
         cluster_id=text(get(data, "cluster_id", "sim"), join(path, "cluster_id")),
         gpus_per_node=integer(get(data, "gpus_per_node", DEFAULT_GPUS_PER_NODE),
@@ -422,6 +427,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "checkpoint_restore": ("jobs.*.checkpoint_restore",),
     "startup": ("jobs.*.startup",),
     "spares": ("cluster.partitions.*.spares",),
+    "nodes_per_rack": ("cluster.partitions.*.nodes_per_rack",),
+    "spare_layout": ("cluster.partitions.*.spare_layout",),
     "nodes": ("cluster.partitions.*.nodes", "jobs.*.nodes"),
     "failure_scale": ("failures.rate_scale",),
     "lemon_fraction": ("failures.lemons.fraction",),

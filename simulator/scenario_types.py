@@ -54,6 +54,8 @@ class PartitionCfg:
     name: str
     nodes: int  # workers, spares included
     spares: int
+    nodes_per_rack: int = 0  # racks of this many nodes (0: no topology, today's behaviour)
+    spare_layout: str = "perPartition"  # or "perRack" (shared.domain.topology)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from simulator.compute import SimCompute
 from simulator.cost import CostInputs, cost_summary
 from simulator.failures import FailureModel
 from simulator.scenario import Scenario
+from simulator.scenario_types import PartitionCfg
 
 SIM_SOURCE = "//mtc/sim/control-plane"
 MAX_BRINGUP_S = 30 * 86_400.0  # a cluster that is not ready after this is a failed run
@@ -90,9 +91,16 @@ def cluster_body(scenario: Scenario) -> dict[str, Any]:
     return {
         "clusterId": c.cluster_id,
         "nodePools": [{"id": p.name, "machineSpec": machine, "nodeCount": p.nodes,
-                       "spareCount": p.spares} for p in c.partitions],
+                       "spareCount": p.spares, **_topology(p)} for p in c.partitions],
         "partitions": [{"name": p.name, "nodePoolIds": [p.name]} for p in c.partitions],
     }
+
+
+def _topology(p: PartitionCfg) -> dict[str, Any]:
+    """A partition with racks: its pool's topology (absent: the body is what it was)."""
+    if not p.nodes_per_rack:
+        return {}
+    return {"topology": {"nodesPerRack": p.nodes_per_rack, "spareLayout": p.spare_layout}}
 
 
 def job_body(scenario: Scenario, index: int) -> dict[str, Any]:

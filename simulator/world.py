@@ -51,6 +51,7 @@ class SimNode:
     repairs: int = 0  # repairs started so far
     repairing: bool = False  # a repair is in flight: the agent is not reporting
     reporting: Fault | None = None  # the fault the agent keeps reporting at its interval
+    rack: str = ""  # its rack (the pool's topology; "" without one): a rack event takes it
 
     @property
     def attempt(self) -> Attempt | None:

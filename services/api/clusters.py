@@ -170,7 +170,8 @@ def node_view(parent: Parent, cluster_id: str, n: Node) -> ClusterNode:
         state=n.state.value, reason=n.reason, since=timestamp(n.since), spare=n.is_spare,
         job=n.job_id, repair_action=n.repair_action.value if n.repair_action else None,
         failures=len(n.history), fault=n.fault,
-        operator_drained=lifecycle.operator_drained(n))
+        operator_drained=lifecycle.operator_drained(n), rack=n.rack,
+        nvlink_domain=n.nvlink_domain)
 
 
 # ---------------------------------------------------------------- conversion
@@ -202,6 +203,8 @@ def domain_body(cluster_id: str, message: ModelDevelopmentCluster) -> dict[str, 
             machine.pop("acceleratorType")
         pools.append({"id": pool.id, "machineSpec": machine, "nodeCount": count,
                       "spareCount": pool.mtc_hot_spare_count or 0})
+        if pool.mtc_topology is not None:
+            pools[-1]["topology"] = pool.mtc_topology.to_json()
         total += count
     if total > MAX_CLUSTER_NODES:
         raise invalid("nodePools", f"at most {MAX_CLUSTER_NODES} worker nodes per cluster (the "
@@ -251,6 +254,7 @@ def wire_path(path: str, message: ModelDevelopmentCluster) -> str:
     path = re.sub(r"^nodePools\[(\d+)\]", pool, path)
     path = path.replace(".nodeCount", ".scalingSpec.minNodeCount")
     path = path.replace(".spareCount", ".mtcHotSpareCount")
+    path = path.replace(".topology", ".mtcTopology")
     path = re.sub(r"^partitions\[(\d+)\]\.name", r"orchestratorSpec.slurmSpec.partitions[\1].id",
                   path)
     path = re.sub(r"^partitions", "orchestratorSpec.slurmSpec.partitions", path)

@@ -125,6 +125,12 @@ def _spares(job: Job, held: ranks.Ranks, uow: UnitOfWork, deps: Deps) -> list[st
     slots = capacity.idle_slots(job.cluster_id, uow, None if partition is None else {partition})
     if not slots:
         return []
+    if any(slot.domain for slot in slots):  # racks: a spare in the job's own domains first
+        kept = set(held)
+        want = replace(want, near_domains=tuple(sorted({
+            domain for node_id, domain in uow.nodes.project(
+                job.cluster_id, ("node_id", "nvlink_domain"), job_id=job.job_id)
+            if node_id in kept and domain})))
     found = place_jobs([want], slots, deps.clock.now())
     return list(found[0].node_ids) if found else []
 

@@ -215,9 +215,13 @@ def cmd_job(args: argparse.Namespace, client: Client) -> None:
 
 
 def node_table(nodes: list[dict[str, Any]]) -> Table:
-    t = Table("PARTITION", "NODE", "STATE", "SPARE", "JOB", "REASON", "SINCE")
+    """One row per node; a RACK column only when some node has one (docs/racks.md)."""
+    racks = any(v.get("rack") for v in nodes)
+    t = Table("PARTITION", *(("RACK",) if racks else ()), "NODE", "STATE", "SPARE", "JOB",
+              "REASON", "SINCE")
     for v in nodes:
-        t.add_row(v.get("partition", "-"), v.get("nodeId", "?"), v.get("state", "-"),
+        t.add_row(v.get("partition", "-"), *((v.get("rack") or "-",) if racks else ()),
+                  v.get("nodeId", "?"), v.get("state", "-"),
                   "yes" if v.get("spare") else "", v.get("job") or "", v.get("reason", ""),
                   (v.get("since") or "")[11:19])
     return t

@@ -14,6 +14,11 @@ Kinds (``KINDS``):
 - ``node_failed``: a FAILED node waits for a person (a MANUAL action, or the repair ladder
   ran out);
 - ``lemon``: a node failed too often and was replaced (once; no reminder);
+- ``rack_drained``: a rack was drained to be repaired as one (racks as a unit of failure,
+  ``shared.policies.domains``): one alert for the rack, not one per node; resolves when its
+  last node is back in service;
+- ``rack_held``: the guard per domain held a rack that should have been drained (too many
+  racks of its partition out already); its nodes are repaired one by one meanwhile;
 - ``job_no_progress``: the progress watchdog found a running job silent past its limit
   (``shared.domain.progress``), or is stopping it for that;
 - ``dead_letters``: events the control plane gave up on are waiting in the dead-letter
@@ -39,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.domain import progress
-from shared.domain.model import Job, JobState, Node, NodeRole, NodeState
+from shared.domain.model import Job, JobState, Node, NodeRole, NodeState, Partition
 
 ALERTS = "alerts"
 CONTROLLER_TICKS = "controller_ticks"
@@ -63,6 +68,10 @@ KINDS: dict[str, Kind] = {
                         "the blast-radius guard held a repair: a sick node stays in service"),
     "node_failed": Kind("ERROR", True, "cluster", "a FAILED node waits for a person"),
     "lemon": Kind("WARNING", False, "cluster", "a node failed too often and was replaced"),
+    "rack_drained": Kind("WARNING", False, "cluster",
+                         "a rack was drained to be repaired as one (a shared cause)"),
+    "rack_held": Kind("WARNING", True, "cluster",
+                      "the guard per domain held a rack drain: its nodes go one by one"),
     "job_no_progress": Kind("WARNING", True, "cluster",
                             "a running job made no progress past its watchdog limit"),
     "dead_letters": Kind("ERROR", True, "global",
@@ -125,6 +134,24 @@ def node_alerts(nodes: Iterable[Node], now: float) -> list[Alert]:
             continue
         out.append(Alert(kind, node.node_id, summary, cluster_id=node.cluster_id,
                          node_id=node.node_id))
+    return out
+
+
+def domain_alerts(partitions: Iterable[Partition]) -> list[Alert]:
+    """One alert per rack drained as one, or held by the guard per domain (from the
+    partition's state, so a redelivered diagnosis never raises a second one)."""
+    out = []
+    for part in partitions:
+        for rack, members in sorted(part.drained_domains.items()):
+            out.append(Alert("rack_drained", f"{part.cluster_id}/{rack}",
+                             f"rack {rack} ({part.name}) drained and repaired as one; "
+                             f"{len(members)} node(s) not back yet: {', '.join(members)}",
+                             cluster_id=part.cluster_id, details={"nodes": list(members)}))
+        for rack in part.held_domains:
+            out.append(Alert("rack_held", f"{part.cluster_id}/{rack}",
+                             f"rack {rack} ({part.name}) should be drained as one, but the "
+                             "guard per domain holds it (max_domains_out); repaired per node",
+                             cluster_id=part.cluster_id))
     return out
 
 

@@ -38,7 +38,8 @@ def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome 
     config = deps.config
     nodes = [n for state in _NODE_STATES for n in uow.nodes.list(event.cluster_id, state=state)]
     jobs = [j for state in _JOB_STATES for j in uow.jobs.list(event.cluster_id, state=state)]
-    active = alerts.node_alerts(nodes, now) + alerts.job_alerts(
+    active = alerts.node_alerts(nodes, now) + alerts.domain_alerts(
+        uow.partitions.list(event.cluster_id)) + alerts.job_alerts(
         jobs, now, config.progress_timeout_s, config.progress_interval_factor)
     stored = records.records(alerts.ALERTS, {"cluster_id": event.cluster_id})
     plans = [alerts.reconcile(active, stored, now, reminder_s=config.alert_reminder_s,

@@ -37,7 +37,7 @@ from prometheus_client.core import (
 )
 
 from services.observability import alerts
-from shared.adapters.docstore import JOBS, NODES, DocEventLog, EventCursor
+from shared.adapters.docstore import JOBS, NODES, PARTITIONS, DocEventLog, EventCursor
 from shared.adapters.outbox import OUTBOX
 from shared.adapters.outbox_bus import DEAD_LETTERS
 from shared.domain.model import JobState, Node, NodeState
@@ -240,6 +240,14 @@ class StoreCollector:
             for labels, n in sorted(g[key].items()):
                 family.add_metric(list(labels), n)
             yield family
+        racks = GaugeMetricFamily("mtc_racks_drained", "Racks drained to be repaired as one "
+                                  "(docs/racks.md), and racks the guard per domain holds",
+                                  labels=["cluster", "partition", "state"])
+        for doc in self._mine(self.store.read(PARTITIONS, {})):
+            place = [str(doc["cluster_id"]), str(doc["name"])]
+            racks.add_metric([*place, "drained"], len(doc.get("drained_domains") or {}))
+            racks.add_metric([*place, "held"], len(doc.get("held_domains") or ()))
+        yield racks
 
     def _jobs(self) -> Iterator[Metric]:
         docs = self._mine(self.store.read(JOBS, {}))

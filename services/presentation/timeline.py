@@ -54,6 +54,10 @@ def describe(doc: dict[str, Any]) -> str:
             return f"node {d['node_id']}: {d['action']} {ok}"
         case "mtc.node.repair_held.v1":
             return f"node {d['node_id']}: ALERT repair held ({d['action']}): {d['reason']}"
+        case "mtc.domain.drained.v1":
+            what = "ALERT rack drain HELD" if d.get("held") else "ALERT rack drained as one"
+            return (f"rack {d['domain']} ({d['partition']}): {what}, nodes "
+                    f"{', '.join(d['node_ids'])}: {d['reason']}")
         case "mtc.node.operator_acted.v1":
             return f"node {d['node_id']}: OPERATOR {d['by']} {d['action']}: {d['reason']}"
         case "mtc.node.returned_to_service.v1":

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from shared import deep_checks
-from shared.domain import lifecycle
+from shared.domain import lifecycle, topology
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
     ClusterCreateRequested,
@@ -96,16 +96,23 @@ def step_create_nodes(cluster_id: str, generation: int, uow: UnitOfWork, deps: D
         index = 0
         workers = sum(1 for n in active if not n.is_spare)  # counted once, not per node
         asked: list[Node] = []  # the pool's new machines, asked for in one request
+        spread = pool.topology is not None and pool.topology.spare_layout == "perRack"
+        spare_at = topology.spare_indices(pool.topology, pool.pool_id, pool.node_count,
+                                          pool.spare_count) if spread else frozenset()
         while len(active) < pool.node_count:
             name = node_name(cluster_id, pool.pool_id, index)
             index += 1
             if name in taken or not _free(name, cluster_id, uow):
                 continue
+            place = topology.place_of(pool.topology, pool.pool_id, index - 1)
+            spare = (index - 1 in spare_at) if spread \
+                else workers >= pool.node_count - pool.spare_count
             node = Node(name, cluster_id, pool.pool_id, partition_name, NodeRole.WORKER,
                         pool.machine_spec.machine_type, pool.machine_spec.accelerator_type,
                         pool.machine_spec.accelerator_count, NodeState.PROVISIONING, now,
-                        is_spare=workers >= pool.node_count - pool.spare_count,
-                        generation=generation, renewed_at=now)
+                        is_spare=spare, generation=generation, renewed_at=now,
+                        rack=place.rack, nvlink_domain=place.nvlink_domain,
+                        switch=place.switch)
             uow.nodes.add(node)
             asked.append(node)
             active.append(node)

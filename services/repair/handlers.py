@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from services.repair import domains
 from shared import deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound
@@ -71,9 +72,12 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
         # planning the lesser one dropped the held repair and lost the node for good
         diagnosis = replace(diagnosis, action=held)
     partition = _partition(uow, node)
+    if domains.drain_if_rack_failed(node, diagnosis, partition, uow, deps, _take_out):
+        return  # its rack was drained as one (racks as a unit of failure)
+    # a rack drained as one counts once, against the guard per domain, not node by node
     view = PartitionView(partition.name, partition.total_nodes,
-                         frozenset(partition.out_of_service), tuple(partition.removed_at),
-                         settling=partition.settling)
+                         frozenset(partition.out_of_service - partition.drained_node_ids()),
+                         tuple(partition.removed_at), settling=partition.settling)
     decision = plan_repair(diagnosis, node.history, view, node.node_id, now, deps.config.repair)
     reason = decision.reason
     if decision.kind is DecisionKind.NO_ACTION:
@@ -220,7 +224,8 @@ def _replace(node: Node, uow: UnitOfWork, deps: Deps, reason: str) -> None:
             accelerator_type=node.accelerator_type, accelerator_count=node.accelerator_count,
             state=NodeState.PROVISIONING, since=now, is_spare=node.is_spare,
             reason=f"replacing {node.node_id}", replaces=node.node_id,
-            generation=node.generation, renewed_at=now,
+            generation=node.generation, renewed_at=now, rack=node.rack,
+            nvlink_domain=node.nvlink_domain, switch=node.switch,
         )
         uow.nodes.add(fresh)
         partition.take_out(fresh.node_id, now, deps.config.repair.blast_window_s)

@@ -149,6 +149,22 @@ class NodeRepairHeld(Event):
 
 @register
 @dataclass(frozen=True)
+class DomainDrained(Event):
+    """A rack was drained to be repaired as one (``held``: the guard per domain held it);
+    emitted once per drain, the alert itself is state (services.observability.alerts)."""
+
+    TYPE: ClassVar[str] = "mtc.domain.drained.v1"
+    SUBJECT_FIELD: ClassVar[str] = "domain"
+    cluster_id: str
+    partition: str
+    domain: str
+    node_ids: tuple[str, ...]
+    reason: str
+    held: bool = False
+
+
+@register
+@dataclass(frozen=True)
 class NodeRepairCompleted(Event):
     TYPE: ClassVar[str] = "mtc.node.repair_completed.v1"
     SUBJECT_FIELD: ClassVar[str] = "node_id"

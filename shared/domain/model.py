@@ -207,6 +207,10 @@ class Node:
     # from outside the asking transaction): [attempt, action, ok, detail], announced again by
     # that start when it commits (repair service)
     early_repair: tuple[int, str, bool, str] | None = None
+    # where it sits (shared.domain.topology; "" = no topology): racks fail as a unit
+    rack: str = ""
+    nvlink_domain: str = ""
+    switch: str = ""
 
     def transition(self, target: NodeState, now: float, reason: str = "") -> None:
         if target is self.state and target is not NodeState.REPAIRING:

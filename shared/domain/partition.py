@@ -22,6 +22,10 @@ class Partition:
     out_of_service: set[str] = field(default_factory=set)
     removed_at: list[float] = field(default_factory=list)
     settling: int = 0
+    # racks drained as one (shared.policies.domains): rack -> its nodes not back in service;
+    # state, so a redelivered diagnosis neither drains nor alerts twice
+    drained_domains: dict[str, list[str]] = field(default_factory=dict)
+    held_domains: list[str] = field(default_factory=list)  # racks the domain guard held
 
     @property
     def key(self) -> str:
@@ -34,6 +38,32 @@ class Partition:
 
     def put_back(self, node_id: str) -> None:
         self.out_of_service.discard(node_id)
+        for domain, members in list(self.drained_domains.items()):
+            if node_id in members:
+                members.remove(node_id)
+                if not members:  # every node of the rack is back: the rack is whole again
+                    del self.drained_domains[domain]
+                    self.held_domains.clear()  # (and a held rack may be drained next time)
+
+    def drain_domain(self, domain: str, node_ids: list[str]) -> bool:
+        """Record ``domain`` drained as one; False when it already was (no second alert)."""
+        if domain in self.drained_domains:
+            return False
+        self.drained_domains[domain] = sorted(node_ids)
+        if domain in self.held_domains:
+            self.held_domains.remove(domain)
+        return True
+
+    def hold_domain(self, domain: str) -> bool:
+        """Record ``domain`` held by the guard per domain; False when it already was."""
+        if domain in self.held_domains:
+            return False
+        self.held_domains.append(domain)
+        return True
+
+    def drained_node_ids(self) -> frozenset[str]:
+        """The nodes of racks drained as one: counted per rack, not per node."""
+        return frozenset(n for members in self.drained_domains.values() for n in members)
 
     @property
     def down(self) -> int:
@@ -58,6 +88,8 @@ class Partition:
             "out_of_service": sorted(self.out_of_service),
             "removed_at": list(self.removed_at),
             "settling": self.settling,
+            "drained_domains": {k: list(v) for k, v in self.drained_domains.items()},
+            "held_domains": list(self.held_domains),
         }
 
     @classmethod
@@ -65,7 +97,10 @@ class Partition:
         return cls(cluster_id=d["cluster_id"], name=d["name"],
                    total_nodes=d.get("total_nodes", 0),
                    out_of_service=set(d.get("out_of_service", ())),
-                   removed_at=list(d.get("removed_at", ())), settling=d.get("settling", 0))
+                   removed_at=list(d.get("removed_at", ())), settling=d.get("settling", 0),
+                   drained_domains={k: list(v) for k, v in
+                                    (d.get("drained_domains") or {}).items()},
+                   held_domains=list(d.get("held_domains") or ()))
 
 
 def partition_key(cluster_id: str, name: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from shared.domain import images
 from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
+from shared.domain.topology import Topology
 
 ID_PATTERN = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
 DURATION_PATTERN = re.compile(r"^(\d+(\.\d+)?)s$")
@@ -88,6 +89,7 @@ class NodePoolSpec:
     machine_spec: MachineSpec
     node_count: int
     spare_count: int = 0
+    topology: Topology | None = None  # racks, NVLink domains, switches (shared.domain.topology)
 
     @classmethod
     def parse(cls, value: Any, path: str) -> NodePoolSpec:
@@ -101,12 +103,20 @@ class NodePoolSpec:
         if spares > nodes:
             raise ValidationError(kit.join(path, "spareCount"),
                                   f"must not exceed nodeCount ({nodes}), got {spares}")
+        topo_value = kit.field(data, "topology", path, dict, required=False)
+        topology = None if topo_value is None \
+            else Topology.parse(topo_value, kit.join(path, "topology"))
+        if topology is not None:
+            topology.check(nodes, kit.join(path, "topology"))
         assert pool_id is not None
-        return cls(pool_id, machine, nodes, spares)
+        return cls(pool_id, machine, nodes, spares, topology)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.pool_id, "machineSpec": self.machine_spec.to_dict(),
-                "nodeCount": self.node_count, "spareCount": self.spare_count}
+        out: dict[str, Any] = {"id": self.pool_id, "machineSpec": self.machine_spec.to_dict(),
+               "nodeCount": self.node_count, "spareCount": self.spare_count}
+        if self.topology is not None:
+            out["topology"] = self.topology.to_dict()
+        return out
 
 
 @dataclass(frozen=True)

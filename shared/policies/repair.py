@@ -82,6 +82,11 @@ class RepairConfig:
     # What a check that could not run (tools absent, no threshold) means: "pass" returns the
     # node with the "unknown" verdict recorded on it, "hold" keeps it out until a person looks.
     deep_check_on_unknown: str = "pass"
+    # Racks as a unit of failure (shared.policies.domains): the share of a rack's nodes bad
+    # at which the rack is drained and repaired as one (0: off, repairs stay per node), and
+    # how many racks of a partition may be drained as one at a time.
+    domain_drain_fraction: float = 0.0
+    max_domains_out: int = 1
 
     def __post_init__(self) -> None:
         if not self.ladder:
@@ -111,6 +116,10 @@ class RepairConfig:
             raise ValidationError("min_out_of_service_allowed", "must not be negative")
         if self.max_removals_in_window is not None and self.max_removals_in_window < 0:
             raise ValidationError("max_removals_in_window", "must not be negative")
+        if not 0.0 <= self.domain_drain_fraction <= 1.0:
+            raise ValidationError("domain_drain_fraction", "must be between 0 and 1")
+        if self.max_domains_out < 0:
+            raise ValidationError("max_domains_out", "must not be negative")
         if self.return_after_passes < 1:
             raise ValidationError("return_after_passes", "must be at least 1")
         object.__setattr__(self, "deep_checks_on", frozenset(self.deep_checks_on))
@@ -145,7 +154,8 @@ def load_repair_config(mapping: Mapping[str, Any]) -> RepairConfig:
             if not isinstance(value, str):
                 raise ValidationError(key, f"must be a string, got {value!r}")
             kwargs[key] = value
-        elif key in ("lemon_failure_count", "min_out_of_service_allowed", "return_after_passes"):
+        elif key in ("lemon_failure_count", "min_out_of_service_allowed", "return_after_passes",
+                     "max_domains_out"):
             kwargs[key] = _int(value, key)
         elif key == "max_removals_in_window":
             kwargs[key] = None if value is None else _int(value, key)

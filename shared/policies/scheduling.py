@@ -7,6 +7,11 @@
 - Spares are kept for recovery: fresh jobs never take them. A resumed job takes back its
   previous nodes first (same rank where possible, so the rest of its allocation is kept), then
   spares, then other idle nodes. Within each preference, ties go to the lower node_id.
+- Topology (nodes with an NVLink domain): within each preference the gang is packed into the
+  fewest domains: the smallest domain that holds every rank still to place, else the domains
+  with the most fitting nodes first; a resumed job's own domains (where its kept ranks run)
+  come first, so a hot spare in the job's rack wins over one elsewhere. Without domains the
+  order is the one above.
 - Without backfill a job that cannot be placed blocks every lower-ranked job competing for the
   same partition (a job without a partition competes for all), so big jobs are not starved by
   a stream of small ones. With backfill lower-ranked jobs may take what is left; run times are
@@ -32,6 +37,7 @@ class NodeSlot(NamedTuple):
     accelerator_type: str | None
     accelerator_count: int
     is_spare: bool = False
+    domain: str = ""  # its NVLink domain ("" = none known): placement packs into few
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class JobRequest:
     is_resume: bool = False
     previous_node_ids: tuple[str, ...] = ()  # the job's last placement, in rank order
     excluded_node_ids: tuple[str, ...] = ()  # suspected of ending its attempts: not these
+    near_domains: tuple[str, ...] = ()  # NVLink domains its kept ranks run in: fill these first
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -162,10 +169,12 @@ def _assign(job: JobRequest, free: dict[str, NodeSlot]) -> tuple[str, ...] | Non
     was_here = set(eligible).intersection(previous)  # the few free ones, not a set of all
     previous_order = {node_id: previous.index(node_id) for node_id in was_here}
 
-    def preference(node: NodeSlot) -> tuple[int, int, str]:
+    domain_rank = _domain_ranks(slots, chosen, eligible, taken, job.near_domains)
+
+    def preference(node: NodeSlot) -> tuple[int, int, int, str]:
         if node.node_id in previous_order:
-            return (0, previous_order[node.node_id], node.node_id)
-        return (1 if node.is_spare else 2, 0, node.node_id)
+            return (0, previous_order[node.node_id], 0, node.node_id)
+        return (1 if node.is_spare else 2, 0, domain_rank.get(node.domain, 0), node.node_id)
 
     candidates = sorted(eligible.values(), key=preference)
     # where each group's scan resumes: a candidate passed over was taken or does not fit the
@@ -185,3 +194,33 @@ def _assign(job: JobRequest, free: dict[str, NodeSlot]) -> tuple[str, ...] | Non
         chosen[rank] = pick.node_id
         taken.add(pick.node_id)
     return tuple(node_id for node_id in chosen if node_id is not None)
+
+
+def _domain_ranks(slots: Sequence[ReplicaGroup], chosen: Sequence[str | None],
+                  eligible: dict[str, NodeSlot], taken: set[str],
+                  near: Sequence[str]) -> dict[str, int]:
+    """The order to fill NVLink domains in (lower first): the job's own domains (those its
+    kept ranks run in, most ranks first), then the smallest domain that holds every rank
+    still open, then the domains with the most fitting free nodes. Empty when no node has a
+    domain (placement is then what it was without topology). Nodes without a domain last."""
+    if not any(node.domain for node in eligible.values()):
+        return {}
+    groups = set(slots)
+    need = sum(1 for node_id in chosen if node_id is None)
+    free: dict[str, int] = {}
+    for node in eligible.values():
+        if node.domain and node.node_id not in taken and any(g.fits(node) for g in groups):
+            free[node.domain] = free.get(node.domain, 0) + 1
+    own = {domain: 1 for domain in near if domain}
+    for node_id in chosen:
+        slot = eligible.get(node_id) if node_id is not None else None
+        if slot is not None and slot.domain:
+            own[slot.domain] = own.get(slot.domain, 0) + 1
+    order = sorted(own, key=lambda d: (-own[d], d))
+    holding = sorted((d for d in free if d not in own and free[d] >= need),
+                     key=lambda d: (free[d], d))
+    order += holding[:1]
+    order += sorted((d for d in free if d not in order), key=lambda d: (-free[d], d))
+    ranks = {domain: rank for rank, domain in enumerate(order)}
+    ranks[""] = len(order)
+    return ranks

@@ -4,7 +4,8 @@ Node pools carry ``machineSpec`` and ``scalingSpec{minNodeCount, maxNodeCount}``
 orchestrator names its partitions (``{id, nodePoolIds}``) and the login node pool. mtc keeps
 pools at a fixed size, so ``minNodeCount`` must equal ``maxNodeCount`` (refused otherwise,
 not silently pinned). Hot spares are mtc's extension: ``mtcHotSpareCount`` per pool, nodes
-held idle to take over from a failed one.
+held idle to take over from a failed one. Racks, NVLink domains and switches are mtc's
+extension too: ``mtcTopology`` per pool (``shared.domain.topology``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,26 @@ class BootDisk(Message):
     boot_disk_size_gb: Int32 | None = Field(default=None, ge=10, le=65536)
 
 
+class NodePlace(Message):
+    """mtc's extension: where one node of a pool sits (rack, NVLink domain, switch)."""
+
+    rack: str = Field(max_length=63)
+    nvlink_domain: str | None = Field(default=None, max_length=63)
+    switch: str | None = Field(default=None, max_length=63)
+
+
+class NodeTopology(Message):
+    """mtc's extension (``mtcTopology``): a pool's racks, NVLink domains and switches,
+    generated (``nodesPerRack``...) or listed per node (``nodes``); ``spareLayout``:
+    ``perPartition`` (the pool's last nodes) or ``perRack`` (spread over its racks)."""
+
+    nodes_per_rack: Int32 | None = Field(default=None, ge=1, le=MAX_NODES_PER_POOL)
+    racks_per_switch: Int32 | None = Field(default=None, ge=1, le=MAX_NODES_PER_POOL)
+    nodes_per_nvlink_domain: Int32 | None = Field(default=None, ge=1, le=MAX_NODES_PER_POOL)
+    nodes: list[NodePlace] | None = Field(default=None, max_length=MAX_NODES_PER_POOL)
+    spare_layout: str | None = Field(default=None, max_length=32)
+
+
 class NodePool(Message):
     id: str = Field(max_length=63)
     machine_spec: MachineSpec | None = None
@@ -54,6 +75,7 @@ class NodePool(Message):
     enable_public_ips: bool | None = None
     boot_disk: BootDisk | None = None
     mtc_hot_spare_count: Int64 | None = Field(default=None, ge=0, le=MAX_NODES_PER_POOL)
+    mtc_topology: NodeTopology | None = None
 
 
 class SlurmPartition(Message):
@@ -116,6 +138,8 @@ class ClusterNode(Message):
     failures: Int32 = 0
     fault: str = ""  # the active fault that keeps it from new work
     operator_drained: bool = False  # drained by an administrator: only they resume it
+    rack: str = ""  # where it sits ("" without a topology)
+    nvlink_domain: str = ""
 
 
 class NodeOperatorRequest(Message):

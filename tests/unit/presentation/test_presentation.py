@@ -43,3 +43,15 @@ def test_views_are_camel_case_with_rfc3339_times() -> None:
     view = job_view(Job("j1", "c1", spec, JobState.QUEUED, NOW, NOW))
     assert view["jobId"] == "j1" and view["state"] == "JOB_STATE_QUEUED"
     assert view["createTime"] == "2027-01-15T08:00:00Z" and view["endTime"] is None
+
+
+def test_a_rack_drain_reads_as_one_alert_for_the_rack() -> None:
+    data = {"cluster_id": "c1", "partition": "gpu", "domain": "gpu-rack-0",
+            "node_ids": ["n0", "n1"], "reason": "rack gpu-rack-0: 2 of 2 nodes bad",
+            "held": False}
+    doc: dict[str, Any] = {"type": "mtc.domain.drained.v1", "time": NOW,
+                           "subject": "gpu-rack-0", "data": data}
+    assert describe(doc) == ("rack gpu-rack-0 (gpu): ALERT rack drained as one, nodes n0, n1: "
+                             "rack gpu-rack-0: 2 of 2 nodes bad")
+    held = {**doc, "data": {**doc["data"], "held": True}}
+    assert "rack drain HELD" in describe(held)

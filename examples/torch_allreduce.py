@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.program import names  # noqa: E402
-from shared.program.progress import RankProgress  # noqa: E402
+from shared.program import names
+from shared.program.progress import RankProgress
 
 EXIT_PREEMPTED = 75
 

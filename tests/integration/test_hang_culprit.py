@@ -98,8 +98,8 @@ def test_sigstop_of_one_rank_is_found_named_and_the_job_resumes(tmp_path: Path) 
     try:
         with app.transaction() as uow:
             job_commands.submit_job("demo", spec(100_000), uow, app.deps, "hang-1")
-        first = job(app, "hang-1")
         assert app.run(lambda: len(app.compute.workers("hang-1")) == 4, timeout_s=30)
+        first = job(app, "hang-1")
         workers = {w.rank: w for w in app.compute.workers("hang-1")}
         ckpt = str(Path(_checkpoint_dir(app, "hang-1")))
         # every rank past step 30: the job's own step times are known

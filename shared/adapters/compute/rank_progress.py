@@ -90,6 +90,8 @@ class RankWatch:
         beats = read_beats(checkpoint_dir, attempt, len(node_of))
         if not beats:
             return []
+        for key in [k for k in self.attempts if k[0] == job_id and k[1] < attempt]:
+            del self.attempts[key]  # bounded: one attempt per job is remembered
         state = self.attempts.setdefault((job_id, attempt), _Attempt())
         out: list[NodeHealthReported] = []
         ranks = [rank_state(r, b) for r, b in sorted(beats.items())]

@@ -2,11 +2,11 @@
 
 Four real ranks of examples/torch_allreduce.py all-reduce over gloo and report their
 progress per rank; the test SIGSTOPs rank 2's process group. The other three wait in the
-all-reduce it never enters; the local adapter reads every rank's heartbeat, the policy names
-rank 2 once no rank progressed for 3 x the job's p99 step time (floored), its node gets
-``HangInJob`` with the evidence, triage restarts the job in place (the node checks healthy),
-the stopped rank is killed after the grace period, and attempt 2 resumes from the newest
-checkpoint and steps on.
+all-reduce it never enters (or it stopped inside it); the local adapter reads every rank's
+heartbeat, the policy names rank 2 once no rank progressed for 3 x the job's p99 step time
+(floored), its node gets ``HangInJob`` with the evidence, triage restarts the job in place
+(the node checks healthy), the stopped rank is killed after the grace period, and attempt 2
+resumes from the newest checkpoint and steps on.
 """
 
 from __future__ import annotations
@@ -112,7 +112,9 @@ def test_sigstop_of_one_rank_is_found_named_and_the_job_resumes(tmp_path: Path) 
         cond = next(c for c in report["data"]["conditions"] if c["type"] == "HangInJob")
         details = cond["details"]
         assert report["data"]["node_id"] == workers[2].node_id  # the culprit's node
-        assert details["culprit"] == 2 and "did not enter all_reduce" in cond["reason"]
+        # (stopped before entering the all-reduce the others wait in, or inside it)
+        assert details["culprit"] == 2 and "rank 2" in cond["reason"]
+        assert "did not enter all_reduce" in cond["reason"] or "stopped" in cond["reason"]
         # within the threshold (3 x p99, floored) plus one report interval (and a poll)
         detected = report["data"]["observed_at"] - stopped_at
         assert detected <= details["threshold_s"] + TIER_SCAN_S + 1.0, (detected, details)

@@ -90,7 +90,7 @@ def condition(app: EmbeddedApp, ctype: str) -> dict[str, Any] | None:
 def setup(root: Path, floor: float) -> EmbeddedApp:
     config = replace(ControlPlaneConfig(), grace_period_s=2.0, heartbeat_timeout_s=60)
     app = embedded(root / "state", config=config, compute_options=demo_compute_options())
-    app.compute.ranks = RankWatch(hang=HangConfig(floor_s=floor))  # type: ignore[attr-defined]
+    app.compute.ranks = RankWatch(hang=HangConfig(floor_s=floor))
     with app.transaction() as uow:
         job_commands.create_cluster(CLUSTER, uow, app.deps)
 
@@ -140,7 +140,7 @@ def hang_run(floor: float) -> dict[str, Any]:
             for w in app.compute.workers("hang-1"):
                 with contextlib.suppress(OSError):
                     os.killpg(os.getpgid(w.pid), signal.SIGCONT)
-            app.compute.kill_all()  # type: ignore[attr-defined]
+            app.compute.kill_all()
             app.close()
 
 
@@ -162,7 +162,7 @@ def slow_run(factor: float, floor: float) -> dict[str, Any]:
                     "ratio_to_peers": found["details"]["ratio_to_peers"],
                     "node_ok": found["node_id"] == workers[1].node_id}
         finally:
-            app.compute.kill_all()  # type: ignore[attr-defined]
+            app.compute.kill_all()
             app.close()
 
 

@@ -57,7 +57,7 @@ def spec(steps: int) -> dict[str, Any]:
 def start(tmp_path: Path) -> EmbeddedApp:
     config = replace(ControlPlaneConfig(), grace_period_s=2.0, heartbeat_timeout_s=60)
     app = embedded(tmp_path / "state", config=config, compute_options=demo_compute_options())
-    app.compute.ranks = RankWatch(hang=HangConfig(floor_s=FLOOR_S))  # type: ignore[attr-defined]
+    app.compute.ranks = RankWatch(hang=HangConfig(floor_s=FLOOR_S))
     with app.transaction() as uow:
         job_commands.create_cluster(CLUSTER, uow, app.deps)
     assert app.run(lambda: _cluster_ready(app), timeout_s=30)
@@ -130,7 +130,7 @@ def test_sigstop_of_one_rank_is_found_named_and_the_job_resumes(tmp_path: Path) 
         for w in app.compute.workers("hang-1"):
             with contextlib.suppress(OSError):
                 os.killpg(os.getpgid(w.pid), signal.SIGCONT)
-        app.compute.kill_all()  # type: ignore[attr-defined]
+        app.compute.kill_all()
         app.close()
 
 

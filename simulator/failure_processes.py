@@ -13,6 +13,8 @@ import math
 import numpy as np
 
 from shared.domain.events import JobInterruptRequested, NodeHealthReported
+from shared.domain.health import JOB_PROGRESS_SOURCE, ConditionType
+from shared.policies import hangs
 from simulator.clock import EPOCH_S, call_later
 from simulator.failures import (
     FailureModel,
@@ -25,6 +27,9 @@ from simulator.picking import Qualifying
 from simulator.streams import DETECT_DOMAIN, FAILURES_DOMAIN
 from simulator.tiers import mark_gone
 from simulator.world import AGENT_SOURCE, OPERATOR_SOURCE, Attempt, SimNode
+
+HANG_CFG = hangs.HangConfig()  # the adapters' defaults
+HANG_READ_S = 2.0  # the adapters read the ranks' heartbeats this often (TIER_SCAN_S)
 
 
 class FailureProcesses(JobModel):
@@ -155,6 +160,8 @@ class FailureProcesses(JobModel):
             if fault.fix != "none":  # the node leaves for a repair: its memory with it
                 mark_gone(att, node.node_id)
             self._kill(att, now, cause.name, hang=cause.hang or fault.signal.node_down)
+            if (cause.hang or fault.signal.node_down) and att.job.cfg.rank_progress:
+                self._find_hang(node, att)
         if fault.fix == "none":
             if self.failing:
                 self._renew_life(node)  # transient: nothing on the node to repair
@@ -163,6 +170,29 @@ class FailureProcesses(JobModel):
             self.fitness_changed(node)
         if not fault.signal.empty:
             self._report_fault(node, fault, now)
+
+    def _find_hang(self, node: SimNode, att: Attempt) -> None:
+        """The adapters' reading of the ranks' progress (``rank_progress.RankWatch``): no rank
+        progresses past the policy's threshold (its p99 is the scenario's step time), found
+        at the next read of the heartbeats, and named on the node that stopped."""
+        cfg = att.job.cfg
+        limit = hangs.threshold([cfg.step_time_s] * HANG_CFG.min_steps, HANG_CFG)
+        call_later(self.env, limit + HANG_READ_S, self._report_hang, node, att, limit)
+
+    def _report_hang(self, node: SimNode, att: Attempt, limit: float) -> None:
+        if att.exited or node.attempt is not att:
+            return
+        observed = EPOCH_S + float(self.env.now)
+        rank = att.node_ids.index(node.node_id) if node.node_id in att.node_ids else None
+        silent = float(self.env.now) - (att.stopped_at or float(self.env.now))
+        self.timeline.append((float(self.env.now), "hang found", node.node_id, att.job.job_id))
+        self.emit(NodeHealthReported(node_id=node.node_id, observed_at=observed, conditions=({
+            "type": ConditionType.HANG_IN_JOB.value, "status": "true", "since": observed,
+            "reason": f"job {att.job.job_id}: rank {rank} stopped; no rank progressed for "
+                      f"{silent:.0f} s (limit {limit:.0f} s)",
+            "details": {"job_id": att.job.job_id, "attempt": att.number, "culprit": rank,
+                        "silent_s": silent, "threshold_s": limit}},),
+            source=JOB_PROGRESS_SOURCE), AGENT_SOURCE)
 
     def _report_fault(self, node: SimNode, fault: Fault, fault_at: float) -> None:
         """Report ``fault`` after its detection delay; ``fault_at`` is the condition's

@@ -146,7 +146,7 @@ def parse_cluster(value: Any, path: str) -> ClusterCfg:
 
 JOB_KEYS = ("name", "partition", "nodes", "step_time", "checkpoint_interval", "checkpoint_save",
             "checkpoint_restore", "startup", "warmup", "mfu", "work", "submit_at", "priority",
-            "crash_exit", "hang_exit", "launch_fail", "max_restarts")
+            "crash_exit", "hang_exit", "launch_fail", "max_restarts", "rank_progress")
 
 
 def parse_job(value: Any, path: str, cluster: ClusterCfg, index: int) -> JobCfg:
@@ -199,6 +199,7 @@ def parse_job(value: Any, path: str, cluster: ClusterCfg, index: int) -> JobCfg:
                                join(path, "launch_fail")),
         max_restarts=integer(get(data, "max_restarts", DEFAULT_MAX_RESTARTS),
                              join(path, "max_restarts"), low=0),
+        rank_progress=boolean(get(data, "rank_progress", False), join(path, "rank_progress")),
     )
 
 

@@ -46,13 +46,14 @@ from shared.domain.events import (
 )
 from shared.domain.model import Checkpoint, Job, JobState, NodeState
 from shared.handling import Deps, Outcome
-from shared.policies import checkpointing
+from shared.policies import checkpointing, hangs
 from shared.policies.recovery import Tier
 from shared.ports import UnitOfWork
 
 SERVICE = "checkpoint_resume"
 PREEMPTED_EXIT = exits.PREEMPTED  # the program checkpointed on SIGTERM and asks to resume
 KEEP_CHECKPOINTS = 20
+KEEP_HANGS = 5
 
 
 def on_node_draining(event: NodeDraining, uow: UnitOfWork, deps: Deps) -> None:
@@ -69,7 +70,21 @@ def on_interrupt_requested(event: JobInterruptRequested, uow: UnitOfWork, deps: 
         raise NotFound("job", event.job_id)
     if job.state is not JobState.RUNNING or job.attempt != event.attempt:
         return
-    _interrupt(job, event.reason, uow, deps)
+    _interrupt(job, hung(job, event), uow, deps)
+
+
+def hung(job: Job, event: JobInterruptRequested) -> str:
+    """A restart for a hang (``shared.policies.hangs``) is remembered with its culprit's
+    node; a job that hung before on another node hangs in its program: the reason says so
+    and the job fails when its workers exit, its nodes not blamed."""
+    if not event.reason.startswith(hangs.HANG_IN_JOB) or job.interrupt_requested_at is not None:
+        return event.reason
+    before = list(job.recovery.hung_on)
+    job.recovery.hung_on = [*before, event.node_id][-KEEP_HANGS:]
+    if not hangs.program_fault(before, event.node_id):
+        return event.reason
+    return (f"{hangs.PROGRAM_HANG}: the job hung on {', '.join(before)} and again on "
+            f"{event.node_id}: the program's fault, not the nodes' ({event.reason})")
 
 
 def _interrupt(job: Job, reason: str, uow: UnitOfWork, deps: Deps) -> None:
@@ -136,6 +151,10 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         _finished(job, uow, "cancelled by the user")
         return
     asked = job.interrupt_requested_at is not None
+    if asked and job.interrupt_reason.startswith(hangs.PROGRAM_HANG):
+        job.error = job.interrupt_reason
+        _finish(job, JobState.FAILED, job.error, uow, deps)
+        return
     restart_anyway = job.spec.scheduling.restart_job_on_worker_restart
     node_fault, blamed = False, list[str]()
     unsound: list[str] | None = None  # the job's nodes with something against them

@@ -52,12 +52,20 @@ class ConditionType(enum.StrEnum):
     # The cloud's own notice: the host under the node has maintenance scheduled (Compute
     # Engine's resourceStatus.upcomingMaintenance), reported by the compute adapter.
     UPCOMING_MAINTENANCE = "UpcomingMaintenance"  # details: {"type", "window_start", ...}
+    # From a job's own per-rank progress (``shared.adapters.compute.rank_progress``), about
+    # the node a rank runs on: the rank a hang waits for (``culprit`` null: the program's own)
+    # and a rank persistently slower than its peers. Evidence, not a fault: the node stays
+    # sound for the recovery policy unless its own checks say otherwise.
+    HANG_IN_JOB = "HangInJob"  # details: {"job_id", "attempt", "culprit", "silent_s", ...}
+    SLOW_IN_JOB = "SlowInJob"  # details: {"job_id", "attempt", "rank", "ratio_to_peers"}
 
 
 # conditions that slow or warn but do not end a job's attempt (a node with only these is sound)
 NON_FATAL_CONDITIONS = frozenset({ConditionType.SLOW_SPEED_CHECK.value,
                                   ConditionType.THERMAL_THROTTLING.value,
-                                  ConditionType.DISK_PRESSURE.value})
+                                  ConditionType.DISK_PRESSURE.value,
+                                  ConditionType.HANG_IN_JOB.value,
+                                  ConditionType.SLOW_IN_JOB.value})
 
 # condition types only an operator sets and lifts: an agent's report cannot clear them
 OPERATOR_CONDITIONS = frozenset({ConditionType.DRAINED_BY_OPERATOR.value,
@@ -66,7 +74,8 @@ OPERATOR_SOURCE = "operator"
 # reports made about a node from outside it (the heartbeat monitor, the cloud's compute API):
 # they say nothing about its agent being alive, so they are no heartbeat
 COMPUTE_SOURCE = "compute-engine"
-REMOTE_SOURCES = frozenset({"heartbeat-monitor", COMPUTE_SOURCE})
+JOB_PROGRESS_SOURCE = "job-progress"  # the adapters' reading of the ranks' heartbeats
+REMOTE_SOURCES = frozenset({"heartbeat-monitor", COMPUTE_SOURCE, JOB_PROGRESS_SOURCE})
 
 
 class Severity(enum.StrEnum):

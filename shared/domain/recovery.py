@@ -25,7 +25,9 @@ it are ``shared.policies.restarts`` and ``shared.domain.progress``).
   ``RecoveryPlan`` mode, "" when placed);
 * ``tiers``: per checkpoint tier other than durable (those are ``Job.checkpoints``), the
   newest entry ``{step, at, attempt, save_s}``; ``startup``: measured startup seconds,
-  ``cold`` and ``warm`` (JobStarted to JobFirstStep, less the restore).
+  ``cold`` and ``warm`` (JobStarted to JobFirstStep, less the restore);
+* ``hung_on``: per hang seen (``shared.policies.hangs``), the node of its culprit rank, newest
+  last (a few kept): a hang again on another node is the program's fault.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class JobRecovery:
     attempt_mode: str = ""  # how the running attempt was started ("": placed)
     tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
     startup: dict[str, float] = field(default_factory=dict)
+    hung_on: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +78,7 @@ class JobRecovery:
             "attempt_mode": self.attempt_mode,
             "tiers": {k: dict(v) for k, v in self.tiers.items()},
             "startup": dict(self.startup),
+            "hung_on": list(self.hung_on),
         }
 
     @classmethod
@@ -94,6 +98,7 @@ class JobRecovery:
             attempt_mode=d.get("attempt_mode", ""),
             tiers={k: dict(v) for k, v in (d.get("tiers") or {}).items()},
             startup=dict(d.get("startup") or {}),
+            hung_on=list(d.get("hung_on") or []),
         )
 
     def decided(self, decision: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ pretrained model).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -35,6 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from shared.program.lm_data import VOCAB_SIZE, SftStream, TokenStream, stdlib_corpus
+from shared.program.progress import RankProgress
 from shared.program.runtime import Env, Hypertune, Scalars, exit_now
 from shared.program.torch_checkpoint import (
     EXIT_OK,
@@ -125,17 +127,20 @@ class LossMeter:
         self.value, self.count = float(state["value"]), int(state["count"])
 
 
-def average_gradients(model: torch.nn.Module, world_size: int) -> None:
+def average_gradients(model: torch.nn.Module, world_size: int,
+                      progress: RankProgress | None = None) -> None:
     """Data parallelism without DDP's buckets: one all-reduce per parameter, in the model's
     order. Why: DDP lays its buckets out in parameter order on the first iteration and in
     gradient-ready order from the second on, and gloo's ring all-reduce adds a tensor's
     elements in an order that depends on where they sit in the bucket; with more than two
     ranks a run resumed mid-way (whose first iteration is not step 1) then differs from an
-    uninterrupted one in the last bits. Per parameter the order depends only on its size."""
-    for p in model.parameters():
-        if p.grad is not None:
-            p.grad.div_(world_size)
-            dist.all_reduce(p.grad)
+    uninterrupted one in the last bits. Per parameter the order depends only on its size.
+    ``progress``: the rank's progress report sees the all-reduces as one collective."""
+    with progress.collective("all_reduce_grads") if progress else contextlib.nullcontext():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(world_size)
+                dist.all_reduce(p.grad)
 
 
 def make_stream(config: Mapping[str, Any], env: Env) -> TokenStream | SftStream:
@@ -188,6 +193,10 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
     scalars = Scalars(env.tensorboard_dir, env.attempt, enabled=env.rank == 0)
     sleep_s = float(hp.get("step_sleep_s", 0.0))
     tokens, started = 0, time.perf_counter()
+    progress = RankProgress.from_env(os.environ, env.rank)  # per-rank progress (hangs)
+    if tiers is not None:  # one heartbeat file, one writer: the tiers' carries the progress
+        progress.link(tiers.tiers)
+    progress.begin_step()
     try:
         while step < steps:
             ids, labels = stream.next_batch()
@@ -197,7 +206,7 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             if distributed:
-                average_gradients(model, env.world_size)
+                average_gradients(model, env.world_size, progress)
             torch.nn.utils.clip_grad_norm_(wrapped.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
@@ -205,8 +214,10 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
             tokens += ids.numel()
             value = loss.detach().clone()
             if distributed:
-                dist.all_reduce(value)
+                with progress.collective("all_reduce_loss"):
+                    dist.all_reduce(value)
                 value /= env.world_size
+            progress.step_done(step)
             meter.add(float(value))
             scalars.add(step, {"loss": float(value), "lr": float(scheduler.get_last_lr()[0])})
             if step % max(1, steps // 10) == 0:
@@ -219,6 +230,7 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
                 return EXIT_PREEMPTED
     finally:
         scalars.close()
+        progress.close()
         ckpt.close()
     elapsed = time.perf_counter() - started
     tokens_per_s = tokens * env.world_size / elapsed if elapsed > 0 and tokens else 0.0

@@ -15,7 +15,9 @@ set them (``shared.adapters.compute.protocol.managed_env``) and the program that
 * ``MTC_PROGRESS_INTERVAL_S``: the least seconds between two heartbeats (default 5).
 * ``MTC_RESTORE_TIMEOUT_S``: how long a rank waits for the others' restorable steps.
 * ``MTC_PROGRESS_FILE``: the rank's heartbeat (JSON: step, time, newest step per tier, the
-  last save's tier and blocking seconds), rewritten at a bounded rate.
+  last save's tier and blocking seconds), rewritten at a bounded rate; with per-rank
+  progress (``shared.program.progress``) also compute and wait seconds, the newest steps'
+  timings and the collective last entered or left with its sequence number (docs/hangs.md).
 """
 
 from __future__ import annotations

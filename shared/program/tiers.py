@@ -184,6 +184,8 @@ class TieredCheckpointer:
         self._beat_at = -float("inf")
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=1)
         self._thread: threading.Thread | None = None
+        # more heartbeat fields (``shared.program.progress.RankProgress.link``: per-rank progress)
+        self.extra: Callable[[], dict[str, object]] | None = None
 
     # ------------------------------------------------------------ saving
 
@@ -308,7 +310,7 @@ class TieredCheckpointer:
                 return
             self._beat_at = now
             last = self.last_save
-            body = {
+            body: dict[str, object] = {
                 "rank": s.rank, "world_size": s.world_size, "attempt": s.attempt,
                 "pid": os.getpid(), "step": self._step, "time": time.time(),
                 "newest": dict(self.newest),
@@ -317,6 +319,8 @@ class TieredCheckpointer:
                 "last_save": None if last is None else {
                     "step": last.step, "tiers": list(last.tiers), "blocking_s": last.blocking_s},
             }
+            if self.extra is not None:
+                body.update(self.extra())
             with contextlib.suppress(OSError):  # a heartbeat is best effort
                 s.progress_file.parent.mkdir(parents=True, exist_ok=True)
                 entries.atomic_file(s.progress_file, json.dumps(body).encode())

@@ -82,6 +82,7 @@ from shared.adapters.compute.protocol import (
     tier_env,
     with_message,
 )
+from shared.adapters.compute.rank_progress import RankWatch
 from shared.adapters.compute.worker_logs import LogFile, tail_note
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
@@ -146,6 +147,7 @@ class LocalCompute:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._children: set[int] = set()  # launchers we spawned: ours to reap
         self._tiers_scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last read
+        self.ranks = RankWatch()  # per-rank progress: hangs and stragglers (rank_progress)
         self.store = FactStore(self.state_dir / self.DB_FILE, NODES_SCHEMA + _SCHEMA, emit, clock)
         self.nodes = LocalNodes(NodeSettings(
             repair_durations_s={**DEFAULT_REPAIR_DURATIONS_S, **(repair_durations_s or {})},
@@ -459,6 +461,11 @@ class LocalCompute:
             self.store.queue(db, fact)
         self.store.queue(db, report_first_step(ledger, att["job_id"], att["attempt"],
                                                att["checkpoint_dir"], now))
+        node_of = {r["rank"]: r["node_id"] for r in db.execute(
+            "SELECT rank, node_id FROM workers WHERE job_id = ? AND attempt = ?", key)}
+        for health in self.ranks.scan(att["job_id"], att["attempt"], att["checkpoint_dir"],
+                                    node_of, now):
+            self.store.queue(db, health)
 
     def poll(self) -> None:
         """Turn what happened since the last poll (by any process) into events, once each."""

@@ -31,6 +31,7 @@ from shared.adapters.compute.ledger import (
     workers_exited,
 )
 from shared.adapters.compute.protocol import ExitCode, read_exit_file, safe_name, with_message
+from shared.adapters.compute.rank_progress import RankWatch
 from shared.adapters.compute.slurm.api import (
     REQUEUED_JOB_STATES,
     TERMINAL_JOB_STATES,
@@ -66,6 +67,7 @@ class SlurmAttempts:
         self._ops = ops
         self._instance = instance
         self._tiers_scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last read
+        self.ranks = RankWatch()  # per-rank progress: hangs and stragglers (rank_progress)
         ops.register("submit", self._op_submit, self._done_submit, self._failed_submit)
         ops.register("signal", self._op_signal)
         ops.register("cancel", self._op_cancel)
@@ -383,6 +385,16 @@ class SlurmAttempts:
                 self._store.queue(db, fact)
             self._store.queue(db, report_first_step(ledger, att["job_id"], att["attempt"],
                                                     att["checkpoint_dir"], now))
+            for health in self.ranks.scan(att["job_id"], att["attempt"], att["checkpoint_dir"],
+                                        self._node_of(db, att), now):
+                self._store.queue(db, health)
+
+    def _node_of(self, db: sqlite3.Connection, att: sqlite3.Row) -> dict[int, str]:
+        """The mtc node of each rank (rank r runs on the attempt's r-th Slurm node)."""
+        hosts = list(json.loads(att["slurm_nodes"]))
+        ids = {r["slurm_node"]: r["node_id"] for r in db.execute(
+            "SELECT node_id, slurm_node FROM nodes WHERE slurm_node IS NOT NULL AND deleted = 0")}
+        return {rank: ids.get(host, "") for rank, host in enumerate(hosts)}
 
 
 def previous_hosts(db: sqlite3.Connection, job_id: str, attempt: int) -> list[str]:

@@ -436,3 +436,37 @@ def test_an_outage_does_not_time_out_a_repair(
     compute.poll()
     [done] = events.of(NodeRepairCompleted)
     assert done.ok
+
+
+def test_a_hang_is_named_on_the_slurm_node_of_its_culprit_rank(
+    make: Callable[..., SlurmCompute], events: Events, clock: Clock, tmp_path: Path
+) -> None:
+    """The Slurm adapter reads every rank's heartbeat (rank r on the attempt's r-th node) and
+    reports the hang's culprit on its mtc node (shared.adapters.compute.rank_progress)."""
+    import json
+
+    from shared.adapters.compute.protocol import progress_path
+    from shared.domain.events import NodeHealthReported
+
+    compute = make()
+    provisioned(compute, "w0", "w1")
+    workers = gang("job-h", 1, tmp_path)
+    compute.start_workers(workers)
+    now = clock.now()
+    for rank, (seq, inside) in enumerate(((8, True), (7, False))):  # rank 1 never entered #8
+        path = progress_path(workers.checkpoint_dir, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            "rank": rank, "attempt": 1, "time": now, "step": 7, "progress_at": now,
+            "beat_every_s": 1.0, "steps": [[s, 0.5, 0.1] for s in range(1, 8)],
+            "collective": {"name": "all_reduce", "seq": seq,
+                           "state": "entered" if inside else "left", "at": now}}))
+    compute.poll()
+    assert events.of(NodeHealthReported) == [] or all(
+        c["type"] != "HangInJob" for e in events.of(NodeHealthReported) for c in e.conditions)
+    clock.advance(30.0)  # past 3 x p99 (0.6 s), floored at 10 s
+    compute.poll()
+    hung = [e for e in events.of(NodeHealthReported)
+            if any(c["type"] == "HangInJob" for c in e.conditions)]
+    assert [e.node_id for e in hung] == ["w1"]
+    assert hung[0].conditions[0]["details"]["culprit"] == 1

@@ -52,6 +52,9 @@ class ConditionType(enum.StrEnum):
     # The cloud's own notice: the host under the node has maintenance scheduled (Compute
     # Engine's resourceStatus.upcomingMaintenance), reported by the compute adapter.
     UPCOMING_MAINTENANCE = "UpcomingMaintenance"  # details: {"type", "window_start", ...}
+    # The active checks' known-answer compute test on an idle node (shared.probes.known_answer):
+    # details: {"checksum", "expected", "corrupt": bool, "slow": bool, "ratio_to_baseline"}
+    KNOWN_ANSWER_MISMATCH = "KnownAnswerMismatch"
 
 
 # conditions that slow or warn but do not end a job's attempt (a node with only these is sound)
@@ -66,7 +69,10 @@ OPERATOR_SOURCE = "operator"
 # reports made about a node from outside it (the heartbeat monitor, the cloud's compute API):
 # they say nothing about its agent being alive, so they are no heartbeat
 COMPUTE_SOURCE = "compute-engine"
-REMOTE_SOURCES = frozenset({"heartbeat-monitor", COMPUTE_SOURCE})
+PREFLIGHT_SOURCE = "preflight"  # a gang's preflight (shared.preflight) blames a node
+ACTIVE_CHECK_SOURCE = "active-check"  # an idle node's active checks (shared.active_checks)
+REMOTE_SOURCES = frozenset({"heartbeat-monitor", COMPUTE_SOURCE, PREFLIGHT_SOURCE,
+                            ACTIVE_CHECK_SOURCE})
 
 
 class Severity(enum.StrEnum):

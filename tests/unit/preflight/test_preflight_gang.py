@@ -5,6 +5,7 @@ badput of the job in the one goodput accounting."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +28,9 @@ from shared.policies.preflight import (
 )
 from tests.harness import CLUSTER, FakeCompute, Plane, job_body
 
-POOL: dict[str, Any] = {**CLUSTER["nodePools"][0], "nodeCount": 6}  # type: ignore[index]
-QUICK: dict[str, Any] = {**CLUSTER, "labels": {"mtc-preflight": "quick"}, "nodePools": [POOL]}
+QUICK: dict[str, Any] = copy.deepcopy(CLUSTER)
+QUICK["labels"] = {"mtc-preflight": "quick"}
+QUICK["nodePools"][0]["nodeCount"] = 6  # a 3-node gang placed again without its culprit
 
 
 @dataclass

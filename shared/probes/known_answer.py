@@ -15,6 +15,7 @@ the fault-injection hook that tests and demos use to play a node that computes w
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,12 +59,12 @@ def compute(corrupt_by: int = 0, repeats: int = 3) -> KnownAnswer:
 
 
 def condition(result: KnownAnswer, now: float, *, baseline_s: float | None = None,
-              min_ratio: float = 0.5) -> Condition:
+              min_ratio: float = 0.5, extra: Mapping[str, Any] | None = None) -> Condition:
     """TRUE with ``corrupt`` on a wrong answer; TRUE with ``slow`` when slower than
     ``min_ratio`` of the baseline; FALSE otherwise (no baseline: correctness only)."""
     ratio = round(baseline_s / result.elapsed_s, 3) if baseline_s and result.elapsed_s > 0 \
         else None
-    details: dict[str, Any] = {"checksum": result.checksum, "expected": EXPECTED,
+    details: dict[str, Any] = {**(extra or {}), "checksum": result.checksum, "expected": EXPECTED,
                                "elapsed_s": result.elapsed_s, "ratio_to_baseline": ratio,
                                "corrupt": not result.correct,
                                "slow": ratio is not None and ratio < min_ratio}

@@ -8,8 +8,9 @@
   ``poll()`` after ``duration_s``: the known-answer compute test runs for real (on this CPU:
   the stand-in for the GPU's), wrong by one where a ``KnownAnswerMismatch`` fault is
   injected; the short DCGM diagnostic and the thermal read are the injected faults of those
-  types, else ``unknown``: a simulated node runs no dcgmi and has no sensor, never a pass it
-  did not run. A cancelled check reports nothing.
+  types, else left out of the report: a simulated node runs no dcgmi and has no sensor, and
+  the report claims nothing it did not run (an ``unknown`` beside the agent's own ``false``
+  would flip the node's condition at every report). A cancelled check reports nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.preflight_gloo import GlooPreflight
 from shared.domain.events import NodeHealthReported
-from shared.domain.health import ACTIVE_CHECK_SOURCE, Condition, ConditionStatus, ConditionType
+from shared.domain.health import ACTIVE_CHECK_SOURCE, Condition, ConditionType
 from shared.policies.preflight import PreflightPlan, PreflightResult
 from shared.probes import known_answer
 
@@ -33,7 +34,6 @@ CREATE TABLE IF NOT EXISTS active_checks (
 """
 SLOW_LINK_S = 0.3
 KEY = "active_check_key"  # (shared.active_checks.KEY: adapters do not import the handlers)
-NO_TOOL = "simulated local node: no {what} on it"
 CTYPE = ConditionType
 
 
@@ -85,11 +85,10 @@ class LocalChecks:
             wrong = 1 if CTYPE.KNOWN_ANSWER_MISMATCH.value in faults else 0
             found = [known_answer.condition(known_answer.compute(corrupt_by=wrong), now,
                                             extra={KEY: key})]
-            for ctype, what in ((CTYPE.DCGM_DIAG_FAILED, "dcgmi"),
-                                (CTYPE.THERMAL_THROTTLING, "thermal sensor")):
-                cond = faults.get(ctype.value) or Condition(
-                    ctype.value, ConditionStatus.UNKNOWN, NO_TOOL.format(what=what), now)
-                found.append(Condition(cond.type, cond.status, cond.reason, now,
-                                       {**cond.details, KEY: key}))
+            for ctype in (CTYPE.DCGM_DIAG_FAILED, CTYPE.THERMAL_THROTTLING):
+                cond = faults.get(ctype.value)
+                if cond is not None:  # (else not run: no dcgmi, no sensor; no claim either way)
+                    found.append(Condition(cond.type, cond.status, cond.reason, now,
+                                           {**cond.details, KEY: key}))
             self._store.queue(db, NodeHealthReported(
                 node_id, now, tuple(c.to_dict() for c in found), source=ACTIVE_CHECK_SOURCE))

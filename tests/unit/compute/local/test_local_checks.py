@@ -44,7 +44,8 @@ def test_active_checks_report_once_and_a_cancelled_one_never(
     compute = make_compute(active_check_duration_s=5.0)
     assert isinstance(compute, ActiveChecks) and isinstance(compute, Preflight)
     up(compute, "n1", "n2", "n3")
-    compute.inject_fault("n2", [fault(CT.KNOWN_ANSWER_MISMATCH.value)])
+    compute.inject_fault("n2", [fault(CT.KNOWN_ANSWER_MISMATCH.value),
+                                fault(CT.DCGM_DIAG_FAILED.value)])
     recorder.events.clear()
     compute.start_active_check("n1", "k1")
     compute.start_active_check("n1", "k1")  # a repeat: one check
@@ -61,10 +62,12 @@ def test_active_checks_report_once_and_a_cancelled_one_never(
     assert all(r.source == ACTIVE_CHECK_SOURCE for r in reports.values())
     by_type = {c["type"]: c for c in reports["n1"].conditions}
     assert by_type[CT.KNOWN_ANSWER_MISMATCH.value]["status"] == "false"
-    assert by_type[CT.DCGM_DIAG_FAILED.value]["status"] == "unknown"  # no dcgmi: not a pass
+    assert CT.DCGM_DIAG_FAILED.value not in by_type  # no dcgmi: not run, not a pass
     assert by_type[CT.KNOWN_ANSWER_MISMATCH.value]["details"]["active_check_key"] == "k1"
     wrong = {c["type"]: c for c in reports["n2"].conditions}[CT.KNOWN_ANSWER_MISMATCH.value]
     assert wrong["status"] == "true" and wrong["details"]["corrupt"] is True
+    dcgm = {c["type"]: c for c in reports["n2"].conditions}[CT.DCGM_DIAG_FAILED.value]
+    assert dcgm["status"] == "true" and dcgm["details"]["active_check_key"] == "k2"
 
 
 @pytest.mark.slow

@@ -214,8 +214,8 @@ def domain_body(cluster_id: str, message: ModelDevelopmentCluster) -> dict[str, 
                               for p in slurm.partitions]
     # the labels mtc reads: the recovery pin (shared.policies.recovery; docs/recovery.md) and
     # the preflight mode (shared.policies.preflight; docs/preflight.md)
-    labels = {k: message.labels[k] for k in (recovery.MODE_LABEL, preflight.LABEL)
-              if k in message.labels}
+    read = (recovery.MODE_LABEL, preflight.LABEL, preflight.FLOOR_LABEL)
+    labels = {k: message.labels[k] for k in read if k in message.labels}
     if labels:
         body["labels"] = labels
     return body

@@ -36,7 +36,7 @@ def create_cluster(body: Any, uow: UnitOfWork, deps: Deps) -> Cluster:
     spec = ClusterSpec.parse(body)
     for name, message in recovery.label_errors(dict(spec.labels)):
         raise ValidationError(name, message)
-    preflight.mode_of(spec.labels)  # off, quick or thorough: a 400 naming the label
+    preflight.plan_for(spec.labels)  # the mode and floor labels: a 400 naming the label
     now = deps.clock.now()
     existing = uow.clusters.get(spec.cluster_id)
     if existing is not None and existing.state is not ClusterState.DELETED:
@@ -71,7 +71,7 @@ def update_cluster(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps) -> C
         raise ValidationError("clusterId", f"cannot change the cluster id ({cluster_id})")
     for name, message in recovery.label_errors(dict(spec.labels)):
         raise ValidationError(name, message)
-    preflight.mode_of(spec.labels)  # off, quick or thorough: a 400 naming the label
+    preflight.plan_for(spec.labels)  # the mode and floor labels: a 400 naming the label
     if spec == cluster.spec:
         return cluster
     for pool in cluster.spec.node_pools:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from shared.domain.errors import ValidationError
 
 LABEL = "mtc-preflight"
+FLOOR_LABEL = "mtc-preflight-min-busbw-gbps"  # the cluster's own floor (a GPU fabric's)
 MODES = ("off", "quick", "thorough")
 
 
@@ -55,13 +56,32 @@ def mode_of(labels: Sequence[tuple[str, str]]) -> str:
     return mode
 
 
+def floor_of(labels: Sequence[tuple[str, str]]) -> float | None:
+    """The cluster's bus-bandwidth floor in GB/s, if it sets one; ValidationError naming
+    the label when it is not a positive number."""
+    text = dict(labels).get(FLOOR_LABEL)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ValidationError(f"labels.{FLOOR_LABEL}", f"must be a positive number of GB/s, "
+                              f"got {text!r}")
+    return value
+
+
 def plan_for(labels: Sequence[tuple[str, str]], min_busbw_gbps: float | None = None
              ) -> PreflightPlan | None:
-    """The plan for a cluster (None: off). ``min_busbw_gbps`` overrides the mode's floor."""
+    """The plan for a cluster (None: off). The floor: ``min_busbw_gbps``, else the cluster's
+    label ``mtc-preflight-min-busbw-gbps``, else the mode's."""
     mode = mode_of(labels)
+    floor = floor_of(labels)  # (validated whatever the mode)
     if mode == "off":
         return None
     plan = PLANS[mode]
+    min_busbw_gbps = min_busbw_gbps if min_busbw_gbps is not None else floor
     if min_busbw_gbps is not None:
         plan = PreflightPlan(plan.mode, plan.dcgm_level, plan.message_bytes, plan.iterations,
                              min_busbw_gbps, plan.timeout_s)

@@ -25,6 +25,7 @@ from shared.policies.preflight import (
     PreflightPlan,
     PreflightResult,
     culprits,
+    plan_for,
 )
 from tests.harness import CLUSTER, FakeCompute, Plane, job_body
 
@@ -115,6 +116,11 @@ def test_the_mode_label_is_validated_and_off_runs_nothing() -> None:
     plane = Plane()
     with pytest.raises(ValidationError, match="mtc-preflight"):
         plane.api(job_commands.create_cluster, {**CLUSTER, "labels": {"mtc-preflight": "x"}})
+    with pytest.raises(ValidationError, match=r"labels\.mtc-preflight-min-busbw-gbps"):
+        plane.api(job_commands.create_cluster, {**CLUSTER, "labels": {
+            "mtc-preflight": "quick", "mtc-preflight-min-busbw-gbps": "-3"}})
+    plan = plan_for((("mtc-preflight", "thorough"), ("mtc-preflight-min-busbw-gbps", "300")))
+    assert plan is not None and plan.min_busbw_gbps == 300.0 and plan.dcgm_level == 2
     plane.up()  # no label: off
     plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()

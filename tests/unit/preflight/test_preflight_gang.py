@@ -26,8 +26,9 @@ from shared.policies.preflight import (
     PreflightResult,
     culprits,
     plan_for,
+    wanted,
 )
-from tests.harness import CLUSTER, FakeCompute, Plane, job_body
+from tests.harness import CLUSTER, FakeCompute, Plane, job_body, xid
 
 QUICK: dict[str, Any] = copy.deepcopy(CLUSTER)
 QUICK["labels"] = {"mtc-preflight": "quick"}
@@ -135,3 +136,41 @@ def test_a_backend_without_preflight_starts_the_job_and_says_it_did_not_run() ->
     checks = [e.event for e in plane.delivered if isinstance(e.event, JobPreflightChecked)]
     assert len(checks) == 1 and checks[0].detail.startswith("not run")
     assert plane.job("j1").state is JobState.RUNNING
+
+
+@dataclass
+class RecordingPreflight(FakeCompute):
+    """A preflight that passes and remembers the gangs it checked (no processes)."""
+
+    checked: list[tuple[str, ...]] = field(default_factory=list)
+
+    def run_preflight(self, job_id: str, node_ids: Any, plan: PreflightPlan
+                      ) -> PreflightResult:
+        self.checked.append(tuple(node_ids))
+        now = self.clock.now()
+        return PreflightResult((), (PairCheck(tuple(node_ids), 1.0),), now, now)
+
+
+def test_a_requeued_job_placed_on_a_new_node_is_preflighted_with_all_its_nodes() -> None:
+    plane = Plane()
+    compute = RecordingPreflight(clock=plane.clock)
+    plane.compute = compute
+    plane.deps = type(plane.deps)(**{**plane.deps.__dict__, "compute": compute})
+    body: dict[str, Any] = copy.deepcopy(CLUSTER)
+    body["labels"] = {"mtc-preflight": "quick", "mtc-recovery-mode": "requeue"}
+    plane.up(body)
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    first = plane.job("j1")
+    assert compute.checked == [tuple(first.node_ids)]  # before the first start
+    bad, good = first.node_ids
+    plane.clock.advance(5)
+    plane.report(bad, xid(79, plane.clock.now()))
+    plane.deliver()
+    plane.exit_workers("j1", 1, 75)  # checkpointed on SIGTERM, requeued, placed again
+    job = plane.job("j1")
+    assert job.attempt == 2 and bad not in job.node_ids and good in job.node_ids
+    assert compute.checked[-1] == tuple(job.node_ids)  # the kept node and the new one
+    assert len(compute.checked) == 2
+    # a restart on the nodes the job held (a preempted program) needs none
+    assert not wanted(2, []) and wanted(0, []) and wanted(2, ["c1-gpu-002"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 from shared.domain.health import ConditionStatus, HealthReport
 from shared.domain.model import Node, NodeCondition, NodeRole, NodeState
 from shared.handling import Deps
-from shared.policies.active_checks import IdleNode, pick
+from shared.policies.active_checks import IdleNode, budget, pick
 from shared.ports import ActiveChecks, UnitOfWork
 
 ACTIVE_CHECK = "ActiveCheck"  # the bookkeeping condition on the node (set by mtc)
@@ -41,6 +41,8 @@ def start_due(cluster_id: str, uow: UnitOfWork, deps: Deps) -> list[str]:
     config = deps.config.active_checks
     if not config.enabled or not isinstance(deps.compute, ActiveChecks):
         return []
+    if budget(len(uow.nodes.ids(cluster_id, state=NodeState.IDLE)), config) < 1:
+        return []  # (keys only: a small or busy fleet decodes no node for this)
     now = deps.clock.now()
     idle = [n for n in uow.nodes.list(cluster_id, state=NodeState.IDLE)
             if n.role is NodeRole.WORKER and not n.fault]

@@ -1,7 +1,9 @@
-"""One rank of a preflight (``python -m shared.probes.allreduce OUT``): a real all-reduce.
+"""The ranks of a preflight (``python -m shared.probes.allreduce OUT``): a real all-reduce.
 
-Started once per node of the gang by ``shared.adapters.compute.preflight_gloo`` with the
-usual ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``, it runs, over torch.distributed
+Started by ``shared.adapters.compute.preflight_gloo`` with ``WORLD_SIZE``/``MASTER_ADDR``/
+``MASTER_PORT``: it imports torch once and forks one process per node of the gang (rank r
+plays node r; an import per process cost seconds each on a loaded machine). Each rank runs,
+over torch.distributed
 with gloo (the CPU backend; ``all_reduce_perf`` over NCCL is the same test where GPUs exist):
 
 1. its own check: the known-answer compute test (``shared.probes.known_answer``), the stand-in
@@ -10,9 +12,10 @@ with gloo (the CPU backend; ``all_reduce_perf`` over NCCL is the same test where
    checked against the known sum; bus bandwidth as nccl-tests counts it,
    ``2 (n-1) / n x bytes / time``.
 
-It writes its findings as JSON to ``OUT/<rank>.json``. ``MTC_PREFLIGHT_DELAY_S`` (a pause
-before every collective this rank enters) and ``MTC_PREFLIGHT_CORRUPT`` are fault injection:
-a slow link and a node that computes wrong, for tests and demos.
+It writes its findings as JSON to ``OUT/<rank>.json``. ``MTC_PREFLIGHT_DELAYS`` (JSON, rank
+to a pause before every collective it enters) and ``MTC_PREFLIGHT_CORRUPT`` (JSON, rank to
+an error added to its values) are fault injection: a slow link and a node that computes
+wrong, for tests and demos.
 """
 
 from __future__ import annotations
@@ -49,16 +52,37 @@ def _timed(group: Any, ranks: list[int], rank: int, nbytes: int, iters: int, del
     return {"ranks": ranks, "busbw_gbps": busbw, "wrong": wrong, "seconds": per}
 
 
-def main(out: Path) -> int:
+def launch(out: Path) -> int:
+    """Import torch once, fork a process per rank, wait for them; the worst exit code."""
+    import torch.distributed  # noqa: F401  (imported before the fork: once for all ranks)
+
+    world = int(os.environ["WORLD_SIZE"])
+    pids = []
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:  # the rank's own process
+            code = 1
+            try:
+                code = rank_main(out, rank, world)
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    worst = 0
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        worst = max(worst, os.waitstatus_to_exitcode(status) & 0xFF)
+    return worst
+
+
+def rank_main(out: Path, rank: int, world: int) -> int:
     import torch.distributed as dist
 
     from shared.probes import known_answer
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     nbytes = int(os.environ.get("MTC_PREFLIGHT_BYTES", str(1 << 20)))
     iters = int(os.environ.get("MTC_PREFLIGHT_ITERS", "5"))
-    delay = float(os.environ.get("MTC_PREFLIGHT_DELAY_S", "0") or 0)
-    corrupt = int(os.environ.get("MTC_PREFLIGHT_CORRUPT", "0") or 0)
+    delay = float(json.loads(os.environ.get("MTC_PREFLIGHT_DELAYS", "{}")).get(str(rank), 0))
+    corrupt = int(json.loads(os.environ.get("MTC_PREFLIGHT_CORRUPT", "{}")).get(str(rank), 0))
     answer = known_answer.compute(corrupt_by=corrupt)
     found: dict[str, Any] = {
         "rank": rank,
@@ -91,4 +115,4 @@ def _timeout() -> Any:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(launch(Path(sys.argv[1])))

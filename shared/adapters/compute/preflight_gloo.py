@@ -2,10 +2,10 @@
 node of the gang (``shared.probes.allreduce``), bounded by the plan's timeout.
 
 The embedded default's nodes are simulated on one machine, so "on node X" means "the process
-that plays node X": the all-reduce, its timing and its known sum are real, the network between
-the nodes is the loopback. Where GPUs exist the same port would run ``dcgmi diag -r N`` per
-node and ``all_reduce_perf`` across them (``shared.probes.dcgm``, ``shared.probes.nccl``);
-that backend is not built here.
+that plays node X" (forked from one that imported torch once): the all-reduce, its timing
+and its known sum are real, the network between the nodes is the loopback. Where GPUs exist
+the same port runs ``dcgmi diag -r N`` per node and ``all_reduce_perf`` across them
+(``preflight_nccl``).
 
 ``degrade_link`` and ``corrupt`` are fault injection for tests and demos: the named node's
 process pauses before every collective (a slow NIC), or computes wrong (corruption).
@@ -13,8 +13,10 @@ process pauses before every collective (a slow NIC), or computes wrong (corrupti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -56,18 +58,15 @@ class GlooPreflight:
         started = self.now()
         nodes = list(node_ids)
         with tempfile.TemporaryDirectory(prefix="mtc-preflight-") as tmp:
-            procs = self._start(nodes, plan, Path(tmp))
-            deadline = time.monotonic() + plan.timeout_s
+            proc = self._start(nodes, plan, Path(tmp))
             timed_out = False
-            for proc in procs:
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            try:
+                proc.wait(timeout=plan.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            with contextlib.suppress(ProcessLookupError):  # the ranks it forked too
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             found = {}
             for rank in range(len(nodes)):
                 path = Path(tmp) / f"{rank}.json"
@@ -76,23 +75,22 @@ class GlooPreflight:
         return _merge(nodes, found, started, self.now(), timed_out)
 
     def _start(self, nodes: list[str], plan: PreflightPlan, out: Path
-               ) -> list[subprocess.Popen[bytes]]:
-        port = _free_port()
-        base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "WORLD_SIZE": str(len(nodes)), "MTC_PREFLIGHT_BYTES": str(plan.message_bytes),
-                "MTC_PREFLIGHT_ITERS": str(plan.iterations),
-                "MTC_PREFLIGHT_TIMEOUT_S": str(plan.timeout_s), "OMP_NUM_THREADS": "1"}
+               ) -> subprocess.Popen[bytes]:
+        """One process that forks a rank per node (``shared.probes.allreduce``)."""
+        ranks = {n: r for r, n in enumerate(nodes)}
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+               "WORLD_SIZE": str(len(nodes)), "MTC_PREFLIGHT_BYTES": str(plan.message_bytes),
+               "MTC_PREFLIGHT_ITERS": str(plan.iterations),
+               "MTC_PREFLIGHT_TIMEOUT_S": str(plan.timeout_s), "OMP_NUM_THREADS": "1",
+               "MTC_PREFLIGHT_DELAYS": json.dumps({str(ranks[n]): d for n, d
+                                                   in self.link_delay_s.items() if n in ranks}),
+               "MTC_PREFLIGHT_CORRUPT": json.dumps({str(ranks[n]): c for n, c
+                                                    in self.corrupted.items() if n in ranks})}
         root = str(Path(__file__).resolve().parents[3])
-        base["PYTHONPATH"] = os.pathsep.join(filter(None, [root, base.get("PYTHONPATH")]))
-        procs = []
-        for rank, node_id in enumerate(nodes):
-            env = {**base, "RANK": str(rank),
-                   "MTC_PREFLIGHT_DELAY_S": str(self.link_delay_s.get(node_id, 0.0)),
-                   "MTC_PREFLIGHT_CORRUPT": str(self.corrupted.get(node_id, 0))}
-            procs.append(subprocess.Popen(
-                [self.python, "-m", "shared.probes.allreduce", str(out)], env=env,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
-        return procs
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        return subprocess.Popen([self.python, "-m", "shared.probes.allreduce", str(out)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
 
 
 def _merge(nodes: list[str], found: dict[int, dict[str, Any]], started: float,

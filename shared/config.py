@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.domain.errors import ValidationError
+from shared.policies.active_checks import ActiveCheckConfig
 from shared.policies.checkpointing import CheckpointPolicy
 from shared.policies.recovery import RecoveryDefaults
 from shared.policies.repair import RepairConfig
@@ -27,6 +28,8 @@ class ControlPlaneConfig:
     restart: RestartConfig = field(default_factory=RestartConfig)
     # the recovery policy's assumptions until a job measures its own (shared/policies/recovery)
     recovery: RecoveryDefaults = field(default_factory=RecoveryDefaults)
+    # idle nodes checked actively, on a budget (shared/policies/active_checks.py)
+    active_checks: ActiveCheckConfig = field(default_factory=ActiveCheckConfig)
     # progress watchdog (shared/domain/progress.py): a running job silent for longer than
     # max(progress_timeout_s, progress_interval_factor x its longest gap between checkpoints)
     # is interrupted and requeued; 0 turns it off

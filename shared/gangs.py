@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shared import active_checks
 from shared.domain import lifecycle, progress, ranks
 from shared.domain.events import JobStarted
 from shared.domain.model import Job, JobState
@@ -88,6 +89,7 @@ def start_attempt(job: Job, placed: list[str], uow: UnitOfWork, deps: Deps,
     for node_id in placed:
         node = uow.nodes.get(node_id)
         assert node is not None, f"placed on {node_id}, which is gone"
+        active_checks.yield_to_job(node, deps)  # a check on it never delays the job
         lifecycle.assign_to_job(node, job.job_id, now)
     workers = gang(job, deps, plan)
     deps.compute.start_workers(workers)

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 from shared.domain.events import Envelope, Event
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Cluster, Job, Node, Partition
+from shared.policies.preflight import PreflightPlan, PreflightResult
 
 
 class Clock(Protocol):
@@ -373,6 +374,27 @@ class DeepChecks(Protocol):
     ``deep-check`` whose conditions carry ``details["deep_check_attempt"]``."""
 
     def start_deep_check(self, node_id: str, attempt: int) -> None: ...
+
+
+@runtime_checkable
+class Preflight(Protocol):
+    """A Compute that checks a gang's nodes together before they run it (``shared.preflight``):
+    bounded by ``plan.timeout_s`` and answered at once (the embedded default runs a real gloo
+    all-reduce among local processes, ``shared.adapters.compute.preflight_gloo``)."""
+
+    def run_preflight(self, job_id: str, node_ids: Sequence[str], plan: PreflightPlan
+                      ) -> PreflightResult: ...
+
+
+@runtime_checkable
+class ActiveChecks(Protocol):
+    """A Compute that runs active checks on an idle node (``shared.active_checks``): a
+    known-answer compute test, a short DCGM diagnostic and a thermal read, reported later as
+    a ``NodeHealthReported`` with source ``active-check``; ``cancel_active_check`` when a job
+    wants the node (a check never delays a job)."""
+
+    def start_active_check(self, node_id: str, key: str) -> None: ...
+    def cancel_active_check(self, node_id: str, key: str) -> None: ...
 
 
 @runtime_checkable

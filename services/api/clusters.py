@@ -31,7 +31,7 @@ from shared.domain import lifecycle
 from shared.domain.errors import ValidationError
 from shared.domain.model import IN_SERVICE, Cluster, ClusterState, Job, Node, NodeRole, NodeState
 from shared.domain.specs import ClusterSpec
-from shared.policies import recovery
+from shared.policies import preflight, recovery
 
 T = TypeVar("T")
 KIND = "cluster"
@@ -215,9 +215,12 @@ def domain_body(cluster_id: str, message: ModelDevelopmentCluster) -> dict[str, 
     if slurm and slurm.partitions:
         body["partitions"] = [{"name": p.id, "nodePoolIds": list(p.node_pool_ids)}
                               for p in slurm.partitions]
-    pin = message.labels.get(recovery.MODE_LABEL)
-    if pin is not None:  # the cluster's recovery pin (shared.policies.recovery; docs/recovery.md)
-        body["labels"] = {recovery.MODE_LABEL: pin}
+    # the labels mtc reads: the recovery pin (shared.policies.recovery; docs/recovery.md) and
+    # the preflight mode (shared.policies.preflight; docs/preflight.md)
+    read = (recovery.MODE_LABEL, preflight.LABEL, preflight.FLOOR_LABEL)
+    labels = {k: message.labels[k] for k in read if k in message.labels}
+    if labels:
+        body["labels"] = labels
     return body
 
 

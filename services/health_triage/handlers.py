@@ -25,7 +25,7 @@ until an operator resumes it (``resume``), and no agent report can lift the drai
 
 from __future__ import annotations
 
-from shared import deep_checks
+from shared import active_checks, deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound
 from shared.domain.events import (
@@ -35,7 +35,13 @@ from shared.domain.events import (
     NodeRepairHeld,
     NodeReturnedToService,
 )
-from shared.domain.health import REMOTE_SOURCES, Condition, HealthReport, RepairAction
+from shared.domain.health import (
+    ACTIVE_CHECK_SOURCE,
+    REMOTE_SOURCES,
+    Condition,
+    HealthReport,
+    RepairAction,
+)
 from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.handling import Deps, Outcome
@@ -78,6 +84,8 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
     now = deps.clock.now()
     if report.source == DEEP_CHECK_SOURCE:  # the verdict that gates its return
         changed |= deep_checks.record(node, report, now)
+    if report.source == ACTIVE_CHECK_SOURCE:  # an idle node's check is done
+        changed |= active_checks.record(node, report, now)
     if drained and not lifecycle.operator_drained(node):  # they lifted their own drain
         resume(node, uow, deps, node.conditions[lifecycle.OPERATOR_DRAIN].reason)
     table = deps.config.triage_table

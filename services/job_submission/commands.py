@@ -26,7 +26,7 @@ from shared.domain.events import (
 from shared.domain.model import Cluster, ClusterState, Job, JobState
 from shared.domain.specs import ID_PATTERN, ClusterSpec, CustomJobSpec
 from shared.handling import Deps
-from shared.policies import recovery
+from shared.policies import preflight, recovery
 from shared.ports import UnitOfWork
 
 # ---------------------------------------------------------------- clusters
@@ -36,6 +36,7 @@ def create_cluster(body: Any, uow: UnitOfWork, deps: Deps) -> Cluster:
     spec = ClusterSpec.parse(body)
     for name, message in recovery.label_errors(dict(spec.labels)):
         raise ValidationError(name, message)
+    preflight.plan_for(spec.labels)  # the mode and floor labels: a 400 naming the label
     now = deps.clock.now()
     existing = uow.clusters.get(spec.cluster_id)
     if existing is not None and existing.state is not ClusterState.DELETED:
@@ -70,6 +71,7 @@ def update_cluster(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps) -> C
         raise ValidationError("clusterId", f"cannot change the cluster id ({cluster_id})")
     for name, message in recovery.label_errors(dict(spec.labels)):
         raise ValidationError(name, message)
+    preflight.plan_for(spec.labels)  # the mode and floor labels: a 400 naming the label
     if spec == cluster.spec:
         return cluster
     for pool in cluster.spec.node_pools:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from services.job_submission.adoption import on_job_adopted
 from services.job_submission.scheduling import enforce_timeouts, schedule, watch_progress
+from shared import active_checks
 from shared.domain.errors import NotFound
 from shared.domain.events import (
     ClusterReady,
@@ -48,7 +49,7 @@ def on_cluster_ready(event: ClusterReady, uow: UnitOfWork, deps: Deps) -> None:
     schedule(event.cluster_id, uow, deps)
 
 
-def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome:
+def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome | None:
     """A timer, not a change: a tick that placed nothing (emitted nothing) is UNCHANGED, so
     the embedded bus keeps neither a timeline entry nor an idempotency record for it
     (scheduling is decided from state, so a repeated tick places nothing twice). Deadlines
@@ -56,6 +57,9 @@ def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome:
     enforce_timeouts(event.cluster_id, uow, deps)
     watch_progress(event.cluster_id, uow, deps)
     schedule(event.cluster_id, uow, deps)
+    # after placement: a check never takes a node a job could have this tick
+    if active_checks.start_due(event.cluster_id, uow, deps):
+        return None
     return Outcome.UNCHANGED
 
 

@@ -10,7 +10,7 @@ twice.
 
 from __future__ import annotations
 
-from shared import job_nodes
+from shared import job_nodes, preflight
 from shared.capacity import idle_slots, request
 from shared.domain import lifecycle, progress, ranks, timeouts
 from shared.domain.adopted import adopted
@@ -23,6 +23,8 @@ from shared.ports import UnitOfWork
 
 __all__ = ["enforce_timeouts", "free_held_nodes", "gang", "idle_slots", "local_output_dir",
            "output_dirs", "schedule", "watch_progress"]
+
+PREFLIGHT_ROUNDS = 3  # placements per pass: the first, and again after a failed preflight
 
 
 def free_held_nodes(job: Job, uow: UnitOfWork, deps: Deps, reason: str = "job cancelled"
@@ -77,7 +79,10 @@ def enforce_timeouts(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
 def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     """Gang-place pending jobs on idle worker nodes and start their workers. A resumed job
     still holds its healthy nodes: only the holes its lost nodes left are placed. Slurm, not
-    mtc, places the jobs mtc adopted (``adoption``)."""
+    mtc, places the jobs mtc adopted (``adoption``). Where the cluster asks for it, a
+    preflight among the placed gang's nodes comes first (``shared.preflight``): a node that
+    fails it is left out and the job is placed again, at most ``PREFLIGHT_ROUNDS`` times a
+    pass (then it waits for the next)."""
     # (the query reads stored states: a job this transaction ended, e.g. timed out, is out)
     now = deps.clock.now()  # a job backing off after a restart waits for its time
     pending = [j for j in uow.jobs.list(cluster_id, state=JobState.PENDING)
@@ -100,11 +105,24 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
         return
     for job in waiting:
         _clear_cleared_suspects(job, uow)
-    requests = [request(job) for job in waiting]
-    placements = place_jobs(requests, slots, now, backfill=deps.config.backfill)
     by_id = {j.job_id: j for j in waiting}
-    for placement in placements:
-        _start(by_id[placement.job_id], list(placement.node_ids), uow, deps)
+    for _ in range(PREFLIGHT_ROUNDS):  # a job whose preflight failed is placed again
+        requests = [request(job) for job in waiting]
+        placements = place_jobs(requests, slots, now, backfill=deps.config.backfill)
+        used: set[str] = set()
+        waiting = []
+        for placement in placements:
+            job, placed = by_id[placement.job_id], list(placement.node_ids)
+            failed = preflight.check(job, placed, uow, deps)
+            used.update(failed)
+            if failed:
+                waiting.append(job)
+                continue
+            used.update(placed)
+            _start(job, placed, uow, deps)
+        slots = [s for s in slots if s.node_id not in used]
+        if not waiting or not slots:
+            return
 
 
 def _drop_unfit(job: Job, uow: UnitOfWork, deps: Deps) -> None:

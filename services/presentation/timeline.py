@@ -72,6 +72,13 @@ def describe(doc: dict[str, Any]) -> str:
                       if d.get("resume_step", -1) >= 0 else "from scratch")
             return (f"job {d['job_id']}: attempt {d['attempt']} started on "
                     f"{', '.join(d['node_ids'])}, {resume}")
+        case "mtc.job.preflight_checked.v1":
+            spent = d["finished_at"] - d["started_at"]
+            failed = d.get("failed_node_ids") or []
+            verdict = (f"EXCLUDED {', '.join(failed)}, placing again" if failed
+                       else d.get("detail") or "passed")
+            return (f"job {d['job_id']}: preflight ({d['mode']}) of {len(d['node_ids'])} "
+                    f"node(s) in {spent:.1f} s: {verdict}")
         case "mtc.job.adopted.v1":
             return (f"job {d['job_id']}: Slurm job {d['slurm_job_id']} ({d.get('name', '')}, user "
                     f"{d.get('user', '')}) run {d['attempt']} adopted on {', '.join(d['node_ids'])}")

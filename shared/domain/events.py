@@ -236,6 +236,24 @@ class JobStarted(Event):
 
 @register
 @dataclass(frozen=True)
+class JobPreflightChecked(Event):
+    """A preflight ran among ``node_ids`` before the job's next attempt (``shared.preflight``)
+    from ``started_at`` to the event: scheduling badput of the job. ``failed_node_ids`` were
+    excluded and the gang placed again; empty: the attempt starts on these nodes."""
+
+    TYPE: ClassVar[str] = "mtc.job.preflight_checked.v1"
+    SUBJECT_FIELD: ClassVar[str] = "job_id"
+    job_id: str
+    node_ids: tuple[str, ...]
+    started_at: float
+    finished_at: float
+    mode: str
+    failed_node_ids: tuple[str, ...] = ()
+    detail: str = ""
+
+
+@register
+@dataclass(frozen=True)
 class JobAdopted(Event):
     """A job mtc did not submit (a user's own ``sbatch`` in a partition mtc manages) is seen
     running on mtc's nodes: attempt ``attempt`` (Slurm's restart count + 1). The first one

@@ -58,6 +58,9 @@ class ConditionType(enum.StrEnum):
     # sound for the recovery policy unless its own checks say otherwise.
     HANG_IN_JOB = "HangInJob"  # details: {"job_id", "attempt", "culprit", "silent_s", ...}
     SLOW_IN_JOB = "SlowInJob"  # details: {"job_id", "attempt", "rank", "ratio_to_peers"}
+    # The active checks' known-answer compute test on an idle node (shared.probes.known_answer):
+    # details: {"checksum", "expected", "corrupt": bool, "slow": bool, "ratio_to_baseline"}
+    KNOWN_ANSWER_MISMATCH = "KnownAnswerMismatch"
 
 
 # conditions that slow or warn but do not end a job's attempt (a node with only these is sound)
@@ -75,7 +78,10 @@ OPERATOR_SOURCE = "operator"
 # they say nothing about its agent being alive, so they are no heartbeat
 COMPUTE_SOURCE = "compute-engine"
 JOB_PROGRESS_SOURCE = "job-progress"  # the adapters' reading of the ranks' heartbeats
-REMOTE_SOURCES = frozenset({"heartbeat-monitor", COMPUTE_SOURCE, JOB_PROGRESS_SOURCE})
+PREFLIGHT_SOURCE = "preflight"  # a gang's preflight (shared.preflight) blames a node
+ACTIVE_CHECK_SOURCE = "active-check"  # an idle node's active checks (shared.active_checks)
+REMOTE_SOURCES = frozenset({"heartbeat-monitor", COMPUTE_SOURCE, JOB_PROGRESS_SOURCE,
+                            PREFLIGHT_SOURCE, ACTIVE_CHECK_SOURCE})
 
 
 class Severity(enum.StrEnum):

@@ -91,6 +91,8 @@ T_INTERRUPT = "mtc.job.interrupt_requested.v1"
 T_DRAINING = "mtc.node.draining.v1"
 T_HEALTH = "mtc.node.health_reported.v1"
 T_DIAGNOSED = "mtc.node.diagnosed.v1"
+T_PREFLIGHT = "mtc.job.preflight_checked.v1"
+PREFLIGHT = "preflight"  # the cause of waiting time a preflight of the job's nodes took
 
 _TOKEN = re.compile(r"(\w+)=(\S+)")
 
@@ -191,6 +193,7 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
     submitted: float | None = None
     finished: float | None = None
     first_steps: dict[int, float] = {}  # attempt -> when its first step had run
+    preflights: list[tuple[float, float]] = []  # (started, finished): scheduling badput
     for row in rows:
         t = float(row["time"])
         data = row["data"]
@@ -218,6 +221,8 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
             finished = t
         elif type_ == T_FIRST_STEP:
             first_steps.setdefault(int(data["attempt"]), t)
+        elif type_ == T_PREFLIGHT:
+            preflights.append((float(data["started_at"]), float(data["finished_at"])))
     jg.start = max(start, submitted) if submitted is not None else start
     jg.end = min(end, finished) if finished is not None else end
     if jg.end <= jg.start:
@@ -235,8 +240,15 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
 
     def segment(cat: Badput, cause: str, t0: float, t1: float) -> None:
         t0, t1 = max(t0, jg.start), min(t1, jg.end)
-        if t1 > t0:
-            add[(cat, cause)] += t1 - t0
+        if t1 <= t0:
+            return
+        checked = 0.0  # waiting that a preflight of the job's nodes took: its own cause
+        if cat is Badput.WAITING_FOR_CAPACITY:
+            checked = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in preflights)
+            if checked > 0:
+                add[(cat, PREFLIGHT)] += checked
+        if t1 - t0 - checked > 0:
+            add[(cat, cause)] += t1 - t0 - checked
 
     cause = INITIAL
     cursor = jg.start  # accounted up to here

@@ -61,6 +61,7 @@ from shared.adapters.compute.ledger import (
     report_first_step,
     report_tier_saves,
 )
+from shared.adapters.compute.local.checks import CHECKS_SCHEMA, LocalChecks
 from shared.adapters.compute.local.nodes import (
     DEFAULT_REPAIR_DURATIONS_S,
     NODES_SCHEMA,
@@ -86,6 +87,7 @@ from shared.adapters.compute.rank_progress import RankWatch
 from shared.adapters.compute.worker_logs import LogFile, tail_note
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
+from shared.policies.preflight import PreflightPlan, PreflightResult
 from shared.ports import Clock, Emitter, Gang, RecoveryPlan, WorkerSpec
 
 TIER_SCAN_S = 2.0  # how often the ranks' heartbeats are read for tier saves
@@ -121,7 +123,8 @@ CREATE TABLE IF NOT EXISTS workers (
 
 class LocalCompute:
     """The ``Compute`` port on one machine: simulated nodes (a held ``LocalNodes``),
-    subprocess workers; with the ``DeepChecks`` capability (simulated)."""
+    subprocess workers; with the ``DeepChecks`` capability (simulated), ``Preflight`` (a real
+    gloo all-reduce) and ``ActiveChecks`` (``checks``)."""
 
     DB_FILE = "compute.sqlite3"
 
@@ -138,6 +141,7 @@ class LocalCompute:
         heartbeats: bool = True,
         gang_grace_s: float = 10.0,
         deep_check_duration_s: float = 2.0,
+        active_check_duration_s: float = 1.0,
     ) -> None:
         self.state_dir = Path(state_dir)
         self._clock = clock
@@ -148,13 +152,15 @@ class LocalCompute:
         self._children: set[int] = set()  # launchers we spawned: ours to reap
         self._tiers_scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last read
         self.ranks = RankWatch()  # per-rank progress: hangs and stragglers (rank_progress)
-        self.store = FactStore(self.state_dir / self.DB_FILE, NODES_SCHEMA + _SCHEMA, emit, clock)
+        self.store = FactStore(self.state_dir / self.DB_FILE,
+                               NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA, emit, clock)
         self.nodes = LocalNodes(NodeSettings(
             repair_durations_s={**DEFAULT_REPAIR_DURATIONS_S, **(repair_durations_s or {})},
             provision_duration_s=provision_duration_s,
             agent_interval_s=agent_interval_s,
             deep_check_duration_s=deep_check_duration_s,
         ), self.store)
+        self.checks = LocalChecks(self.store, self._python, active_check_duration_s)
         with self.store.tx() as db:  # a state file from before gangs
             cols = {r["name"] for r in db.execute("PRAGMA table_info(attempts)")}
             if "failed_rank" not in cols:
@@ -198,6 +204,18 @@ class LocalCompute:
 
     def inject_fault(self, node_id: str, conditions: Sequence[Condition]) -> None:
         self.nodes.inject_fault(node_id, conditions)
+
+    def run_preflight(self, job_id: str, node_ids: Sequence[str], plan: PreflightPlan
+                      ) -> PreflightResult:
+        """The ``Preflight`` capability: a real gloo all-reduce (``checks.LocalChecks``)."""
+        return self.checks.run_preflight(job_id, node_ids, plan)
+
+    def start_active_check(self, node_id: str, key: str) -> None:
+        """The ``ActiveChecks`` capability, simulated but for the real known-answer test."""
+        self.checks.start_active_check(node_id, key)
+
+    def cancel_active_check(self, node_id: str, key: str) -> None:
+        self.checks.cancel_active_check(node_id, key)
 
     def node_faults(self, node_id: str) -> list[tuple[Condition, RepairAction]]:
         return self.nodes.node_faults(node_id)
@@ -473,6 +491,7 @@ class LocalCompute:
         self._reap()
         with self.store.tx() as db:
             self.nodes.observe(db, now)
+            self.checks.observe(db, now)
             self._observe_workers(db, now)
             if self._heartbeats:
                 self.nodes.send_heartbeats(db, now)

@@ -39,9 +39,6 @@ SKIP: dict[str, str] = {
     "   0.77s  job train-1": "make demo's output, not a command (tests/integration/test_demo.py)",
     "             HTTP API / `mtc` CLI": "the architecture diagram",
     "mtc cluster create ID": "the CLI's synopsis (placeholders and [options]), not a command",
-    "pipelines = aip.PipelineServiceClient": "a Python SDK fragment (its inputs and model "
-                                             "are elided): the calls run in "
-                                             "tests/integration/test_vertex_registry_sdk.py",
     ".venv/bin/python bench/": "a benchmark (minutes, figures in the table below it); the "
                                "small versions run in tests (e.g. tests/unit/handlers/"
                                "test_scale_small.py)",
@@ -142,13 +139,15 @@ def test_readme_curl_and_sdk_blocks_run_as_printed(served: tuple[Path, str]) -> 
     # the job was running (~1 min of steps) and the cancel took: not a 200 that changed nothing
     assert job["state"] in ("JOB_STATE_CANCELLING", "JOB_STATE_CANCELLED"), job
 
-    # the SDK: a CustomJob on the cluster the curl block made, then a tuning job over
-    # examples/hp_trial.py (the second block uses the first's client), to its end
-    create, tune = runnable("python")
-    done = subprocess.run([sys.executable, "-c", create + tune], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=180)
+    # the SDK: a CustomJob on the cluster the curl block made, a training pipeline to the
+    # registry and a second version, then a tuning job over examples/hp_trial.py (each block
+    # uses the first's names), each to its end
+    create, pipeline, tune = runnable("python")
+    done = subprocess.run([sys.executable, "-c", create + pipeline + tune], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr + done.stdout
-    state, tuned = done.stdout.strip().splitlines()
+    state, piped, tuned = done.stdout.strip().splitlines()
     assert "JOB_STATE_" in state, state
+    assert piped == "PIPELINE_STATE_SUCCEEDED ['1', '2']", piped + done.stderr
     assert tuned.startswith("JOB_STATE_SUCCEEDED "), tuned + done.stderr
     assert tuned.count("('") == 6, tuned  # max_trial_count=6, each with its loss

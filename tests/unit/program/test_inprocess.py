@@ -66,7 +66,7 @@ def test_apply_takes_the_new_environment_and_log(tmp_path: Path,
     saved = os.dup(1), os.dup(2)
     try:
         r.apply(Order(2, RESTART, {"MTC_JOB_ATTEMPT": "2", "RANK": "1"}, str(log)))
-        print("after the restart", flush=True)
+        os.write(1, b"after the restart\n")
         os.write(2, b"to stderr\n")
     finally:
         sys.stdout.flush()

@@ -569,8 +569,9 @@ def train(args: argparse.Namespace, env: Env, preemption: Preemption, restart: A
                     if order is not None:
                         log(f"restarting in process (order {order.generation})")
                         return order
-                name = signal.Signals(preemption.signum or signal.SIGTERM).name
-                log(f"{name} received: preempted at step {state.step}, exiting {EXIT_PREEMPTED}")
+                name = "the hold expired" if preemption.signum is None else \
+                    f"{signal.Signals(preemption.signum).name} received"
+                log(f"{name}: preempted at step {state.step}, exiting {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
     finally:
         if metrics is not None:

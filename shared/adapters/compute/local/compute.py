@@ -141,6 +141,7 @@ class LocalCompute:
         gang_grace_s: float = 10.0,
         deep_check_duration_s: float = 2.0,
         park_s: float = live.PARK_S,
+        in_process: bool = True,
     ) -> None:
         self.state_dir = Path(state_dir)
         self._clock = clock
@@ -148,6 +149,7 @@ class LocalCompute:
         self._heartbeats = heartbeats
         self._gang_grace = gang_grace_s
         self._park_s = park_s  # a held process waits this long for the next attempt
+        self._in_process = in_process  # offer in-process restarts (MTC_RESTART_FILE)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._children: set[int] = set()  # launchers we spawned: ours to reap
         self._tiers_scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last read
@@ -233,7 +235,7 @@ class LocalCompute:
         before = self._placement_before(db, gang.job_id, gang.attempt)
         plan = gang.recovery
         if plan is None or plan.mode not in live.IN_PROCESS_MODES:
-            live.end_parked(db, gang.job_id)  # today's path: every rank starts fresh
+            live.end_parked(db, now, self._gang_grace, gang.job_id)  # today's path
         for spec in gang.workers():  # by rank
             key = (spec.job_id, spec.attempt, spec.rank)
             if db.execute(
@@ -262,7 +264,7 @@ class LocalCompute:
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (*key, spec.node_id, pid, ticks, exit_file, str(log), now, control),
             )
-        live.end_parked(db, gang.job_id)  # held processes no rank took: today's path
+        live.end_parked(db, now, self._gang_grace, gang.job_id)  # held ones no rank took
 
     @staticmethod
     def _placement_before(db: sqlite3.Connection, job_id: str, attempt: int) -> tuple[str, ...]:
@@ -306,7 +308,9 @@ class LocalCompute:
         exit_file.unlink(missing_ok=True)
         control = live.control_path(exit_file)
         control.unlink(missing_ok=True)
-        env = {**self.worker_env(spec, pools, tiers, recovery), live.RESTART_FILE: str(control)}
+        env = self.worker_env(spec, pools, tiers, recovery)
+        if self._in_process:
+            env[live.RESTART_FILE] = str(control)
         pid = spawn_launcher(self._python, exit_file, spec.command, env, log)
         return pid, str(exit_file), str(log), str(control)
 
@@ -350,7 +354,7 @@ class LocalCompute:
             if att is None or att["finalized"]:
                 return
             self._kill_attempt(db, job_id, attempt, now)
-            live.end_parked(db, job_id)
+            live.end_parked(db, now, 0.0, job_id)
 
     def kill_all(self, wait_s: float = 2.0) -> None:
         """SIGKILL every live worker (tests, demo shutdown) and wait up to ``wait_s`` for
@@ -362,7 +366,7 @@ class LocalCompute:
                        for w in self._live_ranks(db, a["job_id"], a["attempt"])]
             for att in attempts:
                 self._kill_attempt(db, att["job_id"], att["attempt"], now)
-            live.end_parked(db)
+            live.kill_parked(db)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             self._reap()
@@ -401,11 +405,8 @@ class LocalCompute:
     def _observe_workers(self, db: sqlite3.Connection, now: float) -> None:
         for att in db.execute("SELECT * FROM attempts WHERE finalized = 0").fetchall():
             job_id, attempt = att["job_id"], att["attempt"]
-            if (
-                att["kill_deadline"] is not None
-                and att["kill_deadline"] <= now
-                and not att["killed"]
-            ):
+            deadline = att["kill_deadline"]
+            if deadline is not None and deadline <= now and not att["killed"]:
                 self._kill_attempt(db, job_id, attempt, now)
             failed_rank = att["failed_rank"]
             newly_failed: list[int] = []
@@ -491,7 +492,7 @@ class LocalCompute:
         with self.store.tx() as db:
             self.nodes.observe(db, now)
             self._observe_workers(db, now)
-            live.end_parked(db, now=now)  # not taken in time: ended
+            live.end_parked(db, now, self._gang_grace)  # not taken in time: ended
             if self._heartbeats:
                 self.nodes.send_heartbeats(db, now)
         self.store.drain()

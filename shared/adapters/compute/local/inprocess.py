@@ -14,17 +14,19 @@ gives each rank on a node that is not fresh a parked process of the job on that 
 one is alive: a ``restart`` order carries the rank's new managed environment and log, and
 the workers row records the same pid under the new attempt. Only ranks without one spawn.
 A requeue (no plan), a fresh node, or a parked process not taken within ``park_s`` gets
-today's path: the parked process is SIGKILLed (its save is complete: it answered ``held``).
+today's path: SIGTERM (the held program exits 75 at once: its save is complete), SIGKILL of
+what is left after the grace period.
 """
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from shared.adapters.compute.local.procs import end_group, rank_running
+from shared.adapters.compute.local.procs import end_group, rank_running, signal_rank
 from shared.adapters.compute.protocol import ExitCode
 from shared.program import inprocess
 from shared.program.inprocess import HOLD, RESTART, Order
@@ -38,7 +40,7 @@ CREATE TABLE IF NOT EXISTS parked (
     job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,
     node_id TEXT NOT NULL, pid INTEGER NOT NULL, start_ticks INTEGER NOT NULL,
     exit_file TEXT NOT NULL, control_file TEXT NOT NULL, deadline REAL NOT NULL,
-    PRIMARY KEY (job_id, attempt, rank));
+    ending INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, attempt, rank));
 """
 
 
@@ -133,14 +135,28 @@ def take(db: sqlite3.Connection, job_id: str, node_id: str, env: Mapping[str, st
     return None
 
 
-def end_parked(db: sqlite3.Connection, job_id: str | None = None,
-               now: float | None = None) -> None:
-    """SIGKILL the parked processes of ``job_id`` (all jobs: None), or, given ``now``, those
-    whose time to be taken is over."""
+def end_parked(db: sqlite3.Connection, now: float, grace_s: float,
+               job_id: str | None = None) -> None:
+    """End the parked processes of ``job_id`` (None: those whose time to be taken is over):
+    SIGTERM now, SIGKILL of what is left once ``grace_s`` has passed (a later call)."""
     rows = db.execute(
-        "SELECT * FROM parked WHERE (? IS NULL OR job_id = ?) AND (? IS NULL OR deadline <= ?)",
-        (job_id, job_id, now, now)).fetchall()
+        "SELECT * FROM parked WHERE (? IS NULL AND deadline <= ?) OR job_id = ?",
+        (job_id, now, job_id)).fetchall()
     for row in rows:
+        key = (row["job_id"], row["attempt"], row["rank"])
+        if not rank_running(row):
+            db.execute("DELETE FROM parked WHERE job_id = ? AND attempt = ? AND rank = ?", key)
+        elif not row["ending"]:
+            signal_rank(row, signal.SIGTERM)
+            db.execute("UPDATE parked SET ending = 1, deadline = ? WHERE job_id = ? AND"
+                       " attempt = ? AND rank = ?", (now + grace_s, *key))
+        elif row["deadline"] <= now:
+            end_group(row)
+            db.execute("DELETE FROM parked WHERE job_id = ? AND attempt = ? AND rank = ?", key)
+
+
+def kill_parked(db: sqlite3.Connection) -> None:
+    """SIGKILL every parked process now (tests, demo shutdown)."""
+    for row in db.execute("SELECT * FROM parked").fetchall():
         end_group(row)
-        db.execute("DELETE FROM parked WHERE job_id = ? AND attempt = ? AND rank = ?",
-                   (row["job_id"], row["attempt"], row["rank"]))
+    db.execute("DELETE FROM parked")

@@ -18,7 +18,11 @@ data set, numpy only, and shows the contract mtc expects from a training program
   (``n``: ``MTC_JOB_ATTEMPT``, else the next free), one run per attempt. An attempt writes only
   steps above the highest step earlier attempts' event files hold (steps recomputed after a
   resume never appear twice), and drains its writer to disk before each checkpoint (so the
-  files reach the resume step: no gap). Without tensorboardX it warns and trains on.
+  files reach the resume step: no gap). Without tensorboardX it warns and trains on; it
+  imports tensorboardX without torch (``import_tensorboardx``), which it never needs;
+* under mtc it restarts in process (``MTC_RESTART_FILE``, ``shared.program.inprocess``):
+  asked to hold, it saves as on SIGTERM and waits; told to restart, it takes the next
+  attempt's environment and log and restores from its tiers without a new process.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from services.cli.bench_live import MACHINE, kill_ranks
 from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp, embedded
 from shared.config import ControlPlaneConfig
+from shared.domain.events import JobStarted
 from shared.domain.model import Job, JobState
 
 pytestmark = pytest.mark.slow  # real worker subprocesses
@@ -88,7 +89,15 @@ def test_an_app_crash_restarts_the_survivors_in_their_processes(tmp_path: Path) 
             assert program_pid(again[rank].pid) == programs[rank]
         assert again[1].pid != first[1].pid  # the crashed rank: a new process
         assert app.run(lambda: job(app).terminal, timeout_s=90, poll_s=0.05)
-        assert job(app).state is JobState.SUCCEEDED
+        done_job = job(app)
+        assert done_job.state is JobState.SUCCEEDED
+        # the bookkeeping is as for a process restart: an attempt started, counted, measured
+        assert done_job.restart_count == 1 and done_job.attempt == 2
+        assert done_job.recovery.decisions[-1]["measured_s"] is not None
+        assert app.deps.event_log is not None
+        started = [d["data"]["attempt"] for d in app.deps.event_log.read()
+                   if d["type"] == JobStarted.TYPE and d["data"].get("job_id") == JOB]
+        assert started == [1, 2]
         log = Path(again[0].log_path).read_text()  # the attempt's own log, in process
         found = re.search(r"restoring step (\d+) from the \w+ tier", log)
         assert found is not None, log

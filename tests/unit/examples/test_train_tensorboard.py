@@ -102,6 +102,7 @@ def test_a_garbage_attempt_number_is_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 2 and "MTC_JOB_ATTEMPT" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_chief_opens_its_scalars_without_importing_torch(tmp_path: Path) -> None:
     """tensorboardX imports torch when it is installed (seconds of the chief's start); the
     numpy program never needs it. Run in a fresh interpreter: the scalars open, write and

@@ -18,7 +18,11 @@ data set, numpy only, and shows the contract mtc expects from a training program
   (``n``: ``MTC_JOB_ATTEMPT``, else the next free), one run per attempt. An attempt writes only
   steps above the highest step earlier attempts' event files hold (steps recomputed after a
   resume never appear twice), and drains its writer to disk before each checkpoint (so the
-  files reach the resume step: no gap). Without tensorboardX it warns and trains on.
+  files reach the resume step: no gap). Without tensorboardX it warns and trains on; it
+  imports tensorboardX without torch (``import_tensorboardx``), which it never needs;
+* under mtc it restarts in process (``MTC_RESTART_FILE``, ``shared.program.inprocess``):
+  asked to hold, it saves as on SIGTERM and waits; told to restart, it takes the next
+  attempt's environment and log and restores from its tiers without a new process.
 """
 
 from __future__ import annotations
@@ -390,6 +394,27 @@ def last_written_step(root: Path, event_cls: Any) -> int:
     return best
 
 
+def import_tensorboardx() -> tuple[Any, Any]:
+    """tensorboardX's writer and event classes, without torch: tensorboardX imports torch
+    when it is installed (only to accept tensors, which this numpy program never passes),
+    and that import was most of the chief's start (2-3 s idle, 9-14 s on a loaded machine).
+    ``sys.modules["torch"] = None`` makes its guarded ``import torch`` fail fast; the entry
+    is put back as it was, so a later ``import torch`` elsewhere still works."""
+    had = "torch" in sys.modules
+    saved = sys.modules.get("torch")
+    if not had:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        from tensorboardX import SummaryWriter
+        from tensorboardX.proto.event_pb2 import Event
+    finally:
+        if not had:
+            sys.modules.pop("torch", None)
+        elif saved is not None:
+            sys.modules["torch"] = saved
+    return SummaryWriter, Event
+
+
 class Scalars:
     """TensorBoard scalars of one attempt (see the module docstring for the rule)."""
 
@@ -397,8 +422,7 @@ class Scalars:
         self._writer: Any = None
         self._cls: Any = None
         try:
-            from tensorboardX import SummaryWriter
-            from tensorboardX.proto.event_pb2 import Event
+            SummaryWriter, Event = import_tensorboardx()
         except ImportError as exc:
             print(f"train.py: warning: no TensorBoard scalars: {exc}", file=sys.stderr, flush=True)
             self.written = 0
@@ -447,14 +471,34 @@ class Preemption:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signum = signum
 
-    def sleep(self, seconds: float) -> None:
-        """Sleep, but wake up soon after a signal so preemption is prompt."""
+    def sleep(self, seconds: float, wake: Any = None) -> None:
+        """Sleep, but wake up soon after a signal (or when ``wake()`` says so: an order to
+        hold) so preemption is prompt."""
         deadline = time.monotonic() + seconds
         while self.signum is None and (left := deadline - time.monotonic()) > 0:
+            if wake is not None and wake():
+                return
             time.sleep(min(left, 0.02))
 
 
 def run(args: argparse.Namespace, env: Env, preemption: Preemption) -> int:
+    """Train; where mtc restarts this process in place (``MTC_RESTART_FILE``), go on as the
+    next attempt's rank when told, without a new process (``open_restart``)."""
+    restart = open_restart()
+    while True:
+        result = train(args, env, preemption, restart)
+        if isinstance(result, int):
+            return result
+        restart.apply(result)  # the new attempt's environment and log
+        try:
+            env = read_env(dict(os.environ))
+        except ConfigError as exc:
+            print(f"train.py: configuration error: {exc}", file=sys.stderr, flush=True)
+            return EXIT_CONFIG
+
+
+def train(args: argparse.Namespace, env: Env, preemption: Preemption, restart: Any) -> Any:
+    """One attempt: its exit code, or the order to restart in process as the next one."""
     def log(msg: str) -> None:
         print(f"[{env.job_id} rank {env.rank}/{env.world_size}] {msg}", flush=True)
 
@@ -474,6 +518,13 @@ def run(args: argparse.Namespace, env: Env, preemption: Preemption) -> int:
     metrics = None
     if chief and env.tensorboard_dir is not None:
         metrics = Scalars(env.tensorboard_dir, env.attempt, log)
+
+    orders: list[Any] = []
+
+    def ordered() -> bool:  # the adapter asked this rank to hold (or to restart)
+        if restart is not None and not orders and (order := restart.poll()) is not None:
+            orders.append(order)
+        return bool(orders)
 
     def checkpoint() -> Path:
         if metrics is not None:
@@ -505,16 +556,26 @@ def run(args: argparse.Namespace, env: Env, preemption: Preemption) -> int:
                 path = checkpoint()
                 saved_step = state.step
                 log(f"checkpoint saved: {path.name}")
-            preemption.sleep(args.step_time)
-            if preemption.signum is not None and state.step < args.steps:
-                name = signal.Signals(preemption.signum).name
+            preemption.sleep(args.step_time, ordered)
+            if (preemption.signum is not None or ordered()) and state.step < args.steps:
+                if orders and orders[0].action == "restart":
+                    return orders[0]  # (not held first: drop the step, go on as told)
                 if (chief or tiers is not None) and saved_step != state.step:
                     path = checkpoint()
                     if tiers is None:
                         log(f"checkpoint saved: {path.name}")
                 if tiers is not None:
                     tiers.close()  # the memory and peer copies are written before the exit
-                log(f"{name} received: preempted at step {state.step}, exiting {EXIT_PREEMPTED}")
+                if preemption.signum is None:  # held: wait to be taken by the next attempt
+                    restart.held(orders[0])
+                    log(f"held at step {state.step}: waiting to restart in process")
+                    order = restart.wait(orders[0], lambda: preemption.signum is not None)
+                    if order is not None:
+                        log(f"restarting in process (order {order.generation})")
+                        return order
+                name = "the hold expired" if preemption.signum is None else \
+                    f"{signal.Signals(preemption.signum).name} received"
+                log(f"{name}: preempted at step {state.step}, exiting {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
     finally:
         if metrics is not None:
@@ -536,15 +597,33 @@ def run(args: argparse.Namespace, env: Env, preemption: Preemption) -> int:
 TIER_NAMES = ("memory", "peer", "durable")
 
 
+def mtc_library() -> None:
+    """Import mtc's program library from this checkout first (it is beside this file)."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "shared" / "program" / "tiers.py").is_file() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+
+
+def open_restart() -> Any:
+    """Declare that this program restarts in process (``shared.program.inprocess``) when
+    the managed environment offers it (``MTC_RESTART_FILE``); else None: today's restart."""
+    if not os.environ.get("MTC_RESTART_FILE", "").strip():
+        return None
+    mtc_library()
+    from shared.program.inprocess import InProcessRestart
+    restart = InProcessRestart.from_env()
+    if restart is not None:
+        restart.declare()
+    return restart
+
+
 def open_tiers(args: argparse.Namespace, env: Env, log: Any) -> Any:
     """mtc's checkpoint tiers (``shared.program.tiers``) when the managed environment names
     them (``MTC_TIER1_DIR``), else None: durable checkpoints only, as before. Every rank
     saves its own memory and peer copies; rank 0 the durable one (the state is replicated)."""
     if not os.environ.get("MTC_TIER1_DIR", "").strip():
         return None
-    checkout = Path(__file__).resolve().parents[1]
-    if (checkout / "shared" / "program" / "tiers.py").is_file():  # this checkout's library first
-        sys.path.insert(0, str(checkout))
+    mtc_library()
     from shared.program.tiers import TieredCheckpointer, TierSettings
     try:
         settings = TierSettings.from_env(

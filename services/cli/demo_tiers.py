@@ -123,7 +123,8 @@ def tiers_story(app: EmbeddedApp, cluster_id: str, say: Callable[[str], None]) -
         newest = max(at_fault, _newest_logged(app, attempt))
         decision.update(steps_lost=max(0, newest - restored[0]), newest_step=newest,
                         restored_step=restored[0], restored_tier=restored[1],
-                        nodes_before=list(job.node_ids), nodes_after=list(_job(app).node_ids))
+                        nodes_before=list(job.node_ids), nodes_after=list(_job(app).node_ids),
+                        kept=_kept(app, attempt))
         out.append(decision)
         _say_decision(say, decision)
     _wait(app, f"{JOB_ID} to end", lambda: _job(app).terminal)
@@ -137,7 +138,17 @@ def _say_decision(say: Callable[[str], None], d: dict[str, Any]) -> None:
         f"{measured if measured is not None else '?'} s; restored step {d['restored_step']} "
         f"from the {d['restored_tier']} tier (rank 0), newest step reached {d['newest_step']}: "
         f"steps lost {d['steps_lost']}; nodes "
-        f"{', '.join(d['nodes_before'])} -> {', '.join(d['nodes_after'])}")
+        f"{', '.join(d['nodes_before'])} -> {', '.join(d['nodes_after'])}; "
+        f"ranks restarted in their processes: {d.get('kept', '?')}")
+
+
+def _kept(app: EmbeddedApp, attempt: int) -> str:
+    """How many ranks of the next attempt went on in the process of ``attempt`` (the local
+    compute's in-process restart), of how many."""
+    workers = app.compute.workers(JOB_ID)
+    before = {w.pid for w in workers if w.attempt == attempt}
+    after = [w.pid for w in workers if w.attempt == attempt + 1]
+    return f"{sum(p in before for p in after)}/{len(after)}"
 
 
 def _resumed(app: EmbeddedApp, attempt: int) -> bool:

@@ -26,7 +26,7 @@ import pytest
 from services.cli.demo import CLUSTER_SPEC, demo_compute_options
 from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp, embedded
-from shared.adapters.compute.local.compute import TIER_SCAN_S
+from shared.adapters.compute.local.scans import TIER_SCAN_S
 from shared.adapters.compute.protocol import progress_path
 from shared.adapters.compute.rank_progress import RankWatch
 from shared.config import ControlPlaneConfig

@@ -40,6 +40,9 @@ the same way everywhere (see ``examples/train.py``):
   copy (``MTC_TIER2_DIR``; the buddy is the node of rank ``(rank + 1) % world``), the peer
   copy of the previous attempt to read back (``MTC_TIER2_SOURCE_DIR``) and a heartbeat file
   on the job's storage (``MTC_PROGRESS_FILE``); names in ``shared.program.names``.
+* **In-process restart** (``MTC_RESTART_FILE``, the local compute only; the program side is
+  ``shared.program.inprocess``): a program that declares it is held instead of SIGTERMed and
+  the next in-place, hot-swap or scale-down attempt takes its process (``local.inprocess``).
 * **Termination message** (``MTC_TERMINATION_LOG``): a file where a failing program may
   leave one short line on why; the attempt's detail (the job's error) carries it.
 * **Signals**: SIGTERM means "checkpoint and exit 75 within the grace period"; SIGKILL follows.

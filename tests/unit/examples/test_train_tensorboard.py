@@ -100,3 +100,27 @@ def test_without_tensorboardx_it_warns_and_trains_on(tmp_path: Path) -> None:
 def test_a_garbage_attempt_number_is_a_clear_error(tmp_path: Path) -> None:
     done = train(tmp_path, "--steps", "5", MTC_JOB_ATTEMPT="zero")
     assert done.returncode == 2 and "MTC_JOB_ATTEMPT" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_chief_opens_its_scalars_without_importing_torch(tmp_path: Path) -> None:
+    """tensorboardX imports torch when it is installed (seconds of the chief's start); the
+    numpy program never needs it. Run in a fresh interpreter: the scalars open, write and
+    read back, and torch is not in ``sys.modules`` afterwards."""
+    pytest.importorskip("torch")
+    code = (
+        "import sys, importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('train', {str(TRAIN)!r})\n"
+        "train = importlib.util.module_from_spec(spec); sys.modules['train'] = train\n"
+        "spec.loader.exec_module(train)\n"
+        f"s = train.Scalars(__import__('pathlib').Path({str(tmp_path / 'tb')!r}), 1, print)\n"
+        "s.add(1, {'loss': 0.5}); s.close()\n"
+        "print('torch imported' if 'torch' in sys.modules else 'no torch')\n"
+        "import torch; print('torch still importable', torch.__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0, done.stderr
+    assert "no torch" in done.stdout
+    assert "torch still importable torch" in done.stdout
+    assert [step for step, _ in scalars(tmp_path / "tb" / "attempt-1")] == [1]

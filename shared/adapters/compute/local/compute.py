@@ -35,7 +35,9 @@ attempt's first failure and ends the rest as ``signal_workers`` would (SIGTERM t
 group, SIGKILL after ``gang_grace_s``); the attempt's one ``JobWorkersExited`` carries the
 first failing rank's code. A rank's leftovers (processes of its group still running once its
 launcher is gone) are SIGKILLed, and a killed launcher takes its command with it
-(``worker_launcher``: PR_SET_PDEATHSIG), so nothing trains on unobserved.
+(``worker_launcher``: PR_SET_PDEATHSIG), so nothing trains on unobserved. A rank whose
+program restarts in process is held instead of SIGTERMed and its process taken by the next
+attempt (``inprocess``).
 """
 
 from __future__ import annotations
@@ -57,10 +59,8 @@ from shared.adapters.compute.ledger import (
     all_ranks_exited,
     attempt_row,
     ranks_exited,
-    report_checkpoints,
-    report_first_step,
-    report_tier_saves,
 )
+from shared.adapters.compute.local import inprocess as live
 from shared.adapters.compute.local.checks import CHECKS_SCHEMA, LocalChecks
 from shared.adapters.compute.local.nodes import (
     DEFAULT_REPAIR_DURATIONS_S,
@@ -76,6 +76,7 @@ from shared.adapters.compute.local.procs import (
     spawn_launcher,
     start_ticks,
 )
+from shared.adapters.compute.local.scans import AttemptScan
 from shared.adapters.compute.protocol import (
     ExitCode,
     managed_env,
@@ -83,14 +84,12 @@ from shared.adapters.compute.protocol import (
     tier_env,
     with_message,
 )
-from shared.adapters.compute.rank_progress import RankWatch
 from shared.adapters.compute.worker_logs import LogFile, tail_note
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
 from shared.policies.preflight import PreflightPlan, PreflightResult
 from shared.ports import Clock, Emitter, Gang, RecoveryPlan, WorkerSpec
 
-TIER_SCAN_S = 2.0  # how often the ranks' heartbeats are read for tier saves
 MEMORY_LOST_BY = frozenset({RepairAction.REBOOT, RepairAction.REIMAGE, RepairAction.REPLACE})
 
 
@@ -142,18 +141,22 @@ class LocalCompute:
         gang_grace_s: float = 10.0,
         deep_check_duration_s: float = 2.0,
         active_check_duration_s: float = 1.0,
+        park_s: float = live.PARK_S,
+        in_process: bool = True,
     ) -> None:
         self.state_dir = Path(state_dir)
         self._clock = clock
         self._python = shutil.which(python) or python
         self._heartbeats = heartbeats
         self._gang_grace = gang_grace_s
+        self._park_s = park_s  # a held process waits this long for the next attempt
+        self._in_process = in_process  # offer in-process restarts (MTC_RESTART_FILE)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._children: set[int] = set()  # launchers we spawned: ours to reap
-        self._tiers_scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last read
-        self.ranks = RankWatch()  # per-rank progress: hangs and stragglers (rank_progress)
         self.store = FactStore(self.state_dir / self.DB_FILE,
-                               NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA, emit, clock)
+                               NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + live.SCHEMA, emit, clock)
+        self.scan = AttemptScan(self.store)  # checkpoints, heartbeats, per-rank progress
+        self.ranks = self.scan.ranks
         self.nodes = LocalNodes(NodeSettings(
             repair_durations_s={**DEFAULT_REPAIR_DURATIONS_S, **(repair_durations_s or {})},
             provision_duration_s=provision_duration_s,
@@ -165,6 +168,7 @@ class LocalCompute:
             cols = {r["name"] for r in db.execute("PRAGMA table_info(attempts)")}
             if "failed_rank" not in cols:
                 db.execute("ALTER TABLE attempts ADD COLUMN failed_rank INTEGER")
+            live.migrate(db)
 
     # ------------------------------------------------------------ nodes (held)
 
@@ -244,6 +248,9 @@ class LocalCompute:
     ) -> None:
         pools = tuple(g.count for g in gang.groups)
         before = self._placement_before(db, gang.job_id, gang.attempt)
+        plan = gang.recovery
+        if plan is None or plan.mode not in live.IN_PROCESS_MODES:
+            live.end_parked(db, now, self._gang_grace, gang.job_id)  # today's path
         for spec in gang.workers():  # by rank
             key = (spec.job_id, spec.attempt, spec.rank)
             if db.execute(
@@ -254,14 +261,25 @@ class LocalCompute:
                                            str(Path(spec.checkpoint_dir).absolute()), now)
             tiers = tier_env(spec.job_id, spec.rank, gang.node_ids, self.memory_root,
                              spec.checkpoint_dir, before)
-            pid, exit_file, log_path = self._launch(spec, pools, tiers, gang.recovery)
-            launched.append(pid)
-            self._children.add(pid)
+            log = self.log_path(spec.job_id, spec.attempt, spec.rank)
+            taken = None if plan is None or spec.node_id in plan.fresh_node_ids else live.take(
+                db, spec.job_id, spec.node_id, managed_env(spec, pools=pools, tiers=tiers,
+                                                           recovery=plan), log)
+            if taken is not None:  # its process goes on as this rank: no start
+                pid, ticks, exit_file, control = (taken["pid"], taken["start_ticks"],
+                                                  taken["exit_file"], taken["control_file"])
+            else:
+                pid, exit_file, _, control = self._launch(spec, pools, tiers, plan)
+                launched.append(pid)
+                self._children.add(pid)
+                ticks = start_ticks(pid)
             db.execute(
                 "INSERT INTO workers (job_id, attempt, rank, node_id, pid, start_ticks,"
-                " exit_file, log_path, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*key, spec.node_id, pid, start_ticks(pid), exit_file, log_path, now),
+                " exit_file, log_path, started_at, control_file)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*key, spec.node_id, pid, ticks, exit_file, str(log), now, control),
             )
+        live.end_parked(db, now, self._gang_grace, gang.job_id)  # held ones no rank took
 
     @staticmethod
     def _placement_before(db: sqlite3.Connection, job_id: str, attempt: int) -> tuple[str, ...]:
@@ -292,8 +310,9 @@ class LocalCompute:
 
     def _launch(self, spec: WorkerSpec, pools: Sequence[int],
                 tiers: Mapping[str, str],
-                recovery: RecoveryPlan | None = None) -> tuple[int, str, str]:
-        """Start the launcher in a new session: it survives us and records the exit code."""
+                recovery: RecoveryPlan | None = None) -> tuple[int, str, str, str]:
+        """Start the launcher in a new session: it survives us and records the exit code.
+        Returns its pid, exit file, log and in-process restart control file."""
         for d in (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
         log = self.log_path(spec.job_id, spec.attempt, spec.rank)
@@ -302,9 +321,13 @@ class LocalCompute:
         run_dir.mkdir(parents=True, exist_ok=True)
         exit_file = run_dir / f"attempt-{spec.attempt}-rank-{spec.rank}.exit"
         exit_file.unlink(missing_ok=True)
+        control = live.control_path(exit_file)
+        control.unlink(missing_ok=True)
         env = self.worker_env(spec, pools, tiers, recovery)
+        if self._in_process:
+            env[live.RESTART_FILE] = str(control)
         pid = spawn_launcher(self._python, exit_file, spec.command, env, log)
-        return pid, str(exit_file), str(log)
+        return pid, str(exit_file), str(log), str(control)
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:
         """What was started, with exit codes seen so far (updated by ``poll()``)."""
@@ -314,18 +337,8 @@ class LocalCompute:
                 " ORDER BY job_id, attempt, rank",
                 (job_id, job_id),
             ).fetchall()
-        return [
-            WorkerStatus(
-                r["job_id"],
-                r["attempt"],
-                r["rank"],
-                r["node_id"],
-                r["pid"],
-                r["log_path"],
-                r["exit_code"],
-            )
-            for r in rows
-        ]
+        return [WorkerStatus(r["job_id"], r["attempt"], r["rank"], r["node_id"], r["pid"],
+                             r["log_path"], r["exit_code"]) for r in rows]
 
     def log_files(self, job_id: str) -> list[LogFile]:
         """Each rank's output of each attempt, one file apiece (``worker_logs``)."""
@@ -346,8 +359,7 @@ class LocalCompute:
             if att is None or att["finalized"]:
                 return
             if SqliteLedger(db).signal(att, now, grace_s):
-                for w in self._live_ranks(db, job_id, attempt):
-                    signal_rank(w, signal.SIGTERM)
+                self._stop_ranks(db, job_id, attempt)
 
     def stop_workers(self, job_id: str, attempt: int) -> None:
         """SIGKILL every rank of the attempt now; harmless if they are gone."""
@@ -357,6 +369,7 @@ class LocalCompute:
             if att is None or att["finalized"]:
                 return
             self._kill_attempt(db, job_id, attempt, now)
+            live.end_parked(db, now, 0.0, job_id)
 
     def kill_all(self, wait_s: float = 2.0) -> None:
         """SIGKILL every live worker (tests, demo shutdown) and wait up to ``wait_s`` for
@@ -364,13 +377,15 @@ class LocalCompute:
         now = self._clock.now()
         with self.store.tx() as db:
             attempts = db.execute("SELECT * FROM attempts WHERE finalized = 0").fetchall()
-            live = [w for a in attempts for w in self._live_ranks(db, a["job_id"], a["attempt"])]
+            running = [w for a in attempts
+                       for w in self._live_ranks(db, a["job_id"], a["attempt"])]
             for att in attempts:
                 self._kill_attempt(db, att["job_id"], att["attempt"], now)
+            live.kill_parked(db)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             self._reap()
-            if not any(rank_running(w) for w in live):
+            if not any(rank_running(w) for w in running):
                 return
             time.sleep(0.01)
 
@@ -405,24 +420,24 @@ class LocalCompute:
     def _observe_workers(self, db: sqlite3.Connection, now: float) -> None:
         for att in db.execute("SELECT * FROM attempts WHERE finalized = 0").fetchall():
             job_id, attempt = att["job_id"], att["attempt"]
-            if (
-                att["kill_deadline"] is not None
-                and att["kill_deadline"] <= now
-                and not att["killed"]
-            ):
+            deadline = att["kill_deadline"]
+            if deadline is not None and deadline <= now and not att["killed"]:
                 self._kill_attempt(db, job_id, attempt, now)
             failed_rank = att["failed_rank"]
             newly_failed: list[int] = []
             for w in self._live_ranks(db, job_id, attempt):
                 code = exit_code(w)
-                if code is None:
+                if code is None and live.held(w):  # out of the attempt, its process parked
+                    code = live.park(db, w, now, self._park_s)
+                elif code is None:
                     continue
+                else:
+                    end_group(w)  # no orphans: what the rank left running goes with it
                 db.execute(
                     "UPDATE workers SET exit_code = ?, exited_at = ?"
                     " WHERE job_id = ? AND attempt = ? AND rank = ?",
                     (code, now, job_id, attempt, w["rank"]),
                 )
-                end_group(w)  # no orphans: what the rank left running goes with it
                 if code != 0:
                     newly_failed.append(w["rank"])
             if newly_failed and failed_rank is None and att["signalled_at"] is None:
@@ -432,15 +447,13 @@ class LocalCompute:
                     (failed_rank, job_id, attempt),
                 )
                 self._end_gang(db, att, now)
-            self._scan_checkpoints(db, att, now)
-            ranks = db.execute(
-                "SELECT rank, exit_code, exit_file FROM workers WHERE job_id = ? AND attempt = ?"
-                " ORDER BY rank",
-                (job_id, attempt),
-            ).fetchall()
+            self.scan.scan(db, att, now)
+            ranks = db.execute("SELECT rank, exit_code, exit_file FROM workers WHERE job_id = ?"
+                               " AND attempt = ? ORDER BY rank", (job_id, attempt)).fetchall()
             codes = {r["rank"]: r["exit_code"] for r in ranks}
             if not all_ranks_exited(codes):
                 continue
+            self.scan.forget(job_id, attempt)
             note = with_message("", {r["rank"]: r["exit_file"] for r in ranks}, failed_rank)
             self.store.queue(db, ranks_exited(self.store.ledger(db), job_id, attempt, codes,
                                          note + self._failure_note(db, att, codes, failed_rank),
@@ -462,28 +475,13 @@ class LocalCompute:
         """A rank failed: the attempt is over for every rank. SIGTERM the others' groups now;
         ``poll()`` SIGKILLs what is left after ``gang_grace_s``."""
         if SqliteLedger(db).signal(att, now, self._gang_grace):
-            for w in self._live_ranks(db, att["job_id"], att["attempt"]):
-                signal_rank(w, signal.SIGTERM)
+            self._stop_ranks(db, att["job_id"], att["attempt"])
 
-    def _scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
-        ledger = self.store.ledger(db)
-        for fact in report_checkpoints(ledger, att["job_id"], att["attempt"],
-                                       att["checkpoint_dir"], now):
-            self.store.queue(db, fact)
-        key = (att["job_id"], att["attempt"])
-        if now - self._tiers_scanned.get(key, -TIER_SCAN_S) < TIER_SCAN_S:
-            return  # the heartbeats are read at a bounded rate, not every poll
-        self._tiers_scanned[key] = now
-        for fact in report_tier_saves(ledger, att["job_id"], att["attempt"],
-                                      att["checkpoint_dir"], att["world_size"], now):
-            self.store.queue(db, fact)
-        self.store.queue(db, report_first_step(ledger, att["job_id"], att["attempt"],
-                                               att["checkpoint_dir"], now))
-        node_of = {r["rank"]: r["node_id"] for r in db.execute(
-            "SELECT rank, node_id FROM workers WHERE job_id = ? AND attempt = ?", key)}
-        for health in self.ranks.scan(att["job_id"], att["attempt"], att["checkpoint_dir"],
-                                    node_of, now):
-            self.store.queue(db, health)
+    def _stop_ranks(self, db: sqlite3.Connection, job_id: str, attempt: int) -> None:
+        """SIGTERM each live rank, or hold it where its program restarts in process."""
+        for w in self._live_ranks(db, job_id, attempt):
+            if not live.hold(db, w, self._park_s):
+                signal_rank(w, signal.SIGTERM)
 
     def poll(self) -> None:
         """Turn what happened since the last poll (by any process) into events, once each."""
@@ -493,6 +491,7 @@ class LocalCompute:
             self.nodes.observe(db, now)
             self.checks.observe(db, now)
             self._observe_workers(db, now)
+            live.end_parked(db, now, self._gang_grace)  # not taken in time: ended
             if self._heartbeats:
                 self.nodes.send_heartbeats(db, now)
         self.store.drain()

@@ -150,7 +150,8 @@ def test_start_workers_is_idempotent(
 def test_sigterm_reaches_the_program_which_checkpoints_and_exits_75(
     make_compute: Callable[..., LocalCompute], recorder: Recorder, tmp_path: Path
 ) -> None:
-    compute = make_compute()
+    compute = make_compute(in_process=False)  # (with it, the program is held: see
+    # tests/integration/test_inprocess_restart.py and test_a_held_rank_not_taken_gets_sigterm)
     cmd = (PY, str(TRAIN), "--steps", "100000", "--checkpoint-every", "5", "--step-time", "0.01")
     compute.start_workers(gang(tmp_path, cmd))
     poll_until(compute, lambda: bool(recorder.of(JobCheckpointSaved)))

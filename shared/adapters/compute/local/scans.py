@@ -1,0 +1,50 @@
+"""What the ranks' files say about a running attempt, turned into facts at a bounded rate:
+durable checkpoints (every poll: they are few), and every ``TIER_SCAN_S`` the ranks'
+heartbeats: tier saves, the attempt's first step, per-rank progress (hangs, stragglers)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from shared.adapters.compute.fact_store import FactStore
+from shared.adapters.compute.ledger import (
+    report_checkpoints,
+    report_first_step,
+    report_tier_saves,
+)
+from shared.adapters.compute.rank_progress import RankWatch
+
+TIER_SCAN_S = 2.0  # how often the ranks' heartbeats are read for tier saves
+
+
+class AttemptScan:
+    """Reads a live attempt's checkpoint directory and heartbeats for ``LocalCompute``."""
+
+    def __init__(self, store: FactStore) -> None:
+        self.store = store
+        self.ranks = RankWatch()  # per-rank progress: hangs and stragglers (rank_progress)
+        self._scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last heartbeat read
+
+    def scan(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
+        ledger = self.store.ledger(db)
+        for fact in report_checkpoints(ledger, att["job_id"], att["attempt"],
+                                       att["checkpoint_dir"], now):
+            self.store.queue(db, fact)
+        key = (att["job_id"], att["attempt"])
+        if now - self._scanned.get(key, -TIER_SCAN_S) < TIER_SCAN_S:
+            return  # the heartbeats are read at a bounded rate, not every poll
+        self._scanned[key] = now
+        for fact in report_tier_saves(ledger, att["job_id"], att["attempt"],
+                                      att["checkpoint_dir"], att["world_size"], now):
+            self.store.queue(db, fact)
+        self.store.queue(db, report_first_step(ledger, att["job_id"], att["attempt"],
+                                               att["checkpoint_dir"], now))
+        node_of = {r["rank"]: r["node_id"] for r in db.execute(
+            "SELECT rank, node_id FROM workers WHERE job_id = ? AND attempt = ?", key)}
+        for health in self.ranks.scan(att["job_id"], att["attempt"], att["checkpoint_dir"],
+                                      node_of, now):
+            self.store.queue(db, health)
+
+    def forget(self, job_id: str, attempt: int) -> None:
+        """The attempt ended: its read time goes (the map holds live attempts only)."""
+        self._scanned.pop((job_id, attempt), None)

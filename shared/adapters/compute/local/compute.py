@@ -61,6 +61,7 @@ from shared.adapters.compute.ledger import (
     report_first_step,
     report_tier_saves,
 )
+from shared.adapters.compute.local import sandbox
 from shared.adapters.compute.local.nodes import (
     DEFAULT_REPAIR_DURATIONS_S,
     NODES_SCHEMA,
@@ -137,8 +138,18 @@ class LocalCompute:
         heartbeats: bool = True,
         gang_grace_s: float = 10.0,
         deep_check_duration_s: float = 2.0,
+        sandboxed: bool | None = None,
+        run_as: str | None = None,
+        output_root: Path | None = None,
+        private_dirs: Sequence[Path] = (),
     ) -> None:
+        """``sandboxed`` (default: when root): each rank as ``run_as`` (default: a uid per job),
+        ``private_dirs``, ``state_dir`` and ``output_root`` hidden (``sandbox``)."""
         self.state_dir = Path(state_dir)
+        self._sandboxed = sandbox.enabled(sandboxed)
+        self._run_as = run_as or os.environ.get("MTC_WORKER_USER") or None
+        self._output_root = str(Path(output_root).absolute()) if output_root else None
+        self._private = [str(Path(p).absolute()) for p in (state_dir, *private_dirs)]
         self._clock = clock
         self._python = shutil.which(python) or python
         self._heartbeats = heartbeats
@@ -146,7 +157,8 @@ class LocalCompute:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._children: set[int] = set()  # launchers we spawned: ours to reap
         self._tiers_scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last read
-        self.store = FactStore(self.state_dir / self.DB_FILE, NODES_SCHEMA + _SCHEMA, emit, clock)
+        self.store = FactStore(self.state_dir / self.DB_FILE, NODES_SCHEMA + _SCHEMA + sandbox.SCHEMA,
+                               emit, clock)
         self.nodes = LocalNodes(NodeSettings(
             repair_durations_s={**DEFAULT_REPAIR_DURATIONS_S, **(repair_durations_s or {})},
             provision_duration_s=provision_duration_s,
@@ -234,7 +246,7 @@ class LocalCompute:
                                            str(Path(spec.checkpoint_dir).absolute()), now)
             tiers = tier_env(spec.job_id, spec.rank, gang.node_ids, self.memory_root,
                              spec.checkpoint_dir, before)
-            pid, exit_file, log_path = self._launch(spec, pools, tiers, gang.recovery)
+            pid, exit_file, log_path = self._launch(spec, pools, tiers, gang.recovery, db)
             launched.append(pid)
             self._children.add(pid)
             db.execute(
@@ -271,8 +283,8 @@ class LocalCompute:
         return self.state_dir / "logs" / safe_name(job_id) / f"attempt-{attempt}-rank-{rank}.log"
 
     def _launch(self, spec: WorkerSpec, pools: Sequence[int],
-                tiers: Mapping[str, str],
-                recovery: RecoveryPlan | None = None) -> tuple[int, str, str]:
+                tiers: Mapping[str, str], recovery: RecoveryPlan | None = None,
+                db: sqlite3.Connection | None = None) -> tuple[int, str, str]:
         """Start the launcher in a new session: it survives us and records the exit code."""
         for d in (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
@@ -283,7 +295,11 @@ class LocalCompute:
         exit_file = run_dir / f"attempt-{spec.attempt}-rank-{spec.rank}.exit"
         exit_file.unlink(missing_ok=True)
         env = self.worker_env(spec, pools, tiers, recovery)
-        pid = spawn_launcher(self._python, exit_file, spec.command, env, log)
+        plan = sandbox.plan_file(db, spec, env, exit_file, run_as=self._run_as,
+                                 hidden=self._private, python=self._python,
+                                 output_root=self._output_root) \
+            if self._sandboxed and db is not None else None
+        pid = spawn_launcher(self._python, exit_file, spec.command, env, log, plan)
         return pid, str(exit_file), str(log)
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:

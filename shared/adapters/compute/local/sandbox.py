@@ -13,7 +13,8 @@ Inside the namespace:
 * the job's own paths are bound back at their real paths: its checkpoint, model and log
   directories, its checkpoint-tier directories, its termination-log file and its home (read
   and write); the interpreter, the server's ``PYTHONPATH`` and the absolute paths its
-  command names outside what is hidden (read only); pyenv's runtime cache (read-write);
+  command names outside what is hidden (read only); pyenv's runtime cache (read-write, the
+  uid's own: ``<runtimes>/by-uid/<uid>`` bound at ``<runtimes>``);
 * the output root's ``gcs/`` tree is also at ``/gcs/`` (its own ``gs://`` outputs only), as
   Vertex's training containers see Cloud Storage;
 * the rank runs as a uid of its own: a configured user (``run_as``), else a uid allocated
@@ -144,13 +145,14 @@ def command_paths(command: Sequence[str], hidden: Sequence[str], runtimes: str |
     ro: list[str] = []
     rw: list[str] = []
     for i, arg in enumerate(command):
+        flag = command[i - 1] if i else ""
+        if flag == "--cache" and runtimes and os.path.abspath(arg) == runtimes:
+            rw.append(runtimes)  # (pyenv makes it: it need not exist yet)
+            continue
         if not arg.startswith("/") or not os.path.exists(arg):
             continue
         arg = os.path.abspath(arg)
-        flag = command[i - 1] if i else ""
-        if flag == "--cache" and runtimes and arg == runtimes:
-            rw.append(arg)
-        elif (flag == "--package" and gcs_root and _inside(arg, gcs_root)
+        if (flag == "--package" and gcs_root and _inside(arg, gcs_root)
               and os.path.isfile(arg)) or not any(_inside(arg, h) for h in hidden):
             ro.append(arg)
     return ro, rw
@@ -172,13 +174,17 @@ def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
     gcs_root = os.path.join(output_root, "gcs") if output_root else None
     runtimes = os.path.join(os.path.dirname(output_root), "runtimes") if output_root else None
     cmd_ro, cmd_rw = command_paths(command, hide, runtimes, gcs_root)
-    rw_dirs += cmd_rw
+    # pyenv's runtime cache is the uid's own (a job must not build what another runs):
+    # <runtimes>/by-uid/<uid> is bound at <runtimes>
+    private = [Bind(os.path.join(d, "by-uid", str(uid)), d, True) for d in cmd_rw]
+    rw_dirs += [b.src for b in private]
     # the interpreter and the server's PYTHONPATH are the server's own: bound wherever they
     # are (the env's PYTHONPATH is not: a job's spec may set it)
     ro = [*read_only, *interpreter_paths(python), *cmd_ro,
           *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     ro = [p for p in dict.fromkeys(os.path.abspath(p) for p in ro) if os.path.exists(p)]
-    binds = [Bind(d, d, True) for d in dict.fromkeys(rw_dirs)]
+    binds = [Bind(d, d, True) for d in dict.fromkeys(rw_dirs) if d not in
+             {b.src for b in private}] + private
     binds += [Bind(f, f, True, False) for f in job_files]
     base = os.path.dirname(job_dirs[0]) if job_dirs else None  # the job's output directory
     hidden_base = base is not None and base != gcs_root and (
@@ -189,7 +195,7 @@ def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
     binds += [Bind(p, p, False, os.path.isdir(p)) for p in ro
               if not any(_inside(p, b.dst) for b in binds)]
     if gcs_root:
-        binds += [Bind(b.src, GCS_MOUNT + b.src[len(gcs_root):], b.write)
+        binds += [Bind(b.src, GCS_MOUNT + b.src[len(gcs_root):], b.write, b.is_dir)
                   for b in list(binds) if _inside(b.src, gcs_root) and b.src != gcs_root]
     covers = covers_for(hide, [b.dst for b in binds])
     return SandboxPlan(uid, gid, covers, tuple(binds), home, owned=tuple(dict.fromkeys(rw_dirs)))

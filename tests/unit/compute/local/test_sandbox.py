@@ -122,3 +122,55 @@ def test_jobs_get_uids_of_their_own(tmp_path: Path) -> None:
 def test_root_is_never_a_configured_worker_user() -> None:
     with pytest.raises(ValueError, match="root"):
         sandbox.user_ids("root")
+
+
+PRY_TOKENS = textwrap.dedent(
+    """
+    import os, sys
+    try:
+        open(sys.argv[1]).read()
+        seen = "read"
+    except OSError as exc:
+        seen = type(exc).__name__
+    with open(os.path.join(os.environ["AIP_MODEL_DIR"], "tokens.txt"), "w") as f:
+        f.write(seen)
+    """
+)
+
+
+def test_a_job_submitted_to_a_root_server_cannot_read_the_token_file(tmp_path: Path) -> None:
+    """Issue 28's done-when, through the API and the embedded wiring (``mtc serve``'s): the
+    state directory and the output root are what the sandbox hides."""
+    from services.api.http import create_app
+    from services.api.tokens import LocalTokens
+    from services.wiring.api import embedded_api
+    from services.wiring.embedded import embedded
+    from tests.harness import job_body
+    from tests.serving import PARENT, cluster_body
+    from tests.unit.api.conftest import AUTH, TOKEN, one_pass_config
+
+    state = tmp_path / "state"
+    app = embedded(state, config=one_pass_config(), compute_options={"sandboxed": True})
+    LocalTokens(state / "api-tokens.json").create("tenant", "editor", "p")  # `mtc token create`
+    ctx, _ = embedded_api(app, env_token=TOKEN)
+    client = create_app(ctx).test_client()
+    base = f"/v1beta1/{PARENT}"
+    tokens = state / "api-tokens.json"
+    try:
+        made = client.post(f"{base}/modelDevelopmentClusters?modelDevelopmentClusterId=c1",
+                           json=cluster_body(workers=1), headers=AUTH)
+        assert made.status_code == 200, made.json
+        assert tokens.exists()  # the server's tokens, in the state directory
+        body = job_body(replicas=1)
+        body["jobSpec"]["persistentResourceId"] = "c1"
+        body["jobSpec"]["baseOutputDirectory"] = {"outputUriPrefix": "gs://bkt/pry"}
+        pool = body["jobSpec"]["workerPoolSpecs"][0]
+        pool["containerSpec"]["command"] = [sys.executable, "-c", PRY_TOKENS, str(tokens)]
+        made = client.post(f"{base}/customJobs?customJobId=pry", json=body, headers=AUTH)
+        assert made.status_code == 200, made.json
+        seen = state / "jobs" / "gcs" / "bkt" / "pry" / "model" / "tokens.txt"
+        assert app.run(lambda: seen.exists(), timeout_s=60), "the job did not run"
+        assert seen.read_text() != "read", "the job read api-tokens.json"
+    finally:
+        app.compute.kill_all()
+        app.close()

@@ -198,6 +198,9 @@ def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
         binds += [Bind(b.src, GCS_MOUNT + b.src[len(gcs_root):], b.write, b.is_dir)
                   for b in list(binds) if _inside(b.src, gcs_root) and b.src != gcs_root]
     covers = covers_for(hide, [b.dst for b in binds])
+    # a read-only path outside every cover is already there as it is: not bound (a bind
+    # would make it read-only for the job where its own permissions allow a write)
+    binds = [b for b in binds if b.write or any(_inside(b.dst, c) for c in covers)]
     return SandboxPlan(uid, gid, covers, tuple(binds), home, owned=tuple(dict.fromkeys(rw_dirs)))
 
 

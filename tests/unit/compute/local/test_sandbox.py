@@ -3,7 +3,8 @@ state directory, the API tokens and every other tenant's files in reach. Now a r
 an unprivileged uid in a mount namespace that hides them, while its own checkpoint, output
 and log paths work, also at ``/gcs/`` as Vertex's containers see Cloud Storage.
 
-Real processes, real mounts: runs only as root (the case it is about) on Linux."""
+Real processes, real mounts: the two job tests run only as root (the case they are about) on
+Linux; the plan's rules are checked everywhere."""
 
 from __future__ import annotations
 
@@ -21,9 +22,8 @@ from shared.adapters.compute.local import sandbox
 from shared.adapters.compute.local.compute import LocalCompute
 from tests.harness import Recorder, one_pool_gang
 
-pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
-                                 reason="the sandbox is for a root server on Linux"),
-              pytest.mark.slow]  # real worker subprocesses
+ROOT_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
+                               reason="the sandbox is for a root server on Linux")
 
 # The job pries (each attempt's outcome is recorded), then uses its own paths.
 PRY = textwrap.dedent(
@@ -71,6 +71,8 @@ def _run(compute: LocalCompute, job_id: str, timeout_s: float = 60.0) -> int:
     raise AssertionError(f"{job_id} did not end in {timeout_s}s")
 
 
+@ROOT_ONLY
+@pytest.mark.slow  # real worker subprocesses
 def test_a_job_of_a_root_server_cannot_read_the_tokens_other_jobs_or_root(tmp_path: Path
                                                                           ) -> None:
     state = tmp_path / "srv"
@@ -138,6 +140,8 @@ PRY_TOKENS = textwrap.dedent(
 )
 
 
+@ROOT_ONLY
+@pytest.mark.slow  # real worker subprocesses
 def test_a_job_submitted_to_a_root_server_cannot_read_the_token_file(tmp_path: Path) -> None:
     """Issue 28's done-when, through the API and the embedded wiring (``mtc serve``'s): the
     state directory and the output root are what the sandbox hides."""
@@ -174,3 +178,21 @@ def test_a_job_submitted_to_a_root_server_cannot_read_the_token_file(tmp_path: P
     finally:
         app.compute.kill_all()
         app.close()
+
+
+def test_a_command_or_env_naming_the_state_directory_does_not_get_it_bound(tmp_path: Path
+                                                                           ) -> None:
+    """The command and the env are the tenant's: naming a hidden path must not bind it."""
+    state, out = tmp_path / "state", tmp_path / "state" / "jobs"
+    (out / "j" / "checkpoints").mkdir(parents=True)
+    (state / "api-tokens.json").write_text("{}")
+    made = sandbox.plan(
+        uid=sandbox.FIRST_UID, gid=sandbox.FIRST_UID, hidden=[str(state)],
+        job_dirs=[str(out / "j" / "checkpoints")], job_files=[], read_only=[],
+        home=str(state / "home"), env={"PYTHONPATH": str(state)},
+        command=["python", str(state / "api-tokens.json"), "--cache", str(state)],
+        python=sys.executable, output_root=str(out))
+    bound = {b.src for b in made.binds}
+    assert str(state) not in bound and str(state / "api-tokens.json") not in bound
+    assert any(str(state).startswith(c) for c in made.covers)  # hidden (itself or above)
+    assert str(out / "j" / "checkpoints") in bound

@@ -138,13 +138,13 @@ class LocalCompute:
         heartbeats: bool = True,
         gang_grace_s: float = 10.0,
         deep_check_duration_s: float = 2.0,
-        sandboxed: bool | None = None,
+        sandboxed: bool | None = False,
         run_as: str | None = None,
         output_root: Path | None = None,
         private_dirs: Sequence[Path] = (),
     ) -> None:
-        """``sandboxed`` (default: when root): each rank as ``run_as`` (default: a uid per job),
-        ``private_dirs``, ``state_dir`` and ``output_root`` hidden (``sandbox``)."""
+        """``sandboxed`` (None: when root, as the embedded wiring asks): each rank as ``run_as``
+        (default: a uid per job), ``private_dirs``, ``state_dir``, ``output_root`` hidden."""
         self.state_dir = Path(state_dir)
         self._sandboxed = sandbox.enabled(sandboxed)
         self._run_as = run_as or os.environ.get("MTC_WORKER_USER") or None

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from services.api.http import create_app
+from services.console.app import JOBS_PAGE, register
 from services.wiring.api import embedded_api
 from services.wiring.embedded import embedded
 from shared.domain.model import Job
@@ -63,6 +64,44 @@ def test_defect_4_a_list_page_of_one_reads_one_job_not_the_collection(
         second: dict[str, Any] = client.get(f"{base}/customJobs?pageSize=1&pageToken="
                                             f"{page['nextPageToken']}", headers=AUTH).json or {}
         assert [j["name"].rsplit("/", 1)[1] for j in second["customJobs"]] == ["j1"]
+    finally:
+        app.compute.kill_all()
+        app.close()
+
+
+def test_defect_4_the_consoles_poll_reads_the_jobs_it_shows_not_the_clusters_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = embedded(tmp_path / "state", config=one_pass_config(), compute_options={
+        "sandboxed": False})
+    ctx, _ = embedded_api(app, env_token=TOKEN, runtime=Quiet(app))
+    flask_app = create_app(ctx)
+    register(flask_app, ctx, tmp_path / "run")
+    client = flask_app.test_client()
+    base = f"/v1beta1/{PARENT}"
+    try:
+        made = client.post(f"{base}/modelDevelopmentClusters?modelDevelopmentClusterId=c1",
+                           json=cluster_body(workers=1), headers=AUTH)
+        assert made.status_code == 200, made.json
+        body = job_body(replicas=1)
+        body["jobSpec"]["persistentResourceId"] = "c1"
+        total = JOBS_PAGE + 5
+        for i in range(total):
+            made = client.post(f"{base}/customJobs?customJobId=j{i}", json=body, headers=AUTH)
+            assert made.status_code == 200, made.json
+        app.pump(budget_s=5.0)
+        loads: list[str] = []
+        real = Job.from_dict.__func__  # type: ignore[attr-defined]
+
+        def counted(cls: type[Job], *args: Any, **kw: Any) -> Job:
+            loads.append(args[0]["job_id"])
+            return real(cls, *args, **kw)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(Job, "from_dict", classmethod(counted))
+        resp = client.get("/console/api/poll", headers=AUTH)
+        assert resp.status_code == 200, resp.json
+        jobs: dict[str, Any] = (resp.json or {})["jobs"]
+        assert jobs["total"] == total and len(jobs["items"]) == JOBS_PAGE
+        assert len(loads) == JOBS_PAGE  # the page's jobs, not all of the cluster's
     finally:
         app.compute.kill_all()
         app.close()

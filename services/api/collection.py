@@ -59,8 +59,8 @@ class Collection(Generic[T]):
     response: type[Message]
     items_field: str
     item: type[Message]
-    load: Callable[[Scope], Iterable[T]]
-    render: Callable[[Scope, T], Json]
+    load: Callable[[Scope], Iterable[T]]  # cheap items: a page is cut before rendering
+    render: Callable[[Scope, T], Json | None]  # None: gone since listed (left off the page)
     filterable: tuple[str, ...] = ()
     field: Callable[[Json, str], Any] = resource_field  # a filter term's value in a resource
     find: Callable[[Scope, str], T] | None = None
@@ -79,13 +79,13 @@ class Collection(Generic[T]):
             scope = Scope(ctx, uow, parent, owner)
             found = list(self.load(scope))
             if terms:
-                shown = [self.render(scope, item) for item in found]
+                shown = [r for r in (self.render(scope, item) for item in found) if r is not None]
                 kept = [r for r in shown if matches(terms, functools.partial(self.field, r))]
                 page = paginate(kept, size=limit, token=token, filter_text=filter_text or "")
-            else:
+            else:  # only the page is rendered (a page of 1 of 5,000 jobs renders 1)
                 page = paginate(found, size=limit, token=token, filter_text=filter_text or "")
-                page = Page([self.render(scope, item) for item in page.items],
-                            page.next_page_token)
+                rendered = (self.render(scope, item) for item in page.items)
+                page = Page([r for r in rendered if r is not None], page.next_page_token)
         items = [self.item.model_validate(r) for r in page.items]
         return self.response(**{self.items_field: items,
                                 "next_page_token": page.next_page_token}).to_json()
@@ -94,7 +94,10 @@ class Collection(Generic[T]):
         ctx.refresh()
         with ctx.unit() as uow:
             scope = Scope(ctx, uow, parent)
-            return self.render(scope, self._found(scope, rid))
+            shown = self.render(scope, self._found(scope, rid))
+        if shown is None:
+            raise ApiError("NOT_FOUND", f"{rid} is gone")  # deleted while it was read
+        return shown
 
     def cancel(self, ctx: ApiContext, parent: Parent, rid: str) -> Json:
         """Stop the resource (as google.protobuf.Empty): the work winds down after."""

@@ -20,7 +20,7 @@ from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
 from services.job_submission import commands as job_commands
-from shared.domain.adopted import adopted
+from shared.domain.adopted import ORIGIN_LABEL, SLURM_ORIGIN, adopted
 from shared.domain.model import Job, JobState
 
 KIND = "customJob"
@@ -28,6 +28,7 @@ COLLECTION = "customJobs"
 FILTERABLE = ("state", "displayName", "createTime")
 GCS_URI = re.compile(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/[^\x00-\x1f]*)?$")
 Shown = tuple[Job, dict[str, Any]]  # a job and its API record: what a GET renders
+Listed = tuple[Job | None, dict[str, Any]]  # in a list: the job is read when rendered
 _SCHEDULING_EXTENSIONS = {"mtcPartition": "partition", "mtcPriority": "priority",
                           "mtcMaxRestarts": "maxRestarts"}
 
@@ -180,9 +181,12 @@ def adopted_records(uow: Any, parent: Parent) -> list[dict[str, Any]]:
     are shown under the parent of the cluster they run on, their spec as mtc recorded it)."""
     out = []
     for cluster in records_of(uow, "cluster", parent):
-        for job in uow.jobs.list(cluster["id"]):
-            if adopted(job.spec):
-                out.append(adopted_record(job))
+        # a projection: the cluster's jobs are not all decoded to find the few adopted ones
+        for job_id, spec in uow.jobs.project(cluster["id"], ("job_id", "spec")):
+            if (spec or {}).get("labels", {}).get(ORIGIN_LABEL) == SLURM_ORIGIN:
+                job = uow.jobs.get(job_id)
+                if job is not None and adopted(job.spec):
+                    out.append(adopted_record(job))
     return out
 
 
@@ -193,13 +197,20 @@ def adopted_record(job: Job) -> dict[str, Any]:
     return {"id": job.job_id, "resource": resource, "created": job.created_at}
 
 
-def _listed(scope: Scope) -> Iterator[Shown]:
-    """The parent's jobs, then the adopted ones on its clusters (a job gone is left out)."""
+def _listed(scope: Scope) -> Iterator[Listed]:
+    """The parent's jobs, then the adopted ones on its clusters: records only, each job is
+    read when its page is rendered (``_render``; a job gone by then is left out)."""
     uow, parent = scope.uow, scope.parent
-    for record in [*records_of(uow, KIND, parent), *adopted_records(uow, parent)]:
-        job = uow.jobs.get(domain_job_id(record["id"]))
-        if job is not None:
-            yield job, record
+    for record in records_of(uow, KIND, parent):
+        yield None, record
+    for record in adopted_records(uow, parent):
+        yield uow.jobs.get(record["id"]), record
+
+
+def _render(scope: Scope, shown: Listed) -> dict[str, Any] | None:
+    job, record = shown
+    job = job or scope.uow.jobs.get(domain_job_id(record["id"]))
+    return None if job is None else render(job, scope.parent, record["id"], record)
 
 
 def _found(scope: Scope, job_id: str) -> Shown:
@@ -216,9 +227,10 @@ def _found(scope: Scope, job_id: str) -> Shown:
     return job, record
 
 
-def _cancel(scope: Scope, job_id: str, shown: Shown) -> None:
+def _cancel(scope: Scope, job_id: str, shown: Listed) -> None:
     """Refused once the job has ended (as the pipelines' cancel is), naming its state."""
     job, record = shown
+    assert job is not None  # found (``_found``), not listed
     if job.terminal:
         state = render(job, scope.parent, record["id"], record)["state"]
         raise ApiError("FAILED_PRECONDITION", f"custom job {job_id} is {state}: only a job "
@@ -231,9 +243,8 @@ def domain_job_id(job_id: str) -> str:
     return job_id if job_id[:1].isalpha() else f"cj-{job_id}"
 
 
-JOBS: Collection[Shown] = Collection(
-    ListCustomJobsResponse, "custom_jobs", CustomJob, load=_listed,
-    render=lambda scope, shown: render(shown[0], scope.parent, shown[1]["id"], shown[1]),
+JOBS: Collection[Listed] = Collection(
+    ListCustomJobsResponse, "custom_jobs", CustomJob, load=_listed, render=_render,
     filterable=FILTERABLE, find=_found, stop=_cancel, create=create, id_param="customJobId",
     remove=delete)
 get, list_jobs, cancel = JOBS.get, JOBS.list_page, JOBS.cancel

@@ -132,10 +132,13 @@ def embedded(state_dir: Path, *, compute: ComputeKind = "local", slurm_conf: str
     webhook = webhook_from_env()  # MTC_ALERT_WEBHOOK: alerts POSTed as they are delivered
     if webhook is not None:
         bus.listeners.append(webhook)
+    config = local_config(config, state_dir)
+    if compute == "local":  # a root server's jobs are sandboxed away from these (sandbox.py)
+        compute_options = {"output_root": config.output_root, "private_dirs": (state_dir,),
+                           "sandboxed": None, **(compute_options or {})}
     machines = make_compute(compute, state_dir, bus.inject, clock, slurm_conf=slurm_conf,
                             options=compute_options)
-    deps = build_deps(store, clock=clock, compute=machines, publisher=bus,
-                      config=local_config(config, state_dir))
+    deps = build_deps(store, clock=clock, compute=machines, publisher=bus, config=config)
     # the checkpoint advice, as a file beside each job's checkpoints (under the output root)
     deps = replace(deps, advice=FileAdviceSink(deps.config.output_root))
     return EmbeddedApp(state_dir, store, bus, machines, deps,

@@ -49,6 +49,7 @@ class FileAdviceSink:
             lines.append(f"{key}={value}")
         fd, tmp = tempfile.mkstemp(prefix=".mtc-advice.", dir=target.parent)
         try:
+            os.fchmod(fd, 0o644)  # the job reads it: a sandboxed job runs as another user
             with os.fdopen(fd, "w") as fh:
                 fh.write("\n".join(lines) + "\n")
             os.replace(tmp, target)

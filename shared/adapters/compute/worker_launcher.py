@@ -21,6 +21,12 @@ itself is killed (SIGKILL cannot be relayed) CMD dies with it instead of trainin
 unobserved; whatever CMD started in the group is killed by the adapter when it finds the
 launcher gone without an exit file (``local_procs.exit_code``).
 
+Sandbox (``--sandbox PLAN.json``, written by the local adapter when the server runs as
+root: ``local/sandbox.py`` says what and why): the child enters a mount namespace of its
+own, gets tmpfs over what it must not see and its own paths bound back, then drops to the
+plan's uid and gid before exec; the launcher itself stays outside, as root, to wait and to
+write the exit file. PR_SET_PDEATHSIG is set after the uid change (a change clears it).
+
 Standard library only, so it runs by file path with any Python, without the package.
 """
 
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -41,6 +48,71 @@ EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 RELAYED = (signal.SIGTERM, signal.SIGINT)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+CLONE_NEWNS = 0x00020000  # <linux/sched.h>
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT = 1, 2, 4, 32  # <linux/mount.h>
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+
+
+def _mount(libc: ctypes.CDLL, src: str | None, dst: str, fstype: str | None, flags: int,
+           data: str | None = None) -> None:
+    def enc(v: str | None) -> bytes | None:
+        return v.encode() if v is not None else None
+
+    if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {src} on {dst}: {os.strerror(err)}")
+
+
+def apply_sandbox(plan: dict[str, object], libc: ctypes.CDLL) -> None:
+    """In the child, before exec: a private mount namespace, tmpfs over ``covers``, the
+    ``binds`` back (sources opened first: a cover may hide them), then the plan's uid.
+    The directories a tmpfs needs on the way to a bind are made 0711 (traversable only)."""
+    if libc.unshare(CLONE_NEWNS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing leaks back to the host
+    cwd = os.getcwd()
+    binds = [(os.open(str(src), os.O_PATH | os.O_CLOEXEC), str(dst), bool(write), bool(is_dir))
+             for src, dst, write, is_dir in plan["binds"]]  # type: ignore[attr-defined]
+    for cover in plan["covers"]:  # type: ignore[attr-defined]
+        _mount(libc, "tmpfs", str(cover), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711,size=1m")
+    for fd, dst, write, is_dir in sorted(binds, key=lambda b: b[1].count("/")):
+        if is_dir:
+            os.makedirs(dst, mode=0o711, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(dst), mode=0o711, exist_ok=True)
+            if not os.path.exists(dst):
+                os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o600))
+        _mount(libc, f"/proc/self/fd/{fd}", dst, None, MS_BIND | MS_REC)
+        if not write:
+            _mount(libc, None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_REC)
+        os.close(fd)
+    try:
+        os.chdir(cwd)  # the namespace's view of it (a covered one is gone)
+    except OSError:
+        os.chdir("/")
+    os.setgroups([])
+    os.setgid(int(plan["gid"]))  # type: ignore[call-overload]
+    os.setuid(int(plan["uid"]))  # type: ignore[call-overload]
+
+
+def _child_hook(sandbox: dict[str, object] | None) -> Callable[[], None] | None:
+    """The child's set-up before exec: the sandbox (if any), then the parent-death signal."""
+    deathsig = _pdeathsig_hook()
+    if sandbox is None:
+        return deathsig
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def hook() -> None:
+        try:
+            apply_sandbox(sandbox, libc)
+        except BaseException as exc:  # Popen only says "Exception occurred in preexec_fn"
+            os.write(2, f"worker_launcher: sandbox: {exc}\n".encode())
+            raise
+        if deathsig is not None:
+            deathsig()
+
+    return hook
 
 
 def _pdeathsig_hook() -> Callable[[], None] | None:
@@ -130,23 +202,31 @@ class _Relay:
         self.pending.clear()
 
 
-def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False) -> int:
+def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False,
+        sandbox: dict[str, object] | None = None) -> int:
     """Run ``command``; its exit code goes to ``exit_file`` and is returned. With
     ``zero_after_stop``, a command that was asked to stop (SIGTERM/SIGINT) returns 0 here
     whatever its code (the file keeps the real one): under ``srun --kill-on-bad-exit`` a
     rank that checkpointed and left quickly must not kill the ranks still saving theirs,
-    while a rank that fails on its own still ends the gang."""
+    while a rank that fails on its own still ends the gang. ``sandbox``: the plan the child
+    runs in (see the module)."""
     relay = _Relay()
     relay.install()  # before the child exists: a signal during start-up is kept, not lost
     try:
         env = {**os.environ, "MTC_TERMINATION_LOG": f"{exit_file}.msg"}  # why it failed
         with contextlib.suppress(OSError):
             os.unlink(f"{exit_file}.msg")
-        child = subprocess.Popen(list(command), preexec_fn=_pdeathsig_hook(), env=env)
+        if sandbox is not None:  # the job's own file, for it to write
+            fd = os.open(f"{exit_file}.msg", os.O_CREAT | os.O_WRONLY, 0o600)
+            os.fchown(fd, int(sandbox["uid"]), int(sandbox["gid"]))  # type: ignore[call-overload]
+            os.close(fd)
+            env.update(HOME=str(sandbox["home"]), USER=f"mtc-{sandbox['uid']}",
+                       LOGNAME=f"mtc-{sandbox['uid']}")
+        child = subprocess.Popen(list(command), preexec_fn=_child_hook(sandbox), env=env)
     except FileNotFoundError as exc:
         print(f"worker_launcher: cannot start {command[0]!r}: {exc}", file=sys.stderr)
         code = EXIT_NOT_FOUND
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:  # the latter: the sandbox's set-up
         print(f"worker_launcher: cannot start {command[0]!r}: {exc}", file=sys.stderr)
         code = EXIT_NOT_EXECUTABLE
     else:
@@ -164,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--exit-file", required=True, help="where to write the exit code")
     parser.add_argument("--zero-after-stop", action="store_true",
                         help="exit 0 once asked to stop (the exit file keeps the real code)")
+    parser.add_argument("--sandbox", help="run CMD in this sandbox plan (JSON file)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
     args = parser.parse_args(argv)
     command = list(args.command)
@@ -171,7 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = command[1:]
     if not command:
         parser.error("no command given after --")
-    return run(args.exit_file, command, zero_after_stop=args.zero_after_stop)
+    sandbox = None
+    if args.sandbox:
+        with open(args.sandbox) as f:
+            sandbox = json.load(f)
+    return run(args.exit_file, command, zero_after_stop=args.zero_after_stop, sandbox=sandbox)
 
 
 if __name__ == "__main__":

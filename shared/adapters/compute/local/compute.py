@@ -61,6 +61,7 @@ from shared.adapters.compute.ledger import (
     ranks_exited,
 )
 from shared.adapters.compute.local import inprocess as live
+from shared.adapters.compute.local import queries, sandbox
 from shared.adapters.compute.local.checks import CHECKS_SCHEMA, LocalChecks
 from shared.adapters.compute.local.nodes import (
     DEFAULT_REPAIR_DURATIONS_S,
@@ -78,13 +79,12 @@ from shared.adapters.compute.local.procs import (
 )
 from shared.adapters.compute.local.scans import AttemptScan
 from shared.adapters.compute.protocol import (
-    ExitCode,
     managed_env,
     safe_name,
     tier_env,
     with_message,
 )
-from shared.adapters.compute.worker_logs import LogFile, tail_note
+from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
 from shared.policies.preflight import PreflightPlan, PreflightResult
@@ -143,8 +143,18 @@ class LocalCompute:
         active_check_duration_s: float = 1.0,
         park_s: float = live.PARK_S,
         in_process: bool = True,
+        sandboxed: bool | None = False,
+        run_as: str | None = None,
+        output_root: Path | None = None,
+        private_dirs: Sequence[Path] = (),
     ) -> None:
+        """``sandboxed`` (None: when root, as the embedded wiring asks): each rank as ``run_as``
+        (default: a uid per job), ``private_dirs``, ``state_dir``, ``output_root`` hidden."""
         self.state_dir = Path(state_dir)
+        self._sandboxed = sandbox.enabled(sandboxed)
+        self._run_as = run_as or os.environ.get("MTC_WORKER_USER") or None
+        self._output_root = str(Path(output_root).absolute()) if output_root else None
+        self._private = [str(Path(p).absolute()) for p in (state_dir, *private_dirs)]
         self._clock = clock
         self._python = shutil.which(python) or python
         self._heartbeats = heartbeats
@@ -153,8 +163,8 @@ class LocalCompute:
         self._in_process = in_process  # offer in-process restarts (MTC_RESTART_FILE)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._children: set[int] = set()  # launchers we spawned: ours to reap
-        self.store = FactStore(self.state_dir / self.DB_FILE,
-                               NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + live.SCHEMA, emit, clock)
+        self.store = FactStore(self.state_dir / self.DB_FILE, NODES_SCHEMA + CHECKS_SCHEMA
+                               + _SCHEMA + live.SCHEMA + sandbox.SCHEMA, emit, clock)
         self.scan = AttemptScan(self.store)  # checkpoints, heartbeats, per-rank progress
         self.ranks = self.scan.ranks
         self.nodes = LocalNodes(NodeSettings(
@@ -269,7 +279,7 @@ class LocalCompute:
                 pid, ticks, exit_file, control = (taken["pid"], taken["start_ticks"],
                                                   taken["exit_file"], taken["control_file"])
             else:
-                pid, exit_file, _, control = self._launch(spec, pools, tiers, plan)
+                pid, exit_file, _, control = self._launch(spec, pools, tiers, plan, db)
                 launched.append(pid)
                 self._children.add(pid)
                 ticks = start_ticks(pid)
@@ -309,8 +319,8 @@ class LocalCompute:
         return self.state_dir / "logs" / safe_name(job_id) / f"attempt-{attempt}-rank-{rank}.log"
 
     def _launch(self, spec: WorkerSpec, pools: Sequence[int],
-                tiers: Mapping[str, str],
-                recovery: RecoveryPlan | None = None) -> tuple[int, str, str, str]:
+                tiers: Mapping[str, str], recovery: RecoveryPlan | None = None,
+                db: sqlite3.Connection | None = None) -> tuple[int, str, str, str]:
         """Start the launcher in a new session: it survives us and records the exit code.
         Returns its pid, exit file, log and in-process restart control file."""
         for d in (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir):
@@ -326,29 +336,26 @@ class LocalCompute:
         env = self.worker_env(spec, pools, tiers, recovery)
         if self._in_process:
             env[live.RESTART_FILE] = str(control)
-        pid = spawn_launcher(self._python, exit_file, spec.command, env, log)
+        # sandboxed, the rank keeps its control file's directory and its job's logs (where an
+        # in-process restart moves its output), and nothing else of the state directory
+        plan = sandbox.plan_file(db, spec, env, exit_file, run_as=self._run_as,
+                                 hidden=self._private, python=self._python,
+                                 output_root=self._output_root,
+                                 own_dirs=(str(control.parent), str(log.parent))) \
+            if self._sandboxed and db is not None else None
+        pid = spawn_launcher(self._python, exit_file, spec.command, env, log, plan)
         return pid, str(exit_file), str(log), str(control)
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:
         """What was started, with exit codes seen so far (updated by ``poll()``)."""
         with self.store.tx() as db:
-            rows = db.execute(
-                "SELECT * FROM workers WHERE ? IS NULL OR job_id = ?"
-                " ORDER BY job_id, attempt, rank",
-                (job_id, job_id),
-            ).fetchall()
-        return [WorkerStatus(r["job_id"], r["attempt"], r["rank"], r["node_id"], r["pid"],
-                             r["log_path"], r["exit_code"]) for r in rows]
+            return [WorkerStatus(r["job_id"], r["attempt"], r["rank"], r["node_id"], r["pid"],
+                                 r["log_path"], r["exit_code"]) for r in queries.workers(db, job_id)]
 
     def log_files(self, job_id: str) -> list[LogFile]:
         """Each rank's output of each attempt, one file apiece (``worker_logs``)."""
         with self.store.tx() as db:
-            rows = db.execute(
-                "SELECT w.attempt, w.rank, w.log_path, w.exit_code, a.finalized FROM workers w"
-                " JOIN attempts a ON a.job_id = w.job_id AND a.attempt = w.attempt"
-                " WHERE w.job_id = ? ORDER BY w.attempt, w.rank", (job_id,)).fetchall()
-        return [LogFile(r["attempt"], r["rank"], r["log_path"],
-                        r["exit_code"] is not None or bool(r["finalized"])) for r in rows]
+            return queries.log_files(db, job_id)
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:
         """SIGTERM every rank now, SIGKILL in ``poll()`` after ``grace_s``. A repeat does not
@@ -456,20 +463,8 @@ class LocalCompute:
             self.scan.forget(job_id, attempt)
             note = with_message("", {r["rank"]: r["exit_file"] for r in ranks}, failed_rank)
             self.store.queue(db, ranks_exited(self.store.ledger(db), job_id, attempt, codes,
-                                         note + self._failure_note(db, att, codes, failed_rank),
+                                         note + queries.failure_note(db, att, codes, failed_rank),
                                          first_failed=failed_rank))
-
-    def _failure_note(self, db: sqlite3.Connection, att: sqlite3.Row,
-                      codes: dict[int, int | None], failed_rank: int | None) -> str:
-        """The failing rank's last output, for the job's error (none for a clean exit or a
-        preemption: those say nothing of a failure)."""
-        rank = failed_rank if failed_rank is not None else next(
-            (r for r, c in sorted(codes.items()) if c not in (0, None)), None)
-        if rank is None or codes.get(rank) in (0, ExitCode.PREEMPTED):
-            return ""
-        row = db.execute("SELECT log_path FROM workers WHERE job_id = ? AND attempt = ? AND "
-                         "rank = ?", (att["job_id"], att["attempt"], rank)).fetchone()
-        return tail_note(row["log_path"] if row else None, rank)
 
     def _end_gang(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
         """A rank failed: the attempt is over for every rank. SIGTERM the others' groups now;

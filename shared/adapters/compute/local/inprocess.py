@@ -54,8 +54,9 @@ def migrate(db: sqlite3.Connection) -> None:
 
 
 def control_path(exit_file: Path) -> Path:
-    """A process's control file: beside its first attempt's exit file (it keeps it after)."""
-    return exit_file.with_name(exit_file.name.removesuffix(".exit") + ".restart.json")
+    """A process's control file, in a directory of its own beside its first attempt's exit
+    file (it keeps it after): a sandboxed rank gets that directory and no other of the run's."""
+    return exit_file.with_name(exit_file.name.removesuffix(".exit") + ".ctl") / "restart.json"
 
 
 def _declared_pid(worker: sqlite3.Row) -> int | None:

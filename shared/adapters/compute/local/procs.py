@@ -19,9 +19,11 @@ from shared.adapters.compute.protocol import EXIT_KILLED, LAUNCHER, read_exit_fi
 
 
 def spawn_launcher(python: str, exit_file: Path, command: Sequence[str], env: Mapping[str, str],
-                   log: Path) -> int:
-    """Start ``command`` under the launcher in a new session, output appended to ``log``."""
-    argv = [python, str(LAUNCHER), "--exit-file", str(exit_file), "--", *command]
+                   log: Path, sandbox: Path | None = None) -> int:
+    """Start ``command`` under the launcher in a new session, output appended to ``log``;
+    ``sandbox``: the plan file the command runs in (``sandbox``)."""
+    argv = [python, str(LAUNCHER), "--exit-file", str(exit_file),
+            *(["--sandbox", str(sandbox)] if sandbox is not None else []), "--", *command]
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         return os.posix_spawn(

@@ -1,0 +1,38 @@
+"""Reads of the local compute's ledger for its views: the workers started, each rank's log
+file, and the failing rank's last output for a job's error."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from shared.adapters.compute.protocol import ExitCode
+from shared.adapters.compute.worker_logs import LogFile, tail_note
+
+
+def workers(db: sqlite3.Connection, job_id: str | None) -> list[sqlite3.Row]:
+    """Every rank started (of ``job_id``, or of every job), attempt by attempt."""
+    return db.execute("SELECT * FROM workers WHERE ? IS NULL OR job_id = ?"
+                      " ORDER BY job_id, attempt, rank", (job_id, job_id)).fetchall()
+
+
+def log_files(db: sqlite3.Connection, job_id: str) -> list[LogFile]:
+    """Each rank's output of each attempt, one file apiece (``worker_logs``)."""
+    rows = db.execute(
+        "SELECT w.attempt, w.rank, w.log_path, w.exit_code, a.finalized FROM workers w"
+        " JOIN attempts a ON a.job_id = w.job_id AND a.attempt = w.attempt"
+        " WHERE w.job_id = ? ORDER BY w.attempt, w.rank", (job_id,)).fetchall()
+    return [LogFile(r["attempt"], r["rank"], r["log_path"],
+                    r["exit_code"] is not None or bool(r["finalized"])) for r in rows]
+
+
+def failure_note(db: sqlite3.Connection, att: sqlite3.Row, codes: dict[int, int | None],
+                 failed_rank: int | None) -> str:
+    """The failing rank's last output, for the job's error (none for a clean exit or a
+    preemption: those say nothing of a failure)."""
+    rank = failed_rank if failed_rank is not None else next(
+        (r for r, c in sorted(codes.items()) if c not in (0, None)), None)
+    if rank is None or codes.get(rank) in (0, ExitCode.PREEMPTED):
+        return ""
+    row = db.execute("SELECT log_path FROM workers WHERE job_id = ? AND attempt = ? AND "
+                     "rank = ?", (att["job_id"], att["attempt"], rank)).fetchone()
+    return tail_note(row["log_path"] if row else None, rank)

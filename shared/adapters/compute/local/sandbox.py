@@ -1,0 +1,249 @@
+"""Jobs never run as root: the plan of a rank's sandbox when the server runs as root.
+
+Mechanism: a private **mount namespace** (``unshare(CLONE_NEWNS)``) and a dropped uid, set up
+by ``worker_launcher`` in the rank's child between fork and exec. Chosen because it is what
+this machine has: there is no bubblewrap, and ``systemd-run`` needs a running systemd (there
+is none); ``unshare`` is in every Linux kernel mtc targets and needs no helper binary.
+
+Inside the namespace:
+
+* a tmpfs (mode 0711: traversable, not listable) covers the state directory (the databases and
+  ``api-tokens.json``), the output root (other jobs' outputs), root's home, and every ancestor
+  of a path the job needs that others may not traverse (a 0700 directory on the way);
+* the job's own paths are bound back at their real paths: its checkpoint, model and log
+  directories, its checkpoint-tier directories, its termination-log file and its home (read
+  and write); the interpreter, the server's ``PYTHONPATH`` and the absolute paths its
+  command names outside what is hidden (read only); pyenv's runtime cache (read-write, the
+  uid's own: ``<runtimes>/by-uid/<uid>`` bound at ``<runtimes>``);
+* the output root's ``gcs/`` tree is also at ``/gcs/`` (its own ``gs://`` outputs only), as
+  Vertex's training containers see Cloud Storage;
+* the rank runs as a uid of its own: a configured user (``run_as``), else a uid allocated
+  per job (``allocate_uid``), never reused and needing no passwd entry, so ranks of different
+  jobs cannot signal or read each other's processes (``/proc/<pid>/environ``) either.
+
+Pure planning here (``plan``); ``prepare`` creates and chowns the paths (as root); the
+launcher applies the plan (``worker_launcher.apply_sandbox``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import sqlite3
+import stat
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.adapters.compute.protocol import progress_path
+from shared.ports import WorkerSpec
+from shared.program import names as tier_names
+
+GCS_MOUNT = "/gcs"
+FIRST_UID = 1_500_000_000  # far above login users and the usual subuid ranges (100000+)
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandbox_uids (
+    job_id TEXT PRIMARY KEY, uid INTEGER NOT NULL UNIQUE);
+"""
+
+
+@dataclass(frozen=True)
+class Bind:
+    """``src`` visible at ``dst`` in the namespace; ``write``: read-write, else read-only."""
+
+    src: str
+    dst: str
+    write: bool
+    is_dir: bool = True
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    uid: int
+    gid: int
+    covers: tuple[str, ...]  # tmpfs over each, before the binds
+    binds: tuple[Bind, ...]
+    home: str
+    owned: tuple[str, ...] = field(default=())  # paths chowned to uid before the start
+
+    def to_json(self) -> str:
+        return json.dumps({"uid": self.uid, "gid": self.gid, "covers": list(self.covers),
+                           "home": self.home,
+                           "binds": [[b.src, b.dst, b.write, b.is_dir] for b in self.binds]})
+
+
+def enabled(setting: bool | None) -> bool:
+    """On when asked, or by default when this process is root (``MTC_SANDBOX=off`` turns the
+    default off, for a root test run of code that is not about the sandbox)."""
+    if setting is not None:
+        return setting
+    return os.geteuid() == 0 and os.environ.get("MTC_SANDBOX", "").lower() != "off"
+
+
+def user_ids(run_as: str) -> tuple[int, int]:
+    """A configured user (a name or a number) as (uid, gid); root is refused."""
+    entry = pwd.getpwuid(int(run_as)) if run_as.isdigit() else pwd.getpwnam(run_as)
+    if entry.pw_uid == 0:
+        raise ValueError(f"run_as {run_as!r} is root: jobs never run as root")
+    return entry.pw_uid, entry.pw_gid
+
+
+def allocate_uid(db: sqlite3.Connection, job_id: str) -> int:
+    """The job's own uid: the same for every attempt and rank, a new one per job."""
+    row = db.execute("SELECT uid FROM sandbox_uids WHERE job_id = ?", (job_id,)).fetchone()
+    if row is not None:
+        return int(row[0])
+    top = db.execute("SELECT MAX(uid) FROM sandbox_uids").fetchone()[0]
+    uid = FIRST_UID if top is None else int(top) + 1
+    db.execute("INSERT INTO sandbox_uids (job_id, uid) VALUES (?, ?)", (job_id, uid))
+    return uid
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _closed(path: str) -> bool:
+    """Others cannot traverse ``path`` (no o+x): it must be covered to reach below it."""
+    try:
+        return not stat.S_IMODE(os.stat(path).st_mode) & stat.S_IXOTH
+    except OSError:
+        return False
+
+
+def covers_for(hidden: Iterable[str], targets: Iterable[str]) -> tuple[str, ...]:
+    """The tmpfs mounts: the hidden paths and each closed ancestor of a target, without those
+    already under another (a tmpfs hides what is below it anyway)."""
+    wanted = {os.path.abspath(h) for h in hidden}
+    for target in targets:
+        parts = Path(target).parents
+        wanted.update(str(p) for p in parts if str(p) != "/" and _closed(str(p)))
+    ordered = sorted(wanted, key=lambda p: (p.count("/"), p))
+    kept: list[str] = []
+    for path in ordered:
+        if not any(_inside(path, k) for k in kept):
+            kept.append(path)
+    return tuple(kept)
+
+
+def interpreter_paths(python: str) -> list[str]:
+    """What the worker's Python needs to start: its real installation and this one's."""
+    real = os.path.realpath(python)
+    paths = {os.path.dirname(os.path.dirname(real)), os.path.realpath(sys.base_prefix),
+             os.path.realpath(sys.prefix), os.path.dirname(python)}
+    return sorted(p for p in paths if p and p != "/")
+
+
+def command_paths(command: Sequence[str], hidden: Sequence[str], runtimes: str | None,
+                  gcs_root: str | None) -> tuple[list[str], list[str]]:
+    """(read-only, read-write) paths a command names: absolute paths that exist, but nothing
+    in a hidden directory (a command is the tenant's: naming the state directory must not
+    bind it), except pyenv's runtime cache (``--cache``, read-write) and package files in the
+    ``gs://`` tree (``--package``, read-only)."""
+    ro: list[str] = []
+    rw: list[str] = []
+    for i, arg in enumerate(command):
+        flag = command[i - 1] if i else ""
+        if flag == "--cache" and runtimes and os.path.abspath(arg) == runtimes:
+            rw.append(runtimes)  # (pyenv makes it: it need not exist yet)
+            continue
+        if not arg.startswith("/") or not os.path.exists(arg):
+            continue
+        arg = os.path.abspath(arg)
+        if (flag == "--package" and gcs_root and _inside(arg, gcs_root)
+              and os.path.isfile(arg)) or not any(_inside(arg, h) for h in hidden):
+            ro.append(arg)
+    return ro, rw
+
+
+def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
+         job_files: Sequence[str], read_only: Sequence[str], home: str,
+         env: Mapping[str, str], command: Sequence[str], python: str,
+         output_root: str | None) -> SandboxPlan:
+    """The rank's sandbox: ``job_dirs``/``job_files`` read-write (and owned by the job),
+    ``read_only`` plus what the interpreter, the server's ``PYTHONPATH`` and the command
+    need read-only."""
+    tiers = [env[k] for k in (tier_names.TIER1_DIR, tier_names.TIER2_DIR,
+                              tier_names.TIER2_SOURCE_DIR) if env.get(k)]
+    # a tier directory's parent (<node>/shm/<job>) holds the job's ranks and peer copies
+    rw_dirs = [*job_dirs, *{str(Path(t).parent) for t in tiers}, home]
+    hide = [*hidden, *([output_root] if output_root else []), GCS_MOUNT,
+            os.path.expanduser("~root")]
+    gcs_root = os.path.join(output_root, "gcs") if output_root else None
+    runtimes = os.path.join(os.path.dirname(output_root), "runtimes") if output_root else None
+    cmd_ro, cmd_rw = command_paths(command, hide, runtimes, gcs_root)
+    # pyenv's runtime cache is the uid's own (a job must not build what another runs):
+    # <runtimes>/by-uid/<uid> is bound at <runtimes>
+    private = [Bind(os.path.join(d, "by-uid", str(uid)), d, True) for d in cmd_rw]
+    rw_dirs += [b.src for b in private]
+    # the interpreter and the server's PYTHONPATH are the server's own: bound wherever they
+    # are (the env's PYTHONPATH is not: a job's spec may set it)
+    ro = [*read_only, *interpreter_paths(python), *cmd_ro,
+          *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    ro = [p for p in dict.fromkeys(os.path.abspath(p) for p in ro) if os.path.exists(p)]
+    binds = [Bind(d, d, True) for d in dict.fromkeys(rw_dirs) if d not in
+             {b.src for b in private}] + private
+    binds += [Bind(f, f, True, False) for f in job_files]
+    base = os.path.dirname(job_dirs[0]) if job_dirs else None  # the job's output directory
+    hidden_base = base is not None and base != gcs_root and (
+        any(_inside(base, h) and base != h for h in hide)
+        or any(_closed(str(p)) for p in Path(base).parents if str(p) != "/"))
+    if base and hidden_base:
+        binds.insert(0, Bind(base, base, False))  # the advice file, read-only: the server's
+    binds += [Bind(p, p, False, os.path.isdir(p)) for p in ro
+              if not any(_inside(p, b.dst) for b in binds)]
+    if gcs_root:
+        binds += [Bind(b.src, GCS_MOUNT + b.src[len(gcs_root):], b.write, b.is_dir)
+                  for b in list(binds) if _inside(b.src, gcs_root) and b.src != gcs_root]
+    covers = covers_for(hide, [b.dst for b in binds])
+    # a read-only path outside every cover is already there as it is: not bound (a bind
+    # would make it read-only for the job where its own permissions allow a write)
+    binds = [b for b in binds if b.write or any(_inside(b.dst, c) for c in covers)]
+    return SandboxPlan(uid, gid, covers, tuple(binds), home, owned=tuple(dict.fromkeys(rw_dirs)))
+
+
+def prepare(sandbox: SandboxPlan) -> None:
+    """As root, before the start: the job's directories exist and are the job's (files a
+    previous attempt or another user left are taken over), ``/gcs`` exists to mount on (the
+    launcher creates the job's files, its termination log)."""
+    os.makedirs(GCS_MOUNT, mode=0o755, exist_ok=True)
+    for path in sandbox.owned:
+        if not os.path.exists(path):
+            os.makedirs(path, exist_ok=True)
+        _chown_tree(path, sandbox.uid, sandbox.gid)
+    for bind in sandbox.binds:
+        if bind.write and bind.is_dir and not os.path.exists(bind.src):
+            os.makedirs(bind.src, exist_ok=True)
+
+
+def _chown_tree(path: str, uid: int, gid: int) -> None:
+    if os.stat(path).st_uid == uid:
+        return  # already the job's (the common case on a restart): no walk
+    os.chown(path, uid, gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+
+def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], exit_file: Path,
+              *, run_as: str | None, hidden: Sequence[str], python: str,
+              output_root: str | None, own_dirs: Sequence[str] = ()) -> Path:
+    """The rank's sandbox planned and prepared, in a file beside its exit file (only root
+    reads it): the launcher's ``--sandbox``. ``own_dirs``: more directories of the job's own
+    (read-write, its uid's), e.g. its control file's and its logs'."""
+    uid, gid = user_ids(run_as) if run_as else (allocate_uid(db, spec.job_id),) * 2
+    made = plan(uid=uid, gid=gid, hidden=hidden,
+                job_dirs=[str(Path(d).absolute()) for d in
+                          (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir,
+                           str(progress_path(spec.checkpoint_dir, spec.rank).parent), *own_dirs)],
+                job_files=[f"{exit_file}.msg"], read_only=[],
+                home=str(exit_file.parent / "home"), env=env, command=spec.command,
+                python=python, output_root=output_root)
+    prepare(made)
+    path = exit_file.with_suffix(".sandbox.json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(made.to_json())
+    return path

@@ -78,6 +78,9 @@ def atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if os.geteuid() == 0:  # a root adapter writes into a sandboxed job's directory: the
+            owner = os.stat(path.parent)  # file is the job's (mkstemp's 0600 is root's alone)
+            os.fchown(fd, owner.st_uid, owner.st_gid)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

@@ -9,6 +9,7 @@ told ``MTC_RECOVERY_MODE=in_place`` through their environment.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,16 @@ def test_xid13_restarts_the_real_workers_in_place(tmp_path: Path) -> None:
         assert JobRequeued.TYPE not in log  # never PENDING
         workers = [w for w in app.compute.workers("inplace-1") if w.attempt == 2]
         assert sorted(w.node_id for w in workers) == sorted(first.node_ids)
-        assert all(environ(w.pid)["MTC_RECOVERY_MODE"] == "in_place" for w in workers)
+        # told through their environment: a new process's, or the restart order that hands a
+        # held process (shared.program.inprocess) the new attempt's environment
+        orders = [json.loads(p.read_text()) for p in
+                  (tmp_path / "state").rglob("inplace-1/*.ctl/restart.json")]
+        told = [o["env"].get("MTC_RECOVERY_MODE") for o in orders if o["action"] == "restart"]
+        fresh = [environ(w.pid).get("MTC_RECOVERY_MODE") for w in workers
+                 if w.pid not in {x.pid for x in app.compute.workers("inplace-1")
+                                  if x.attempt == 1}]
+        assert told + fresh and set(told + fresh) == {"in_place"}, (told, fresh)
+        assert len(told) + len(fresh) == len(workers), (told, fresh)
     finally:
         app.compute.kill_all()
         app.close()

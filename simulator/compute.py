@@ -50,6 +50,7 @@ from simulator.failures import (
 from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.picking import Qualifying
 from simulator.scenario_types import Scenario
+from simulator.slow_in_job import watch
 from simulator.streams import FAILURES_DOMAIN, PROVISION_DOMAIN, REPAIR_DOMAIN
 from simulator.tiers import mark_gone, tiered_attempt
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode, regang
@@ -85,6 +86,7 @@ class SimCompute(FailureProcesses):
         self.by_rack: dict[str, list[str]] = defaultdict(list)  # (nodes with a rack)
         self.jobs: dict[str, SimJob] = {}
         self.stragglers: dict[str, float] = {}
+        self.slow_seen: set[tuple[str, int, str, float]] = set()
         self.unfit: set[str] = set()  # deleted, down or with a fault that blocks a launch
         self.drawable = Qualifying()  # by fleet position: may become a straggler
         self.positions: dict[str, int] = {}  # node id -> its position in the fleet's order
@@ -319,6 +321,7 @@ class SimCompute(FailureProcesses):
         job.truth.attempts += 1
         broken = self._seat(job, old, att, now)
         att.factors.append((now, self._slowest(att)))
+        watch(self, att)
         if broken:
             job.truth.failed_launches += 1
             fail_at = min(cfg.launch_fail_s, startup)

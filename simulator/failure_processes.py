@@ -9,12 +9,15 @@ it shows comes from :mod:`simulator.failures`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from shared.domain.events import JobInterruptRequested, NodeHealthReported
 from shared.domain.health import JOB_PROGRESS_SOURCE, ConditionType
 from shared.policies import hangs
+from shared.policies.preflight import PreflightPlan, PreflightResult
+from simulator import preflight_model
 from simulator.clock import EPOCH_S, call_later
 from simulator.failures import (
     FailureModel,
@@ -42,6 +45,7 @@ class FailureProcesses(JobModel):
     by_partition: dict[str, list[str]]
     by_rack: dict[str, list[str]]
     stragglers: dict[str, float]
+    preflight_until: dict[str, float]  # job -> when the preflight run for its start ends
     slow_seen: set[tuple[str, int, str, float]]  # SlowInJob scheduled (job, attempt, node, r)
     failures: dict[str, int]
     timeline: list[tuple[float, str, str, str]]
@@ -181,6 +185,11 @@ class FailureProcesses(JobModel):
         self.fitness_changed(node)
         self.timeline.append((float(self.env.now), "slowed", node.node_id, f"{speed:.2f}"))
         self._refactor(node)
+
+    def run_preflight(self, job_id: str, node_ids: Sequence[str], plan: PreflightPlan
+                      ) -> PreflightResult:
+        """The Preflight port, priced (``simulator.preflight_model``)."""
+        return preflight_model.run(self, self.sc.cluster.preflight, job_id, node_ids, plan)
 
     def _find_hang(self, node: SimNode, att: Attempt) -> None:
         """The adapters' reading of the ranks' progress (``rank_progress.RankWatch``): no rank

@@ -14,7 +14,7 @@ twin prices it instead of running it.
 
 Defaults (a scenario may set its own: ``cluster.preflight: {mode, duration, catches}``):
 the durations are the wall times measured on the embedded default (docs/preflight.md: quick,
-4 nodes, 4.2 s healthy and 9.9 s with a slow link: 10 s; thorough: 60 s, see the docs), not a
+4 nodes, 4.2 s healthy and 9.4 s with a slow link: 10 s; thorough, 26.0 s and 42.4 s: 45 s), not a
 GPU fleet's (a DCGM level 1 or 2 diagnostic takes minutes there: set ``duration``). The catch
 shares (quick 0.5, thorough 0.9) are assumptions: no public figure gives them.
 """
@@ -42,7 +42,7 @@ from simulator.streams import DETECT_DOMAIN
 from simulator.world import SimNode
 
 DEFAULTS = {"off": PreflightCfg(), "quick": PreflightCfg("quick", 10.0, 0.5),
-            "thorough": PreflightCfg("thorough", 60.0, 0.9)}
+            "thorough": PreflightCfg("thorough", 45.0, 0.9)}
 
 
 def parse_preflight(value: Any, path: str) -> PreflightCfg:

@@ -76,5 +76,5 @@ def test_a_preflight_that_misses_only_costs_its_time() -> None:
 @pytest.mark.parametrize("bad", ["sometimes", {"mode": "quick", "catches": 2},
                                  {"mode": "quick", "how": 1}])
 def test_bad_preflight_settings_name_the_key(bad: Any) -> None:
-    with pytest.raises(ScenarioError, match="cluster.preflight"):
+    with pytest.raises(ScenarioError, match=r"cluster\.preflight"):
         parse_scenario(raw(bad))

@@ -48,6 +48,8 @@ DEFAULTS = {"off": PreflightCfg(), "quick": PreflightCfg("quick", 10.0, 0.5),
 def parse_preflight(value: Any, path: str) -> PreflightCfg:
     """``off`` | ``quick`` | ``thorough``, or a mapping with ``mode``, ``duration``,
     ``catches`` (the mode's defaults for what it leaves out)."""
+    if value is False:  # (YAML reads a bare ``off`` as false)
+        value = "off"
     data = {"mode": value} if isinstance(value, str) else dict(mapping(value, path))
     only_keys(data, path, ("mode", "duration", "catches"))
     mode = text(get(data, "mode", "off"), f"{path}.mode" if not isinstance(value, str) else path)

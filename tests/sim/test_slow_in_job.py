@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from shared.goodput.totals import Badput
 from simulator import twin
+from simulator.readers import ScenarioError
+from simulator.scenario import parse_scenario
 from simulator.slow_in_job import detect_after_s
 from tests.sim.conftest import scenario
 
@@ -64,3 +68,8 @@ def test_a_slowdown_under_the_margin_is_not_flagged() -> None:
     seen = twin.run(scenario(slow_raw(True, slows=1.1)))  # the policy's margin is 1.12
     assert not [t for t in seen.timeline if t[1] == "slow found"]
     assert slowdown(seen) > 0
+
+
+def test_a_slowdown_below_one_is_refused_naming_the_key() -> None:
+    with pytest.raises(ScenarioError, match=r"failures\.causes\.throttled\.slows"):
+        parse_scenario(slow_raw(True, slows=0.5))

@@ -12,6 +12,7 @@ from shared.policies.checkpointing import CheckpointPolicy
 from shared.policies.recovery import RecoveryDefaults
 from shared.policies.repair import RepairConfig
 from shared.policies.restarts import RestartConfig
+from shared.policies.stragglers import StragglerConfig
 from shared.policies.triage import TriageTable, load_triage_table
 
 
@@ -28,6 +29,8 @@ class ControlPlaneConfig:
     restart: RestartConfig = field(default_factory=RestartConfig)
     # the recovery policy's assumptions until a job measures its own (shared/policies/recovery)
     recovery: RecoveryDefaults = field(default_factory=RecoveryDefaults)
+    # a straggler is moved off only when its slowdown costs more (shared/policies/stragglers)
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     # idle nodes checked actively, on a budget (shared/policies/active_checks.py)
     active_checks: ActiveCheckConfig = field(default_factory=ActiveCheckConfig)
     # progress watchdog (shared/domain/progress.py): a running job silent for longer than

@@ -46,7 +46,9 @@ def check(job: Job, placed: list[str], uow: UnitOfWork, deps: Deps) -> tuple[str
                                      detail="not run: this compute backend runs no preflight"))
         return ()
     result = deps.compute.run_preflight(job.job_id, node_ids, plan)
-    finished = max(started, deps.clock.now())
+    # (a backend that prices the run instead of blocking, the twin, says when it ends)
+    started = max(started, result.started_at) if result.ran else started
+    finished = max(started, deps.clock.now(), result.finished_at if result.ran else started)
     bad = culprits(result, plan)
     uow.emit(JobPreflightChecked(job.job_id, node_ids, started, finished, plan.mode,
                                  tuple(c.node_id for c in bad), result.detail))

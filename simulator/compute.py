@@ -49,7 +49,9 @@ from simulator.failures import (
 )
 from simulator.jobs import EXIT_CRASH, EXIT_KILLED, EXIT_PREEMPTED
 from simulator.picking import Qualifying
+from simulator.preflight_model import start_after
 from simulator.scenario_types import Scenario
+from simulator.slow_in_job import watch
 from simulator.streams import FAILURES_DOMAIN, PROVISION_DOMAIN, REPAIR_DOMAIN
 from simulator.tiers import mark_gone, tiered_attempt
 from simulator.world import AGENT_SOURCE, COMPUTE_SOURCE, Attempt, SimJob, SimNode, regang
@@ -85,6 +87,8 @@ class SimCompute(FailureProcesses):
         self.by_rack: dict[str, list[str]] = defaultdict(list)  # (nodes with a rack)
         self.jobs: dict[str, SimJob] = {}
         self.stragglers: dict[str, float] = {}
+        self.slow_seen: set[tuple[str, int, str, float]] = set()
+        self.preflight_until: dict[str, float] = {}
         self.unfit: set[str] = set()  # deleted, down or with a fault that blocks a launch
         self.drawable = Qualifying()  # by fleet position: may become a straggler
         self.positions: dict[str, int] = {}  # node id -> its position in the fleet's order
@@ -304,21 +308,23 @@ class SimCompute(FailureProcesses):
             return
         now = float(self.env.now)
         self._check_wedged(job, now)
+        begin = start_after(self, job.job_id, now)  # after its preflight, if one ran
         cfg = job.cfg
         node_ids = gang.node_ids  # by rank already: no per-rank work per restart
         old = job.attempt
         startup = cfg.startup_s + cfg.warmup_s  # a slow first step is startup too
         if job.plan is None:
             restore = cfg.checkpoint_restore_s if job.ckpt_step >= 0 else 0.0
-            att = Attempt(job, gang.attempt, node_ids, now, now + startup + restore,
+            att = Attempt(job, gang.attempt, node_ids, begin, begin + startup + restore,
                           max(job.ckpt_step, 0))
         else:  # warm or cold, restored from the tier of the newest surviving entry
-            att = tiered_attempt(job, gang, now)
+            att = tiered_attempt(job, gang, begin)
             startup = att.boot
         job.attempt = att
         job.truth.attempts += 1
         broken = self._seat(job, old, att, now)
         att.factors.append((now, self._slowest(att)))
+        watch(self, att)
         if broken:
             job.truth.failed_launches += 1
             fail_at = min(cfg.launch_fail_s, startup)

@@ -185,7 +185,7 @@ def _parse_scripted(value: Any, path: str, causes: tuple[Cause, ...]
 
 
 CAUSE_KEYS = ("label", "category", "count", "per_1000_node_days", "kills_job", "hang",
-              "signal", "fix", "group", "variants")
+              "signal", "fix", "group", "variants", "slows")
 
 
 def _parse_cause(name: str, value: Any, path: str, node_days: float, scale: float) -> Cause:
@@ -199,6 +199,7 @@ def _parse_cause(name: str, value: Any, path: str, node_days: float, scale: floa
         rate = number(get(data, "count", 0), join(path, "count"), low=0) / node_days
     kills = boolean(get(data, "kills_job", True), join(path, "kills_job"))
     hang = boolean(get(data, "hang", False), join(path, "hang"))
+    slows = number(get(data, "slows", 1.0), join(path, "slows"), low=1)
     if "variants" in data:
         for key in ("signal", "fix", "group"):
             if key in data:
@@ -219,7 +220,7 @@ def _parse_cause(name: str, value: Any, path: str, node_days: float, scale: floa
     category = get(data, "category", LLAMA3_UNEXPECTED.get(name, ("", "other", 0))[1])
     return Cause(name, text(label, join(path, "label")), text(category, join(path, "category")),
                  rate * scale, tuple(Variant(v.weight / total, v.signal, v.fix, v.group)
-                                     for v in variants), kills, hang)
+                                     for v in variants), kills, hang, slows)
 
 
 def _parse_variant(value: Any, path: str, *, with_weight: bool) -> Variant:

@@ -9,12 +9,15 @@ it shows comes from :mod:`simulator.failures`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from shared.domain.events import JobInterruptRequested, NodeHealthReported
 from shared.domain.health import JOB_PROGRESS_SOURCE, ConditionType
 from shared.policies import hangs
+from shared.policies.preflight import PreflightPlan, PreflightResult
+from simulator import preflight_model
 from simulator.clock import EPOCH_S, call_later
 from simulator.failures import (
     FailureModel,
@@ -24,6 +27,7 @@ from simulator.failures import (
 )
 from simulator.jobs import JobModel
 from simulator.picking import Qualifying
+from simulator.slow_in_job import watch
 from simulator.streams import DETECT_DOMAIN, FAILURES_DOMAIN
 from simulator.tiers import mark_gone
 from simulator.world import AGENT_SOURCE, OPERATOR_SOURCE, Attempt, SimNode
@@ -41,6 +45,8 @@ class FailureProcesses(JobModel):
     by_partition: dict[str, list[str]]
     by_rack: dict[str, list[str]]
     stragglers: dict[str, float]
+    preflight_until: dict[str, float]  # job -> when the preflight run for its start ends
+    slow_seen: set[tuple[str, int, str, float]]  # SlowInJob scheduled (job, attempt, node, r)
     failures: dict[str, int]
     timeline: list[tuple[float, str, str, str]]
     failing: bool
@@ -168,8 +174,22 @@ class FailureProcesses(JobModel):
         else:
             node.fault = fault
             self.fitness_changed(node)
+            if cause.slows > 1.0:  # its ranks slow down until a repair clears the fault
+                self._slow_down(node, 1.0 / cause.slows)
         if not fault.signal.empty:
             self._report_fault(node, fault, now)
+
+    def _slow_down(self, node: SimNode, speed: float) -> None:
+        self.stragglers[node.node_id] = speed
+        node.straggle = speed
+        self.fitness_changed(node)
+        self.timeline.append((float(self.env.now), "slowed", node.node_id, f"{speed:.2f}"))
+        self._refactor(node)
+
+    def run_preflight(self, job_id: str, node_ids: Sequence[str], plan: PreflightPlan
+                      ) -> PreflightResult:
+        """The Preflight port, priced (``simulator.preflight_model``)."""
+        return preflight_model.run(self, self.sc.cluster.preflight, job_id, node_ids, plan)
 
     def _find_hang(self, node: SimNode, att: Attempt) -> None:
         """The adapters' reading of the ranks' progress (``rank_progress.RankWatch``): no rank
@@ -325,6 +345,7 @@ class FailureProcesses(JobModel):
         att = node.attempt
         if att is None or att.exited or not att.alive or att.stopped_at is not None:
             return
+        watch(self, att)  # a job with per-rank progress sees its slowed ranks
         factor = self._slowest(att)
         if att.factors and att.factors[-1][1] == factor:
             return

@@ -198,6 +198,9 @@ class Cause:
     variants: tuple[Variant, ...]
     kills_job: bool  # the running attempt dies at once (progress since the checkpoint is lost)
     hang: bool  # ranks hang until the NCCL watchdog instead of crashing at once
+    # its node's ranks compute this many times slower until a repair clears it (1.0: not a
+    # slowdown; a straggler its own checks may not see: a job's per-rank progress does)
+    slows: float = 1.0
 
 
 @dataclass(frozen=True)

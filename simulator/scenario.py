@@ -28,6 +28,7 @@ from shared.policies.repair import load_repair_config
 from simulator.availability import parse_availability
 from simulator.failure_config import parse_failures
 from simulator.failures import ScriptedFault
+from simulator.preflight_model import parse_preflight
 from simulator.readers import (
     DURATION_RE,
     Dist,
@@ -110,7 +111,7 @@ DETECTION_KEYS = ("xid", "ecc", "dcgm", "disk", "thermal", "heartbeat", "speed")
 def parse_cluster(value: Any, path: str) -> ClusterCfg:
     data = mapping(value, path)
     only_keys(data, path, ("cluster_id", "gpus_per_node", "machine_type", "accelerator",
-                           "partitions", "provision"))
+                           "partitions", "provision", "preflight"))
     raw_parts = get(data, "partitions", [{"name": "train", "nodes": 64, "spares": 4}])
     if not isinstance(raw_parts, list) or not raw_parts:
         raise ScenarioError(join(path, "partitions"), "must be a non-empty list")
@@ -141,6 +142,7 @@ def parse_cluster(value: Any, path: str) -> ClusterCfg:
         partitions=tuple(parts),
         provision=dist(get(data, "provision", {"median": DEFAULT_PROVISION_MEDIAN_S,
                                                "sigma": 0.3}), join(path, "provision")),
+        preflight=parse_preflight(get(data, "preflight", "off"), join(path, "preflight")),
     )
 
 

@@ -59,6 +59,17 @@ class PartitionCfg:
 
 
 @dataclass(frozen=True)
+class PreflightCfg:
+    """The cluster's preflight (its label ``mtc-preflight``) as the twin prices it: each
+    preflight takes ``duration_s`` of the job's waiting time and catches each node with a
+    latent fault with probability ``catches`` (``simulator.preflight_model``)."""
+
+    mode: str = "off"
+    duration_s: float = 0.0
+    catches: float = 0.0
+
+
+@dataclass(frozen=True)
 class ClusterCfg:
     cluster_id: str
     gpus_per_node: int
@@ -66,6 +77,7 @@ class ClusterCfg:
     accelerator: str
     partitions: tuple[PartitionCfg, ...]
     provision: Dist
+    preflight: PreflightCfg = PreflightCfg()
 
     @property
     def nodes(self) -> int:

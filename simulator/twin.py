@@ -46,7 +46,7 @@ from shared.handling import Deps, run_command
 from shared.policies.recovery import MIN_REPLICAS_LABEL, MODE_LABEL, Tier
 from shared.policies.repair import load_repair_config
 from shared.policies.triage import load_triage_table
-from simulator import goodput
+from simulator import goodput, preflight_model
 from simulator.bus import SimBus
 from simulator.capacity import Capacity
 from simulator.capacity import rng_for as availability_rng
@@ -93,6 +93,7 @@ def cluster_body(scenario: Scenario) -> dict[str, Any]:
         "nodePools": [{"id": p.name, "machineSpec": machine, "nodeCount": p.nodes,
                        "spareCount": p.spares, **_topology(p)} for p in c.partitions],
         "partitions": [{"name": p.name, "nodePoolIds": [p.name]} for p in c.partitions],
+        **({"labels": preflight_model.labels(c.preflight)} if c.preflight.mode != "off" else {}),
     }
 
 

@@ -118,6 +118,16 @@ def _lost(node: Node | None) -> bool:
     return node is None or node.state is NodeState.RETIRED
 
 
+def capacity_without(job: Job, node_ids: set[str], uow: UnitOfWork, deps: Deps) -> Capacity:
+    """The capacity a recovery would have if ``node_ids`` left ``job`` now (the straggler
+    weighing asks before it takes a node out)."""
+    held = ranks.with_holes(job.node_ids, node_ids)
+    could_move = job.recovery.tiers.get("peer") is not None \
+        or recovery.min_replicas(dict(job.spec.labels)) is not None
+    placed = _spares(job, held, uow, deps) if could_move and ranks.holes(held) else []
+    return _capacity(job, held, placed, deps)
+
+
 def _spares(job: Job, held: ranks.Ranks, uow: UnitOfWork, deps: Deps) -> list[str]:
     """Idle nodes that fill every hole of ``held`` now (spares first), or none."""
     want = replace(capacity.request(job, held), is_resume=True)  # (spares first)

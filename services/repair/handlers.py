@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.repair import domains
+from services.repair import domains, stragglers
 from shared import deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound
@@ -71,6 +71,10 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
         # again with a lesser action (a suspect whose XID only asks for a job restart):
         # planning the lesser one dropped the held repair and lost the node for good
         diagnosis = replace(diagnosis, action=held)
+    weighed = stragglers.weigh(node, event, uow, deps)
+    if weighed is not None and not weighed.swap:
+        node.reason = weighed.why  # kept in service: the slowdown costs less than moving it
+        return
     partition = _partition(uow, node)
     if domains.drain_if_rack_failed(node, diagnosis, partition, uow, deps, _take_out):
         return  # its rack was drained as one (racks as a unit of failure)

@@ -100,6 +100,15 @@ _TOKEN = re.compile(r"(\w+)=(\S+)")
 # ---------------------------------------------------------------- reading the log
 
 
+def _after_preflights(start: float, windows: list[tuple[float, float]]) -> float:
+    """An attempt's processes start after the preflights under way when it was logged
+    (chained: a gang placed again is checked again); a start logged after them is kept."""
+    for a, b in sorted(windows):
+        if a <= start < b:
+            start = b
+    return start
+
+
 @dataclass
 class _Attempt:
     number: int
@@ -231,6 +240,9 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
     ckpts.sort()
     ckpt_times = [c[0] for c in ckpts]
     best_step = list(itertools.accumulate((c[1] for c in ckpts), max))  # newest by then
+    if preflights:  # a start logged as the preflight began (the twin prices it): after it
+        for att in attempts.values():
+            att.start = _after_preflights(att.start, preflights)
     ordered = sorted(attempts.values(), key=lambda a: a.start)
     job_drains = Drains(drains)
     if len(reports.by_node) > 4 * p.nodes:  # one job of many: only its own nodes' reports

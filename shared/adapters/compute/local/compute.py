@@ -61,6 +61,7 @@ from shared.adapters.compute.ledger import (
     ranks_exited,
 )
 from shared.adapters.compute.local import inprocess as live
+from shared.adapters.compute.local import standby as warm
 from shared.adapters.compute.local.checks import CHECKS_SCHEMA, LocalChecks
 from shared.adapters.compute.local.nodes import (
     DEFAULT_REPAIR_DURATIONS_S,
@@ -153,8 +154,8 @@ class LocalCompute:
         self._in_process = in_process  # offer in-process restarts (MTC_RESTART_FILE)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._children: set[int] = set()  # launchers we spawned: ours to reap
-        self.store = FactStore(self.state_dir / self.DB_FILE,
-                               NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + live.SCHEMA, emit, clock)
+        schema = NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + live.SCHEMA + warm.SCHEMA
+        self.store = FactStore(self.state_dir / self.DB_FILE, schema, emit, clock)
         self.scan = AttemptScan(self.store)  # checkpoints, heartbeats, per-rank progress
         self.ranks = self.scan.ranks
         self.nodes = LocalNodes(NodeSettings(
@@ -247,7 +248,7 @@ class LocalCompute:
         self, db: sqlite3.Connection, gang: Gang, now: float, launched: list[int]
     ) -> None:
         pools = tuple(g.count for g in gang.groups)
-        before = self._placement_before(db, gang.job_id, gang.attempt)
+        before = live.placement_before(db, gang.job_id, gang.attempt)
         plan = gang.recovery
         if plan is None or plan.mode not in live.IN_PROCESS_MODES:
             live.end_parked(db, now, self._gang_grace, gang.job_id)  # today's path
@@ -262,9 +263,13 @@ class LocalCompute:
             tiers = tier_env(spec.job_id, spec.rank, gang.node_ids, self.memory_root,
                              spec.checkpoint_dir, before)
             log = self.log_path(spec.job_id, spec.attempt, spec.rank)
-            taken = None if plan is None or spec.node_id in plan.fresh_node_ids else live.take(
-                db, spec.job_id, spec.node_id, managed_env(spec, pools=pools, tiers=tiers,
-                                                           recovery=plan), log)
+            env = managed_env(spec, pools=pools, tiers=tiers, recovery=plan)
+            taken = None if plan is None or spec.node_id in plan.fresh_node_ids else (
+                live.take(db, spec.job_id, spec.node_id, env, log)
+                or warm.take(db, spec.job_id, spec.node_id, env, log))  # a warm standby
+            if self._in_process:
+                warm.want(db, spec.job_id, spec.node_id, spec.command,
+                          self.worker_env(spec, pools, tiers, plan))
             if taken is not None:  # its process goes on as this rank: no start
                 pid, ticks, exit_file, control = (taken["pid"], taken["start_ticks"],
                                                   taken["exit_file"], taken["control_file"])
@@ -280,17 +285,7 @@ class LocalCompute:
                 (*key, spec.node_id, pid, ticks, exit_file, str(log), now, control),
             )
         live.end_parked(db, now, self._gang_grace, gang.job_id)  # held ones no rank took
-
-    @staticmethod
-    def _placement_before(db: sqlite3.Connection, job_id: str, attempt: int) -> tuple[str, ...]:
-        """The nodes of the job's previous attempt by rank (where its peer copies are)."""
-        prev = db.execute("SELECT MAX(attempt) FROM workers WHERE job_id = ? AND attempt < ?",
-                          (job_id, attempt)).fetchone()[0]
-        if prev is None:
-            return ()
-        rows = db.execute("SELECT node_id FROM workers WHERE job_id = ? AND attempt = ?"
-                          " ORDER BY rank", (job_id, prev)).fetchall()
-        return tuple(r["node_id"] for r in rows)
+        warm.end(db, gang.job_id, keep_nodes=gang.node_ids)  # standbys where the job runs
 
     def worker_env(self, spec: WorkerSpec, pools: Sequence[int] = (),
                    tiers: Mapping[str, str] | None = None,
@@ -370,6 +365,7 @@ class LocalCompute:
                 return
             self._kill_attempt(db, job_id, attempt, now)
             live.end_parked(db, now, 0.0, job_id)
+            warm.end(db, job_id)
 
     def kill_all(self, wait_s: float = 2.0) -> None:
         """SIGKILL every live worker (tests, demo shutdown) and wait up to ``wait_s`` for
@@ -382,6 +378,7 @@ class LocalCompute:
             for att in attempts:
                 self._kill_attempt(db, att["job_id"], att["attempt"], now)
             live.kill_parked(db)
+            warm.end(db)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             self._reap()
@@ -454,6 +451,8 @@ class LocalCompute:
             if not all_ranks_exited(codes):
                 continue
             self.scan.forget(job_id, attempt)
+            if all(c == 0 for c in codes.values()):
+                warm.end(db, job_id)  # the job is done: its standbys with it
             note = with_message("", {r["rank"]: r["exit_file"] for r in ranks}, failed_rank)
             self.store.queue(db, ranks_exited(self.store.ledger(db), job_id, attempt, codes,
                                          note + self._failure_note(db, att, codes, failed_rank),
@@ -492,6 +491,8 @@ class LocalCompute:
             self.checks.observe(db, now)
             self._observe_workers(db, now)
             live.end_parked(db, now, self._gang_grace)  # not taken in time: ended
+            warm.end_idle(db, now, self._park_s)
+            warm.launch_due(db, warm.launcher(self._python, self.state_dir, self._children))
             if self._heartbeats:
                 self.nodes.send_heartbeats(db, now)
         self.store.drain()

@@ -485,6 +485,13 @@ def run(args: argparse.Namespace, env: Env, preemption: Preemption) -> int:
     """Train; where mtc restarts this process in place (``MTC_RESTART_FILE``), go on as the
     next attempt's rank when told, without a new process (``open_restart``)."""
     restart = open_restart()
+    if restart is not None and os.environ.pop("MTC_STANDBY", ""):  # a warm standby: wait
+        print(f"[{env.job_id} standby] ready: waiting to be given a rank", flush=True)
+        order = restart.standby(lambda: preemption.signum is not None)
+        if order is None:
+            return EXIT_PREEMPTED
+        restart.apply(order)
+        env = read_env(dict(os.environ))
     while True:
         result = train(args, env, preemption, restart)
         if isinstance(result, int):
@@ -550,6 +557,9 @@ def train(args: argparse.Namespace, env: Env, preemption: Preemption, restart: A
                 if due:
                     save_tiered(tiers, state, args, env.checkpoint_dir, due, log)
                     saved_step = state.step if "durable" in due else saved_step
+                    if "memory" in due:  # in step, as data-parallel ranks are
+                        barrier(env, state.step, lambda: preemption.signum is not None
+                                or ordered())
                 else:
                     tiers.step_done(state.step)
             elif chief and args.checkpoint_every and state.step % args.checkpoint_every == 0:
@@ -593,6 +603,36 @@ def train(args: argparse.Namespace, env: Env, preemption: Preemption, restart: A
 
 
 # ---------------------------------------------------------------- checkpoint tiers
+
+
+def barrier(env: Env, step: int, stop: Any, poll_s: float = 0.002) -> bool:
+    """Wait until every rank of this attempt has reached ``step`` (a file per rank in the
+    checkpoint directory: the cheapest collective a numpy program has), so the ranks' tier
+    entries share their steps as a data-parallel job's do. True when all arrived; False
+    when ``stop()`` (a SIGTERM, an order to hold) came first: a dead peer never deadlocks."""
+    if env.world_size <= 1:
+        return True
+    where = env.checkpoint_dir / "mtc-barrier" / f"attempt-{env.attempt or 0}"
+    where.mkdir(parents=True, exist_ok=True)
+    mine = where / f"rank-{env.rank}"
+    tmp = where / f".rank-{env.rank}.{os.getpid()}.tmp"
+    tmp.write_text(str(step))  # no fsync: a barrier outlives no crash of the node
+    os.replace(tmp, mine)  # whole or not at all
+
+    def arrived(rank: int) -> bool:
+        try:
+            return int((where / f"rank-{rank}").read_text() or -1) >= step
+        except (OSError, ValueError):
+            return False
+
+    waiting = [r for r in range(env.world_size) if r != env.rank]
+    while waiting:
+        waiting = [r for r in waiting if not arrived(r)]
+        if waiting and stop():
+            return False
+        if waiting:
+            time.sleep(poll_s)
+    return True
 
 TIER_NAMES = ("memory", "peer", "durable")
 

@@ -22,6 +22,11 @@ The program's answers go to ``<control file>.state`` (JSON: ``pid``, the ``held`
 generation, the ``applied`` one): the adapter counts a rank as out of the attempt only once
 it has answered ``held`` (its save is complete), and knows whom to signal by ``pid``.
 A program that never calls ``declare()`` gets today's process restart, unchanged.
+
+A *warm standby* is a process the adapter starts beside a job that declared, with
+``MTC_STANDBY=1``: the program imports, declares and calls ``standby()`` before it trains;
+when a rank's process dies and the next attempt is in place, that rank is given to the
+standby by a ``restart`` order (the same path as a held rank), without the start-up cost.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RESTART_FILE = "MTC_RESTART_FILE"
+STANDBY = "MTC_STANDBY"  # set (to 1) in a warm standby's environment: wait for a rank (standby())
 HOLD, RESTART = "hold", "restart"
 STATE_SUFFIX = ".state"
 
@@ -166,6 +172,19 @@ class InProcessRestart:
                 hold = order
             if hold.deadline is not None and time.time() > hold.deadline:
                 return None
+            time.sleep(interval_s)
+        return None
+
+    def standby(self, stop: Callable[[], bool], interval_s: float = 0.01) -> Order | None:
+        """A warm standby (``MTC_STANDBY``): imported and declared, wait to be given a rank
+        (a ``restart`` order); None when ``stop()`` (a SIGTERM) came first. A hold asks
+        nothing of it (it holds no state): answered at once."""
+        while not stop():
+            order = self.poll()
+            if order is not None and order.action == RESTART:
+                return order
+            if order is not None:
+                self.held(order)
             time.sleep(interval_s)
         return None
 

@@ -19,9 +19,11 @@ import pytest
 from services.cli.bench_live import MACHINE, kill_ranks
 from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp, embedded
+from shared.adapters.compute.local.procs import rank_running
 from shared.config import ControlPlaneConfig
 from shared.domain.events import JobStarted
 from shared.domain.model import Job, JobState
+from shared.program.inprocess import read_state
 
 pytestmark = pytest.mark.slow  # real worker subprocesses
 
@@ -64,6 +66,15 @@ def chief_step(app: EmbeddedApp) -> int:
     return 0
 
 
+def standbys(app: EmbeddedApp) -> dict[str, int]:
+    """The job's warm standbys that run and declared, by node: their launcher pids."""
+    with app.compute.store.tx() as db:
+        rows = db.execute("SELECT * FROM standbys WHERE job_id = ? AND pid IS NOT NULL",
+                          (JOB,)).fetchall()
+    return {r["node_id"]: r["pid"] for r in rows
+            if rank_running(r) and read_state(Path(r["control_file"])).get("pid")}
+
+
 def test_an_app_crash_restarts_the_survivors_in_their_processes(tmp_path: Path) -> None:
     config = replace(ControlPlaneConfig(), output_root=tmp_path / "jobs", grace_period_s=10.0)
     app = embedded(tmp_path / "state", config=config,
@@ -78,6 +89,10 @@ def test_an_app_crash_restarts_the_survivors_in_their_processes(tmp_path: Path) 
                        and job(app).recovery.tiers.get("memory") is not None,
                        timeout_s=60, poll_s=0.02)
         first = {w.rank: w for w in app.compute.workers(JOB) if w.attempt == 1}
+        # one warm standby per node of the job, started, imported and waiting
+        assert app.run(lambda: len(standbys(app)) == 3, timeout_s=30, poll_s=0.05)
+        warm = standbys(app)
+        assert not set(warm.values()) & {w.pid for w in first.values()}  # never a rank
         programs = {r: program_pid(w.pid) for r, w in first.items()}
         at_fault = chief_step(app)
         kill_ranks(app.compute, JOB, 1, first[1].node_id)  # rank 1's program crashes
@@ -87,10 +102,21 @@ def test_an_app_crash_restarts_the_survivors_in_their_processes(tmp_path: Path) 
         for rank in (0, 2):  # the survivors: the same launcher, the same program
             assert again[rank].pid == first[rank].pid
             assert program_pid(again[rank].pid) == programs[rank]
-        assert again[1].pid != first[1].pid  # the crashed rank: a new process
+        assert again[1].pid != first[1].pid  # the crashed rank: the node's warm standby
+        assert again[1].pid == warm[first[1].node_id]
+        assert "ready: waiting to be given a rank" in Path(
+            app.compute.state_dir, "logs", JOB, f"standby-{first[1].node_id}.log").read_text()
+        # and a new standby takes its place on that node
+        assert app.run(lambda: standbys(app).get(first[1].node_id, again[1].pid)
+                       != again[1].pid, timeout_s=30, poll_s=0.05)
         assert app.run(lambda: job(app).terminal, timeout_s=90, poll_s=0.05)
         done_job = job(app)
         assert done_job.state is JobState.SUCCEEDED
+        last = standbys(app)
+        assert app.run(lambda: not standbys(app), timeout_s=10)  # ended with the job
+        with app.compute.store.tx() as db:
+            assert db.execute("SELECT COUNT(*) FROM standbys").fetchone()[0] == 0
+        assert all(not Path(f"/proc/{pid}").exists() for pid in last.values())
         # the bookkeeping is as for a process restart: an attempt started, counted, measured
         assert done_job.restart_count == 1 and done_job.attempt == 2
         assert done_job.recovery.decisions[-1]["measured_s"] is not None

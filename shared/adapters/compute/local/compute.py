@@ -43,6 +43,7 @@ attempt (``inprocess``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -62,6 +63,7 @@ from shared.adapters.compute.ledger import (
 )
 from shared.adapters.compute.local import inprocess as live
 from shared.adapters.compute.local import queries, sandbox
+from shared.adapters.compute.local import standby as warm
 from shared.adapters.compute.local.checks import CHECKS_SCHEMA, LocalChecks
 from shared.adapters.compute.local.nodes import (
     DEFAULT_REPAIR_DURATIONS_S,
@@ -73,6 +75,7 @@ from shared.adapters.compute.local.procs import (
     end_group,
     exit_code,
     rank_running,
+    reap,
     signal_rank,
     spawn_launcher,
     start_ticks,
@@ -163,8 +166,8 @@ class LocalCompute:
         self._in_process = in_process  # offer in-process restarts (MTC_RESTART_FILE)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._children: set[int] = set()  # launchers we spawned: ours to reap
-        self.store = FactStore(self.state_dir / self.DB_FILE, NODES_SCHEMA + CHECKS_SCHEMA
-                               + _SCHEMA + live.SCHEMA + sandbox.SCHEMA, emit, clock)
+        schema = NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + live.SCHEMA + warm.SCHEMA + sandbox.SCHEMA
+        self.store = FactStore(self.state_dir / self.DB_FILE, schema, emit, clock)
         self.scan = AttemptScan(self.store)  # checkpoints, heartbeats, per-rank progress
         self.ranks = self.scan.ranks
         self.nodes = LocalNodes(NodeSettings(
@@ -257,7 +260,7 @@ class LocalCompute:
         self, db: sqlite3.Connection, gang: Gang, now: float, launched: list[int]
     ) -> None:
         pools = tuple(g.count for g in gang.groups)
-        before = self._placement_before(db, gang.job_id, gang.attempt)
+        before = live.placement_before(db, gang.job_id, gang.attempt)
         plan = gang.recovery
         if plan is None or plan.mode not in live.IN_PROCESS_MODES:
             live.end_parked(db, now, self._gang_grace, gang.job_id)  # today's path
@@ -272,9 +275,13 @@ class LocalCompute:
             tiers = tier_env(spec.job_id, spec.rank, gang.node_ids, self.memory_root,
                              spec.checkpoint_dir, before)
             log = self.log_path(spec.job_id, spec.attempt, spec.rank)
-            taken = None if plan is None or spec.node_id in plan.fresh_node_ids else live.take(
-                db, spec.job_id, spec.node_id, managed_env(spec, pools=pools, tiers=tiers,
-                                                           recovery=plan), log)
+            env = managed_env(spec, pools=pools, tiers=tiers, recovery=plan)
+            taken = None if plan is None or spec.node_id in plan.fresh_node_ids else (
+                live.take(db, spec.job_id, spec.node_id, env, log)
+                or warm.take(db, spec.job_id, spec.node_id, env, log))  # a warm standby
+            if self._in_process:
+                warm.want(db, spec.job_id, spec.node_id, spec.command,
+                          self.worker_env(spec, pools, tiers, plan))
             if taken is not None:  # its process goes on as this rank: no start
                 pid, ticks, exit_file, control = (taken["pid"], taken["start_ticks"],
                                                   taken["exit_file"], taken["control_file"])
@@ -290,17 +297,7 @@ class LocalCompute:
                 (*key, spec.node_id, pid, ticks, exit_file, str(log), now, control),
             )
         live.end_parked(db, now, self._gang_grace, gang.job_id)  # held ones no rank took
-
-    @staticmethod
-    def _placement_before(db: sqlite3.Connection, job_id: str, attempt: int) -> tuple[str, ...]:
-        """The nodes of the job's previous attempt by rank (where its peer copies are)."""
-        prev = db.execute("SELECT MAX(attempt) FROM workers WHERE job_id = ? AND attempt < ?",
-                          (job_id, attempt)).fetchone()[0]
-        if prev is None:
-            return ()
-        rows = db.execute("SELECT node_id FROM workers WHERE job_id = ? AND attempt = ?"
-                          " ORDER BY rank", (job_id, prev)).fetchall()
-        return tuple(r["node_id"] for r in rows)
+        warm.end(db, gang.job_id, keep_nodes=gang.node_ids)  # standbys where the job runs
 
     def worker_env(self, spec: WorkerSpec, pools: Sequence[int] = (),
                    tiers: Mapping[str, str] | None = None,
@@ -336,15 +333,21 @@ class LocalCompute:
         env = self.worker_env(spec, pools, tiers, recovery)
         if self._in_process:
             env[live.RESTART_FILE] = str(control)
-        # sandboxed, the rank keeps its control file's directory and its job's logs (where an
-        # in-process restart moves its output), and nothing else of the state directory
-        plan = sandbox.plan_file(db, spec, env, exit_file, run_as=self._run_as,
-                                 hidden=self._private, python=self._python,
-                                 output_root=self._output_root,
-                                 own_dirs=(str(control.parent), str(log.parent))) \
-            if self._sandboxed and db is not None else None
+        plan = self._plan(db, spec, env, exit_file, control, log)
         pid = spawn_launcher(self._python, exit_file, spec.command, env, log, plan)
         return pid, str(exit_file), str(log), str(control)
+
+    def _plan(self, db: sqlite3.Connection | None, spec: WorkerSpec, env: Mapping[str, str],
+              exit_file: Path, control: Path, log: Path) -> Path | None:
+        """The rank's (or a standby's) sandbox when sandboxed, else None: it keeps its control
+        file's directory and its job's logs (where an in-process restart moves its output)
+        and nothing else of the state directory."""
+        if not self._sandboxed or db is None:
+            return None
+        return sandbox.plan_file(db, spec, env, exit_file, run_as=self._run_as,
+                                 hidden=self._private, python=self._python,
+                                 output_root=self._output_root,
+                                 own_dirs=(str(control.parent), str(log.parent)))
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:
         """What was started, with exit codes seen so far (updated by ``poll()``)."""
@@ -377,6 +380,7 @@ class LocalCompute:
                 return
             self._kill_attempt(db, job_id, attempt, now)
             live.end_parked(db, now, 0.0, job_id)
+            warm.end(db, job_id)
 
     def kill_all(self, wait_s: float = 2.0) -> None:
         """SIGKILL every live worker (tests, demo shutdown) and wait up to ``wait_s`` for
@@ -389,23 +393,13 @@ class LocalCompute:
             for att in attempts:
                 self._kill_attempt(db, att["job_id"], att["attempt"], now)
             live.kill_parked(db)
+            warm.end(db)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            self._reap()
+            reap(self._children)
             if not any(rank_running(w) for w in running):
                 return
             time.sleep(0.01)
-
-    def _reap(self) -> None:
-        """Collect our own exited launchers so they do not linger as zombies. Safe: a pid we
-        spawned cannot be reused until we reap it."""
-        for pid in list(self._children):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                self._children.discard(pid)
 
     @staticmethod
     def _live_ranks(db: sqlite3.Connection, job_id: str, attempt: int) -> list[sqlite3.Row]:
@@ -461,6 +455,8 @@ class LocalCompute:
             if not all_ranks_exited(codes):
                 continue
             self.scan.forget(job_id, attempt)
+            if all(c == 0 for c in codes.values()):
+                warm.end(db, job_id)  # the job is done: its standbys with it
             note = with_message("", {r["rank"]: r["exit_file"] for r in ranks}, failed_rank)
             self.store.queue(db, ranks_exited(self.store.ledger(db), job_id, attempt, codes,
                                          note + queries.failure_note(db, att, codes, failed_rank),
@@ -481,12 +477,15 @@ class LocalCompute:
     def poll(self) -> None:
         """Turn what happened since the last poll (by any process) into events, once each."""
         now = self._clock.now()
-        self._reap()
+        reap(self._children)
         with self.store.tx() as db:
             self.nodes.observe(db, now)
             self.checks.observe(db, now)
             self._observe_workers(db, now)
             live.end_parked(db, now, self._gang_grace)  # not taken in time: ended
+            warm.end_idle(db, now, self._park_s)
+            warm.launch_due(db, warm.launcher(self._python, self.state_dir, self._children,
+                                              functools.partial(self._plan, db)))
             if self._heartbeats:
                 self.nodes.send_heartbeats(db, now)
         self.store.drain()

@@ -76,6 +76,17 @@ def _declared_pid(worker: sqlite3.Row) -> int | None:
     return pid if fields[0] not in ("Z", "X") and int(fields[2]) == worker["pid"] else None
 
 
+def placement_before(db: sqlite3.Connection, job_id: str, attempt: int) -> tuple[str, ...]:
+    """The nodes of the job's previous attempt by rank (where its peer copies are)."""
+    prev = db.execute("SELECT MAX(attempt) FROM workers WHERE job_id = ? AND attempt < ?",
+                      (job_id, attempt)).fetchone()[0]
+    if prev is None:
+        return ()
+    rows = db.execute("SELECT node_id FROM workers WHERE job_id = ? AND attempt = ?"
+                      " ORDER BY rank", (job_id, prev)).fetchall()
+    return tuple(r["node_id"] for r in rows)
+
+
 def _next_generation(control: Path) -> int:
     order = inprocess.read_order(control)
     state = inprocess.read_state(control)

@@ -138,3 +138,15 @@ def signal_rank(worker: sqlite3.Row, sig: signal.Signals) -> None:
         elif rank_running(worker):
             os.killpg(pid, sig)
 
+
+
+def reap(children: set[int]) -> None:
+    """Collect our own exited launchers so they do not linger as zombies. Safe: a pid we
+    spawned cannot be reused until we reap it."""
+    for pid in list(children):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            children.discard(pid)

@@ -152,9 +152,14 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         return
     asked = job.interrupt_requested_at is not None
     if asked and job.interrupt_reason.startswith(hangs.PROGRAM_HANG):
-        job.error = job.interrupt_reason
-        _finish(job, JobState.FAILED, job.error, uow, deps)
-        return
+        faulty = set(job_nodes.unsound(job, uow)) & set(job.recovery.hung_on)
+        if not faulty:
+            job.error = job.interrupt_reason
+            _finish(job, JobState.FAILED, job.error, uow, deps)
+            return
+        # a node it hung on turned out faulty (a lost node stops its ranks as a hang does):
+        # the hardware explains that hang, so it is no evidence against the program
+        job.recovery.hung_on = [n for n in job.recovery.hung_on if n not in faulty]
     restart_anyway = job.spec.scheduling.restart_job_on_worker_restart
     node_fault, blamed = False, list[str]()
     unsound: list[str] | None = None  # the job's nodes with something against them

@@ -60,3 +60,29 @@ def test_a_hang_restarts_the_job_in_place_then_again_elsewhere_is_the_programs()
     assert failed.state is JobState.FAILED
     assert failed.error.startswith(PROGRAM_HANG) and culprit in failed.error and other in failed.error
     assert all(n.state is NodeState.IDLE for n in plane.nodes("c1") if n.node_id in job.node_ids)
+
+
+def test_a_hang_on_a_node_that_turns_out_faulty_is_not_the_programs() -> None:
+    """A lost or broken node stops its ranks as a hang does: the second hang, on a node then
+    diagnosed with an XID 79, is the hardware's, so the job restarts off that node instead of
+    failing as the program's fault (the twin found a node loss failing jobs that way)."""
+    from tests.harness import xid
+
+    plane = Plane(QUIET).up()
+    job = submit(plane)
+    first, second = job.node_ids[1], job.node_ids[0]
+    plane.report(first, hang(first, plane.clock.now()), source=JOB_PROGRESS_SOURCE)
+    plane.deliver()
+    plane.exit_workers("j1", 1, 137)
+    assert plane.job("j1").attempt == 2
+    plane.clock.advance(60)
+    plane.report(second, hang(second, plane.clock.now(), culprit=0), source=JOB_PROGRESS_SOURCE)
+    plane.deliver()
+    assert plane.job("j1").interrupt_reason.startswith(PROGRAM_HANG)  # so it looks, for now
+    plane.report(second, xid(79, plane.clock.now()))  # the node's own evidence arrives
+    plane.deliver()
+    plane.exit_workers("j1", 2, 137)
+    again = plane.job("j1")
+    assert again.state in (JobState.RUNNING, JobState.PENDING), (again.state, again.error)
+    assert second not in again.recovery.hung_on
+    assert plane.node(second).state is not NodeState.ALLOCATED or second not in again.node_ids

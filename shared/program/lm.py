@@ -11,7 +11,7 @@ continuous across attempts, hypertune when it is a trial. At the end rank 0 writ
 (``save_pretrained``: config.json and safetensors) and ``metrics.json`` (the final loss, the
 tokens per second) into ``AIP_MODEL_DIR``.
 
-Config keys: ``task`` (pretrain | sft), ``model`` (``family``: llama | gemma, and the
+Config keys: ``task`` (pretrain | sft | rl: ``shared.program.rl``), ``model`` (``family``: llama | gemma, and the
 architecture's config fields), ``data`` (``seq_len``, ``corpus_bytes`` or ``examples``),
 ``hyperparameters`` (``steps``, ``batch_size``, ``lr``, ``warmup``, ``weight_decay``,
 ``seed``, ``step_sleep_s``), ``checkpoint`` (``every``), ``init_from`` (a model directory
@@ -155,6 +155,11 @@ def make_stream(config: Mapping[str, Any], env: Env) -> TokenStream | SftStream:
 
 
 def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
+    if config.get("task") == "rl":  # GRPO on the generated tasks: its own loop
+        from shared.program import rl
+
+        return rl.train(config, env, preemption)
+
     def log(msg: str) -> None:
         print(f"[lm rank {env.rank}/{env.world_size}] {msg}", flush=True)
 

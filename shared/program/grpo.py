@@ -122,13 +122,19 @@ def completion_mask(completions: torch.Tensor) -> torch.Tensor:
     return (before == 0).float()
 
 
-@torch.no_grad()
 def sample(model: torch.nn.Module, prompt: list[int], group: int, max_new: int,
            temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """``group`` completions of one prompt, shape (group, max_new); PAD after an EOS.
-    ``temperature`` 0: greedy."""
-    ids = torch.tensor([prompt] * group)
-    done = torch.zeros(group, dtype=torch.bool)
+    """``group`` completions of one prompt, shape (group, max_new); PAD after an EOS."""
+    return sample_rows(model, [prompt] * group, max_new, temperature, generator)
+
+
+@torch.no_grad()
+def sample_rows(model: torch.nn.Module, rows: list[list[int]], max_new: int,
+                temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """A completion of each row (prompts of one length), shape (rows, max_new); PAD after an
+    EOS. ``temperature`` 0: greedy."""
+    ids = torch.tensor(rows)
+    done = torch.zeros(len(rows), dtype=torch.bool)
     out = []
     for _ in range(max_new):
         logits = model(input_ids=ids).logits[:, -1, :].float()
@@ -185,33 +191,30 @@ def group_loss(model: torch.nn.Module, reference: torch.nn.Module | None, prompt
 
 
 @torch.no_grad()
-def accuracy(model: torch.nn.Module, examples: Sequence[tuple[str, str]], max_new: int) -> float:
-    """Greedy exact-match rate on ``examples`` (prompts of one length batched together)."""
+def evaluate(model: torch.nn.Module, examples: Sequence[tuple[str, str]], max_new: int,
+             temperature: float, samples: int, seed: int) -> float:
+    """The mean reward on ``examples``: ``samples`` completions each at ``temperature`` from a
+    generator seeded by ``seed`` (the same draws at RL's start and end), or greedy (one
+    each) at temperature 0. Prompts of one length are batched together."""
     if not examples:
         return 0.0
     by_len: dict[int, list[tuple[list[int], str]]] = {}
     for p, a in examples:
         ids = prompt_ids(p)
         by_len.setdefault(len(ids), []).append((ids, a))
-    right = 0
+    gen = torch.Generator().manual_seed(seed)
+    each = samples if temperature > 0 else 1
+    total = 0.0
     was_training = model.training
     model.eval()
-    for items in by_len.values():
-        ids = torch.tensor([i for i, _ in items])
-        done = torch.zeros(len(items), dtype=torch.bool)
-        out = []
-        for _ in range(max_new):
-            nxt = model(input_ids=ids).logits[:, -1, :].argmax(dim=-1)
-            nxt = torch.where(done, torch.full_like(nxt, PAD), nxt)
-            out.append(nxt)
-            done |= nxt == EOS
-            ids = torch.cat([ids, nxt[:, None]], dim=1)
-            if bool(done.all()):
-                break
-        comp = torch.stack(out, dim=1)
-        right += sum(int(reward(comp[k].tolist(), a)) for k, (_, a) in enumerate(items))
+    for length in sorted(by_len):
+        items = by_len[length]
+        rows = [ids for ids, _ in items for _ in range(each)]
+        comps = sample_rows(model, rows, max_new, temperature, gen)
+        answers = [a for _, a in items for _ in range(each)]
+        total += sum(reward(c.tolist(), a) for c, a in zip(comps, answers, strict=True))
     model.train(was_training)
-    return right / len(examples)
+    return total / (len(examples) * each)
 
 
 class RewardMeter:
@@ -220,6 +223,7 @@ class RewardMeter:
 
     def __init__(self, alpha: float = 0.1) -> None:
         self.alpha, self.start, self.value, self.count = alpha, -1.0, 0.0, 0
+        self.greedy_start = -1.0
 
     def add(self, mean_reward: float) -> None:
         self.value = mean_reward if self.count == 0 else \
@@ -227,8 +231,10 @@ class RewardMeter:
         self.count += 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "value": self.value, "count": self.count}
+        return {"start": self.start, "value": self.value, "count": self.count,
+                "greedy_start": self.greedy_start}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.start, self.value = float(state["start"]), float(state["value"])
         self.count = int(state["count"])
+        self.greedy_start = float(state["greedy_start"])

@@ -106,6 +106,10 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
     progress.begin_step()
     started, samples = time.perf_counter(), 0
 
+    def score(m: torch.nn.Module) -> float:
+        return grpo.evaluate(m, held_out, rl.max_new_tokens, rl.temperature, rl.group_size,
+                             seed + EVAL_SEED)
+
     def all_mean(value: float, name: str) -> float:
         if not distributed:
             return value
@@ -127,11 +131,14 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
                 values = {"sft_loss": float(loss.detach())}
             else:
                 if meter.start < 0:  # RL begins: the start figure and the reference
-                    meter.start = grpo.accuracy(model, held_out, rl.max_new_tokens)
+                    meter.start = score(model)
+                    meter.greedy_start = grpo.evaluate(model, held_out, rl.max_new_tokens,
+                                                       0.0, 1, 0)
                     if reference is not None:
                         reference.load_state_dict(model.state_dict())
                     optimizer.state.clear()  # the SFT phase's moments do not fit RL's scale
-                    log(f"rl begins at step {step}: held-out exact match {meter.start:.3f}")
+                    log(f"rl begins at step {step}: held-out reward {meter.start:.3f} (greedy "
+                        f"{meter.greedy_start:.3f})")
                 values = rl_step(model, reference, prompts, rl, seed, step, env.rank, optimizer)
                 samples += rl.prompts_per_step * rl.group_size
             if distributed:
@@ -156,13 +163,15 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
         scalars.close()
         progress.close()
         ckpt.close()
-    end = grpo.accuracy(model, held_out, rl.max_new_tokens)
+    end = score(model)
+    greedy_end = grpo.evaluate(model, held_out, rl.max_new_tokens, 0.0, 1, 0)
     elapsed = time.perf_counter() - started
     Hypertune(env.trial_id, str(config.get("metric", "reward"))).report(end, step)
     if env.rank == 0:
         env.model_dir.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(str(env.model_dir))  # type: ignore[operator]
         metrics = {"reward_start": meter.start, "reward_end": end,
+                   "greedy_start": meter.greedy_start, "greedy_end": greedy_end,
                    "train_reward": meter.value, "sft_loss": loss_meter.value, "steps": step,
                    "samples_per_s": samples * env.world_size / elapsed if elapsed > 0 else 0.0,
                    "parameters": sum(p.numel() for p in model.parameters()),

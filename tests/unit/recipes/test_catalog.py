@@ -13,12 +13,16 @@ from shared.program.lm_data import encode_example, sft_examples
 
 
 def test_every_recipe_is_versioned_and_resolves_at_each_size() -> None:
-    assert {"pretrain", "sft", "continued-pretraining"} <= set(names())
+    assert {"pretrain", "sft", "continued-pretraining", "rl"} <= set(names())
     for name in names():
         body = raw(name)
         assert isinstance(body["version"], int)
         for size in [None, *body.get("sizes", {})]:
             recipe = resolve(name, [f"size={size}"] if size else [])
+            if recipe.body["task"] == "rl":
+                floor, gain = recipe.expected_reward
+                assert 0 <= floor <= 1 and gain > 0
+                continue
             low, high = recipe.expected_loss
             assert 0 <= low < high
 
@@ -42,6 +46,19 @@ def test_overrides_and_sizes_apply_in_order() -> None:
 def test_bad_overrides_name_the_field(sets: list[str], field: str) -> None:
     with pytest.raises(ValidationError) as err:
         resolve("pretrain", sets)
+    assert err.value.path == field
+
+
+@pytest.mark.parametrize(("sets", "field"), [
+    (["rl.group_size=1"], "rl.group_size"),
+    (["rl.kinds=[7]"], "rl.kinds"),
+    (["rl.lr=0"], "rl.lr"),
+    (["rl.temperature=-1"], "rl.temperature"),
+    (["expected_reward.min=x"], "expected_reward"),
+])
+def test_bad_rl_settings_name_the_field(sets: list[str], field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        resolve("rl", ["size=tiny", *sets])
     assert err.value.path == field
 
 

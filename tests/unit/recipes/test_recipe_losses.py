@@ -63,3 +63,15 @@ def test_sft_loss_on_the_answers_lands_in_its_range(tmp_path: Path) -> None:
     recipe = resolve("sft", ["size=tiny"])
     metrics = train(recipe, tmp_path)
     assert recipe.within(metrics["final_loss"]), (metrics, recipe.expected_loss)
+
+
+def test_rl_raises_the_reward_over_its_start(tmp_path: Path) -> None:
+    """GRPO from a model SFT-trained in the same run: the held-out mean reward (the same
+    sampled draws at RL's start and end) ends above the start by the recipe's margin."""
+    recipe = resolve("rl", ["size=tiny"])
+    metrics = train(recipe, tmp_path)
+    assert recipe.reward_within(metrics["reward_start"], metrics["reward_end"]), (
+        metrics, recipe.expected_reward)
+    rl = recipe.body["rl"]
+    assert metrics["steps"] == rl["sft_steps"] + recipe.body["hyperparameters"]["steps"]
+    assert (tmp_path / "model" / "model.safetensors").is_file()

@@ -12,7 +12,8 @@ continuous across attempts, hypertune when it is a trial. At the end rank 0 writ
 tokens per second) into ``AIP_MODEL_DIR``.
 
 Config keys: ``task`` (pretrain | sft | rl: the GRPO loop of ``shared.program.rl``),
-``model`` (``family``: llama | gemma, and the architecture's config fields), ``data`` (``seq_len``, ``corpus_bytes`` or ``examples``),
+``model`` (``family``: llama | gemma, and the architecture's config fields), ``data``
+(``seq_len``, ``corpus_bytes`` or ``examples``),
 ``hyperparameters`` (``steps``, ``batch_size``, ``lr``, ``warmup``, ``weight_decay``,
 ``seed``, ``step_sleep_s``), ``checkpoint`` (``every``), ``init_from`` (a model directory
 or a ``ckpt-<step>`` checkpoint an earlier run wrote: continued pretraining, SFT from a

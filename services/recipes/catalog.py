@@ -10,7 +10,8 @@ RL's start) and
 ``sizes`` (named overrides: ``tiny`` is what the tests run). ``resolve`` applies a size and
 ``--set key.path=value`` overrides (values parsed as YAML scalars) and checks the result;
 ``custom_job`` turns it into a CustomJob body in Vertex's layout (workerPoolSpecs[0] one
-replica, the other ranks in pool 1) running ``python -m shared.program.lm --config <json>``.
+replica, the other ranks in pool 1) running ``python -m shared.program.lm --config <json>``
+(``shared.program.rl`` for the RL recipe).
 Pure data in, data out: no torch here (the CLI imports it).
 """
 
@@ -28,6 +29,7 @@ import yaml
 from shared.domain.errors import NotFound, ValidationError
 
 PROGRAM = "shared.program.lm"
+PROGRAMS = {"rl": "shared.program.rl"}  # a task with a loop of its own; the rest run PROGRAM
 TASKS = ("pretrain", "sft", "rl")
 FAMILIES = ("llama", "gemma")
 SECTIONS = ("model", "data", "parallelism", "hyperparameters", "checkpoint", "expected_loss",
@@ -179,7 +181,7 @@ def _check_rl(body: Mapping[str, Any]) -> None:
 
 
 def program_config(recipe: Recipe) -> dict[str, Any]:
-    """What ``shared.program.lm`` reads (``--config``)."""
+    """What ``shared.program.lm`` (or ``.rl``) reads (``--config``)."""
     body = recipe.body
     keep = ("task", "model", "data", "hyperparameters", "checkpoint", "init_from", "rl")
     config = {k: copy.deepcopy(body[k]) for k in keep if body.get(k) is not None}
@@ -199,7 +201,8 @@ def custom_job(recipe: Recipe, *, python: str, pythonpath: str | None = None,
                        acceleratorCount=int(par.get("accelerator_count", 1)))
     env = [{"name": "PYTHONPATH", "value": pythonpath}] if pythonpath else []
     container = {"imageUri": str(body.get("image") or "local/mtc-recipes:latest"),
-                 "command": [str(body.get("python") or python), "-m", PROGRAM],
+                 "command": [str(body.get("python") or python), "-m",
+                             PROGRAMS.get(str(body.get("task")), PROGRAM)],
                  "args": ["--config", json.dumps(program_config(recipe), sort_keys=True)],
                  "env": env}
     pools: list[dict[str, Any]] = [{"machineSpec": machine, "replicaCount": 1,

@@ -1,4 +1,5 @@
-"""The RL recipe's loop (``task: rl``; ``shared.program.lm`` hands it over): GRPO-style
+"""The RL recipe's loop (``task: rl``; ``python -m shared.program.rl --config '<json>'``, the
+same entry point as ``shared.program.lm``'s): GRPO-style
 training (``shared.program.grpo``) of the same tiny causal LM, healed like the others.
 
 Where the policy starts: ``init_from`` (an SFT model's directory from the registry, or a
@@ -28,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from shared.program import grpo
+from shared.program import grpo, lm
 from shared.program.lm import (
     MODEL_CONFIG,
     LossMeter,
@@ -39,7 +40,7 @@ from shared.program.lm import (
 )
 from shared.program.lm_data import SftStream, encode_example
 from shared.program.progress import RankProgress
-from shared.program.runtime import Env, Hypertune, Scalars
+from shared.program.runtime import Env, Hypertune, Scalars, exit_now
 from shared.program.torch_checkpoint import (
     EXIT_OK,
     EXIT_PREEMPTED,
@@ -210,3 +211,11 @@ def rl_step(model: torch.nn.Module, reference: torch.nn.Module | None,
     if rl.kl_coef > 0:
         out["kl"] = sum(kls) / len(kls)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    return lm.main(argv, loop=train, prog="python -m shared.program.rl")
+
+
+if __name__ == "__main__":
+    exit_now(main())  # not sys.exit: gloo's teardown can hang at interpreter exit

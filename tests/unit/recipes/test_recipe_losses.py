@@ -18,13 +18,14 @@ pytest.importorskip("transformers.models.llama.modeling_llama")
 
 
 def train(recipe: Recipe, out: Path) -> dict[str, Any]:
-    from shared.program import lm
+    from shared.program import lm, rl
     from shared.program.runtime import Env
     from shared.program.torch_checkpoint import Preemption
 
     env = Env.read({"AIP_CHECKPOINT_DIR": str(out / "checkpoints"),
                     "AIP_MODEL_DIR": str(out / "model")})
-    assert lm.train(program_config(recipe), env, Preemption()) == 0
+    loop = rl.train if recipe.body["task"] == "rl" else lm.train
+    assert loop(program_config(recipe), env, Preemption()) == 0
     return json.loads((out / "model" / "metrics.json").read_text())  # type: ignore[no-any-return]
 
 

@@ -62,6 +62,17 @@ def test_bad_rl_settings_name_the_field(sets: list[str], field: str) -> None:
     assert err.value.path == field
 
 
+def test_the_rl_reward_needs_the_floor_and_the_gain() -> None:
+    recipe = resolve("rl", ["expected_reward.min=0.3", "expected_reward.min_gain=0.1"])
+    assert recipe.reward_within(0.2, 0.31)
+    assert not recipe.reward_within(0.25, 0.31)  # above the floor, too little gain
+    assert not recipe.reward_within(0.0, 0.29)   # enough gain, under the floor
+    body = custom_job(resolve("rl", ["size=tiny"]), python="python3")
+    container = body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]
+    assert container["command"][1:] == ["-m", "shared.program.rl"]
+    assert json.loads(container["args"][1])["rl"]["kinds"] == [3]
+
+
 def test_an_unknown_recipe_is_not_found() -> None:
     with pytest.raises(NotFound):
         resolve("nope")

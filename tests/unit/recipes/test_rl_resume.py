@@ -43,7 +43,7 @@ def run(config: dict[str, Any], out: Path) -> dict[str, Any]:
 def weights(model_dir: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
-    return load_file(str(model_dir / "model.safetensors"))  # type: ignore[no-any-return]
+    return load_file(str(model_dir / "model.safetensors"))
 
 
 def test_resumed_mid_rl_equals_uninterrupted(tmp_path: Path) -> None:

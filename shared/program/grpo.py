@@ -60,8 +60,12 @@ def kind_of(prompt: str) -> int:
 
 def tasks(count: int, seed: int, kinds: Sequence[int]) -> list[tuple[str, str]]:
     """(prompt, answer) pairs of the given kinds, from the SFT generator."""
-    out = [(p, a) for p, a in sft_examples(count * 4, seed) if kind_of(p) in kinds]
-    return out[:count]
+    drawn = count * 4 // len(kinds) + 16
+    while True:  # the generator's stream grown until it holds ``count`` of these kinds
+        out = [(p, a) for p, a in sft_examples(drawn, seed) if kind_of(p) in kinds]
+        if len(out) >= count:
+            return out[:count]
+        drawn *= 2
 
 
 class PromptStream:

@@ -156,6 +156,10 @@ def make_stream(config: Mapping[str, Any], env: Env) -> TokenStream | SftStream:
 
 
 def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
+    if config.get("task", "pretrain") not in ("pretrain", "sft"):
+        raise ValueError(f"task {config.get('task')!r}: this loop runs pretrain and sft "
+                         "(rl: python -m shared.program.rl)")
+
     def log(msg: str) -> None:
         print(f"[lm rank {env.rank}/{env.world_size}] {msg}", flush=True)
 

@@ -6,7 +6,8 @@ client every API command uses (in process, or ``--api`` over HTTP), waits for th
 loss and the model directory from rank 0's log of the last attempt, and uploads the model to
 the registry: ``mtcLineage.job`` names the job (the server adds its attempt, checkpoint and
 inputs), and the version's labels and metadata carry the recipe's name and version, the
-parent model or directory it started from, and the loss against the recipe's range.
+parent model or directory it started from, and the loss against the recipe's range (for the
+RL recipe: the held-out reward at RL's start and end against its ``expected_reward``).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from services.recipes.catalog import Recipe, custom_job, names, raw, resolve
 
 DONE_RE = re.compile(r"done at step (\d+): loss ([0-9.eE+-]+|nan|inf)")
 MODEL_RE = re.compile(r"model saved: (\S.*)$")
+REWARD_RE = re.compile(r"rl reward start ([0-9.eE+-]+|nan) end ([0-9.eE+-]+|nan)")
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where `-m shared.program.lm` imports
 
 
 def add_parser(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     r = sub.add_parser("recipe", help="list, show, run recipes (pretrain, continued "
-                       "pretraining, SFT) as CustomJobs; through --api too")
+                       "pretraining, SFT, RL) as CustomJobs; through --api too")
     rsub = r.add_subparsers(dest="action", required=True)
     rsub.add_parser("list", parents=common, help="the recipes and their versions")
     x = rsub.add_parser("show", parents=common, help="a recipe as resolved (YAML data)")
@@ -114,7 +116,10 @@ def run(args: argparse.Namespace, client: Client) -> None:
     if state != "JOB_STATE_SUCCEEDED":
         raise ClientError("FAILED_PRECONDITION", f"job {job_id} ended {state}: "
                           f"{(job.get('error') or {}).get('message', 'see mtc job logs')}")
-    loss, model_dir = _outcome(client, args, job_id)
+    loss, model_dir, reward = _outcome(client, args, job_id)
+    if recipe.body.get("task") == "rl":
+        _finish_rl(args, client, recipe, job, model_dir, reward, parent_model)
+        return
     low, high = recipe.expected_loss
     within = loss is not None and low <= loss <= high
     lineage_parent = str(parent_model or recipe.body.get("init_from") or "")
@@ -149,6 +154,48 @@ def run(args: argparse.Namespace, client: Client) -> None:
                           f"range {low}..{high}")
 
 
+def _finish_rl(args: argparse.Namespace, client: Client, recipe: Recipe, job: dict[str, Any],
+               model_dir: str | None, reward: tuple[float, float] | None,
+               parent_model: str | None) -> None:
+    """The RL recipe's end: its reward (start, end) against ``expected_reward``, the model
+    registered with the same lineage as the others."""
+    floor, gain = recipe.expected_reward
+    start, end = reward if reward is not None else (None, None)
+    within = reward is not None and recipe.reward_within(*reward)
+    lineage_parent = str(parent_model or recipe.body.get("init_from") or "")
+    labels = {"mtc-recipe": recipe.name, "mtc-recipe-version": str(recipe.version),
+              "mtc-reward-in-range": "true" if within else "false"}
+    if parent_model:
+        labels["mtc-parent-model"] = last_segment(str(parent_model)).split("@")[0][:63]
+    metadata = {"recipe": recipe.name, "recipeVersion": recipe.version,
+                "size": recipe.body.get("size") or "default", "parent": lineage_parent or None,
+                "rewardStart": start, "rewardEnd": end,
+                "expectedReward": {"min": floor, "minGain": gain}, "withinExpected": within}
+    upload = {"model": {"displayName": f"{recipe.name}-v{recipe.version}",
+                        "description": f"recipe {recipe.name} v{recipe.version}"
+                        + (f" from {lineage_parent}" if lineage_parent else ""),
+                        "artifactUri": model_dir, "labels": labels, "metadata": metadata,
+                        "mtcLineage": {"job": job.get("name")}}}
+    op = client.upload_model(args.parent, upload)
+    if not op.get("done"):
+        op = client.wait_operation(op["name"], 60.0)
+    response = op.get("response") or {}
+    result = {"job": job.get("name"), "state": job.get("state"), "rewardStart": start,
+              "rewardEnd": end, "expectedReward": {"min": floor, "minGain": gain},
+              "withinExpected": within, "model": response.get("model"),
+              "modelVersionId": response.get("modelVersionId"), "artifactUri": model_dir}
+    if args.json:
+        show(result, True)
+    else:
+        console.print(f"job {last_segment(job.get('name'))} {job.get('state')}; reward {start} "
+                      f"-> {end} (expected >= {floor}, gain >= {gain}: "
+                      f"{'in range' if within else 'OUT OF RANGE'}); model {result['model']} "
+                      f"version {result['modelVersionId']}")
+    if not within:
+        raise ClientError("FAILED_PRECONDITION", f"reward {start} -> {end} misses the recipe's "
+                          f"expectation (end >= {floor}, gain >= {gain})")
+
+
 def _sets(args: argparse.Namespace) -> list[str]:
     return ([f"size={args.size}"] if args.size else []) + list(args.sets)
 
@@ -158,9 +205,11 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def _outcome(client: Client, args: argparse.Namespace, job_id: str
-             ) -> tuple[float | None, str | None]:
-    """The final loss and the model directory from rank 0's log of the newest attempt."""
+             ) -> tuple[float | None, str | None, tuple[float, float] | None]:
+    """The final loss, the model directory and (RL) the reward's start and end, from rank 0's
+    log of the newest attempt."""
     loss: float | None = None
+    reward: tuple[float, float] | None = None
     model_dir: str | None = None
     token: str | None = None
     attempt: int | None = None
@@ -171,8 +220,10 @@ def _outcome(client: Client, args: argparse.Namespace, job_id: str
             text = line if isinstance(line, str) else str(line.get("text", line))
             if m := DONE_RE.search(text):
                 loss = float(m.group(2))
+            if m := REWARD_RE.search(text):
+                reward = (float(m.group(1)), float(m.group(2)))
             if m := MODEL_RE.search(text):
                 model_dir = m.group(1).strip()
         token = page.get("nextPageToken") or None
         if not token or not page.get("lines"):
-            return loss, model_dir
+            return loss, model_dir, reward

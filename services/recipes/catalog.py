@@ -4,11 +4,14 @@ ordinary CustomJob, so the API, the SDK, the console and healing see nothing spe
 A recipe holds ``version``, ``name``, ``task``, ``model`` (the architecture's config fields and
 ``family``), ``data``, ``parallelism`` (``replicas`` and the machine), ``hyperparameters``,
 ``checkpoint`` (``every``: durable; ``memory_every``: the memory and peer tiers),
-``expected_loss`` (``min``/``max`` of the final loss) and
+``expected_loss`` (``min``/``max`` of the final loss; the RL recipe has ``rl``, its GRPO
+settings, and ``expected_reward`` instead: ``min`` of the end's reward and ``min_gain`` over
+RL's start) and
 ``sizes`` (named overrides: ``tiny`` is what the tests run). ``resolve`` applies a size and
 ``--set key.path=value`` overrides (values parsed as YAML scalars) and checks the result;
 ``custom_job`` turns it into a CustomJob body in Vertex's layout (workerPoolSpecs[0] one
-replica, the other ranks in pool 1) running ``python -m shared.program.lm --config <json>``.
+replica, the other ranks in pool 1) running ``python -m shared.program.lm --config <json>``
+(``shared.program.rl`` for the RL recipe).
 Pure data in, data out: no torch here (the CLI imports it).
 """
 
@@ -26,9 +29,11 @@ import yaml
 from shared.domain.errors import NotFound, ValidationError
 
 PROGRAM = "shared.program.lm"
-TASKS = ("pretrain", "sft")
+PROGRAMS = {"rl": "shared.program.rl"}  # a task with a loop of its own; the rest run PROGRAM
+TASKS = ("pretrain", "sft", "rl")
 FAMILIES = ("llama", "gemma")
-SECTIONS = ("model", "data", "parallelism", "hyperparameters", "checkpoint", "expected_loss")
+SECTIONS = ("model", "data", "parallelism", "hyperparameters", "checkpoint", "expected_loss",
+            "rl", "expected_reward")
 # keys `--set` may name at the top (the rest live in the sections)
 TOP_KEYS = ("init_from", "parent_model", "size", "image", "python", "task")
 
@@ -48,6 +53,16 @@ class Recipe:
     def within(self, loss: float) -> bool:
         low, high = self.expected_loss
         return low <= loss <= high
+
+    @property
+    def expected_reward(self) -> tuple[float, float]:
+        """The RL recipe's (min, min_gain): the end's reward floor and its gain over the start."""
+        rng = self.body["expected_reward"]
+        return float(rng["min"]), float(rng["min_gain"])
+
+    def reward_within(self, start: float, end: float) -> bool:
+        floor, gain = self.expected_reward
+        return end >= floor and end - start >= gain
 
 
 def _data_files() -> dict[str, str]:
@@ -132,16 +147,43 @@ def check(body: Mapping[str, Any]) -> None:
     replicas = (body.get("parallelism") or {}).get("replicas")
     if not isinstance(replicas, int) or replicas < 1:
         raise ValidationError("parallelism.replicas", "must be a positive integer")
+    if body.get("task") == "rl":
+        _check_rl(body)
+        return
     rng = body.get("expected_loss") or {}
     if not all(isinstance(rng.get(k), int | float) for k in ("min", "max")) or \
             rng["min"] > rng["max"]:
         raise ValidationError("expected_loss", "needs numbers min <= max")
 
 
+def _check_rl(body: Mapping[str, Any]) -> None:
+    rl = body.get("rl") or {}
+    if not isinstance(rl.get("group_size"), int) or rl["group_size"] < 2:
+        raise ValidationError("rl.group_size", "must be an integer >= 2 (advantages are "
+                              "relative to the group)")
+    for key in ("prompts_per_step", "max_new_tokens", "eval_prompts"):
+        if not isinstance(rl.get(key), int) or rl[key] < 1:
+            raise ValidationError(f"rl.{key}", "must be a positive integer")
+    if not isinstance(rl.get("sft_steps", 0), int) or rl.get("sft_steps", 0) < 0:
+        raise ValidationError("rl.sft_steps", "must be a non-negative integer")
+    for key in ("temperature", "kl_coef"):
+        if not isinstance(rl.get(key, 0), int | float) or rl.get(key, 0) < 0:
+            raise ValidationError(f"rl.{key}", "must be a non-negative number")
+    if not isinstance(rl.get("lr"), int | float) or rl["lr"] <= 0:
+        raise ValidationError("rl.lr", "must be a positive number")
+    kinds = rl.get("kinds", [0, 1, 2, 3])
+    if not isinstance(kinds, list) or not kinds or any(k not in (0, 1, 2, 3) for k in kinds):
+        raise ValidationError("rl.kinds", "must be a non-empty list of 0 (sum), 1 "
+                              "(difference), 2 (reverse), 3 (upper)")
+    rng = body.get("expected_reward") or {}
+    if not all(isinstance(rng.get(k), int | float) for k in ("min", "min_gain")):
+        raise ValidationError("expected_reward", "needs numbers min and min_gain")
+
+
 def program_config(recipe: Recipe) -> dict[str, Any]:
-    """What ``shared.program.lm`` reads (``--config``)."""
+    """What ``shared.program.lm`` (or ``.rl``) reads (``--config``)."""
     body = recipe.body
-    keep = ("task", "model", "data", "hyperparameters", "checkpoint", "init_from")
+    keep = ("task", "model", "data", "hyperparameters", "checkpoint", "init_from", "rl")
     config = {k: copy.deepcopy(body[k]) for k in keep if body.get(k) is not None}
     config.update(name=recipe.name, version=recipe.version)
     return config
@@ -159,7 +201,8 @@ def custom_job(recipe: Recipe, *, python: str, pythonpath: str | None = None,
                        acceleratorCount=int(par.get("accelerator_count", 1)))
     env = [{"name": "PYTHONPATH", "value": pythonpath}] if pythonpath else []
     container = {"imageUri": str(body.get("image") or "local/mtc-recipes:latest"),
-                 "command": [str(body.get("python") or python), "-m", PROGRAM],
+                 "command": [str(body.get("python") or python), "-m",
+                             PROGRAMS.get(str(body.get("task")), PROGRAM)],
                  "args": ["--config", json.dumps(program_config(recipe), sort_keys=True)],
                  "env": env}
     pools: list[dict[str, Any]] = [{"machineSpec": machine, "replicaCount": 1,

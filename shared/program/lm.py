@@ -11,8 +11,9 @@ continuous across attempts, hypertune when it is a trial. At the end rank 0 writ
 (``save_pretrained``: config.json and safetensors) and ``metrics.json`` (the final loss, the
 tokens per second) into ``AIP_MODEL_DIR``.
 
-Config keys: ``task`` (pretrain | sft), ``model`` (``family``: llama | gemma, and the
-architecture's config fields), ``data`` (``seq_len``, ``corpus_bytes`` or ``examples``),
+Config keys: ``task`` (pretrain | sft; rl is ``python -m shared.program.rl``, its own loop),
+``model`` (``family``: llama | gemma, and the architecture's config fields), ``data``
+(``seq_len``, ``corpus_bytes`` or ``examples``),
 ``hyperparameters`` (``steps``, ``batch_size``, ``lr``, ``warmup``, ``weight_decay``,
 ``seed``, ``step_sleep_s``), ``checkpoint`` (``every``), ``init_from`` (a model directory
 or a ``ckpt-<step>`` checkpoint an earlier run wrote: continued pretraining, SFT from a
@@ -155,6 +156,10 @@ def make_stream(config: Mapping[str, Any], env: Env) -> TokenStream | SftStream:
 
 
 def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
+    if config.get("task", "pretrain") not in ("pretrain", "sft"):
+        raise ValueError(f"task {config.get('task')!r}: this loop runs pretrain and sft "
+                         "(rl: python -m shared.program.rl)")
+
     def log(msg: str) -> None:
         print(f"[lm rank {env.rank}/{env.world_size}] {msg}", flush=True)
 
@@ -250,9 +255,11 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, loop: Any = None,
+         prog: str = "python -m shared.program.lm") -> int:
+    """The entry point; ``loop``: another training loop with ``train``'s signature (RL's)."""
     preemption = Preemption().install()  # first, so a signal during start-up is not lost
-    p = argparse.ArgumentParser(prog="python -m shared.program.lm")
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--config", required=True, help="the recipe as JSON (or @file)")
     args = p.parse_args(argv)
     text = args.config
@@ -264,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never a download
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    return train(config, Env.read(), preemption)
+    return int((loop or train)(config, Env.read(), preemption))
 
 
 if __name__ == "__main__":

@@ -92,3 +92,28 @@ def test_over_the_api_a_missing_parent_model_is_the_servers_not_found(tmp_path: 
         assert {r["name"] for r in srv.json("recipe", "list")} >= {"pretrain", "sft"}
     finally:
         next(gen, None)
+
+
+def test_run_rl_checks_its_reward_and_registers_the_model(cluster: Path) -> None:
+    """`mtc recipe run rl`: its own program (python -m shared.program.rl) as a CustomJob;
+    the reward at RL's start and end is read from rank 0's log, checked against the
+    recipe's expected_reward, and registered with the model. Two ranks data parallel over
+    gloo with KL to the reference (their collectives matched, or the job would hang), a few
+    steps and an expectation it cannot miss (the gain at tiny size is test_recipe_losses')."""
+    short = ["--size", "tiny", "--cluster", "demo", "--set", "rl.sft_steps=3", "--set",
+             "hyperparameters.steps=2", "--set", "rl.eval_prompts=8", "--set",
+             "rl.prompts_per_step=2", "--set", "checkpoint.every=0",
+             "--set", "parallelism.replicas=2", "--set", "rl.kl_coef=0.05"]
+    result = mtc_json(cluster, "recipe", "run", "rl", *short, "--job-id", "rl1",
+                      "--set", "expected_reward.min=0", "--set", "expected_reward.min_gain=-1")
+    assert result["state"] == "JOB_STATE_SUCCEEDED" and result["withinExpected"] is True
+    metrics = json.loads(Path(result["artifactUri"], "metrics.json").read_text())
+    assert metrics["reward_end"] == pytest.approx(result["rewardEnd"], abs=1e-6)
+    assert metrics["reward_start"] == pytest.approx(result["rewardStart"], abs=1e-6)
+    assert metrics["steps"] == 5
+    job = mtc_json(cluster, "job", "get", "rl1")
+    pools = job["jobSpec"]["workerPoolSpecs"]
+    assert [int(p["replicaCount"]) for p in pools] == [1, 1]
+    assert pools[0]["containerSpec"]["command"][1:] == ["-m", "shared.program.rl"]
+    assert job["labels"]["mtc-recipe"] == "rl"
+

@@ -13,12 +13,16 @@ from shared.program.lm_data import encode_example, sft_examples
 
 
 def test_every_recipe_is_versioned_and_resolves_at_each_size() -> None:
-    assert {"pretrain", "sft", "continued-pretraining"} <= set(names())
+    assert {"pretrain", "sft", "continued-pretraining", "rl"} <= set(names())
     for name in names():
         body = raw(name)
         assert isinstance(body["version"], int)
         for size in [None, *body.get("sizes", {})]:
             recipe = resolve(name, [f"size={size}"] if size else [])
+            if recipe.body["task"] == "rl":
+                floor, gain = recipe.expected_reward
+                assert 0 <= floor <= 1 and gain > 0
+                continue
             low, high = recipe.expected_loss
             assert 0 <= low < high
 
@@ -43,6 +47,30 @@ def test_bad_overrides_name_the_field(sets: list[str], field: str) -> None:
     with pytest.raises(ValidationError) as err:
         resolve("pretrain", sets)
     assert err.value.path == field
+
+
+@pytest.mark.parametrize(("sets", "field"), [
+    (["rl.group_size=1"], "rl.group_size"),
+    (["rl.kinds=[7]"], "rl.kinds"),
+    (["rl.lr=0"], "rl.lr"),
+    (["rl.temperature=-1"], "rl.temperature"),
+    (["expected_reward.min=x"], "expected_reward"),
+])
+def test_bad_rl_settings_name_the_field(sets: list[str], field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        resolve("rl", ["size=tiny", *sets])
+    assert err.value.path == field
+
+
+def test_the_rl_reward_needs_the_floor_and_the_gain() -> None:
+    recipe = resolve("rl", ["expected_reward.min=0.3", "expected_reward.min_gain=0.1"])
+    assert recipe.reward_within(0.2, 0.31)
+    assert not recipe.reward_within(0.25, 0.31)  # above the floor, too little gain
+    assert not recipe.reward_within(0.0, 0.29)   # enough gain, under the floor
+    body = custom_job(resolve("rl", ["size=tiny"]), python="python3")
+    container = body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]
+    assert container["command"][1:] == ["-m", "shared.program.rl"]
+    assert json.loads(container["args"][1])["rl"]["kinds"] == [3]
 
 
 def test_an_unknown_recipe_is_not_found() -> None:

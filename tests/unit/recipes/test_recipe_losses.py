@@ -18,13 +18,14 @@ pytest.importorskip("transformers.models.llama.modeling_llama")
 
 
 def train(recipe: Recipe, out: Path) -> dict[str, Any]:
-    from shared.program import lm
+    from shared.program import lm, rl
     from shared.program.runtime import Env
     from shared.program.torch_checkpoint import Preemption
 
     env = Env.read({"AIP_CHECKPOINT_DIR": str(out / "checkpoints"),
                     "AIP_MODEL_DIR": str(out / "model")})
-    assert lm.train(program_config(recipe), env, Preemption()) == 0
+    loop = rl.train if recipe.body["task"] == "rl" else lm.train
+    assert loop(program_config(recipe), env, Preemption()) == 0
     return json.loads((out / "model" / "metrics.json").read_text())  # type: ignore[no-any-return]
 
 
@@ -63,3 +64,15 @@ def test_sft_loss_on_the_answers_lands_in_its_range(tmp_path: Path) -> None:
     recipe = resolve("sft", ["size=tiny"])
     metrics = train(recipe, tmp_path)
     assert recipe.within(metrics["final_loss"]), (metrics, recipe.expected_loss)
+
+
+def test_rl_raises_the_reward_over_its_start(tmp_path: Path) -> None:
+    """GRPO from a model SFT-trained in the same run: the held-out mean reward (the same
+    sampled draws at RL's start and end) ends above the start by the recipe's margin."""
+    recipe = resolve("rl", ["size=tiny"])
+    metrics = train(recipe, tmp_path)
+    assert recipe.reward_within(metrics["reward_start"], metrics["reward_end"]), (
+        metrics, recipe.expected_reward)
+    rl = recipe.body["rl"]
+    assert metrics["steps"] == rl["sft_steps"] + recipe.body["hyperparameters"]["steps"]
+    assert (tmp_path / "model" / "model.safetensors").is_file()

@@ -44,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.soak_chaos import TEETH_MUST_HAPPEN, TEETH_WEIGHTS, TOKEN, Teeth  # noqa: E402
 from bench.soak_controller import PROGRESS_TIMEOUT_S, open_app  # noqa: E402
 from services.cli.commands_local import fault_conditions  # noqa: E402
 from services.job_submission import commands as job_commands  # noqa: E402
@@ -300,6 +301,8 @@ class Soak:
         self.controller_logs: list[Any] = []
         self.settled = False
         self.last_figures: dict[str, Any] = {}
+        self.root = ROOT
+        self.teeth = Teeth(self)  # disk full, damaged state, stalled clients, a locked store
 
     # ------------------------------------------------------------------ plumbing
 
@@ -343,9 +346,20 @@ class Soak:
         log = open(self.state_dir / f"controller-{self.fig.controller_restarts}.log", "ab")  # noqa: SIM115
         self.controller_logs.append(log)
         self.controller = subprocess.Popen(
-            [sys.executable, "-m", "bench.soak_controller", "--state-dir", str(self.state_dir),
-             "--settings", json.dumps(SETTINGS)],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.controller_argv(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env={**os.environ, "MTC_API_TOKEN": TOKEN})
+
+    def controller_argv(self) -> list[str]:
+        """The controller is the soak's `mtc serve` (its API on ``teeth.port``)."""
+        return [sys.executable, "-m", "bench.soak_controller", "--state-dir",
+                str(self.state_dir), "--settings", json.dumps(SETTINGS),
+                "--port", str(self.teeth.port)]
+
+    def reopen(self) -> None:
+        """The soak's own handle on the state, opened again (after a restore)."""
+        if self.app is not None:
+            self.app.close()
+        self.app = open_app(self.state_dir, SETTINGS)
 
     def stop_controller(self, sig: int = signal.SIGTERM) -> None:
         proc, self.controller = self.controller, None
@@ -383,6 +397,7 @@ class Soak:
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
         self.state_dir.mkdir(parents=True)
+        self.teeth.mount()
         self.app = open_app(self.state_dir, SETTINGS)
         with self.a.transaction() as uow:
             job_commands.create_cluster(cluster_spec(MAIN, self.n_nodes, SPARE_NODES), uow, self.a.deps)
@@ -493,12 +508,14 @@ class Soak:
     # ------------------------------------------------------------------ chaos
 
     def chaos(self, covering: bool = False) -> None:
-        kinds = list(CHAOS_WEIGHTS)
-        kind = self.rng.choices(kinds, weights=[CHAOS_WEIGHTS[k] for k in kinds])[0]
-        missing = [k for k in CHAOS_MUST_HAPPEN if not self.fig.chaos[k]]
+        weights = {**CHAOS_WEIGHTS, **{k: TEETH_WEIGHTS[k] for k in self.teeth.kinds()}}
+        kinds = list(weights)
+        kind = self.rng.choices(kinds, weights=[weights[k] for k in kinds])[0]
+        must = [*CHAOS_MUST_HAPPEN, *(k for k in TEETH_MUST_HAPPEN if k in weights)]
+        missing = [k for k in must if not self.fig.chaos[k]]
         if covering and missing and kind not in missing:
             kind = missing[0]
-        done = getattr(self, f"chaos_{kind}")()
+        done = getattr(self if hasattr(self, f"chaos_{kind}") else self.teeth, f"chaos_{kind}")()
         if done:
             self.fig.chaos[kind] += 1
 
@@ -529,12 +546,19 @@ class Soak:
             ns.disk = self.rng.choice((0.93, 0.99))
         else:
             ns.slow = self.rng.choice((0.3, 0.7))
+        return self.inject(node, ns, f"xid{ns.xid[0]}" if kind == "xid" else kind)
+
+    def inject(self, node: Node, ns: argparse.Namespace | None = None, label: str = "xid79"
+               ) -> bool:
+        """A health fault on ``node`` (default an XID 79) as `mtc node fault` injects it."""
+        if ns is None:
+            ns = argparse.Namespace(xid=[79], ecc_dbe=None, row_remap_failure=False,
+                                    dcgm_fail=None, thermal=None, disk=None, slow=None)
         conditions = fault_conditions(ns, self.now())
         try:
             self.a.compute.inject_fault(node.node_id, conditions)
         except LookupError:
             return False
-        label = f"xid{ns.xid[0]}" if kind == "xid" else kind
         self.fig.faults[label] += 1
         self.fig.faults["on busy node" if node.job_id else "on idle node"] += 1
         self.watch.setdefault(node.node_id, NodeWatch()).last_fault_at = self.now()
@@ -1162,6 +1186,7 @@ class Soak:
             "kills_by_kind": dict(sorted(self.fig.kills.items())),
             "replays_by_kind": dict(sorted(self.fig.replays.items())),
             "chaos_actions": dict(sorted(self.fig.chaos.items())),
+            **self.teeth.figures(),
             "controller_restarts": self.fig.controller_restarts,
             "guard_hold_sightings": self.fig.guard_holds,
             "invariant_checks": self.fig.checks,
@@ -1178,7 +1203,8 @@ class Soak:
         if not self.quiet:
             rows: list[tuple[str, str]] = []
             for key in ("jobs_by_final_state", "faults_by_kind", "kills_by_kind",
-                        "replays_by_kind", "chaos_actions", "checks_by_invariant", "docs_peak"):
+                        "replays_by_kind", "chaos_actions", "storage_and_client_chaos",
+                        "api_answers_under_chaos", "checks_by_invariant", "docs_peak"):
                 for k, v in figs[key].items():
                     rows.append((f"{key.replace('_', ' ')}: {k}", str(v)))
             for key in ("job_restarts", "controller_restarts", "guard_hold_sightings",
@@ -1215,6 +1241,12 @@ class Soak:
                 self.app.close()
         for log in self.controller_logs:
             log.close()
+        if self.teeth.mounted:  # the logs outlive the tmpfs
+            keep = self.state_dir.parent / f"{self.state_dir.name}-logs"
+            keep.mkdir(exist_ok=True)
+            for f in self.state_dir.glob("controller-*.log"):
+                shutil.copy2(f, keep / f.name)
+        self.teeth.unmount()
 
 
 def main(argv: list[str] | None = None) -> int:

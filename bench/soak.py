@@ -1246,6 +1246,9 @@ class Soak:
             keep.mkdir(exist_ok=True)
             for f in self.state_dir.glob("controller-*.log"):
                 shutil.copy2(f, keep / f.name)
+            with contextlib.suppress(OSError):
+                shutil.copytree(self.state_dir / "jobs", keep / "jobs", dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.pt", "*.ckpt"))
         self.teeth.unmount()
 
 

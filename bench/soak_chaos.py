@@ -151,8 +151,22 @@ class Teeth:
                       f"during {kind}: a call got {status or 'no answer'} "
                       f"(want one of {allowed}) from the soak's mtc serve")
 
-    def server_up(self) -> bool:
-        return self.s.controller is not None and self.s.controller.poll() is None
+    def server_up(self, within_s: float = 20.0) -> bool:
+        """The soak's server runs and answers /healthz (a restarted one may still be starting)."""
+        deadline = time.monotonic() + within_s
+        while self.s.controller is not None and self.s.controller.poll() is None:
+            with contextlib.suppress(OSError):
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2.0)
+                try:
+                    conn.request("GET", "/healthz")
+                    if conn.getresponse().status == 200:
+                        return True
+                finally:
+                    conn.close()
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return False
 
     # ------------------------------------------------------------------ the kinds
 
@@ -189,7 +203,7 @@ class Teeth:
         if not self.server_up():
             return False
         hold = self.s.rng.uniform(*LOCK_S)
-        calls = {"read": ("GET", JOBS_PATH, None),
+        calls: dict[str, tuple[str, str, dict[str, Any] | None]] = {"read": ("GET", JOBS_PATH, None),
                  # a cancel of no job: a 404, and its audit record a write that needs the lock
                  "write": ("POST", "/v1beta1/projects/soak/locations/local/customJobs/"
                            "soak-none:cancel", {})}

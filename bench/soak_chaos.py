@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 TEETH_WEIGHTS: dict[str, float] = {  # relative odds, beside soak.CHAOS_WEIGHTS
     "disk_full": 0.3, "damaged_state": 0.15, "stalled_client": 0.3, "slow_store": 0.3,
 }
-TEETH_MUST_HAPPEN = ("disk_full", "damaged_state", "stalled_client", "slow_store")
+TEETH_MUST_HAPPEN = ("stalled_client", "slow_store", "disk_full", "damaged_state")  # longest last
 DISK_SIZE = "256m"  # the state's tmpfs: the databases, the logs and every job's checkpoints
 FILL_S = (1.0, 3.0)  # the disk stays full this long
 LOCK_S = (1.0, 3.0)  # another process holds mtc.db's write lock this long
@@ -44,6 +44,7 @@ SLOWLORIS_SOCKETS = 8  # connections that send a header byte every half second
 API_ANSWER_S = 10.0  # another client's call must be answered within this, stalls or not
 DRAIN_BOUND_S = 15.0  # a fault that takes a node out: out of service within this, stalls or not
 REFUSE_WITHIN_S = 90.0  # a controller over a damaged state exits (refusing) within this
+RESTART_S = 5.0  # a restarted server's start (imports, the integrity check), part of an outage
 DAMAGE_KINDS = ("empty", "truncated", "header")
 TOKEN = "soak-admin-token-0123456789abcdef"  # the server's admin token (MTC_API_TOKEN)
 IN_SERVICE = (NodeState.IDLE, NodeState.ALLOCATED)
@@ -75,6 +76,7 @@ class Teeth:
         self.api_s: list[float] = []
         self.fault_to_drain_s: list[float] = []
         self.refusals = 0
+        self.outage_s: list[float] = []  # controller down for a damaged_state, each
 
     # ------------------------------------------------------------------ set-up
 
@@ -120,6 +122,7 @@ class Teeth:
             "stalled_fault_to_drain_s": {"n": len(drain), "p50": _q(drain, 0.5),
                                          "max": _q(drain, 1.0)},
             "damaged_state_refusals": self.refusals,
+            "damaged_state_outage_s": [round(x, 1) for x in self.outage_s],
         }
 
     def fail(self, kind: str, key: tuple[Any, ...], invariant: str, detail: str) -> None:
@@ -294,6 +297,7 @@ class Teeth:
         s = self.s
         if not self.server_up():
             return False
+        s.outages.append((s.now(), None))  # planned: the bounds pause (soak.elapsed)
         s.stop_controller()
         n = self.refusals + 1
         backup = self.backups / f"b{n}"
@@ -335,4 +339,6 @@ class Teeth:
         s.reopen()
         s.controller_down_until = s.now()  # keep_controller starts it again at once
         s.keep_controller()
+        self.outage_s.append(s.now() - s.outages[-1][0])
+        s.outages[-1] = (s.outages[-1][0], s.now() + RESTART_S)  # + the server's start
         return True

@@ -172,8 +172,8 @@ class Teeth:
 
     def chaos_disk_full(self) -> bool:
         """Fill the tmpfs to its last block, hold it, free it: the controller keeps running
-        (keep_controller counts an exit as a violation), reads answer, writes are 503s, and
-        no job fails of it (check_final)."""
+        (keep_controller counts an exit as a violation), reads answer, the databases pass
+        their integrity check after, and no job fails of it (check_final)."""
         if not self.mounted or not self.server_up():
             return False
         filler = self.s.state_dir / "soak-filler"
@@ -193,6 +193,11 @@ class Teeth:
             time.sleep(hold / 2)
         finally:
             filler.unlink()
+        found = state_files.check(self.s.state_dir)  # nothing half-written: sqlite's own check
+        if found:
+            self.fail("disk_full", ("half-written", self.s.fig.chaos["disk_full"]),
+                      "nothing half-written", "after the disk was full: "
+                      + "; ".join(map(str, found)))
         return True
 
     def chaos_slow_store(self) -> bool:

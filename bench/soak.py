@@ -268,7 +268,8 @@ def proc_table() -> dict[int, list[ProcInfo]]:
 class Soak:
     def __init__(self, *, minutes: float, jobs: int, nodes: int, seed: int, state_dir: Path,
                  settle_s: float = SETTLE_S, stuck_job_s: float = STUCK_JOB_S,
-                 stuck_node_s: float = STUCK_NODE_S, quiet: bool = False) -> None:
+                 stuck_node_s: float = STUCK_NODE_S, quiet: bool = False,
+                 jobs_on_small_disk: bool = False) -> None:
         self.duration_s = minutes * 60.0
         self.n_jobs = jobs
         self.n_nodes = nodes
@@ -303,7 +304,8 @@ class Soak:
         self.last_figures: dict[str, Any] = {}
         self.root = ROOT
         self.outages: list[tuple[float, float | None]] = []  # (start, end or None: ongoing)
-        self.teeth = Teeth(self)  # disk full, damaged state, stalled clients, a locked store
+        # disk full, damaged state, stalled clients, a locked store
+        self.teeth = Teeth(self, jobs_on_small_disk=jobs_on_small_disk)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -1273,6 +1275,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stuck-job", type=float, default=STUCK_JOB_S)
     p.add_argument("--stuck-node", type=float, default=STUCK_NODE_S)
     p.add_argument("--json-out", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--jobs-on-small-disk", action="store_true",
+                   help="the jobs' checkpoints, logs and exit files on the tmpfs disk_full fills")
     args = p.parse_args(argv)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
@@ -1286,7 +1290,7 @@ def main(argv: list[str] | None = None) -> int:
         state_dir = Path(tmp) / "state"
     soak = Soak(minutes=args.minutes, jobs=args.jobs, nodes=args.nodes, seed=args.seed,
                 state_dir=state_dir, settle_s=args.settle, stuck_job_s=args.stuck_job,
-                stuck_node_s=args.stuck_node)
+                stuck_node_s=args.stuck_node, jobs_on_small_disk=args.jobs_on_small_disk)
     try:
         code = soak.run()
         if args.json_out:

@@ -45,6 +45,7 @@ API_ANSWER_S = 10.0  # another client's call must be answered within this, stall
 DRAIN_BOUND_S = 15.0  # a fault that takes a node out: out of service within this, stalls or not
 REFUSE_WITHIN_S = 90.0  # a controller over a damaged state exits (refusing) within this
 RESTART_S = 5.0  # a restarted server's start (imports, the integrity check), part of an outage
+OFF_DISK = ("jobs", "compute/run", "compute/logs")  # off the small disk unless asked
 DAMAGE_KINDS = ("empty", "truncated", "header")
 TOKEN = "soak-admin-token-0123456789abcdef"  # the server's admin token (MTC_API_TOKEN)
 IN_SERVICE = (NodeState.IDLE, NodeState.ALLOCATED)
@@ -65,8 +66,10 @@ class Teeth:
     """The four kinds, each a ``chaos_<kind>`` returning whether it happened; what must hold
     is checked in place (``soak.violate``) and each kind's verdict kept for the report."""
 
-    def __init__(self, soak: Soak) -> None:
+    def __init__(self, soak: Soak, *, jobs_on_small_disk: bool = False) -> None:
         self.s = soak
+        self.jobs_on_small_disk = jobs_on_small_disk
+        self.off_disk = soak.state_dir.parent / f"{soak.state_dir.name}-off-disk"
         self.port = free_port()
         self.mounted = False
         self.mount_note = ""
@@ -90,12 +93,21 @@ class Teeth:
                               capture_output=True, text=True, check=False)
         self.mounted = done.returncode == 0
         self.mount_note = "" if self.mounted else f"mount failed: {done.stderr.strip()}"
+        if self.mounted and not self.jobs_on_small_disk:
+            # the jobs' side (checkpoints, worker logs, exit files) lives elsewhere: a program
+            # failing for want of space is still judged by its exit (docs/reliability.md)
+            shutil.rmtree(self.off_disk, ignore_errors=True)
+            for sub in OFF_DISK:
+                (self.off_disk / sub).mkdir(parents=True)
+                (self.s.state_dir / sub).parent.mkdir(parents=True, exist_ok=True)
+                (self.s.state_dir / sub).symlink_to(self.off_disk / sub)
 
     def unmount(self) -> None:
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.s.state_dir)], check=False)
             self.mounted = False
         shutil.rmtree(self.backups, ignore_errors=True)
+        shutil.rmtree(self.off_disk, ignore_errors=True)
 
     def kinds(self) -> list[str]:
         return [k for k in TEETH_WEIGHTS if k != "disk_full" or self.mounted]

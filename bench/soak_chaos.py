@@ -270,11 +270,12 @@ class Teeth:
         dripper.start()
         try:
             self.s.say(f"{len(socks)} stalled client sockets, then a fault")
+            faulted_at = self.s.now()
             node = self.fault_that_takes_out()
             self.answered("stalled_client", self.call("GET", JOBS_PATH), (200,))
             self.answered("stalled_client", self.call("GET", "/readyz"), (200, 503))
             if node is not None:
-                self.await_drain(node)
+                self.await_drain(node, faulted_at)
             time.sleep(max(0.0, STALL_S - 1.0))
         finally:
             stop.set()
@@ -294,8 +295,7 @@ class Teeth:
             return None
         return node.node_id
 
-    def await_drain(self, node_id: str) -> None:
-        start = self.s.now()
+    def await_drain(self, node_id: str, start: float) -> None:
         while self.s.now() - start < DRAIN_BOUND_S:
             nodes, _ = self.s.read_state()
             n = next((m for ms in nodes.values() for m in ms if m.node_id == node_id), None)

@@ -44,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.soak_chaos import TEETH_MUST_HAPPEN, TEETH_WEIGHTS, TOKEN, Teeth  # noqa: E402
 from bench.soak_controller import PROGRESS_TIMEOUT_S, open_app  # noqa: E402
 from services.cli.commands_local import fault_conditions  # noqa: E402
 from services.job_submission import commands as job_commands  # noqa: E402
@@ -86,7 +87,7 @@ REPLAY_KINDS = ("duplicate", "delayed", "reordered", "expired")
 # kinds a soak must show at least once: past this fraction of the chaos window, a draw that
 # would pick something else picks a missing one instead (a short soak is otherwise left to luck)
 CHAOS_MUST_HAPPEN = ("fault", "worker_kill", "controller_kill")
-CHAOS_COVERAGE_FROM = 0.5
+CHAOS_COVERAGE_FROM = 0.3
 CONTROLLER_DOWN_S = (0.2, 2.0)  # a killed controller stays down this long
 CLI_PUMP_BUDGET_S = 1.0  # a second process pumps this long (as a CLI command does)
 
@@ -267,7 +268,8 @@ def proc_table() -> dict[int, list[ProcInfo]]:
 class Soak:
     def __init__(self, *, minutes: float, jobs: int, nodes: int, seed: int, state_dir: Path,
                  settle_s: float = SETTLE_S, stuck_job_s: float = STUCK_JOB_S,
-                 stuck_node_s: float = STUCK_NODE_S, quiet: bool = False) -> None:
+                 stuck_node_s: float = STUCK_NODE_S, quiet: bool = False,
+                 jobs_on_small_disk: bool = False) -> None:
         self.duration_s = minutes * 60.0
         self.n_jobs = jobs
         self.n_nodes = nodes
@@ -300,6 +302,10 @@ class Soak:
         self.controller_logs: list[Any] = []
         self.settled = False
         self.last_figures: dict[str, Any] = {}
+        self.root = ROOT
+        self.outages: list[tuple[float, float | None]] = []  # (start, end or None: ongoing)
+        # disk full, damaged state, stalled clients, a locked store
+        self.teeth = Teeth(self, jobs_on_small_disk=jobs_on_small_disk)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -320,6 +326,13 @@ class Soak:
         v = Violation(self.rel(), invariant, detail)
         self.violations.append(v)
         self.say(f"VIOLATION {invariant}: {detail}")
+
+    def elapsed(self, since: float, now: float) -> float:
+        """Seconds from ``since`` to ``now`` the control plane could act in: the soak's own
+        planned outages (a damaged state being restored) do not count against its bounds."""
+        out = sum(max(0.0, min(b if b is not None else now, now) - max(a, since))
+                  for a, b in self.outages)
+        return now - since - out
 
     def check(self, invariant: str) -> None:
         self.fig.checks += 1
@@ -343,9 +356,20 @@ class Soak:
         log = open(self.state_dir / f"controller-{self.fig.controller_restarts}.log", "ab")  # noqa: SIM115
         self.controller_logs.append(log)
         self.controller = subprocess.Popen(
-            [sys.executable, "-m", "bench.soak_controller", "--state-dir", str(self.state_dir),
-             "--settings", json.dumps(SETTINGS)],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.controller_argv(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env={**os.environ, "MTC_API_TOKEN": TOKEN})
+
+    def controller_argv(self) -> list[str]:
+        """The controller is the soak's `mtc serve` (its API on ``teeth.port``)."""
+        return [sys.executable, "-m", "bench.soak_controller", "--state-dir",
+                str(self.state_dir), "--settings", json.dumps(SETTINGS),
+                "--port", str(self.teeth.port)]
+
+    def reopen(self) -> None:
+        """The soak's own handle on the state, opened again (after a restore)."""
+        if self.app is not None:
+            self.app.close()
+        self.app = open_app(self.state_dir, SETTINGS)
 
     def stop_controller(self, sig: int = signal.SIGTERM) -> None:
         proc, self.controller = self.controller, None
@@ -383,6 +407,7 @@ class Soak:
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
         self.state_dir.mkdir(parents=True)
+        self.teeth.mount()
         self.app = open_app(self.state_dir, SETTINGS)
         with self.a.transaction() as uow:
             job_commands.create_cluster(cluster_spec(MAIN, self.n_nodes, SPARE_NODES), uow, self.a.deps)
@@ -493,12 +518,14 @@ class Soak:
     # ------------------------------------------------------------------ chaos
 
     def chaos(self, covering: bool = False) -> None:
-        kinds = list(CHAOS_WEIGHTS)
-        kind = self.rng.choices(kinds, weights=[CHAOS_WEIGHTS[k] for k in kinds])[0]
-        missing = [k for k in CHAOS_MUST_HAPPEN if not self.fig.chaos[k]]
+        weights = {**CHAOS_WEIGHTS, **{k: TEETH_WEIGHTS[k] for k in self.teeth.kinds()}}
+        kinds = list(weights)
+        kind = self.rng.choices(kinds, weights=[weights[k] for k in kinds])[0]
+        must = [*CHAOS_MUST_HAPPEN, *(k for k in TEETH_MUST_HAPPEN if k in weights)]
+        missing = [k for k in must if not self.fig.chaos[k]]
         if covering and missing and kind not in missing:
             kind = missing[0]
-        done = getattr(self, f"chaos_{kind}")()
+        done = getattr(self if hasattr(self, f"chaos_{kind}") else self.teeth, f"chaos_{kind}")()
         if done:
             self.fig.chaos[kind] += 1
 
@@ -529,12 +556,19 @@ class Soak:
             ns.disk = self.rng.choice((0.93, 0.99))
         else:
             ns.slow = self.rng.choice((0.3, 0.7))
+        return self.inject(node, ns, f"xid{ns.xid[0]}" if kind == "xid" else kind)
+
+    def inject(self, node: Node, ns: argparse.Namespace | None = None, label: str = "xid79"
+               ) -> bool:
+        """A health fault on ``node`` (default an XID 79) as `mtc node fault` injects it."""
+        if ns is None:
+            ns = argparse.Namespace(xid=[79], ecc_dbe=None, row_remap_failure=False,
+                                    dcgm_fail=None, thermal=None, disk=None, slow=None)
         conditions = fault_conditions(ns, self.now())
         try:
             self.a.compute.inject_fault(node.node_id, conditions)
         except LookupError:
             return False
-        label = f"xid{ns.xid[0]}" if kind == "xid" else kind
         self.fig.faults[label] += 1
         self.fig.faults["on busy node" if node.job_id else "on idle node"] += 1
         self.watch.setdefault(node.node_id, NodeWatch()).last_fault_at = self.now()
@@ -723,7 +757,7 @@ class Soak:
             w.room_since = None
             return
         w.room_since = w.room_since or now
-        if now - w.room_since > HELD_BOUND_S:
+        if self.elapsed(w.room_since, now) > HELD_BOUND_S:
             part = self.partitions.get(f"{n.cluster_id}:{n.partition}")
             self.violate(("held", n.node_id, n.since),
                          "a held node is taken out once there is room",
@@ -837,9 +871,9 @@ class Soak:
             elif p.capacity_since is None:
                 p.capacity_since = now
             self.check("job makes progress")
-            quiet_s = now - p.changed_at
+            quiet_s = self.elapsed(p.changed_at, now)
             if waiting and p.capacity_since is not None:
-                quiet_s = min(quiet_s, now - p.capacity_since)
+                quiet_s = min(quiet_s, self.elapsed(p.capacity_since, now))
             if p.capacity_since is not None and quiet_s > self.stuck_job_s:
                 self.violate(("stuck-job", p.job_id, sig), "job makes progress",
                              f"{p.job_id} ({p.replicas}x{p.steps} steps) {job.state.value} "
@@ -892,7 +926,7 @@ class Soak:
             w = self.watch.setdefault(f"cluster:{cluster_id}", NodeWatch())
             if count != self.expected_workers[cluster_id]:
                 w.bad_count_since = w.bad_count_since or now
-                if now - w.bad_count_since > self.stuck_node_s:
+                if self.elapsed(w.bad_count_since, now) > self.stuck_node_s:
                     self.violate((*key, count), "no node lost",
                                  f"{cluster_id} has {count} worker nodes not retired, its spec "
                                  f"says {self.expected_workers[cluster_id]}, for "
@@ -924,7 +958,8 @@ class Soak:
                                      f"{job.cluster_id}")
                 self.check("no node stuck")
                 parked = n.node_id in self.operator_drained and n.state is NodeState.DRAINED
-                if n.state in TRANSIENT and now - n.since > self.stuck_node_s and not parked:
+                if n.state in TRANSIENT and self.elapsed(n.since, now) > self.stuck_node_s \
+                        and not parked:
                     self.violate(("stuck-node", n.node_id, n.since), "no node stuck",
                                  f"{n.node_id} {n.state.value} for {now - n.since:.0f} s "
                                  f"(repair {n.repair_action}, reason {n.reason!r})")
@@ -994,7 +1029,7 @@ class Soak:
                              f"{w['job_id']} attempt {w['attempt']} rank {w['rank']} started on "
                              f"{w['node_id']} {w['started_at'] - t_f:.1f} s after a fault that "
                              "takes it out of service")
-            if alive and now - t_f > EVICT_BOUND_S:
+            if alive and self.elapsed(t_f, now) > EVICT_BOUND_S:
                 self.violate(("stays", w["job_id"], w["attempt"], w["rank"]),
                              "no job on a node with a critical fault",
                              f"{w['job_id']} attempt {w['attempt']} rank {w['rank']} still runs "
@@ -1015,7 +1050,7 @@ class Soak:
             self.check("a gang ends when one rank dies")
             if dead and alive:
                 first = min(r["exited_at"] for r in dead)
-                if now - first > GANG_END_BOUND_S:
+                if self.elapsed(first, now) > GANG_END_BOUND_S:
                     self.violate(("gang", job_id, attempt), "a gang ends when one rank dies",
                                  f"{job_id} attempt {attempt}: rank(s) "
                                  f"{[r['rank'] for r in dead]} exited "
@@ -1029,7 +1064,7 @@ class Soak:
                     continue
                 seen = self.orphan_seen.setdefault(key, now)
                 self.check("no orphaned worker process")
-                if now - seen > ORPHAN_BOUND_S:
+                if self.elapsed(seen, now) > ORPHAN_BOUND_S:
                     pids = [f"{p.pid}({p.state})" for p in procs.get(r["pid"], [])]
                     self.violate(("orphan", *key), "no orphaned worker process",
                                  f"{job_id} attempt {attempt} rank {r['rank']} "
@@ -1162,6 +1197,7 @@ class Soak:
             "kills_by_kind": dict(sorted(self.fig.kills.items())),
             "replays_by_kind": dict(sorted(self.fig.replays.items())),
             "chaos_actions": dict(sorted(self.fig.chaos.items())),
+            **self.teeth.figures(),
             "controller_restarts": self.fig.controller_restarts,
             "guard_hold_sightings": self.fig.guard_holds,
             "invariant_checks": self.fig.checks,
@@ -1178,7 +1214,8 @@ class Soak:
         if not self.quiet:
             rows: list[tuple[str, str]] = []
             for key in ("jobs_by_final_state", "faults_by_kind", "kills_by_kind",
-                        "replays_by_kind", "chaos_actions", "checks_by_invariant", "docs_peak"):
+                        "replays_by_kind", "chaos_actions", "storage_and_client_chaos",
+                        "api_answers_under_chaos", "checks_by_invariant", "docs_peak"):
                 for k, v in figs[key].items():
                     rows.append((f"{key.replace('_', ' ')}: {k}", str(v)))
             for key in ("job_restarts", "controller_restarts", "guard_hold_sightings",
@@ -1215,6 +1252,15 @@ class Soak:
                 self.app.close()
         for log in self.controller_logs:
             log.close()
+        if self.teeth.mounted:  # the logs outlive the tmpfs
+            keep = self.state_dir.parent / f"{self.state_dir.name}-logs"
+            keep.mkdir(exist_ok=True)
+            for f in self.state_dir.glob("controller-*.log"):
+                shutil.copy2(f, keep / f.name)
+            with contextlib.suppress(OSError):
+                shutil.copytree(self.state_dir / "jobs", keep / "jobs", dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.pt", "*.ckpt"))
+        self.teeth.unmount()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1229,6 +1275,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stuck-job", type=float, default=STUCK_JOB_S)
     p.add_argument("--stuck-node", type=float, default=STUCK_NODE_S)
     p.add_argument("--json-out", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--jobs-on-small-disk", action="store_true",
+                   help="the jobs' checkpoints, logs and exit files on the tmpfs disk_full fills")
     args = p.parse_args(argv)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
@@ -1242,7 +1290,7 @@ def main(argv: list[str] | None = None) -> int:
         state_dir = Path(tmp) / "state"
     soak = Soak(minutes=args.minutes, jobs=args.jobs, nodes=args.nodes, seed=args.seed,
                 state_dir=state_dir, settle_s=args.settle, stuck_job_s=args.stuck_job,
-                stuck_node_s=args.stuck_node)
+                stuck_node_s=args.stuck_node, jobs_on_small_disk=args.jobs_on_small_disk)
     try:
         code = soak.run()
         if args.json_out:

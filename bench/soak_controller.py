@@ -1,11 +1,15 @@
 """The soak's control loop, in a child process the soak can ``kill -9`` and start again.
 
-    python -m bench.soak_controller --state-dir DIR --settings JSON [--for S]
+    python -m bench.soak_controller --state-dir DIR --settings JSON [--for S] [--port P]
 
 The same loop as ``mtc controller`` (``EmbeddedApp.run``: pump, poll the machines, tick),
 but over the soak's settings (short retention, fast repairs), which ``mtc controller`` has
-no flags for. Everything it knows is in the state directory (sqlite store + outbox +
-LocalCompute's sqlite file), so a SIGKILL at any instant must lose nothing: that is what the
+no flags for. With ``--port``, it is ``mtc serve`` instead (its control loop on a thread, the
+API on waitress, the token from ``MTC_API_TOKEN``): the soak's stalled clients and busy
+store go against the real server. Either way the state is checked first (``verify``): a
+damaged state directory is refused, named, with exit status 2.
+Everything it knows is in the state directory (sqlite store + outbox + LocalCompute's sqlite
+file), so a SIGKILL at any instant must lose nothing: that is what the
 soak checks.
 """
 
@@ -20,8 +24,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from services.cli.serve import serve
 from services.wiring.embedded import EmbeddedApp, embedded
 from shared.config import ControlPlaneConfig
+from shared.domain.errors import StateError
 from shared.domain.health import RepairAction
 from shared.policies.repair import RepairConfig
 
@@ -53,9 +59,9 @@ def soak_compute_options(settings: dict[str, Any]) -> dict[str, Any]:
             "agent_interval_s": settings["agent_interval_s"]}
 
 
-def open_app(state_dir: Path, settings: dict[str, Any]) -> EmbeddedApp:
+def open_app(state_dir: Path, settings: dict[str, Any], *, verify: bool = False) -> EmbeddedApp:
     return embedded(state_dir, config=soak_config(settings),
-                    compute_options=soak_compute_options(settings))
+                    compute_options=soak_compute_options(settings), verify=verify)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,9 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", required=True)
     p.add_argument("--settings", required=True, help="the soak's settings, as JSON")
     p.add_argument("--for", dest="duration", type=float, default=float("inf"))
+    p.add_argument("--port", type=int, default=None, help="serve the API on 127.0.0.1:PORT")
     args = p.parse_args(argv)
     settings = json.loads(args.settings)
-    app = open_app(Path(args.state_dir), settings)
+    try:
+        app = open_app(Path(args.state_dir), settings, verify=True)
+    except StateError as exc:  # refused, named: the soak restores a backup and starts again
+        print(f"soak controller: refusing to start: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if args.port is not None:
+        return serve(app.state_dir, app=app, port=args.port, out=lambda s: print(s, flush=True),
+                     duration_s=None if args.duration == float("inf") else args.duration,
+                     pump_s=settings["controller_poll_s"], tick_s=settings["tick_s"])
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt

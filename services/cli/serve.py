@@ -52,10 +52,12 @@ def is_loopback(host: str) -> bool:
 def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
           app: EmbeddedApp | None = None, env_token: str | None = None,
           duration_s: float | None = None, out: Callable[[str], None] = print,
-          sim_dir: Path | None = None, threads: int = THREADS) -> int:
+          sim_dir: Path | None = None, threads: int = THREADS, pump_s: float = 0.1,
+          tick_s: float = 5.0) -> int:
+    """``pump_s``/``tick_s``: the control loop's cadence (the chaos soak runs it faster)."""
     logs.setup()  # mtc.* loggers: JSON lines off a terminal
     app = app or embedded(state_dir, verify=True)  # a damaged state is refused, named
-    loop = ControlLoop(app)
+    loop = ControlLoop(app, pump_s=pump_s, tick_s=tick_s)
     ctx, auth = embedded_api(app, env_token, runtime=LoopRuntime(loop))
     if ctx.audit is not None:
         audit, clock = ctx.audit, app.deps.clock

@@ -1,5 +1,6 @@
 """The chaos soak (bench/soak.py) at a small size: zero invariant violations, and chaos did
-happen (faults, kills, controller restarts). About 60-90 s on 2 cores."""
+happen (faults, kills, controller restarts, and issue 28's storage and client chaos: a full
+disk, a damaged state file, stalled clients, a locked store). About 60-100 s on 2 cores."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.soak import Soak
+from bench.soak_chaos import TEETH_MUST_HAPPEN
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +32,13 @@ def test_soak_small(tmp_path: Path) -> None:
     assert sum(figs["kills_by_kind"].values()) > 0, figs
     assert figs["controller_restarts"] > 0, figs
     assert figs["invariant_checks"] > 0, figs
+    teeth = figs["storage_and_client_chaos"]
+    for kind in TEETH_MUST_HAPPEN:  # each happened and held; a full disk needs root's tmpfs
+        ok = teeth[kind] == "ok" or (kind == "disk_full" and teeth[kind].startswith("unknown"))
+        assert ok, teeth
+    assert figs["damaged_state_refusals"] > 0, figs
+    assert all(k.rsplit(" ", 1)[1] in {"200", "404", "503"}
+               for k in figs["api_answers_under_chaos"]), figs["api_answers_under_chaos"]
     details = "\n".join(f"{v['at_s']}s [{v['invariant']}] {v['detail']}"
                         for v in figs["violation_details"])
     assert figs["violations"] == 0, f"{figs['violations']} violation(s):\n{details}"

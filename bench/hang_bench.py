@@ -90,7 +90,7 @@ def condition(app: EmbeddedApp, ctype: str) -> dict[str, Any] | None:
 def setup(root: Path, floor: float) -> EmbeddedApp:
     config = replace(ControlPlaneConfig(), grace_period_s=2.0, heartbeat_timeout_s=60)
     app = embedded(root / "state", config=config, compute_options=demo_compute_options())
-    app.compute.ranks = RankWatch(hang=HangConfig(floor_s=floor))
+    app.compute.scan.ranks = RankWatch(hang=HangConfig(floor_s=floor))
     with app.transaction() as uow:
         job_commands.create_cluster(CLUSTER, uow, app.deps)
 

@@ -26,7 +26,7 @@ import pytest
 from services.cli.demo import CLUSTER_SPEC, demo_compute_options
 from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp, embedded
-from shared.adapters.compute.local.scans import TIER_SCAN_S
+from shared.adapters.compute.attempt_scan import TIER_SCAN_S
 from shared.adapters.compute.protocol import progress_path
 from shared.adapters.compute.rank_progress import RankWatch
 from shared.config import ControlPlaneConfig
@@ -57,7 +57,7 @@ def spec(steps: int) -> dict[str, Any]:
 def start(tmp_path: Path) -> EmbeddedApp:
     config = replace(ControlPlaneConfig(), grace_period_s=2.0, heartbeat_timeout_s=60)
     app = embedded(tmp_path / "state", config=config, compute_options=demo_compute_options())
-    app.compute.ranks = RankWatch(hang=HangConfig(floor_s=FLOOR_S))
+    app.compute.scan.ranks = RankWatch(hang=HangConfig(floor_s=FLOOR_S))
     with app.transaction() as uow:
         job_commands.create_cluster(CLUSTER, uow, app.deps)
     assert app.run(lambda: _cluster_ready(app), timeout_s=30)

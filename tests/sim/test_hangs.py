@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.adapters.compute.local.scans import TIER_SCAN_S
+from shared.adapters.compute.attempt_scan import TIER_SCAN_S
 from shared.policies.hangs import HangConfig, threshold
 from simulator import twin
 from tests.sim.conftest import scenario

@@ -31,6 +31,18 @@ ROOT = Path(__file__).resolve().parents[3]
 STEPS = "2001"  # an odd count: finds this test's ranks among the processes
 
 
+def in_service(slurm: SlurmCompute, rec: Recorder, cluster: Cluster, *ids: str
+               ) -> dict[str, str]:
+    """Provision ``ids``, put them in service and wait until Slurm has them available."""
+    mapping = provision(slurm, rec, *ids)
+    for node_id in mapping:
+        slurm.uncordon(node_id)
+    until(slurm, lambda: all(cluster.slurm.node(n).available
+                               and not cluster.slurm.node(n).drained
+                               for n in mapping.values()), 30, "nodes in service")
+    return mapping
+
+
 def ranks() -> list[int]:
     """The pids of the program's ranks (torch.distributed.run's children), not the launchers'
     (whose command lines hold the program's too)."""
@@ -44,12 +56,7 @@ def test_torch_ddp_on_two_slurm_nodes_with_two_processes_each(
     compute: tuple[SlurmCompute, Recorder], cluster: Cluster, tmp_path: Path  # noqa: F811
 ) -> None:
     slurm_compute, rec = compute
-    mapping = provision(slurm_compute, rec, "t0", "t1")
-    for node_id in mapping:
-        slurm_compute.uncordon(node_id)
-    until(slurm_compute, lambda: all(cluster.slurm.node(n).available
-                                     and not cluster.slurm.node(n).drained
-                                     for n in mapping.values()), 30, "nodes in service")
+    mapping = in_service(slurm_compute, rec, cluster, "t0", "t1")
     program = (sys.executable, str(TORCH_NODE), "--nproc-per-node", "2", "--",
                sys.executable, str(ROOT / "examples" / "torch_ddp.py"), "--steps", "8")
     out = tmp_path / "out"
@@ -71,12 +78,7 @@ def test_torch_gang_on_slurm_stops_on_sigterm_resumes_and_ends_when_a_rank_is_ki
     75; the next attempt resumes from that step; SIGKILL of one rank's process ends the whole
     gang (srun --kill-on-bad-exit) with a failure code, the others not left waiting."""
     slurm_compute, rec = compute
-    mapping = provision(slurm_compute, rec, "k0", "k1")
-    for node_id in mapping:
-        slurm_compute.uncordon(node_id)
-    until(slurm_compute, lambda: all(cluster.slurm.node(n).available
-                                     and not cluster.slurm.node(n).drained
-                                     for n in mapping.values()), 30, "nodes in service")
+    mapping = in_service(slurm_compute, rec, cluster, "k0", "k1")
     program = (sys.executable, str(TORCH_NODE), "--nproc-per-node", "2", "--",
                sys.executable, str(ROOT / "examples" / "torch_ddp.py"), "--steps", STEPS,
                "--step-time", "0.05", "--checkpoint-every", "0")

@@ -54,6 +54,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.adapters.compute.attempt_scan import AttemptScan
 from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.ledger import (
     SqliteLedger,
@@ -80,7 +81,6 @@ from shared.adapters.compute.local.procs import (
     spawn_launcher,
     start_ticks,
 )
-from shared.adapters.compute.local.scans import AttemptScan
 from shared.adapters.compute.protocol import (
     managed_env,
     safe_name,
@@ -168,8 +168,7 @@ class LocalCompute:
         self._children: set[int] = set()  # launchers we spawned: ours to reap
         schema = NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + live.SCHEMA + warm.SCHEMA + sandbox.SCHEMA
         self.store = FactStore(self.state_dir / self.DB_FILE, schema, emit, clock)
-        self.scan = AttemptScan(self.store)  # checkpoints, heartbeats, per-rank progress
-        self.ranks = self.scan.ranks
+        self.scan = AttemptScan(self.store, queries.node_of)  # checkpoints, heartbeats, ranks
         self.nodes = LocalNodes(NodeSettings(
             repair_durations_s={**DEFAULT_REPAIR_DURATIONS_S, **(repair_durations_s or {})},
             provision_duration_s=provision_duration_s,

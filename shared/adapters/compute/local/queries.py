@@ -15,6 +15,13 @@ def workers(db: sqlite3.Connection, job_id: str | None) -> list[sqlite3.Row]:
                       " ORDER BY job_id, attempt, rank", (job_id, job_id)).fetchall()
 
 
+def node_of(db: sqlite3.Connection, att: sqlite3.Row) -> dict[int, str]:
+    """The node of each rank of the attempt ``att``."""
+    return {r["rank"]: r["node_id"] for r in db.execute(
+        "SELECT rank, node_id FROM workers WHERE job_id = ? AND attempt = ?",
+        (att["job_id"], att["attempt"]))}
+
+
 def log_files(db: sqlite3.Connection, job_id: str) -> list[LogFile]:
     """Each rank's output of each attempt, one file apiece (``worker_logs``)."""
     rows = db.execute(

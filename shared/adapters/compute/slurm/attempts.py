@@ -19,19 +19,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from shared.adapters.compute.attempt_scan import AttemptScan
 from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.ledger import (
     SqliteLedger,
     all_ranks_exited,
     attempt_row,
     ranks_exited,
-    report_checkpoints,
-    report_first_step,
-    report_tier_saves,
     workers_exited,
 )
 from shared.adapters.compute.protocol import ExitCode, read_exit_file, safe_name, with_message
-from shared.adapters.compute.rank_progress import RankWatch
 from shared.adapters.compute.slurm.api import (
     REQUEUED_JOB_STATES,
     TERMINAL_JOB_STATES,
@@ -46,8 +43,6 @@ from shared.adapters.compute.slurm.settings import SlurmSettings
 from shared.adapters.compute.slurm.view import SlurmView
 from shared.adapters.compute.worker_logs import LogFile, tail_note
 from shared.ports import Gang
-
-TIER_SCAN_S = 2.0  # how often the ranks' heartbeats are read for tier saves
 
 EXIT_SUBMIT_FAILED = int(ExitCode.FAILED)
 JOB_GONE_SETTLE_S = 1.0  # exit files land before the task ends; allow for a slow file system
@@ -66,8 +61,7 @@ class SlurmAttempts:
         self._cli = cli
         self._ops = ops
         self._instance = instance
-        self._tiers_scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last read
-        self.ranks = RankWatch()  # per-rank progress: hangs and stragglers (rank_progress)
+        self.scan = AttemptScan(self._store, self._node_of)  # checkpoints, heartbeats, ranks
         ops.register("submit", self._op_submit, self._done_submit, self._failed_submit)
         ops.register("signal", self._op_signal)
         ops.register("cancel", self._op_cancel)
@@ -371,23 +365,11 @@ class SlurmAttempts:
         if any(c not in (0, int(ExitCode.PREEMPTED)) for c in final.values()):
             note += tail_note(str(self.job_log(att["job_id"])), None)  # ranks interleaved
         ledger = self._store.ledger(db)
+        self.scan.forget(att["job_id"], att["attempt"])  # the scan's map holds live attempts
         self._store.queue(db, ranks_exited(ledger, att["job_id"], att["attempt"], codes, note, first))
 
     def scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
-        ledger = self._store.ledger(db)
-        for fact in report_checkpoints(ledger, att["job_id"], att["attempt"], att["checkpoint_dir"], now):
-            self._store.queue(db, fact)
-        key = (att["job_id"], att["attempt"])
-        if now - self._tiers_scanned.get(key, -TIER_SCAN_S) >= TIER_SCAN_S:  # a bounded rate
-            self._tiers_scanned[key] = now
-            for fact in report_tier_saves(ledger, att["job_id"], att["attempt"],
-                                          att["checkpoint_dir"], att["world_size"], now):
-                self._store.queue(db, fact)
-            self._store.queue(db, report_first_step(ledger, att["job_id"], att["attempt"],
-                                                    att["checkpoint_dir"], now))
-            for health in self.ranks.scan(att["job_id"], att["attempt"], att["checkpoint_dir"],
-                                        self._node_of(db, att), now):
-                self._store.queue(db, health)
+        self.scan.scan(db, att, now)
 
     def _node_of(self, db: sqlite3.Connection, att: sqlite3.Row) -> dict[int, str]:
         """The mtc node of each rank (rank r runs on the attempt's r-th Slurm node)."""

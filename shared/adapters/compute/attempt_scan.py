@@ -1,10 +1,12 @@
-"""What the ranks' files say about a running attempt, turned into facts at a bounded rate:
-durable checkpoints (every poll: they are few), and every ``TIER_SCAN_S`` the ranks'
-heartbeats: tier saves, the attempt's first step, per-rank progress (hangs, stragglers)."""
+"""What the ranks' files say about a running attempt, turned into facts at a bounded rate
+(the local and the Slurm adapters alike): durable checkpoints (every poll: they are few),
+and every ``TIER_SCAN_S`` the ranks' heartbeats: tier saves, the attempt's first step,
+per-rank progress (hangs, stragglers)."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.ledger import (
@@ -17,11 +19,16 @@ from shared.adapters.compute.rank_progress import RankWatch
 TIER_SCAN_S = 2.0  # how often the ranks' heartbeats are read for tier saves
 
 
-class AttemptScan:
-    """Reads a live attempt's checkpoint directory and heartbeats for ``LocalCompute``."""
+# (ledger connection, attempt row) -> the node of each rank
+NodeOf = Callable[[sqlite3.Connection, sqlite3.Row], dict[int, str]]
 
-    def __init__(self, store: FactStore) -> None:
+
+class AttemptScan:
+    """Reads a live attempt's checkpoint directory and heartbeats for a compute adapter."""
+
+    def __init__(self, store: FactStore, node_of: NodeOf) -> None:
         self.store = store
+        self.node_of = node_of
         self.ranks = RankWatch()  # per-rank progress: hangs and stragglers (rank_progress)
         self._scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last heartbeat read
 
@@ -39,10 +46,8 @@ class AttemptScan:
             self.store.queue(db, fact)
         self.store.queue(db, report_first_step(ledger, att["job_id"], att["attempt"],
                                                att["checkpoint_dir"], now))
-        node_of = {r["rank"]: r["node_id"] for r in db.execute(
-            "SELECT rank, node_id FROM workers WHERE job_id = ? AND attempt = ?", key)}
         for health in self.ranks.scan(att["job_id"], att["attempt"], att["checkpoint_dir"],
-                                      node_of, now):
+                                      self.node_of(db, att), now):
             self.store.queue(db, health)
 
     def forget(self, job_id: str, attempt: int) -> None:

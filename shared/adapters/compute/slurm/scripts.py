@@ -171,6 +171,7 @@ def write_scripts(
         f" --ntasks-per-node=1 --kill-on-bad-exit=1 --distribution=arbitrary"
         f" {q(str(run_dir / 'task.sh'))}",
         "rc=$?",
+        *(_cleanup_lines(gang, run_dir, peer_root, k) if peer_root is not None else []),
         f'echo "$rc" > {q(str(run_dir))}/.batch.exit.tmp && mv -f {q(str(run_dir))}/.batch.exit.tmp'
         f" {q(str(run_dir))}/batch.exit",
         f'echo {tag}": srun exited $rc"',
@@ -179,13 +180,33 @@ def write_scripts(
     write_executable(run_dir / "batch.sh", "\n".join(batch) + "\n")
 
 
+def memory_name(gang: Gang) -> str:
+    """The job's directory name under ``/dev/shm/mtc``. /dev/shm outlives the job and is
+    shared by every deployment on the node: the job's own storage (its checkpoint directory)
+    names its entries, so a job of the same id in another state directory never restores
+    this one's state (as with durable checkpoints)."""
+    return f"{safe_name(gang.job_id)}-{hashlib.sha256(gang.checkpoint_dir.encode()).hexdigest()[:12]}"
+
+
+def _cleanup_lines(gang: Gang, run_dir: Path, peer_root: Path, k: int) -> list[str]:
+    """batch.sh, after the step: when every rank exited 0 the job is done, and its memory
+    entries (on each node) and peer copies go with it; /dev/shm would keep them until a
+    reboot (a stopped or failed attempt keeps them: the next one restores from them)."""
+    q = shlex.quote
+    job = memory_name(gang)
+    return [
+        f'if [ "$rc" = 0 ] && ! grep -qvx 0 {q(str(run_dir))}/rank-*.exit 2>/dev/null; then',
+        f"    SLURM_HOSTFILE={q(str(run_dir / 'hostfile'))} srun --nodes={k} --ntasks={k}"
+        f" --ntasks-per-node=1 --distribution=arbitrary rm -rf {q(f'/dev/shm/mtc/{job}')}",
+        f"    rm -rf {q(str(peer_root))}/*/shm/{q(job)}",
+        "fi",
+    ]
+
+
 def tier_lines(gang: Gang, run_dir: Path, peer_root: Path) -> list[str]:
     """task.sh's checkpoint tier variables for ``$RANK`` (see the module docstring)."""
     q = shlex.quote
-    # /dev/shm outlives the job and is shared by every deployment on the node: the job's
-    # own storage (its checkpoint directory) names its entries, so a job of the same id in
-    # another state directory never restores this one's state (as with durable checkpoints)
-    job = f"{safe_name(gang.job_id)}-{hashlib.sha256(gang.checkpoint_dir.encode()).hexdigest()[:12]}"
+    job = memory_name(gang)
     progress = progress_path(gang.checkpoint_dir, 0).parent
     return [
         f"tier_world={gang.world_size}",

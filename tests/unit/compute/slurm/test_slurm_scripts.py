@@ -185,3 +185,37 @@ def test_each_rank_gets_its_tiers_and_its_buddys_node_for_the_peer_copy(tmp_path
         assert env["MTC_TIER2_DIR"] == f"{peer}/{buddy}/shm/{job}/peer/rank-{rank}"
         assert env["MTC_TIER2_SOURCE_DIR"] == f"{peer}/{before}/shm/{job}/peer/rank-{rank}"
         assert env["MTC_PROGRESS_FILE"] == f"{tmp_path}/out/mtc-progress/rank-{rank}.json"
+
+
+@pytest.mark.parametrize("codes, kept", [(("0", "0", "0"), False), (("0", "75", "0"), True)],
+                         ids=["succeeded", "stopped"])
+def test_a_finished_job_leaves_no_memory_entries_behind(tmp_path: Path, codes: tuple[str, ...],
+                                                        kept: bool) -> None:
+    """/dev/shm outlives the job: once every rank exited 0, batch.sh removes the job's memory
+    entries on each node and its peer copies; a stopped attempt keeps them (the next one
+    restores from them). srun is a stand-in here that runs its command once."""
+    run_dir, peer = tmp_path / "run", tmp_path / "nodes"
+    gang = two_pools(tmp_path)
+    write_scripts(gang, NAMES, run_dir, tmp_path / "slurm.out", python=sys.executable,
+                  master_addr="10.0.0.1", peer_root=peer)
+    job = f"job-2-{hashlib.sha256(gang.checkpoint_dir.encode()).hexdigest()[:12]}"
+    memory, copy = Path("/dev/shm/mtc") / job / "rank-0", peer / "n1" / "shm" / job / "peer"
+    for d in (memory, copy):
+        d.mkdir(parents=True, exist_ok=True)
+    for rank, code in enumerate(codes):
+        (run_dir / f"rank-{rank}.exit").write_text(f"{code}\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "srun"  # skips srun's options; task.sh is the step itself: done already
+    fake.write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
+                    '[[ "$1" == */task.sh ]] && exit 0\nexec "$@"\n')
+    fake.chmod(0o755)
+    try:
+        done = subprocess.run(["bash", str(run_dir / "batch.sh")], capture_output=True,
+                              text=True, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+        assert done.returncode == 0, done.stderr
+        assert memory.exists() is kept and copy.exists() is kept
+    finally:
+        import shutil
+
+        shutil.rmtree(memory.parent, ignore_errors=True)

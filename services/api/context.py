@@ -4,6 +4,7 @@ API keeps beside the domain (each resource's project and location, its wire form
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,6 +46,10 @@ class ApiContext:
     guard: Guard
     audit: Audit | None = None
     max_wait_s: float = 60.0
+    # at most this many :wait calls hold a request thread at once; the others answer at
+    # once with the current state (AIP-151 lets a server return early): waiting clients,
+    # a viewer's included, can never take every thread from the calls that change things
+    wait_slots: threading.BoundedSemaphore | None = None
     sleep: Callable[[float], None] = field(default=time.sleep)
     slurm_rest: Any = None  # the Slurm Job API's SlurmRestConfig; None: from the environment
     anonymous: AnonymousBudget = field(default_factory=AnonymousBudget)

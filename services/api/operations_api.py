@@ -34,11 +34,18 @@ def wait(ctx: ApiContext, parent: Parent, op_id: str, body: Any) -> dict[str, An
     request = parse_message(WaitOperationRequest, body)
     timeout = request.timeout if request.timeout is not None else DEFAULT_WAIT_S
     deadline = time.monotonic() + min(timeout, ctx.max_wait_s)
-    while True:
-        current = get(ctx, parent, op_id)
-        if current["done"] or time.monotonic() >= deadline:
-            return current
-        ctx.sleep(0.05)
+    slot = ctx.wait_slots
+    if slot is not None and not slot.acquire(blocking=False):
+        return get(ctx, parent, op_id)  # every waiting slot is taken: answer now
+    try:
+        while True:
+            current = get(ctx, parent, op_id)
+            if current["done"] or time.monotonic() >= deadline:
+                return current
+            ctx.sleep(0.05)
+    finally:
+        if slot is not None:
+            slot.release()
 
 
 def _cancel(scope: Scope, op_id: str, record: dict[str, Any]) -> None:

@@ -59,6 +59,7 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     app = app or embedded(state_dir, verify=True)  # a damaged state is refused, named
     loop = ControlLoop(app, pump_s=pump_s, tick_s=tick_s)
     ctx, auth = embedded_api(app, env_token, runtime=LoopRuntime(loop))
+    ctx.wait_slots = threading.BoundedSemaphore(max(1, threads // 2))  # half for :wait at most
     if ctx.audit is not None:
         audit, clock = ctx.audit, app.deps.clock
         loop.chores = (lambda: audit.prune(clock.now()),)

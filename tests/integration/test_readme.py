@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,9 +71,14 @@ def test_every_readme_block_is_run_or_skipped_with_a_reason() -> None:
 
 
 @pytest.fixture()
-def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+def served() -> Iterator[tuple[Path, str]]:
     """``mtc serve --port P`` in a fresh directory holding README's ``examples`` (its jobs run
-    ``python examples/train.py``), state in the default ``var/mtc``."""
+    ``python examples/train.py``), state in the default ``var/mtc``. The directory is one a
+    user would serve from, readable by others: as root, jobs run as users of their own
+    (docs/security.md) and resolve ``examples/`` in the server's directory, which pytest's
+    own temporary directories (0700) would hide from them."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="mtc-readme-", dir="/tmp"))
+    tmp_path.chmod(0o755)
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTC_")}
@@ -104,6 +111,7 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         app = embedded(tmp_path / "var" / "mtc")
         app.compute.kill_all()
         app.close()
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def _documents(out: str) -> list[Any]:

@@ -227,6 +227,18 @@ def _chown_tree(path: str, uid: int, gid: int) -> None:
             os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
 
 
+def metric_dir(spec: WorkerSpec, env: Mapping[str, str]) -> list[str]:
+    """A trial's hypertune metric file's directory (``CLOUD_ML_HP_METRIC_FILE``, which the
+    tuning service puts in the job's output directory), read-write for the job; a path
+    anywhere else is not bound (the job's environment never opens a hidden directory)."""
+    raw = env.get("CLOUD_ML_HP_METRIC_FILE", "")
+    if not raw.startswith("/"):
+        return []
+    where = os.path.dirname(os.path.abspath(raw))
+    base = os.path.dirname(str(Path(spec.checkpoint_dir).absolute()))
+    return [where] if _inside(where, base) and where != base else []
+
+
 def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], exit_file: Path,
               *, run_as: str | None, hidden: Sequence[str], python: str,
               output_root: str | None, own_dirs: Sequence[str] = ()) -> Path:
@@ -237,7 +249,8 @@ def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], 
     made = plan(uid=uid, gid=gid, hidden=hidden,
                 job_dirs=[str(Path(d).absolute()) for d in
                           (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir,
-                           str(progress_path(spec.checkpoint_dir, spec.rank).parent), *own_dirs)],
+                           str(progress_path(spec.checkpoint_dir, spec.rank).parent),
+                           *metric_dir(spec, env), *own_dirs)],
                 job_files=[f"{exit_file}.msg"], read_only=[],
                 home=str(exit_file.parent / "home"), env=env, command=spec.command,
                 python=python, output_root=output_root)

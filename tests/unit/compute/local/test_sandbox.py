@@ -196,3 +196,20 @@ def test_a_command_or_env_naming_the_state_directory_does_not_get_it_bound(tmp_p
     assert str(state) not in bound and str(state / "api-tokens.json") not in bound
     assert any(str(state).startswith(c) for c in made.covers)  # hidden (itself or above)
     assert str(out / "j" / "checkpoints") in bound
+
+
+def test_a_trials_metric_file_is_writable_only_inside_its_jobs_directory(tmp_path: Path) -> None:
+    """The tuning service puts CLOUD_ML_HP_METRIC_FILE in the trial's output directory, which
+    the sandbox keeps read-only: its directory is bound for the job, and only there (a job
+    naming another path gets nothing bound; hypertune failed with EROFS before)."""
+    from shared.adapters.compute.local.sandbox import metric_dir
+    from shared.ports import WorkerSpec
+
+    job = tmp_path / "jobs" / "t1"
+    spec = WorkerSpec("t1", 1, 0, 1, "n0", ("python",), (), str(job / "checkpoints"),
+                      str(job / "model"), str(job / "tb"))
+    own = {"CLOUD_ML_HP_METRIC_FILE": str(job / "hypertune" / "output.metric")}
+    assert metric_dir(spec, own) == [str(job / "hypertune")]
+    for elsewhere in (str(tmp_path / "state" / "x.metric"), str(job / "x.metric"),
+                      str(job / ".." / "t2" / "hypertune" / "m"), "relative/m"):
+        assert metric_dir(spec, {"CLOUD_ML_HP_METRIC_FILE": elsewhere}) == [], elsewhere

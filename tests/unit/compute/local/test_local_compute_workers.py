@@ -119,7 +119,10 @@ def test_exit_is_observed_once_with_the_first_nonzero_code(
     make_compute: Callable[..., LocalCompute], recorder: Recorder, tmp_path: Path
 ) -> None:
     compute = make_compute()
-    code = "import os, sys, time; r = int(os.environ['RANK']); time.sleep(0.2 * r); sys.exit(r)"
+    # rank 2 would run far longer than the gang takes to end (a loaded machine starts the
+    # ranks up to seconds apart: its own exit must never win the race with the SIGTERM)
+    code = ("import os, sys, time; r = int(os.environ['RANK']); "
+            "time.sleep(0.2 * r if r < 2 else 60); sys.exit(r)")
     compute.start_workers(gang(tmp_path, py(code), world_size=3))
     poll_until(compute, lambda: bool(exits(recorder)))
     for _ in range(3):

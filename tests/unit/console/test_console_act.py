@@ -212,3 +212,16 @@ def test_the_sampler_samples_on_its_own_thread_until_stopped(api: Api) -> None:
         sampler.stop()
     assert len(history.read("c1", 0)) >= 3
     assert sampler._thread is not None and not sampler._thread.is_alive()
+
+
+def test_a_requeue_with_nothing_else_to_weigh_is_an_incident_too() -> None:
+    """Today's path records no choice when requeue is the only option (no peer copy, not
+    elastic): the job page still shows the incident, as a requeue, with its reason."""
+    docs = [_doc(0, "mtc.job.started.v1", job_id="j1", attempt=1, node_ids=["n1"]),
+            _doc(8, "mtc.node.draining.v1", job_id="j1", node_id="n1", reason="xid 79"),
+            _doc(9, "mtc.job.workers_exited.v1", job_id="j1", attempt=1, exit_code=75),
+            _doc(9.5, "mtc.job.requeued.v1", job_id="j1", reason="gpu_fell_off_bus: reboot"),
+            _doc(12, "mtc.job.started.v1", job_id="j1", attempt=2, node_ids=["n2"])]
+    (i,) = jobpage.incidents(docs, "j1")
+    assert (i["attempt"], i["mode"], i["reason"], i["recoveryS"]) == (
+        1, "requeue", "gpu_fell_off_bus: reboot", 4.0)

@@ -74,9 +74,17 @@ def apply_sandbox(plan: dict[str, object], libc: ctypes.CDLL) -> None:
     cwd = os.getcwd()
     binds = [(os.open(str(src), os.O_PATH | os.O_CLOEXEC), str(dst), bool(write), bool(is_dir))
              for src, dst, write, is_dir in plan["binds"]]  # type: ignore[attr-defined]
-    for cover in plan["covers"]:  # type: ignore[attr-defined]
-        _mount(libc, "tmpfs", str(cover), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711,size=1m")
-    for fd, dst, write, is_dir in sorted(binds, key=lambda b: b[1].count("/")):
+    # by depth, a cover before a bind at the same depth: a bind re-exposes what is below it
+    # (a hidden directory inside bound code), so a deeper cover comes after it
+    mounts: list[tuple[int, int, str, tuple[int, str, bool, bool] | None]] = [
+        (str(c).count("/"), 0, str(c), None) for c in plan["covers"]]  # type: ignore[attr-defined]
+    mounts += [(b[1].count("/"), 1, b[1], b) for b in binds]
+    for _, _, where, bind in sorted(mounts, key=lambda m: (m[0], m[1])):
+        if bind is None:
+            os.makedirs(where, mode=0o711, exist_ok=True)
+            _mount(libc, "tmpfs", where, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711,size=1m")
+            continue
+        fd, dst, write, is_dir = bind
         if is_dir:
             os.makedirs(dst, mode=0o711, exist_ok=True)
         else:

@@ -113,6 +113,12 @@ def _closed(path: str) -> bool:
         return False
 
 
+# mtc's own code (the directory holding ``shared``: a checkout, or site-packages), which the
+# interpreter imports from (an editable install's .pth points here); with the server's own
+# directory (a job's relative command resolves there), bound read-only for the job
+CODE_ROOT = str(Path(__file__).resolve().parents[4])
+
+
 def covers_for(hidden: Iterable[str], targets: Iterable[str]) -> tuple[str, ...]:
     """The tmpfs mounts: the hidden paths and each closed ancestor of a target, without those
     already under another (a tmpfs hides what is below it anyway)."""
@@ -125,6 +131,11 @@ def covers_for(hidden: Iterable[str], targets: Iterable[str]) -> tuple[str, ...]
     for path in ordered:
         if not any(_inside(path, k) for k in kept):
             kept.append(path)
+    # a hidden path inside a directory that is bound back (mtc's own code, the server's
+    # directory) is covered again after that bind (the launcher mounts by depth)
+    targets = [os.path.abspath(t) for t in targets]
+    kept += [h for h in ordered if h not in kept and h in {os.path.abspath(x) for x in hidden}
+             and any(_inside(h, t) and h != t for t in targets)]
     return tuple(kept)
 
 
@@ -180,7 +191,7 @@ def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
     rw_dirs += [b.src for b in private]
     # the interpreter and the server's PYTHONPATH are the server's own: bound wherever they
     # are (the env's PYTHONPATH is not: a job's spec may set it)
-    ro = [*read_only, *interpreter_paths(python), *cmd_ro,
+    ro = [*read_only, *interpreter_paths(python), *cmd_ro, CODE_ROOT, os.getcwd(),
           *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     ro = [p for p in dict.fromkeys(os.path.abspath(p) for p in ro) if os.path.exists(p)]
     binds = [Bind(d, d, True) for d in dict.fromkeys(rw_dirs) if d not in

@@ -49,7 +49,10 @@ NODE_LOST_SKIPPED = (
     "on this host, a killed slurmd leaves its job steps running, and the repair it would "
     "get (scontrol reboot) is run by that slurmd, so it never completes")
 WRAPPERS = frozenset({"bash", "sh", "srun", "slurmstepd", "sbatch"})  # not the program itself
-COMPUTE_OPTIONS: dict[str, Any] = {"agent_interval_s": 0.5}  # the local bench's agent pace
+# The node agents at the local bench's pace, with the probes this host can run: no GPU here
+# (nvidia_smi, dcgm have nothing to read), and the speed probe's matmul on every node every
+# tick would load the machine the benchmark measures. The faults need only the XID probe.
+COMPUTE_OPTIONS: dict[str, Any] = {"agent_interval_s": 0.5, "agent_probes": ("xid", "disk")}
 
 
 def require_root() -> None:

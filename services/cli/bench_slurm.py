@@ -126,7 +126,7 @@ class SlurmFaults:
 @contextlib.contextmanager
 def slurm_cluster(say: Any) -> Iterator[str]:
     """A private cluster for one run (its slurm.conf), stopped and removed afterwards."""
-    from services.cli.demo_slurm import start_cluster
+    from services.cli.demo_slurm import SlurmCluster, start_cluster
 
     slurm_dir = Path(tempfile.mkdtemp(prefix="mtc-bench-slurm-"))
     say(f"starting a Slurm cluster in {slurm_dir} (scripts/slurm/cluster.sh)")
@@ -134,9 +134,9 @@ def slurm_cluster(say: Any) -> Iterator[str]:
     try:
         cluster = start_cluster(slurm_dir)
         yield cluster.slurm_conf
-    finally:
-        if cluster is not None:
-            cluster.stop()
+    finally:  # a start that failed half way stops what it started (its pids in the dir)
+        (cluster or SlurmCluster(slurm_dir, {**os.environ, "MTC_SLURM_DIR": str(slurm_dir)})
+         ).stop()
         shutil.rmtree(slurm_dir, ignore_errors=True)
 
 

@@ -121,6 +121,7 @@ class LiveRun:
         self.app, self.trace, self.pin, self.timeout_s = app, trace, pin, timeout_s
         self.faults: FaultTarget = faults or LocalFaults(app)
         self.skipped: list[dict[str, Any]] = []
+        self._restores: dict[int, int] = {}  # attempt -> the step its rank 0 restored
         self.seen = _Seen()
         self.say = say or (lambda _msg: None)
         app.bus.listeners.append(self.seen)
@@ -185,8 +186,11 @@ class LiveRun:
                 self.beats.append(beat)
 
     def _restored(self, attempt: int) -> int | None:
-        """The step rank 0 of ``attempt`` restored, from its log (None: not yet)."""
-        return self.resumes(attempt).get(attempt)
+        """The step rank 0 of ``attempt`` restored, from its log (None: not yet); once read,
+        kept (Slurm's one output per job grows with every attempt)."""
+        if attempt not in self._restores:
+            self._restores.update(self.resumes(attempt))
+        return self._restores.get(attempt)
 
     def _resumed_since(self, at: float) -> bool:
         """The job trains again after the fault at ``at``: an attempt started after it has

@@ -25,9 +25,9 @@ import os
 import re
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from services.job_submission import commands as job_commands
 from services.repair import operator
@@ -50,6 +50,7 @@ MACHINE = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB"
 PIN_LABEL = "mtc-recovery-mode"
 ELASTIC_LABEL = "mtc-min-replicas"
 RESTORED = re.compile(r"restoring step (\d+) from the \w+ tier|resumed from step (\d+)")
+ATTEMPT_MARK = re.compile(r"^\[mtc\] job \S+ attempt (\d+): ", re.M)  # slurm/scripts.py
 PROGRESS_DIR = "mtc-progress"  # protocol.progress_path: the ranks' heartbeats
 HEARTBEAT_S = 0.2  # the chief's progress heartbeat, at most this often (the tiers library)
 TICK_S = 1.0
@@ -116,8 +117,11 @@ class LiveRun:
     """One play of a trace on one embedded app (a fresh state directory)."""
 
     def __init__(self, app: EmbeddedApp, trace: Trace, *, pin: str | None,
-                 timeout_s: float, say: Any = None) -> None:
+                 timeout_s: float, say: Any = None, faults: FaultTarget | None = None) -> None:
         self.app, self.trace, self.pin, self.timeout_s = app, trace, pin, timeout_s
+        self.faults: FaultTarget = faults or LocalFaults(app)
+        self.skipped: list[dict[str, Any]] = []
+        self._restores: dict[int, int] = {}  # attempt -> the step its rank 0 restored
         self.seen = _Seen()
         self.say = say or (lambda _msg: None)
         app.bus.listeners.append(self.seen)
@@ -182,14 +186,11 @@ class LiveRun:
                 self.beats.append(beat)
 
     def _restored(self, attempt: int) -> int | None:
-        """The step rank 0 of ``attempt`` restored, from its log (None: not yet)."""
-        for f in self.app.compute.log_files(JOB_ID):
-            if f.attempt == attempt and f.rank in (0, None):
-                with contextlib.suppress(OSError):
-                    match = RESTORED.search(Path(f.path).read_text(errors="replace"))
-                    if match:
-                        return int(match.group(1) or match.group(2))
-        return None
+        """The step rank 0 of ``attempt`` restored, from its log (None: not yet); once read,
+        kept (Slurm's one output per job grows with every attempt)."""
+        if attempt not in self._restores:
+            self._restores.update(self.resumes(attempt))
+        return self._restores.get(attempt)
 
     def _resumed_since(self, at: float) -> bool:
         """The job trains again after the fault at ``at``: an attempt started after it has
@@ -205,8 +206,7 @@ class LiveRun:
             return restored is not None and any(s > restored for _, s in beats)
         if started > at:
             return progressed
-        whole = all(w.exit_code is None for w in self.app.compute.workers(JOB_ID)
-                    if w.attempt == attempt)
+        whole = self.faults.attempt_whole(JOB_ID, attempt)
         late = any(t > at + 3.0 and a == attempt for t, a, _ in self.seen.samples)
         return whole and late
 
@@ -223,9 +223,11 @@ class LiveRun:
         t0 = self.seen.starts[0][0]
         resumed = self.seen.samples[0][0]
         for index, fault in enumerate(self.trace.faults):
-            self._wait(f"fault {index}'s moment",
+            if self.faults.cannot(fault.kind) is None:  # a skipped fault waits for nothing
+                self._wait(f"fault {index}'s moment",
                        lambda f=fault, r=resumed: self._due(f, t0, r))
-            self._inject(index, fault)
+            if not self._inject(index, fault):
+                continue
             self._wait(f"the job to resume after fault {index} ({fault.kind})",
                        lambda at=self.injected[-1].at: self._resumed_since(at))
             resumed = self.app.deps.clock.now()
@@ -237,22 +239,20 @@ class LiveRun:
         rows = list(app.deps.event_log.read()) if app.deps.event_log else []
         job = self._job()
         decisions = list(getattr(getattr(job, "recovery", None), "decisions", None) or [])
-        return score_run(rows, JOB_ID, self.injected, label=self.pin or "chosen",
-                         target="embedded", decisions=decisions,
-                         nodes=self.trace.job.replicas, resumes=self.resumes(), end=end,
-                         samples=self.beats, tier_events=not self.beats)
+        score = score_run(rows, JOB_ID, self.injected, label=self.pin or "chosen",
+                          target=self.faults.name, decisions=decisions,
+                          nodes=self.trace.job.replicas, resumes=self.resumes(), end=end,
+                          samples=self.beats, tier_events=not self.beats)
+        return replace(score, skipped=tuple(self.skipped))
 
-    def resumes(self) -> dict[int, int]:
+    def resumes(self, only: int | None = None) -> dict[int, int]:
         """The step each attempt's rank 0 restored (its log: ``restoring step N from the T
-        tier`` or ``resumed from step N``)."""
+        tier`` or ``resumed from step N``); ``only``: that attempt's alone."""
         out: dict[int, int] = {}
-        for f in self.app.compute.log_files(JOB_ID):
-            if f.rank not in (0, None):
-                continue
-            with contextlib.suppress(OSError):
-                match = RESTORED.search(Path(f.path).read_text(errors="replace"))
-                if match:
-                    out[f.attempt] = int(match.group(1) or match.group(2))
+        for attempt, text in attempt_logs(self.app.compute, JOB_ID, only).items():
+            match = RESTORED.search(text)
+            if match:
+                out[attempt] = int(match.group(1) or match.group(2))
         return out
 
     def _cluster_ready(self) -> bool:
@@ -282,34 +282,32 @@ class LiveRun:
         nodes = self._job().node_ids
         return str(nodes[fault.rank % len(nodes)])
 
-    def _inject(self, index: int, fault: Fault) -> None:
-        app, compute = self.app, self.app.compute
+    def _inject(self, index: int, fault: Fault) -> bool:
+        """Play ``fault`` through the target's seam; False: the target cannot play it (the
+        reason goes into the run's ``skipped``)."""
+        skip = self.faults.cannot(fault.kind)
+        if skip is not None:
+            self.skipped.append({"index": index, "kind": fault.kind.value, "reason": skip})
+            self.say(f"fault {index}: {fault.kind} skipped on {self.faults.name}: {skip}")
+            return False
         node = self._node_of(fault)
         job = self._job()
         if fault.kind is FaultKind.NO_SPARE_ELASTIC:
             self._drain_idle(set(job.node_ids))
-        now = app.deps.clock.now()
+        now = self.app.deps.clock.now()
         step = self.step_now(now)
         self.say(f"t+{now - self.seen.starts[0][0]:6.2f}s  fault {index}: {fault.kind} on "
                  f"{node} ({fault.target}; step ~{step})")
         if fault.kind is FaultKind.APP_CRASH:
-            kill_ranks(compute, JOB_ID, job.attempt, node)
+            self.faults.kill_ranks(JOB_ID, job.attempt, node)
         elif fault.kind is FaultKind.NODE_LOST:
-            compute.inject_fault(node, [Condition(
-                ConditionType.HEARTBEAT_LOST.value, ConditionStatus.TRUE, "node lost (bench)",
-                now, {"silent_for_s": app.deps.config.heartbeat_timeout_s})])
-            kill_ranks(compute, JOB_ID, job.attempt, node)
-            wipe = getattr(compute, "wipe_node_memory", None)
-            if wipe is not None:  # the node's memory (its tier-1 and peer copies) goes with it
-                wipe(node)
+            self.faults.lose_node(JOB_ID, job.attempt, node, now)
         else:
-            code = 13 if fault.kind is FaultKind.XID_13 else 79
-            compute.inject_fault(node, [Condition(ConditionType.XID_ERROR.value,
-                                                  ConditionStatus.TRUE, f"NVRM: Xid {code}",
-                                                  now, {"xids": [code]})])
+            self.faults.xid(node, 13 if fault.kind is FaultKind.XID_13 else 79, now)
         read = bool(self.heartbeats(job.attempt))
         self.injected.append(Injected(index, fault.kind.value, now, node, fault.rank, step,
                                       step_estimated=not read))
+        return True
 
     def _drain_idle(self, busy: set[str]) -> None:
         """An operator's drain of every idle worker (``mtc node drain``): no spare is ready."""
@@ -329,6 +327,88 @@ class LiveRun:
                 operator.act(operator.RESUME, CLUSTER_ID, node_id,
                              "recovery benchmark: the spare is back", BY, uow, self.app.deps)
         self._drained = []
+
+
+def attempt_logs(compute: Any, job_id: str, only: int | None = None) -> dict[int, str]:
+    """Rank 0's log of each attempt (of ``only``): a file of its own on the local compute;
+    on Slurm every attempt and rank append to one output, cut here at its attempt lines."""
+    out: dict[int, str] = {}
+    for f in compute.log_files(job_id):
+        if f.rank not in (0, None) or (only is not None and f.attempt != only):
+            continue
+        with contextlib.suppress(OSError):
+            out[f.attempt] = attempt_section(Path(f.path).read_text(errors="replace"),
+                                             f.attempt)
+    return out
+
+
+def attempt_section(text: str, attempt: int) -> str:
+    """What ``attempt`` wrote to a log several attempts append to: from each of its
+    ``[mtc] job J attempt N:`` lines (Slurm's batch.sh) to the next attempt's; the whole
+    text when it has none (a log of its own)."""
+    marks = list(ATTEMPT_MARK.finditer(text))
+    if not marks:
+        return text
+    ends = [m.start() for m in marks[1:]] + [len(text)]
+    return "".join(text[m.start():end] for m, end in zip(marks, ends, strict=True)
+                   if int(m.group(1)) == attempt)
+
+
+class FaultTarget(Protocol):
+    """The seam between the runner and a target: how a fault is played on its machines.
+    The run's logic (when a fault is due, when the job has resumed, the drains, the score)
+    is the same for every target."""
+
+    name: str  # the score's target: "embedded", "slurm"
+
+    def cannot(self, kind: FaultKind) -> str | None:
+        """Why this target cannot play ``kind`` (None: it can)."""
+
+    def kill_ranks(self, job_id: str, attempt: int, node_id: str) -> None:
+        """SIGKILL the program of every live rank of the attempt on the node."""
+
+    def xid(self, node_id: str, code: int, now: float) -> None:
+        """The node's GPU reports XID ``code``."""
+
+    def lose_node(self, job_id: str, attempt: int, node_id: str, now: float) -> None:
+        """The node vanishes: its ranks die, its memory (tier 1, peer copies) goes."""
+
+    def attempt_whole(self, job_id: str, attempt: int) -> bool:
+        """Every rank of the attempt still runs (a recovery that kept the processes)."""
+
+
+class LocalFaults:
+    """The embedded default's local compute: faults through ``FaultInjection``."""
+
+    name = "embedded"
+
+    def __init__(self, app: EmbeddedApp) -> None:
+        self.compute = app.compute
+        self.heartbeat_timeout_s = app.deps.config.heartbeat_timeout_s
+
+    def cannot(self, kind: FaultKind) -> str | None:
+        return None
+
+    def kill_ranks(self, job_id: str, attempt: int, node_id: str) -> None:
+        kill_ranks(self.compute, job_id, attempt, node_id)
+
+    def xid(self, node_id: str, code: int, now: float) -> None:
+        self.compute.inject_fault(node_id, [Condition(
+            ConditionType.XID_ERROR.value, ConditionStatus.TRUE, f"NVRM: Xid {code}", now,
+            {"xids": [code]})])
+
+    def lose_node(self, job_id: str, attempt: int, node_id: str, now: float) -> None:
+        self.compute.inject_fault(node_id, [Condition(
+            ConditionType.HEARTBEAT_LOST.value, ConditionStatus.TRUE, "node lost (bench)", now,
+            {"silent_for_s": self.heartbeat_timeout_s})])
+        kill_ranks(self.compute, job_id, attempt, node_id)
+        wipe = getattr(self.compute, "wipe_node_memory", None)
+        if wipe is not None:  # the node's memory (its tier-1 and peer copies) goes with it
+            wipe(node_id)
+
+    def attempt_whole(self, job_id: str, attempt: int) -> bool:
+        return all(w.exit_code is None for w in self.compute.workers(job_id)
+                   if w.attempt == attempt)
 
 
 def kill_ranks(compute: Any, job_id: str, attempt: int, node_id: str) -> None:

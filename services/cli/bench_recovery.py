@@ -2,7 +2,8 @@
 
 The trace (``--trace``: a packaged name or a YAML file; default: one fault of each kind) is
 played against the embedded default (a fresh state directory: ``var/bench``, or ``mtc-bench``
-inside ``--state-dir``) and then against the twin with the costs the live run measured.
+inside ``--state-dir``) and then against the twin with the costs the live run measured;
+``--target slurm`` plays it live on a private Slurm cluster instead (``bench_slurm``).
 ``--compare requeue`` plays it live a second time with the job pinned to today's path
 (label ``mtc-recovery-mode: requeue``) and prints the ratio of the times to recover.
 Output: a table, ``--json`` (the document), ``--out DIR`` (the JSON and a PNG).
@@ -26,7 +27,7 @@ from shared.resilience.trace import Trace, load_trace, packaged_traces
 
 DEFAULT_STATE_DIR = Path("var/bench")
 STATE_SUBDIR = "mtc-bench"
-TARGETS = ("embedded", "twin", "both")
+TARGETS = ("embedded", "twin", "both", "slurm")
 MODES = ("requeue", "in_place", "hot_swap", "scale_down")
 
 
@@ -40,7 +41,8 @@ def add_parser(sub: Any, common: list[argparse.ArgumentParser]) -> None:
                    help=f"a trace file or a packaged trace ({', '.join(packaged_traces())}; "
                    "default: default)")
     r.add_argument("--target", choices=TARGETS, default="both",
-                   help="embedded (live, in process), twin, or both (default)")
+                   help="embedded (live, in process), twin, both (default), or slurm (live "
+                   "on a private Slurm cluster this command starts and stops; root only)")
     r.add_argument("--compare", choices=MODES, default=None, metavar="MODE",
                    help="also play the trace with the job pinned to MODE (requeue: today's "
                    "path) and print the ratio of the times to recover")
@@ -89,6 +91,16 @@ def play(trace: Trace, *, target: str, compare: str | None, state_root: Path,
 
     runs: list[RunScore] = []
     costs: dict[str, float] | None = None
+    if target == "slurm":
+        from services.cli.bench_slurm import require_root, run_slurm
+
+        require_root()  # before anything is started or wiped
+        for pin in (None, compare) if compare else (None,):
+            label = pin or "chosen"
+            say(f"slurm/{label}: trace {trace.name}, {len(trace.faults)} faults")
+            state = fresh_state(state_root / f"slurm-{label}")
+            runs.append(run_slurm(trace, state, pin=pin, timeout_s=timeout_s, say=say))
+        return runs
     if target in ("embedded", "both"):
         from services.cli.bench_live import run_embedded
 

@@ -56,6 +56,10 @@ def print_table(console: Console, trace: Trace, runs: Sequence[RunScore]) -> Non
                           "-" if ratio is None else f"{ratio:.1f}x")
     console.print(table)
     for run in runs:
+        for skip in run.skipped:
+            console.print(f"{run.target}/{run.label}: fault {skip['index']} ({skip['kind']}) "
+                          f"skipped: {skip['reason']}")
+    for run in runs:
         g = run.goodput
         console.print(f"{run.target}/{run.label}: runtime goodput {g.get('runtime_goodput', 0):.1%}"
                       f", ETTR {g.get('ettr', 0):.1%}, wall {g.get('wall_s', 0):.1f} s, "

@@ -89,10 +89,13 @@ class RunScore:
     job_id: str
     incidents: tuple[IncidentScore, ...]
     goodput: dict[str, Any] = field(default_factory=dict)
+    # faults the target could not play: {"index", "kind", "reason"} each
+    skipped: tuple[Mapping[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "target": self.target, "job_id": self.job_id,
-                "incidents": [asdict(i) for i in self.incidents], "goodput": self.goodput}
+                "incidents": [asdict(i) for i in self.incidents], "goodput": self.goodput,
+                "skipped": [dict(s) for s in self.skipped]}
 
 
 def _mine(row: Mapping[str, Any], job_id: str) -> bool:

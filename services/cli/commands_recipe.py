@@ -122,23 +122,10 @@ def run(args: argparse.Namespace, client: Client) -> None:
         return
     low, high = recipe.expected_loss
     within = loss is not None and low <= loss <= high
-    lineage_parent = str(parent_model or recipe.body.get("init_from") or "")
-    metadata = {"recipe": recipe.name, "recipeVersion": recipe.version,
-                "size": recipe.body.get("size") or "default", "parent": lineage_parent or None,
-                "finalLoss": loss, "expectedLoss": [low, high], "withinExpected": within}
-    labels = {"mtc-recipe": recipe.name, "mtc-recipe-version": str(recipe.version),
-              "mtc-loss-in-range": "true" if within else "false"}
-    if parent_model:
-        labels["mtc-parent-model"] = last_segment(str(parent_model)).split("@")[0][:63]
-    upload = {"model": {"displayName": f"{recipe.name}-v{recipe.version}",
-                        "description": f"recipe {recipe.name} v{recipe.version}"
-                        + (f" from {lineage_parent}" if lineage_parent else ""),
-                        "artifactUri": model_dir, "labels": labels, "metadata": metadata,
-                        "mtcLineage": {"job": job.get("name")}}}
-    op = client.upload_model(args.parent, upload)
-    if not op.get("done"):
-        op = client.wait_operation(op["name"], 60.0)
-    response = op.get("response") or {}
+    response = _register(args, client, recipe, job, model_dir, parent_model,
+                         {"mtc-loss-in-range": "true" if within else "false"},
+                         {"finalLoss": loss, "expectedLoss": [low, high],
+                          "withinExpected": within})
     result = {"job": job.get("name"), "state": state, "finalLoss": loss,
               "expectedLoss": [low, high], "withinExpected": within,
               "model": response.get("model"), "modelVersionId": response.get("modelVersionId"),
@@ -162,24 +149,11 @@ def _finish_rl(args: argparse.Namespace, client: Client, recipe: Recipe, job: di
     floor, gain = recipe.expected_reward
     start, end = reward if reward is not None else (None, None)
     within = reward is not None and recipe.reward_within(*reward)
-    lineage_parent = str(parent_model or recipe.body.get("init_from") or "")
-    labels = {"mtc-recipe": recipe.name, "mtc-recipe-version": str(recipe.version),
-              "mtc-reward-in-range": "true" if within else "false"}
-    if parent_model:
-        labels["mtc-parent-model"] = last_segment(str(parent_model)).split("@")[0][:63]
-    metadata = {"recipe": recipe.name, "recipeVersion": recipe.version,
-                "size": recipe.body.get("size") or "default", "parent": lineage_parent or None,
-                "rewardStart": start, "rewardEnd": end,
-                "expectedReward": {"min": floor, "minGain": gain}, "withinExpected": within}
-    upload = {"model": {"displayName": f"{recipe.name}-v{recipe.version}",
-                        "description": f"recipe {recipe.name} v{recipe.version}"
-                        + (f" from {lineage_parent}" if lineage_parent else ""),
-                        "artifactUri": model_dir, "labels": labels, "metadata": metadata,
-                        "mtcLineage": {"job": job.get("name")}}}
-    op = client.upload_model(args.parent, upload)
-    if not op.get("done"):
-        op = client.wait_operation(op["name"], 60.0)
-    response = op.get("response") or {}
+    response = _register(args, client, recipe, job, model_dir, parent_model,
+                         {"mtc-reward-in-range": "true" if within else "false"},
+                         {"rewardStart": start, "rewardEnd": end,
+                          "expectedReward": {"min": floor, "minGain": gain},
+                          "withinExpected": within})
     result = {"job": job.get("name"), "state": job.get("state"), "rewardStart": start,
               "rewardEnd": end, "expectedReward": {"min": floor, "minGain": gain},
               "withinExpected": within, "model": response.get("model"),
@@ -194,6 +168,29 @@ def _finish_rl(args: argparse.Namespace, client: Client, recipe: Recipe, job: di
     if not within:
         raise ClientError("FAILED_PRECONDITION", f"reward {start} -> {end} misses the recipe's "
                           f"expectation (end >= {floor}, gain >= {gain})")
+
+
+def _register(args: argparse.Namespace, client: Client, recipe: Recipe, job: dict[str, Any],
+              model_dir: str | None, parent_model: str | None, labels: dict[str, str],
+              metadata: dict[str, Any]) -> dict[str, Any]:
+    """The recipe's model into the registry with its lineage (job, recipe, version, parent)
+    and the recipe's own verdict (``labels``/``metadata``); the upload Operation's response."""
+    lineage_parent = str(parent_model or recipe.body.get("init_from") or "")
+    labels = {"mtc-recipe": recipe.name, "mtc-recipe-version": str(recipe.version), **labels}
+    if parent_model:
+        labels["mtc-parent-model"] = last_segment(str(parent_model)).split("@")[0][:63]
+    metadata = {"recipe": recipe.name, "recipeVersion": recipe.version,
+                "size": recipe.body.get("size") or "default", "parent": lineage_parent or None,
+                **metadata}
+    upload = {"model": {"displayName": f"{recipe.name}-v{recipe.version}",
+                        "description": f"recipe {recipe.name} v{recipe.version}"
+                        + (f" from {lineage_parent}" if lineage_parent else ""),
+                        "artifactUri": model_dir, "labels": labels, "metadata": metadata,
+                        "mtcLineage": {"job": job.get("name")}}}
+    op = client.upload_model(args.parent, upload)
+    if not op.get("done"):
+        op = client.wait_operation(op["name"], 60.0)
+    return dict(op.get("response") or {})
 
 
 def _sets(args: argparse.Namespace) -> list[str]:

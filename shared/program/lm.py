@@ -155,6 +155,17 @@ def make_stream(config: Mapping[str, Any], env: Env) -> TokenStream | SftStream:
     return TokenStream(corpus, seq_len, batch, seed, env.rank, env.world_size)
 
 
+def next_token_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One step's next-token loss (labels -100 are masked) and its gradients, fresh."""
+    logits = model(input_ids=ids).logits
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                           labels.reshape(-1), ignore_index=-100)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    return loss
+
+
 def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
     if config.get("task", "pretrain") not in ("pretrain", "sft"):
         raise ValueError(f"task {config.get('task')!r}: this loop runs pretrain and sft "
@@ -205,11 +216,7 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
     try:
         while step < steps:
             ids, labels = stream.next_batch()
-            logits = wrapped(input_ids=ids).logits
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                   labels.reshape(-1), ignore_index=-100)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss = next_token_backward(wrapped, optimizer, ids, labels)
             if distributed:
                 average_gradients(model, env.world_size, progress)
             torch.nn.utils.clip_grad_norm_(wrapped.parameters(), 1.0)

@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from shared.program import grpo, lm
 from shared.program.lm import (
@@ -124,11 +123,7 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
             values: dict[str, float]
             if step < warmup_steps:
                 ids, labels = sft.next_batch()
-                logits = model(input_ids=ids).logits
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                       labels.reshape(-1), ignore_index=-100)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # type: ignore[no-untyped-call]
+                loss = lm.next_token_backward(model, optimizer, ids, labels)
                 values = {"sft_loss": float(loss.detach())}
             else:
                 if meter.start < 0:  # RL begins: the start figure and the reference

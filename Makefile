@@ -22,8 +22,11 @@ demo: $(STAMP)
 demo-torch: $(STAMP)
 	$(BIN)/mtc demo --torch
 
+# Unit, contract and twin tests on two processes (they share nothing), then the integration
+# tests one at a time (they start real services on this host); both run, either fails it.
 test: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider
+	rc=0; $(BIN)/pytest -q -p no:cacheprovider -n 2 -m "not integration" || rc=1; \
+	$(BIN)/pytest -q -p no:cacheprovider -m integration || rc=1; exit $$rc
 
 # The quick loop while you work: everything but the integration and slow tests.
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: compiling every module and

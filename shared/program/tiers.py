@@ -182,6 +182,9 @@ class TieredCheckpointer:
         self._step = 0
         self._lock = threading.Lock()
         self._beat_at = -float("inf")
+        # the first step after a start or a restore beats at once: it tells the control plane
+        # the job trains again (fault to resumed), which the rate bound would delay
+        self._first_step_pending = True
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=1)
         self._thread: threading.Thread | None = None
         # more heartbeat fields (``shared.program.progress.RankProgress.link``: per-rank progress)
@@ -295,10 +298,12 @@ class TieredCheckpointer:
     # ------------------------------------------------------------ heartbeat
 
     def step_done(self, step: int) -> None:
-        """A step finished: a heartbeat if one is due (bounded rate)."""
+        """A step finished: a heartbeat if one is due (bounded rate), or if it is the first
+        step since the program started or restored."""
         with self._lock:
             self._step = max(self._step, step)
-        self._heartbeat()
+            first, self._first_step_pending = self._first_step_pending, False
+        self._heartbeat(force=first)
 
     def _heartbeat(self, force: bool = False) -> None:
         s = self.settings
@@ -390,6 +395,7 @@ class TieredCheckpointer:
                 self._step = step
                 self.newest = {t: (step if any(x.tier == t for x in usable[step]) else None)
                                for t in TIER_ORDER}
+                self._first_step_pending = True
             self._heartbeat(force=True)
             return Restored(step, entries.decode(payload), e.tier, e.path)
         raise RuntimeError(f"restore: every entry of step {step} went bad while reading it")

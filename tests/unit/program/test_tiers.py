@@ -219,3 +219,19 @@ def test_the_heartbeat_is_rate_bounded_and_says_what_each_tier_holds(tmp_path: P
     assert body["step"] == 20 and body["newest"] == {"memory": 20, "peer": 20, "durable": 20}
     assert body["last_save"]["tiers"] == ["memory", "peer", "durable"]
     assert body["last_save"]["blocking_s"] > 0
+
+
+def test_the_first_step_after_a_restore_beats_at_once(tmp_path: Path) -> None:
+    """Fault to resumed is read from it: the rate bound must not delay that heartbeat."""
+    beat = tmp_path / "progress" / "rank-0.json"
+    s = settings(tmp_path, progress_file=beat, progress_interval_s=3600.0)
+    run_steps(TieredCheckpointer(s), 20)
+    again = TieredCheckpointer(s, log=lambda _: None)
+    again.step_done(3)  # the first step of a start beats
+    assert json.loads(beat.read_text())["step"] == 3
+    assert_state(again.restore(), 20)  # the restore beats (forced) ...
+    assert json.loads(beat.read_text())["step"] == 20
+    again.step_done(21)  # ... and so does the first step after it, within the interval
+    assert json.loads(beat.read_text())["step"] == 21
+    again.step_done(22)  # then the bound holds again
+    assert json.loads(beat.read_text())["step"] == 21

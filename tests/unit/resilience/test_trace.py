@@ -25,7 +25,7 @@ def test_the_default_trace_has_one_fault_of_each_kind() -> None:
     assert trace.version == 1
     assert sorted(f.kind for f in trace.faults) == sorted(FaultKind)
     assert trace.job.replicas == 4 and trace.job.min_replicas is not None
-    assert {"default", "two-faults"} <= set(packaged_traces())
+    assert {"default", "two-faults", "node-faults"} <= set(packaged_traces())
 
 
 def test_a_trace_file_reads_like_the_packaged_ones(tmp_path: Path) -> None:

@@ -41,8 +41,11 @@ def prometheus(tmp: Path, target: str) -> Iterator[str]:
     proc = subprocess.Popen(
         [str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://127.0.0.1:{port}"
+        # its query API answers 503 "Service Unavailable" until the TSDB is open
+        wait_for("Prometheus ready", lambda: _ready(url), timeout_s=120.0)
+        yield url
     finally:
         proc.terminate()
         try:
@@ -51,6 +54,13 @@ def prometheus(tmp: Path, target: str) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/-/ready", timeout=5).status_code == 200
+    except requests.ConnectionError:
+        return False
 
 
 def query(prom: str, promql: str) -> list[dict[str, Any]]:

@@ -41,19 +41,31 @@ def free_port() -> int:
 @contextmanager
 def mtc_serve(state_dir: Path, token: str, *, timeout_s: float = 30.0,
               extra_args: Sequence[str] = ()) -> Iterator[str]:
+    """``mtc --state-dir DIR serve`` from the checkout, with ``token`` as its API token."""
+    with serve_subprocess(["--state-dir", str(state_dir)], extra_args, cwd=ROOT,
+                          env={**os.environ, "MTC_API_TOKEN": token}, log_dir=state_dir.parent,
+                          state_dir=state_dir, timeout_s=timeout_s) as url:
+        yield url
+
+
+@contextmanager
+def serve_subprocess(global_args: Sequence[str], serve_args: Sequence[str], *, cwd: Path,
+                     env: dict[str, str], log_dir: Path, state_dir: Path,
+                     timeout_s: float = 30.0) -> Iterator[str]:
+    """``mtc [global args] serve --port P [serve args]`` as a child process, its URL once it
+    answers; on exit it is stopped and every worker it started (under ``state_dir``) killed."""
     port = free_port()
-    env = {**os.environ, "MTC_API_TOKEN": token}
-    log = open(state_dir.parent / f"serve-{port}.log", "w")  # noqa: SIM115
+    log = open(log_dir / f"serve-{port}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "--state-dir", str(state_dir), "serve",
-         "--port", str(port), *extra_args], cwd=ROOT, env=env, stdout=log,
+        [sys.executable, "-m", "services.cli.main", *global_args, "serve",
+         "--port", str(port), *serve_args], cwd=cwd, env=env, stdout=log,
         stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                requests.get(f"{url}/openapi.json", timeout=5)
+                requests.get(f"{url}/healthz", timeout=5)
                 break
             except (requests.ConnectionError, requests.Timeout):  # not up, or still starting
                 # (a loaded machine answered the first request after the 1 s this waited)

@@ -19,15 +19,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
-from tests.serving import free_port
+from tests.serving import serve_subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -80,37 +78,13 @@ def served() -> Iterator[tuple[Path, str]]:
     tmp_path = Path(tempfile.mkdtemp(prefix="mtc-readme-", dir="/tmp"))
     tmp_path.chmod(0o755)
     (tmp_path / "examples").symlink_to(ROOT / "examples")
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTC_")}
     env["PYTHONPATH"] = str(ROOT)
-    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli.main", "serve", "--port",
-                             str(port)], cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                requests.get(f"{url}/healthz", timeout=5)
-                break
-            except (requests.ConnectionError, requests.Timeout):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"mtc serve did not start: {log.name}") from None
-                time.sleep(0.1)
-        yield tmp_path, url
+        with serve_subprocess([], [], cwd=tmp_path, env=env, log_dir=tmp_path,
+                              state_dir=tmp_path / "var" / "mtc") as url:
+            yield tmp_path, url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        from services.wiring.embedded import embedded
-
-        app = embedded(tmp_path / "var" / "mtc")
-        app.compute.kill_all()
-        app.close()
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 

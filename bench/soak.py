@@ -773,6 +773,9 @@ class Soak:
             with self.compute_db() as db:
                 faults = db.execute("SELECT * FROM faults").fetchall()
                 workers = db.execute("SELECT * FROM workers").fetchall()
+                parked = {(r["pid"], r["start_ticks"]): float(r["deadline"]) for r in db.execute(
+                    "SELECT pid, start_ticks, deadline FROM parked")} if db.execute(
+                    "SELECT 1 FROM sqlite_master WHERE name = 'parked'").fetchone() else {}
                 machines = db.execute("SELECT node_id, deleted FROM nodes").fetchall()
         except sqlite3.OperationalError as exc:  # a lock held past 30 s: say so, go on
             self.say(f"check skipped: {exc}")
@@ -782,7 +785,7 @@ class Soak:
         self.check_jobs(nodes, jobs, now)
         self.check_nodes(nodes, jobs, machines, faults, now)
         self.check_placement(nodes, jobs, faults, workers, procs, now)
-        self.check_gangs(jobs, workers, procs, now)
+        self.check_gangs(jobs, workers, procs, now, parked)
         self.check_retention(now)
 
     def room(self, nodes: dict[str, list[Node]], jobs: dict[str, Job],
@@ -1037,14 +1040,35 @@ class Soak:
                              f"{now - t_f:.0f} s after a fault that takes it out of service")
 
     def check_gangs(self, jobs: dict[str, Job], workers: list[sqlite3.Row],
-                    procs: dict[int, list[ProcInfo]], now: float) -> None:
-        """One rank dead ends its gang; an ended attempt leaves no process behind."""
+                    procs: dict[int, list[ProcInfo]], now: float,
+                    parked: dict[tuple[int, int], float] | None = None) -> None:
+        """One rank dead ends its gang; an ended attempt leaves no process behind. A process
+        held for an in-process restart (its exit recorded as 75, its row in ``parked``) may
+        outlive its attempt until its park deadline; one a later attempt took is that
+        attempt's rank."""
+        parked = parked or {}
         by: dict[tuple[str, int], list[sqlite3.Row]] = {}
+        taken: dict[tuple[str, int, int], int] = {}  # (job, pid, start ticks) -> newest attempt
         for w in workers:
             by.setdefault((w["job_id"], w["attempt"]), []).append(w)
+            key3 = (w["job_id"], w["pid"], w["start_ticks"])
+            taken[key3] = max(taken.get(key3, 0), w["attempt"])
         for (job_id, attempt), ranks in by.items():
             job = jobs.get(job_id)
-            alive = [r for r in ranks if procs.get(r["pid"])]
+            running = [r for r in ranks if procs.get(r["pid"])]
+            handed_on = [r for r in running if r["exit_code"] is not None and (
+                taken[(job_id, r["pid"], r["start_ticks"])] > attempt
+                or (r["pid"], r["start_ticks"]) in parked)]
+            alive = [r for r in running if r not in handed_on]
+            for r in handed_on:  # a held process no attempt took goes by its deadline
+                deadline = parked.get((r["pid"], r["start_ticks"]))
+                self.check("no orphaned worker process")
+                if deadline is not None and now > deadline + ORPHAN_BOUND_S:
+                    self.violate(("parked", job_id, attempt, r["rank"]),
+                                 "no orphaned worker process",
+                                 f"{job_id} attempt {attempt} rank {r['rank']}: held process "
+                                 f"{r['pid']} still runs {now - deadline:.0f} s past its park "
+                                 "deadline")
             dead = [r for r in ranks if r["exit_code"] not in (None, 0)
                     and r["exited_at"] is not None]
             self.check("a gang ends when one rank dies")

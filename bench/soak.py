@@ -304,6 +304,8 @@ class Soak:
         self.last_figures: dict[str, Any] = {}
         self.root = ROOT
         self.outages: list[tuple[float, float | None]] = []  # (start, end or None: ongoing)
+        # the controller SIGKILLed until restarted: nothing reports the nodes' faults meanwhile
+        self.controller_outages: list[tuple[float, float | None]] = []
         # disk full, damaged state, stalled clients, a locked store
         self.teeth = Teeth(self, jobs_on_small_disk=jobs_on_small_disk)
 
@@ -327,11 +329,20 @@ class Soak:
         self.violations.append(v)
         self.say(f"VIOLATION {invariant}: {detail}")
 
-    def elapsed(self, since: float, now: float) -> float:
+    def elapsed(self, since: float, now: float, *, blind: bool = False) -> float:
         """Seconds from ``since`` to ``now`` the control plane could act in: the soak's own
-        planned outages (a damaged state being restored) do not count against its bounds."""
-        out = sum(max(0.0, min(b if b is not None else now, now) - max(a, since))
-                  for a, b in self.outages)
+        planned outages (a damaged state being restored) do not count against its bounds;
+        with ``blind``, nor does the time the controller was down (it is what reads the
+        nodes' faults, so no one could know of a fault then)."""
+        spans = sorted((max(a, since), min(b if b is not None else now, now))
+                       for a, b in (self.outages + self.controller_outages if blind
+                                    else self.outages))
+        out, reach = 0.0, since
+        for a, b in spans:  # the union of the spans, so overlaps count once
+            a = max(a, reach)
+            if b > a:
+                out += b - a
+                reach = b
         return now - since - out
 
     def check(self, invariant: str) -> None:
@@ -491,11 +502,14 @@ class Soak:
                          f"(log {self.state_dir}/controller-{self.fig.controller_restarts}.log)")
             self.controller = None
             self.controller_down_until = self.now()
+            self.controller_outages.append((self.now(), None))
         if self.controller is None and self.controller_down_until is not None \
                 and self.now() >= self.controller_down_until:
             self.fig.controller_restarts += 1
             self.start_controller()
             self.controller_down_until = None
+            if self.controller_outages and self.controller_outages[-1][1] is None:
+                self.controller_outages[-1] = (self.controller_outages[-1][0], self.now())
 
     def submit_and_cancel(self) -> None:
         t = self.rel()
@@ -639,6 +653,7 @@ class Soak:
         proc.wait(timeout=10)
         self.controller = None
         self.controller_down_until = self.now() + self.rng.uniform(*CONTROLLER_DOWN_S)
+        self.controller_outages.append((self.now(), None))
         self.fig.kills["controller SIGKILL"] += 1
         return True
 
@@ -1026,7 +1041,8 @@ class Soak:
                 self.held_work.add(key)
             if key in self.held_work:
                 continue
-            if w["started_at"] > t_f + PLACEMENT_SLACK_S:
+            if w["started_at"] > t_f and \
+                    self.elapsed(t_f, w["started_at"], blind=True) > PLACEMENT_SLACK_S:
                 self.violate(("placed", w["job_id"], w["attempt"], w["rank"]),
                              "no job on a node with a critical fault",
                              f"{w['job_id']} attempt {w['attempt']} rank {w['rank']} started on "

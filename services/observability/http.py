@@ -91,7 +91,8 @@ class Observability:
         project = request.args.get("project")
         if self.open_access or not project:
             return None
-        return frozenset(str(d["id"]) for d in self.store.read(
+        # the domain's ids (services.api.ids): a record's ``domain``, its ``id`` before that
+        return frozenset(str(d.get("domain") or d["id"]) for d in self.store.read(
             API_RESOURCES, {"kind": "cluster", "project": project}))
 
     def _check(self, request: flask.Request) -> flask.Response | None:

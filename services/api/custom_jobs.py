@@ -166,7 +166,8 @@ def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dic
         out["error"] = {"code": 1, "message": "CANCELED"}
     latest = job.latest_checkpoint
     out["mtcProgress"] = {
-        "clusterId": _cluster_of(record, job), "attempt": job.attempt, "restartCount": job.restart_count,
+        "clusterId": _cluster_of(record, job), "attempt": job.attempt,
+        "restartCount": job.restart_count,
         "nodes": [n for n in job.node_ids if n],
         **({"latestCheckpoint": {"step": str(latest.step), "path": latest.path,
                                  "time": timestamp(latest.at)}} if latest else {}),

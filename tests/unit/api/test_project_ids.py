@@ -10,12 +10,20 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from services.api import ids
+from services.api.http import create_app
 from services.api.names import Parent
+from services.console.app import register
+from services.wiring.api import embedded_api
+from services.wiring.embedded import embedded
 from tests.serving import cluster_body, vertex_pools
-from tests.unit.api.conftest import Api
+from tests.unit.api.conftest import AUTH, TOKEN, Api, one_pass_config
 
 A, B = "projects/pa/locations/l", "projects/pb/locations/l"
 MODEL = {"displayName": "m", "artifactUri": "gs://b/model"}
@@ -151,3 +159,34 @@ def test_the_domain_id_depends_on_the_parent_and_id_alone() -> None:
     assert pin.domain(b, "ca") != ids.Ids(A, "other").domain(b, "ca")
     long = "x" * 63
     assert len(pin.domain(b, long)) == 63 and pin.domain(b, long) != pin.domain(c, long)
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[Api]:
+    app = embedded(tmp_path / "state", config=one_pass_config())
+    ctx, _ = embedded_api(app, env_token=TOKEN)
+    flask_app = create_app(ctx)
+    register(flask_app, ctx, tmp_path / "run")
+    yield Api(flask_app.test_client(), app)
+    app.compute.kill_all()
+    app.close()
+
+
+def test_defect_8_the_console_shows_each_projects_own_ca(console: Api) -> None:
+    for parent, workers in ((A, 1), (B, 2)):
+        made = _create_cluster(console, parent, "ca", workers=workers)
+        assert made.status_code == 200, made.json
+        _done(console, made.json)
+    body: Any = console.client.get("/console/api/poll", headers=AUTH).json
+    assert sorted(c["name"] for c in body["clusters"]) == [
+        f"{A}/modelDevelopmentClusters/ca", f"{B}/modelDevelopmentClusters/ca"]
+    assert {c["id"] for c in body["clusters"]} == {"ca"}
+    for parent, workers in ((A, 1), (B, 2)):
+        name = f"{parent}/modelDevelopmentClusters/ca"
+        poll: Any = console.client.get("/console/api/poll", query_string={"cluster": name},
+                                       headers=AUTH).json
+        assert poll["grid"][0]["total"] == workers, poll["grid"]
+        nodes: Any = console.client.get("/console/api/nodes", query_string={"cluster": name},
+                                        headers=AUTH).json
+        shown = {n["id"] for n in nodes["nodes"]}
+        assert len(shown) >= workers and shown <= _nodes(console, parent, "ca"), shown

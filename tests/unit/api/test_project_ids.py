@@ -190,3 +190,25 @@ def test_defect_8_the_console_shows_each_projects_own_ca(console: Api) -> None:
                                         headers=AUTH).json
         shown = {n["id"] for n in nodes["nodes"]}
         assert len(shown) >= workers and shown <= _nodes(console, parent, "ca"), shown
+
+
+def test_records_from_before_the_mapper_are_found_under_their_own_parent(api: Api) -> None:
+    """A state directory that already held a model in a second project (keyed by its plain
+    id, no ``name_id``) keeps it reachable there, and only there."""
+    first = api.call("POST", f"/v1/{A}/models:upload", {"modelId": "m1", "model": MODEL})
+    assert first.status_code == 200, first.json  # A is the home project now
+    with api.app.transaction() as uow:
+        uow.put_record("registry_models", "old", {
+            "id": "old", "parent": B, "created": 1.0, "time": 1.0, "next_version": 2,
+            "aliases": {"default": "1"}})
+        uow.put_record("registry_model_versions", "old@1", {
+            "model_id": "old", "parent": B, "version_id": "1", "model": MODEL,
+            "lineage": None, "job_key": None, "created": 1.0, "time": 1.0})
+    got = api.call("GET", f"/v1/{B}/models/old")
+    assert got.status_code == 200 and got.json["name"] == f"{B}/models/old", got.json
+    assert api.call("GET", "/v1/projects/pc/locations/l/models/old").status_code == 404
+    more = api.call("POST", f"/v1/{B}/models:upload",
+                    {"parentModel": f"{B}/models/old", "model": MODEL})
+    assert more.status_code == 200 and more.json["response"]["modelVersionId"] == "2"
+    assert [m["versionId"] for m in api.call(
+        "GET", f"/v1/{B}/models/old:listVersions").json["models"]] == ["1", "2"]

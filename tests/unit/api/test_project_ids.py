@@ -212,3 +212,41 @@ def test_records_from_before_the_mapper_are_found_under_their_own_parent(api: Ap
     assert more.status_code == 200 and more.json["response"]["modelVersionId"] == "2"
     assert [m["versionId"] for m in api.call(
         "GET", f"/v1/{B}/models/old:listVersions").json["models"]] == ["1", "2"]
+
+
+def test_defect_8_two_projects_each_have_pipeline_p1_uploading_model_pm(api: Api) -> None:
+    """The pipelines handler uploads into the project's own model ``pm`` (the registry key
+    and the pipeline record are per parent; the handler never maps ids itself)."""
+    from tests.unit.api.test_registry_api import pipeline_body, wait_pipeline
+
+    def body(parent: str, **over: Any) -> dict[str, Any]:
+        out = pipeline_body(**over)  # each project its own bucket path
+        out["trainingTaskInputs"]["baseOutputDirectory"] = {
+            "outputUriPrefix": f"gs://bucket/{parent.split('/')[1]}/{len(over)}"}
+        return out
+
+    for parent in (A, B):
+        _done(api, _create_cluster(api, parent, "c1", workers=1).json)
+        made = api.call("POST", f"/v1/{parent}/trainingPipelines?trainingPipelineId=p1",
+                        body(parent, modelId="pm"))
+        assert made.status_code == 200, made.json  # main: B's modelId pm is a 409
+    for parent in (A, B):
+        done = wait_pipeline(api, f"{parent}/trainingPipelines/p1",
+                             {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED"})
+        assert done["state"] == "PIPELINE_STATE_SUCCEEDED", (done.get("error"), done.get("state"))
+        assert done["modelToUpload"]["name"] == f"{parent}/models/pm"
+        model = api.call("GET", f"/v1/{parent}/models/pm").json
+        assert model["name"] == f"{parent}/models/pm"
+        job = done["trainingTaskMetadata"]["backingCustomJob"]
+        assert job.startswith(f"{parent}/customJobs/") and model["mtcLineage"]["job"] == job
+        assert api.call("GET", f"/v1/{job}").json["mtcModels"] == [f"{parent}/models/pm@1"]
+    more = api.call("POST", f"/v1/{B}/trainingPipelines?trainingPipelineId=p2",
+                    body(B, parentModel=f"{B}/models/pm", labels={"n": "2"}))
+    assert more.status_code == 200, more.json
+    done = wait_pipeline(api, f"{B}/trainingPipelines/p2",
+                         {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED"})
+    assert done["modelToUpload"] == {**done["modelToUpload"], "name": f"{B}/models/pm",
+                                     "versionId": "2"}, done
+    assert api.call("GET", f"/v1/{A}/models/pm").json["versionId"] == "1"
+    assert api.call("DELETE", f"/v1/{B}/trainingPipelines/p1").status_code == 200
+    assert api.call("GET", f"/v1/{A}/trainingPipelines/p1").status_code == 200

@@ -250,3 +250,29 @@ def test_defect_8_two_projects_each_have_pipeline_p1_uploading_model_pm(api: Api
     assert api.call("GET", f"/v1/{A}/models/pm").json["versionId"] == "1"
     assert api.call("DELETE", f"/v1/{B}/trainingPipelines/p1").status_code == 200
     assert api.call("GET", f"/v1/{A}/trainingPipelines/p1").status_code == 200
+
+
+def test_defect_8_two_projects_each_have_tuning_job_h1(api: Api) -> None:
+    from tests.unit.api.test_tuning_api import body
+
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    for parent in (A, B):
+        _done(api, _create_cluster(api, parent, "c1", workers=1).json)
+        made = api.call("POST", f"/v1/{parent}/hyperparameterTuningJobs"
+                        "?hyperparameterTuningJobId=h1", body(slow, parallelTrialCount=1))
+        assert made.status_code == 200, made.json  # main: B's is a 409
+        assert made.json["name"] == f"{parent}/hyperparameterTuningJobs/h1"
+    assert api.call("POST", f"/v1/{B}/hyperparameterTuningJobs/h1:cancel").json == {}
+
+    def cancelled() -> bool:
+        got = api.call("GET", f"/v1/{B}/hyperparameterTuningJobs/h1").json
+        return bool(got["state"] == "JOB_STATE_CANCELLED")
+
+    assert api.app.run(cancelled, timeout_s=30, tick_s=1)
+    assert api.call("DELETE", f"/v1/{B}/hyperparameterTuningJobs/h1").status_code == 200
+    mine = api.call("GET", f"/v1/{A}/hyperparameterTuningJobs").json["hyperparameterTuningJobs"]
+    assert [(j["name"], j["state"]) for j in mine] == [
+        (f"{A}/hyperparameterTuningJobs/h1", mine[0]["state"])]
+    assert mine[0]["state"] != "JOB_STATE_CANCELLED"
+    assert api.call("GET", f"/v1/{B}/hyperparameterTuningJobs").json.get(
+        "hyperparameterTuningJobs", []) == []

@@ -12,9 +12,10 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from services.api import ids
 from services.api import operations as ops
 from services.api.collection import Collection, Scope
-from services.api.context import ApiContext, load_record, records_of, save_record
+from services.api.context import ApiContext, create_id, load_record, records_of, save_record
 from services.api.errors import ApiError, FieldViolation, invalid, not_found
 from services.api.names import Parent, resource_id
 from services.api.wire.cluster import (
@@ -47,19 +48,24 @@ def create(ctx: ApiContext, parent: Parent, body: Any, cluster_id: str | None
         raise invalid("modelDevelopmentClusterId", "is required (a query parameter)")
     resource_id(cluster_id, "modelDevelopmentClusterId")
     message = parse_message(ModelDevelopmentCluster, body)
-    domain = domain_body(cluster_id, message)
+    domain_body(cluster_id, message)  # the wire checks, before anything is pinned
     with ctx.unit() as uow:
-        record = uow.record("api_resources", f"{KIND}:{cluster_id}")
-        if record is not None and record["parent"] != parent.name:
-            raise ApiError("ALREADY_EXISTS", f"cluster id {cluster_id} is taken")
-        existing = uow.clusters.get(cluster_id)
+        # the cluster's id in the domain: its own in the home project, else one derived from
+        # (parent, id) alone (services.api.ids): another project's cluster ``ca`` is not seen
+        domain_id = create_id(uow, KIND, cluster_id, parent, ctx.now)
+        domain = domain_body(domain_id, message)
+        domain["displayName"] = message.display_name or cluster_id
+        record = uow.record("api_resources", f"{KIND}:{domain_id}")
+        existing = uow.clusters.get(domain_id)
         if existing is not None and existing.state is not ClusterState.DELETED and (
-                record is None or record["resource"] != _stored(message)):
+                record is None or record["parent"] != parent.name
+                or record["resource"] != _stored(message)):
             raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, cluster_id)} "
                            "already exists")
-        cluster = _mapped(lambda: job_commands.create_cluster(domain, uow, ctx.runtime.deps), message)
+        cluster = _mapped(lambda: job_commands.create_cluster(domain, uow, ctx.runtime.deps),
+                          message)
         save_record(uow, KIND, cluster_id, parent, _stored(message), ctx.now)
-        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=cluster_id,
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=domain_id,
                                                verb="create", generation=cluster.generation)
         return ops.render(uow, op, ctx.now, _renderer(uow, parent))
 
@@ -73,10 +79,13 @@ def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any, *,
     message = parse_message(ModelDevelopmentCluster, body)
     if message.name and message.name != parent.child(COLLECTION, cluster_id):
         raise invalid("name", f"must be {parent.child(COLLECTION, cluster_id)} or empty")
-    domain = domain_body(cluster_id, message)
+    domain_body(cluster_id, message)  # the wire checks first
     with ctx.unit() as uow:
         record = load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
-        cluster = job_commands.get_cluster(cluster_id, uow)
+        domain_id = ids.domain_of(record)
+        domain = domain_body(domain_id, message)
+        domain["displayName"] = message.display_name or cluster_id
+        cluster = job_commands.get_cluster(domain_id, uow)
         new_spec = _mapped(lambda: ClusterSpec.parse(domain), message)
         unfit, drained = _disruption(uow, cluster, new_spec)
         if (unfit or drained) and not force:
@@ -84,11 +93,11 @@ def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any, *,
         for job in unfit:
             job_commands.cancel_job(job.job_id, uow, ctx.runtime.deps)
             job.error = "the cluster was resized below what the job needs"
-        cluster = _mapped(lambda: job_commands.update_cluster(cluster_id, domain, uow, ctx.runtime.deps),
-                          message)
+        cluster = _mapped(lambda: job_commands.update_cluster(domain_id, domain, uow,
+                                                              ctx.runtime.deps), message)
         save_record(uow, KIND, cluster_id, parent, _stored(message), ctx.now,
                     created=record["created"])
-        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=cluster_id,
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=domain_id,
                                                verb="update", generation=cluster.generation)
         return ops.render(uow, op, ctx.now, _renderer(uow, parent))
 
@@ -134,9 +143,10 @@ def delete(ctx: ApiContext, parent: Parent, cluster_id: str, *, force: bool = Fa
     """Deleting a cluster with unfinished jobs is refused unless ``force``: then every job
     checkpoints (SIGTERM, grace) and ends CANCELLED, and the machines go after they exit."""
     with ctx.unit() as uow:
-        load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
-        cluster = job_commands.get_cluster(cluster_id, uow)
-        busy = [j for j in uow.jobs.list(cluster_id) if not j.terminal]
+        record = load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
+        domain_id = ids.domain_of(record)
+        cluster = job_commands.get_cluster(domain_id, uow)
+        busy = [j for j in uow.jobs.list(domain_id) if not j.terminal]
         if busy and not force:
             raise ApiError("FAILED_PRECONDITION", f"cluster {cluster_id} still has "
                            f"{len(busy)} unfinished job(s) "
@@ -145,8 +155,8 @@ def delete(ctx: ApiContext, parent: Parent, cluster_id: str, *, force: bool = Fa
         for job in busy:
             job_commands.cancel_job(job.job_id, uow, ctx.runtime.deps)
             job.error = job.error or "cluster deleted"
-        job_commands.delete_cluster(cluster_id, uow, ctx.runtime.deps)
-        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=cluster_id,
+        job_commands.delete_cluster(domain_id, uow, ctx.runtime.deps)
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=domain_id,
                                                verb="delete", generation=cluster.generation)
         return ops.render(uow, op, ctx.now)
 
@@ -159,8 +169,9 @@ def nodes(ctx: ApiContext, parent: Parent, cluster_id: str, *, size: str | None 
 
 def _nodes_of(scope: Scope) -> list[Node]:
     cluster_id, parent = scope.owner, scope.parent
-    load_record(scope.uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
-    return sorted(scope.uow.nodes.list(cluster_id), key=lambda n: n.node_id)
+    record = load_record(scope.uow, KIND, cluster_id, parent,
+                         parent.child(COLLECTION, cluster_id))
+    return sorted(scope.uow.nodes.list(ids.domain_of(record)), key=lambda n: n.node_id)
 
 
 def node_view(parent: Parent, cluster_id: str, n: Node) -> ClusterNode:
@@ -282,17 +293,17 @@ def render(uow: Any, cluster: Cluster, parent: Parent, record: dict[str, Any]
         in_service += node.state in IN_SERVICE
         if alerts.held(node):
             held.append(node.node_id)
-    out = {"name": parent.child(COLLECTION, cluster.cluster_id), **record["resource"],
+    out = {"name": parent.child(COLLECTION, record["id"]), **record["resource"],
            "state": cluster.state.value, "createTime": timestamp(record["created"]),
            "updateTime": timestamp(cluster.updated_at),
-           "mtcStateMessage": _message(cluster, held) or None,
+           "mtcStateMessage": _message(cluster, held, record["id"]) or None,
            "mtcNodes": {"total": total, "inService": in_service,
                         "outOfService": total - in_service, "byState": by_state,
                         "repairsHeld": len(held)}}
     return ModelDevelopmentCluster.model_validate(out).to_json()
 
 
-def _message(cluster: Cluster, held: list[str]) -> str:
+def _message(cluster: Cluster, held: list[str], cluster_id: str) -> str:
     """The cluster's state message; held repairs are said wherever its health is shown (a
     node kept in service with a fault must not read as "all nodes in service")."""
     if not held:
@@ -300,7 +311,7 @@ def _message(cluster: Cluster, held: list[str]) -> str:
     first = sorted(held)[0]
     note = (f"{len(held)} repair{'s' if len(held) > 1 else ''} held by the blast-radius guard "
             f"({', '.join(sorted(held)[:3])}{'...' if len(held) > 3 else ''}); release with "
-            f"`mtc node release-hold {first} --cluster {cluster.cluster_id} --reason WHY`")
+            f"`mtc node release-hold {first} --cluster {cluster_id} --reason WHY`")
     return f"{cluster.message}; {note}" if cluster.message else note
 
 
@@ -313,7 +324,7 @@ def _renderer(uow: Any, parent: Parent) -> Any:
 
 def _listed(scope: Scope) -> Iterator[Shown]:
     for record in records_of(scope.uow, KIND, scope.parent):
-        cluster = scope.uow.clusters.get(record["id"])
+        cluster = scope.uow.clusters.get(ids.domain_of(record))
         if cluster is not None and cluster.state is not ClusterState.DELETED:
             yield cluster, record
 
@@ -321,7 +332,7 @@ def _listed(scope: Scope) -> Iterator[Shown]:
 def _found(scope: Scope, cluster_id: str) -> Shown:
     name = scope.parent.child(COLLECTION, cluster_id)
     record = load_record(scope.uow, KIND, cluster_id, scope.parent, name)
-    cluster = scope.uow.clusters.get(cluster_id)
+    cluster = scope.uow.clusters.get(ids.domain_of(record))
     if cluster is None or cluster.state is ClusterState.DELETED:
         raise not_found(name)
     return cluster, record

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from services.api import ids
 from services.api import operations as ops
 from services.api.call import Call
-from services.api.context import RESOURCES, ApiContext, resource_key
+from services.api.context import RESOURCES, ApiContext, create_id, find_record, resource_key
 from services.api.errors import ApiError, invalid
 from services.api.names import Parent
 from services.api.paging import Page, matches, page_size, paginate, parse_filter, resource_field
@@ -146,19 +147,21 @@ def new_id() -> str:
     return f"{uuid.uuid4().int % 10**18:018d}"
 
 
-def require_cluster(uow: Any, parent: Parent, cluster_id: str, field: str) -> None:
+def require_cluster(uow: Any, parent: Parent, cluster_id: str, field: str) -> str:
     """The cluster a resource runs on exists under its parent (a 400 naming ``field``
-    otherwise: the caller's reference is wrong, not the server)."""
-    cluster = uow.record(RESOURCES, resource_key("cluster", cluster_id))
-    if cluster is None or cluster["parent"] != parent.name:
+    otherwise: the caller's reference is wrong, not the server); returns its domain id."""
+    cluster = find_record(uow, "cluster", cluster_id, parent)
+    if cluster is None:
         raise invalid(field, f"no cluster {cluster_id!r} in {parent.name}")
+    return ids.domain_of(cluster)
 
 
 def prior_create(uow: Any, kind: str, resource_id: str, parent: Parent, name: str,
-                 resource: dict[str, Any]) -> dict[str, Any] | None:
+                 resource: dict[str, Any], now: float) -> dict[str, Any] | None:
     """The record of a create with this id that came before (a retry of it, with the same
     body: it answers what the first made), or None; another body is ALREADY_EXISTS."""
-    existing = uow.record(RESOURCES, resource_key(kind, resource_id))
+    existing = uow.record(RESOURCES, resource_key(
+        kind, create_id(uow, kind, resource_id, parent, now)))
     if existing is not None and (existing["parent"] != parent.name
                                  or existing["resource"] != resource):
         raise ApiError("ALREADY_EXISTS", f"{name} already exists with a different body")

@@ -12,6 +12,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.api import ids
 from services.api.audit import AnonymousBudget
 from services.api.auth import Principal
 from services.api.errors import ApiError, not_found
@@ -20,7 +21,7 @@ from shared.adapters.docstore import API_RESOURCES
 from shared.domain.errors import Conflict, InvalidTransition, NotFound, ValidationError
 from shared.handling import Runtime, command_unit
 
-RESOURCES = API_RESOURCES  # {kind, id, project, location, parent, resource (wire), created}
+RESOURCES = API_RESOURCES  # {kind, id, domain, project, location, parent, resource, created}
 
 
 class Guard(Protocol):
@@ -89,26 +90,52 @@ def _violation(exc: ValidationError) -> Any:
     return FieldViolation(exc.path, exc.reason)
 
 
-def resource_key(kind: str, resource_id: str) -> str:
-    return f"{kind}:{resource_id}"
+def resource_key(kind: str, domain_id: str) -> str:
+    """A record's key: its kind and its domain id (``services.api.ids``)."""
+    return f"{kind}:{domain_id}"
+
+
+def find_record(uow: Any, kind: str, resource_id: str, parent: Parent
+                ) -> dict[str, Any] | None:
+    """The API's record of ``resource_id`` (the API id) under ``parent``, or None. A record
+    written before ids were per parent (no ``domain``) is found at its plain id."""
+    domain_id = ids.domain(uow, parent, resource_id)
+    for key in dict.fromkeys((domain_id, resource_id)):
+        record = uow.record(RESOURCES, resource_key(kind, key))
+        if record is not None and record["parent"] == parent.name and (
+                key == domain_id or "domain" not in record):
+            return record  # type: ignore[no-any-return]
+    return None
 
 
 def load_record(uow: Any, kind: str, resource_id: str, parent: Parent, name: str
                 ) -> dict[str, Any]:
     """The API's record of a resource, if it belongs to ``parent``: else NOT_FOUND (a
     resource in another project is as absent as one that never was)."""
-    record = uow.record(RESOURCES, resource_key(kind, resource_id))
-    if record is None or record["parent"] != parent.name:
+    record = find_record(uow, kind, resource_id, parent)
+    if record is None:
         raise not_found(name)
-    return record  # type: ignore[no-any-return]
+    return record
+
+
+def create_id(uow: Any, kind: str, resource_id: str, parent: Parent, now: float) -> str:
+    """The domain id a create (or an update) of ``resource_id`` under ``parent`` uses: the
+    one its record already has, else the mapper's (``services.api.ids``, pinned now)."""
+    record = find_record(uow, kind, resource_id, parent)
+    if record is not None:
+        return ids.domain_of(record)
+    return ids.pinned(uow, parent, now).domain(parent, resource_id)
 
 
 def save_record(uow: Any, kind: str, resource_id: str, parent: Parent,
-                resource: dict[str, Any], now: float, created: float | None = None) -> None:
-    uow.put_record(RESOURCES, resource_key(kind, resource_id), {
-        "kind": kind, "id": resource_id, "parent": parent.name, "project": parent.project,
-        "location": parent.location, "resource": resource,
+                resource: dict[str, Any], now: float, created: float | None = None) -> str:
+    """Write the record of ``resource_id`` (the API id); returns its domain id."""
+    domain_id = create_id(uow, kind, resource_id, parent, now)
+    uow.put_record(RESOURCES, resource_key(kind, domain_id), {
+        "kind": kind, "id": resource_id, "domain": domain_id, "parent": parent.name,
+        "project": parent.project, "location": parent.location, "resource": resource,
         "created": now if created is None else created, "time": now})
+    return domain_id
 
 
 def records_of(uow: Any, kind: str, parent: Parent) -> list[dict[str, Any]]:

@@ -11,9 +11,18 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from services.api import ids
 from services.api import operations as ops
 from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
-from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
+from services.api.context import (
+    RESOURCES,
+    ApiContext,
+    create_id,
+    load_record,
+    records_of,
+    resource_key,
+    save_record,
+)
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
@@ -40,11 +49,13 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
     if job_id is not None:
         resource_id(job_id, "customJobId")
     with ctx.unit() as uow:
-        require_cluster(uow, parent, cluster_id, "jobSpec.persistentResourceId")
+        cluster = require_cluster(uow, parent, cluster_id, "jobSpec.persistentResourceId")
         job_id = job_id or new_id()
         existing = prior_create(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id),
-                                _stored(message))
-        job = job_commands.submit_job(cluster_id, spec_body, uow, ctx.runtime.deps, domain_job_id(job_id))
+                                _stored(message), ctx.now)
+        job = job_commands.submit_job(cluster, spec_body, uow, ctx.runtime.deps,
+                                      domain_job_id(create_id(uow, KIND, job_id, parent,
+                                                              ctx.now)))
         if existing is None:
             save_record(uow, KIND, job_id, parent, _stored(message), ctx.now)
         record = {"resource": _stored(message), "parent": parent.name}
@@ -56,14 +67,15 @@ def delete(ctx: ApiContext, parent: Parent, job_id: str) -> dict[str, Any]:
     ctx.refresh()
     with ctx.unit() as uow:
         record = load_record(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id))
-        job = uow.jobs.get(domain_job_id(job_id))
+        job = uow.jobs.get(job_of(record))
         if job is not None and not job.terminal:
             raise ApiError("FAILED_PRECONDITION", f"custom job {job_id} is {job.state.value}: "
                            "cancel it and wait for JOB_STATE_CANCELLED before deleting it")
-        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=job_id, verb="delete",
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=ids.domain_of(record),
+                                               verb="delete",
                                                generation=int(record["created"] * 1e6))
-        uow.delete_record(RESOURCES, f"{KIND}:{job_id}")
-        uow.delete_record("jobs", domain_job_id(job_id))
+        uow.delete_record(RESOURCES, resource_key(KIND, ids.domain_of(record)))
+        uow.delete_record("jobs", job_of(record))
         return ops.render(uow, op, ctx.now)
 
 
@@ -154,7 +166,8 @@ def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dic
         out["error"] = {"code": 1, "message": "CANCELED"}
     latest = job.latest_checkpoint
     out["mtcProgress"] = {
-        "clusterId": job.cluster_id, "attempt": job.attempt, "restartCount": job.restart_count,
+        "clusterId": _cluster_of(record, job), "attempt": job.attempt,
+        "restartCount": job.restart_count,
         "nodes": [n for n in job.node_ids if n],
         **({"latestCheckpoint": {"step": str(latest.step), "path": latest.path,
                                  "time": timestamp(latest.at)}} if latest else {}),
@@ -176,25 +189,34 @@ def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dic
     return CustomJob.model_validate(out).to_json()
 
 
+def _cluster_of(record: dict[str, Any], job: Job) -> str:
+    """The API id of the job's cluster: the one its body names (an adopted job's record
+    carries it), not the domain's (``services.api.ids``)."""
+    spec = record["resource"].get("jobSpec") or {}
+    return str(spec.get("persistentResourceId") or record.get("cluster") or job.cluster_id)
+
+
 def adopted_records(uow: Any, parent: Parent) -> list[dict[str, Any]]:
     """The jobs users submitted with plain ``sbatch`` that mtc adopted (no API record: they
     are shown under the parent of the cluster they run on, their spec as mtc recorded it)."""
     out = []
     for cluster in records_of(uow, "cluster", parent):
         # a projection: the cluster's jobs are not all decoded to find the few adopted ones
-        for job_id, spec in uow.jobs.project(cluster["id"], ("job_id", "spec")):
+        for job_id, spec in uow.jobs.project(ids.domain_of(cluster), ("job_id", "spec")):
             if (spec or {}).get("labels", {}).get(ORIGIN_LABEL) == SLURM_ORIGIN:
                 job = uow.jobs.get(job_id)
                 if job is not None and adopted(job.spec):
-                    out.append(adopted_record(job))
+                    out.append(adopted_record(job, cluster["id"]))
     return out
 
 
-def adopted_record(job: Job) -> dict[str, Any]:
-    """An adopted job's record: its pools and labels (mtc's scheduling fields are not its)."""
+def adopted_record(job: Job, cluster_id: str | None = None) -> dict[str, Any]:
+    """An adopted job's record: its pools and labels (mtc's scheduling fields are not its);
+    ``cluster_id``: its cluster's API id."""
     resource = job.spec.to_dict()
     resource["jobSpec"].pop("scheduling", None)
-    return {"id": job.job_id, "resource": resource, "created": job.created_at}
+    return {"id": job.job_id, "resource": resource, "created": job.created_at,
+            "cluster": cluster_id or job.cluster_id}
 
 
 def _listed(scope: Scope) -> Iterator[Listed]:
@@ -209,7 +231,7 @@ def _listed(scope: Scope) -> Iterator[Listed]:
 
 def _render(scope: Scope, shown: Listed) -> dict[str, Any] | None:
     job, record = shown
-    job = job or scope.uow.jobs.get(domain_job_id(record["id"]))
+    job = job or scope.uow.jobs.get(job_of(record))
     return None if job is None else render(job, scope.parent, record["id"], record)
 
 
@@ -218,10 +240,12 @@ def _found(scope: Scope, job_id: str) -> Shown:
     name = parent.child(COLLECTION, job_id)
     job = uow.jobs.get(job_id)
     if job is not None and adopted(job.spec):  # under its cluster's parent, or nowhere
-        load_record(uow, "cluster", job.cluster_id, parent, name)
-        return job, adopted_record(job)
+        cluster = uow.record(RESOURCES, resource_key("cluster", job.cluster_id))
+        if cluster is None or cluster["parent"] != parent.name:
+            raise not_found(name)
+        return job, adopted_record(job, cluster["id"])
     record = load_record(uow, KIND, job_id, parent, name)
-    job = uow.jobs.get(domain_job_id(job_id))
+    job = uow.jobs.get(job_of(record))
     if job is None:
         raise not_found(name)
     return job, record
@@ -239,8 +263,14 @@ def _cancel(scope: Scope, job_id: str, shown: Listed) -> None:
 
 
 def domain_job_id(job_id: str) -> str:
-    """Vertex job ids are numbers; the domain's ids start with a letter."""
+    """Vertex job ids are numbers; the domain's ids start with a letter. ``job_id``: the
+    id's domain form (``services.api.ids``; a number is its own)."""
     return job_id if job_id[:1].isalpha() else f"cj-{job_id}"
+
+
+def job_of(record: dict[str, Any]) -> str:
+    """The domain job id of a custom job's API record."""
+    return domain_job_id(ids.domain_of(record))
 
 
 JOBS: Collection[Listed] = Collection(

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.api.context import ApiContext, load_record
-from services.api.custom_jobs import COLLECTION, KIND, domain_job_id
+from services.api.custom_jobs import COLLECTION, KIND, job_of
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent
 from services.api.wire.job_logs import ReadCustomJobLogsResponse
@@ -42,14 +42,14 @@ def read(ctx: ApiContext, parent: Parent, job_id: str, *, rank: str | None = Non
     ctx.refresh()
     name = parent.child(COLLECTION, job_id)
     with ctx.unit() as uow:
-        load_record(uow, KIND, job_id, parent, name)
-        if uow.jobs.get(domain_job_id(job_id)) is None:
+        domain_id = job_of(load_record(uow, KIND, job_id, parent, name))
+        if uow.jobs.get(domain_id) is None:
             raise not_found(name)
     compute = ctx.runtime.deps.compute
     if not isinstance(compute, WorkerLogs):
         raise ApiError("FAILED_PRECONDITION", f"this deployment's compute "
                        f"({type(compute).__name__}) keeps no worker logs mtc can read")
-    files = compute.log_files(domain_job_id(job_id))
+    files = compute.log_files(domain_id)
     attempts = sorted({f.attempt for f in files})
     latest = attempts[-1] if attempts else 0
     if want_attempt is None:

@@ -13,10 +13,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from services.api import ids
 from services.api import operations as ops
 from services.api.collection import Collection, Scope, new_id
-from services.api.context import ApiContext, records_of
-from services.api.custom_jobs import domain_job_id
+from services.api.context import ApiContext, records_of, resource_key
+from services.api.custom_jobs import job_of
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
 from services.api.wire.models import (
@@ -58,18 +59,21 @@ def upload(ctx: ApiContext, parent: Parent, body: Any) -> dict[str, Any]:
         resource_id(model_id, "modelId")
     wire = {k: v for k, v in model.to_json().items() if k in _INPUT and k != "versionAliases"}
     with ctx.unit() as uow:
-        if model_id is not None and uow.record(registry.MODELS, model_id) is not None:
+        shown = parent_id or model_id or new_id()  # the API's id; the registry's is per parent
+        found = find_head(uow, parent, shown)
+        target = found["id"] if found else ids.pinned(uow, parent, ctx.now).domain(parent, shown)
+        if model_id is not None and (found or uow.record(registry.MODELS, target)):
             raise ApiError("ALREADY_EXISTS", f"{parent.child(COLLECTION, model_id)} already "
                            "exists: upload a new version with parentModel")
-        target = parent_id or model_id or new_id()
         lineage, job_key = _lineage(ctx, uow, parent, model)
         version = registry.add_version(uow, parent=parent.name, model_id=target,
                                        new_model=parent_id is None, model=wire,
-                                       lineage=lineage, job_key=job_key, now=ctx.now)
+                                       lineage=lineage, job_key=job_key, now=ctx.now,
+                                       name_id=shown)
         if aliases:
             registry.merge_aliases(uow, parent.name, target, version["version_id"], aliases,
                                    ctx.now)
-        response = {"@type": RESPONSE, "model": parent.child(COLLECTION, target),
+        response = {"@type": RESPONSE, "model": parent.child(COLLECTION, shown),
                     "modelVersionId": version["version_id"]}
         op = Scope(ctx, uow, parent).operation(target="model", target_id=target, verb="upload",
                                                generation=int(version["version_id"]),
@@ -86,10 +90,10 @@ def merge_version_aliases(ctx: ApiContext, parent: Parent, name: str, body: Any
         raise invalid("versionAliases", "is required: aliases to add, or -alias to remove")
     with ctx.unit() as uow:
         record = _version(uow, parent, model_id, ref)
-        registry.merge_aliases(uow, parent.name, model_id, record["version_id"], changes,
-                               ctx.now)
-        fresh = uow.record(registry.VERSIONS, f"{model_id}@{record['version_id']}")
-        return render(fresh, registry.head(uow, parent.name, model_id))
+        key = record["model_id"]
+        registry.merge_aliases(uow, parent.name, key, record["version_id"], changes, ctx.now)
+        fresh = uow.record(registry.VERSIONS, f"{key}@{record['version_id']}")
+        return render(fresh, registry.head(uow, parent.name, key))
 
 
 def delete(ctx: ApiContext, parent: Parent, name: str) -> dict[str, Any]:
@@ -98,13 +102,14 @@ def delete(ctx: ApiContext, parent: Parent, name: str) -> dict[str, Any]:
     model_id, ref = model_ref(name)
     with ctx.unit() as uow:
         top = _head(uow, parent, model_id)
+        key = top["id"]
         if ref is None:
-            registry.delete_model(uow, parent.name, model_id)
-            target, generation = model_id, top["next_version"]
+            registry.delete_model(uow, parent.name, key)
+            target, generation = key, top["next_version"]
         else:
             record = _version(uow, parent, model_id, ref)
-            registry.delete_version(uow, parent.name, model_id, record["version_id"])
-            target, generation = f"{model_id}@{record['version_id']}", 0
+            registry.delete_version(uow, parent.name, key, record["version_id"])
+            target, generation = f"{key}@{record['version_id']}", 0
         op = Scope(ctx, uow, parent).operation(target="model", target_id=target,
                                                verb="delete", generation=generation)
         return ops.render(uow, op, ctx.now)
@@ -130,13 +135,13 @@ def _heads(scope: Scope) -> Iterator[Shown]:
 def _versions(scope: Scope) -> Iterator[Shown]:
     """The versions of the model ``scope.owner``."""
     top = _head(scope.uow, scope.parent, scope.owner)
-    return ((record, top) for record in registry.versions(scope.uow, scope.owner))
+    return ((record, top) for record in registry.versions(scope.uow, top["id"]))
 
 
 def _found(scope: Scope, name: str) -> Shown:
     model_id, ref = model_ref(name)
     record = _version(scope.uow, scope.parent, model_id, ref)
-    return record, registry.head(scope.uow, scope.parent.name, model_id)
+    return record, registry.head(scope.uow, scope.parent.name, record["model_id"])
 
 
 def list_versions(ctx: ApiContext, parent: Parent, name: str, *,
@@ -155,7 +160,7 @@ def render(record: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
                      key=lambda a: (a != registry.DEFAULT, a))
     model = dict(record["model"])
     out: dict[str, Any] = {
-        "name": registry.model_name(record["parent"], record["model_id"]),
+        "name": registry.model_name(record["parent"], registry.shown(record)),
         "versionId": version_id, "versionAliases": aliases,
         "versionCreateTime": timestamp(record["created"]),
         "versionUpdateTime": timestamp(record["time"]),
@@ -167,17 +172,30 @@ def render(record: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return Model.model_validate(out).to_json()
 
 
+def find_head(uow: Any, parent: Parent, model_id: str) -> dict[str, Any] | None:
+    """The registry's head record of ``model_id`` (the API's) under ``parent``, or None; a
+    model uploaded before ids were per parent (no ``name_id``) is found at its plain id."""
+    key = ids.domain(uow, parent, model_id)
+    for k in dict.fromkeys((key, model_id)):
+        top = uow.record(registry.MODELS, k)
+        if top is not None and top["parent"] == parent.name and (
+                k == key or "name_id" not in top):
+            return top  # type: ignore[no-any-return]
+    return None
+
+
 def _head(uow: Any, parent: Parent, model_id: str) -> dict[str, Any]:
-    try:
-        return registry.head(uow, parent.name, model_id)
-    except NotFound:
-        raise not_found(parent.child(COLLECTION, model_id)) from None
+    """The head record of ``model_id`` (the API's) under ``parent``, or NOT_FOUND."""
+    top = find_head(uow, parent, model_id)
+    if top is None:
+        raise not_found(parent.child(COLLECTION, model_id))
+    return top
 
 
 def _version(uow: Any, parent: Parent, model_id: str, ref: str | None) -> dict[str, Any]:
-    _head(uow, parent, model_id)
+    key = _head(uow, parent, model_id)["id"]
     try:
-        return registry.version(uow, parent.name, model_id, ref)
+        return registry.version(uow, parent.name, key, ref)
     except NotFound:
         raise not_found(f"{parent.child(COLLECTION, model_id)}@{ref}") from None
 
@@ -195,13 +213,15 @@ def _parent_model(parent: Parent, name: str | None, field: str) -> str | None:
 
 
 def check_parent_model(uow: Any, parent: Parent, name: str | None, field: str) -> str | None:
-    """A parentModel that names an existing model of ``parent``, as its id; else a 400."""
+    """A parentModel that names an existing model of ``parent``, as the registry's id (its
+    domain id, ``services.api.ids``); else a 400."""
     model_id = _parent_model(parent, name, field)
-    if model_id is not None:
-        top = uow.record(registry.MODELS, model_id)
-        if top is None or top["parent"] != parent.name:
-            raise invalid(field, f"names no model in {parent.name} ({model_id!r})")
-    return model_id
+    if model_id is None:
+        return None
+    top = find_head(uow, parent, model_id)
+    if top is None:
+        raise invalid(field, f"names no model in {parent.name} ({model_id!r})")
+    return str(top["id"])
 
 
 def _aliases(values: list[str], field: str) -> list[str]:
@@ -229,14 +249,15 @@ def _lineage(ctx: ApiContext, uow: Any, parent: Parent, model: Model
         uri = model.artifact_uri.rstrip("/")
         root = ctx.runtime.deps.config.output_root
         candidates = [r for r in candidates
-                      if registry.model_dir(r["resource"], root, domain_job_id(r["id"])) == uri]
+                      if registry.model_dir(r["resource"], root, job_of(r)) == uri]
     else:
         return None, None
     for record in reversed(candidates):  # the newest job writing there
-        job = uow.jobs.get(domain_job_id(record["id"]))
+        job = uow.jobs.get(job_of(record))
         if job is not None:
             name = parent.child("customJobs", record["id"])
-            return registry.lineage(job, name, record["resource"]), f"customJob:{record['id']}"
+            return (registry.lineage(job, name, record["resource"]),
+                    resource_key("customJob", ids.domain_of(record)))
     return None, None
 
 

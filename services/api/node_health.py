@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from services.api import ids
 from services.api.context import ApiContext, load_record
 from services.api.errors import ApiError, FieldViolation, invalid
 from services.api.names import Parent
@@ -96,9 +97,9 @@ def report_health(ctx: ApiContext, parent: Parent, cluster_id: str, node_id: str
         raise ApiError("FAILED_PRECONDITION", "this server's compute backend takes node "
                        "health from its node agents only; it cannot inject a report")
     with ctx.unit() as uow:
-        load_record(uow, "cluster", cluster_id, parent, cluster_name)
+        record = load_record(uow, "cluster", cluster_id, parent, cluster_name)
         node = uow.nodes.get(node_id)
-        if node is None or node.cluster_id != cluster_id:
+        if node is None or node.cluster_id != ids.domain_of(record):
             raise ApiError("NOT_FOUND", f"{name} not found")
         try:
             check_fault_target(node, node_id, "node")
@@ -124,9 +125,9 @@ def _agent_report(ctx: ApiContext, cluster_id: str, cluster_name: str, parent: P
         raise invalid("conditions", "name at least one condition")
     event = agent_report(m, node_id, ctx.now)
     with ctx.unit() as uow:
-        load_record(uow, "cluster", cluster_id, parent, cluster_name)
+        record = load_record(uow, "cluster", cluster_id, parent, cluster_name)
         node = uow.nodes.get(node_id)
-        if node is None or node.cluster_id != cluster_id:
+        if node is None or node.cluster_id != ids.domain_of(record):
             raise ApiError("NOT_FOUND", f"{name} not found")
         uow.emit(event)
     return ReportNodeHealthResponse(node=name, conditions=[

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.api import ids
 from services.api.clusters import COLLECTION, KIND, node_view
 from services.api.context import ApiContext, load_record
 from services.api.names import Parent
@@ -25,7 +26,8 @@ def act(ctx: ApiContext, parent: Parent, cluster_id: str, node_id: str, verb: st
         principal: str) -> dict[str, Any]:
     message = parse_message(NodeOperatorRequest, body)
     with ctx.unit() as uow:
-        load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
-        node = operator.act(verb, cluster_id, node_id, message.reason, principal, uow,
-                            ctx.runtime.deps)
+        record = load_record(uow, KIND, cluster_id, parent,
+                             parent.child(COLLECTION, cluster_id))
+        node = operator.act(verb, ids.domain_of(record), node_id, message.reason, principal,
+                            uow, ctx.runtime.deps)
         return node_view(parent, cluster_id, node).to_json()

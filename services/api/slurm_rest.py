@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.api import ids
 from services.api.clusters import COLLECTION, KIND
 from services.api.context import ApiContext, load_record
 from services.api.errors import ApiError, invalid
@@ -129,13 +130,15 @@ class SlurmRestConfig:
         return cls(urls, env.get("MTC_SLURMRESTD_URL", "").strip() or None, user,
                    CachedToken(scontrol_token(conf), user))
 
-    def target(self, cluster_id: str) -> SlurmRestTarget | None:
+    def target(self, cluster_id: str, shown: str | None = None) -> SlurmRestTarget | None:
+        """``cluster_id``: the domain's (services.api.ids; MTC_SLURMRESTD_URLS names those);
+        ``shown``: the caller's, for the error."""
         url = self.urls.get(cluster_id) or self.default_url
         if not url:
             return None
         if not re.match(r"^https?://[^/?#@\s]+$", url):
-            raise ApiError("FAILED_PRECONDITION", f"the slurmrestd address of cluster {cluster_id} "
-                           "is not an http(s)://host:port URL")
+            raise ApiError("FAILED_PRECONDITION", f"the slurmrestd address of cluster "
+                           f"{shown or cluster_id} is not an http(s)://host:port URL")
         return SlurmRestTarget(url.rstrip("/"), self.user, self.token.get)
 
 
@@ -190,8 +193,9 @@ def call(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any) -> dict[st
     message = parse_message(CallSlurmRestApiRequest, body)
     method = METHODS[message.method]
     with ctx.unit() as uow:  # the cluster must be the caller's
-        load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
-    target = configured(ctx).target(cluster_id)
+        record = load_record(uow, KIND, cluster_id, parent,
+                             parent.child(COLLECTION, cluster_id))
+    target = configured(ctx).target(ids.domain_of(record), cluster_id)
     if target is None:
         raise ApiError("FAILED_PRECONDITION", f"cluster {cluster_id} has no slurmrestd configured "
                        "(MTC_SLURMRESTD_URL or MTC_SLURMRESTD_URLS)")

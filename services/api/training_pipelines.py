@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from services.api import custom_jobs, tuning_jobs
+from services.api import custom_jobs, ids, tuning_jobs
 from services.api import models as model_api
 from services.api import operations as ops
 from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
@@ -78,32 +78,34 @@ def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None =
     stored = _stored(message)
     with ctx.unit() as uow:
         pipeline_id = pipeline_id or new_id()
-        retried = _retried_create(uow, parent, pipeline_id, stored)
+        retried = _retried_create(uow, parent, pipeline_id, stored, ctx.now)
         if retried is not None:
             return retried
-        parent_id = _check_model(uow, parent, message)
-        require_cluster(uow, parent, cluster_id, "trainingTaskInputs.persistentResourceId")
+        parent_id, model_key = _check_model(uow, parent, message)
+        cluster = require_cluster(uow, parent, cluster_id,
+                                  "trainingTaskInputs.persistentResourceId")
         job_id = new_id()
-        job = job_commands.submit_job(cluster_id, job_body, uow, ctx.runtime.deps,
+        job = job_commands.submit_job(cluster, job_body, uow, ctx.runtime.deps,
                                       custom_jobs.domain_job_id(job_id))
         save_record(uow, custom_jobs.KIND, job_id, parent,
                     {k: v for k, v in job_message.to_json().items()
                      if k in ("displayName", "jobSpec", "labels")}, ctx.now)
-        save_record(uow, KIND, pipeline_id, parent, stored, ctx.now)
-        record = {**uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id)),
-                  "job_id": job_id, "parent_model_id": parent_id, "upload": None}
-        uow.put_record(RESOURCES, pipelines.pipeline_key(pipeline_id), record)
-        uow.put_record(pipelines.PIPELINE_JOBS, job.job_id, {"pipeline": pipeline_id,
+        domain_id = save_record(uow, KIND, pipeline_id, parent, stored, ctx.now)
+        record = {**uow.record(RESOURCES, pipelines.pipeline_key(domain_id)),
+                  "job_id": job_id, "parent_model_id": parent_id, "model_key": model_key,
+                  "upload": None}
+        uow.put_record(RESOURCES, pipelines.pipeline_key(domain_id), record)
+        uow.put_record(pipelines.PIPELINE_JOBS, job.job_id, {"pipeline": domain_id,
                                                              "time": ctx.now})
         return render(uow, parent, record)
 
 
-def _retried_create(uow: Any, parent: Parent, pipeline_id: str, stored: dict[str, Any]
-                    ) -> dict[str, Any] | None:
+def _retried_create(uow: Any, parent: Parent, pipeline_id: str, stored: dict[str, Any],
+                    now: float) -> dict[str, Any] | None:
     """A create retried with the same id and body answers what the first one made (None: no
     such pipeline yet); the same id with another body is ALREADY_EXISTS."""
     existing = prior_create(uow, KIND, pipeline_id, parent,
-                            parent.child(COLLECTION, pipeline_id), stored)
+                            parent.child(COLLECTION, pipeline_id), stored, now)
     return None if existing is None else render(uow, parent, existing)
 
 
@@ -127,28 +129,28 @@ def _create_tuning(ctx: ApiContext, parent: Parent, message: TrainingPipeline,
     stored = _stored(message)
     with ctx.unit() as uow:
         pipeline_id = pipeline_id or new_id()
-        retried = _retried_create(uow, parent, pipeline_id, stored)
+        retried = _retried_create(uow, parent, pipeline_id, stored, ctx.now)
         if retried is not None:
             return retried
-        parent_id = _check_model(uow, parent, message)
-        cluster_id = domain.pop("clusterId")
-        require_cluster(uow, parent, cluster_id,
-                        "trainingTaskInputs.trialJobSpec.persistentResourceId")
+        parent_id, model_key = _check_model(uow, parent, message)
+        cluster = require_cluster(uow, parent, domain.pop("clusterId"),
+                                  "trainingTaskInputs.trialJobSpec.persistentResourceId")
         study_id = new_id()
         where = {"parent": parent.name, "project": parent.project, "location": parent.location}
         try:
-            tuning.create_study(study_id, where, cluster_id, domain, uow, ctx.runtime.deps)
+            tuning.create_study(study_id, where, cluster, domain, uow, ctx.runtime.deps)
         except ValidationError as exc:  # the trial job's spec, as the cluster judges it
             path = exc.path.removeprefix("jobSpec").lstrip(".")
             raise invalid(f"trainingTaskInputs.trialJobSpec{'.' if path else ''}{path}",
                           exc.reason) from None
         save_record(uow, tuning_jobs.KIND, study_id, parent, tuning_jobs._stored(tuning_message),
                     ctx.now)
-        save_record(uow, KIND, pipeline_id, parent, stored, ctx.now)
-        record = {**uow.record(RESOURCES, pipelines.pipeline_key(pipeline_id)),
-                  "study_id": study_id, "parent_model_id": parent_id, "upload": None}
-        uow.put_record(RESOURCES, pipelines.pipeline_key(pipeline_id), record)
-        uow.put_record(pipelines.PIPELINE_STUDIES, study_id, {"pipeline": pipeline_id,
+        domain_id = save_record(uow, KIND, pipeline_id, parent, stored, ctx.now)
+        record = {**uow.record(RESOURCES, pipelines.pipeline_key(domain_id)),
+                  "study_id": study_id, "parent_model_id": parent_id, "model_key": model_key,
+                  "upload": None}
+        uow.put_record(RESOURCES, pipelines.pipeline_key(domain_id), record)
+        uow.put_record(pipelines.PIPELINE_STUDIES, study_id, {"pipeline": domain_id,
                                                               "time": ctx.now})
         return render(uow, parent, record)
 
@@ -182,10 +184,10 @@ def delete(ctx: ApiContext, parent: Parent, pipeline_id: str) -> dict[str, Any]:
                          "PIPELINE_STATE_CANCELLED"):
             raise ApiError("FAILED_PRECONDITION", f"training pipeline {pipeline_id} is {state}: "
                            "cancel it and wait for PIPELINE_STATE_CANCELLED before deleting it")
-        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=pipeline_id,
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=ids.domain_of(record),
                                                verb="delete",
                                                generation=int(record["created"] * 1e6))
-        uow.delete_record(RESOURCES, pipelines.pipeline_key(pipeline_id))
+        uow.delete_record(RESOURCES, pipelines.pipeline_key(ids.domain_of(record)))
         if record.get("study_id"):
             uow.delete_record(pipelines.PIPELINE_STUDIES, record["study_id"])
         else:
@@ -302,7 +304,9 @@ def _state(job: Job | None, upload: dict[str, Any] | None, wants_model: bool
     return state, None
 
 
-def _check_model(uow: Any, parent: Parent, message: TrainingPipeline) -> str | None:
+def _check_model(uow: Any, parent: Parent, message: TrainingPipeline
+                 ) -> tuple[str | None, str | None]:
+    """The registry ids (services.api.ids) of the parentModel, and of the new modelId."""
     if (message.model_id or message.parent_model) and message.model_to_upload is None:
         raise invalid("modelToUpload", "is required with modelId or parentModel")
     if message.model_to_upload is not None and not message.model_to_upload.display_name:
@@ -310,12 +314,16 @@ def _check_model(uow: Any, parent: Parent, message: TrainingPipeline) -> str | N
     if message.model_id and message.parent_model:
         raise invalid("modelId", "give modelId for a new model or parentModel for a new "
                       "version of one, not both")
+    model_key = None
     if message.model_id:
         resource_id(message.model_id, "modelId")
-        if uow.record("registry_models", message.model_id) is not None:
+        model_key = ids.domain(uow, parent, message.model_id)
+        if model_api.find_head(uow, parent, message.model_id) is not None or \
+                uow.record("registry_models", model_key) is not None:
             raise ApiError("ALREADY_EXISTS", f"{parent.child('models', message.model_id)} "
                            "already exists: give parentModel to add a version")
-    return model_api.check_parent_model(uow, parent, message.parent_model, "parentModel")
+    return (model_api.check_parent_model(uow, parent, message.parent_model, "parentModel"),
+            model_key)
 
 
 def _stored(message: TrainingPipeline) -> dict[str, Any]:

@@ -11,10 +11,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from services.api import custom_jobs
+from services.api import custom_jobs, ids
 from services.api import operations as ops
 from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
-from services.api.context import RESOURCES, ApiContext, load_record, records_of, save_record
+from services.api.context import (
+    RESOURCES,
+    ApiContext,
+    create_id,
+    load_record,
+    records_of,
+    resource_key,
+    save_record,
+)
 from services.api.errors import ApiError, invalid, not_found
 from services.api.names import Parent, resource_id
 from services.api.wire.custom_job import CustomJob
@@ -39,13 +47,14 @@ def create(ctx: ApiContext, parent: Parent, body: Any, study_id: str | None = No
     if study_id is not None:
         resource_id(study_id, "hyperparameterTuningJobId")
     with ctx.unit() as uow:
-        cluster_id = domain.pop("clusterId")
-        require_cluster(uow, parent, cluster_id, "trialJobSpec.persistentResourceId")
+        cluster = require_cluster(uow, parent, domain.pop("clusterId"),
+                                  "trialJobSpec.persistentResourceId")
         study_id = study_id or new_id()
         existing = prior_create(uow, KIND, study_id, parent,
-                                parent.child(COLLECTION, study_id), _stored(message))
+                                parent.child(COLLECTION, study_id), _stored(message), ctx.now)
         where = {"parent": parent.name, "project": parent.project, "location": parent.location}
-        study = h.create_study(study_id, where, cluster_id, domain, uow, ctx.runtime.deps)
+        study = h.create_study(create_id(uow, KIND, study_id, parent, ctx.now), where,
+                               cluster, domain, uow, ctx.runtime.deps)
         if existing is None:
             save_record(uow, KIND, study_id, parent, _stored(message), ctx.now)
         return render(study, parent, study_id, {"resource": _stored(message)})
@@ -57,17 +66,18 @@ def delete(ctx: ApiContext, parent: Parent, study_id: str) -> dict[str, Any]:
     ctx.refresh()
     with ctx.unit() as uow:
         record = load_record(uow, KIND, study_id, parent, parent.child(COLLECTION, study_id))
-        study = h.get_study(study_id, uow)
+        domain_id = ids.domain_of(record)
+        study = h.get_study(domain_id, uow)
         if study is not None and study["state"] not in h.TERMINAL:
             raise ApiError("FAILED_PRECONDITION", f"hyperparameter tuning job {study_id} is "
                            f"{study['state']}: cancel it and wait for JOB_STATE_CANCELLED "
                            "before deleting it")
-        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=study_id, verb="delete",
+        op = Scope(ctx, uow, parent).operation(target=KIND, target_id=domain_id, verb="delete",
                                                generation=int(record["created"] * 1e6))
         if study is not None:
-            for job_id in h.delete_study(study_id, uow):
-                uow.delete_record(RESOURCES, f"customJob:{job_id}")
-        uow.delete_record(RESOURCES, f"{KIND}:{study_id}")
+            for job_id in h.delete_study(domain_id, uow):
+                uow.delete_record(RESOURCES, f"customJob:{job_id}")  # numbers: their own
+        uow.delete_record(RESOURCES, resource_key(KIND, domain_id))
         return ops.render(uow, op, ctx.now)
 
 
@@ -169,7 +179,7 @@ def _trial(t: dict[str, Any], parent: Parent) -> dict[str, Any]:
 
 def _listed(scope: Scope) -> Iterator[Shown]:
     for record in records_of(scope.uow, KIND, scope.parent):
-        study = h.get_study(record["id"], scope.uow)
+        study = h.get_study(ids.domain_of(record), scope.uow)
         if study is not None:
             yield study, record
 
@@ -177,7 +187,7 @@ def _listed(scope: Scope) -> Iterator[Shown]:
 def _found(scope: Scope, study_id: str) -> Shown:
     name = scope.parent.child(COLLECTION, study_id)
     record = load_record(scope.uow, KIND, study_id, scope.parent, name)
-    study = h.get_study(study_id, scope.uow)
+    study = h.get_study(ids.domain_of(record), scope.uow)
     if study is None:
         raise not_found(name)
     return study, record
@@ -190,7 +200,7 @@ def _cancel(scope: Scope, study_id: str, shown: Shown) -> None:
         state = render(study, scope.parent, record["id"], record)["state"]
         raise ApiError("FAILED_PRECONDITION", f"hyperparameter tuning job {study_id} is "
                        f"{state}: only a job that has not ended can be cancelled")
-    h.cancel_study(study_id, scope.uow, scope.ctx.runtime.deps)
+    h.cancel_study(ids.domain_of(record), scope.uow, scope.ctx.runtime.deps)
 
 
 STUDIES: Collection[Shown] = Collection(

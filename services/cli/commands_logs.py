@@ -130,14 +130,15 @@ def _parent(args: argparse.Namespace) -> Parent:
 def tensorboard_runs(app: EmbeddedApp, where: Parent, resource_id: str) -> dict[str, Path]:
     """The event directories to show: ``{name: dir}``. A CustomJob id gives one directory
     (its attempts are its runs); a HyperparameterTuningJob id gives one per trial."""
-    from services.api.custom_jobs import domain_job_id
+    from services.api.context import find_record
+    from services.api.custom_jobs import domain_job_id, job_of
     from services.cli.client import LocalClient
 
     client = LocalClient(app)
     with app.transaction() as uow:
-        known = uow.record("api_resources", f"customJob:{resource_id}")
-    if known is not None and known["parent"] == where.name:
-        return {"": _event_dir(app, domain_job_id(resource_id))}
+        known = find_record(uow, "customJob", resource_id, where)
+    if known is not None:
+        return {"": _event_dir(app, job_of(known))}
     try:  # HyperparameterTuningJobs: their trials are CustomJobs
         tuning_jobs: Any = importlib.import_module("services.api.tuning_jobs")
     except ImportError:  # pragma: no cover - a tree without tuning jobs

@@ -18,8 +18,10 @@ from typing import Any
 
 import flask
 
-from services.api.context import RESOURCES, ApiContext
+from services.api import ids
+from services.api.context import RESOURCES, ApiContext, find_record
 from services.api.errors import ApiError, invalid
+from services.api.names import Parent
 from services.console import jobpage, sim, views
 from services.console.accounting import accounting
 from services.console.history import MAX_POINTS, History, series
@@ -118,7 +120,7 @@ class Console:
                     if exc.http_status == 401:
                         raise
                     allowed[project] = False
-            cluster = uow.clusters.get(record["id"])
+            cluster = uow.clusters.get(ids.domain_of(record))
             if not allowed[project] or cluster is None or cluster.state is ClusterState.DELETED:
                 continue
             out.append({"name": f"{record['parent']}/modelDevelopmentClusters/{record['id']}",
@@ -137,10 +139,10 @@ class Console:
                 or parts[4] != "modelDevelopmentClusters":
             raise invalid("cluster", "must be projects/P/locations/L/modelDevelopmentClusters/C")
         self.check(permission, parts[1])
-        record = uow.record(RESOURCES, f"cluster:{parts[5]}")
-        if record is None or record["parent"] != "/".join(parts[:4]):
+        record = find_record(uow, "cluster", parts[5], Parent(parts[1], parts[3]))
+        if record is None:
             raise ApiError("NOT_FOUND", f"{name} not found")
-        return record  # type: ignore[no-any-return]
+        return {**record, "domain": ids.domain_of(record)}  # the domain's id (api.ids)
 
     def _events(self, since: float, until: float | None = None) -> list[dict[str, Any]]:
         log = self.ctx.runtime.deps.event_log
@@ -188,7 +190,7 @@ class Console:
                 return body
             record = self._cluster(uow, name, VIEW_CLUSTERS)
             self.check(LIST_JOBS, record["project"])
-            cluster_id = record["id"]
+            cluster_id = record["domain"]
             nodes = uow.nodes.list(cluster_id)
             # the page's jobs are read, the others only projected (id, created): a poll of a
             # cluster with 5,000 jobs decodes the 20 it shows
@@ -217,7 +219,7 @@ class Console:
     def nodes(self) -> dict[str, Any]:
         with self.read() as uow:
             record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
-            nodes = uow.nodes.list(record["id"])
+            nodes = uow.nodes.list(record["domain"])
         return views.node_page(nodes, self.ctx.now, self.ctx.runtime.deps.config.repair,
                                partition=flask.request.args.get("partition") or None,
                                word=flask.request.args.get("state") or None,
@@ -228,9 +230,9 @@ class Console:
         with self.read() as uow:
             record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
             self.check(LIST_JOBS, record["project"])
-            nodes = uow.nodes.list(record["id"])
-            job_ids = {k[0] for k in uow.jobs.project(record["id"], ("job_id",))}
-        return self._timeline(record["id"], nodes, job_ids, _int("limit", 100, 1, MAX_EVENTS),
+            nodes = uow.nodes.list(record["domain"])
+            job_ids = {k[0] for k in uow.jobs.project(record["domain"], ("job_id",))}
+        return self._timeline(record["domain"], nodes, job_ids, _int("limit", 100, 1, MAX_EVENTS),
                               _float("before"))
 
     def job(self) -> dict[str, Any]:
@@ -240,7 +242,7 @@ class Console:
             record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
             self.check(LIST_JOBS, record["project"])
             job = uow.jobs.get(job_id)
-            if job is None or job.cluster_id != record["id"]:
+            if job is None or job.cluster_id != record["domain"]:
                 raise ApiError("NOT_FOUND", f"job {job_id[:200]!r} not found in this cluster")
             name = _job_name(uow, job.job_id)
         now = self.ctx.now
@@ -261,7 +263,7 @@ class Console:
         if self.history is None:
             return {"enabled": False, **series([])}
         window = _int("windowS", 3600, 60, int(self.history.retention_s))
-        samples = self.history.read(record["id"], self.ctx.now - window)
+        samples = self.history.read(record["domain"], self.ctx.now - window)
         return {"enabled": True, "windowS": window, "intervalS": self.history.interval_s,
                 **series(samples, _int("points", MAX_POINTS, 2, MAX_POINTS))}
 
@@ -287,7 +289,7 @@ def _job_name(uow: Any, job_id: str) -> str | None:
     """The API name of a job submitted as a CustomJob (None: a trial, an adopted job)."""
     rid = job_id[3:] if job_id.startswith("cj-") else job_id
     record = uow.record(RESOURCES, f"customJob:{rid}")
-    return f"{record['parent']}/customJobs/{rid}" if record else None
+    return f"{record['parent']}/customJobs/{record['id']}" if record else None
 
 
 def register(app: flask.Flask, ctx: ApiContext, sim_dir: Path | None = None,

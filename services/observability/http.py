@@ -15,6 +15,7 @@ they need a bearer token of any role (viewer and up) on the project named by ``?
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -78,21 +79,25 @@ class Observability:
         tick = metrics.last_tick(self.store.read(alerts.CONTROLLER_TICKS, {}))
         stored = self.store.read(alerts.ALERTS, {})
         if scope is not None:  # one project's clusters' alerts; the controller's liveness
-            stored = [d for d in stored if d.get("cluster_id") in scope]
+            stored = [{**d, "cluster_id": scope[d["cluster_id"]]} for d in stored
+                      if d.get("cluster_id") in scope]
         listed = alerts.listing(stored, now, tick, include_resolved=flag in ("true", "1"),
                                 executors=self.store.read(alerts.EXECUTORS, {})
                                 if scope is None else ())
         return flask.Response(json.dumps({"alerts": listed, "now": now}, indent=1),
                               status=200, mimetype="application/json")
 
-    def _scope(self, request: flask.Request) -> frozenset[str] | None:
+    def _scope(self, request: flask.Request) -> dict[str, str] | None:
         """The clusters this caller may see: all on loopback or with no ``?project=`` (the
-        guard then asked for a token bound to every project); else the named project's."""
+        guard then asked for a token bound to every project); else the named project's, by
+        domain id (a record's ``domain``, services.api.ids) with the id the project knows."""
         project = request.args.get("project")
         if self.open_access or not project:
             return None
-        return frozenset(str(d["id"]) for d in self.store.read(
-            API_RESOURCES, {"kind": "cluster", "project": project}))
+        records = self.store.read(API_RESOURCES, {"kind": "cluster", "project": project})
+        seen = Counter(str(d["id"]) for d in records)  # one id in two locations: say which
+        return {str(d.get("domain") or d["id"]): str(d["id"]) if seen[str(d["id"])] == 1
+                else f"{d['location']}/{d['id']}" for d in records}
 
     def _check(self, request: flask.Request) -> flask.Response | None:
         if self.open_access:

@@ -18,7 +18,7 @@ import importlib.metadata
 import math
 import platform
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,8 +192,10 @@ class StoreCollector:
     """The custom collector: register it in a ``CollectorRegistry`` (``registry()``)."""
 
     def __init__(self, store: DocStore, clock: Clock, *, event_log: EventLog | None = None,
-                 clusters: frozenset[str] | None = None) -> None:
-        """``clusters``: the only clusters a scrape may see (one project's); None: the fleet.
+                 clusters: Mapping[str, str] | None = None) -> None:
+        """``clusters``: the only clusters a scrape may see (one project's), each domain id
+        with the id its project knows it by (services.api.ids), which its series are
+        labelled with; None: the fleet, labelled with the domain's ids.
         A scoped scrape gets its clusters' node and job series and the controller's
         liveness, none of the fleet-wide ones (outbox, dead letters, executors, the event
         log's repairs and histograms), which would tell one tenant about the others."""
@@ -207,7 +209,9 @@ class StoreCollector:
     def _mine(self, docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.clusters is None:
             return list(docs)
-        return [d for d in docs if d.get("cluster_id") in self.clusters]
+        names = self.clusters
+        return [{**d, "cluster_id": names[d["cluster_id"]]} for d in docs
+                if d.get("cluster_id") in names]
 
     def describe(self) -> list[Metric]:
         return []  # computed at scrape time; no collection at registration
@@ -356,7 +360,7 @@ class StoreCollector:
 
 
 def registry(store: DocStore, clock: Clock, *, event_log: EventLog | None = None,
-             clusters: frozenset[str] | None = None) -> CollectorRegistry:
+             clusters: Mapping[str, str] | None = None) -> CollectorRegistry:
     """A registry of its own holding one StoreCollector (never the global default one)."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(StoreCollector(store, clock, event_log=event_log, clusters=clusters))

@@ -25,7 +25,7 @@ from shared.domain.model import JobState
 from shared.handling import Deps
 
 SERVICE = "pipelines"
-PIPELINE_JOBS = "training_pipeline_jobs"  # domain job id -> {"pipeline": the pipeline's id}
+PIPELINE_JOBS = "training_pipeline_jobs"  # domain job id -> {"pipeline": its domain id}
 PIPELINE_STUDIES = "training_pipeline_studies"  # tuning study id -> {"pipeline": ...}
 STUDIES = "tuning_studies"  # the tuning service's study records (services.tuning.handlers)
 RESOURCES = "api_resources"
@@ -33,7 +33,12 @@ PIPELINE_KIND = "trainingPipeline"
 
 
 def pipeline_key(pipeline_id: str) -> str:
+    """``pipeline_id``: the pipeline's domain id (services.api.ids; a record's ``domain``)."""
     return f"{PIPELINE_KIND}:{pipeline_id}"
+
+
+def _key_of(record: dict[str, Any]) -> str:
+    return pipeline_key(str(record.get("domain") or record["id"]))
 
 
 def on_job_finished(event: JobFinished, uow: Any, deps: Deps) -> None:
@@ -69,7 +74,7 @@ def on_tuning_job_ended(event: TuningJobEnded, uow: Any, deps: Deps) -> None:
     job = uow.jobs.get(trial["job_id"]) if trial is not None else None
     now = deps.clock.now()
     if trial is None or job is None:
-        uow.put_record(RESOURCES, pipeline_key(record["id"]), {
+        uow.put_record(RESOURCES, _key_of(record), {
             **record, "upload": {"error": "no succeeded trial with a final measurement "
                                  "(or its custom job is gone)", "time": now}})
         return
@@ -103,8 +108,9 @@ def upload(uow: Any, record: dict[str, Any], job: Any, now: float, deps: Deps, *
                      registry.model_dir(job_resource, deps.config.output_root, job.job_id))
     pipeline_name = f"{parent}/trainingPipelines/{record['id']}"
     model["trainingPipeline"] = pipeline_name
-    parent_model = record.get("parent_model_id")
-    model_id = parent_model or resource.get("modelId") or registry.new_model_id(
+    parent_model = record.get("parent_model_id")  # the registry's ids (services.api.ids)
+    name_id = None if parent_model else resource.get("modelId")
+    model_id = parent_model or record.get("model_key") or name_id or registry.new_model_id(
         "pipeline", parent, record["id"])
     lineage = {**registry.lineage(job, f"{parent}/customJobs/{api_job_id}", job_resource,
                                   pipeline_name), **(extra or {})}
@@ -112,13 +118,14 @@ def upload(uow: Any, record: dict[str, Any], job: Any, now: float, deps: Deps, *
         version = registry.add_version(uow, parent=parent, model_id=model_id,
                                        new_model=parent_model is None, model=model,
                                        lineage=lineage,
-                                       job_key=job_key if job_record else None, now=now)
+                                       job_key=job_key if job_record else None, now=now,
+                                       name_id=name_id)
     except MtcError as exc:  # the parent model was deleted, the model id taken meanwhile
         outcome: dict[str, Any] = {"error": str(exc), "time": now}
     else:
-        outcome = {"model": registry.model_name(parent, model_id),
+        outcome = {"model": registry.model_name(parent, registry.shown(version)),
                    "versionId": version["version_id"], "time": now}
-    uow.put_record(RESOURCES, pipeline_key(record["id"]), {**record, "upload": outcome})
+    uow.put_record(RESOURCES, _key_of(record), {**record, "upload": outcome})
 
 
 SUBSCRIPTIONS = {

@@ -4,11 +4,13 @@ Both the API (``models:upload``) and the pipelines handler (the upload when a tr
 pipeline's job succeeds) write versions through here, in the caller's unit of work, so a
 version, its model's head record and the producing job's list of models commit together.
 
-Records (plain records beside the entities, ``uow.record/put_record``):
+Records (plain records beside the entities, ``uow.record/put_record``), keyed by the model's
+domain id (``model_id`` here: the API's ``modelId`` in its parent's namespace, mapped by
+``services.api.ids``; ``name_id``, the id the API shows, is kept beside it):
 
-- ``registry_models/{modelId}``: the head: parent, created, the next version number, and
-  the aliases (alias -> version id; ``default`` always names one version);
-- ``registry_model_versions/{modelId}@{versionId}``: the version's Model fields (the wire
+- ``registry_models/{model_id}``: the head: parent, name_id, created, the next version
+  number, and the aliases (alias -> version id; ``default`` always names one version);
+- ``registry_model_versions/{model_id}@{versionId}``: the version's Model fields (the wire
   form, camelCase), its lineage (``mtcLineage``), created, updated;
 - the producing CustomJob's API record (``api_resources/customJob:{id}``) gets the version's
   name appended to ``models``, which the job renders as ``mtcModels``.
@@ -39,6 +41,11 @@ def model_name(parent: str, model_id: str) -> str:
     return f"{parent}/models/{model_id}"
 
 
+def shown(record: dict[str, Any]) -> str:
+    """The id the API shows for a head or version record (older records: their key's)."""
+    return str(record.get("name_id") or record.get("model_id") or record["id"])
+
+
 def head(uow: Any, parent: str, model_id: str) -> dict[str, Any]:
     record = uow.record(MODELS, model_id)
     if record is None or record["parent"] != parent:
@@ -57,33 +64,36 @@ def version(uow: Any, parent: str, model_id: str, ref: str | None) -> dict[str, 
     wanted = top["aliases"].get(ref or DEFAULT, ref)
     record = uow.record(VERSIONS, f"{model_id}@{wanted}")
     if record is None:
-        raise NotFound("model version", f"{model_name(parent, model_id)}@{ref}")
+        raise NotFound("model version", f"{model_name(parent, shown(top))}@{ref}")
     return record  # type: ignore[no-any-return]
 
 
 def add_version(uow: Any, *, parent: str, model_id: str, new_model: bool, model: dict[str, Any],
-                lineage: dict[str, Any] | None, job_key: str | None, now: float
-                ) -> dict[str, Any]:
+                lineage: dict[str, Any] | None, job_key: str | None, now: float,
+                name_id: str | None = None) -> dict[str, Any]:
     """Upload ``model`` (wire fields) as the next version of ``model_id`` (a new model when
-    ``new_model``); the new version takes the ``default`` alias."""
+    ``new_model``; ``name_id``: its API id, default ``model_id``); the new version takes the
+    ``default`` alias."""
     existing = uow.record(MODELS, model_id)
+    name_id = name_id or (shown(existing) if existing else model_id)
     if new_model and existing is not None:
-        raise Conflict(f"{model_name(parent, model_id)} already exists: upload a new version "
+        raise Conflict(f"{model_name(parent, name_id)} already exists: upload a new version "
                        "with parentModel")
     if not new_model and (existing is None or existing["parent"] != parent):
-        raise ValidationError("parentModel", f"names no model in {parent} ({model_id!r})")
-    top = existing or {"id": model_id, "parent": parent, "created": now, "next_version": 1,
-                       "aliases": {}}
+        raise ValidationError("parentModel", f"names no model in {parent} ({name_id!r})")
+    top = existing or {"id": model_id, "name_id": name_id, "parent": parent, "created": now,
+                       "next_version": 1, "aliases": {}}
     version_id = str(top["next_version"])
     top = {**top, "next_version": top["next_version"] + 1, "time": now,
            "aliases": {**top["aliases"], DEFAULT: version_id}}
-    record = {"model_id": model_id, "parent": parent, "version_id": version_id,
+    record = {"model_id": model_id, "name_id": name_id, "parent": parent,
+              "version_id": version_id,
               "model": model, "lineage": lineage, "job_key": job_key, "created": now,
               "time": now}
     uow.put_record(MODELS, model_id, top)
     uow.put_record(VERSIONS, f"{model_id}@{version_id}", record)
     if job_key is not None:
-        _link(uow, job_key, f"{model_name(parent, model_id)}@{version_id}", add=True)
+        _link(uow, job_key, f"{model_name(parent, name_id)}@{version_id}", add=True)
     return record
 
 
@@ -114,13 +124,13 @@ def delete_version(uow: Any, parent: str, model_id: str, version_id: str) -> Non
     all_versions = versions(uow, model_id)
     if len(all_versions) <= 1:
         raise Conflict(f"version {version_id} is the only version of "
-                       f"{model_name(parent, model_id)}: delete the model instead")
+                       f"{model_name(parent, shown(top))}: delete the model instead")
     if top["aliases"].get(DEFAULT) == version_id:
         raise Conflict(f"version {version_id} holds the default alias: move it to another "
                        "version (mergeVersionAliases) before deleting this one")
     record = uow.record(VERSIONS, f"{model_id}@{version_id}")
     if record is None:
-        raise NotFound("model version", f"{model_name(parent, model_id)}@{version_id}")
+        raise NotFound("model version", f"{model_name(parent, shown(top))}@{version_id}")
     _drop(uow, parent, record)
     aliases = {a: v for a, v in top["aliases"].items() if v != version_id}
     uow.put_record(MODELS, model_id, {**top, "aliases": aliases})
@@ -137,7 +147,8 @@ def _drop(uow: Any, parent: str, record: dict[str, Any]) -> None:
     model_id, version_id = record["model_id"], record["version_id"]
     uow.delete_record(VERSIONS, f"{model_id}@{version_id}")
     if record.get("job_key"):
-        _link(uow, record["job_key"], f"{model_name(parent, model_id)}@{version_id}", add=False)
+        _link(uow, record["job_key"], f"{model_name(parent, shown(record))}@{version_id}",
+              add=False)
 
 
 def _link(uow: Any, job_key: str, name: str, *, add: bool) -> None:

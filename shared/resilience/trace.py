@@ -184,7 +184,8 @@ def _fault(item: Any, path: str, job: JobShape) -> Fault:
 
 
 def load_trace(source: str | Path | None = None) -> Trace:
-    """A trace file, or a packaged one by name (``default``, ``two-faults``, ``node-faults``; None: default)."""
+    """A trace file, or a packaged one by name (``default``, ``two-faults``, ``node-faults``;
+    None: default)."""
     name = str(source) if source is not None else DEFAULT_TRACE
     packaged = resources.files("shared.resilience") / "data" / f"{name}.yaml"
     path = Path(name)

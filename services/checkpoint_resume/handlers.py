@@ -33,6 +33,7 @@ from shared.domain import exits, lifecycle, progress, ranks, timeouts
 from shared.domain.errors import NotFound
 from shared.domain.events import (
     FleetTicked,
+    JobCancelRequested,
     JobCheckpointSaved,
     JobFinished,
     JobFirstStep,
@@ -71,6 +72,15 @@ def on_interrupt_requested(event: JobInterruptRequested, uow: UnitOfWork, deps: 
     if job.state is not JobState.RUNNING or job.attempt != event.attempt:
         return
     _interrupt(job, hung(job, event), uow, deps)
+
+
+def on_cancel_requested(event: JobCancelRequested, uow: UnitOfWork, deps: Deps) -> None:
+    """A cancel committed: its job's workers get SIGTERM and the grace period. The command
+    itself signals nothing, so a cancel whose transaction lost signalled no one."""
+    job = uow.jobs.get(event.job_id)
+    if job is None or job.state is not JobState.CANCELLING:
+        return
+    deps.compute.signal_workers(job.job_id, job.attempt, deps.config.grace_period_s)
 
 
 def hung(job: Job, event: JobInterruptRequested) -> str:
@@ -265,6 +275,7 @@ def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome 
 SUBSCRIPTIONS = {
     NodeDraining: on_node_draining,
     JobInterruptRequested: on_interrupt_requested,
+    JobCancelRequested: on_cancel_requested,
     JobCheckpointSaved: on_checkpoint_saved,
     JobWorkersExited: on_workers_exited,
     JobFirstStep: measure.on_first_step,

@@ -185,8 +185,9 @@ def cancel_job(job_id: str, uow: UnitOfWork, deps: Deps) -> Job:
     if job.terminal or job.state is JobState.CANCELLING:
         return job
     if job.state is JobState.RUNNING:
+        # the workers are signalled by the event's handler, after this commits: a cancel that
+        # loses its transaction must not have stopped them (they would end as a failure)
         job.transition(JobState.CANCELLING, now)
-        deps.compute.signal_workers(job.job_id, job.attempt, deps.config.grace_period_s)
     else:
         free_held_nodes(job, uow, deps)
         job.transition(JobState.CANCELLED, now)

@@ -100,6 +100,27 @@ def test_cancel_signals_then_cancels_and_frees_nodes() -> None:
     assert all(n.state is NodeState.IDLE for n in plane.nodes("c1"))
 
 
+def test_a_cancel_whose_transaction_is_lost_signals_no_worker() -> None:
+    """Found by the stack load test: the cancel signalled the workers before its commit, so
+    a cancel that lost a race to another transaction had stopped a job still RUNNING, and
+    its workers' exit was judged the program's failure."""
+    plane = ready_plane()
+    plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
+    plane.deliver()
+    with plane.uow() as uow:
+        job_commands.cancel_job("j1", uow, plane.deps)
+        uow.rollback()  # the commit lost
+    plane.deliver()
+    assert plane.compute.signalled == []
+    assert plane.job("j1").state is JobState.RUNNING
+    plane.api(lambda u, d: job_commands.cancel_job("j1", u, d))  # the client's retry
+    assert plane.compute.signalled == []  # not before the commit's event is handled
+    plane.deliver()
+    assert plane.compute.signalled == [("j1", 1)]
+    plane.exit_workers("j1", 1, 143)  # SIGTERM, no checkpoint: still a cancel, not a failure
+    assert plane.job("j1").state is JobState.CANCELLED
+
+
 def test_delete_checkpoints_jobs_then_retires_every_node() -> None:
     """Issue: destructive updates. The machines go only after the workers had their SIGTERM
     and grace period to checkpoint, never under a running program."""

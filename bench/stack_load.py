@@ -159,15 +159,17 @@ def api_figures(clients: list[ApiClient], seconds: float) -> dict[str, Any]:
         for _, status, _ in mine:
             if not status.isdigit() or int(status) >= 400:
                 errors[status] = errors.get(status, 0) + 1
-        by_kind[kind] = {"count": len(mine), "errors": errors,
-                         "p50_ms": round(pct([c[2] for c in mine], 50) * 1000, 1),
-                         "p99_ms": round(pct([c[2] for c in mine], 99) * 1000, 1)}
+        by_kind[kind] = {"count": len(mine), "errors": errors, **quantiles(mine)}
     failed = sum(sum(k["errors"].values()) for k in by_kind.values())
     return {"calls": len(calls), "calls_per_s": round(len(calls) / seconds, 1),
-            "errors": failed,
-            "p50_ms": round(pct([c[2] for c in calls], 50) * 1000, 1),
-            "p99_ms": round(pct([c[2] for c in calls], 99) * 1000, 1),
-            "by_kind": by_kind}
+            "errors": failed, **quantiles(calls), "by_kind": by_kind}
+
+
+def quantiles(calls: list[tuple[str, str, float]]) -> dict[str, float | None]:
+    """p50/p99 in ms of the calls' latencies; None when there were none."""
+    seconds = [c[2] for c in calls]
+    return {f"p{q}_ms": round(pct(seconds, q) * 1000, 1) if seconds else None
+            for q in (50, 99)}
 
 
 class CpuMeter:
@@ -293,7 +295,7 @@ def report_progress(label: str, phase: Phase, tap: Tap, elapsed: float) -> None:
 def table(results: dict[str, Any]) -> str:
     """The phases, then each phase's API calls by kind."""
     def ms(d: dict[str, Any]) -> str:
-        return f"{d['p50_ms']:g}/{d['p99_ms']:g}"
+        return f"{d['p50_ms']}/{d['p99_ms']}"
 
     lines = ["offered/s clients  handled/s  report->handler p50/p99 ms  drains  "
              "report->drain p50/p99 ms  api calls/s  api p50/p99 ms  errors  load1"]
@@ -310,7 +312,8 @@ def table(results: dict[str, Any]) -> str:
         lines.append(f"\nAPI at {p['offered_per_s']:g} reports/s, {p['clients']} clients:")
         lines.append(f"{'call':18} {'count':>6} {'p50 ms':>8} {'p99 ms':>8}  errors")
         for kind, k in p["api"]["by_kind"].items():
-            lines.append(f"{kind:18} {k['count']:6d} {k['p50_ms']:8g} {k['p99_ms']:8g}  "
+            lines.append(f"{kind:18} {k['count']:6d} {k['p50_ms'] or '-':>8} "
+                         f"{k['p99_ms'] or '-':>8}  "
                          f"{k['errors'] or '-'}")
     return "\n".join(lines)
 

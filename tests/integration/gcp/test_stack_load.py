@@ -5,8 +5,8 @@ measured by running the tool (docs/gcp.md), not here."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,13 +18,12 @@ KINDS = {"list_jobs", "get_job", "list_clusters", "list_operations", "get_operat
          "list_nodes", "create_job", "cancel_job"}
 
 
-def _latencies(figures: dict[str, object], count: int) -> None:
+def _latencies(figures: dict[str, Any], count: int) -> None:
     p50, p99 = figures["p50_ms"], figures["p99_ms"]
-    assert isinstance(p50, float) and isinstance(p99, float)
     if count:
         assert 0 < p50 <= p99 < 60_000, figures
     else:
-        assert math.isnan(p50) and math.isnan(p99), figures
+        assert p50 is None and p99 is None, figures
 
 
 def test_stack_load_reports_every_figure(emulators: dict[str, str], tmp_path: Path) -> None:
@@ -60,7 +59,9 @@ def test_stack_load_reports_every_figure(emulators: dict[str, str], tmp_path: Pa
         assert api["by_kind"][kind]["count"] > 0, api["by_kind"]
     for figures in (api, *api["by_kind"].values()):
         _latencies(figures, figures.get("count", api["calls"]))
-    assert api["by_kind"]["list_jobs"]["errors"] == {}, api["by_kind"]["list_jobs"]
+    # a 4xx is the tool asking wrongly (a 5xx may be the loaded stack: counted, not failed)
+    assert not [(kind, status) for kind, k in api["by_kind"].items() for status in k["errors"]
+                if status.startswith("4")], api["by_kind"]
 
     assert len(phase["load_avg"]) == 3 and phase["load_avg"][0] >= 0
     cpu = phase["cpu_pct"]

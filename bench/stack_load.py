@@ -62,6 +62,7 @@ from stack_bench import (  # noqa: E402
 MIX: tuple[tuple[str, int], ...] = (
     ("list_jobs", 4), ("get_job", 4), ("list_clusters", 2), ("list_operations", 1),
     ("get_operation", 1), ("list_nodes", 1), ("create_cancel_job", 1))
+RETRIES = 2
 KINDS = ("list_jobs", "get_job", "list_clusters", "list_operations", "get_operation",
          "list_nodes", "create_job", "cancel_job")
 
@@ -96,19 +97,28 @@ class ApiClient:
     seed: int
     think_s: float
     jobs: list[str]  # job names seen, shared by the clients
-    calls: list[tuple[str, str, float]] = field(default_factory=list)  # kind, status, seconds
+    # kind, status, seconds, retries
+    calls: list[tuple[str, str, float, int]] = field(default_factory=list)
+    created: int = 0
 
     def call(self, session: requests.Session, kind: str, method: str, path: str,
              body: Any = None) -> Any:
+        """One call as a client library makes it: a 503 UNAVAILABLE (the store busy) is
+        tried again after its Retry-After, up to ``RETRIES`` times (every call in the mix is
+        idempotent: creates name their job); timed from the first try to the answer."""
         t = time.perf_counter()
-        try:
-            resp = session.request(method, f"{self.url}/{path}", json=body, timeout=30)
-            status, answer = str(resp.status_code), resp
-        except requests.Timeout:
-            status, answer = "timeout", None
-        except requests.RequestException:
-            status, answer = "no answer", None
-        self.calls.append((kind, status, time.perf_counter() - t))
+        for attempt in range(RETRIES + 1):
+            try:
+                resp = session.request(method, f"{self.url}/{path}", json=body, timeout=30)
+                status, answer = str(resp.status_code), resp
+            except requests.Timeout:
+                status, answer = "timeout", None
+            except requests.RequestException:
+                status, answer = "no answer", None
+            if status != "503" or attempt == RETRIES or answer is None:
+                break
+            time.sleep(min(5.0, float(answer.headers.get("Retry-After", "1"))))
+        self.calls.append((kind, status, time.perf_counter() - t, attempt))
         if answer is None or answer.status_code >= 400:
             return None
         return answer.json()
@@ -122,7 +132,7 @@ class ApiClient:
             while not stop.is_set():
                 kind = rng.choices(kinds, weights)[0]
                 if kind == "get_job" and not self.jobs:
-                    kind = "list_jobs"
+                    kind = "create_cancel_job"  # nothing to get yet: make something
                 if kind == "list_jobs":
                     page = self.call(s, kind, "GET", f"{v1}/customJobs?pageSize=20")
                     for job in (page or {}).get("customJobs", []):
@@ -140,8 +150,9 @@ class ApiClient:
                     self.call(s, kind, "GET", f"{beta}/modelDevelopmentClusters/{CLUSTER_ID}"
                               "/nodes?pageSize=100")
                 else:
-                    job = self.call(s, "create_job", "POST", f"{v1}/customJobs",
-                                    small_job(self.partition))
+                    self.created += 1
+                    job = self.call(s, "create_job", "POST", f"{v1}/customJobs?customJobId="
+                                    f"load-{self.seed}-{self.created}", small_job(self.partition))
                     if job is not None:
                         self.jobs.append(job["name"])
                         self.call(s, "cancel_job", "POST", f"v1/{job['name']}:cancel",
@@ -156,16 +167,22 @@ def api_figures(clients: list[ApiClient], seconds: float) -> dict[str, Any]:
     for kind in KINDS:
         mine = [c for c in calls if c[0] == kind]
         errors: dict[str, int] = {}
-        for _, status, _ in mine:
-            if not status.isdigit() or int(status) >= 400:
+        for _, status, _, _ in mine:
+            if failed(status):
                 errors[status] = errors.get(status, 0) + 1
-        by_kind[kind] = {"count": len(mine), "errors": errors, **quantiles(mine)}
-    failed = sum(sum(k["errors"].values()) for k in by_kind.values())
+        by_kind[kind] = {"count": len(mine), "errors": errors,
+                         "retried": sum(1 for c in mine if c[3]), **quantiles(mine)}
     return {"calls": len(calls), "calls_per_s": round(len(calls) / seconds, 1),
-            "errors": failed, **quantiles(calls), "by_kind": by_kind}
+            "errors": sum(1 for c in calls if failed(c[1])),
+            "retried": sum(1 for c in calls if c[3]), **quantiles(calls), "by_kind": by_kind}
 
 
-def quantiles(calls: list[tuple[str, str, float]]) -> dict[str, float | None]:
+def failed(status: str) -> bool:
+    """No answer, or an answer >= 400 (after the retries)."""
+    return not status.isdigit() or int(status) >= 400
+
+
+def quantiles(calls: list[tuple[str, str, float, int]]) -> dict[str, float | None]:
     """p50/p99 in ms of the calls' latencies; None when there were none."""
     seconds = [c[2] for c in calls]
     return {f"p{q}_ms": round(pct(seconds, q) * 1000, 1) if seconds else None
@@ -173,33 +190,48 @@ def quantiles(calls: list[tuple[str, str, float]]) -> dict[str, float | None]:
 
 
 class CpuMeter:
-    """CPU time of named processes (``/proc/<pid>/stat`` utime+stime) and of the machine
-    (``/proc/stat``) between ``start`` and ``percent``: 100 is one core busy."""
+    """CPU time of named processes and all their descendants (``/proc/<pid>/stat``
+    utime+stime; a process counts for its nearest named ancestor: a function's gunicorn
+    worker for the function, this process only for itself) and of the whole machine
+    (``/proc/stat``), between construction and ``percent``: 100 is one core busy."""
 
     TICKS = os.sysconf("SC_CLK_TCK")
 
     def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
+        self.names = {pid: name for name, pid in pids.items()}
         self.t0 = time.monotonic()
         self.before = self._sample()
 
     def _sample(self) -> dict[str, float]:
-        out = {}
-        for name, pid in self.pids.items():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                out[name] = (int(fields[11]) + int(fields[12])) / self.TICKS
-            except (OSError, IndexError, ValueError):
+        parents: dict[int, int] = {}
+        ticks: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
                 continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            parents[int(entry.name)] = int(fields[1])
+            ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+        out = dict.fromkeys(self.names.values(), 0.0)
+        for pid, used in ticks.items():
+            up, seen = pid, 0
+            while up not in self.names and up in parents and seen < 64:
+                up, seen = parents[up], seen + 1
+            if up in self.names:
+                out[self.names[up]] += used / self.TICKS
         cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
         idle = int(cpu[3]) + int(cpu[4])
         out["machine"] = (sum(int(x) for x in cpu[:8]) - idle) / self.TICKS
         return out
 
     def percent(self) -> dict[str, float]:
+        """Busy percent of each name since construction (a process that ended in between
+        takes its time with it: the figures are a floor)."""
         after, wall = self._sample(), time.monotonic() - self.t0
-        return {name: round(100 * (after[name] - self.before[name]) / wall, 1)
-                for name in after if name in self.before}
+        return {name: round(max(0.0, 100 * (after[name] - self.before[name]) / wall), 1)
+                for name in after}
 
 
 def stack_pids(bench: BenchCluster, state_dir: Path) -> dict[str, int]:
@@ -286,7 +318,7 @@ def run_phase(bench: BenchCluster, tap: Tap, phase: Phase, pids: dict[str, int],
 def report_progress(label: str, phase: Phase, tap: Tap, elapsed: float) -> None:
     drains = sum(tap.first_after(node, t) is not None for node, t in phase.xids)
     calls = [c for client in phase.api for c in client.calls]
-    errors = sum(1 for c in calls if not c[1].isdigit() or int(c[1]) >= 400)
+    errors = sum(1 for c in calls if failed(c[1]))
     print(f"{label}: {elapsed:5.0f}/{phase.seconds:g} s  reports {len(phase.sent)}  "
           f"xid {len(phase.xids)} (drained {drains})  api calls {len(calls)} "
           f"({errors} errors)  load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
@@ -310,10 +342,11 @@ def table(results: dict[str, Any]) -> str:
         if not p["api"]:
             continue
         lines.append(f"\nAPI at {p['offered_per_s']:g} reports/s, {p['clients']} clients:")
-        lines.append(f"{'call':18} {'count':>6} {'p50 ms':>8} {'p99 ms':>8}  errors")
+        lines.append(f"{'call':18} {'count':>6} {'p50 ms':>8} {'p99 ms':>8} {'retried':>7}  "
+                     "errors")
         for kind, k in p["api"]["by_kind"].items():
             lines.append(f"{kind:18} {k['count']:6d} {k['p50_ms'] or '-':>8} "
-                         f"{k['p99_ms'] or '-':>8}  "
+                         f"{k['p99_ms'] or '-':>8} {k['retried']:7d}  "
                          f"{k['errors'] or '-'}")
     return "\n".join(lines)
 

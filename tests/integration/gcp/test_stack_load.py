@@ -54,6 +54,7 @@ def test_stack_load_reports_every_figure(emulators: dict[str, str], tmp_path: Pa
     assert set(api["by_kind"]) == KINDS
     assert api["calls"] == sum(k["count"] for k in api["by_kind"].values()) > 0
     assert api["errors"] == sum(sum(k["errors"].values()) for k in api["by_kind"].values())
+    assert api["retried"] == sum(k["retried"] for k in api["by_kind"].values())
     assert api["calls_per_s"] == round(api["calls"] / 5, 1)
     for kind in ("list_jobs", "list_clusters"):
         assert api["by_kind"][kind]["count"] > 0, api["by_kind"]

@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         "nodes": args.nodes, "per_partition": args.per_partition,
         "background_reports_per_s": round(args.nodes / args.agent_interval, 1),
         "think_s": args.think, "cpus": os.cpu_count(), "phases": []}
-    cursor, jobs = [0], []
+    cursor: list[int] = [0]
+    jobs: list[str] = []
     with bench_cluster(args.state_dir, args.nodes, args.per_partition, args.agent_interval,
                        tap) as bench:
         results["cluster_ready_s"] = bench.ready_s

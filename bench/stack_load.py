@@ -100,6 +100,7 @@ class ApiClient:
     # kind, status, seconds, retries
     calls: list[tuple[str, str, float, int]] = field(default_factory=list)
     created: int = 0
+    said: dict[tuple[str, str], str] = field(default_factory=dict)  # first error answer
 
     def call(self, session: requests.Session, kind: str, method: str, path: str,
              body: Any = None) -> Any:
@@ -120,6 +121,7 @@ class ApiClient:
             time.sleep(min(5.0, float(answer.headers.get("Retry-After", "1"))))
         self.calls.append((kind, status, time.perf_counter() - t, attempt))
         if answer is None or answer.status_code >= 400:
+            self.said.setdefault((kind, status), answer.text[:300] if answer else status)
             return None
         return answer.json()
 
@@ -170,8 +172,11 @@ def api_figures(clients: list[ApiClient], seconds: float) -> dict[str, Any]:
         for _, status, _, _ in mine:
             if failed(status):
                 errors[status] = errors.get(status, 0) + 1
+        said = {status: text for client in clients for (k, status), text in client.said.items()
+                if k == kind}
         by_kind[kind] = {"count": len(mine), "errors": errors,
-                         "retried": sum(1 for c in mine if c[3]), **quantiles(mine)}
+                         "retried": sum(1 for c in mine if c[3]), **quantiles(mine),
+                         "first_error": said}
     return {"calls": len(calls), "calls_per_s": round(len(calls) / seconds, 1),
             "errors": sum(1 for c in calls if failed(c[1])),
             "retried": sum(1 for c in calls if c[3]), **quantiles(calls), "by_kind": by_kind}

@@ -121,7 +121,7 @@ class ApiClient:
             time.sleep(min(5.0, float(answer.headers.get("Retry-After", "1"))))
         self.calls.append((kind, status, time.perf_counter() - t, attempt))
         if answer is None or answer.status_code >= 400:
-            self.said.setdefault((kind, status), answer.text[:300] if answer else status)
+            self.said.setdefault((kind, status), answer.text[:300] if answer is not None else status)
             return None
         return answer.json()
 

@@ -55,6 +55,8 @@ OPEN_POLICY = {"max_out_of_service_fraction": 1.0, "blast_window_s": 0,
 
 
 CLUSTER_ID = "bench"
+H100 = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
+        "acceleratorCount": 8}  # every worker node's machine, and a job's
 
 
 def cluster_spec(nodes: int, per_partition: int) -> dict[str, Any]:
@@ -66,9 +68,7 @@ def cluster_spec(nodes: int, per_partition: int) -> dict[str, Any]:
     for i in range(0, nodes, per_partition):
         size = min(per_partition, nodes - i)
         pools.append({"id": f"gpu{i // per_partition}",
-                      "machineSpec": {"machineType": "a3-highgpu-8g",
-                                      "acceleratorType": "NVIDIA_H100_80GB",
-                                      "acceleratorCount": 8},
+                      "machineSpec": H100,
                       "scalingSpec": {"minNodeCount": size, "maxNodeCount": size},
                       "mtcHotSpareCount": 0})
     return {

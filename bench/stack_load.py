@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from stack_bench import (  # noqa: E402
     CLUSTER_ID,
+    H100,
     BenchCluster,
     Tap,
     bench_cluster,
@@ -75,11 +76,8 @@ def small_job(partition: str) -> dict[str, Any]:
         "jobSpec": {
             "persistentResourceId": CLUSTER_ID,
             "workerPoolSpecs": [{
-                "machineSpec": {"machineType": "a3-highgpu-8g",
-                                "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
-                "replicaCount": "1",
-                "containerSpec": {"imageUri": "local/sleep:latest", "command": ["sleep", "30"]},
-            }],
+                "machineSpec": H100, "replicaCount": "1",
+                "containerSpec": {"imageUri": "local/sleep:latest", "command": ["sleep", "30"]}}],
             "scheduling": {"mtcPartition": partition},
         },
     }

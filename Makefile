@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo demo-torch test test-fast lint bench bench-stack bench-slurm clean stack demo-slurm stack-slurm bench-stack-slurm
+.PHONY: demo demo-torch test test-fast lint bench bench-stack bench-stack-load bench-slurm clean stack demo-slurm stack-slurm bench-stack-slurm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ stack: $(STAMP)
 
 bench-stack: $(STAMP)
 	$(BIN)/python bench/stack_bench.py
+
+# agents, XID faults and API clients on the stack at once (docs/gcp.md, Load test)
+bench-stack-load: $(STAMP)
+	$(BIN)/python bench/stack_load.py
 
 # The production topology here: the emulators, every function (MTC_COMPUTE=remote), the
 # compute executor with SlurmCompute and a real Slurm cluster; the story with sinfo at each

@@ -27,11 +27,14 @@ Results go to stdout and, as JSON, to ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,8 @@ OPEN_POLICY = {"max_out_of_service_fraction": 1.0, "blast_window_s": 0,
 
 
 CLUSTER_ID = "bench"
+H100 = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
+        "acceleratorCount": 8}  # every worker node's machine, and a job's
 
 
 def cluster_spec(nodes: int, per_partition: int) -> dict[str, Any]:
@@ -63,9 +68,7 @@ def cluster_spec(nodes: int, per_partition: int) -> dict[str, Any]:
     for i in range(0, nodes, per_partition):
         size = min(per_partition, nodes - i)
         pools.append({"id": f"gpu{i // per_partition}",
-                      "machineSpec": {"machineType": "a3-highgpu-8g",
-                                      "acceleratorType": "NVIDIA_H100_80GB",
-                                      "acceleratorCount": 8},
+                      "machineSpec": H100,
                       "scalingSpec": {"minNodeCount": size, "maxNodeCount": size},
                       "mtcHotSpareCount": 0})
     return {
@@ -116,65 +119,74 @@ class Tap:
             return next((a for a in self.drains.get(node, []) if a >= t), None)
 
 
+def report_xid79(stack: Stack, node: str) -> float:
+    """An agent's XID 79 report for ``node``, published (waited on); its publish time."""
+    assert stack.publisher is not None
+    t = time.time()
+    stack.publisher.publish(make_envelope(
+        NodeHealthReported(node_id=node, observed_at=t, conditions=xid79(t)), "//bench/agent", t))
+    return t
+
+
 def latency_phase(stack: Stack, tap: Tap, nodes: list[str], samples: int, interval: float,
                   timeout_s: float = 30.0) -> dict[str, Any]:
-    assert stack.publisher is not None
     sent: list[tuple[str, float]] = []
     for i in range(samples):
         node = nodes[i % len(nodes)]
-        t = time.time()
-        stack.publisher.publish(make_envelope(
-            NodeHealthReported(node_id=node, observed_at=t, conditions=xid79(t)),
-            "//bench/agent", t))
+        t = report_xid79(stack, node)
         sent.append((node, t))
         time.sleep(max(0.0, t + interval - time.time()))
+    return {"samples": samples, "interval_s": interval, **drain_figures(tap, sent, timeout_s)}
+
+
+def drain_figures(tap: Tap, sent: list[tuple[str, float]], timeout_s: float = 30.0
+                  ) -> dict[str, Any]:
+    """Report-to-drain latency of each (node, publish time) sent, waiting up to
+    ``timeout_s`` for the drains still on their way."""
     deadline = time.time() + timeout_s
     latencies: list[float] = []
     missing = 0
     for node, t in sent:
-        arrived = None
+        # looked at once even past the deadline: one drain that never came must not turn
+        # every later sample into a miss
+        arrived = tap.first_after(node, t)
         while arrived is None and time.time() < deadline:
+            time.sleep(0.05)
             arrived = tap.first_after(node, t)
-            if arrived is None:
-                time.sleep(0.05)
         if arrived is None:
             missing += 1
         else:
             latencies.append(arrived - t)
-    return {"samples": samples, "measured": len(latencies), "missing": missing,
-            "interval_s": interval,
+    return {"measured": len(latencies), "missing": missing,
             "p50_ms": round(pct(latencies, 50) * 1000, 1),
             "p99_ms": round(pct(latencies, 99) * 1000, 1),
             "mean_ms": round(statistics.fmean(latencies) * 1000, 1) if latencies else None,
             "max_ms": round(max(latencies) * 1000, 1) if latencies else None}
 
 
-def throughput_phase(stack: Stack, nodes: list[str], rate: float, seconds: float,
-                     drain_timeout_s: float = 60.0) -> dict[str, Any]:
-    assert stack.publisher is not None and stack.store is not None
-    client = stack.publisher.client
-    topic = stack.publisher.topic_path("mtc-node")
+def publish_report(stack: Stack, node: str, conditions: tuple[dict[str, Any], ...],
+                   source: str) -> tuple[str, float, Any]:
+    """One agent's health report published without waiting: its idempotency key at
+    health_triage, the publish time and the publish future."""
+    assert stack.publisher is not None
     from shared.codec import to_pubsub
 
-    sent: dict[str, float] = {}
-    futures = []
-    start = time.time()
-    n = int(rate * seconds)
-    for i in range(n):
-        due = start + i / rate
-        time.sleep(max(0.0, due - time.time()))
-        t = time.time()
-        env = make_envelope(NodeHealthReported(node_id=nodes[i % len(nodes)], observed_at=t,
-                                               conditions=healthy(t)), "//bench/load", t)
-        data, attrs = to_pubsub(env)
-        futures.append(client.publish(topic, data, **attrs))
-        sent[f"health_triage:{env.key}"] = t
-    for f in futures:
-        f.result(timeout=60)
-    published_s = time.time() - start
+    t = time.time()
+    env = make_envelope(NodeHealthReported(node_id=node, observed_at=t, conditions=conditions),
+                        source, t)
+    data, attrs = to_pubsub(env)
+    future = stack.publisher.client.publish(stack.publisher.topic_path("mtc-node"), data,
+                                            **attrs)
+    return f"health_triage:{env.key}", t, future
 
+
+def wait_handled(stack: Stack, sent: dict[str, float], timeout_s: float = 60.0
+                 ) -> dict[str, float]:
+    """When health_triage started on each sent report (its idempotency record's ``at``),
+    waiting up to ``timeout_s`` for all of them."""
+    assert stack.store is not None
     handled: dict[str, float] = {}
-    deadline = time.time() + drain_timeout_s
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         for doc in stack.store.read(PROCESSED, {}):
             if doc["key"] in sent:
@@ -182,13 +194,68 @@ def throughput_phase(stack: Stack, nodes: list[str], rate: float, seconds: float
         if len(handled) == len(sent):
             break
         time.sleep(1.0)
+    return handled
+
+
+def handled_figures(sent: dict[str, float], handled: dict[str, float], start: float
+                    ) -> dict[str, Any]:
+    """Reports handled, their rate from ``start`` to the last one, publish-to-handler
+    latency."""
     latencies = [handled[k] - sent[k] for k in handled]
     span = (max(handled.values()) - start) if handled else float("nan")
-    return {"offered_per_s": rate, "published": n, "publish_s": round(published_s, 2),
-            "handled": len(handled),
+    return {"handled": len(handled),
             "handled_per_s": round(len(handled) / span, 1) if handled else 0.0,
             "p50_ms": round(pct(latencies, 50) * 1000, 1),
             "p99_ms": round(pct(latencies, 99) * 1000, 1)}
+
+
+def throughput_phase(stack: Stack, nodes: list[str], rate: float, seconds: float,
+                     drain_timeout_s: float = 60.0) -> dict[str, Any]:
+    sent: dict[str, float] = {}
+    futures = []
+    start = time.time()
+    n = int(rate * seconds)
+    for i in range(n):
+        due = start + i / rate
+        time.sleep(max(0.0, due - time.time()))
+        key, t, future = publish_report(stack, nodes[i % len(nodes)], healthy(time.time()),
+                                        "//bench/load")
+        futures.append(future)
+        sent[key] = t
+    for f in futures:
+        f.result(timeout=60)
+    published_s = time.time() - start
+    handled = wait_handled(stack, sent, drain_timeout_s)
+    return {"offered_per_s": rate, "published": n, "publish_s": round(published_s, 2),
+            **handled_figures(sent, handled, start)}
+
+
+@dataclass(frozen=True)
+class BenchCluster:
+    """A started stack with the bench cluster READY: its workers and create Operation."""
+
+    stack: Stack
+    nodes: list[str]
+    ready_s: float
+    operation: dict[str, Any]
+
+
+@contextlib.contextmanager
+def bench_cluster(state_dir: Path, nodes: int, per_partition: int, agent_interval_s: float,
+                  tap: Tap) -> Iterator[BenchCluster]:
+    """The stack (open repair policy, the tap on every topic) with a cluster of ``nodes``
+    workers created through the API and READY; everything is stopped, by PID, on exit."""
+    stack = Stack(state_dir.resolve(), agent_interval_s=agent_interval_s, tick_s=60.0,
+                  extra_env={"MTC_REPAIR_CONFIG": json.dumps(OPEN_POLICY)},
+                  log=lambda m: print(m, file=sys.stderr))
+    with running(stack, tap):
+        t0 = time.time()
+        op = stack.create_cluster(CLUSTER_ID, cluster_spec(nodes, per_partition))
+        stack.wait_operation(op, timeout_s=180)  # done: READY (an error raises)
+        ready_s = round(time.time() - t0, 1)
+        workers = sorted(n["nodeId"] for n in stack.nodes(CLUSTER_ID) if n["role"] == "worker")
+        print(f"cluster of {len(workers)} workers READY in {ready_s} s", file=sys.stderr)
+        yield BenchCluster(stack, workers, ready_s, op)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,19 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     tap = Tap()
-    stack = Stack(args.state_dir.resolve(), agent_interval_s=args.agent_interval, tick_s=60.0,
-                  extra_env={"MTC_REPAIR_CONFIG": json.dumps(OPEN_POLICY)},
-                  log=lambda m: print(m, file=sys.stderr))
     results: dict[str, Any] = {"nodes": args.nodes, "per_partition": args.per_partition,
                                "agent_interval_s": args.agent_interval}
-    with running(stack, tap):
-        t0 = time.time()
-        op = stack.create_cluster(CLUSTER_ID, cluster_spec(args.nodes, args.per_partition))
-        stack.wait_operation(op, timeout_s=180)  # done: READY (an error raises)
-        results["cluster_ready_s"] = round(time.time() - t0, 1)
-        nodes = sorted(n["nodeId"] for n in stack.nodes(CLUSTER_ID) if n["role"] == "worker")
-        print(f"cluster of {len(nodes)} workers READY in {results['cluster_ready_s']} s",
-              file=sys.stderr)
+    with bench_cluster(args.state_dir, args.nodes, args.per_partition, args.agent_interval,
+                       tap) as bench:
+        stack, nodes = bench.stack, bench.nodes
+        results["cluster_ready_s"] = bench.ready_s
         results["report_to_drain"] = latency_phase(stack, tap, nodes, args.samples,
                                                    args.interval)
         print(f"report-to-drain: {results['report_to_drain']}", file=sys.stderr)

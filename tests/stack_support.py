@@ -28,14 +28,15 @@ def pids_of(pattern: str) -> set[int]:
     return out
 
 
-def run_script(script: str, *args: str, timeout_s: float, drop_env: tuple[str, ...] = ()
-               ) -> str:
-    """Run ``scripts/<script>`` to its end, without the test's emulators in its environment
-    (it starts its own); its stdout. Past ``timeout_s`` it is sent SIGTERM (it stops what it
-    started, by PID) and the test fails; a non-zero exit fails the test with its output."""
+def run_script(script: str, *args: str, timeout_s: float, drop_env: tuple[str, ...] = (),
+               folder: str = "scripts") -> str:
+    """Run ``<folder>/<script>`` (``scripts/`` or ``bench/``) to its end, without the test's
+    emulators in its environment (it starts its own); its stdout. Past ``timeout_s`` it is
+    sent SIGTERM (it stops what it started, by PID) and the test fails; a non-zero exit
+    fails the test with its output."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST", *drop_env)}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / script), *args],
+    proc = subprocess.Popen([sys.executable, str(ROOT / folder / script), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**env, "COLUMNS": "200"}, cwd=ROOT)
     try:

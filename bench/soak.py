@@ -51,9 +51,9 @@ from services.job_submission import commands as job_commands  # noqa: E402
 from services.repair import operator  # noqa: E402
 from services.wiring.builder import COMPUTE_SOURCES  # noqa: E402
 from services.wiring.embedded import EmbeddedApp  # noqa: E402
+from shared.adapters.compute.disk_evidence import space  # noqa: E402
 from shared.adapters.outbox import envelope_from_doc, make_envelope  # noqa: E402
 from shared.config import ControlPlaneConfig  # noqa: E402
-from shared.adapters.compute.disk_evidence import space  # noqa: E402
 from shared.domain import lifecycle, progress, storage  # noqa: E402
 from shared.domain.errors import MtcError  # noqa: E402
 from shared.domain.events import Envelope, NodeHealthReported  # noqa: E402

@@ -96,7 +96,7 @@ def test_a_full_disk_interrupts_the_job_and_it_resumes_from_its_checkpoint(
             job_commands.create_cluster(CLUSTER_SPEC, uow, app.deps)
         assert app.run(ready, timeout_s=20)
         with app.transaction() as uow:
-            job_commands.submit_job("demo", spec(400), uow, app.deps, JOB)
+            job_commands.submit_job("demo", spec(150), uow, app.deps, JOB)
         assert app.run(lambda: job().latest_checkpoint is not None, timeout_s=20)
         ballast = fill(small_disk)
         assert app.run(lambda: job().state is not JobState.RUNNING, timeout_s=20, tick_s=0.5)

@@ -238,6 +238,7 @@ def disk_readings(exit_file: str) -> dict[str, object]:
 def write_disk_file(exit_file: str, readings: dict[str, object]) -> None:
     """``readings`` at ``exit_file + DISK_SUFFIX``, atomically (as the exit file)."""
     directory = os.path.dirname(os.path.abspath(exit_file))
+    os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".disk.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
@@ -347,7 +348,8 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
         sys.stderr.flush()
     if code not in (0, EXIT_PREEMPTED):  # read now: the disk may have room again soon
         readings = disk_readings(exit_file)
-        patiently(lambda: write_disk_file(exit_file, readings))
+        with contextlib.suppress(OSError):  # evidence is best effort; the exit file is not
+            patiently(lambda: write_disk_file(exit_file, readings))
     patiently(lambda: write_exit_file(exit_file, code))
     return 0 if zero_after_stop and relay.asked_to_stop else code
 

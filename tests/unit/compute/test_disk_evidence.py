@@ -36,7 +36,7 @@ def test_the_rank_that_failed_first_is_asked_first(tmp_path: Path) -> None:
 
 def test_no_readings_or_room_is_no_evidence(tmp_path: Path) -> None:
     files = {r: tmp_path / f"rank-{r}.exit" for r in range(2)}
-    leave(files[0], [["/roomy", 500 * MIB, 1 << 40]], enospc=True)
+    leave(files[0], [["/roomy", 500 << 30, 1 << 40]], enospc=True)  # half of it free
     Path(f"{files[1]}{disk_evidence.SUFFIX}").write_text("not json")
     assert disk_evidence.evidence(files, {0: 1, 1: 1}, 0, StorageFloor()) == ("", "")
     # a clean exit or a preemption says nothing of a failure, whatever its readings

@@ -111,7 +111,7 @@ def test_without_the_evidence_the_same_exit_is_the_programs_failure() -> None:
 
 def test_a_clean_exit_or_a_preemption_ignores_the_evidence() -> None:
     """Evidence explains a failure: exit 0 still succeeds, 75 still restarts at once."""
-    plane, disk = plane_on_a_disk()
+    plane, _ = plane_on_a_disk()
     plane.inject(JobWorkersExited(job_id="j1", attempt=1, exit_code=75, storage_full=PATH))
     plane.deliver()
     job = plane.job("j1")

@@ -51,9 +51,10 @@ from services.job_submission import commands as job_commands  # noqa: E402
 from services.repair import operator  # noqa: E402
 from services.wiring.builder import COMPUTE_SOURCES  # noqa: E402
 from services.wiring.embedded import EmbeddedApp  # noqa: E402
+from shared.adapters.compute.disk_evidence import space  # noqa: E402
 from shared.adapters.outbox import envelope_from_doc, make_envelope  # noqa: E402
 from shared.config import ControlPlaneConfig  # noqa: E402
-from shared.domain import lifecycle, progress  # noqa: E402
+from shared.domain import lifecycle, progress, storage  # noqa: E402
 from shared.domain.errors import MtcError  # noqa: E402
 from shared.domain.events import Envelope, NodeHealthReported  # noqa: E402
 from shared.domain.health import Condition, ConditionStatus, ConditionType  # noqa: E402
@@ -182,6 +183,12 @@ def operator_drain(app: EmbeddedApp, node_id: str, verb: str = operator.DRAIN) -
 
 
 # ----------------------------------------------------------------------------- records
+
+
+def disk_full(path: str, floor: storage.StorageFloor | None = None) -> bool:
+    """Whether the file system holding ``path`` is full now by the control plane's floor."""
+    found = space(path)
+    return found is not None and storage.full(*found, floor or ControlPlaneConfig().storage_floor)
 
 
 @dataclass
@@ -815,6 +822,8 @@ class Soak:
           job's excluded nodes; a fresh job (no restart yet) never takes a spare;
         * a job backing off (``recovery.not_before`` in the future) is not a candidate until
           then, and blocks nothing;
+        * a job a full disk interrupted (``recovery.storage_full``) is not a candidate while
+          that file system is still full (read here with ``statvfs``), and blocks nothing;
         * a job whose every rank still holds a node that takes work starts at once;
         * strict gang FIFO per partition (priority, then submission time, then id): a job
           that cannot be placed blocks every later job of its partition, which then waits
@@ -833,6 +842,9 @@ class Soak:
                 nb = job.recovery.not_before
                 if nb is not None and nb > now:
                     out[job.job_id] = (False, f"backing off until {self.rel(nb):.0f} s")
+                    continue
+                if job.recovery.storage_full and disk_full(job.recovery.storage_full):
+                    out[job.job_id] = (False, f"waits for room at {job.recovery.storage_full}")
                     continue
                 head = blocked.get(None) or (blocked.get(part) if part is not None
                                              else next(iter(blocked.values()), None))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.domain.errors import ValidationError
+from shared.domain.storage import StorageFloor
 from shared.policies.active_checks import ActiveCheckConfig
 from shared.policies.checkpointing import CheckpointPolicy
 from shared.policies.recovery import RecoveryDefaults
@@ -39,6 +40,9 @@ class ControlPlaneConfig:
     progress_timeout_s: float = 1800.0
     progress_interval_factor: float = 3.0
     backfill: bool = False
+    # a job's file system with less free than this is full (shared/domain/storage.py): an
+    # attempt it ended is interrupted, and the job waits for room before it resumes
+    storage_floor: StorageFloor = field(default_factory=StorageFloor)
     grace_period_s: float = 30.0  # SIGTERM to SIGKILL: time the job has to checkpoint
     max_event_age_s: float = 3600.0  # older events are dropped: they must not re-drain nodes
     heartbeat_timeout_s: float = 60.0

@@ -407,6 +407,16 @@ class Polled(Protocol):
 
 
 @runtime_checkable
+class StorageSpace(Protocol):
+    """A Compute that can read the file system holding a job's files (``statvfs`` of the
+    path, or of its nearest existing parent): ``(free, total)`` bytes, free as an
+    unprivileged writer sees it; None when it cannot be read. A job that a full disk
+    interrupted waits until this shows room (``shared.domain.storage``)."""
+
+    def storage_space(self, path: str) -> tuple[int, int] | None: ...
+
+
+@runtime_checkable
 class FaultInjection(Protocol):
     """A Compute that can make a node report a fault (local nodes, the twin's fleet): the
     API's and CLI's ``node fault`` for demos and tests; real machines report their own."""

@@ -9,7 +9,11 @@ Which exits restart the job and which fail it is decided on evidence (``shared.d
 ``restarts.py``): the control plane's own stop, or a node under the attempt that failed,
 restarts it (after a backoff when restarts keep coming without progress); any other non-zero
 exit, signals included, is the program's and fails it unless the spec says
-``restartJobOnWorkerRestart`` (then it restarts, with the same backoff). Nodes that keep
+``restartJobOnWorkerRestart`` (then it restarts, with the same backoff). A non-zero exit while
+the file system holding the job's files was full (the adapter's ``storage_full`` evidence,
+``shared.domain.storage``) is an interruption too: the job is requeued and waits PENDING
+until that file system has room (``job_submission.scheduling``), then resumes from its
+checkpoint. Nodes that keep
 ending a job's attempts are suspected and handed to repair (``restarts.py``).
 
 A restart does not always go through the queue: ``modes.recover`` asks the recovery policy
@@ -29,7 +33,7 @@ import contextlib
 from services.checkpoint_resume import measure, modes, restarts
 from services.checkpoint_resume.release import release
 from shared import gangs, job_nodes
-from shared.domain import exits, lifecycle, progress, ranks, timeouts
+from shared.domain import exits, lifecycle, progress, ranks, storage, timeouts
 from shared.domain.errors import NotFound
 from shared.domain.events import (
     FleetTicked,
@@ -150,7 +154,8 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         raise NotFound("job", event.job_id)
     if event.attempt > job.attempt:  # its start is not visible yet: announced again by it
         if not job.terminal:
-            job.recovery.hold_early_exit(event.attempt, event.exit_code, event.detail)
+            job.recovery.hold_early_exit(event.attempt, event.exit_code, event.detail,
+                                         event.storage_full)
         return
     if event.attempt != job.attempt or job.state not in (JobState.RUNNING, JobState.CANCELLING):
         return
@@ -176,8 +181,9 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
     if event.exit_code != 0 or asked:  # a crash: the program's, or a node's? (evidence)
         unsound = job_nodes.unsound(job, uow)
         node_fault, blamed = restarts.evidence(job, uow, unsound)
+    disk_full = event.storage_full if event.exit_code not in (0, PREEMPTED_EXIT) else ""
     interrupted = exits.infrastructure_ended(event.exit_code, interrupted=asked,
-                                             node_fault=node_fault)
+                                             node_fault=node_fault, storage_full=bool(disk_full))
     timed_out = timeouts.stopped_for_timeout(job) or timeouts.timed_out(job, now)
     verdict = exits.exit_verdict(event.exit_code, interrupted=interrupted,
                                  restart_anyway=restart_anyway, restarts=job.restart_count,
@@ -201,7 +207,11 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         if unsound is not None and suspects:  # they left the job's ranks
             unsound = [n for n in unsound if n not in suspects]
         reason = job.interrupt_reason or f"workers exited with {exits.describe(event.exit_code)}"
-        if not modes.recover(job, unsound, reason, uow, deps):  # in place, hot swap, scale down
+        if disk_full:  # nowhere to write: it waits PENDING for room (job_submission checks)
+            job.recovery.storage_full = disk_full
+            job.recovery.storage_full_since = now
+            _requeue(job, storage.wait_reason(disk_full, reason), uow, deps, unsound)
+        elif not modes.recover(job, unsound, reason, uow, deps):  # in place, hot swap, scale down
             _requeue(job, reason, uow, deps, unsound)
 
 

@@ -4,7 +4,8 @@ Scheduling runs whenever capacity or demand may have changed (``handlers``). The
 tick also enforces ``scheduling.timeout`` (``shared.domain.timeouts``), runs the progress
 watchdog (``shared.domain.progress``) and starts the jobs whose restart backoff
 (``Job.recovery.not_before``, ``shared.policies.restarts``) has passed: scheduling skips a
-job until then. Every decision is made from stored state, so a repeated call places nothing
+job until then, and a job a full disk interrupted until its file system has room again
+(``waits_for_storage``). Every decision is made from stored state, so a repeated call places nothing
 twice.
 """
 
@@ -12,14 +13,14 @@ from __future__ import annotations
 
 from shared import job_nodes, preflight
 from shared.capacity import idle_slots, request
-from shared.domain import lifecycle, progress, ranks, timeouts
+from shared.domain import lifecycle, progress, ranks, storage, timeouts
 from shared.domain.adopted import adopted
 from shared.domain.events import JobFinished, JobInterruptRequested, NodeDrained
 from shared.domain.model import Job, JobState
 from shared.gangs import gang, local_output_dir, output_dirs, start_attempt
 from shared.handling import Deps
 from shared.policies.scheduling import place_jobs
-from shared.ports import UnitOfWork
+from shared.ports import StorageSpace, UnitOfWork
 
 __all__ = ["enforce_timeouts", "free_held_nodes", "gang", "idle_slots", "local_output_dir",
            "output_dirs", "schedule", "watch_progress"]
@@ -88,7 +89,7 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     pending = [j for j in uow.jobs.list(cluster_id, state=JobState.PENDING)
                if j.state is JobState.PENDING
                and (j.recovery.not_before is None or j.recovery.not_before <= now)
-               and not adopted(j.spec)]
+               and not adopted(j.spec) and not waits_for_storage(j, deps)]
     if not pending:
         return
     for job in pending:
@@ -123,6 +124,22 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
         slots = [s for s in slots if s.node_id not in used]
         if not waiting or not slots:
             return
+
+
+def waits_for_storage(job: Job, deps: Deps) -> bool:
+    """A job a full disk interrupted (``Job.recovery.storage_full``) waits until the file
+    system of its files has more than the floor free again (``shared.domain.storage``),
+    read afresh on every pass (each tick's included; no loop of its own): True while it
+    still waits. Where the compute cannot read it the job goes: its next attempt tells."""
+    rec = job.recovery
+    if not rec.storage_full:
+        return False
+    compute = deps.compute
+    space = compute.storage_space(rec.storage_full) if isinstance(compute, StorageSpace) else None
+    if space is not None and storage.full(*space, deps.config.storage_floor):
+        return True
+    rec.storage_full, rec.storage_full_since = "", None  # room again: it resumes
+    return False
 
 
 def _drop_unfit(job: Job, uow: UnitOfWork, deps: Deps) -> None:

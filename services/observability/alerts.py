@@ -21,6 +21,8 @@ Kinds (``KINDS``):
   racks of its partition out already); its nodes are repaired one by one meanwhile;
 - ``job_no_progress``: the progress watchdog found a running job silent past its limit
   (``shared.domain.progress``), or is stopping it for that;
+- ``job_storage_full``: a full disk ended a job's attempt and the job waits for room on the
+  file system of its files (``shared.domain.storage``); resolves when it has room again;
 - ``dead_letters``: events the control plane gave up on are waiting in the dead-letter
   collection;
 - ``controller_unreachable``: no fleet tick for ``controller_stale_s``. A stopped controller
@@ -74,6 +76,8 @@ KINDS: dict[str, Kind] = {
                       "the guard per domain held a rack drain: its nodes go one by one"),
     "job_no_progress": Kind("WARNING", True, "cluster",
                             "a running job made no progress past its watchdog limit"),
+    "job_storage_full": Kind("WARNING", True, "cluster",
+                             "a job waits for room on the full disk that holds its files"),
     "dead_letters": Kind("ERROR", True, "global",
                          "events the control plane gave up on wait in the dead letters"),
     "controller_unreachable": Kind("CRITICAL", True, "reader",
@@ -167,6 +171,14 @@ def job_alerts(jobs: Iterable[Job], now: float, timeout_s: float, factor: float
             out.append(Alert("job_no_progress", job.job_id,
                              f"job {job.job_id} (attempt {job.attempt}): {reason}",
                              cluster_id=job.cluster_id, job_id=job.job_id))
+        if job.recovery.storage_full and not job.terminal:
+            out.append(Alert("job_storage_full", job.job_id,
+                             f"job {job.job_id} interrupted: disk full at "
+                             f"{job.recovery.storage_full}; it resumes from its checkpoint "
+                             "when the file system has room", cluster_id=job.cluster_id,
+                             job_id=job.job_id,
+                             details={"path": job.recovery.storage_full,
+                                      "since": job.recovery.storage_full_since}))
     return out
 
 

@@ -90,7 +90,9 @@ def describe(doc: dict[str, Any]) -> str:
         case "mtc.job.checkpoint_saved.v1":
             return f"job {d['job_id']}: checkpoint step {d['step']} saved (attempt {d['attempt']})"
         case "mtc.job.workers_exited.v1":
-            return f"job {d['job_id']}: attempt {d['attempt']} workers exited, code {d['exit_code']}"
+            full = f": disk full at {d['storage_full']}" if d.get("storage_full") else ""
+            return (f"job {d['job_id']}: attempt {d['attempt']} workers exited, code "
+                    f"{d['exit_code']}{full}")
         case "mtc.job.recovery_chosen.v1":
             return (f"job {d['job_id']}: recovery {d['mode']} for attempt {d['attempt']} "
                     f"({d['incident']}), expected {d['expected_lost_s']:.0f} s lost: "

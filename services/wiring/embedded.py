@@ -135,7 +135,8 @@ def embedded(state_dir: Path, *, compute: ComputeKind = "local", slurm_conf: str
     config = local_config(config, state_dir)
     if compute == "local":  # a root server's jobs are sandboxed away from these (sandbox.py)
         compute_options = {"output_root": config.output_root, "private_dirs": (state_dir,),
-                           "sandboxed": None, **(compute_options or {})}
+                           "sandboxed": None, "storage_floor": config.storage_floor,
+                           **(compute_options or {})}
     machines = make_compute(compute, state_dir, bus.inject, clock, slurm_conf=slurm_conf,
                             options=compute_options)
     deps = build_deps(store, clock=clock, compute=machines, publisher=bus, config=config)

@@ -331,7 +331,9 @@ class JobFirstStep(Event):
 @register
 @dataclass(frozen=True)
 class JobWorkersExited(Event):
-    """All workers of one attempt have exited; exit_code is the worst (first non-zero)."""
+    """All workers of one attempt have exited; exit_code is the worst (first non-zero).
+    ``storage_full``: the evidence that the file system holding the job's files was full
+    when a rank exited non-zero (``shared.domain.storage``): its path, "" when not."""
 
     TYPE: ClassVar[str] = "mtc.job.workers_exited.v1"
     SUBJECT_FIELD: ClassVar[str] = "job_id"
@@ -339,6 +341,7 @@ class JobWorkersExited(Event):
     attempt: int
     exit_code: int
     detail: str = ""
+    storage_full: str = ""
 
 
 @register

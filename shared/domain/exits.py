@@ -9,7 +9,9 @@ An attempt ended by the **infrastructure** when:
 * the control plane asked it to stop (a drain, an interrupt, a deadline: ``interrupted``),
   whatever its code (a SIGKILL after the grace period included);
 * a node under it was lost, taken out of service, reported a fault or went silent around
-  the exit (``node_fault``: the caller looks); or
+  the exit (``node_fault``: the caller looks);
+* the file system holding the job's files was full when it exited (``storage_full``: the
+  compute adapter read it at the exit, ``shared.domain.storage`` decides); or
 * it exited 75 (it says it checkpointed on someone's SIGTERM).
 
 Anything else non-zero is the **program's** failure, signals included: 139 (SIGSEGV), 134
@@ -50,9 +52,11 @@ def describe(exit_code: int) -> str:
     return f"code {exit_code} ({name})"
 
 
-def infrastructure_ended(exit_code: int, *, interrupted: bool, node_fault: bool) -> bool:
-    """The attempt was ended by the infrastructure, not by the program (see the module)."""
-    return interrupted or node_fault or exit_code == PREEMPTED
+def infrastructure_ended(exit_code: int, *, interrupted: bool, node_fault: bool,
+                         storage_full: bool = False) -> bool:
+    """The attempt was ended by the infrastructure, not by the program (see the module):
+    each piece of evidence is enough by itself, as is the program's own 75."""
+    return interrupted or node_fault or storage_full or exit_code == PREEMPTED
 
 
 class Verdict(enum.StrEnum):

@@ -26,6 +26,9 @@ it are ``shared.policies.restarts`` and ``shared.domain.progress``).
 * ``tiers``: per checkpoint tier other than durable (those are ``Job.checkpoints``), the
   newest entry ``{step, at, attempt, save_s}``; ``startup``: measured startup seconds,
   ``cold`` and ``warm`` (JobStarted to JobFirstStep, less the restore);
+* ``storage_full``: the file system (a path on it) that was full when the last attempt
+  ended (``shared.domain.storage``): the job waits PENDING until it has room again, checked
+  on every scheduling pass; ``storage_full_since`` when that began ("" / None: no wait);
 * ``hung_on``: per hang seen (``shared.policies.hangs``), the node of its culprit rank, newest
   last (a few kept): a hang again on another node is the program's fault.
 """
@@ -44,6 +47,7 @@ class EarlyExit(NamedTuple):
     attempt: int
     exit_code: int
     detail: str = ""
+    storage_full: str = ""
 
 
 @dataclass
@@ -62,6 +66,8 @@ class JobRecovery:
     tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
     startup: dict[str, float] = field(default_factory=dict)
     hung_on: list[str] = field(default_factory=list)
+    storage_full: str = ""
+    storage_full_since: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +85,8 @@ class JobRecovery:
             "tiers": {k: dict(v) for k, v in self.tiers.items()},
             "startup": dict(self.startup),
             "hung_on": list(self.hung_on),
+            "storage_full": self.storage_full,
+            "storage_full_since": self.storage_full_since,
         }
 
     @classmethod
@@ -99,6 +107,8 @@ class JobRecovery:
             tiers={k: dict(v) for k, v in (d.get("tiers") or {}).items()},
             startup=dict(d.get("startup") or {}),
             hung_on=list(d.get("hung_on") or []),
+            storage_full=str(d.get("storage_full") or ""),
+            storage_full_since=d.get("storage_full_since"),
         )
 
     def decided(self, decision: dict[str, Any]) -> None:
@@ -114,11 +124,12 @@ class JobRecovery:
                 d["measured_s"] = round(max(0.0, at - float(d["at"])), 3)
                 return
 
-    def hold_early_exit(self, attempt: int, exit_code: int, detail: str) -> None:
+    def hold_early_exit(self, attempt: int, exit_code: int, detail: str,
+                        storage_full: str = "") -> None:
         """Keep the exit of ``attempt``, whose start is not recorded yet (the newest wins:
         an attempt starts only after the one before it is recorded)."""
         if self.early_exit is None or attempt >= self.early_exit.attempt:
-            self.early_exit = EarlyExit(attempt, exit_code, detail)
+            self.early_exit = EarlyExit(attempt, exit_code, detail, storage_full)
 
     def take_early_exit(self, job_id: str, attempt: int) -> JobWorkersExited | None:
         """Attempt ``attempt`` has just started: the exit it already had, to announce again
@@ -130,4 +141,4 @@ class JobRecovery:
         if held.attempt < attempt:
             return None
         return JobWorkersExited(job_id=job_id, attempt=attempt, exit_code=held.exit_code,
-                                detail=held.detail)
+                                detail=held.detail, storage_full=held.storage_full)

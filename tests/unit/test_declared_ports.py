@@ -11,7 +11,7 @@ from shared.adapters.compute.remote.compute import RemoteCompute
 from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.adapters.memory_store import MemoryDocStore
 from shared.adapters.sqlite_store import SqliteDocStore
-from shared.ports import Closeable, FaultInjection, Polled, Pruning, RangeReads
+from shared.ports import Closeable, FaultInjection, Polled, Pruning, RangeReads, StorageSpace
 from simulator.compute import SimCompute
 
 
@@ -22,6 +22,10 @@ from simulator.compute import SimCompute
     (LocalCompute, FaultInjection, True),
     (SlurmCompute, FaultInjection, False),  # a fault is a kernel-log line on the node
     (SimCompute, FaultInjection, False),
+    (LocalCompute, StorageSpace, True),  # a full disk's job waits for room (storage.py)
+    (SlurmCompute, StorageSpace, True),
+    (RemoteCompute, StorageSpace, False),  # the job goes at once; its next attempt tells
+    (SimCompute, StorageSpace, False),
     (LocalCompute, Closeable, True),
     (SqliteDocStore, Closeable, True),
     (SqliteDocStore, RangeReads, True),

@@ -27,6 +27,15 @@ own, gets tmpfs over what it must not see and its own paths bound back, then dro
 plan's uid and gid before exec; the launcher itself stays outside, as root, to wait and to
 write the exit file. PR_SET_PDEATHSIG is set after the uid change (a change clears it).
 
+A full disk (issue 28): when CMD exits non-zero the launcher reads, there and then, the file
+systems of the job's directories (``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``,
+``AIP_TENSORBOARD_LOG_DIR``), of its log and of the exit file (``statvfs``) and whether the
+end of its log says ``No space left on device``, and leaves that in ``PATH.disk`` (JSON)
+before the exit file: the adapter's evidence that the disk, not the program, ended the rank
+(``disk_evidence``). Neither file can be written while that disk is full, so a write refused
+for want of space (ENOSPC, EDQUOT) is tried again, backing off to 2 s, for up to
+``WRITE_PATIENCE_S``: the rank reads as running until then, not as killed.
+
 Standard library only, so it runs by file path with any Python, without the package.
 """
 
@@ -35,22 +44,32 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from types import FrameType
 
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
+EXIT_PREEMPTED = 75
 RELAYED = (signal.SIGTERM, signal.SIGINT)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 CLONE_NEWNS = 0x00020000  # <linux/sched.h>
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT = 1, 2, 4, 32  # <linux/mount.h>
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+DISK_SUFFIX = ".disk"  # PATH.disk: the file systems at a non-zero exit (disk_evidence.SUFFIX)
+JOB_DIRS = ("AIP_CHECKPOINT_DIR", "AIP_MODEL_DIR", "AIP_TENSORBOARD_LOG_DIR")
+ENOSPC_SAID = (b"No space left on device", b"[Errno 28]", b"ENOSPC")
+LOG_TAIL_BYTES = 8192
+WRITE_PATIENCE_S = 24 * 3600.0  # a full disk: how long the exit file is tried again
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def _mount(libc: ctypes.CDLL, src: str | None, dst: str, fstype: str | None, flags: int,
@@ -161,6 +180,90 @@ def write_exit_file(path: str, code: int) -> None:
         raise
 
 
+def _space(path: str) -> tuple[int, int, int] | None:
+    """(free, total, device) of the file system holding ``path`` or its nearest existing
+    parent; None when there is none to read."""
+    while True:
+        try:
+            st = os.statvfs(path)
+            return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize, os.stat(path).st_dev
+        except (FileNotFoundError, NotADirectoryError):
+            parent = os.path.dirname(path.rstrip("/")) or "/"
+            if parent == path:
+                return None
+            path = parent
+        except OSError:
+            return None
+
+
+def _log_path() -> str | None:
+    """The rank's log (our stdout) when it is a regular file."""
+    try:
+        if stat.S_ISREG(os.fstat(1).st_mode):
+            return os.readlink("/proc/self/fd/1")
+    except OSError:
+        pass
+    return None
+
+
+def _log_says_enospc(log: str | None) -> bool:
+    if log is None:
+        return False
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return False
+    return any(mark in tail for mark in ENOSPC_SAID)
+
+
+def disk_readings(exit_file: str) -> dict[str, object]:
+    """What the disks looked like as the rank exited: each file system of the job's
+    directories, its log and the exit file once (``[path, free, total]``), and whether the
+    log's end says ENOSPC."""
+    log = _log_path()
+    paths = [os.environ.get(name) for name in JOB_DIRS] + [
+        log, os.path.dirname(os.path.abspath(exit_file))]
+    space: list[list[object]] = []
+    seen: set[int] = set()
+    for path in filter(None, paths):
+        found = _space(str(path))
+        if found is not None and found[2] not in seen:
+            seen.add(found[2])
+            space.append([str(path), found[0], found[1]])
+    return {"space": space, "enospc": _log_says_enospc(log), "at": time.time()}
+
+
+def write_disk_file(exit_file: str, readings: dict[str, object]) -> None:
+    """``readings`` at ``exit_file + DISK_SUFFIX``, atomically (as the exit file)."""
+    directory = os.path.dirname(os.path.abspath(exit_file))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".disk.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(readings, f)
+        os.replace(tmp, exit_file + DISK_SUFFIX)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def patiently(write: Callable[[], None], patience_s: float = WRITE_PATIENCE_S) -> None:
+    """``write()``, tried again while the disk has no room for it (up to ``patience_s``)."""
+    deadline, delay = time.monotonic() + patience_s, 0.1
+    while True:
+        try:
+            write()
+            return
+        except OSError as exc:
+            if exc.errno not in FULL_ERRNOS or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(2.0, delay * 2)
+
+
 def exit_code_of(returncode: int) -> int:
     """Popen's returncode (negative for a signal) as a shell-style exit code."""
     return 128 - returncode if returncode < 0 else returncode
@@ -222,8 +325,9 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
     relay.install()  # before the child exists: a signal during start-up is kept, not lost
     try:
         env = {**os.environ, "MTC_TERMINATION_LOG": f"{exit_file}.msg"}  # why it failed
-        with contextlib.suppress(OSError):
-            os.unlink(f"{exit_file}.msg")
+        for stale in (f"{exit_file}.msg", exit_file + DISK_SUFFIX):
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
         if sandbox is not None:  # the job's own file, for it to write
             fd = os.open(f"{exit_file}.msg", os.O_CREAT | os.O_WRONLY, 0o600)
             os.fchown(fd, int(sandbox["uid"]), int(sandbox["gid"]))  # type: ignore[call-overload]
@@ -232,17 +336,27 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
                        LOGNAME=f"mtc-{sandbox['uid']}")
         child = subprocess.Popen(list(command), preexec_fn=_child_hook(sandbox), env=env)
     except FileNotFoundError as exc:
-        print(f"worker_launcher: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+        _say(f"worker_launcher: cannot start {command[0]!r}: {exc}")
         code = EXIT_NOT_FOUND
     except (OSError, subprocess.SubprocessError) as exc:  # the latter: the sandbox's set-up
-        print(f"worker_launcher: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+        _say(f"worker_launcher: cannot start {command[0]!r}: {exc}")
         code = EXIT_NOT_EXECUTABLE
     else:
         relay.started(child)
         code = exit_code_of(child.wait())
-    sys.stderr.flush()
-    write_exit_file(exit_file, code)
+    with contextlib.suppress(OSError):  # a log on a full disk
+        sys.stderr.flush()
+    if code not in (0, EXIT_PREEMPTED):  # read now: the disk may have room again soon
+        readings = disk_readings(exit_file)
+        with contextlib.suppress(OSError):  # evidence is best effort; the exit file is not
+            patiently(lambda: write_disk_file(exit_file, readings))
+    patiently(lambda: write_exit_file(exit_file, code))
     return 0 if zero_after_stop and relay.asked_to_stop else code
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):  # a log on a full disk takes nothing
+        print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.adapters.compute.attempt_scan import AttemptScan
+from shared.adapters.compute.disk_evidence import space
 from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.ledger import (
     SqliteLedger,
@@ -81,15 +82,11 @@ from shared.adapters.compute.local.procs import (
     spawn_launcher,
     start_ticks,
 )
-from shared.adapters.compute.protocol import (
-    managed_env,
-    safe_name,
-    tier_env,
-    with_message,
-)
+from shared.adapters.compute.protocol import managed_env, safe_name, tier_env
 from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
+from shared.domain.storage import StorageFloor
 from shared.policies.preflight import PreflightPlan, PreflightResult
 from shared.ports import Clock, Emitter, Gang, RecoveryPlan, WorkerSpec
 
@@ -150,10 +147,13 @@ class LocalCompute:
         run_as: str | None = None,
         output_root: Path | None = None,
         private_dirs: Sequence[Path] = (),
+        storage_floor: StorageFloor | None = None,
     ) -> None:
         """``sandboxed`` (None: when root, as the embedded wiring asks): each rank as ``run_as``
-        (default: a uid per job), ``private_dirs``, ``state_dir``, ``output_root`` hidden."""
+        (default: a uid per job), ``private_dirs``, ``state_dir``, ``output_root`` hidden;
+        ``storage_floor``: when a job's disk is full at a rank's exit (``disk_evidence``)."""
         self.state_dir = Path(state_dir)
+        self._floor = storage_floor or StorageFloor()
         self._sandboxed = sandbox.enabled(sandboxed)
         self._run_as = run_as or os.environ.get("MTC_WORKER_USER") or None
         self._output_root = str(Path(output_root).absolute()) if output_root else None
@@ -235,6 +235,10 @@ class LocalCompute:
 
     def node_faults(self, node_id: str) -> list[tuple[Condition, RepairAction]]:
         return self.nodes.node_faults(node_id)
+
+    def storage_space(self, path: str) -> tuple[int, int] | None:
+        """The ``StorageSpace`` capability: the file system of a job's files, here."""
+        return space(path)
 
     def close(self) -> None:
         """Close the state file. Workers keep running: they outlive this object."""
@@ -456,10 +460,9 @@ class LocalCompute:
             self.scan.forget(job_id, attempt)
             if all(c == 0 for c in codes.values()):
                 warm.end(db, job_id)  # the job is done: its standbys with it
-            note = with_message("", {r["rank"]: r["exit_file"] for r in ranks}, failed_rank)
+            note, full = queries.exit_note(db, att, ranks, codes, failed_rank, self._floor)
             self.store.queue(db, ranks_exited(self.store.ledger(db), job_id, attempt, codes,
-                                         note + queries.failure_note(db, att, codes, failed_rank),
-                                         first_failed=failed_rank))
+                                              note, first_failed=failed_rank, storage_full=full))
 
     def _end_gang(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
         """A rank failed: the attempt is over for every rank. SIGTERM the others' groups now;

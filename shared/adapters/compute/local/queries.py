@@ -1,12 +1,15 @@
 """Reads of the local compute's ledger for its views: the workers started, each rank's log
-file, and the failing rank's last output for a job's error."""
+file, and what an attempt's exit says (the failing rank's message and last output for a
+job's error, and whether a full disk ended it)."""
 
 from __future__ import annotations
 
 import sqlite3
 
-from shared.adapters.compute.protocol import ExitCode
+from shared.adapters.compute import disk_evidence
+from shared.adapters.compute.protocol import ExitCode, with_message
 from shared.adapters.compute.worker_logs import LogFile, tail_note
+from shared.domain.storage import StorageFloor
 
 
 def workers(db: sqlite3.Connection, job_id: str | None) -> list[sqlite3.Row]:
@@ -43,3 +46,15 @@ def failure_note(db: sqlite3.Connection, att: sqlite3.Row, codes: dict[int, int 
     row = db.execute("SELECT log_path FROM workers WHERE job_id = ? AND attempt = ? AND "
                      "rank = ?", (att["job_id"], att["attempt"], rank)).fetchone()
     return tail_note(row["log_path"] if row else None, rank)
+
+
+def exit_note(db: sqlite3.Connection, att: sqlite3.Row, ranks: list[sqlite3.Row],
+              codes: dict[int, int | None], failed_rank: int | None, floor: StorageFloor
+              ) -> tuple[str, str]:
+    """The ended attempt's note for its ``JobWorkersExited`` detail, and the path of the
+    file system that was full when a rank exited non-zero ("" when none:
+    ``disk_evidence``)."""
+    files = {r["rank"]: r["exit_file"] for r in ranks}
+    full, disk = disk_evidence.evidence(files, codes, failed_rank, floor)
+    note = with_message("", files, failed_rank) + failure_note(db, att, codes, failed_rank)
+    return note + disk, full

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from shared.adapters.compute.attempt_scan import AttemptScan
+from shared.adapters.compute.disk_evidence import evidence
 from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.ledger import (
     SqliteLedger,
@@ -360,13 +361,16 @@ class SlurmAttempts:
     ) -> None:
         first = first_failed(att, codes)
         run_dir = self.run_dir(att["job_id"], att["attempt"])
-        note = with_message(note, {r: run_dir / f"rank-{r}.exit" for r in codes}, first)
+        files = {r: run_dir / f"rank-{r}.exit" for r in codes}
+        note = with_message(note, files, first)
         final = {r: int(ExitCode.KILLED) if c is None else c for r, c in codes.items()}
         if any(c not in (0, int(ExitCode.PREEMPTED)) for c in final.values()):
             note += tail_note(str(self.job_log(att["job_id"])), None)  # ranks interleaved
+        full, disk = evidence(files, codes, first, self._settings.storage_floor)  # the launchers'
         ledger = self._store.ledger(db)
         self.scan.forget(att["job_id"], att["attempt"])  # the scan's map holds live attempts
-        self._store.queue(db, ranks_exited(ledger, att["job_id"], att["attempt"], codes, note, first))
+        self._store.queue(db, ranks_exited(ledger, att["job_id"], att["attempt"], codes,
+                                           note + disk, first, storage_full=full))
 
     def scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
         self.scan.scan(db, att, now)

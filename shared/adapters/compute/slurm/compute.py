@@ -92,6 +92,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from shared.adapters.compute.disk_evidence import space
 from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.slurm.agents import SlurmAgents
 from shared.adapters.compute.slurm.api import SlurmApi, SlurmControl
@@ -108,6 +109,7 @@ from shared.adapters.compute.slurm.view import SlurmView
 from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
+from shared.domain.storage import StorageFloor
 from shared.ports import Clock, Emitter, Gang
 from shared.probes.commands import Runner as ProbeRunner
 from shared.probes.commands import run_command
@@ -174,6 +176,7 @@ class SlurmCompute:
         user_job_partitions: Sequence[str] | None = None,
         deep_check_spec: DeepCheckSpec | Mapping[str, Any] | None = None,
         deep_check_runner: ProbeRunner | None = None,
+        storage_floor: StorageFloor | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.slurm_conf = slurm_conf
@@ -201,6 +204,7 @@ class SlurmCompute:
                              else default_user),
             deep_check_spec=deep_check_spec,
             deep_check_runner=deep_check_runner or agent_runner,
+            storage_floor=storage_floor or StorageFloor(),
         )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = FactStore(self.state_dir / self.DB_FILE, _SCHEMA + DEEP_SCHEMA, emit, clock)
@@ -305,6 +309,11 @@ class SlurmCompute:
 
     def user_job(self, job: SlurmJob) -> bool:
         return self.user_jobs.user_job(job)
+
+    def storage_space(self, path: str) -> tuple[int, int] | None:
+        """The ``StorageSpace`` capability: the shared file system of a job's files, as the
+        controller's machine mounts it (the ranks' launchers read it on their nodes)."""
+        return space(path)
 
     def close(self) -> None:
         """Close the state file. Workers and jobs keep running: they outlive this object."""

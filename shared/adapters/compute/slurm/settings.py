@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.adapters.compute.slurm.reservations import DeepCheckSpec
+from shared.domain.storage import StorageFloor
 from shared.probes.commands import Runner as ProbeRunner
 
 
@@ -32,3 +33,5 @@ class SlurmSettings:
     user_partitions: tuple[str, ...]  # where users' own sbatch jobs are adopted; () for none
     deep_check_spec: DeepCheckSpec
     deep_check_runner: ProbeRunner
+    # when the shared file system of a job's files counts as full at a rank's exit
+    storage_floor: StorageFloor = field(default_factory=StorageFloor)

@@ -276,7 +276,7 @@ class Soak:
     def __init__(self, *, minutes: float, jobs: int, nodes: int, seed: int, state_dir: Path,
                  settle_s: float = SETTLE_S, stuck_job_s: float = STUCK_JOB_S,
                  stuck_node_s: float = STUCK_NODE_S, quiet: bool = False,
-                 jobs_on_small_disk: bool = False) -> None:
+                 jobs_on_small_disk: bool = True) -> None:
         self.duration_s = minutes * 60.0
         self.n_jobs = jobs
         self.n_nodes = nodes
@@ -1327,8 +1327,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stuck-job", type=float, default=STUCK_JOB_S)
     p.add_argument("--stuck-node", type=float, default=STUCK_NODE_S)
     p.add_argument("--json-out", type=Path, default=None, help="also write the figures here")
-    p.add_argument("--jobs-on-small-disk", action="store_true",
-                   help="the jobs' checkpoints, logs and exit files on the tmpfs disk_full fills")
+    p.add_argument("--jobs-off-small-disk", action="store_true",
+                   help="keep the jobs' checkpoints, logs and exit files off the tmpfs "
+                        "disk_full fills (by default they share it)")
     args = p.parse_args(argv)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
@@ -1342,7 +1343,7 @@ def main(argv: list[str] | None = None) -> int:
         state_dir = Path(tmp) / "state"
     soak = Soak(minutes=args.minutes, jobs=args.jobs, nodes=args.nodes, seed=args.seed,
                 state_dir=state_dir, settle_s=args.settle, stuck_job_s=args.stuck_job,
-                stuck_node_s=args.stuck_node, jobs_on_small_disk=args.jobs_on_small_disk)
+                stuck_node_s=args.stuck_node, jobs_on_small_disk=not args.jobs_off_small_disk)
     try:
         code = soak.run()
         if args.json_out:

@@ -66,7 +66,7 @@ class Teeth:
     """The four kinds, each a ``chaos_<kind>`` returning whether it happened; what must hold
     is checked in place (``soak.violate``) and each kind's verdict kept for the report."""
 
-    def __init__(self, soak: Soak, *, jobs_on_small_disk: bool = False) -> None:
+    def __init__(self, soak: Soak, *, jobs_on_small_disk: bool = True) -> None:
         self.s = soak
         self.jobs_on_small_disk = jobs_on_small_disk
         self.off_disk = soak.state_dir.parent / f"{soak.state_dir.name}-off-disk"

@@ -20,6 +20,7 @@ writes no model.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import signal
@@ -83,6 +84,16 @@ def _save_atomic(obj: object, path: Path) -> None:
         raise
 
 
+def _leave_group() -> None:
+    """Wait for every rank, then destroy the process group. Call it once the DDP wrapper is
+    gone: a DDP reducer that outlives the group frees the group's last reference while holding
+    the GIL, and gloo's destructor then waits for a worker thread that needs the GIL to free a
+    barrier's tensors: the process would hang at exit with its work done."""
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -142,8 +153,8 @@ def main() -> int:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
         if flag.item() > 0:
             save(step)
-            dist.barrier()
-            dist.destroy_process_group()
+            del ddp
+            _leave_group()
             print(f"rank {rank}: stopped at step {step}, checkpoint saved", flush=True)
             return EXIT_PREEMPTED
         if args.checkpoint_every and step % args.checkpoint_every == 0:
@@ -152,8 +163,8 @@ def main() -> int:
         model_dir = Path(os.environ["AIP_MODEL_DIR"])
         model_dir.mkdir(parents=True, exist_ok=True)
         _save_atomic(model.state_dict(), model_dir / "model.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    del ddp
+    _leave_group()
     print(f"rank {rank}: done at step {step}, loss {loss.item():.6f}", flush=True)
     return 0
 

@@ -56,7 +56,7 @@ def until(api: Api, job_id: str, predicate: Any, timeout: float = 150.0) -> dict
         job: dict[str, Any] = api.call("GET", f"{JOBS}/{job_id}").json
         if predicate(job):
             return job
-        assert time.monotonic() < deadline, job
+        assert time.monotonic() < deadline, f"{job}\n{logs(api, job_id)[-4000:]}"
         time.sleep(0.1)
 
 

@@ -112,9 +112,12 @@ def attempt_exit(codes: Mapping[int, int | None], first_failed: int | None = Non
     return worst, detail
 
 
-def master_port(job_id: str, attempt: int) -> int:
-    """A port derived from the job and attempt, so every rank computes the same one."""
-    return MASTER_PORT_BASE + zlib.crc32(f"{job_id}/{attempt}".encode()) % MASTER_PORT_SPAN
+def master_port(job_id: str, attempt: int, salt: str = "") -> int:
+    """A port derived from the job and attempt, so every rank computes the same one.
+    ``salt``: the deployment's own (its state directory) where several deployments share one
+    host's ports, as local and test clusters do: two servers' job ``t1`` then differ."""
+    key = f"{salt}/{job_id}/{attempt}" if salt else f"{job_id}/{attempt}"
+    return MASTER_PORT_BASE + zlib.crc32(key.encode()) % MASTER_PORT_SPAN
 
 
 def pool_of(rank: int, pools: Sequence[int]) -> tuple[int, int]:
@@ -140,13 +143,14 @@ def recovery_env(plan: RecoveryPlan | None, attempt: int, node_id: str) -> dict[
 
 def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
                 pools: Sequence[int] = (), tiers: Mapping[str, str] | None = None,
-                recovery: RecoveryPlan | None = None) -> dict[str, str]:
+                recovery: RecoveryPlan | None = None, port_salt: str = "") -> dict[str, str]:
     """What a managed service adds to a replica's environment (the spec's env cannot
     override the service's own variables). ``pools``: the replica count of each worker pool
     (none: one pool), so ``CLUSTER_SPEC`` has Vertex's shape: one address list per pool and
     the task's index within its pool; ``RANK`` stays global, as torch needs it. ``tiers``:
-    the rank's checkpoint tier variables (``tier_env``); none: durable only."""
-    port = master_port(spec.job_id, spec.attempt)
+    the rank's checkpoint tier variables (``tier_env``); none: durable only. ``port_salt``:
+    see ``master_port``."""
+    port = master_port(spec.job_id, spec.attempt, port_salt)
     counts = tuple(pools) or (spec.world_size,)
     if sum(counts) != spec.world_size:
         raise ValueError(f"pools {list(counts)} do not add up to world size {spec.world_size}")

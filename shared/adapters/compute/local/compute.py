@@ -278,7 +278,8 @@ class LocalCompute:
             tiers = tier_env(spec.job_id, spec.rank, gang.node_ids, self.memory_root,
                              spec.checkpoint_dir, before)
             log = self.log_path(spec.job_id, spec.attempt, spec.rank)
-            env = managed_env(spec, pools=pools, tiers=tiers, recovery=plan)
+            env = managed_env(spec, pools=pools, tiers=tiers, recovery=plan,
+                              port_salt=str(self.state_dir))
             taken = None if plan is None or spec.node_id in plan.fresh_node_ids else (
                 live.take(db, spec.job_id, spec.node_id, env, log)
                 or warm.take(db, spec.job_id, spec.node_id, env, log))  # a warm standby
@@ -309,7 +310,8 @@ class LocalCompute:
         override the service's own variables); ``pools``: the gang's replicas per pool;
         ``tiers``: its checkpoint tier directories; ``recovery``: how the attempt was
         started (``MTC_RECOVERY_MODE``)."""
-        env = {**os.environ, **managed_env(spec, pools=pools, tiers=tiers, recovery=recovery)}
+        env = {**os.environ, **managed_env(spec, pools=pools, tiers=tiers, recovery=recovery,
+                                           port_salt=str(self.state_dir))}
         if "PATH" not in dict(spec.env):  # `python` in a command is mtc's own, with its packages
             env["PATH"] = os.pathsep.join([str(Path(self._python).parent),
                                            *filter(None, env.get("PATH", "").split(os.pathsep))])

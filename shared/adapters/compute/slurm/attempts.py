@@ -229,6 +229,7 @@ class SlurmAttempts:
                     master_addr=self._settings.master_addr,
                     peer_root=self._settings.state_dir / "nodes",
                     previous_hosts=previous_hosts(db, job_id, attempt),
+                    port_salt=str(self._settings.state_dir),
                 )
             except ValueError as exc:  # job input the scripts cannot carry safely
                 att = attempt_row(db, job_id, attempt)

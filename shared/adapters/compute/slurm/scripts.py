@@ -78,19 +78,21 @@ def write_scripts(
     master_addr: str,
     peer_root: Path | None = None,
     previous_hosts: Sequence[str] = (),
+    port_salt: str = "",
 ) -> None:
     """Write the attempt's scripts into ``run_dir`` (``names``: mtc node id -> Slurm node):
     ``hostfile`` (rank r's Slurm node on line r, so srun puts each pool's ranks on the
     machines chosen for them), one ``task.sh`` that picks its launch group's command and
     environment by ``$RANK``, and ``batch.sh``. ``peer_root``: where the stand-in of each
     node's memory for peer copies is (none: no tiers); ``previous_hosts``: the Slurm nodes
-    of the job's previous attempt by rank (where its peer copies are). Job input the
-    scripts cannot carry safely is refused (``ValueError``) before anything is written."""
+    of the job's previous attempt by rank (where its peer copies are); ``port_salt``: see
+    ``master_port``. Job input the scripts cannot carry safely is refused (``ValueError``)
+    before anything is written."""
     pools = tuple(g.count for g in gang.groups)
     envs = [managed_env(WorkerSpec(gang.job_id, gang.attempt, g.first_rank, gang.world_size,
                                    gang.node_ids[g.first_rank], g.command, g.env, gang.checkpoint_dir,
                                    gang.model_dir, gang.tensorboard_dir), master_addr, pools,
-                        recovery=gang.recovery)
+                        recovery=gang.recovery, port_salt=port_salt)
             for g in gang.groups]
     templates = [spec_template(env.pop("CLUSTER_SPEC")) for env in envs]
     tf_templates = [spec_template(env.pop("TF_CONFIG")) for env in envs]

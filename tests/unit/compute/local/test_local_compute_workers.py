@@ -69,7 +69,7 @@ def test_workers_get_the_managed_environment(
     workers = gang(tmp_path, py(dump), world_size=2, env=(("USER_VAR", "x"), ("RANK", "99")))
     compute.start_workers(workers)
     poll_until(compute, lambda: bool(exits(recorder)))
-    port = master_port("job-1", 1)
+    port = master_port("job-1", 1, str(compute.state_dir))
     for rank in (0, 1):
         log = compute.log_path("job-1", 1, rank).read_text()
         env = json.loads(log.strip().splitlines()[-1])
@@ -87,7 +87,15 @@ def test_workers_get_the_managed_environment(
             ("AIP_TENSORBOARD_LOG_DIR", workers.tensorboard_dir),
         ):
             assert env[var] == spec_dir and Path(spec_dir).is_dir()
-    assert 20000 <= port < 32000 and port == master_port("job-1", 1) != master_port("job-1", 2)
+    salt = str(compute.state_dir)
+    assert 20000 <= port < 32000 and port != master_port("job-1", 2, salt)
+
+
+def test_two_deployments_on_one_host_give_the_same_job_different_ports() -> None:
+    """Test clusters share a host's ports: the same job id and attempt in two servers must
+    not rendezvous on one port (one's TCPStore would meet EADDRINUSE or the other's store)."""
+    assert master_port("t1", 1, "/a/state") != master_port("t1", 1, "/b/state")
+    assert master_port("t1", 1, "/a/state") == master_port("t1", 1, "/a/state")
 
 
 def test_each_pool_s_ranks_see_their_own_pool_in_cluster_spec(
@@ -102,7 +110,7 @@ def test_each_pool_s_ranks_see_their_own_pool_in_cluster_spec(
     compute.start_workers(Gang("pools", 1, ("n0", "n1", "n2"), groups, str(out / "c"), str(out / "m"),
                                str(out / "t")))
     poll_until(compute, lambda: bool(exits(recorder)))
-    port = master_port("pools", 1)
+    port = master_port("pools", 1, str(compute.state_dir))
     want = {0: ("cmd-a", "1", None, "workerpool0", 0), 1: ("cmd-b", None, "2", "workerpool1", 0),
             2: ("cmd-b", None, "2", "workerpool1", 1)}
     for rank, (command, a, b, pool, index) in want.items():

@@ -119,8 +119,10 @@ class Stack:
     # that asked for it commits (the emulator can hold a contended commit about 2 s).
     provision_duration_s: float = 3.0
     repair_duration_s: float = 3.0
+    # transient failures (the emulator's lock storms under load) are retried for about
+    # 2.5 min of backoff before a message is dead-lettered (ps.DeliverySettings)
     delivery: ps.DeliverySettings = field(default_factory=lambda: ps.DeliverySettings(
-        ack_deadline_s=60, max_delivery_attempts=5, min_backoff_s=0.5, max_backoff_s=10))
+        ack_deadline_s=60, max_delivery_attempts=20, min_backoff_s=0.5, max_backoff_s=10))
     log: Callable[[str], None] = print
     extra_env: dict[str, str] = field(default_factory=dict)  # for every function
     env: dict[str, str] = field(default_factory=dict)

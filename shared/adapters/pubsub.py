@@ -95,11 +95,27 @@ class SubscriptionPlan:
 
 @dataclass(frozen=True)
 class DeliverySettings:
+    """How a push subscription retries a delivery the function answered 5xx. Only transient
+    failures get there (``run_handler`` acknowledges permanent ones), so the attempts are a
+    time budget for the store to recover, not a poison-message detector: a message
+    dead-lettered on contention can be a job's exit, and that job then never ends."""
+
     ack_deadline_s: int = 60  # the function's timeout: an unanswered push is redelivered
-    max_delivery_attempts: int = 5  # Pub/Sub allows 5..100
+    max_delivery_attempts: int = 20  # Pub/Sub allows 5..100
     min_backoff_s: float = 1.0
     max_backoff_s: float = 60.0
     retention_s: int = 7 * 24 * 3600
+
+    def retry_budget_s(self) -> float:
+        """The backoff between the first delivery and the last, at Pub/Sub's exponential
+        retry policy (doubling from the minimum up to the maximum): how long a transient
+        failure may last before the message is dead-lettered (handler time not counted)."""
+        return retry_budget_s(self.min_backoff_s, self.max_backoff_s, self.max_delivery_attempts)
+
+
+def retry_budget_s(min_backoff_s: float, max_backoff_s: float, attempts: int) -> float:
+    """See ``DeliverySettings.retry_budget_s``."""
+    return float(sum(min(max_backoff_s, min_backoff_s * 2.0 ** i) for i in range(attempts - 1)))
 
 
 def plan_subscriptions(routes: Routes, prefix: str = PREFIX) -> list[SubscriptionPlan]:

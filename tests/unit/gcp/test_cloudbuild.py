@@ -300,6 +300,32 @@ def test_every_subscription_pushes_to_its_function_with_a_dead_letter_policy(
     assert ps.dead_letter_subscription_id() in creates
 
 
+def test_transient_failures_are_retried_for_half_an_hour_before_a_dead_letter(
+        build: dict[str, Any]) -> None:
+    """Only transient failures are redelivered (permanent ones are acknowledged), so the
+    attempts must outlast a contention storm: 5 attempts 10-600 s apart were 150 s."""
+    subs = build["substitutions"]
+    budget = ps.retry_budget_s(float(subs["_MIN_RETRY_DELAY"].removesuffix("s")),
+                               float(subs["_MAX_RETRY_DELAY"].removesuffix("s")),
+                               int(subs["_MAX_DELIVERY_ATTEMPTS"]))
+    assert budget >= 30 * 60, budget
+
+
+def test_the_stack_and_the_default_outlast_the_emulators_lock_storms() -> None:
+    """A loaded CI run's Firestore emulator answered "Transaction lock timeout" to three
+    functions for 65 s; the stack's 5 attempts (7.5 s of backoff) dead-lettered a job's exit
+    and the job never ended."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import stack
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    settings = stack.Stack(state_dir=Path("unused")).delivery
+    assert settings.retry_budget_s() >= 120, settings
+    assert ps.DeliverySettings().retry_budget_s() >= 10 * 60
+    assert ps.retry_budget_s(0.5, 10, 5) == 7.5  # the policy that lost the exit
+
+
 def test_push_urls_are_the_functions_urls(build: dict[str, Any]) -> None:
     script = scripts(build)["subscriptions"]
     for service in SERVICES:

@@ -277,6 +277,9 @@ class TieredCheckpointer:
                         self.newest[tier] = max(job.step, self.newest[tier] or 0)
                     self.written.writes.append((tier, job.step, threading.current_thread().name))
                 self._heartbeat()
+            except Exception as exc:  # a dead writer would hang the next save and the close
+                self.written.errors.append(f"step {job.step}: {exc!r}")
+                self.log(f"tiers: save of step {job.step} failed: {exc!r}")
             finally:
                 self._queue.task_done()
         self._queue.task_done()

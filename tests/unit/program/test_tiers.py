@@ -235,3 +235,32 @@ def test_the_first_step_after_a_restore_beats_at_once(tmp_path: Path) -> None:
     assert json.loads(beat.read_text())["step"] == 21
     again.step_done(22)  # then the bound holds again
     assert json.loads(beat.read_text())["step"] == 21
+
+
+def test_a_failure_in_the_background_writer_never_hangs_the_next_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer thread that died of one bad save left the next ``save`` blocked on the full
+    queue and ``close`` on its join: the program hung instead of training on."""
+    real = entries.encode
+    calls: list[int] = []
+
+    def encode_once_bad(snapshot: dict[str, np.ndarray | bytes]) -> bytes:
+        calls.append(1)
+        if len(calls) == 1:  # the writer's first snapshot
+            raise ValueError("a payload it cannot encode")
+        return real(snapshot)
+
+    monkeypatch.setattr(entries, "encode", encode_once_bad)
+    cp = TieredCheckpointer(settings(tmp_path, tier3_every=1000), log=lambda _: None)
+    done = threading.Event()
+
+    def train() -> None:
+        for step in (5, 10, 15):
+            cp.save(step, state(step), ("memory", "peer"))
+        cp.close()
+        done.set()
+
+    threading.Thread(target=train, daemon=True).start()
+    assert done.wait(20), "the save or the close hung after the writer's failure"
+    assert any("cannot encode" in e for e in cp.written.errors)
+    assert cp.newest["memory"] == 15 and cp.newest["peer"] == 15

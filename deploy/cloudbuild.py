@@ -96,7 +96,7 @@ SUBSTITUTIONS = {
     "_ACK_DEADLINE": "60",
     "_MIN_RETRY_DELAY": "10s",
     "_MAX_RETRY_DELAY": "600s",
-    "_MAX_DELIVERY_ATTEMPTS": "10",  # 10 s to 600 s apart: about 40 min (ps.retry_budget_s)
+    "_MAX_DELIVERY_ATTEMPTS": "10",  # 10 s to 600 s apart: about 40 min (DeliverySettings.retry_budget_s)
     "_FUNCTION_TIMEOUT": "60s",
     "_MAX_INSTANCES": "20",
     "_TICK_SCHEDULE": "* * * * *",

@@ -110,12 +110,8 @@ class DeliverySettings:
         """The backoff between the first delivery and the last, at Pub/Sub's exponential
         retry policy (doubling from the minimum up to the maximum): how long a transient
         failure may last before the message is dead-lettered (handler time not counted)."""
-        return retry_budget_s(self.min_backoff_s, self.max_backoff_s, self.max_delivery_attempts)
-
-
-def retry_budget_s(min_backoff_s: float, max_backoff_s: float, attempts: int) -> float:
-    """See ``DeliverySettings.retry_budget_s``."""
-    return float(sum(min(max_backoff_s, min_backoff_s * 2.0 ** i) for i in range(attempts - 1)))
+        return float(sum(min(self.max_backoff_s, self.min_backoff_s * 2.0 ** i)
+                         for i in range(self.max_delivery_attempts - 1)))
 
 
 def plan_subscriptions(routes: Routes, prefix: str = PREFIX) -> list[SubscriptionPlan]:

@@ -305,10 +305,11 @@ def test_transient_failures_are_retried_for_half_an_hour_before_a_dead_letter(
     """Only transient failures are redelivered (permanent ones are acknowledged), so the
     attempts must outlast a contention storm: 5 attempts 10-600 s apart were 150 s."""
     subs = build["substitutions"]
-    budget = ps.retry_budget_s(float(subs["_MIN_RETRY_DELAY"].removesuffix("s")),
-                               float(subs["_MAX_RETRY_DELAY"].removesuffix("s")),
-                               int(subs["_MAX_DELIVERY_ATTEMPTS"]))
-    assert budget >= 30 * 60, budget
+    deployed = ps.DeliverySettings(
+        min_backoff_s=float(subs["_MIN_RETRY_DELAY"].removesuffix("s")),
+        max_backoff_s=float(subs["_MAX_RETRY_DELAY"].removesuffix("s")),
+        max_delivery_attempts=int(subs["_MAX_DELIVERY_ATTEMPTS"]))
+    assert deployed.retry_budget_s() >= 30 * 60, deployed
 
 
 def test_the_stack_and_the_default_outlast_the_emulators_lock_storms() -> None:
@@ -323,7 +324,9 @@ def test_the_stack_and_the_default_outlast_the_emulators_lock_storms() -> None:
     settings = stack.Stack(state_dir=Path("unused")).delivery
     assert settings.retry_budget_s() >= 120, settings
     assert ps.DeliverySettings().retry_budget_s() >= 10 * 60
-    assert ps.retry_budget_s(0.5, 10, 5) == 7.5  # the policy that lost the exit
+    lost_the_exit = ps.DeliverySettings(max_delivery_attempts=5, min_backoff_s=0.5,
+                                        max_backoff_s=10)
+    assert lost_the_exit.retry_budget_s() == 7.5
 
 
 def test_push_urls_are_the_functions_urls(build: dict[str, Any]) -> None:

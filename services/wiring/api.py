@@ -48,8 +48,10 @@ def embedded_api(app: EmbeddedApp, env_token: str | None = None, *,
                  runtime: Runtime | None = None) -> tuple[ApiContext, LocalAuth]:
     """``runtime``: who delivers after a call; default, the call itself (in process, the CLI);
     ``mtc serve`` passes its control loop's (``control_loop.LoopRuntime``)."""
-    auth = local_auth(app.state_dir, env_token if env_token is not None
-                      else os.environ.get("MTC_API_TOKEN") or None)
+    # taken out of the environment: held in memory only, so no process this one starts
+    # (a job's launcher, sbatch, a check) can inherit it
+    from_env = os.environ.pop("MTC_API_TOKEN", None) or None
+    auth = local_auth(app.state_dir, env_token if env_token is not None else from_env)
     audit = AuditLog(app.store, app.deps.config.retention_s)
     # a :wait holds one of the server's few request threads: it answers within 10 s, done
     # or not (AIP-151 lets a server return early); callers wait again

@@ -1,6 +1,6 @@
 """Run one worker and leave its exit code in a file.
 
-    python -m shared.adapters.compute.worker_launcher --exit-file PATH -- CMD [ARG...]
+    python -I worker_launcher.py --exit-file PATH [--env-file ENV] -- CMD [ARG...]
 
 Workers outlive the CLI process that started them, so nobody is left to ``wait()`` for them:
 this launcher is the parent that waits. It starts CMD, relays SIGTERM/SIGINT, and when CMD
@@ -36,6 +36,12 @@ before the exit file: the adapter's evidence that the disk, not the program, end
 for want of space (ENOSPC, EDQUOT) is tried again, backing off to 2 s, for up to
 ``WRITE_PATIENCE_S``: the rank reads as running until then, not as killed.
 
+The job's environment (``--env-file``: NUL-separated ``NAME=value``, as ``env -0`` prints
+it; the file is removed once read) is CMD's only: the launcher itself runs with a fixed
+environment under ``python -I`` (``job_env``), because it may be root and a job's
+``PYTHONPATH`` or ``LD_PRELOAD`` must never reach a root interpreter. Without
+``--env-file``, CMD gets the launcher's own environment.
+
 Standard library only, so it runs by file path with any Python, without the package.
 """
 
@@ -53,7 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 EXIT_NOT_FOUND = 127
@@ -82,6 +88,9 @@ def _mount(libc: ctypes.CDLL, src: str | None, dst: str, fstype: str | None, fla
         raise OSError(err, f"mount {src} on {dst}: {os.strerror(err)}")
 
 
+_Bind = tuple[int, str, bool, bool]  # (source fd, destination, read-write, a directory)
+
+
 def apply_sandbox(plan: dict[str, object], libc: ctypes.CDLL) -> None:
     """In the child, before exec: a private mount namespace, tmpfs over ``covers``, the
     ``binds`` back (sources opened first: a cover may hide them), then the plan's uid.
@@ -93,15 +102,19 @@ def apply_sandbox(plan: dict[str, object], libc: ctypes.CDLL) -> None:
     cwd = os.getcwd()
     binds = [(os.open(str(src), os.O_PATH | os.O_CLOEXEC), str(dst), bool(write), bool(is_dir))
              for src, dst, write, is_dir in plan["binds"]]  # type: ignore[attr-defined]
-    # by depth, a cover before a bind at the same depth: a bind re-exposes what is below it
-    # (a hidden directory inside bound code), so a deeper cover comes after it
-    mounts: list[tuple[int, int, str, tuple[int, str, bool, bool] | None]] = [
-        (str(c).count("/"), 0, str(c), None) for c in plan["covers"]]  # type: ignore[attr-defined]
-    mounts += [(b[1].count("/"), 1, b[1], b) for b in binds]
-    for _, _, where, bind in sorted(mounts, key=lambda m: (m[0], m[1])):
+    # by depth, a tmpfs before a bind at the same depth: a bind re-exposes what is below it
+    # (a hidden directory inside bound code), so a deeper cover comes after it; the private
+    # temp directories are tmpfs too, the job's own (1777, like the host's)
+    mounts: list[tuple[int, int, str, str, _Bind | None]] = [
+        (str(c).count("/"), 0, str(c), "mode=0711,size=1m", None)
+        for c in plan["covers"]]  # type: ignore[attr-defined]
+    mounts += [(str(t).count("/"), 0, str(t), "mode=1777", None)
+               for t in plan.get("scratch", ()) if os.path.isdir(str(t))]  # type: ignore[attr-defined]
+    mounts += [(b[1].count("/"), 1, b[1], "", b) for b in binds]
+    for _, _, where, data, bind in sorted(mounts, key=lambda m: (m[0], m[1])):
         if bind is None:
             os.makedirs(where, mode=0o711, exist_ok=True)
-            _mount(libc, "tmpfs", where, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711,size=1m")
+            _mount(libc, "tmpfs", where, "tmpfs", MS_NOSUID | MS_NODEV, data)
             continue
         fd, dst, write, is_dir = bind
         if is_dir:
@@ -218,12 +231,12 @@ def _log_says_enospc(log: str | None) -> bool:
     return any(mark in tail for mark in ENOSPC_SAID)
 
 
-def disk_readings(exit_file: str) -> dict[str, object]:
+def disk_readings(exit_file: str, env: Mapping[str, str]) -> dict[str, object]:
     """What the disks looked like as the rank exited: each file system of the job's
-    directories, its log and the exit file once (``[path, free, total]``), and whether the
-    log's end says ENOSPC."""
+    directories (named in its environment ``env``), its log and the exit file once
+    (``[path, free, total]``), and whether the log's end says ENOSPC."""
     log = _log_path()
-    paths = [os.environ.get(name) for name in JOB_DIRS] + [
+    paths = [env.get(name) for name in JOB_DIRS] + [
         log, os.path.dirname(os.path.abspath(exit_file))]
     space: list[list[object]] = []
     seen: set[int] = set()
@@ -313,18 +326,35 @@ class _Relay:
         self.pending.clear()
 
 
+def read_env_file(path: str) -> dict[str, str]:
+    """The job's environment from ``path`` (``env -0``'s format), which is then removed: it
+    is the job's, and only its child may hold it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    env: dict[str, str] = {}
+    for entry in data.split(b"\0"):
+        name, sep, value = entry.decode("utf-8", "surrogateescape").partition("=")
+        if sep and name:
+            env[name] = value
+    return env
+
+
 def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False,
-        sandbox: dict[str, object] | None = None) -> int:
+        sandbox: dict[str, object] | None = None,
+        child_env: Mapping[str, str] | None = None) -> int:
     """Run ``command``; its exit code goes to ``exit_file`` and is returned. With
     ``zero_after_stop``, a command that was asked to stop (SIGTERM/SIGINT) returns 0 here
     whatever its code (the file keeps the real one): under ``srun --kill-on-bad-exit`` a
     rank that checkpointed and left quickly must not kill the ranks still saving theirs,
     while a rank that fails on its own still ends the gang. ``sandbox``: the plan the child
-    runs in (see the module)."""
+    runs in (see the module); ``child_env``: the command's environment (default: ours)."""
     relay = _Relay()
     relay.install()  # before the child exists: a signal during start-up is kept, not lost
+    env = {**(os.environ if child_env is None else child_env),
+           "MTC_TERMINATION_LOG": f"{exit_file}.msg"}  # why it failed
     try:
-        env = {**os.environ, "MTC_TERMINATION_LOG": f"{exit_file}.msg"}  # why it failed
         for stale in (f"{exit_file}.msg", exit_file + DISK_SUFFIX):
             with contextlib.suppress(OSError):
                 os.unlink(stale)
@@ -347,7 +377,7 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
     with contextlib.suppress(OSError):  # a log on a full disk
         sys.stderr.flush()
     if code not in (0, EXIT_PREEMPTED):  # read now: the disk may have room again soon
-        readings = disk_readings(exit_file)
+        readings = disk_readings(exit_file, env)
         with contextlib.suppress(OSError):  # evidence is best effort; the exit file is not
             patiently(lambda: write_disk_file(exit_file, readings))
     patiently(lambda: write_exit_file(exit_file, code))
@@ -367,6 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--zero-after-stop", action="store_true",
                         help="exit 0 once asked to stop (the exit file keeps the real code)")
     parser.add_argument("--sandbox", help="run CMD in this sandbox plan (JSON file)")
+    parser.add_argument("--env-file", help="CMD's environment (env -0's format; removed once read)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
     args = parser.parse_args(argv)
     command = list(args.command)
@@ -378,7 +409,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sandbox:
         with open(args.sandbox) as f:
             sandbox = json.load(f)
-    return run(args.exit_file, command, zero_after_stop=args.zero_after_stop, sandbox=sandbox)
+    child_env = read_env_file(args.env_file) if args.env_file else None
+    return run(args.exit_file, command, zero_after_stop=args.zero_after_stop, sandbox=sandbox,
+               child_env=child_env)
 
 
 if __name__ == "__main__":

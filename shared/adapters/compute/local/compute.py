@@ -57,6 +57,7 @@ from pathlib import Path
 from shared.adapters.compute.attempt_scan import AttemptScan
 from shared.adapters.compute.disk_evidence import space
 from shared.adapters.compute.fact_store import FactStore
+from shared.adapters.compute.job_env import host_env
 from shared.adapters.compute.ledger import (
     SqliteLedger,
     all_ranks_exited,
@@ -306,11 +307,12 @@ class LocalCompute:
     def worker_env(self, spec: WorkerSpec, pools: Sequence[int] = (),
                    tiers: Mapping[str, str] | None = None,
                    recovery: RecoveryPlan | None = None) -> dict[str, str]:
-        """The environment a managed service gives a replica (the spec's env cannot
-        override the service's own variables); ``pools``: the gang's replicas per pool;
+        """The environment a managed service gives a replica: the host's allow-listed part
+        of this process's (``job_env``: never the server's secrets), the spec's env and the
+        service's own variables, which the spec cannot override; ``pools``: the gang's replicas per pool;
         ``tiers``: its checkpoint tier directories; ``recovery``: how the attempt was
         started (``MTC_RECOVERY_MODE``)."""
-        env = {**os.environ, **managed_env(spec, pools=pools, tiers=tiers, recovery=recovery,
+        env = {**host_env(), **managed_env(spec, pools=pools, tiers=tiers, recovery=recovery,
                                            port_salt=str(self.state_dir))}
         if "PATH" not in dict(spec.env):  # `python` in a command is mtc's own, with its packages
             env["PATH"] = os.pathsep.join([str(Path(self._python).parent),

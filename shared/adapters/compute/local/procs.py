@@ -15,21 +15,26 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from shared.adapters.compute.job_env import LAUNCHER_ENV, write_env_file
 from shared.adapters.compute.protocol import EXIT_KILLED, LAUNCHER, read_exit_file
 
 
 def spawn_launcher(python: str, exit_file: Path, command: Sequence[str], env: Mapping[str, str],
                    log: Path, sandbox: Path | None = None) -> int:
     """Start ``command`` under the launcher in a new session, output appended to ``log``;
-    ``sandbox``: the plan file the command runs in (``sandbox``)."""
-    argv = [python, str(LAUNCHER), "--exit-file", str(exit_file),
+    ``sandbox``: the plan file the command runs in (``sandbox``). ``env`` is the command's
+    only: it goes to the launcher in a file beside the exit file, and the launcher itself
+    runs isolated (``-I``) with a fixed environment (``job_env``)."""
+    env_file = write_env_file(exit_file.with_name(exit_file.name + ".env"), env)
+    argv = [python, "-I", str(LAUNCHER), "--exit-file", str(exit_file),
+            "--env-file", str(env_file),
             *(["--sandbox", str(sandbox)] if sandbox is not None else []), "--", *command]
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         return os.posix_spawn(
             python,
             argv,
-            dict(env),
+            dict(LAUNCHER_ENV),
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, fd, 1),

@@ -17,9 +17,13 @@ Inside the namespace:
   uid's own: ``<runtimes>/by-uid/<uid>`` bound at ``<runtimes>``);
 * the output root's ``gcs/`` tree is also at ``/gcs/`` (its own ``gs://`` outputs only), as
   Vertex's training containers see Cloud Storage;
+* ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are the rank's own (a tmpfs each, gone with its
+  namespace): nothing one job leaves there is seen by another, or by the launcher;
 * the rank runs as a uid of its own: a configured user (``run_as``), else a uid allocated
-  per job (``allocate_uid``), never reused and needing no passwd entry, so ranks of different
-  jobs cannot signal or read each other's processes (``/proc/<pid>/environ``) either.
+  per job (``allocate_uid``) from a registry shared by every deployment on the host
+  (``HOST_UIDS``), never reused and needing no passwd entry, so ranks of different jobs,
+  of this deployment or another, cannot signal or read each other's processes
+  (``/proc/<pid>/environ``) either.
 
 Pure planning here (``plan``); ``prepare`` creates and chowns the paths (as root); the
 launcher applies the plan (``worker_launcher.apply_sandbox``).
@@ -42,11 +46,14 @@ from shared.ports import WorkerSpec
 from shared.program import names as tier_names
 
 GCS_MOUNT = "/gcs"
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")  # a private tmpfs each, in every rank's namespace
 FIRST_UID = 1_500_000_000  # far above login users and the usual subuid ranges (100000+)
+HOST_UIDS = Path("/var/lib/mtc/sandbox-uids.sqlite")  # every deployment's uids on this host
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandbox_uids (
     job_id TEXT PRIMARY KEY, uid INTEGER NOT NULL UNIQUE);
 """
+HOST_SCHEMA = "CREATE TABLE IF NOT EXISTS uids (uid INTEGER PRIMARY KEY, owner TEXT NOT NULL)"
 
 
 @dataclass(frozen=True)
@@ -67,10 +74,11 @@ class SandboxPlan:
     binds: tuple[Bind, ...]
     home: str
     owned: tuple[str, ...] = field(default=())  # paths chowned to uid before the start
+    scratch: tuple[str, ...] = SCRATCH  # the rank's own temp directories
 
     def to_json(self) -> str:
         return json.dumps({"uid": self.uid, "gid": self.gid, "covers": list(self.covers),
-                           "home": self.home,
+                           "home": self.home, "scratch": list(self.scratch),
                            "binds": [[b.src, b.dst, b.write, b.is_dir] for b in self.binds]})
 
 
@@ -90,14 +98,33 @@ def user_ids(run_as: str) -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
-def allocate_uid(db: sqlite3.Connection, job_id: str) -> int:
-    """The job's own uid: the same for every attempt and rank, a new one per job."""
+def allocate_uid(db: sqlite3.Connection, job_id: str, registry: Path = HOST_UIDS) -> int:
+    """The job's own uid: the same for every attempt and rank, a new one per job, and never
+    one another deployment on this host gave out (``registry``, shared by all of them)."""
     row = db.execute("SELECT uid FROM sandbox_uids WHERE job_id = ?", (job_id,)).fetchone()
     if row is not None:
         return int(row[0])
-    top = db.execute("SELECT MAX(uid) FROM sandbox_uids").fetchone()[0]
-    uid = FIRST_UID if top is None else int(top) + 1
+    mine = db.execute("SELECT MAX(uid) FROM sandbox_uids").fetchone()[0]
+    uid = _host_uid(registry, job_id, 0 if mine is None else int(mine))
     db.execute("INSERT INTO sandbox_uids (job_id, uid) VALUES (?, ?)", (job_id, uid))
+    return uid
+
+
+def _host_uid(registry: Path, owner: str, above: int) -> int:
+    """The next uid of the host's registry (and above ``above``: this deployment's uids
+    from before it had one), taken under the registry's write lock."""
+    registry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    host = sqlite3.connect(registry, timeout=30.0, isolation_level=None)
+    try:
+        host.execute(HOST_SCHEMA)
+        host.execute("BEGIN IMMEDIATE")
+        top = host.execute("SELECT MAX(uid) FROM uids").fetchone()[0]
+        uid = max(FIRST_UID, above + 1, 0 if top is None else int(top) + 1)
+        host.execute("INSERT INTO uids (uid, owner) VALUES (?, ?)", (uid, owner))
+        host.execute("COMMIT")
+    finally:
+        host.close()
+    os.chmod(registry, 0o600)
     return uid
 
 
@@ -209,9 +236,9 @@ def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
         binds += [Bind(b.src, GCS_MOUNT + b.src[len(gcs_root):], b.write, b.is_dir)
                   for b in list(binds) if _inside(b.src, gcs_root) and b.src != gcs_root]
     covers = covers_for(hide, [b.dst for b in binds])
-    # a read-only path outside every cover is already there as it is: not bound (a bind
+    # a read-only path outside every tmpfs is already there as it is: not bound (a bind
     # would make it read-only for the job where its own permissions allow a write)
-    binds = [b for b in binds if b.write or any(_inside(b.dst, c) for c in covers)]
+    binds = [b for b in binds if b.write or any(_inside(b.dst, c) for c in (*covers, *SCRATCH))]
     return SandboxPlan(uid, gid, covers, tuple(binds), home, owned=tuple(dict.fromkeys(rw_dirs)))
 
 
@@ -230,9 +257,14 @@ def prepare(sandbox: SandboxPlan) -> None:
 
 
 def _chown_tree(path: str, uid: int, gid: int) -> None:
-    if os.stat(path).st_uid == uid:
+    """``path`` and what is below it become the job's; a symbolic link is never followed (a
+    job that put one where its directory was must not get root to hand it the target)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise PermissionError(f"{path} is a symbolic link: a job's directory must not be one")
+    if st.st_uid == uid:
         return  # already the job's (the common case on a restart): no walk
-    os.chown(path, uid, gid)
+    os.chown(path, uid, gid, follow_symlinks=False)
     for root, dirs, files in os.walk(path):
         for name in dirs + files:
             os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
@@ -245,18 +277,20 @@ def metric_dir(spec: WorkerSpec, env: Mapping[str, str]) -> list[str]:
     raw = env.get("CLOUD_ML_HP_METRIC_FILE", "")
     if not raw.startswith("/"):
         return []
-    where = os.path.dirname(os.path.abspath(raw))
-    base = os.path.dirname(str(Path(spec.checkpoint_dir).absolute()))
+    # resolved: a link the job made inside its own directory must not lead outside it
+    where = os.path.realpath(os.path.dirname(raw))
+    base = os.path.realpath(os.path.dirname(str(Path(spec.checkpoint_dir).absolute())))
     return [where] if _inside(where, base) and where != base else []
 
 
 def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], exit_file: Path,
               *, run_as: str | None, hidden: Sequence[str], python: str,
-              output_root: str | None, own_dirs: Sequence[str] = ()) -> Path:
+              output_root: str | None, own_dirs: Sequence[str] = (),
+              uid_registry: Path = HOST_UIDS) -> Path:
     """The rank's sandbox planned and prepared, in a file beside its exit file (only root
     reads it): the launcher's ``--sandbox``. ``own_dirs``: more directories of the job's own
     (read-write, its uid's), e.g. its control file's and its logs'."""
-    uid, gid = user_ids(run_as) if run_as else (allocate_uid(db, spec.job_id),) * 2
+    uid, gid = user_ids(run_as) if run_as else (allocate_uid(db, spec.job_id, uid_registry),) * 2
     made = plan(uid=uid, gid=gid, hidden=hidden,
                 job_dirs=[str(Path(d).absolute()) for d in
                           (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir,

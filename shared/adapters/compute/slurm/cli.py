@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from shared.adapters.compute.job_env import host_env
 from shared.domain.errors import MtcError, PermanentError, TransientError
 
 
@@ -304,7 +305,11 @@ def subprocess_runner(slurm_conf: str | None = None) -> Runner:
     """The default runner: subprocess.run with a timeout; SLURM_CONF pinned if given."""
 
     def run(argv: Sequence[str], timeout_s: float, extra_env: Mapping[str, str] | None) -> CommandOutput:
-        env = dict(os.environ)
+        # the host's allow-listed environment, never the server's secrets: sbatch exports
+        # what it is given to the job (--export=ALL)
+        env = host_env()
+        if os.environ.get("SLURM_CONF"):
+            env["SLURM_CONF"] = os.environ["SLURM_CONF"]
         if slurm_conf:
             env["SLURM_CONF"] = slurm_conf
         env.update(extra_env or {})

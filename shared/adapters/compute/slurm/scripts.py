@@ -48,6 +48,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from shared.adapters.compute.job_env import LAUNCHER_ENV
 from shared.adapters.compute.protocol import LAUNCHER, managed_env, progress_path, safe_name
 from shared.ports import Gang, RecoveryPlan, WorkerSpec
 from shared.program import names as tier_names
@@ -153,8 +154,14 @@ def write_scripts(
         'tf="${tf//__MTC_INDEX__/$((RANK - first))}"',
         'export TF_CONFIG="${tf//__MTC_NODE__/$MTC_NODE_ID}"',
         'export GROUP_RANK="$RANK" NODE_RANK="$RANK"',
-        f'exec {q(python)} {q(str(LAUNCHER))} --zero-after-stop'
-        f' --exit-file {q(str(run_dir))}/rank-"$RANK".exit -- "${{cmd[@]}}"',
+        # the job's environment goes to the launcher in a file, for the command only: the
+        # launcher runs isolated with a fixed environment (job_env)
+        f'env_file={q(str(run_dir))}/rank-"$RANK".env',
+        '(umask 077 && /usr/bin/env -0 > "$env_file") || exit 1',
+        f'exec /usr/bin/env -i {" ".join(f"{k}={q(v)}" for k, v in LAUNCHER_ENV.items())}'
+        f' {q(python)} -I {q(str(LAUNCHER))} --zero-after-stop'
+        f' --exit-file {q(str(run_dir))}/rank-"$RANK".exit --env-file "$env_file"'
+        ' -- "${cmd[@]}"',
     ]
     write_executable(run_dir / "hostfile", "\n".join(hosts) + "\n", mode=0o644)
     write_executable(run_dir / "task.sh", "\n".join(lines) + "\n")

@@ -116,9 +116,54 @@ def test_jobs_get_uids_of_their_own(tmp_path: Path) -> None:
 
     db = sqlite3.connect(":memory:")
     db.executescript(sandbox.SCHEMA)
-    a, b = sandbox.allocate_uid(db, "a"), sandbox.allocate_uid(db, "b")
+    host = tmp_path / "uids.sqlite"
+    a, b = sandbox.allocate_uid(db, "a", host), sandbox.allocate_uid(db, "b", host)
     assert a != b and min(a, b) >= sandbox.FIRST_UID
-    assert sandbox.allocate_uid(db, "a") == a
+    assert sandbox.allocate_uid(db, "a", host) == a
+
+
+def test_defect_7_two_deployments_first_jobs_get_different_uids(tmp_path: Path) -> None:
+    """Every ledger started at the same uid, so two deployments' first jobs shared one and
+    could signal each other and read each other's ``/proc/<pid>/environ``: uids come from
+    the host's registry, which every deployment shares."""
+    import sqlite3
+
+    host = tmp_path / "var" / "uids.sqlite"
+    first, second = sqlite3.connect(":memory:"), sqlite3.connect(":memory:")
+    for db in (first, second):
+        db.executescript(sandbox.SCHEMA)
+    a, b = sandbox.allocate_uid(first, "t1", host), sandbox.allocate_uid(second, "t1", host)
+    assert a != b
+    assert stat_mode(host) == 0o600
+    # a deployment whose ledger predates the registry keeps its uids apart from new ones
+    old = sqlite3.connect(":memory:")
+    old.executescript(sandbox.SCHEMA)
+    old.execute("INSERT INTO sandbox_uids VALUES ('old', ?)", (sandbox.FIRST_UID + 100,))
+    assert sandbox.allocate_uid(old, "new", host) == sandbox.FIRST_UID + 101
+    assert sandbox.allocate_uid(first, "t2", host) == sandbox.FIRST_UID + 102
+
+
+def stat_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_a_symlink_a_job_planted_never_gets_root_to_chown_its_target(tmp_path: Path) -> None:
+    """A job owns its checkpoint directory: a link it leaves there, named as its metric
+    file's directory, must not lead root to bind or chown what it points at."""
+    from shared.adapters.compute.local.sandbox import _chown_tree, metric_dir
+    from shared.ports import WorkerSpec
+
+    job, target = tmp_path / "jobs" / "t1", tmp_path / "etc"
+    (job / "checkpoints").mkdir(parents=True)
+    target.mkdir()
+    (job / "checkpoints" / "evil").symlink_to(target)
+    spec = WorkerSpec("t1", 1, 0, 1, "n0", ("python",), (), str(job / "checkpoints"),
+                      str(job / "model"), str(job / "tb"))
+    assert metric_dir(spec, {"CLOUD_ML_HP_METRIC_FILE":
+                             str(job / "checkpoints" / "evil" / "m.json")}) == []
+    with pytest.raises(PermissionError, match="symbolic link"):
+        _chown_tree(str(job / "checkpoints" / "evil"), 12345, 12345)
+    assert target.stat().st_uid == os.getuid()
 
 
 def test_root_is_never_a_configured_worker_user() -> None:

@@ -106,3 +106,29 @@ def test_a_signal_before_the_child_exists_is_sent_once_it_does() -> None:
 def test_usage_errors() -> None:
     done = subprocess.run([PY, str(LAUNCHER), "--exit-file", "x"], capture_output=True)
     assert done.returncode == 2 and b"no command" in done.stderr
+
+
+
+def test_the_jobs_environment_reaches_only_its_command(tmp_path: Path) -> None:
+    """The launcher may be root: it starts isolated with a fixed environment, as
+    ``spawn_launcher`` starts it, and the job's environment reaches only the command: a
+    ``PYTHONPATH`` with a planted ``sitecustomize.py`` runs nothing in the launcher (the
+    command is no Python), and ``PYTHONHOME=/nonexistent`` does not kill it."""
+    import os
+
+    from shared.adapters.compute.local.procs import spawn_launcher
+
+    planted, marker, seen = tmp_path / "planted", tmp_path / "PWNED", tmp_path / "seen"
+    planted.mkdir()
+    (planted / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('ran')\n")
+    (tmp_path / "run").mkdir()
+    for i, extra in enumerate(({"PYTHONPATH": str(planted)}, {"PYTHONHOME": "/nonexistent"})):
+        exit_file, log = tmp_path / "run" / f"r{i}.exit", tmp_path / f"r{i}.log"
+        env = {"PATH": "/usr/bin:/bin", "SEEN": f"yes{i}", **extra}
+        pid = spawn_launcher(PY, exit_file, ["/bin/sh", "-c", f'echo "$SEEN" >> {seen}'], env,
+                             log)
+        os.waitpid(pid, 0)
+        assert exit_file.read_text() == "0\n", log.read_text()
+        assert not (tmp_path / "run" / f"r{i}.exit.env").exists(), "the job's env was left"
+    assert not marker.exists(), "the launcher ran the job's PYTHONPATH"
+    assert seen.read_text().split() == ["yes0", "yes1"]  # the command got the job's env

@@ -71,15 +71,19 @@ NAMES = {"w0": "n3", "w1": "n1", "w2": "n2"}  # rank order is not the Slurm node
 
 def run_task(run_dir: Path, tmp: Path, rank: int, node: str) -> dict[str, object]:
     """task.sh as srun runs it for task ``rank`` on ``node``, with a stand-in launcher
-    (the python it execs) that prints what it was given instead of running it."""
-    probe = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}))"
+    (the python it execs) that prints what it was given instead of running it: ``env`` is
+    the command's (the launcher's ``--env-file``), ``own`` the launcher's own."""
+    probe = ("import json, os, sys; a = [x for x in sys.argv[1:] if x != '-I']; "
+             "f = a[a.index('--env-file') + 1]; "
+             "env = dict(e.split('=', 1) for e in open(f).read().split(chr(0)) if e); "
+             "print(json.dumps({'argv': a, 'env': env, 'own': dict(os.environ)}))")
     text = (run_dir / "task.sh").read_text()
     fake = tmp / "fake-python"
     fake.write_text(f"#!{sys.executable}\n{probe}\n")
     fake.chmod(0o755)
     env = {"PATH": os.environ.get("PATH", ""), "SLURM_PROCID": str(rank), "SLURMD_NODENAME": node}
-    assert f"exec {sys.executable} " in text
-    (run_dir / "probe.sh").write_text(text.replace(f"exec {sys.executable} ", f"exec {fake} "))
+    assert f" {sys.executable} -I " in text
+    (run_dir / "probe.sh").write_text(text.replace(f" {sys.executable} -I ", f" {fake} -I "))
     done = subprocess.run(["bash", str(run_dir / "probe.sh")], cwd=tmp, env=env, timeout=30,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -100,6 +104,8 @@ def test_each_rank_runs_its_own_pools_command_and_env(tmp_path: Path) -> None:
         assert argv[argv.index("--") + 1:] == command
         assert argv[argv.index("--exit-file") + 1] == str(run_dir / f"rank-{rank}.exit")
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "3" and env["MTC_NODE_ID"] == node_id
+        own = cast("dict[str, str]", got["own"])  # the launcher's: fixed, none of the job's
+        assert "RANK" not in own and "A" not in own and "B" not in own, own
         assert ("A" in env) == (rank == 0) and ("B" in env) == (rank > 0)
         assert env.get("A", "1") == "1" and env.get("B", NASTY) == NASTY
         spec = json.loads(env["CLUSTER_SPEC"])

@@ -1,0 +1,164 @@
+"""A tenant's job never reaches the host or the server's secrets: probed as an attacker would,
+through the API of a real ``mtc serve`` (as root where the machine allows: the case the
+launcher's isolation is about).
+
+* Defect 1: a job's ``env`` reached the root launcher (``PYTHONPATH``, ``PYTHONHOME``), and
+  jobs shared ``/tmp``, so one job planted ``sitecustomize.py`` that the next job's
+  ``PYTHONPATH`` made a root interpreter run.
+* Defect 2: the server's admin token (``MTC_API_TOKEN``) was in every job's environment and
+  in the standbys table, in plaintext.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.serving import PARENT, create_cluster, mtc_serve, wait_until
+
+pytestmark = pytest.mark.integration
+
+ROOT_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
+                               reason="the launcher runs as root only under a root server")
+TOKEN = "admin-" + secrets.token_hex(16)
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+TERMINAL = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"}
+
+# job 1 of the repro: leaves a sitecustomize.py that reports a root interpreter
+PLANT = """
+import os, sys
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+os.chmod(d, 0o777)
+with open(os.path.join(d, "sitecustomize.py"), "w") as f:
+    f.write("import os\\nif os.getuid() == 0:\\n"
+            "    open(os.path.join(%r, 'PWNED'), 'w').write(str(os.getuid()))\\n" % d)
+"""
+# what a job sees of the server's secrets
+PRY = """
+import json, os, sys
+out = {"env": dict(os.environ)}
+try:
+    out["server_environ"] = open("/proc/%s/environ" % sys.argv[1], "rb").read().decode("latin-1")
+except OSError as exc:
+    out["server_environ"] = type(exc).__name__
+with open(os.path.join(os.environ["AIP_MODEL_DIR"], "pry.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    state = tmp_path_factory.mktemp("tenant") / "state"
+    with mtc_serve(state, TOKEN) as url:
+        create_cluster(url, TOKEN, workers=2)
+        yield url, state
+
+
+def _run_job(url: str, command: list[str], env: dict[str, str] | None = None,
+             bucket_path: str = "run") -> dict[str, Any]:
+    """Submit a one-replica job, wait until it ends; its final view."""
+    pool: dict[str, Any] = {
+        "machineSpec": {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
+                        "acceleratorCount": 8},
+        "replicaCount": "1",
+        "containerSpec": {"imageUri": "local", "command": command,
+                          "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}}
+    body = {"displayName": "probe", "jobSpec": {
+        "persistentResourceId": "c1", "workerPoolSpecs": [pool],
+        "baseOutputDirectory": {"outputUriPrefix": f"gs://tenant-bkt/{bucket_path}"}}}
+    made = requests.post(f"{url}/v1/{PARENT}/customJobs", json=body, headers=HEADERS, timeout=30)
+    assert made.status_code == 200, made.text
+    name = made.json()["name"]
+
+    def ended() -> dict[str, Any] | None:
+        job = requests.get(f"{url}/v1/{name}", headers=HEADERS, timeout=30).json()
+        return job if job.get("state") in TERMINAL else None
+
+    return wait_until(f"{name} to end", ended, timeout_s=90, interval_s=0.3)  # type: ignore[no-any-return]
+
+
+@ROOT_ONLY
+def test_defect_1_a_planted_sitecustomize_never_runs_as_root(served: tuple[str, Path],
+                                                            tmp_path: Path) -> None:
+    """The repro as reported: job 1 plants ``/tmp/x/sitecustomize.py`` (a 0777 directory)
+    that writes ``/tmp/x/PWNED`` when its uid is 0; job 2 runs ``true`` with
+    ``PYTHONPATH=/tmp/x``. No ``PWNED`` appears, and job 2 succeeds. The host's ``/tmp/x``
+    is planted by the test too, so the launcher's isolation is shown apart from the
+    private ``/tmp`` each job has."""
+    url, _ = served
+    x = Path("/tmp") / f"mtc-x-{secrets.token_hex(4)}"
+    try:
+        first = _run_job(url, ["python3", "-c", PLANT, str(x)])
+        assert first["state"] == "JOB_STATE_SUCCEEDED", first
+        assert not x.exists(), "job 1 wrote the host's /tmp: jobs must have their own"
+        subprocess.run([sys.executable, "-c", PLANT, str(x)], check=True, timeout=30)
+        assert (x / "sitecustomize.py").exists()
+        second = _run_job(url, ["true"], env={"PYTHONPATH": str(x)})
+        assert second["state"] == "JOB_STATE_SUCCEEDED", second
+        assert not (x / "PWNED").exists(), "a root interpreter ran the job's PYTHONPATH"
+        # the job's own interpreter does see its PYTHONPATH (it is the job's), as itself
+        third = _run_job(url, ["python3", "-c", "pass"], env={"PYTHONPATH": str(x)})
+        assert third["state"] == "JOB_STATE_SUCCEEDED", third
+        assert not (x / "PWNED").exists()
+    finally:
+        shutil.rmtree(x, ignore_errors=True)
+
+
+@ROOT_ONLY
+def test_defect_1_pythonhome_in_a_job_does_not_kill_its_launcher(served: tuple[str, Path]
+                                                                ) -> None:
+    """``PYTHONHOME=/nonexistent`` killed the root launcher, and the job ended FAILED as the
+    program's own failure; it is the job's variable only, and ``true`` ignores it."""
+    url, _ = served
+    job = _run_job(url, ["true"], env={"PYTHONHOME": "/nonexistent", "LD_PRELOAD": "",
+                                       "PYTHONSTARTUP": "/nonexistent"})
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+
+
+def test_defect_2_the_admin_token_is_in_no_job_and_nowhere_in_plaintext(
+        served: tuple[str, Path]) -> None:
+    """A job reads its whole environment and tries the server's ``/proc/<pid>/environ``:
+    the admin token is in neither (the server took it out of its own environment at
+    start, and a job's environment is an allow-list plus its own); it is stored nowhere
+    in the state directory in plaintext either (the standbys table held it)."""
+    url, state = served
+    server_pid = _server_pid(state)
+    job = _run_job(url, [sys.executable, "-c", PRY, str(server_pid)], bucket_path="pry")
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    seen = json.loads((state / "jobs" / "gcs" / "tenant-bkt" / "pry" / "model" / "pry.json")
+                      .read_text())
+    assert TOKEN not in json.dumps(seen["env"]), "the admin token is in the job's environment"
+    assert "MTC_API_TOKEN" not in seen["env"]
+    assert TOKEN not in seen["server_environ"]
+    assert requests.get(f"{url}/v1/{PARENT}/customJobs", headers=HEADERS,
+                        timeout=30).status_code == 200  # the token still works, from memory
+    time.sleep(0.5)  # a standby row written after the job's end is written by now
+    for path in state.rglob("*"):
+        if path.is_file() and path.stat().st_size < 64 * 1024 * 1024:
+            assert TOKEN.encode() not in path.read_bytes(), f"the admin token is in {path}"
+
+
+def _server_pid(state: Path) -> int:
+    """``mtc serve``'s pid: the process whose command line names this state directory."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in cmd and str(state).encode() in cmd:
+            return int(proc.name)
+    raise AssertionError("mtc serve's process was not found")

@@ -40,10 +40,13 @@ _VIEWER = _perms(_READ_VERBS, operations=("get", "list", "wait"))
 _EDITOR = _VIEWER | _perms(_WRITE_VERBS, operations=("cancel", "delete")) | {SLURM_RUN, NODE_REPORT}
 _ADMIN = _EDITOR | {TOKENS_MANAGE}
 
+# a running job's own credential (``job_tokens``): its own job, read and cancel, only
+_JOB = frozenset({"aiplatform.customJobs.get", "aiplatform.customJobs.cancel"})
+
 # role -> the permissions it grants; read-only, so no caller can widen a role at runtime
 ROLES: MappingProxyType[str, frozenset[str]] = MappingProxyType(
     {"viewer": _VIEWER, "editor": _EDITOR, "admin": _ADMIN,
-     "node-agent": frozenset({NODE_REPORT})})
+     "node-agent": frozenset({NODE_REPORT}), "job": _JOB})
 PERMISSIONS: frozenset[str] = _ADMIN  # every permission some role grants
 
 MISSING_CREDENTIALS = ("Request is missing required authentication credential. Expected OAuth 2 "
@@ -61,10 +64,12 @@ def permissions_of(role: str) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class Principal:
-    """An authenticated caller and its (project or "*", role) bindings."""
+    """An authenticated caller and its (project or "*", role) bindings; ``resource``: the
+    one resource it may act on (a job's own credential), None: any its bindings allow."""
 
     name: str  # "token:ci-bot", "user:a@example.com", "serviceAccount:x@p.iam.gserviceaccount.com"
     bindings: tuple[tuple[str, str], ...] = ()
+    resource: str | None = None
 
 
 class TokenSource(Protocol):
@@ -94,10 +99,17 @@ class Authenticator:
         raise unauthenticated(INVALID_CREDENTIALS)
 
 
-def authorize(principal: Principal, permission: str, project: str) -> None:
-    """Allow when a binding on ``project`` or "*" grants ``permission``; else a 403 naming it."""
+def authorize(principal: Principal, permission: str, project: str,
+              resource: str | None = None) -> None:
+    """Allow when a binding on ``project`` or "*" grants ``permission`` (and, for a principal
+    restricted to one resource, the call's ``resource`` is that one or a method of it:
+    ``NAME:cancel``); else a 403 naming it."""
     if permission not in PERMISSIONS:
         raise ValueError(f"unknown permission {permission!r}")  # a server bug, not a denial
+    only = principal.resource
+    if only is not None and (resource is None or (resource != only
+                                                  and not resource.startswith(only + ":"))):
+        raise permission_denied(permission, resource or f"projects/{project}")
     for scope, role in principal.bindings:
         if scope in (project, "*") and permission in ROLES.get(role, frozenset()):
             return

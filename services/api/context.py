@@ -31,7 +31,8 @@ class Guard(Protocol):
 
     def identify(self, authorization: str | None) -> Principal: ...
 
-    def authorize(self, principal: Principal, permission: str, project: str) -> None: ...
+    def authorize(self, principal: Principal, permission: str, project: str,
+                  resource: str | None = None) -> None: ...
 
 
 class Audit(Protocol):

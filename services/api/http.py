@@ -63,7 +63,9 @@ def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiC
         principal = ctx.guard.identify(request.headers.get("Authorization"))
         who = principal.name
         where = parent(groups["project"], groups["location"])
-        ctx.guard.authorize(principal, route.permission, where.project)
+        # the resource's name (the path less its version), for a principal bound to one
+        ctx.guard.authorize(principal, route.permission, where.project,
+                            path.split("/", 2)[2] if path.count("/") >= 2 else None)
         call = Call(ctx, where, groups, request.args,
                     lambda required: read_body(request, required=required), who)
         status = 200

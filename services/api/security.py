@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.api.auth import Authenticator, PolicyStore, Principal, TokenSource, authorize
+from services.api.job_tokens import JobTokens, load_key
 from services.api.tokens import GoogleTokens, GoogleTokenVerifier, LocalTokens
 from shared.ports import DocStore
 
@@ -33,8 +34,9 @@ class TokenGuard:
         a denied call's audit record names the caller it denied."""
         return self.authenticator.authenticate(authorization)
 
-    def authorize(self, principal: Principal, permission: str, project: str) -> None:
-        authorize(principal, permission, project)
+    def authorize(self, principal: Principal, permission: str, project: str,
+                  resource: str | None = None) -> None:
+        authorize(principal, permission, project, resource)
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ def local_auth(state_dir: Path, env_token: str | None) -> LocalAuth:
     state_dir.mkdir(parents=True, exist_ok=True)
     tokens = LocalTokens(state_dir / TOKENS_FILE)
     token_file = tokens.ensure_admin(env_token, state_dir / ADMIN_TOKEN_FILE)
-    return LocalAuth(TokenGuard(Authenticator([tokens])), tokens,
+    jobs = JobTokens(load_key(state_dir))  # running jobs' own credentials
+    return LocalAuth(TokenGuard(Authenticator([tokens, jobs])), tokens,
                      None if env_token else token_file)
 
 

@@ -33,6 +33,7 @@ from services.observability.http import add_routes as add_observability
 from services.wiring.api import embedded_api
 from services.wiring.control_loop import ControlLoop, LoopRuntime, readiness
 from services.wiring.embedded import EmbeddedApp, embedded
+from services.wiring.job_credentials import ENDPOINT_FILE
 from shared import logs
 
 THREADS = 8  # request threads; the control loop has its own
@@ -78,6 +79,9 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
                            channel_timeout=CHANNEL_TIMEOUT_S, connection_limit=CONNECTION_LIMIT,
                            asyncore_use_poll=True, ident="mtc")
     url = f"http://{host}:{_port(server, port)}"
+    # where jobs reach the API with their own credential (MTC_API)
+    endpoint_file = app.state_dir / ENDPOINT_FILE
+    endpoint_file.write_text(url + "\n")
     out(f"mtc API on {url}  (state: {app.state_dir})")
     out(f"console: {url}/console" + (f"  (twin results: {sim_dir})" if sim_dir else ""))
     out(f"probes: {url}/healthz {url}/readyz  (no token)")
@@ -111,6 +115,7 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
         loop.stop()  # the pass under way ends before the store closes
         wsgi.close()
         app.close()
+        endpoint_file.unlink(missing_ok=True)
     out("mtc serve stopped")
     sys.stdout.flush()
     return 0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from services.observability.alert_sinks import webhook_from_env
+from services.wiring import job_credentials
 from services.wiring.builder import ComputeKind, build_deps, local_config, make_compute
 from services.wiring.routes import control_plane_routes
 from shared.adapters import state_files
@@ -136,6 +137,7 @@ def embedded(state_dir: Path, *, compute: ComputeKind = "local", slurm_conf: str
     if compute == "local":  # a root server's jobs are sandboxed away from these (sandbox.py)
         compute_options = {"output_root": config.output_root, "private_dirs": (state_dir,),
                            "sandboxed": None, "storage_floor": config.storage_floor,
+                           "credentials": job_credentials.issuer(state_dir, store),
                            **(compute_options or {})}
     machines = make_compute(compute, state_dir, bus.inject, clock, slurm_conf=slurm_conf,
                             options=compute_options)

@@ -150,6 +150,50 @@ def test_defect_2_the_admin_token_is_in_no_job_and_nowhere_in_plaintext(
             assert TOKEN.encode() not in path.read_bytes(), f"the admin token is in {path}"
 
 
+CALL = """
+import json, os, sys, urllib.error, urllib.request
+parent, other = sys.argv[1], sys.argv[2]
+token = open(os.environ["MTC_JOB_TOKEN_FILE"]).read().strip()
+api = os.environ["MTC_API"]
+def call(method, path):
+    req = urllib.request.Request(api + "/v1/" + path, method=method, data=b"{}" if method == "POST"
+                                 else None, headers={"Authorization": "Bearer " + token})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+mine = os.environ["MTC_JOB_NAME"]
+out = {"get_mine": call("GET", mine), "get_other": call("GET", other),
+       "list": call("GET", parent + "/customJobs"), "cancel_other": call("POST", other + ":cancel"),
+       "token_file": os.environ["MTC_JOB_TOKEN_FILE"], "name": mine}
+with open(os.path.join(os.environ["AIP_MODEL_DIR"], "calls.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_a_job_calls_the_api_with_its_own_credential_and_no_more(served: tuple[str, Path]
+                                                                 ) -> None:
+    """What a job that needs the API gets instead of the admin token: a short-lived token
+    for its own job (``$MTC_JOB_TOKEN_FILE``), its name (``$MTC_JOB_NAME``) and the API's URL
+    (``$MTC_API``). It reads
+    its own job; it can neither read nor cancel another, nor list."""
+    url, state = served
+    other = _run_job(url, ["true"], bucket_path="other")["name"]
+    job = _run_job(url, [sys.executable, "-c", CALL, PARENT, other], bucket_path="calls")
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    calls = json.loads((state / "jobs" / "gcs" / "tenant-bkt" / "calls" / "model" / "calls.json")
+                       .read_text())
+    assert calls["get_mine"] == 200 and calls["name"] == job["name"], calls
+    assert (calls["get_other"], calls["list"], calls["cancel_other"]) == (403, 403, 403), calls
+    token = Path(calls["token_file"]).read_text().strip()
+    own = requests.get(f"{url}/v1/{job['name']}", headers={"Authorization": f"Bearer {token}"},
+                       timeout=30)
+    assert own.status_code == 200  # good until it expires (an hour), for this job only
+    assert requests.get(f"{url}/v1/{other}", headers={"Authorization": f"Bearer {token}"},
+                        timeout=30).status_code == 403
+
+
 def _server_pid(state: Path) -> int:
     """``mtc serve``'s pid: the process whose command line names this state directory."""
     for proc in Path("/proc").iterdir():

@@ -68,6 +68,7 @@ from shared.adapters.compute.local import inprocess as live
 from shared.adapters.compute.local import queries, sandbox
 from shared.adapters.compute.local import standby as warm
 from shared.adapters.compute.local.checks import CHECKS_SCHEMA, LocalChecks
+from shared.adapters.compute.local.credentials import Issue, JobCredentials
 from shared.adapters.compute.local.nodes import (
     DEFAULT_REPAIR_DURATIONS_S,
     NODES_SCHEMA,
@@ -149,10 +150,12 @@ class LocalCompute:
         output_root: Path | None = None,
         private_dirs: Sequence[Path] = (),
         storage_floor: StorageFloor | None = None,
+        credentials: Issue | None = None,
     ) -> None:
         """``sandboxed`` (None: when root, as the embedded wiring asks): each rank as ``run_as``
         (default: a uid per job), ``private_dirs``, ``state_dir``, ``output_root`` hidden;
-        ``storage_floor``: when a job's disk is full at a rank's exit (``disk_evidence``)."""
+        ``storage_floor``: when a job's disk is full at a rank's exit (``disk_evidence``);
+        ``credentials``: a job's own API credential (``credentials``), None: none."""
         self.state_dir = Path(state_dir)
         self._floor = storage_floor or StorageFloor()
         self._sandboxed = sandbox.enabled(sandboxed)
@@ -166,6 +169,7 @@ class LocalCompute:
         self._park_s = park_s  # a held process waits this long for the next attempt
         self._in_process = in_process  # offer in-process restarts (MTC_RESTART_FILE)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.credentials = JobCredentials(self.state_dir / "credentials", credentials, time.time)
         self._children: set[int] = set()  # launchers we spawned: ours to reap
         schema = NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + live.SCHEMA + warm.SCHEMA + sandbox.SCHEMA
         self.store = FactStore(self.state_dir / self.DB_FILE, schema, emit, clock)
@@ -177,10 +181,8 @@ class LocalCompute:
             deep_check_duration_s=deep_check_duration_s,
         ), self.store)
         self.checks = LocalChecks(self.store, self._python, active_check_duration_s)
-        with self.store.tx() as db:  # a state file from before gangs
-            cols = {r["name"] for r in db.execute("PRAGMA table_info(attempts)")}
-            if "failed_rank" not in cols:
-                db.execute("ALTER TABLE attempts ADD COLUMN failed_rank INTEGER")
+        with self.store.tx() as db:
+            queries.migrate(db)
             live.migrate(db)
 
     # ------------------------------------------------------------ nodes (held)
@@ -313,7 +315,8 @@ class LocalCompute:
         ``tiers``: its checkpoint tier directories; ``recovery``: how the attempt was
         started (``MTC_RECOVERY_MODE``)."""
         env = {**host_env(), **managed_env(spec, pools=pools, tiers=tiers, recovery=recovery,
-                                           port_salt=str(self.state_dir))}
+                                           port_salt=str(self.state_dir)),
+               **self.credentials.env(spec.job_id)}
         if "PATH" not in dict(spec.env):  # `python` in a command is mtc's own, with its packages
             env["PATH"] = os.pathsep.join([str(Path(self._python).parent),
                                            *filter(None, env.get("PATH", "").split(os.pathsep))])
@@ -354,7 +357,8 @@ class LocalCompute:
         return sandbox.plan_file(db, spec, env, exit_file, run_as=self._run_as,
                                  hidden=self._private, python=self._python,
                                  output_root=self._output_root,
-                                 own_dirs=(str(control.parent), str(log.parent)))
+                                 own_dirs=(str(control.parent), str(log.parent)),
+                                 read_only=self.credentials.read_only(spec.job_id))
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:
         """What was started, with exit codes seen so far (updated by ``poll()``)."""
@@ -396,7 +400,7 @@ class LocalCompute:
         with self.store.tx() as db:
             attempts = db.execute("SELECT * FROM attempts WHERE finalized = 0").fetchall()
             running = [w for a in attempts
-                       for w in self._live_ranks(db, a["job_id"], a["attempt"])]
+                       for w in queries.live_ranks(db, a["job_id"], a["attempt"])]
             for att in attempts:
                 self._kill_attempt(db, att["job_id"], att["attempt"], now)
             live.kill_parked(db)
@@ -408,16 +412,8 @@ class LocalCompute:
                 return
             time.sleep(0.01)
 
-    @staticmethod
-    def _live_ranks(db: sqlite3.Connection, job_id: str, attempt: int) -> list[sqlite3.Row]:
-        return db.execute(
-            "SELECT * FROM workers WHERE job_id = ? AND attempt = ? AND exit_code IS NULL"
-            " ORDER BY rank",
-            (job_id, attempt),
-        ).fetchall()
-
     def _kill_attempt(self, db: sqlite3.Connection, job_id: str, attempt: int, now: float) -> None:
-        for w in self._live_ranks(db, job_id, attempt):
+        for w in queries.live_ranks(db, job_id, attempt):
             signal_rank(w, signal.SIGKILL)
         db.execute(
             "UPDATE attempts SET killed = 1, kill_deadline = COALESCE(MIN(kill_deadline, ?), ?)"
@@ -433,7 +429,7 @@ class LocalCompute:
                 self._kill_attempt(db, job_id, attempt, now)
             failed_rank = att["failed_rank"]
             newly_failed: list[int] = []
-            for w in self._live_ranks(db, job_id, attempt):
+            for w in queries.live_ranks(db, job_id, attempt):
                 code = exit_code(w)
                 if code is None and live.held(w):  # out of the attempt, its process parked
                     code = live.park(db, w, now, self._park_s)
@@ -476,7 +472,7 @@ class LocalCompute:
 
     def _stop_ranks(self, db: sqlite3.Connection, job_id: str, attempt: int) -> None:
         """SIGTERM each live rank, or hold it where its program restarts in process."""
-        for w in self._live_ranks(db, job_id, attempt):
+        for w in queries.live_ranks(db, job_id, attempt):
             if not live.hold(db, w, self._park_s):
                 signal_rank(w, signal.SIGTERM)
 
@@ -490,6 +486,7 @@ class LocalCompute:
             self._observe_workers(db, now)
             live.end_parked(db, now, self._gang_grace)  # not taken in time: ended
             warm.end_idle(db, now, self._park_s)
+            self.credentials.refresh(db)
             warm.launch_due(db, warm.launcher(self._python, self.state_dir, self._children,
                                               functools.partial(self._plan, db)))
             if self._heartbeats:

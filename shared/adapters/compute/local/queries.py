@@ -58,3 +58,16 @@ def exit_note(db: sqlite3.Connection, att: sqlite3.Row, ranks: list[sqlite3.Row]
     full, disk = disk_evidence.evidence(files, codes, failed_rank, floor)
     note = with_message("", files, failed_rank) + failure_note(db, att, codes, failed_rank)
     return note + disk, full
+
+
+def live_ranks(db: sqlite3.Connection, job_id: str, attempt: int) -> list[sqlite3.Row]:
+    """The attempt's ranks with no exit code yet, by rank."""
+    return db.execute("SELECT * FROM workers WHERE job_id = ? AND attempt = ? AND exit_code IS NULL"
+                      " ORDER BY rank", (job_id, attempt)).fetchall()
+
+
+def migrate(db: sqlite3.Connection) -> None:
+    """A state file from before gangs gets their column."""
+    cols = {r["name"] for r in db.execute("PRAGMA table_info(attempts)")}
+    if "failed_rank" not in cols:
+        db.execute("ALTER TABLE attempts ADD COLUMN failed_rank INTEGER")

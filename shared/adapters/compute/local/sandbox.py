@@ -286,17 +286,18 @@ def metric_dir(spec: WorkerSpec, env: Mapping[str, str]) -> list[str]:
 def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], exit_file: Path,
               *, run_as: str | None, hidden: Sequence[str], python: str,
               output_root: str | None, own_dirs: Sequence[str] = (),
-              uid_registry: Path = HOST_UIDS) -> Path:
+              read_only: Sequence[str] = (), uid_registry: Path = HOST_UIDS) -> Path:
     """The rank's sandbox planned and prepared, in a file beside its exit file (only root
     reads it): the launcher's ``--sandbox``. ``own_dirs``: more directories of the job's own
-    (read-write, its uid's), e.g. its control file's and its logs'."""
+    (read-write, its uid's), e.g. its control file's and its logs'; ``read_only``: more
+    paths it reads (its credential's directory)."""
     uid, gid = user_ids(run_as) if run_as else (allocate_uid(db, spec.job_id, uid_registry),) * 2
     made = plan(uid=uid, gid=gid, hidden=hidden,
                 job_dirs=[str(Path(d).absolute()) for d in
                           (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir,
                            str(progress_path(spec.checkpoint_dir, spec.rank).parent),
                            *metric_dir(spec, env), *own_dirs)],
-                job_files=[f"{exit_file}.msg"], read_only=[],
+                job_files=[f"{exit_file}.msg"], read_only=read_only,
                 home=str(exit_file.parent / "home"), env=env, command=spec.command,
                 python=python, output_root=output_root)
     prepare(made)

@@ -20,7 +20,7 @@ from shared.domain.events import JobStarted
 from shared.domain.model import Job, JobState
 from shared.domain.specs import CustomJobSpec
 from shared.handling import Deps
-from shared.pool_commands import pool_command
+from shared.pool_commands import gcs_bucket, pool_command
 from shared.ports import Gang, LaunchGroup, RecoveryPlan, UnitOfWork
 
 
@@ -136,4 +136,14 @@ def gang(job: Job, deps: Deps, plan: RecoveryPlan | None = None) -> Gang:
     # node_ids[:first] is node_ids itself (one tuple, shared with JobStarted) unless the job
     # holds more nodes than ranks
     return Gang(job.job_id, job.attempt, node_ids[:first], tuple(groups), ckpt, model, logs,
-                plan)
+                plan, buckets(job.spec))
+
+
+def buckets(spec: CustomJobSpec) -> tuple[str, ...]:
+    """The ``gs://`` buckets a job's spec names (its output, its packages): the API admitted
+    each as its project's, so these are the buckets its workers may read packages from."""
+    uris = [spec.base_output_directory or ""]
+    for pool in spec.worker_pool_specs:
+        if pool.python_package_spec is not None:
+            uris += pool.python_package_spec.package_uris
+    return tuple(dict.fromkeys(b for b in map(gcs_bucket, uris) if b))

@@ -33,6 +33,14 @@ def runtime_cache(deps: Deps) -> Path:
     return deps.config.output_root.parent / "runtimes"
 
 
+def gcs_bucket(uri: str) -> str | None:
+    """The bucket of a ``gs://BUCKET/PATH`` URI, as ``package_path`` reads it; None: not one."""
+    if not uri.startswith("gs://"):
+        return None
+    parts = [p for p in uri.removeprefix("gs://").split("/") if p not in ("", ".", "..")]
+    return parts[0] if parts else None
+
+
 def package_path(uri: str, deps: Deps) -> str:
     """A package URI as a file on the node: ``gs://B/P`` is ``<output root>/gcs/B/P`` (the
     stand-in for Cloud Storage, as for outputs); ``file://`` and plain paths as they are."""

@@ -247,6 +247,9 @@ class WorkerSpec(NamedTuple):
     checkpoint_dir: str
     model_dir: str
     tensorboard_dir: str
+    # the gs:// buckets the job's spec names, all its project's (the API refuses another
+    # project's at create): the only ones its command's package files may be read from
+    buckets: tuple[str, ...] = ()
 
 
 _new_spec = functools.partial(tuple.__new__, WorkerSpec)  # a WorkerSpec from a tuple, in C
@@ -288,6 +291,7 @@ class Gang:
     model_dir: str
     tensorboard_dir: str
     recovery: RecoveryPlan | None = None  # None: a requeue (today's path) or a first start
+    buckets: tuple[str, ...] = ()  # WorkerSpec.buckets
 
     def __post_init__(self) -> None:
         """O(pools), not O(ranks): a gang that exists is one an adapter can start."""
@@ -319,7 +323,7 @@ class Gang:
                 repeat(self.job_id, n), repeat(self.attempt, n), range(first, first + n),
                 repeat(world, n), nodes[first:first + n], repeat(g.command, n),
                 repeat(g.env, n), repeat(self.checkpoint_dir, n), repeat(self.model_dir, n),
-                repeat(self.tensorboard_dir, n), strict=True))
+                repeat(self.tensorboard_dir, n), repeat(self.buckets, n), strict=True))
 
 
 class AdviceSink(Protocol):

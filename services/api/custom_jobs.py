@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from services.api import ids
+from services.api import buckets, ids
 from services.api import operations as ops
 from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
 from services.api.context import (
@@ -50,6 +50,8 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
         resource_id(job_id, "customJobId")
     with ctx.unit() as uow:
         cluster = require_cluster(uow, parent, cluster_id, "jobSpec.persistentResourceId")
+        buckets.claim(uow, parent, buckets.job_uris(message.to_json().get("jobSpec"), "jobSpec"),
+                      ctx.now)
         job_id = job_id or new_id()
         existing = prior_create(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id),
                                 _stored(message), ctx.now)

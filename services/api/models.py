@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from services.api import ids
+from services.api import buckets, ids
 from services.api import operations as ops
 from services.api.collection import Collection, Scope, new_id
 from services.api.context import ApiContext, records_of, resource_key
@@ -59,6 +59,7 @@ def upload(ctx: ApiContext, parent: Parent, body: Any) -> dict[str, Any]:
         resource_id(model_id, "modelId")
     wire = {k: v for k, v in model.to_json().items() if k in _INPUT and k != "versionAliases"}
     with ctx.unit() as uow:
+        buckets.claim(uow, parent, [("model.artifactUri", model.artifact_uri or "")], ctx.now)
         shown = parent_id or model_id or new_id()  # the API's id; the registry's is per parent
         found = find_head(uow, parent, shown)
         target = found["id"] if found else ids.pinned(uow, parent, ctx.now).domain(parent, shown)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from services.api import custom_jobs, ids, tuning_jobs
+from services.api import buckets, custom_jobs, ids, tuning_jobs
 from services.api import models as model_api
 from services.api import operations as ops
 from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
@@ -84,6 +84,7 @@ def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None =
         parent_id, model_key = _check_model(uow, parent, message)
         cluster = require_cluster(uow, parent, cluster_id,
                                   "trainingTaskInputs.persistentResourceId")
+        _claim(uow, parent, message, spec.to_json(), "trainingTaskInputs", ctx.now)
         job_id = new_id()
         job = job_commands.submit_job(cluster, job_body, uow, ctx.runtime.deps,
                                       custom_jobs.domain_job_id(job_id))
@@ -135,6 +136,8 @@ def _create_tuning(ctx: ApiContext, parent: Parent, message: TrainingPipeline,
         parent_id, model_key = _check_model(uow, parent, message)
         cluster = require_cluster(uow, parent, domain.pop("clusterId"),
                                   "trainingTaskInputs.trialJobSpec.persistentResourceId")
+        _claim(uow, parent, message, domain["trialJobWire"], "trainingTaskInputs.trialJobSpec",
+               ctx.now)
         study_id = new_id()
         where = {"parent": parent.name, "project": parent.project, "location": parent.location}
         try:
@@ -302,6 +305,15 @@ def _state(job: Job | None, upload: dict[str, Any] | None, wants_model: bool
     if job.state is JobState.CANCELLED:
         return state, {"code": 1, "message": "CANCELED"}
     return state, None
+
+
+def _claim(uow: Any, parent: Parent, message: TrainingPipeline, job_spec: dict[str, Any],
+           where: str, now: float) -> None:
+    """The buckets the training task (its job spec at ``where``) and the model to upload
+    name are this project's (``services.api.buckets``)."""
+    model = message.model_to_upload
+    buckets.claim(uow, parent, [*buckets.job_uris(job_spec, where), (
+        "modelToUpload.artifactUri", (model.artifact_uri if model else None) or "")], now)
 
 
 def _check_model(uow: Any, parent: Parent, message: TrainingPipeline

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from services.api import custom_jobs, ids
+from services.api import buckets, custom_jobs, ids
 from services.api import operations as ops
 from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
 from services.api.context import (
@@ -49,6 +49,8 @@ def create(ctx: ApiContext, parent: Parent, body: Any, study_id: str | None = No
     with ctx.unit() as uow:
         cluster = require_cluster(uow, parent, domain.pop("clusterId"),
                                   "trialJobSpec.persistentResourceId")
+        buckets.claim(uow, parent, buckets.job_uris(domain["trialJobWire"], "trialJobSpec"),
+                      ctx.now)
         study_id = study_id or new_id()
         existing = prior_create(uow, KIND, study_id, parent,
                                 parent.child(COLLECTION, study_id), _stored(message), ctx.now)

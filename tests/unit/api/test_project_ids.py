@@ -26,7 +26,11 @@ from tests.serving import cluster_body, vertex_pools
 from tests.unit.api.conftest import AUTH, TOKEN, Api, one_pass_config
 
 A, B = "projects/pa/locations/l", "projects/pb/locations/l"
-MODEL = {"displayName": "m", "artifactUri": "gs://b/model"}
+
+
+def _model(parent: str) -> dict[str, Any]:
+    """A model in the project's own bucket (a bucket belongs to one project)."""
+    return {"displayName": "m", "artifactUri": f"gs://{parent.split('/')[1]}-b/model"}
 
 
 def _create_cluster(api: Api, parent: str, cluster_id: str, **kw: Any) -> Any:
@@ -126,14 +130,14 @@ def test_defect_8_two_projects_each_have_cluster_ca(api: Api) -> None:
 def test_defect_8_two_projects_each_have_model_m1(api: Api) -> None:
     for parent in (A, B):
         resp = api.call("POST", f"/v1/{parent}/models:upload",
-                        {"modelId": "m1", "model": {**MODEL, "description": parent}})
+                        {"modelId": "m1", "model": {**_model(parent), "description": parent}})
         assert resp.status_code == 200, resp.json  # main: B's is a 409 naming A's model
         assert resp.json["response"]["model"] == f"{parent}/models/m1"
-    again = api.call("POST", f"/v1/{B}/models:upload", {"modelId": "m1", "model": MODEL})
+    again = api.call("POST", f"/v1/{B}/models:upload", {"modelId": "m1", "model": _model(B)})
     assert again.status_code == 409 and f"{B}/models/m1" in again.json["error"]["message"]
     _never_names_a(again)
     version = api.call("POST", f"/v1/{B}/models:upload",
-                       {"parentModel": f"{B}/models/m1", "model": MODEL})
+                       {"parentModel": f"{B}/models/m1", "model": _model(B)})
     assert version.status_code == 200 and version.json["response"]["modelVersionId"] == "2"
     for parent, versions in ((A, ["1"]), (B, ["1", "2"])):
         got = api.call("GET", f"/v1/{parent}/models/m1").json
@@ -195,20 +199,20 @@ def test_defect_8_the_console_shows_each_projects_own_ca(console: Api) -> None:
 def test_records_from_before_the_mapper_are_found_under_their_own_parent(api: Api) -> None:
     """A state directory that already held a model in a second project (keyed by its plain
     id, no ``name_id``) keeps it reachable there, and only there."""
-    first = api.call("POST", f"/v1/{A}/models:upload", {"modelId": "m1", "model": MODEL})
+    first = api.call("POST", f"/v1/{A}/models:upload", {"modelId": "m1", "model": _model(A)})
     assert first.status_code == 200, first.json  # A is the home project now
     with api.app.transaction() as uow:
         uow.put_record("registry_models", "old", {
             "id": "old", "parent": B, "created": 1.0, "time": 1.0, "next_version": 2,
             "aliases": {"default": "1"}})
         uow.put_record("registry_model_versions", "old@1", {
-            "model_id": "old", "parent": B, "version_id": "1", "model": MODEL,
+            "model_id": "old", "parent": B, "version_id": "1", "model": _model(B),
             "lineage": None, "job_key": None, "created": 1.0, "time": 1.0})
     got = api.call("GET", f"/v1/{B}/models/old")
     assert got.status_code == 200 and got.json["name"] == f"{B}/models/old", got.json
     assert api.call("GET", "/v1/projects/pc/locations/l/models/old").status_code == 404
     more = api.call("POST", f"/v1/{B}/models:upload",
-                    {"parentModel": f"{B}/models/old", "model": MODEL})
+                    {"parentModel": f"{B}/models/old", "model": _model(B)})
     assert more.status_code == 200 and more.json["response"]["modelVersionId"] == "2"
     assert [m["versionId"] for m in api.call(
         "GET", f"/v1/{B}/models/old:listVersions").json["models"]] == ["1", "2"]
@@ -220,9 +224,9 @@ def test_defect_8_two_projects_each_have_pipeline_p1_uploading_model_pm(api: Api
     from tests.unit.api.test_registry_api import pipeline_body, wait_pipeline
 
     def body(parent: str, **over: Any) -> dict[str, Any]:
-        out = pipeline_body(**over)  # each project its own bucket path
+        out = pipeline_body(**over)  # each project its own bucket
         out["trainingTaskInputs"]["baseOutputDirectory"] = {
-            "outputUriPrefix": f"gs://bucket/{parent.split('/')[1]}/{len(over)}"}
+            "outputUriPrefix": f"gs://{parent.split('/')[1]}-bucket/{len(over)}"}
         return out
 
     for parent in (A, B):

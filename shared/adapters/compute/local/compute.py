@@ -184,6 +184,7 @@ class LocalCompute:
         with self.store.tx() as db:
             queries.migrate(db)
             live.migrate(db)
+            warm.migrate(db)
 
     # ------------------------------------------------------------ nodes (held)
 
@@ -288,7 +289,7 @@ class LocalCompute:
                 or warm.take(db, spec.job_id, spec.node_id, env, log))  # a warm standby
             if self._in_process:
                 warm.want(db, spec.job_id, spec.node_id, spec.command,
-                          self.worker_env(spec, pools, tiers, plan))
+                          self.worker_env(spec, pools, tiers, plan), spec.buckets)
             if taken is not None:  # its process goes on as this rank: no start
                 pid, ticks, exit_file, control = (taken["pid"], taken["start_ticks"],
                                                   taken["exit_file"], taken["control_file"])

@@ -15,8 +15,9 @@ Inside the namespace:
   and write); the interpreter, the server's ``PYTHONPATH`` and the absolute paths its
   command names outside what is hidden (read only); pyenv's runtime cache (read-write, the
   uid's own: ``<runtimes>/by-uid/<uid>`` bound at ``<runtimes>``);
-* the output root's ``gcs/`` tree is also at ``/gcs/`` (its own ``gs://`` outputs only), as
-  Vertex's training containers see Cloud Storage;
+* the output root's ``gcs/`` tree is also at ``/gcs/`` (its own ``gs://`` outputs and the
+  package files its command names in the buckets its spec names, nothing else: another
+  project's bucket is never bound), as Vertex's training containers see Cloud Storage;
 * ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are the rank's own (a tmpfs each, gone with its
   namespace): nothing one job leaves there is seen by another, or by the launcher;
 * the rank runs as a uid of its own: a configured user (``run_as``), else a uid allocated
@@ -175,13 +176,18 @@ def interpreter_paths(python: str) -> list[str]:
 
 
 def command_paths(command: Sequence[str], hidden: Sequence[str], runtimes: str | None,
-                  gcs_root: str | None) -> tuple[list[str], list[str]]:
+                  gcs_root: str | None, buckets: Sequence[str] = ()
+                  ) -> tuple[list[str], list[str]]:
     """(read-only, read-write) paths a command names: absolute paths that exist, but nothing
     in a hidden directory (a command is the tenant's: naming the state directory must not
     bind it), except pyenv's runtime cache (``--cache``, read-write) and package files in the
-    ``gs://`` tree (``--package``, read-only)."""
+    ``gs://`` tree (``--package``, read-only) in one of ``buckets``, the job's own (the
+    command cannot name another project's bucket into its job). A package is bound at its
+    real path: a symlink planted in a job's own bucket cannot reach outside it."""
     ro: list[str] = []
     rw: list[str] = []
+    own = [os.path.realpath(os.path.join(gcs_root, b)) for b in buckets
+           if gcs_root and b and b not in (".", "..") and "/" not in b]
     for i, arg in enumerate(command):
         flag = command[i - 1] if i else ""
         if flag == "--cache" and runtimes and os.path.abspath(arg) == runtimes:
@@ -190,8 +196,11 @@ def command_paths(command: Sequence[str], hidden: Sequence[str], runtimes: str |
         if not arg.startswith("/") or not os.path.exists(arg):
             continue
         arg = os.path.abspath(arg)
-        if (flag == "--package" and gcs_root and _inside(arg, gcs_root)
-              and os.path.isfile(arg)) or not any(_inside(arg, h) for h in hidden):
+        if flag == "--package" and gcs_root and _inside(arg, gcs_root):
+            real = os.path.realpath(arg)
+            if os.path.isfile(real) and any(_inside(real, b) and real != b for b in own):
+                ro.append(real)
+        elif not any(_inside(arg, h) for h in hidden):
             ro.append(arg)
     return ro, rw
 
@@ -199,7 +208,7 @@ def command_paths(command: Sequence[str], hidden: Sequence[str], runtimes: str |
 def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
          job_files: Sequence[str], read_only: Sequence[str], home: str,
          env: Mapping[str, str], command: Sequence[str], python: str,
-         output_root: str | None) -> SandboxPlan:
+         output_root: str | None, buckets: Sequence[str] = ()) -> SandboxPlan:
     """The rank's sandbox: ``job_dirs``/``job_files`` read-write (and owned by the job),
     ``read_only`` plus what the interpreter, the server's ``PYTHONPATH`` and the command
     need read-only."""
@@ -211,7 +220,7 @@ def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
             os.path.expanduser("~root")]
     gcs_root = os.path.join(output_root, "gcs") if output_root else None
     runtimes = os.path.join(os.path.dirname(output_root), "runtimes") if output_root else None
-    cmd_ro, cmd_rw = command_paths(command, hide, runtimes, gcs_root)
+    cmd_ro, cmd_rw = command_paths(command, hide, runtimes, gcs_root, buckets)
     # pyenv's runtime cache is the uid's own (a job must not build what another runs):
     # <runtimes>/by-uid/<uid> is bound at <runtimes>
     private = [Bind(os.path.join(d, "by-uid", str(uid)), d, True) for d in cmd_rw]
@@ -299,7 +308,7 @@ def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], 
                            *metric_dir(spec, env), *own_dirs)],
                 job_files=[f"{exit_file}.msg"], read_only=read_only,
                 home=str(exit_file.parent / "home"), env=env, command=spec.command,
-                python=python, output_root=output_root)
+                python=python, output_root=output_root, buckets=spec.buckets)
     prepare(made)
     path = exit_file.with_suffix(".sandbox.json")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -37,12 +37,20 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS standbys (
     job_id TEXT NOT NULL, node_id TEXT NOT NULL, command TEXT NOT NULL, env TEXT NOT NULL,
     pid INTEGER, start_ticks INTEGER, exit_file TEXT, control_file TEXT,
-    launches INTEGER NOT NULL DEFAULT 0, idle_since REAL,
+    launches INTEGER NOT NULL DEFAULT 0, idle_since REAL, buckets TEXT,
     PRIMARY KEY (job_id, node_id));
 """
 
-# (command, environment, job id, node id) -> (launcher pid, start ticks, exit file, control)
-Launch = Callable[[Sequence[str], Mapping[str, str], str, str], tuple[int, int, str, str]]
+
+def migrate(db: sqlite3.Connection) -> None:
+    """A state file from before standbys knew their job's buckets gets the column."""
+    if "buckets" not in {r["name"] for r in db.execute("PRAGMA table_info(standbys)")}:
+        db.execute("ALTER TABLE standbys ADD COLUMN buckets TEXT")
+
+# (command, environment, job id, node id, buckets) -> (launcher pid, start ticks, exit file,
+# control)
+Launch = Callable[[Sequence[str], Mapping[str, str], str, str, Sequence[str]],
+                  tuple[int, int, str, str]]
 
 
 # (spec, environment, exit file, control file, log) -> the sandbox plan, or None: unsandboxed
@@ -54,8 +62,8 @@ def launcher(python: str, state_dir: Path, children: set[int], plan: Plan | None
     """Start a standby under the launcher (its own session, exit file and control file, its
     output in ``logs/<job>/standby-<node>.log`` until it is given a rank), in the sandbox a
     rank of its job gets (``plan``: the job's uid, its own directories only)."""
-    def launch(command: Sequence[str], env: Mapping[str, str], job_id: str, node_id: str
-               ) -> tuple[int, int, str, str]:
+    def launch(command: Sequence[str], env: Mapping[str, str], job_id: str, node_id: str,
+               buckets: Sequence[str]) -> tuple[int, int, str, str]:
         run_dir = state_dir / "run" / safe_name(job_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         exit_file = run_dir / f"standby-{safe_name(node_id)}-{time.time_ns()}.exit"
@@ -67,7 +75,7 @@ def launcher(python: str, state_dir: Path, children: set[int], plan: Plan | None
         spec = WorkerSpec(job_id, 0, int(env.get("RANK", "0") or 0),
                           int(env.get("WORLD_SIZE", "1") or 1), node_id, tuple(command), (),
                           env.get("AIP_CHECKPOINT_DIR", ""), env.get("AIP_MODEL_DIR", ""),
-                          env.get("AIP_TENSORBOARD_LOG_DIR", ""))
+                          env.get("AIP_TENSORBOARD_LOG_DIR", ""), tuple(buckets))
         sandboxed = plan(spec, full, exit_file, control, log) if plan is not None else None
         pid = spawn_launcher(python, exit_file, command, full, log, sandboxed)
         children.add(pid)
@@ -76,13 +84,16 @@ def launcher(python: str, state_dir: Path, children: set[int], plan: Plan | None
 
 
 def want(db: sqlite3.Connection, job_id: str, node_id: str, command: Sequence[str],
-         env: Mapping[str, str]) -> None:
+         env: Mapping[str, str], buckets: Sequence[str] = ()) -> None:
     """The job runs a rank on ``node_id``: keep a standby there (started by ``launch_due``
-    once the job's program has declared), with this attempt's command and environment."""
-    db.execute("INSERT INTO standbys (job_id, node_id, command, env) VALUES (?, ?, ?, ?)"
-               " ON CONFLICT (job_id, node_id) DO UPDATE SET command = excluded.command,"
-               " env = excluded.env, idle_since = NULL",
-               (job_id, node_id, json.dumps(list(command)), json.dumps({**env, STANDBY: "1"})))
+    once the job's program has declared), with this attempt's command and environment (and
+    the job's buckets, which its sandbox binds packages from)."""
+    db.execute("INSERT INTO standbys (job_id, node_id, command, env, buckets)"
+               " VALUES (?, ?, ?, ?, ?) ON CONFLICT (job_id, node_id) DO UPDATE SET"
+               " command = excluded.command, env = excluded.env, buckets = excluded.buckets,"
+               " idle_since = NULL",
+               (job_id, node_id, json.dumps(list(command)), json.dumps({**env, STANDBY: "1"}),
+                json.dumps(list(buckets))))
 
 
 def _declared(db: sqlite3.Connection, job_id: str) -> bool:
@@ -107,7 +118,8 @@ def launch_due(db: sqlite3.Connection, launch: Launch) -> None:
         if not declared[job]:
             continue
         pid, ticks, exit_file, control = launch(json.loads(row["command"]),
-                                                json.loads(row["env"]), job, row["node_id"])
+                                                json.loads(row["env"]), job, row["node_id"],
+                                                json.loads(row["buckets"] or "[]"))
         db.execute("UPDATE standbys SET pid = ?, start_ticks = ?, exit_file = ?,"
                    " control_file = ?, launches = launches + 1 WHERE job_id = ? AND node_id = ?",
                    (pid, ticks, exit_file, control, job, row["node_id"]))

@@ -108,7 +108,8 @@ def worker_from_dict(d: Mapping[str, Any]) -> WorkerSpec:
             command=tuple(str(c) for c in d["command"]),
             env=tuple((str(k), str(v)) for k, v in d["env"]),
             checkpoint_dir=str(d["checkpoint_dir"]), model_dir=str(d["model_dir"]),
-            tensorboard_dir=str(d["tensorboard_dir"]))
+            tensorboard_dir=str(d["tensorboard_dir"]),
+            buckets=tuple(str(b) for b in d.get("buckets") or ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValidationError("args.workers", f"not a worker spec: {exc}") from exc
 
@@ -206,6 +207,8 @@ def gang_args(gang: Gang) -> dict[str, Any]:
                     "env": [list(pair) for pair in g.env]} for g in gang.groups],
         "checkpoint_dir": gang.checkpoint_dir, "model_dir": gang.model_dir,
         "tensorboard_dir": gang.tensorboard_dir}
+    if gang.buckets:
+        out["buckets"] = list(gang.buckets)
     if gang.recovery is not None:
         out["recovery"] = {"mode": gang.recovery.mode,
                            "fresh_node_ids": list(gang.recovery.fresh_node_ids)}
@@ -230,8 +233,10 @@ def gang_of_args(args: Mapping[str, Any]) -> Gang:
     ckpt, model, logs = (cast(str, kit.string(d, k, path))
                          for k in ("checkpoint_dir", "model_dir", "tensorboard_dir"))
     plan = _plan(d.get("recovery"), f"{path}.recovery")
+    buckets = kit.list_field(d, "buckets", path, _arg, required=False, non_empty=False)
     try:
-        return Gang(job_id, attempt, tuple(node_ids), groups, ckpt, model, logs, plan)
+        return Gang(job_id, attempt, tuple(node_ids), groups, ckpt, model, logs, plan,
+                    buckets)
     except ValueError as exc:  # the groups do not cover the ranks exactly
         raise ValidationError(f"{path}.groups", str(exc)) from exc
 
@@ -272,12 +277,12 @@ def gang_of_workers(workers: Any) -> Gang:
     specs = sorted((worker_from_dict(w) for w in workers), key=lambda s: s.rank)
     first = specs[0]
     attempt = (first.job_id, first.attempt, first.world_size, first.checkpoint_dir,
-               first.model_dir, first.tensorboard_dir)
+               first.model_dir, first.tensorboard_dir, first.buckets)
     for i, s in enumerate(specs):
         if s.rank != i:
             raise ValidationError("args.workers", f"not one spec per rank: rank {i} is missing")
         if (s.job_id, s.attempt, s.world_size, s.checkpoint_dir, s.model_dir,
-                s.tensorboard_dir) != attempt:
+                s.tensorboard_dir, s.buckets) != attempt:
             raise ValidationError("args.workers", f"rank {i} is not of rank 0's attempt")
     if len(specs) != first.world_size:
         raise ValidationError("args.workers",
@@ -290,4 +295,5 @@ def gang_of_workers(workers: Any) -> Gang:
         else:
             groups.append(LaunchGroup(s.rank, 1, s.command, s.env))
     return Gang(first.job_id, first.attempt, tuple(s.node_id for s in specs), tuple(groups),
-                first.checkpoint_dir, first.model_dir, first.tensorboard_dir)
+                first.checkpoint_dir, first.model_dir, first.tensorboard_dir,
+                buckets=first.buckets)

@@ -78,13 +78,13 @@ def one_fault(url: str, cluster_id: str) -> tuple[float, float, Load]:
     a cluster of its own (the blast-radius guard holds a second repair in a partition that
     just had one: that would measure the policy, not the server)."""
     node = next(n["nodeId"] for n in nodes(url, TOKEN, cluster_id) if n["role"] == "worker")
-    count, total = drains_seen(url)
+    count, total = drains_seen(url, TOKEN)
     with Load(url) as load:
         time.sleep(0.5)  # the load's latency before the fault too
         start = time.perf_counter()
         inject_xid(url, TOKEN, cluster_id, node)
         while True:
-            now_count, now_total = drains_seen(url)
+            now_count, now_total = drains_seen(url, TOKEN)
             if now_count > count:
                 client = time.perf_counter() - start
                 break

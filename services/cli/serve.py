@@ -24,6 +24,7 @@ from typing import Any
 from waitress import wasyncore
 from waitress.server import create_server
 
+from services.api.context import ApiContext
 from services.api.health import HealthEndpoints
 from services.api.http import create_app
 from services.console.app import register as register_console
@@ -66,13 +67,7 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
         loop.chore_s = PRUNE_S
     history = History(app.store)  # the console's charts, sampled on a thread of their own
     sampler = Sampler(history, app.deps.uow, app.deps.event_log, app.deps.clock)
-    flask_app = create_app(ctx)
-    register_console(flask_app, ctx, sim_dir, history)
-    # /metrics and /alerts.json: open on loopback, a viewer token otherwise
-    add_observability(flask_app, Observability(app.store, app.deps.clock, ctx.guard,
-                                               open_access=is_loopback(host),
-                                               event_log=app.deps.event_log))
-    wsgi = HealthEndpoints(flask_app, readiness(app, loop))
+    wsgi = application(app, ctx, loop, history, sim_dir)
     sockets: dict[int, Any] = {}
     server = create_server(wsgi, map=sockets, host=host, port=port, threads=threads,
                            channel_timeout=CHANNEL_TIMEOUT_S, connection_limit=CONNECTION_LIMIT,
@@ -114,6 +109,18 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     out("mtc serve stopped")
     sys.stdout.flush()
     return 0
+
+
+def application(app: EmbeddedApp, ctx: ApiContext, loop: ControlLoop, history: History,
+                sim_dir: Path | None) -> HealthEndpoints:
+    """What `mtc serve` answers: the probes, then the API, the console, ``/metrics`` and
+    ``/alerts.json``. The last two need a token on loopback too: jobs run on this host and
+    share its network, so the address a call comes from says nothing about who makes it."""
+    flask_app = create_app(ctx)
+    register_console(flask_app, ctx, sim_dir, history)
+    add_observability(flask_app, Observability(app.store, app.deps.clock, ctx.guard,
+                                               event_log=app.deps.event_log))
+    return HealthEndpoints(flask_app, readiness(app, loop))
 
 
 def _port(server: Any, asked: int) -> int:

@@ -52,14 +52,15 @@ def test_stalled_clients_delay_neither_requests_nor_a_drain(tmp_path: Path) -> N
     with mtc_serve(state, TOKEN) as url:
         create_cluster(url, TOKEN, "c1", workers=2)
         target = next(n["nodeId"] for n in nodes(url, TOKEN, "c1") if n["role"] == "worker")
-        before, _ = drains_seen(url)
+        before, _ = drains_seen(url, TOKEN)
         with stalled_clients(url, silent=SILENT, partial=PARTIAL, idle=IDLE,
                              timeout_s=REQUEST_S) as stalls:
             answered("the fault", lambda: inject_xid(url, TOKEN, "c1", target, REQUEST_S))
             # healing goes on: the fault is diagnosed and the node taken out of service
             wait_until("the node drained",
-                       lambda: answered("/metrics", lambda: drains_seen(url, REQUEST_S))[0]
-                       > before, timeout_s=60.0)
+                       lambda: answered("/metrics",
+                                        lambda: drains_seen(url, TOKEN, REQUEST_S))[0] > before,
+                       timeout_s=60.0)
             # and every other request answers
             for path in (f"/v1beta1/{PARENT}/modelDevelopmentClusters",
                          f"/v1beta1/{PARENT}/customJobs", "/console"):

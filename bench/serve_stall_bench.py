@@ -112,7 +112,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
         state.mkdir()
-        with mtc_serve(state, TOKEN) as url:
+        # every client is on loopback: a share that holds the stalled ones and the load
+        share = 2 * (args.silent + args.partial + args.idle) + 8
+        with mtc_serve(state, TOKEN, extra_args=["--connections-per-client", str(share)]) as url:
             for k in range(2 * args.rounds):
                 create_cluster(url, TOKEN, f"c{k}", workers=2)
             clusters = iter(range(2 * args.rounds))

@@ -78,13 +78,13 @@ def one_fault(url: str, cluster_id: str) -> tuple[float, float, Load]:
     a cluster of its own (the blast-radius guard holds a second repair in a partition that
     just had one: that would measure the policy, not the server)."""
     node = next(n["nodeId"] for n in nodes(url, TOKEN, cluster_id) if n["role"] == "worker")
-    count, total = drains_seen(url)
+    count, total = drains_seen(url, TOKEN)
     with Load(url) as load:
         time.sleep(0.5)  # the load's latency before the fault too
         start = time.perf_counter()
         inject_xid(url, TOKEN, cluster_id, node)
         while True:
-            now_count, now_total = drains_seen(url)
+            now_count, now_total = drains_seen(url, TOKEN)
             if now_count > count:
                 client = time.perf_counter() - start
                 break
@@ -112,7 +112,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
         state.mkdir()
-        with mtc_serve(state, TOKEN) as url:
+        # every client is on loopback: a share that holds the stalled ones and the load
+        share = 2 * (args.silent + args.partial + args.idle) + 8
+        with mtc_serve(state, TOKEN, extra_args=["--connections-per-client", str(share)]) as url:
             for k in range(2 * args.rounds):
                 create_cluster(url, TOKEN, f"c{k}", workers=2)
             clusters = iter(range(2 * args.rounds))

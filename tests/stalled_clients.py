@@ -95,9 +95,13 @@ def stalled_clients(url: str, *, silent: int = 8, partial: int = 8, idle: int = 
         stalls.close()
 
 
-def drains_seen(url: str, timeout_s: float = 20.0) -> tuple[int, float]:
-    """The server's fault-to-drain histogram (/metrics, open on loopback): count and sum."""
-    text = requests.get(f"{url}/metrics", timeout=timeout_s).text
+def drains_seen(url: str, token: str, timeout_s: float = 20.0) -> tuple[int, float]:
+    """The server's fault-to-drain histogram (/metrics, with a token for every project):
+    count and sum."""
+    resp = requests.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"},
+                        timeout=timeout_s)
+    resp.raise_for_status()
+    text = resp.text
     values: dict[str, float] = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")

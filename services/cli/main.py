@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--for", dest="duration", type=float, metavar="S", help="stop after S s")
     sv.add_argument("--threads", type=int, default=8, metavar="N",
                     help="request threads (default 8); the control loop has its own")
+    sv.add_argument("--connections-per-client", type=_at_least_one, default=None, metavar="N",
+                    help="connections one address may hold while it has nothing asked "
+                    "(default 32); a new one takes the place of its oldest (docs/server.md)")
     sv.add_argument("--sim-dir", type=Path, default=None, metavar="DIR",
                     help="a twin run directory (mtc sim run/sweep --out DIR): the console "
                     "shows its plots and tables")
@@ -272,6 +275,13 @@ def api_token(args: argparse.Namespace, state_dir: Path) -> str:
                           ) from None
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("sim", "replay"):
@@ -283,7 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             return serve(state_dir, host=args.host, port=args.port, duration_s=args.duration,
-                         sim_dir=args.sim_dir, threads=args.threads)
+                         sim_dir=args.sim_dir, threads=args.threads,
+                         per_client=args.connections_per_client)
         except MtcError as exc:  # a damaged or unreadable state: named, not a traceback
             report(ClientError(_status(exc), str(exc)))
             return 2

@@ -2,10 +2,12 @@
 
 Two sides that never wait on each other (docs/server.md): waitress answers requests on a
 few threads, reading and buffering each request whole before a thread sees it, so a client
-that stalls holds only its socket; the control loop (``services.wiring.control_loop``) delivers
-the bus, ticks the fleet and prunes on a thread of its own. Nothing heals unless this (or
-`mtc controller`) runs; with it, a GET shows current state (the request waits a bounded
-moment for the loop to deliver what it committed).
+that stalls holds only its socket, and that not for long (``services.cli.connections``: a
+deadline on each request, a share of the connections per client); the control loop
+(``services.wiring.control_loop``) delivers the bus, ticks the fleet and prunes on a thread
+of its own. Nothing heals unless this (or `mtc controller`) runs; with it, a GET shows
+current state (the request waits a bounded moment for the loop to deliver what it
+committed).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Any
 from waitress import wasyncore
 from waitress.server import create_server
 
+from services.api.context import ApiContext
 from services.api.health import HealthEndpoints
 from services.api.http import create_app
+from services.cli.connections import PER_CLIENT, ConnectionGuard, Limits
 from services.console.app import register as register_console
 from services.console.history import History, Sampler
 from services.observability.http import Observability
@@ -37,8 +41,10 @@ from services.wiring.job_credentials import ENDPOINT_FILE
 from shared import logs
 
 THREADS = 8  # request threads; the control loop has its own
-CHANNEL_TIMEOUT_S = 30  # an idle or stalled connection is closed after this long
-CONNECTION_LIMIT = 200  # open connections; past it, new ones wait in the listen backlog
+CHANNEL_TIMEOUT_S = 30  # an idle connection is closed after this long
+# open connections; past it, a new one takes the place of the one that has waited longest
+# with nothing asked (services.cli.connections), or waits in the listen backlog
+CONNECTION_LIMIT = 200
 POLL_S = 0.5  # the socket loop looks at the stop signal this often
 PRUNE_S = 600.0
 
@@ -54,8 +60,10 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
           app: EmbeddedApp | None = None, env_token: str | None = None,
           duration_s: float | None = None, out: Callable[[str], None] = print,
           sim_dir: Path | None = None, threads: int = THREADS, pump_s: float = 0.1,
-          tick_s: float = 5.0) -> int:
-    """``pump_s``/``tick_s``: the control loop's cadence (the chaos soak runs it faster)."""
+          tick_s: float = 5.0, per_client: int | None = None) -> int:
+    """``pump_s``/``tick_s``: the control loop's cadence (the chaos soak runs it faster);
+    ``per_client``: waiting connections one address may hold (None: ``PER_CLIENT``,
+    services.cli.connections)."""
     logs.setup()  # mtc.* loggers: JSON lines off a terminal
     app = app or embedded(state_dir, verify=True)  # a damaged state is refused, named
     loop = ControlLoop(app, pump_s=pump_s, tick_s=tick_s)
@@ -67,17 +75,13 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
         loop.chore_s = PRUNE_S
     history = History(app.store)  # the console's charts, sampled on a thread of their own
     sampler = Sampler(history, app.deps.uow, app.deps.event_log, app.deps.clock)
-    flask_app = create_app(ctx)
-    register_console(flask_app, ctx, sim_dir, history)
-    # /metrics and /alerts.json: open on loopback, a viewer token otherwise
-    add_observability(flask_app, Observability(app.store, app.deps.clock, ctx.guard,
-                                               open_access=is_loopback(host),
-                                               event_log=app.deps.event_log))
-    wsgi = HealthEndpoints(flask_app, readiness(app, loop))
+    wsgi = application(app, ctx, loop, history, sim_dir)
     sockets: dict[int, Any] = {}
     server = create_server(wsgi, map=sockets, host=host, port=port, threads=threads,
                            channel_timeout=CHANNEL_TIMEOUT_S, connection_limit=CONNECTION_LIMIT,
                            asyncore_use_poll=True, ident="mtc")
+    guard = ConnectionGuard(sockets, CONNECTION_LIMIT, Limits(per_client=per_client or PER_CLIENT))
+    guard.install()
     url = f"http://{host}:{_port(server, port)}"
     # where jobs reach the API with their own credential (MTC_API)
     endpoint_file = app.state_dir / ENDPOINT_FILE
@@ -106,6 +110,7 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     try:
         while not stopping.is_set() and time.monotonic() < deadline:
             wasyncore.loop(timeout=POLL_S, map=sockets, use_poll=True, count=1)
+            guard.sweep()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -119,6 +124,18 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     out("mtc serve stopped")
     sys.stdout.flush()
     return 0
+
+
+def application(app: EmbeddedApp, ctx: ApiContext, loop: ControlLoop, history: History,
+                sim_dir: Path | None) -> HealthEndpoints:
+    """What `mtc serve` answers: the probes, then the API, the console, ``/metrics`` and
+    ``/alerts.json``. The last two need a token on loopback too: jobs run on this host and
+    share its network, so the address a call comes from says nothing about who makes it."""
+    flask_app = create_app(ctx)
+    register_console(flask_app, ctx, sim_dir, history)
+    add_observability(flask_app, Observability(app.store, app.deps.clock, ctx.guard,
+                                               event_log=app.deps.event_log))
+    return HealthEndpoints(flask_app, readiness(app, loop))
 
 
 def _port(server: Any, asked: int) -> int:

@@ -1,11 +1,12 @@
 """``GET /metrics`` (Prometheus text format) and ``GET /alerts.json`` (the alerts, for the
 console), on ``mtc serve`` and on the Google Cloud ``api`` function.
 
-Access: ``mtc serve`` bound to a loopback address answers both without a token (only this
-machine can reach it). Anywhere else (``mtc serve --host 0.0.0.0``, the ``api`` function)
-they need a bearer token of any role (viewer and up) on the project named by ``?project=``
-(a token bound to every project, ``*``, when none is named); Prometheus sends one with
-``authorization: {credentials_file: ...}`` in its scrape config.
+Access: both need a bearer token everywhere, loopback included: jobs run on the server's
+host and share its network, so an address says nothing about who calls. A token of any
+role (viewer and up) sees the projects it is bound to: a token bound to every project
+(``*``) sees the fleet; one bound to some projects sees their clusters only. ``?project=``
+narrows to one project, which the token must be bound to (else 403). Prometheus sends a
+token with ``authorization: {credentials_file: ...}`` in its scrape config.
 
 ``/alerts.json`` answers ``{"alerts": [...], "now": <unix time>}``: each alert's ``kind``,
 ``subject``, ``state`` (firing; resolved too with ``?all=true``), ``severity``, ``summary``,
@@ -18,7 +19,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import flask
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
@@ -31,24 +32,34 @@ from shared.ports import Clock, DocStore, EventLog
 class Guard(Protocol):
     """The API's guard (``services.api.context.Guard``; not imported: the API sits above)."""
 
-    def check(self, authorization: str | None, permission: str, project: str) -> Any: ...
+    def identify(self, authorization: str | None) -> Any: ...
+
+    def authorize(self, principal: Any, permission: str, project: str) -> None: ...
 
 
 _STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 405: "UNIMPLEMENTED"}
 
 
-VIEW_PERMISSION = "aiplatform.modelDevelopmentClusters.list"  # every role has it
+VIEW_PERMISSION = "aiplatform.modelDevelopmentClusters.list"  # every role but node-agent has it
 PATHS = ("/metrics", "/alerts.json")
+FLEET = "*"  # a binding on every project: the whole fleet is the caller's to see
+
+
+class Denied(Exception):
+    """A refusal already worded as the answer to send."""
+
+    def __init__(self, response: flask.Response) -> None:
+        super().__init__(response.status)
+        self.response = response
 
 
 @dataclass
 class Observability:
-    """The two endpoints over one store; ``open_access`` skips the token (loopback only)."""
+    """The two endpoints over one store, behind ``guard`` (None: not served here)."""
 
     store: DocStore
     clock: Clock
     guard: Guard | None
-    open_access: bool
     event_log: EventLog | None = None
     _registry: CollectorRegistry | None = field(default=None, init=False)
 
@@ -63,10 +74,11 @@ class Observability:
             return None
         if request.method != "GET":
             return _error(405, f"{request.method} is not a method of {request.path}; use GET")
-        denied = self._check(request)
-        if denied is not None:
-            return denied
-        scope = self._scope(request)
+        try:
+            projects = self._projects(request)
+        except Denied as exc:
+            return exc.response
+        scope = None if projects is None else self._scope(projects)
         if request.path == "/metrics":
             reg = self.registry() if scope is None else metrics.registry(
                 self.store, self.clock, clusters=scope)
@@ -78,7 +90,7 @@ class Observability:
         now = self.clock.now()
         tick = metrics.last_tick(self.store.read(alerts.CONTROLLER_TICKS, {}))
         stored = self.store.read(alerts.ALERTS, {})
-        if scope is not None:  # one project's clusters' alerts; the controller's liveness
+        if scope is not None:  # the caller's clusters' alerts; the controller's liveness
             stored = [{**d, "cluster_id": scope[d["cluster_id"]]} for d in stored
                       if d.get("cluster_id") in scope]
         listed = alerts.listing(stored, now, tick, include_resolved=flag in ("true", "1"),
@@ -87,33 +99,69 @@ class Observability:
         return flask.Response(json.dumps({"alerts": listed, "now": now}, indent=1),
                               status=200, mimetype="application/json")
 
-    def _scope(self, request: flask.Request) -> dict[str, str] | None:
-        """The clusters this caller may see: all on loopback or with no ``?project=`` (the
-        guard then asked for a token bound to every project); else the named project's, by
-        domain id (a record's ``domain``, services.api.ids) with the id the project knows."""
-        project = request.args.get("project")
-        if self.open_access or not project:
-            return None
-        records = self.store.read(API_RESOURCES, {"kind": "cluster", "project": project})
-        seen = Counter(str(d["id"]) for d in records)  # one id in two locations: say which
-        return {str(d.get("domain") or d["id"]): str(d["id"]) if seen[str(d["id"])] == 1
-                else f"{d['location']}/{d['id']}" for d in records}
-
-    def _check(self, request: flask.Request) -> flask.Response | None:
-        if self.open_access:
-            return None
+    def _projects(self, request: flask.Request) -> list[str] | None:
+        """The projects this caller sees (None: the fleet), or ``Denied``: the project of
+        ``?project=`` if the caller may view it; else every project the caller may view."""
         if self.guard is None:
-            return _error(403, f"{request.path} is not served here")
-        project = request.args.get("project") or "*"
+            raise Denied(_error(403, f"{request.path} is not served here"))
+        guard = self.guard
+        principal = _answer(lambda: guard.identify(request.headers.get("Authorization")))
+        asked = request.args.get("project")
+        if asked:
+            _answer(lambda: guard.authorize(principal, VIEW_PERMISSION, asked))
+            return [asked]
+        if self._may_view(principal, FLEET):
+            return None
+        bound = {str(project) for project, _role in getattr(principal, "bindings", ())}
+        mine = sorted(p for p in bound if self._may_view(principal, p))
+        if not mine:  # a node agent's token, say: the 403 names what it lacks
+            _answer(lambda: guard.authorize(principal, VIEW_PERMISSION, FLEET))
+        return mine
+
+    def _may_view(self, principal: Any, project: str) -> bool:
+        assert self.guard is not None
         try:
-            self.guard.check(request.headers.get("Authorization"), VIEW_PERMISSION, project)
-        except Exception as exc:  # the API's ApiError: a 401 or 403 in google.rpc.Status form
-            body, status = getattr(exc, "body", None), getattr(exc, "http_status", None)
-            if body is None or not isinstance(status, int):
+            self.guard.authorize(principal, VIEW_PERMISSION, project)
+        except Exception as exc:  # the API's ApiError (a 403) is a no; anything else a bug
+            if _as_response(exc) is None:
                 raise
-            return flask.Response(json.dumps(body(), indent=1), status=status,
-                                  mimetype="application/json")
+            return False
+        return True
+
+    def _scope(self, projects: list[str]) -> dict[str, str]:
+        """The clusters of ``projects``, by domain id (a record's ``domain``,
+        services.api.ids), each with the id its project knows; an id two of them share is
+        told apart by location, and by project too when several are seen."""
+        records = [d for project in projects for d in self.store.read(
+            API_RESOURCES, {"kind": "cluster", "project": project})]
+        seen = Counter(str(d["id"]) for d in records)
+        where = "{project}/{location}/{id}" if len(projects) > 1 else "{location}/{id}"
+        return {str(d.get("domain") or d["id"]): str(d["id"]) if seen[str(d["id"])] == 1
+                else where.format(project=d["project"], location=d["location"], id=d["id"])
+                for d in records}
+
+
+T = TypeVar("T")
+
+
+def _answer(call: Callable[[], T]) -> T:
+    """``call()``, with the API's 401/403 turned into ``Denied``."""
+    try:
+        return call()
+    except Exception as exc:
+        response = _as_response(exc)
+        if response is None:
+            raise
+        raise Denied(response) from exc
+
+
+def _as_response(exc: Exception) -> flask.Response | None:
+    """The API's ApiError as its ``google.rpc.Status`` answer; None for any other error."""
+    body, status = getattr(exc, "body", None), getattr(exc, "http_status", None)
+    if body is None or not isinstance(status, int):
         return None
+    return flask.Response(json.dumps(body(), indent=1), status=status,
+                          mimetype="application/json")
 
 
 def _error(status: int, message: str) -> flask.Response:

@@ -108,14 +108,14 @@ _observability: list[tuple[Runtime, Any]] = []
 
 
 def observability() -> Any:
-    """``/metrics`` and ``/alerts.json`` of the ``api`` function over the current runtime:
-    always behind a token (any role), never open."""
+    """``/metrics`` and ``/alerts.json`` of the ``api`` function over the current runtime,
+    behind a token (any role) as everywhere."""
     rt = runtime()
     if not _observability or _observability[0][0] is not rt:
         from services.observability.http import Observability
 
         store = rt.app.store if isinstance(rt, EmbeddedRuntime) else rt.store  # type: ignore[attr-defined]
-        obs = Observability(store, rt.deps.clock, api_context().guard, open_access=False,
+        obs = Observability(store, rt.deps.clock, api_context().guard,
                             event_log=rt.deps.event_log)
         _observability[:] = [(rt, obs)]
     return _observability[0][1]

@@ -29,12 +29,19 @@ pytestmark = [
 
 
 @contextmanager
-def prometheus(tmp: Path, target: str) -> Iterator[str]:
+def prometheus(tmp: Path, target: str, token: str) -> Iterator[str]:
+    """Prometheus scraping ``target`` with ``token``, from a file as docs/observability.md
+    shows (``/metrics`` needs one on loopback too)."""
     port = free_port()
+    token_file = tmp / "mtc-token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
     config = tmp / "prometheus.yml"
     config.write_text(json.dumps({  # JSON is YAML
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "mtc", "metrics_path": "/metrics",
+                            "authorization": {"type": "Bearer",
+                                              "credentials_file": str(token_file)},
                             "static_configs": [{"targets": [target]}]}],
     }))
     log = open(tmp / "prometheus.log", "w")  # noqa: SIM115
@@ -108,7 +115,7 @@ def test_prometheus_scrapes_nodes_and_fault_to_drain(tmp_path: Path) -> None:
             timeout=60)
         assert fault.returncode == 0, fault.stderr
         target = url.removeprefix("http://")
-        with prometheus(tmp_path, target) as prom:
+        with prometheus(tmp_path, target, TOKEN) as prom:
             wait_for("up == 1", lambda: scalar(prom, 'up{job="mtc"}') == 1.0)
             wait_for("one fault drained",
                      lambda: scalar(prom, "mtc_fault_to_drain_seconds_count") == 1.0)
@@ -126,5 +133,5 @@ def test_prometheus_scrapes_nodes_and_fault_to_drain(tmp_path: Path) -> None:
             assert 0 < median <= 5.0  # the drain followed the report within a few seconds
             assert scalar(prom, "sum(mtc_job_restarts_total)") == 1  # the one job, restarted once
             assert scalar(prom, "mtc_dead_letters") == 0
-            alerts_json = requests.get(f"{url}/alerts.json", timeout=10).json()
+            alerts_json = requests.get(f"{url}/alerts.json", headers=headers, timeout=10).json()
             assert alerts_json["alerts"] == [] and alerts_json["now"] > 0

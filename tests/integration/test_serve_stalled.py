@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 import requests
 
-from services.cli.serve import CHANNEL_TIMEOUT_S
+from services.cli.connections import HEADER_S
 from tests.serving import PARENT, create_cluster, mtc_serve, wait_until
 from tests.stalled_clients import drains_seen, inject_xid, nodes, stalled_clients
 
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 TOKEN = "stall-test-token"
 SILENT, PARTIAL, IDLE = 12, 12, 4
+SHARE = 2 * (SILENT + PARTIAL + IDLE)
 REQUEST_S = 20.0
 T = TypeVar("T")
 
@@ -49,17 +50,20 @@ def test_stalled_clients_delay_neither_requests_nor_a_drain(tmp_path: Path) -> N
         return answered(path, lambda: requests.get(f"{url}{path}", headers=headers,
                                                    timeout=REQUEST_S))
 
-    with mtc_serve(state, TOKEN) as url:
+    # the stalled clients come from one address: a share that holds them all, so what is
+    # measured is the threads' independence (the share rule: test_serve_connections.py)
+    with mtc_serve(state, TOKEN, extra_args=["--connections-per-client", str(SHARE)]) as url:
         create_cluster(url, TOKEN, "c1", workers=2)
         target = next(n["nodeId"] for n in nodes(url, TOKEN, "c1") if n["role"] == "worker")
-        before, _ = drains_seen(url)
+        before, _ = drains_seen(url, TOKEN)
         with stalled_clients(url, silent=SILENT, partial=PARTIAL, idle=IDLE,
                              timeout_s=REQUEST_S) as stalls:
             answered("the fault", lambda: inject_xid(url, TOKEN, "c1", target, REQUEST_S))
             # healing goes on: the fault is diagnosed and the node taken out of service
             wait_until("the node drained",
-                       lambda: answered("/metrics", lambda: drains_seen(url, REQUEST_S))[0]
-                       > before, timeout_s=60.0)
+                       lambda: answered("/metrics",
+                                        lambda: drains_seen(url, TOKEN, REQUEST_S))[0] > before,
+                       timeout_s=60.0)
             # and every other request answers
             for path in (f"/v1beta1/{PARENT}/modelDevelopmentClusters",
                          f"/v1beta1/{PARENT}/customJobs", "/console"):
@@ -70,6 +74,7 @@ def test_stalled_clients_delay_neither_requests_nor_a_drain(tmp_path: Path) -> N
             assert ready.status_code == 200, ready.text
             assert ready.json()["checks"] == {"store": "ok", "controller": "ok"}
             assert answered("keep-alives", stalls.reuse_idle) == [200] * IDLE
-            # the stalled clients still hold on (the server closes them once they idled)
-            if time.monotonic() - stalls.opened_at < CHANNEL_TIMEOUT_S:
+            # the stalled clients still hold on (the server closes them at the deadline of
+            # the request they owe)
+            if time.monotonic() - stalls.opened_at < HEADER_S:
                 assert stalls.open_sockets() == SILENT + PARTIAL

@@ -43,15 +43,15 @@ _SCHEDULING_EXTENSIONS = {"mtcPartition": "partition", "mtcPriority": "priority"
                           "mtcMaxRestarts": "maxRestarts"}
 
 
-def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
-           ) -> dict[str, Any]:
+def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None,
+           generated: str | None = None) -> dict[str, Any]:
     message = parse_message(CustomJob, body)
     spec_body, cluster_id = domain_body(message)
     if job_id is not None:
         resource_id(job_id, "customJobId")
     with ctx.unit() as uow:
         cluster = require_cluster(uow, parent, cluster_id, "jobSpec.persistentResourceId")
-        job_id = job_id or new_id()
+        job_id = job_id or generated or new_id()
         existing = prior_create(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id),
                                 _stored(message), ctx.now)
         job = job_commands.submit_job(cluster, spec_body, uow, ctx.runtime.deps,

@@ -12,13 +12,17 @@ import sys
 import time
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from services.api.http import create_app
+from services.wiring.api import embedded_api
+from services.wiring.embedded import embedded
 from shared.adapters import sqlite_store
-from tests.serving import cluster_body, vertex_pools
-from tests.unit.api.conftest import Api
+from tests.serving import PARENT, cluster_body, vertex_pools
+from tests.unit.api.conftest import TOKEN, Api, one_pass_config
 
 A, B = "projects/pa/locations/l", "projects/pb/locations/l"
 ROUNDS = 300  # lookups of each kind; a GET here takes about half a millisecond
@@ -120,3 +124,127 @@ def test_defect_9_id_timing_does_not_tell_another_projects_id(
               if abs(held - absent) > 0.10 * absent}
     assert not slower, slower
 
+
+# ---------------------------------------------------------------- defect 11: retried creates
+
+R1, R2 = "6f1c2a4e-3b5d-4c7e-9a1f-2b3c4d5e6f70", "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+
+
+def _jobs(api: Api, parent: str) -> list[str]:
+    listed = api.call("GET", f"/v1/{parent}/customJobs")
+    assert listed.status_code == 200, listed.json
+    return [j["name"] for j in listed.json.get("customJobs", [])]
+
+
+def test_defect_11_a_retried_create_returns_the_first_job(api: Api) -> None:
+    _cluster(api, A, "ca")
+    first = api.call("POST", f"/v1/{A}/customJobs?requestId={R1}", _job("ca"))
+    assert first.status_code == 200, first.json
+    # the answer was lost (the connection cut): the client sends the same create again
+    again = api.call("POST", f"/v1/{A}/customJobs?requestId={R1.upper()}", _job("ca"))
+    assert again.status_code == 200, again.json
+    assert again.json["name"] == first.json["name"]  # main: a second job
+    assert again.json["createTime"] == first.json["createTime"]
+    assert _jobs(api, A) == [first.json["name"]]
+    other = api.call("POST", f"/v1/{A}/customJobs?requestId={R2}", _job("ca"))
+    assert other.status_code == 200 and other.json["name"] != first.json["name"]
+    assert len(_jobs(api, A)) == 2
+
+
+def test_a_request_id_sent_again_with_another_body_is_a_409_naming_it(api: Api) -> None:
+    _cluster(api, A, "ca")
+    first = api.call("POST", f"/v1/{A}/customJobs?requestId={R1}", _job("ca"))
+    assert first.status_code == 200, first.json
+    clash = api.call("POST", f"/v1/{A}/customJobs?requestId={R1}", _job("ca", name="other"))
+    assert clash.status_code == 409, clash.json
+    error = clash.json["error"]
+    assert error["status"] == "ALREADY_EXISTS" and "requestId" in error["message"]
+    assert first.json["name"] in error["message"]
+    assert error["details"][0]["fieldViolations"][0]["field"] == "requestId"
+    assert _jobs(api, A) == [first.json["name"]]
+
+
+def test_request_ids_are_per_project(api: Api) -> None:
+    _cluster(api, A, "ca")
+    _cluster(api, B, "cb")
+    in_a = api.call("POST", f"/v1/{A}/customJobs?requestId={R1}", _job("ca"))
+    in_b = api.call("POST", f"/v1/{B}/customJobs?requestId={R1}", _job("cb", name="b"))
+    assert in_a.status_code == 200 and in_b.status_code == 200, (in_a.json, in_b.json)
+    assert in_b.json["name"].startswith(f"{B}/customJobs/")
+    assert in_a.json["name"].rsplit("/", 1)[1] != in_b.json["name"].rsplit("/", 1)[1]
+    retried = api.call("POST", f"/v1/{B}/customJobs?requestId={R1}", _job("cb", name="b"))
+    assert retried.json["name"] == in_b.json["name"]
+    assert _jobs(api, A) == [in_a.json["name"]] and _jobs(api, B) == [in_b.json["name"]]
+
+
+def test_a_retried_create_returns_the_first_job_after_a_restart(tmp_path: Path) -> None:
+    def server() -> tuple[Api, Callable[[], None]]:
+        app = embedded(tmp_path / "state", config=one_pass_config())
+        ctx, _ = embedded_api(app, env_token=TOKEN)
+
+        def stop() -> None:
+            app.compute.kill_all()
+            app.close()
+        return Api(create_app(ctx).test_client(), app), stop
+
+    api, stop = server()
+    try:
+        _cluster(api, A, "ca")
+        first = api.call("POST", f"/v1/{A}/customJobs?requestId={R1}", _job("ca"))
+        assert first.status_code == 200, first.json
+    finally:
+        stop()
+    api, stop = server()  # the server restarted between the create and its retry
+    try:
+        again = api.call("POST", f"/v1/{A}/customJobs?requestId={R1}", _job("ca"))
+        assert again.status_code == 200, again.json
+        assert again.json["name"] == first.json["name"]
+        assert _jobs(api, A) == [first.json["name"]]
+    finally:
+        stop()
+
+
+@pytest.mark.parametrize("bad", ["not-a-uuid", R1 + "0", R1 + "x" * 500, f"{R1}\n",
+                                 R1.replace("-", "")])
+def test_a_request_id_that_is_not_a_uuid_is_a_400_naming_it(api: Api, bad: str) -> None:
+    _cluster(api, A, "ca")
+    resp = api.call("POST", f"/v1/{A}/customJobs", _job("ca"), query_string={"requestId": bad})
+    assert resp.status_code == 400, resp.json
+    assert resp.json["error"]["details"][0]["fieldViolations"][0]["field"] == "requestId"
+    assert len(resp.json["error"]["message"]) < 300  # the value is cut, not echoed whole
+    assert _jobs(api, A) == []
+
+
+def test_a_retry_with_the_clients_own_id_returns_the_first_resource(api: Api) -> None:
+    first_op = _cluster(api, A, "ca")
+    again_op = api.call("POST", f"/v1beta1/{A}/modelDevelopmentClusters"
+                        f"?modelDevelopmentClusterId=ca", cluster_body(workers=1))
+    assert again_op.status_code == 200 and again_op.json["name"] == first_op["name"]
+    listed = api.call("GET", f"/v1beta1/{A}/modelDevelopmentClusters").json
+    assert len(listed["modelDevelopmentClusters"]) == 1
+    first = api.call("POST", f"/v1/{A}/customJobs?customJobId=j1", _job("ca"))
+    again = api.call("POST", f"/v1/{A}/customJobs?customJobId=j1&requestId={R1}", _job("ca"))
+    assert first.status_code == 200 and again.status_code == 200, (first.json, again.json)
+    assert again.json["name"] == first.json["name"] == f"{A}/customJobs/j1"
+    assert _jobs(api, A) == [first.json["name"]]
+
+
+@pytest.mark.parametrize("collection", ["hyperparameterTuningJobs", "trainingPipelines"])
+def test_every_create_that_generates_an_id_takes_a_request_id(api: Api, collection: str
+                                                              ) -> None:
+    from tests.unit.api.test_registry_api import pipeline_body
+    from tests.unit.api.test_tuning_api import body as tuning_body
+
+    api.cluster("c1")
+    url = f"/v1/{PARENT}/{collection}"
+    make = (lambda name: tuning_body([sys.executable, "-c", "pass"], displayName=name)) \
+        if collection == "hyperparameterTuningJobs" else \
+        (lambda name: pipeline_body("pass", displayName=name))
+    first = api.call("POST", f"{url}?requestId={R1}", make("one"))
+    again = api.call("POST", f"{url}?requestId={R1}", make("one"))
+    assert first.status_code == 200 and again.status_code == 200, (first.json, again.json)
+    assert again.json["name"] == first.json["name"]
+    clash = api.call("POST", f"{url}?requestId={R1}", make("two"))
+    assert clash.status_code == 409 and "requestId" in clash.json["error"]["message"]
+    listed = api.call("GET", url).json
+    assert [r["name"] for r in next(iter(listed.values()))] == [first.json["name"]]

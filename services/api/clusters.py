@@ -42,8 +42,10 @@ MAX_CLUSTER_NODES = 16_384
 Shown = tuple[Cluster, dict[str, Any]]  # a cluster and its API record
 
 
-def create(ctx: ApiContext, parent: Parent, body: Any, cluster_id: str | None
-           ) -> dict[str, Any]:
+def create(ctx: ApiContext, parent: Parent, body: Any, cluster_id: str | None,
+           generated: str | None = None) -> dict[str, Any]:
+    """``generated`` is not used: a cluster's id is always the client's, so a retry with
+    the same id and body already answers what the first create made."""
     if not cluster_id:
         raise invalid("modelDevelopmentClusterId", "is required (a query parameter)")
     resource_id(cluster_id, "modelDevelopmentClusterId")

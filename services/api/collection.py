@@ -6,22 +6,25 @@ under a parent, how one is rendered, how one is stopped, its create and delete) 
 the route table (``services.api.routes``) serves them by. Filters match the rendered wire
 resource, so a filter sees exactly what a GET shows; a list without one renders only its page.
 Creates share a generated id, the check of the cluster a resource runs on, and the answer to
-a retried create (``prior_create``).
+a retried create (``prior_create``): a create the client names by its own id, or by a
+``requestId`` (AIP-155) from which the id it gets is derived, answers a retry with what the
+first one made.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from services.api import ids
+from services.api import ids, names
 from services.api import operations as ops
 from services.api.call import Call
 from services.api.context import RESOURCES, ApiContext, create_id, find_record, resource_key
-from services.api.errors import ApiError, invalid
+from services.api.errors import ApiError, FieldViolation, invalid
 from services.api.names import Parent
 from services.api.paging import Page, matches, page_size, paginate, parse_filter, resource_field
 from services.api.wire.proto_json import Message
@@ -55,7 +58,9 @@ class Collection(Generic[T]):
     gone already left out), ``find`` one by id or NOT_FOUND, ``render`` one as the wire
     resource (a dict the ``item`` model validates); the list answer is ``response`` with the
     page in its ``items_field``. ``create``, ``remove`` (delete) and ``stop`` (cancel) where
-    the resource has them; a new resource's client-chosen id is the ``id_param`` query."""
+    the resource has them; a new resource's client-chosen id is the ``id_param`` query.
+    ``create(ctx, parent, body, chosen_id, generated_id)``: ``generated_id`` (from a
+    ``requestId``, None: a new one) is the id a create makes when the client chose none."""
 
     response: type[Message]
     items_field: str
@@ -66,7 +71,7 @@ class Collection(Generic[T]):
     field: Callable[[Json, str], Any] = resource_field  # a filter term's value in a resource
     find: Callable[[Scope, str], T] | None = None
     stop: Callable[[Scope, str, T], None] | None = None
-    create: Callable[[ApiContext, Parent, Any, str | None], Json] | None = None
+    create: Callable[[ApiContext, Parent, Any, str | None, str | None], Json] | None = None
     id_param: str = ""
     remove: Callable[[ApiContext, Parent, str], Json] | None = None
 
@@ -119,7 +124,20 @@ class Collection(Generic[T]):
     def serve_create(self, call: Call) -> Json:
         if self.create is None:
             raise TypeError("this collection has no create")
-        return self.create(call.ctx, call.parent, call.body(), call.arg(self.id_param) or None)
+        request = request_id(call.arg(REQUEST_ID))
+        chosen = call.arg(self.id_param) or None
+        generated = None if request is None else requested_id(self.id_param, call.parent,
+                                                              request)
+        try:
+            return self.create(call.ctx, call.parent, call.body(), chosen, generated)
+        except ApiError as exc:
+            if chosen is not None or request is None or exc.status != "ALREADY_EXISTS":
+                raise
+            raise ApiError("ALREADY_EXISTS", f"{REQUEST_ID} {request}: {exc.message}: an "
+                           "earlier create sent this requestId with another body; send the "
+                           "same body to get what it made, or a new requestId for a new "
+                           "resource", [FieldViolation(REQUEST_ID, "was used for another "
+                                                       "request")]) from exc
 
     def serve_list(self, call: Call, owner: str = "") -> Json:
         return self.list_page(call.ctx, call.parent, filter_text=call.arg("filter"),
@@ -145,6 +163,32 @@ class Collection(Generic[T]):
 def new_id() -> str:
     """A generated resource id: a number of 18 digits, as Vertex's are."""
     return f"{uuid.uuid4().int % 10**18:018d}"
+
+
+REQUEST_ID = "requestId"
+
+
+def request_id(value: str | None) -> str | None:
+    """A create's ``requestId``, lowercased (None: not given); it is a UUID, as AIP-155
+    has it, or a 400 naming it."""
+    if not value:
+        return None
+    if not names.REQUEST_ID.fullmatch(value):  # match: "$" lets a trailing newline by
+        shown = value if len(value) <= 40 else f"{value[:40]}..."
+        raise invalid(REQUEST_ID, f"must be a UUID (8-4-4-4-12 hexadecimal digits, e.g. "
+                      f"{uuid.uuid4()}); got {shown!r}")
+    return value.lower()
+
+
+def requested_id(id_param: str, parent: Parent, request: str) -> str:
+    """The id a create with ``requestId`` makes when the client names none: a number as
+    ``new_id``'s are, but a function of (the collection, the parent, the request id). A
+    retry names the same resource, so the create's own check (``prior_create``) answers it
+    with what the first one made, in the store and in the create's transaction: nothing to
+    record beside the resource, it outlives a restart, and another project's same request
+    id names another resource."""
+    digest = hashlib.sha256(f"{id_param}\n{parent.name}\n{request}".encode()).digest()
+    return f"{int.from_bytes(digest[:16], 'big') % 10**18:018d}"
 
 
 def require_cluster(uow: Any, parent: Parent, cluster_id: str, field: str) -> str:

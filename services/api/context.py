@@ -99,12 +99,15 @@ def resource_key(kind: str, domain_id: str) -> str:
 def find_record(uow: Any, kind: str, resource_id: str, parent: Parent
                 ) -> dict[str, Any] | None:
     """The API's record of ``resource_id`` (the API id) under ``parent``, or None. A record
-    written before ids were per parent (no ``domain``) is found at its plain id."""
+    written before ids were per parent (no ``domain``) is found at its plain id.
+
+    The store compares the parent before it reads a record (``where``): another project's
+    record at the same key (a server-assigned number, an id of the home project) is never
+    read, so looking it up costs what looking up an id no one has does."""
     domain_id = ids.domain(uow, parent, resource_id)
     for key in dict.fromkeys((domain_id, resource_id)):
-        record = uow.record(RESOURCES, resource_key(kind, key))
-        if record is not None and record["parent"] == parent.name and (
-                key == domain_id or "domain" not in record):
+        record = uow.record(RESOURCES, resource_key(kind, key), where={"parent": parent.name})
+        if record is not None and (key == domain_id or "domain" not in record):
             return record  # type: ignore[no-any-return]
     return None
 

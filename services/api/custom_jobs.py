@@ -18,6 +18,7 @@ from services.api.context import (
     RESOURCES,
     ApiContext,
     create_id,
+    find_record,
     load_record,
     records_of,
     resource_key,
@@ -29,7 +30,7 @@ from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
 from services.job_submission import commands as job_commands
-from shared.domain.adopted import ORIGIN_LABEL, SLURM_ORIGIN, adopted
+from shared.domain.adopted import ORIGIN_LABEL, SLURM_ORIGIN, adopted, may_be_adopted
 from shared.domain.model import Job, JobState
 
 KIND = "customJob"
@@ -42,8 +43,8 @@ _SCHEDULING_EXTENSIONS = {"mtcPartition": "partition", "mtcPriority": "priority"
                           "mtcMaxRestarts": "maxRestarts"}
 
 
-def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
-           ) -> dict[str, Any]:
+def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None,
+           generated: str | None = None) -> dict[str, Any]:
     message = parse_message(CustomJob, body)
     spec_body, cluster_id = domain_body(message)
     if job_id is not None:
@@ -52,7 +53,7 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
         cluster = require_cluster(uow, parent, cluster_id, "jobSpec.persistentResourceId")
         buckets.claim(uow, parent, buckets.job_uris(message.to_json().get("jobSpec"), "jobSpec"),
                       ctx.now)
-        job_id = job_id or new_id()
+        job_id = job_id or generated or new_id()
         existing = prior_create(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id),
                                 _stored(message), ctx.now)
         job = job_commands.submit_job(cluster, spec_body, uow, ctx.runtime.deps,
@@ -238,19 +239,23 @@ def _render(scope: Scope, shown: Listed) -> dict[str, Any] | None:
 
 
 def _found(scope: Scope, job_id: str) -> Shown:
+    """The job and its record. Nothing of another project is read on the way (its parent,
+    or its cluster's, is compared first): a job id another project has costs what one no
+    one has does, so no timing tells it exists."""
     uow, parent = scope.uow, scope.parent
     name = parent.child(COLLECTION, job_id)
-    job = uow.jobs.get(job_id)
-    if job is not None and adopted(job.spec):  # under its cluster's parent, or nowhere
-        cluster = uow.record(RESOURCES, resource_key("cluster", job.cluster_id))
-        if cluster is None or cluster["parent"] != parent.name:
+    record = find_record(uow, KIND, job_id, parent)
+    if record is not None:
+        job = uow.jobs.get(job_of(record))
+        if job is None:
             raise not_found(name)
-        return job, adopted_record(job, cluster["id"])
-    record = load_record(uow, KIND, job_id, parent, name)
-    job = uow.jobs.get(job_of(record))
-    if job is None:
-        raise not_found(name)
-    return job, record
+        return job, record
+    if may_be_adopted(job_id):  # shown under the parent of the cluster it runs on
+        for cluster in records_of(uow, "cluster", parent):
+            job = uow.jobs.get_on(ids.domain_of(cluster), job_id)
+            if job is not None and adopted(job.spec):
+                return job, adopted_record(job, cluster["id"])
+    raise not_found(name)
 
 
 def _cancel(scope: Scope, job_id: str, shown: Listed) -> None:

@@ -175,12 +175,12 @@ def render(record: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 def find_head(uow: Any, parent: Parent, model_id: str) -> dict[str, Any] | None:
     """The registry's head record of ``model_id`` (the API's) under ``parent``, or None; a
-    model uploaded before ids were per parent (no ``name_id``) is found at its plain id."""
+    model uploaded before ids were per parent (no ``name_id``) is found at its plain id.
+    Another parent's head is not read (``context.find_record``)."""
     key = ids.domain(uow, parent, model_id)
     for k in dict.fromkeys((key, model_id)):
-        top = uow.record(registry.MODELS, k)
-        if top is not None and top["parent"] == parent.name and (
-                k == key or "name_id" not in top):
+        top = uow.record(registry.MODELS, k, where={"parent": parent.name})
+        if top is not None and (k == key or "name_id" not in top):
             return top  # type: ignore[no-any-return]
     return None
 

@@ -9,6 +9,7 @@ from services.api.errors import invalid
 
 SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 RESOURCE_ID = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
+REQUEST_ID = re.compile(r"^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")  # a UUID
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from services.api.errors import CANONICAL
-from services.api.names import RESOURCE_ID, SEGMENT
+from services.api.names import REQUEST_ID, RESOURCE_ID, SEGMENT
 from services.api.wire.cluster import (
     ClusterNode,
     ListClusterNodesResponse,
@@ -75,7 +75,7 @@ class Spec:
 
 PAGING = ("pageSize", "pageToken")
 SPECS: dict[tuple[str, str], Spec] = {
-    ("POST", "customJobs"): Spec("create", CustomJob, CustomJob, query=("customJobId",),
+    ("POST", "customJobs"): Spec("create", CustomJob, CustomJob, query=("customJobId", "requestId"),
                                  summary="Create a CustomJob on a cluster"),
     ("GET", "customJobs"): Spec("list", ListCustomJobsResponse, query=(*PAGING, "filter"),
                                 summary="List CustomJobs"),
@@ -85,7 +85,7 @@ SPECS: dict[tuple[str, str], Spec] = {
     ("POST", "customJobs/{customJob}:cancel"): Spec(
         "cancel", "Empty", "CancelRequest", body_required=False, summary="Cancel a CustomJob"),
     ("POST", "modelDevelopmentClusters"): Spec(
-        "create", Operation, ModelDevelopmentCluster, query=("modelDevelopmentClusterId",),
+        "create", Operation, ModelDevelopmentCluster, query=("modelDevelopmentClusterId", "requestId"),
         summary="Create a cluster (a long-running Operation)"),
     ("GET", "modelDevelopmentClusters"): Spec(
         "list", ListModelDevelopmentClustersResponse, query=(*PAGING, "filter"),
@@ -131,7 +131,7 @@ SPECS.update({
 HPT = "hyperparameterTuningJobs"
 SPECS.update({
     ("POST", HPT): Spec("create", HyperparameterTuningJob, HyperparameterTuningJob,
-                        query=("hyperparameterTuningJobId",),
+                        query=("hyperparameterTuningJobId", "requestId"),
                         summary="Create a HyperparameterTuningJob: its trials run on a cluster"),
     ("GET", HPT): Spec("list", ListHyperparameterTuningJobsResponse, query=(*PAGING, "filter"),
                        summary="List HyperparameterTuningJobs"),
@@ -160,7 +160,7 @@ SPECS.update({  # the Model Registry and training pipelines
         "mergeVersionAliases", Model, MergeVersionAliasesRequest,
         summary="Add (alias) or remove (-alias) a version's aliases"),
     ("POST", TPL): Spec("create", TrainingPipeline, TrainingPipeline,
-                        query=("trainingPipelineId",),
+                        query=("trainingPipelineId", "requestId"),
                         summary="Create a TrainingPipeline (custom task; model upload)"),
     ("GET", TPL): Spec("list", ListTrainingPipelinesResponse, query=(*PAGING, "filter"),
                        summary="List TrainingPipelines"),
@@ -183,6 +183,10 @@ QUERY: dict[str, dict[str, Any]] = {
                            "absent", "schema": _ID_SCHEMA},
     "modelDevelopmentClusterId": {"description": "the new cluster's id", "required": True,
                                   "schema": _ID_SCHEMA},
+    "requestId": {"description": "a UUID the client chooses (AIP-155): a retried create with "
+                  "the same one answers what the first made (200) instead of making a "
+                  "second; with another body it is ALREADY_EXISTS (409)",
+                  "schema": {"type": "string", "format": "uuid", "pattern": REQUEST_ID.pattern}},
     "pageSize": {"description": "at most this many items (0: the default, 100; "
                  "at most 1000)", "schema": {"type": "integer", "format": "int32",
                                              "minimum": 0, "maximum": 2**31 - 1}},

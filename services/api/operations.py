@@ -58,8 +58,8 @@ def start(uow: Any, parent: Parent, *, target: str, target_id: str, verb: str,
 
 
 def load(uow: Any, parent: Parent, op_id: str) -> dict[str, Any]:
-    record = uow.record(OPERATIONS, op_id)
-    if record is None or record["parent"] != parent.name:
+    record = uow.record(OPERATIONS, op_id, where={"parent": parent.name})  # parent first
+    if record is None:
         raise not_found(parent.child("operations", op_id))
     return record  # type: ignore[no-any-return]
 

@@ -56,11 +56,12 @@ _MODEL_INPUT = ("displayName", "description", "versionDescription", "metadataSch
                 "metadata", "predictSchemata", "containerSpec", "artifactUri", "labels")
 
 
-def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None = None
-           ) -> dict[str, Any]:
+def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None = None,
+           generated: str | None = None) -> dict[str, Any]:
     message = parse_message(TrainingPipeline, body)
     if pipeline_id is not None:
         resource_id(pipeline_id, "trainingPipelineId")
+    pipeline_id = pipeline_id or generated
     if not message.display_name:
         raise invalid("displayName", "is required")
     if message.training_task_definition == TUNING_TASK:

@@ -40,8 +40,8 @@ _INPUT = ("displayName", "studySpec", "maxTrialCount", "parallelTrialCount",
           "maxFailedTrialCount", "trialJobSpec", "labels")
 
 
-def create(ctx: ApiContext, parent: Parent, body: Any, study_id: str | None = None
-           ) -> dict[str, Any]:
+def create(ctx: ApiContext, parent: Parent, body: Any, study_id: str | None = None,
+           generated: str | None = None) -> dict[str, Any]:
     message = parse_message(HyperparameterTuningJob, body)
     domain = _domain(message)
     if study_id is not None:
@@ -51,7 +51,7 @@ def create(ctx: ApiContext, parent: Parent, body: Any, study_id: str | None = No
                                   "trialJobSpec.persistentResourceId")
         buckets.claim(uow, parent, buckets.job_uris(domain["trialJobWire"], "trialJobSpec"),
                       ctx.now)
-        study_id = study_id or new_id()
+        study_id = study_id or generated or new_id()
         existing = prior_create(uow, KIND, study_id, parent,
                                 parent.child(COLLECTION, study_id), _stored(message), ctx.now)
         where = {"parent": parent.name, "project": parent.project, "location": parent.location}

@@ -31,6 +31,10 @@ class Reads(Protocol):
     def get(self, collection: str, doc_id: str) -> dict[str, Any] | None:
         """A document to decode, never to change."""
         ...
+    def get_if(self, collection: str, doc_id: str, equals: dict[str, Any]
+               ) -> dict[str, Any] | None:
+        """``get`` if the document's fields ``equals`` match (``DocTransaction.get_if``)."""
+        ...
     def ids(self, collection: str, equals: dict[str, Any], doc_key: DocKey) -> AbstractSet[str]:
         """The ids of the matching documents; read-only."""
         ...
@@ -67,6 +71,10 @@ class StoreReads:
     def get(self, collection: str, doc_id: str) -> dict[str, Any] | None:
         return self._txn.get(collection, doc_id)
 
+    def get_if(self, collection: str, doc_id: str, equals: dict[str, Any]
+               ) -> dict[str, Any] | None:
+        return self._txn.get_if(collection, doc_id, equals)
+
     def ids(self, collection: str, equals: dict[str, Any], doc_key: DocKey) -> AbstractSet[str]:
         return set(map(doc_key, self._txn.query(collection, equals)))
 
@@ -92,6 +100,13 @@ class IndexedReads:
 
     def get(self, collection: str, doc_id: str) -> dict[str, Any] | None:
         return self._txn.peek(collection, doc_id)
+
+    def get_if(self, collection: str, doc_id: str, equals: dict[str, Any]
+               ) -> dict[str, Any] | None:
+        doc = self._txn.peek(collection, doc_id)
+        if doc is None or any(doc.get(k) != v for k, v in equals.items()):
+            return None
+        return doc
 
     def ids(self, collection: str, equals: dict[str, Any], doc_key: DocKey) -> AbstractSet[str]:
         return self._txn.ids(collection, equals)

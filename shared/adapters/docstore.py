@@ -45,6 +45,9 @@ class _Repo:
     def _get(self, doc_id: str) -> Any:
         return self._uow._load(self._collection, doc_id)
 
+    def _get_if(self, doc_id: str, equals: dict[str, Any]) -> Any:
+        return self._uow._load_if(self._collection, doc_id, equals)
+
     def add(self, entity: Any) -> None:
         self._uow._track(self._collection, self._key(entity), entity, loaded=None)
 
@@ -90,6 +93,12 @@ class NodeRepository(_Repo):
 class JobRepository(_Repo):
     def get(self, job_id: str) -> Job | None:
         return self._get(job_id)  # type: ignore[no-any-return]
+
+    def get_on(self, cluster_id: str, job_id: str) -> Job | None:
+        """The job if it runs on ``cluster_id``; a job on another cluster is not read (the
+        store compares its cluster first), so a lookup scoped to one tenant's clusters
+        costs the same whether the id is another tenant's or no one's."""
+        return self._get_if(job_id, {"cluster_id": cluster_id})  # type: ignore[no-any-return]
 
     def list(self, cluster_id: str | None = None, **equals: Any) -> list[Job]:
         query = dict(equals)
@@ -219,6 +228,23 @@ class DocUnitOfWork:
         self._tracked[key] = (entity, doc if self._keeps_values else mapper.dump(entity))
         return entity
 
+    def _load_if(self, collection: str, doc_id: str, equals: dict[str, Any]) -> Any:
+        """``_load`` if the document's fields ``equals`` match, compared before it is read
+        (an entity this transaction holds: compared on the entity)."""
+        key = (collection, doc_id)
+        mapper = self._mappers[collection]
+        if key in self._tracked:
+            entity = self._tracked[key][0]
+            plain = {k: _enum_plain(v) for k, v in equals.items()}
+            return entity if entity is not None and _matches(mapper, entity, plain) else None
+        self._require_txn()
+        doc = self._reads.get_if(collection, doc_id, equals)
+        if doc is None:
+            return None
+        entity = mapper.load(doc)
+        self._tracked[key] = (entity, doc if self._keeps_values else mapper.dump(entity))
+        return entity
+
     def _query(self, collection: str, equals: dict[str, Any]) -> list[Any]:
         plain = {k: _enum_plain(v) for k, v in equals.items()}
         out = []
@@ -317,9 +343,18 @@ class DocUnitOfWork:
 
     # -- plain records beside the entities (the API's operations and resource parents),
     #    written in the same commit, so a resource and its records appear together or not at all
-    def record(self, collection: str, doc_id: str) -> dict[str, Any] | None:
+    def record(self, collection: str, doc_id: str, *, where: dict[str, Any] | None = None
+               ) -> dict[str, Any] | None:
+        """The record ``doc_id``; with ``where``, only if its fields match, compared before
+        it is read (``DocTransaction.get_if``): one of another owner costs what an absent
+        one does."""
         if (collection, doc_id) in self._records:
-            return self._records[(collection, doc_id)]
+            doc = self._records[(collection, doc_id)]
+            if doc is not None and where and any(doc.get(k) != v for k, v in where.items()):
+                return None
+            return doc
+        if where:
+            return self._require_txn().get_if(collection, doc_id, where)
         return self._require_txn().get(collection, doc_id)
 
     def records(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:

@@ -127,6 +127,25 @@ class FirestoreTransaction:
             return None
         return decode(snap.to_dict())  # type: ignore[no-any-return]
 
+    def get_if(self, collection: str, doc_id: str, equals: dict[str, Any]
+               ) -> dict[str, Any] | None:
+        """``get`` if the document's fields ``equals`` match: a query on its name and those
+        fields, so Firestore compares them and a document that does not match comes back
+        as an absent one does (nothing)."""
+        pending = self._writes.get((collection, doc_id))
+        if pending is not None:  # this transaction's own write
+            doc = None if pending is _DELETED else dict(pending)
+            return doc if doc is not None and all(
+                doc.get(k) == v for k, v in equals.items()) else None
+        ref = self._store.ref(collection, doc_id)
+        query = self._store.query(collection, equals).where(
+            filter=FieldFilter("__name__", "==", ref)).limit(1)
+        try:
+            found = [decode(s.to_dict()) for s in query.stream(transaction=self._txn)]
+        except RETRYABLE as exc:
+            raise Contention(f"concurrent transaction held {collection}/{doc_id}: {exc}") from exc
+        return found[0] if found else None
+
     def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
         query = self._store.query(collection, equals)
         try:

@@ -75,6 +75,12 @@ class MemoryTransaction:
         doc = self.peek(collection, doc_id)
         return None if doc is None else dict(doc)
 
+    def get_if(self, collection: str, doc_id: str, equals: dict[str, Any]
+               ) -> dict[str, Any] | None:
+        """``get`` if the document's fields ``equals`` match (compared before the copy)."""
+        doc = self.peek(collection, doc_id)
+        return None if doc is None or not _matches(doc, equals.items()) else dict(doc)
+
     def peek(self, collection: str, doc_id: str) -> dict[str, Any] | None:
         """``get`` without the copy, for a reader that never changes what it is given (the
         unit of work decoding an entity: its writes are new documents, put at commit)."""

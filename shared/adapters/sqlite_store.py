@@ -20,6 +20,24 @@ from shared.adapters.private_files import private_file
 from shared.domain.errors import StateError, StorageFull
 from shared.ports import ReadOnlyWrite
 
+# The field a lookup scoped to an owner compares (``get_if``), per collection: the API's
+# records by parent, jobs by cluster. It is compared in an index, never in the document, so
+# a document of another owner is not read, let alone parsed: it costs what an absent one
+# does, and no timing tells a tenant that another has the id. A partial index serves only a
+# query that names its collection as a literal, hence the literals and INDEXED BY.
+OWNERS = {"api_resources": "parent", "operations": "parent", "registry_models": "parent",
+          "jobs": "cluster_id"}
+
+
+def _owner_indexes() -> str:
+    where: dict[str, list[str]] = {}
+    for collection, field in OWNERS.items():
+        where.setdefault(field, []).append(f"collection = '{collection}'")
+    return "".join(f"CREATE INDEX IF NOT EXISTS docs_by_{field} ON docs (collection, id, "
+                   f"json_extract(data, '$.{field}')) WHERE {' OR '.join(terms)};\n"
+                   for field, terms in where.items())
+
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
     collection TEXT NOT NULL,
@@ -29,7 +47,10 @@ CREATE TABLE IF NOT EXISTS docs (
 );
 CREATE INDEX IF NOT EXISTS docs_by_time
     ON docs (collection, json_extract(data, '$.time'), json_extract(data, '$.seq'));
-"""
+""" + _owner_indexes()
+_OWNED_GET = {collection: f"SELECT data FROM docs INDEXED BY docs_by_{field} WHERE "
+              f"collection = '{collection}' AND id = ? AND json_extract(data, '$.{field}') = ?"
+              for collection, field in OWNERS.items()}
 
 
 FULL_CODES = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR})
@@ -91,6 +112,20 @@ class SqliteTransaction:
             "SELECT data FROM docs WHERE collection=? AND id=?", (collection, doc_id)
         ).fetchone()
         return None if row is None else json.loads(row[0])
+
+    def get_if(self, collection: str, doc_id: str, equals: dict[str, Any]
+               ) -> dict[str, Any] | None:
+        """The document if its fields ``equals`` match; a collection's owner field
+        (``OWNERS``) alone is compared in its index, any other fields in the document."""
+        owned = _OWNED_GET.get(collection)
+        value = equals.get(OWNERS.get(collection, ""))
+        if owned is not None and len(equals) == 1 and isinstance(value, str):
+            row = self._conn.execute(owned, (doc_id, value)).fetchone()
+            return None if row is None else json.loads(row[0])
+        doc = self.get(collection, doc_id)
+        if doc is None or any(doc.get(k) != v for k, v in equals.items()):
+            return None
+        return doc
 
     def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
         where, params = _where(equals)

@@ -26,6 +26,14 @@ def adopted_job_id(slurm_job_id: int) -> str:
     return f"slurm-{int(slurm_job_id)}"
 
 
+def may_be_adopted(job_id: str) -> bool:
+    """Whether ``job_id`` has the shape ``adopted_job_id`` gives."""
+    return _ADOPTED_ID.fullmatch(job_id) is not None
+
+
+_ADOPTED_ID = re.compile(r"slurm-[0-9]+")
+
+
 def origin(spec: CustomJobSpec) -> str:
     """"slurm" for an adopted job, "" for one submitted through mtc."""
     return dict(spec.labels).get(ORIGIN_LABEL, "")

@@ -46,3 +46,12 @@ def test_a_read_only_transaction_takes_no_lock_a_writer_waits_on(emulators: dict
     assert took < 5.0, f"the writer waited {took:.1f} s on a reader"
     with DocUnitOfWork(store) as uow:
         assert uow.nodes.get("n1").reason == "written meanwhile"  # type: ignore[union-attr]
+
+
+def test_a_lookup_scoped_to_an_owner_on_firestore(emulators: dict[str, str]) -> None:
+    """Firestore compares the owner in the query: another owner's document comes back as
+    an absent one does."""
+    from tests.unit.test_owner_lookups import assert_owner_lookups
+
+    reset_firestore()
+    assert_owner_lookups(firestore_store())

@@ -57,7 +57,7 @@ def test_bodies_answers_and_errors() -> None:
     create = paths[JOBS]["post"]
     assert create["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/CustomJob"}
-    assert [p["name"] for p in create["parameters"]] == ["customJobId"]
+    assert [p["name"] for p in create["parameters"]] == ["customJobId", "requestId"]
     listing = paths[JOBS]["get"]
     assert [p["name"] for p in listing["parameters"]] == ["pageSize", "pageToken", "filter"]
     ok = listing["responses"]["200"]["content"]["application/json"]["schema"]

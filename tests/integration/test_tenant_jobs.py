@@ -155,9 +155,10 @@ import json, os, sys, urllib.error, urllib.request
 parent, other = sys.argv[1], sys.argv[2]
 token = open(os.environ["MTC_JOB_TOKEN_FILE"]).read().strip()
 api = os.environ["MTC_API"]
-def call(method, path):
-    req = urllib.request.Request(api + "/v1/" + path, method=method, data=b"{}" if method == "POST"
-                                 else None, headers={"Authorization": "Bearer " + token})
+def call(method, path, auth=True):
+    url = api + (path if path.startswith("/") else "/v1/" + path)
+    req = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None,
+                                 headers={"Authorization": "Bearer " + token} if auth else {})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status
@@ -166,7 +167,9 @@ def call(method, path):
 mine = os.environ["MTC_JOB_NAME"]
 out = {"get_mine": call("GET", mine), "get_other": call("GET", other),
        "list": call("GET", parent + "/customJobs"), "cancel_other": call("POST", other + ":cancel"),
-       "token_file": os.environ["MTC_JOB_TOKEN_FILE"], "name": mine}
+       "token_file": os.environ["MTC_JOB_TOKEN_FILE"], "name": mine,
+       "metrics": [call("GET", "/metrics", False), call("GET", "/metrics")],
+       "alerts": [call("GET", "/alerts.json", False), call("GET", "/alerts.json")]}
 with open(os.path.join(os.environ["AIP_MODEL_DIR"], "calls.json"), "w") as f:
     json.dump(out, f)
 """
@@ -186,6 +189,8 @@ def test_a_job_calls_the_api_with_its_own_credential_and_no_more(served: tuple[s
                        .read_text())
     assert calls["get_mine"] == 200 and calls["name"] == job["name"], calls
     assert (calls["get_other"], calls["list"], calls["cancel_other"]) == (403, 403, 403), calls
+    # defect 5: the fleet's metrics and alerts, from inside a job, on the loopback bind
+    assert calls["metrics"] == [401, 403] and calls["alerts"] == [401, 403], calls
     token = Path(calls["token_file"]).read_text().strip()
     own = requests.get(f"{url}/v1/{job['name']}", headers={"Authorization": f"Bearer {token}"},
                        timeout=30)

@@ -39,11 +39,13 @@ def passed(name: str, extra: frozenset[str] = frozenset()) -> bool:
     return name in PASSED or name in extra or name.startswith(PASSED_PREFIXES)
 
 
-def host_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The part of ``environ`` (default: this process's) a job is given."""
+def host_env(environ: Mapping[str, str] | None = None, keep: tuple[str, ...] = ()
+             ) -> dict[str, str]:
+    """The part of ``environ`` (default: this process's) a job is given; ``keep``: more
+    names the caller's own command needs (``SLURM_CONF`` for sbatch)."""
     environ = os.environ if environ is None else environ
     extra = frozenset(n.strip() for n in environ.get(EXTRA, "").split(",")
-                      if n.strip() and not n.strip().startswith("MTC_"))
+                      if n.strip() and not n.strip().startswith("MTC_")) | set(keep)
     return {k: v for k, v in environ.items() if passed(k, extra)}
 
 

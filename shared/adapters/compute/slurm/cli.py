@@ -19,7 +19,6 @@ The runner is injected so unit tests replay recorded outputs.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -305,11 +304,7 @@ def subprocess_runner(slurm_conf: str | None = None) -> Runner:
     """The default runner: subprocess.run with a timeout; SLURM_CONF pinned if given."""
 
     def run(argv: Sequence[str], timeout_s: float, extra_env: Mapping[str, str] | None) -> CommandOutput:
-        # the host's allow-listed environment, never the server's secrets: sbatch exports
-        # what it is given to the job (--export=ALL)
-        env = host_env()
-        if os.environ.get("SLURM_CONF"):
-            env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+        env = host_env(keep=("SLURM_CONF",))  # never the server's secrets: sbatch exports it
         if slurm_conf:
             env["SLURM_CONF"] = slurm_conf
         env.update(extra_env or {})

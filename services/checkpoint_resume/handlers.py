@@ -198,6 +198,11 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
     elif verdict is exits.Verdict.TIMED_OUT:
         job.error = timeouts.timeout_error(job)
         _finish(job, JobState.FAILED, job.error, uow, deps)
+    elif disk_full and job.recovery.storage_full_times >= 1:  # filled it again: its own
+        job.error = (f"the file system of the job's files ({disk_full}) was full again when "
+                     f"its workers exited ({exits.describe(event.exit_code)}): a job that "
+                     f"fills its disk a second time fails as its own failure: {event.detail}")
+        _finish(job, JobState.FAILED, job.error, uow, deps)
     elif verdict is exits.Verdict.GAVE_UP:
         job.error = f"gave up after {job.restart_count} restarts"
         _finish(job, JobState.FAILED, job.error, uow, deps)
@@ -210,6 +215,7 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         if disk_full:  # nowhere to write: it waits PENDING for room (job_submission checks)
             job.recovery.storage_full = disk_full
             job.recovery.storage_full_since = now
+            job.recovery.storage_full_times += 1
             _requeue(job, storage.wait_reason(disk_full, reason), uow, deps, unsound)
         elif not modes.recover(job, unsound, reason, uow, deps):  # in place, hot swap, scale down
             _requeue(job, reason, uow, deps, unsound)

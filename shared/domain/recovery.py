@@ -29,6 +29,8 @@ it are ``shared.policies.restarts`` and ``shared.domain.progress``).
 * ``storage_full``: the file system (a path on it) that was full when the last attempt
   ended (``shared.domain.storage``): the job waits PENDING until it has room again, checked
   on every scheduling pass; ``storage_full_since`` when that began ("" / None: no wait);
+  ``storage_full_times``: how many attempts ended so (a second is the program's failure:
+  a job that fills its disk again would fill it again after every wait);
 * ``hung_on``: per hang seen (``shared.policies.hangs``), the node of its culprit rank, newest
   last (a few kept): a hang again on another node is the program's fault.
 """
@@ -68,6 +70,7 @@ class JobRecovery:
     hung_on: list[str] = field(default_factory=list)
     storage_full: str = ""
     storage_full_since: float | None = None
+    storage_full_times: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +90,7 @@ class JobRecovery:
             "hung_on": list(self.hung_on),
             "storage_full": self.storage_full,
             "storage_full_since": self.storage_full_since,
+            "storage_full_times": self.storage_full_times,
         }
 
     @classmethod
@@ -109,6 +113,7 @@ class JobRecovery:
             hung_on=list(d.get("hung_on") or []),
             storage_full=str(d.get("storage_full") or ""),
             storage_full_since=d.get("storage_full_since"),
+            storage_full_times=int(d.get("storage_full_times") or 0),
         )
 
     def decided(self, decision: dict[str, Any]) -> None:

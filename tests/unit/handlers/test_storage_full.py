@@ -127,3 +127,22 @@ def test_an_exit_held_before_its_start_keeps_its_evidence() -> None:
     again = JobRecovery.from_dict(rec.to_dict())
     event = again.take_early_exit("j1", 3)
     assert event is not None and event.storage_full == PATH
+
+
+def test_defect_3_a_job_that_fills_its_disk_twice_fails_as_its_own_failure() -> None:
+    """One job filled the disk, was requeued when the file was deleted, resumed and filled
+    it again, forever: the second full disk of the same job is the program's failure."""
+    plane, disk = plane_on_a_disk()
+    plane.inject(JobWorkersExited(job_id="j1", attempt=1, exit_code=1, storage_full=PATH))
+    plane.deliver()
+    assert plane.job("j1").state is JobState.PENDING
+    disk.free = disk.total // 2
+    tick(plane)
+    assert plane.job("j1").state is JobState.RUNNING and plane.job("j1").attempt == 2
+    plane.inject(JobWorkersExited(job_id="j1", attempt=2, exit_code=1,
+                                  detail="exit codes rank 0: 1", storage_full=PATH))
+    plane.deliver()
+    job = plane.job("j1")
+    assert job.state is JobState.FAILED and "full again" in job.error and PATH in job.error
+    assert job.recovery.storage_full_times == 1
+    assert JobRecovery.from_dict(job.recovery.to_dict()).storage_full_times == 1

@@ -20,6 +20,7 @@ from shared.domain.events import JobStarted
 from shared.domain.model import Job, JobState
 from shared.domain.specs import CustomJobSpec
 from shared.handling import Deps
+from shared.policies import job_limits
 from shared.pool_commands import gcs_bucket, pool_command
 from shared.ports import Gang, LaunchGroup, RecoveryPlan, UnitOfWork
 
@@ -131,7 +132,8 @@ def gang(job: Job, deps: Deps, plan: RecoveryPlan | None = None) -> Gang:
             continue  # (an elastic pool is never shrunk below its minimum, at least 1)
         if len(node_ids) < first + n:
             raise ValueError(f"job {job.job_id}: {len(node_ids)} nodes for {first + n} ranks")
-        groups.append(LaunchGroup(first, n, command, env))
+        node = job_limits.node_limits(pool.machine_spec.machine_type, dict(job.spec.labels))
+        groups.append(LaunchGroup(first, n, command, env, (node.processes, node.memory_bytes)))
         first += n
     # node_ids[:first] is node_ids itself (one tuple, shared with JobStarted) unless the job
     # holds more nodes than ranks

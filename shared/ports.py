@@ -260,6 +260,7 @@ class WorkerSpec(NamedTuple):
     # the gs:// buckets the job's spec names, all its project's (the API refuses another
     # project's at create): the only ones its command's package files may be read from
     buckets: tuple[str, ...] = ()
+    limits: tuple[int, int] = (0, 0)  # its node's (processes, memory bytes): LaunchGroup's
 
 
 _new_spec = functools.partial(tuple.__new__, WorkerSpec)  # a WorkerSpec from a tuple, in C
@@ -274,6 +275,7 @@ class LaunchGroup:
     count: int
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    limits: tuple[int, int] = (0, 0)  # per node: (processes, memory bytes); 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +335,8 @@ class Gang:
                 repeat(self.job_id, n), repeat(self.attempt, n), range(first, first + n),
                 repeat(world, n), nodes[first:first + n], repeat(g.command, n),
                 repeat(g.env, n), repeat(self.checkpoint_dir, n), repeat(self.model_dir, n),
-                repeat(self.tensorboard_dir, n), repeat(self.buckets, n), strict=True))
+                repeat(self.tensorboard_dir, n), repeat(self.buckets, n), repeat(g.limits, n),
+                strict=True))
 
 
 class AdviceSink(Protocol):

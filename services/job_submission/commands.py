@@ -26,7 +26,7 @@ from shared.domain.events import (
 from shared.domain.model import Cluster, ClusterState, Job, JobState
 from shared.domain.specs import ID_PATTERN, ClusterSpec, CustomJobSpec
 from shared.handling import Deps
-from shared.policies import preflight, recovery
+from shared.policies import job_limits, preflight, recovery
 from shared.ports import UnitOfWork
 
 # ---------------------------------------------------------------- clusters
@@ -128,7 +128,7 @@ def _check_recovery_labels(spec: CustomJobSpec) -> None:
     """``mtc-recovery-mode`` names a mode; ``mtc-min-replicas`` is below the elastic pool's
     replicas (``shared.gangs.elastic_pool``)."""
     labels = dict(spec.labels)
-    for name, message in recovery.label_errors(labels):
+    for name, message in [*recovery.label_errors(labels), *job_limits.label_errors(labels)]:
         raise ValidationError(name, message)
     low = recovery.min_replicas(labels)
     if low is not None:

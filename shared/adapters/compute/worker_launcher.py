@@ -42,6 +42,14 @@ environment under ``python -I`` (``job_env``), because it may be root and a job'
 ``PYTHONPATH`` or ``LD_PRELOAD`` must never reach a root interpreter. Without
 ``--env-file``, CMD gets the launcher's own environment.
 
+Limits (the plan's ``limits``: a node's processes and memory, ``job_limits``): the child
+joins a cgroup of its job and node (``<cgroup root>/mtc/<deployment>/<job>-<node>``, made by
+the launcher: v2's ``pids.max`` and ``memory.max``, or v1's pids and memory hierarchies)
+before exec; where no cgroup can be made, ``RLIMIT_NPROC`` bounds the job's uid instead (the
+uid is the job's own). It also gets a ``/proc`` of its own that shows only its uid's
+processes (``hidepid=2``), so no job sees another's command lines. The launcher removes the
+cgroup when its child has gone.
+
 Standard library only, so it runs by file path with any Python, without the package.
 """
 
@@ -53,6 +61,7 @@ import ctypes
 import errno
 import json
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -70,6 +79,8 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 CLONE_NEWNS = 0x00020000  # <linux/sched.h>
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT = 1, 2, 4, 32  # <linux/mount.h>
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_NOEXEC = 8
+CGROUP_FS = "/sys/fs/cgroup"
 DISK_SUFFIX = ".disk"  # PATH.disk: the file systems at a non-zero exit (disk_evidence.SUFFIX)
 JOB_DIRS = ("AIP_CHECKPOINT_DIR", "AIP_MODEL_DIR", "AIP_TENSORBOARD_LOG_DIR")
 ENOSPC_SAID = (b"No space left on device", b"[Errno 28]", b"ENOSPC")
@@ -127,6 +138,8 @@ def apply_sandbox(plan: dict[str, object], libc: ctypes.CDLL) -> None:
         if not write:
             _mount(libc, None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_REC)
         os.close(fd)
+    if os.path.isdir("/proc"):  # a /proc of its own: other uids' processes are not there
+        _mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     try:
         os.chdir(cwd)  # the namespace's view of it (a covered one is gone)
     except OSError:
@@ -136,8 +149,57 @@ def apply_sandbox(plan: dict[str, object], libc: ctypes.CDLL) -> None:
     os.setuid(int(plan["uid"]))  # type: ignore[call-overload]
 
 
-def _child_hook(sandbox: dict[str, object] | None) -> Callable[[], None] | None:
-    """The child's set-up before exec: the sandbox (if any), then the parent-death signal."""
+def make_cgroups(limits: dict[str, object], root: str = CGROUP_FS) -> tuple[list[str], bool]:
+    """The job's cgroup on this node, made with its limits: the directories the child joins
+    and whether one bounds its processes. Nothing (an empty list) where no cgroup can be
+    made here (not root, no controller, a read-only cgroup file system)."""
+    name = str(limits.get("cgroup") or "")
+    processes, memory = int(limits.get("processes") or 0), int(limits.get("memory") or 0)  # type: ignore[call-overload]
+    if not name or ".." in name.split("/"):
+        return [], False
+    made: list[str] = []
+    try:
+        if os.path.exists(os.path.join(root, "cgroup.controllers")) and not os.path.isdir(
+                os.path.join(root, "pids")):  # v2: one hierarchy, controllers enabled per level
+            where = root
+            for part in name.split("/"):
+                with open(os.path.join(where, "cgroup.subtree_control"), "w") as f:
+                    f.write("+pids +memory")
+                where = os.path.join(where, part)
+                os.makedirs(where, exist_ok=True)
+            _write(os.path.join(where, "pids.max"), processes)
+            _write(os.path.join(where, "memory.max"), memory)
+            return [where], processes > 0
+        for controller, knob, value in (("pids", "pids.max", processes),
+                                        ("memory", "memory.limit_in_bytes", memory)):
+            where = os.path.join(root, controller, name)
+            if os.path.isdir(os.path.join(root, controller)) and value > 0:
+                os.makedirs(where, exist_ok=True)
+                _write(os.path.join(where, knob), value)
+                made.append(where)
+    except OSError as exc:
+        _say(f"worker_launcher: no cgroup for the job's limits ({exc}); rlimits instead")
+        return [], False
+    return made, any("/pids/" in m for m in made)
+
+
+def _write(path: str, value: int) -> None:
+    if value > 0:
+        with open(path, "w") as f:
+            f.write(str(value))
+
+
+def remove_cgroups(groups: Sequence[str]) -> None:
+    """The job's cgroups, once empty (a rank of the same node still in one keeps it)."""
+    for where in groups:
+        with contextlib.suppress(OSError):
+            os.rmdir(where)
+
+
+def _child_hook(sandbox: dict[str, object] | None, groups: Sequence[str] = (),
+                nproc: int = 0) -> Callable[[], None] | None:
+    """The child's set-up before exec: its cgroups and process limit, the sandbox (if any),
+    then the parent-death signal."""
     deathsig = _pdeathsig_hook()
     if sandbox is None:
         return deathsig
@@ -145,6 +207,11 @@ def _child_hook(sandbox: dict[str, object] | None) -> Callable[[], None] | None:
 
     def hook() -> None:
         try:
+            for where in groups:
+                with open(os.path.join(where, "cgroup.procs"), "w") as f:
+                    f.write("0")  # this process, and all it starts
+            if nproc > 0:  # per uid: the job's own
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             apply_sandbox(sandbox, libc)
         except BaseException as exc:  # Popen only says "Exception occurred in preexec_fn"
             os.write(2, f"worker_launcher: sandbox: {exc}\n".encode())
@@ -354,6 +421,7 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
     relay.install()  # before the child exists: a signal during start-up is kept, not lost
     env = {**(os.environ if child_env is None else child_env),
            "MTC_TERMINATION_LOG": f"{exit_file}.msg"}  # why it failed
+    groups: list[str] = []
     try:
         for stale in (f"{exit_file}.msg", exit_file + DISK_SUFFIX):
             with contextlib.suppress(OSError):
@@ -364,7 +432,12 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
             os.close(fd)
             env.update(HOME=str(sandbox["home"]), USER=f"mtc-{sandbox['uid']}",
                        LOGNAME=f"mtc-{sandbox['uid']}")
-        child = subprocess.Popen(list(command), preexec_fn=_child_hook(sandbox), env=env)
+        limits = dict(sandbox.get("limits") or {}) if sandbox is not None else {}  # type: ignore[call-overload]
+        groups, bounded = make_cgroups(limits) if limits else ([], False)
+        nproc = 0 if bounded else int(limits.get("processes") or 0) * int(
+            env.get("WORLD_SIZE") or 1)  # the uid's processes: every rank of the job here
+        child = subprocess.Popen(list(command), preexec_fn=_child_hook(sandbox, groups, nproc),
+                                 env=env)
     except FileNotFoundError as exc:
         _say(f"worker_launcher: cannot start {command[0]!r}: {exc}")
         code = EXIT_NOT_FOUND
@@ -374,6 +447,7 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
     else:
         relay.started(child)
         code = exit_code_of(child.wait())
+    remove_cgroups(groups)
     with contextlib.suppress(OSError):  # a log on a full disk
         sys.stderr.flush()
     if code not in (0, EXIT_PREEMPTED):  # read now: the disk may have room again soon

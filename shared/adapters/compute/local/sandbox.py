@@ -32,6 +32,8 @@ launcher applies the plan (``worker_launcher.apply_sandbox``).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import pwd
@@ -42,7 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.adapters.compute.protocol import progress_path
+from shared.adapters.compute.protocol import progress_path, safe_name
 from shared.ports import WorkerSpec
 from shared.program import names as tier_names
 
@@ -76,10 +78,15 @@ class SandboxPlan:
     home: str
     owned: tuple[str, ...] = field(default=())  # paths chowned to uid before the start
     scratch: tuple[str, ...] = SCRATCH  # the rank's own temp directories
+    # its node's (processes, memory bytes, cgroup name): worker_launcher.make_cgroups
+    limits: tuple[int, int, str] = (0, 0, "")
 
     def to_json(self) -> str:
+        processes, memory, cgroup = self.limits
         return json.dumps({"uid": self.uid, "gid": self.gid, "covers": list(self.covers),
                            "home": self.home, "scratch": list(self.scratch),
+                           "limits": {"processes": processes, "memory": memory,
+                                      "cgroup": cgroup},
                            "binds": [[b.src, b.dst, b.write, b.is_dir] for b in self.binds]})
 
 
@@ -309,6 +316,11 @@ def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], 
                 job_files=[f"{exit_file}.msg"], read_only=read_only,
                 home=str(exit_file.parent / "home"), env=env, command=spec.command,
                 python=python, output_root=output_root, buckets=spec.buckets)
+    # a cgroup per deployment (its state directory: exit files are in <state>/run/<job>/),
+    # job and node
+    deployment = hashlib.sha256(str(exit_file.parent.parent.parent).encode()).hexdigest()[:12]
+    made = dataclasses.replace(made, limits=(*spec.limits, f"mtc/{deployment}/"
+                                             f"{safe_name(spec.job_id)}-{safe_name(spec.node_id)}"))
     prepare(made)
     path = exit_file.with_suffix(".sandbox.json")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

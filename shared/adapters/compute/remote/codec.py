@@ -109,7 +109,8 @@ def worker_from_dict(d: Mapping[str, Any]) -> WorkerSpec:
             env=tuple((str(k), str(v)) for k, v in d["env"]),
             checkpoint_dir=str(d["checkpoint_dir"]), model_dir=str(d["model_dir"]),
             tensorboard_dir=str(d["tensorboard_dir"]),
-            buckets=tuple(str(b) for b in d.get("buckets") or ()))
+            buckets=tuple(str(b) for b in d.get("buckets") or ()),
+            limits=_limits(d.get("limits")))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValidationError("args.workers", f"not a worker spec: {exc}") from exc
 
@@ -204,7 +205,8 @@ def gang_args(gang: Gang) -> dict[str, Any]:
     out: dict[str, Any] = {
         "job_id": gang.job_id, "attempt": gang.attempt, "node_ids": list(gang.node_ids),
         "groups": [{"first_rank": g.first_rank, "count": g.count, "command": list(g.command),
-                    "env": [list(pair) for pair in g.env]} for g in gang.groups],
+                    "env": [list(pair) for pair in g.env], "limits": list(g.limits)}
+                   for g in gang.groups],
         "checkpoint_dir": gang.checkpoint_dir, "model_dir": gang.model_dir,
         "tensorboard_dir": gang.tensorboard_dir}
     if gang.buckets:
@@ -255,7 +257,17 @@ def _group(value: Any, path: str) -> LaunchGroup:
     command = kit.list_field(d, "command", path, _arg)  # its program and arguments
     env = kit.list_field(d, "env", path, _env_pair, non_empty=False)
     return LaunchGroup(kit.int_field(d, "first_rank", path), kit.int_field(d, "count", path, minimum=1),
-                       command, env)
+                       command, env, _limits(d.get("limits"), f"{path}.limits"))
+
+
+def _limits(value: Any, path: str = "args.workers") -> tuple[int, int]:
+    """A node's (processes, memory bytes); absent (an older control plane): none."""
+    if value is None:
+        return 0, 0
+    if not (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
+        raise ValidationError(path, f"must be [processes, memory bytes], got {value!r}")
+    return value[0], value[1]
 
 
 def _arg(value: Any, path: str) -> str:
@@ -290,10 +302,12 @@ def gang_of_workers(workers: Any) -> Gang:
     groups: list[LaunchGroup] = []
     for s in specs:  # a run of ranks with one command and env is one group
         last = groups[-1] if groups else None
-        if last is not None and (last.command, last.env) == (s.command, s.env):
-            groups[-1] = LaunchGroup(last.first_rank, last.count + 1, last.command, last.env)
+        if last is not None and (last.command, last.env, last.limits) == (s.command, s.env,
+                                                                          s.limits):
+            groups[-1] = LaunchGroup(last.first_rank, last.count + 1, last.command, last.env,
+                                     last.limits)
         else:
-            groups.append(LaunchGroup(s.rank, 1, s.command, s.env))
+            groups.append(LaunchGroup(s.rank, 1, s.command, s.env, s.limits))
     return Gang(first.job_id, first.attempt, tuple(s.node_id for s in specs), tuple(groups),
                 first.checkpoint_dir, first.model_dir, first.tensorboard_dir,
                 buckets=first.buckets)

@@ -177,14 +177,21 @@ class InProcessRestart:
 
     def standby(self, stop: Callable[[], bool], interval_s: float = 0.01) -> Order | None:
         """A warm standby (``MTC_STANDBY``): imported and declared, wait to be given a rank
-        (a ``restart`` order); None when ``stop()`` (a SIGTERM) came first. A hold asks
-        nothing of it (it holds no state): answered at once."""
+        (a ``restart`` order); None when ``stop()`` (a SIGTERM) came first, or when its lease
+        ran out: a hold is the lease (its deadline, renewed by the adapter while it wants
+        the standby), answered at once; a standby nobody renews (the control plane gone, the
+        job over) ends by itself."""
+        lease = read_order(self.control)  # the first lease, written before the start
+        deadline = lease.deadline if lease is not None and lease.action == HOLD else None
         while not stop():
             order = self.poll()
             if order is not None and order.action == RESTART:
                 return order
             if order is not None:
                 self.held(order)
+                deadline = order.deadline
+            if deadline is not None and time.time() > deadline:
+                return None
             time.sleep(interval_s)
         return None
 

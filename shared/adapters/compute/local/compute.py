@@ -487,6 +487,7 @@ class LocalCompute:
             self._observe_workers(db, now)
             live.end_parked(db, now, self._gang_grace)  # not taken in time: ended
             warm.end_idle(db, now, self._park_s)
+            warm.renew(db, time.time())
             self.credentials.refresh(db)
             warm.launch_due(db, warm.launcher(self._python, self.state_dir, self._children,
                                               functools.partial(self._plan, db)))

@@ -29,9 +29,12 @@ from shared.adapters.compute.local.procs import end_group, rank_running, spawn_l
 from shared.adapters.compute.protocol import safe_name
 from shared.ports import WorkerSpec
 from shared.program import inprocess
-from shared.program.inprocess import RESTART, STANDBY, Order
+from shared.program.inprocess import HOLD, RESTART, STANDBY, Order
 
 MAX_LAUNCHES = 8  # per job and node: a program that cannot stand by stops being started
+# a standby's lease (a hold order's deadline): renewed at half its life by every poll while
+# the standby is wanted, so one that nobody renews (the server gone) ends within this long
+LEASE_S = 60.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS standbys (
@@ -72,6 +75,7 @@ def launcher(python: str, state_dir: Path, children: set[int], plan: Plan | None
         log = state_dir / "logs" / safe_name(job_id) / f"standby-{safe_name(node_id)}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         full = {**env, inprocess.RESTART_FILE: str(control)}
+        inprocess.atomic_write(control, Order(1, HOLD, deadline=time.time() + LEASE_S).to_json())
         spec = WorkerSpec(job_id, 0, int(env.get("RANK", "0") or 0),
                           int(env.get("WORLD_SIZE", "1") or 1), node_id, tuple(command), (),
                           env.get("AIP_CHECKPOINT_DIR", ""), env.get("AIP_MODEL_DIR", ""),
@@ -139,11 +143,32 @@ def take(db: sqlite3.Connection, job_id: str, node_id: str, env: Mapping[str, st
     if "pid" not in state:  # still importing: an order now would be taken for an old one
         return None
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    gen = max(state.get("applied", 0), state.get("held", 0)) + 1
+    gen = next_generation(control, state)
     inprocess.atomic_write(control, Order(gen, RESTART, dict(env), str(log_path)).to_json())
     db.execute("UPDATE standbys SET pid = NULL, start_ticks = NULL, launches = 0"
                " WHERE job_id = ? AND node_id = ?", (job_id, node_id))
     return row
+
+
+def next_generation(control: Path, state: dict[str, int]) -> int:
+    """Above every order written (a lease the standby has not answered yet included) and
+    every one it answered."""
+    current = inprocess.read_order(control)
+    return max(state.get("applied", 0), state.get("held", 0),
+               current.generation if current is not None else 0) + 1
+
+
+def renew(db: sqlite3.Connection, now: float) -> None:
+    """Renew the lease of every live standby past half of it (``LEASE_S``)."""
+    for row in db.execute("SELECT control_file FROM standbys WHERE pid IS NOT NULL"
+                          " AND idle_since IS NULL").fetchall():
+        control = Path(row["control_file"])
+        current = inprocess.read_order(control)
+        if current is None or current.action != HOLD or current.deadline is None:
+            continue  # given a rank already, or not ours to renew
+        if current.deadline - now < LEASE_S / 2:
+            gen = next_generation(control, inprocess.read_state(control))
+            inprocess.atomic_write(control, Order(gen, HOLD, deadline=now + LEASE_S).to_json())
 
 
 def end(db: sqlite3.Connection, job_id: str | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -96,3 +97,27 @@ def test_a_program_that_does_not_declare_gets_no_standby(
     with compute.store.tx() as db:
         assert db.execute("SELECT COUNT(*) FROM standbys WHERE pid IS NOT NULL"
                           ).fetchone()[0] == 0
+
+
+def test_defect_8_a_standby_nobody_renews_ends_by_itself(
+    make_compute: Callable[..., LocalCompute], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancelled job's standby kept running 36 minutes after the server stopped: a standby
+    holds a lease the polls renew, so once nobody polls (the server gone) it ends."""
+    from shared.adapters.compute.local import standby
+
+    monkeypatch.setattr(standby, "LEASE_S", 3.0)
+    compute = make_compute()
+    compute.start_workers(one_pool_gang("job-1", 1, ["n0"], CMD, out=tmp_path / "out"))
+    poll_until(compute, lambda: bool(ready(compute)), timeout_s=20)
+    for _ in range(30):  # polled (the server is up): renewed past its first lease
+        compute.poll()
+        time.sleep(0.1)
+    assert ready(compute), "a renewed standby ended"
+    with compute.store.tx() as db:
+        row = db.execute("SELECT * FROM standbys WHERE pid IS NOT NULL").fetchone()
+    deadline = time.monotonic() + 15
+    while rank_running(row) and time.monotonic() < deadline:  # nobody polls now
+        time.sleep(0.1)
+    assert not rank_running(row), "the standby outlived its lease"

@@ -70,5 +70,7 @@ stack-slurm: $(STAMP)
 bench-stack-slurm: $(STAMP)
 	$(BIN)/python bench/stack_slurm_bench.py
 
+# (mtc serve as root mounts its jobs' file system at var/mtc/jobs: unmounted first)
 clean:
+	-mountpoint -q var/mtc/jobs && umount -l var/mtc/jobs
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache

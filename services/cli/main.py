@@ -218,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--connections-per-client", type=_at_least_one, default=None, metavar="N",
                     help="connections one address may hold while it has nothing asked "
                     "(default 32); a new one takes the place of its oldest (docs/server.md)")
+    sv.add_argument("--jobs-volume", choices=("on", "off"),
+                    default=os.environ.get("MTC_JOBS_VOLUME") or "on",
+                    help="as root, job outputs on a file system of their own (a loop-mounted "
+                    "image beside <state>/jobs), so a job that fills it never fills the "
+                    "state's (default on, or $MTC_JOBS_VOLUME; docs/security.md)")
     sv.add_argument("--sim-dir", type=Path, default=None, metavar="DIR",
                     help="a twin run directory (mtc sim run/sweep --out DIR): the console "
                     "shows its plots and tables")
@@ -294,7 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return serve(state_dir, host=args.host, port=args.port, duration_s=args.duration,
                          sim_dir=args.sim_dir, threads=args.threads,
-                         per_client=args.connections_per_client)
+                         per_client=args.connections_per_client,
+                         jobs_volume=args.jobs_volume == "on")
         except MtcError as exc:  # a damaged or unreadable state: named, not a traceback
             report(ClientError(_status(exc), str(exc)))
             return 2

@@ -39,6 +39,7 @@ from services.wiring.control_loop import ControlLoop, LoopRuntime, readiness
 from services.wiring.embedded import EmbeddedApp, embedded
 from services.wiring.job_credentials import ENDPOINT_FILE
 from shared import logs
+from shared.adapters.compute.local import volume
 
 THREADS = 8  # request threads; the control loop has its own
 CHANNEL_TIMEOUT_S = 30  # an idle connection is closed after this long
@@ -60,11 +61,16 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
           app: EmbeddedApp | None = None, env_token: str | None = None,
           duration_s: float | None = None, out: Callable[[str], None] = print,
           sim_dir: Path | None = None, threads: int = THREADS, pump_s: float = 0.1,
-          tick_s: float = 5.0, per_client: int | None = None) -> int:
+          tick_s: float = 5.0, per_client: int | None = None, jobs_volume: bool = False
+          ) -> int:
     """``pump_s``/``tick_s``: the control loop's cadence (the chaos soak runs it faster);
     ``per_client``: waiting connections one address may hold (None: ``PER_CLIENT``,
-    services.cli.connections)."""
+    services.cli.connections); ``jobs_volume``: job outputs on a file system of their own
+    (``volume``: as root, where the state's outputs are in ``<state>/jobs``)."""
     logs.setup()  # mtc.* loggers: JSON lines off a terminal
+    if jobs_volume and app is None:
+        said = volume.ensure(Path(state_dir).resolve() / "jobs")
+        out(f"job outputs: {'on a file system of their own' if 'mounted' in said else said}")
     app = app or embedded(state_dir, verify=True)  # a damaged state is refused, named
     loop = ControlLoop(app, pump_s=pump_s, tick_s=tick_s)
     ctx, auth = embedded_api(app, env_token, runtime=LoopRuntime(loop))

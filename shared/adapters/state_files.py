@@ -106,7 +106,8 @@ def _used_elsewhere(state_dir: Path) -> str:
         if ledger.stat().st_size > 0 and _rows(ledger) > 0:
             return f"{ledger} still records workers and nodes"
     jobs = state_dir / JOBS_DIR
-    if jobs.is_dir() and any(jobs.iterdir()):
+    # (an empty file system of their own has its lost+found: volume.py)
+    if jobs.is_dir() and any(p.name != "lost+found" for p in jobs.iterdir()):
         return f"{jobs} holds jobs' output"
     return ""
 

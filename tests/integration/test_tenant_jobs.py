@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.serving import PARENT, create_cluster, mtc_serve, wait_until
+from tests.serving import PARENT, cluster_body, create_cluster, mtc_serve, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -66,9 +66,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         yield url, state
 
 
-def _run_job(url: str, command: list[str], env: dict[str, str] | None = None,
-             bucket_path: str = "run") -> dict[str, Any]:
-    """Submit a one-replica job, wait until it ends; its final view."""
+def _submit(url: str, command: list[str], bucket_path: str,
+            env: dict[str, str] | None = None) -> str:
+    """Submit a one-replica job; its name."""
     pool: dict[str, Any] = {
         "machineSpec": {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
                         "acceleratorCount": 8},
@@ -80,13 +80,21 @@ def _run_job(url: str, command: list[str], env: dict[str, str] | None = None,
         "baseOutputDirectory": {"outputUriPrefix": f"gs://tenant-bkt/{bucket_path}"}}}
     made = requests.post(f"{url}/v1/{PARENT}/customJobs", json=body, headers=HEADERS, timeout=30)
     assert made.status_code == 200, made.text
-    name = made.json()["name"]
+    return str(made.json()["name"])
 
+
+def _run_job(url: str, command: list[str], env: dict[str, str] | None = None,
+             bucket_path: str = "run") -> dict[str, Any]:
+    """Submit a one-replica job, wait until it ends; its final view."""
+    return _ended(url, _submit(url, command, bucket_path, env))
+
+
+def _ended(url: str, name: str, timeout_s: float = 90) -> dict[str, Any]:
     def ended() -> dict[str, Any] | None:
         job = requests.get(f"{url}/v1/{name}", headers=HEADERS, timeout=30).json()
         return job if job.get("state") in TERMINAL else None
 
-    return wait_until(f"{name} to end", ended, timeout_s=90, interval_s=0.3)  # type: ignore[no-any-return]
+    return wait_until(f"{name} to end", ended, timeout_s=timeout_s, interval_s=0.3)  # type: ignore[no-any-return]
 
 
 @ROOT_ONLY
@@ -197,6 +205,50 @@ def test_a_job_calls_the_api_with_its_own_credential_and_no_more(served: tuple[s
     assert own.status_code == 200  # good until it expires (an hour), for this job only
     assert requests.get(f"{url}/v1/{other}", headers={"Authorization": f"Bearer {token}"},
                         timeout=30).status_code == 403
+
+
+FILL = """
+import os
+with open(os.path.join(os.environ["AIP_MODEL_DIR"], "fill.bin"), "ab") as f:
+    while True:
+        f.write(bytes(1 << 20))
+        f.flush()
+"""
+
+
+@ROOT_ONLY
+def test_defect_3_a_job_filling_its_disk_twice_leaves_the_state_writable_and_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job outputs are a file system of their own (``mtc serve --jobs-volume on``, the
+    default as root): a job that fills it is requeued once (the disk's fault, the first
+    time), fills it again and fails as its own failure instead of going round forever; the
+    state's store stays writable throughout (creates and ``/readyz`` answer while the
+    jobs' file system is full)."""
+    from shared.adapters.compute.local import volume
+
+    state = tmp_path / "state"
+    jobs = state / "jobs"
+    said = volume.ensure(jobs, size_bytes=48 << 20)  # small, so it fills in a moment
+    if said != "mounted":
+        pytest.skip(f"no volume here: {said}")
+    monkeypatch.setenv("MTC_JOBS_VOLUME", "on")
+    try:
+        with mtc_serve(state, TOKEN) as url:
+            create_cluster(url, TOKEN, workers=2)
+            fill = jobs / "gcs" / "tenant-bkt" / "fill" / "model" / "fill.bin"
+            job = _run_job(url, [sys.executable, "-c", FILL], bucket_path="fill")
+            assert job["state"] == "JOB_STATE_FAILED", job
+            assert "full again" in job["error"]["message"], job["error"]
+            assert fill.exists() and shutil.disk_usage(jobs).free < 4 << 20  # still full
+            assert shutil.disk_usage(state).free > 64 << 20  # the state's is not
+            made = requests.post(f"{url}/v1beta1/{PARENT}/modelDevelopmentClusters",
+                                 params={"modelDevelopmentClusterId": "c2"},
+                                 json=cluster_body(workers=1), headers=HEADERS, timeout=30)
+            assert made.status_code == 200, made.text
+            assert requests.get(f"{url}/readyz", timeout=30).status_code == 200
+    finally:
+        subprocess.run(["umount", "-l", str(jobs)], check=False, capture_output=True)
+        volume.image_of(jobs).unlink(missing_ok=True)
 
 
 def _server_pid(state: Path) -> int:

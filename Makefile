@@ -22,11 +22,14 @@ demo: $(STAMP)
 demo-torch: $(STAMP)
 	$(BIN)/mtc demo --torch
 
-# Unit, contract and twin tests on two processes (they share nothing), then the integration
-# tests one at a time (they start real services on this host); both run, either fails it.
+# The system tools the tests drive (Chromium and its driver, Prometheus), installed where
+# missing (root), else it stops naming the command; then unit, contract and twin tests on two
+# processes (they share nothing), then the integration tests one at a time (they start real
+# services on this host); both run, either fails it; each part names its 15 slowest tests.
 test: $(STAMP)
-	rc=0; $(BIN)/pytest -q -p no:cacheprovider -n 2 -m "not integration" || rc=1; \
-	$(BIN)/pytest -q -p no:cacheprovider -m integration || rc=1; exit $$rc
+	bash scripts/install_test_tools.sh
+	rc=0; $(BIN)/pytest -q -p no:cacheprovider -n 2 -m "not integration" --durations=15 || rc=1; \
+	$(BIN)/pytest -q -p no:cacheprovider -m integration --durations=15 || rc=1; exit $$rc
 
 # The quick loop while you work: everything but the integration and slow tests.
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: compiling every module and

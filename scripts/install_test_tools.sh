@@ -9,8 +9,9 @@ command -v chromedriver >/dev/null || need+=(chromium-driver)
 command -v prometheus >/dev/null || need+=(prometheus)
 [[ ${#need[@]} -eq 0 ]] && exit 0
 if [[ $(id -u) -ne 0 ]]; then
-    echo "install_test_tools: missing ${need[*]} and not root; those tests will be skipped" >&2
-    exit 0
+    echo "install_test_tools: missing ${need[*]}; install them first, as root:" >&2
+    echo "    sudo bash scripts/install_test_tools.sh" >&2
+    exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
 opts=(-y -q -o DPkg::Lock::Timeout=300 --no-install-recommends)

@@ -24,3 +24,15 @@ def poll_until(compute: LocalCompute, done: Callable[[], bool], timeout_s: float
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.02)
+
+
+def run_to_exit(compute: LocalCompute, job_id: str, timeout_s: float = 60.0) -> int:
+    """Poll until every rank of ``job_id`` has an exit code; rank 0's."""
+    codes: list[int | None] = []
+
+    def ended() -> bool:
+        codes[:] = [w.exit_code for w in compute.workers(job_id)]
+        return bool(codes) and all(c is not None for c in codes)
+
+    poll_until(compute, ended, timeout_s)
+    return int(codes[0])  # type: ignore[arg-type]

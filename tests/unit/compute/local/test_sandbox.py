@@ -12,10 +12,10 @@ import json
 import os
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from local_compute_support import run_to_exit
 
 from shared.adapters.clock import SystemClock
 from shared.adapters.compute.local import sandbox
@@ -60,16 +60,6 @@ PRY = textwrap.dedent(
 )
 
 
-def _run(compute: LocalCompute, job_id: str, timeout_s: float = 60.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        compute.poll()
-        codes = [w.exit_code for w in compute.workers(job_id)]
-        if codes and all(c is not None for c in codes):
-            return int(codes[0])  # type: ignore[arg-type]
-        time.sleep(0.05)
-    raise AssertionError(f"{job_id} did not end in {timeout_s}s")
-
 
 @ROOT_ONLY
 @pytest.mark.slow  # real worker subprocesses
@@ -90,7 +80,7 @@ def test_a_job_of_a_root_server_cannot_read_the_tokens_other_jobs_or_root(tmp_pa
     try:
         compute.start_workers(one_pool_gang(
             "j1", 1, ("n0",), (sys.executable, "-c", PRY, str(state), str(other)), out=out))
-        code = _run(compute, "j1")
+        code = run_to_exit(compute, "j1", 60.0)
         log = compute.workers("j1")[0].log_path
         assert code == 0, Path(log).read_text()
     finally:

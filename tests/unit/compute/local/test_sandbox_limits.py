@@ -11,11 +11,11 @@ import json
 import os
 import sys
 import textwrap
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from local_compute_support import run_to_exit
 
 from shared.adapters.clock import SystemClock
 from shared.adapters.compute.local.compute import LocalCompute
@@ -51,16 +51,6 @@ FORK = textwrap.dedent(
 )
 
 
-def _run(compute: LocalCompute, job_id: str, timeout_s: float = 90.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        compute.poll()
-        codes = [w.exit_code for w in compute.workers(job_id)]
-        if codes and all(c is not None for c in codes):
-            return int(codes[0])  # type: ignore[arg-type]
-        time.sleep(0.05)
-    raise AssertionError(f"{job_id} did not end in {timeout_s}s")
-
 
 def test_limits_come_from_the_machine_spec_and_a_label() -> None:
     assert node_limits("a3-highgpu-8g", {}).memory_bytes == 1872 * GIB
@@ -82,7 +72,7 @@ def test_defect_8_a_job_starting_500_processes_is_stopped_at_its_limit(tmp_path:
     gang = replace(gang, groups=(replace(gang.groups[0], limits=(64, 2 * GIB)),))
     try:
         compute.start_workers(gang)
-        code = _run(compute, "j1")
+        code = run_to_exit(compute, "j1", 90.0)
         assert code == 0, Path(compute.workers("j1")[0].log_path).read_text()
     finally:
         compute.kill_all()

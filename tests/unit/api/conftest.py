@@ -34,10 +34,13 @@ class Api:
         resp = self.call("POST", f"/v1beta1/{PARENT}/modelDevelopmentClusters"
                          f"?modelDevelopmentClusterId={cluster_id}", cluster_body(**kw))
         assert resp.status_code == 200, resp.json
-        op = resp.json
-        for _ in range(100):
+        return self.done(resp.json)
+
+    def done(self, op: dict[str, Any]) -> dict[str, Any]:
+        """The Operation ``op`` once it is done (waited on with ``:wait``)."""
+        for _ in range(200):
             if op["done"]:
-                return op  # type: ignore[no-any-return]
+                return op
             op = self.call("POST", f"/v1beta1/{op['name']}:wait", {"timeout": "5s"}).json
         raise AssertionError(op)
 

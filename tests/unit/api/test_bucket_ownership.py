@@ -18,7 +18,7 @@ import pytest
 
 from services.api.buckets import BUCKETS
 from tests.unit.api.conftest import Api
-from tests.unit.api.test_project_ids import _create_cluster, _done, _job
+from tests.unit.api.test_project_ids import _create_cluster, _job
 from tests.unit.api.test_registry_api import CUSTOM_TASK
 from tests.unit.api.test_tuning_api import body as tuning_body
 
@@ -50,7 +50,7 @@ def _refused(resp: Any, uri: str, field: str) -> None:
 
 def test_defect_4_another_projects_bucket_is_refused_at_create(api: Api) -> None:
     for parent in (A, B):
-        _done(api, _create_cluster(api, parent, "c1", workers=1).json)
+        api.done(_create_cluster(api, parent, "c1", workers=1).json)
     made = api.call("POST", f"/v1/{A}/customJobs", _job_in("c1", "gs://a-bucket/run1"))
     assert made.status_code == 200, made.json  # A is the first: a-bucket is A's
 
@@ -111,7 +111,7 @@ def test_buckets_named_before_ownership_was_recorded_stay_with_their_first_proje
         uow.put_record("registry_model_versions", "m@1", {
             "model_id": "m", "parent": B, "version_id": "1", "created": 2.0, "time": 2.0,
             "model": {"displayName": "m", "artifactUri": "gs://old-models/m"}})
-    _done(api, _create_cluster(api, B, "c1", workers=1).json)  # (a cluster names no bucket)
+    api.done(_create_cluster(api, B, "c1", workers=1).json)  # (a cluster names no bucket)
     for parent, path, body, uri, field in (
             (B, "customJobs", _job_in("c1", "gs://old-bucket/x"), "gs://old-bucket/x",
              "jobSpec.baseOutputDirectory.outputUriPrefix"),
@@ -170,7 +170,7 @@ def test_a_project_b_job_under_a_root_server_cannot_read_project_as_weights(tmp_
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             path.chmod(0o644)  # readable by anyone who can reach it
-        _done(api, _create_cluster(api, B, "c1", workers=1).json)
+        api.done(_create_cluster(api, B, "c1", workers=1).json)
         job = _job_in("c1", "gs://b-bucket/pry")
         job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"] = [
             sys.executable, "-c", PRY, "--package", str(theirs), "--package", str(own)]

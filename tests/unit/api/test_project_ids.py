@@ -38,13 +38,6 @@ def _create_cluster(api: Api, parent: str, cluster_id: str, **kw: Any) -> Any:
                     f"?modelDevelopmentClusterId={cluster_id}", cluster_body(**kw))
 
 
-def _done(api: Api, op: dict[str, Any]) -> dict[str, Any]:
-    for _ in range(200):
-        if op["done"]:
-            return op
-        op = api.call("POST", f"/v1beta1/{op['name']}:wait", {"timeout": "5s"}).json
-    raise AssertionError(op)
-
 
 def _job(cluster_id: str) -> dict[str, Any]:
     return {"displayName": "echo", "jobSpec": {"persistentResourceId": cluster_id,
@@ -73,7 +66,7 @@ def test_defect_8_two_projects_each_have_cluster_ca(api: Api) -> None:
     assert second.status_code == 200, second.json
     _never_names_a(second)
     for parent, op in ((A, first.json), (B, second.json)):
-        done = _done(api, op)
+        done = api.done(op)
         assert "error" not in done, done
         assert done["response"]["name"] == f"{parent}/modelDevelopmentClusters/ca"
     # the first project's ids are the domain's unchanged: its node names are today's
@@ -114,12 +107,12 @@ def test_defect_8_two_projects_each_have_cluster_ca(api: Api) -> None:
     resized = api.call("PATCH", f"/v1beta1/{B}/modelDevelopmentClusters/ca",
                        cluster_body(workers=1))
     assert resized.status_code == 200, resized.json
-    _done(api, resized.json)
+    api.done(resized.json)
     resized_b = api.call("GET", f"/v1beta1/{B}/modelDevelopmentClusters/ca").json
     assert resized_b["mtcNodes"]["total"] == 1 and _nodes(api, A, "ca") == a_nodes
     gone = api.call("DELETE", f"/v1beta1/{B}/modelDevelopmentClusters/ca?force=true")
     assert gone.status_code == 200, gone.json
-    _done(api, gone.json)
+    api.done(gone.json)
     missing = api.call("GET", f"/v1beta1/{B}/modelDevelopmentClusters/ca")
     assert missing.status_code == 404
     _never_names_a(missing)
@@ -180,7 +173,7 @@ def test_defect_8_the_console_shows_each_projects_own_ca(console: Api) -> None:
     for parent, workers in ((A, 1), (B, 2)):
         made = _create_cluster(console, parent, "ca", workers=workers)
         assert made.status_code == 200, made.json
-        _done(console, made.json)
+        console.done(made.json)
     body: Any = console.client.get("/console/api/poll", headers=AUTH).json
     assert sorted(c["name"] for c in body["clusters"]) == [
         f"{A}/modelDevelopmentClusters/ca", f"{B}/modelDevelopmentClusters/ca"]
@@ -230,7 +223,7 @@ def test_defect_8_two_projects_each_have_pipeline_p1_uploading_model_pm(api: Api
         return out
 
     for parent in (A, B):
-        _done(api, _create_cluster(api, parent, "c1", workers=1).json)
+        api.done(_create_cluster(api, parent, "c1", workers=1).json)
         made = api.call("POST", f"/v1/{parent}/trainingPipelines?trainingPipelineId=p1",
                         body(parent, modelId="pm"))
         assert made.status_code == 200, made.json  # main: B's modelId pm is a 409
@@ -261,7 +254,7 @@ def test_defect_8_two_projects_each_have_tuning_job_h1(api: Api) -> None:
 
     slow = [sys.executable, "-c", "import time; time.sleep(60)"]
     for parent in (A, B):
-        _done(api, _create_cluster(api, parent, "c1", workers=1).json)
+        api.done(_create_cluster(api, parent, "c1", workers=1).json)
         made = api.call("POST", f"/v1/{parent}/hyperparameterTuningJobs"
                         "?hyperparameterTuningJobId=h1", body(slow, parallelTrialCount=1))
         assert made.status_code == 200, made.json  # main: B's is a 409

@@ -28,19 +28,12 @@ A, B = "projects/pa/locations/l", "projects/pb/locations/l"
 ROUNDS = 300  # lookups of each kind; a GET here takes about half a millisecond
 
 
-def _done(api: Api, op: dict[str, Any]) -> dict[str, Any]:
-    for _ in range(200):
-        if op["done"]:
-            return op
-        op = api.call("POST", f"/v1beta1/{op['name']}:wait", {"timeout": "5s"}).json
-    raise AssertionError(op)
-
 
 def _cluster(api: Api, parent: str, cluster_id: str) -> dict[str, Any]:
     resp = api.call("POST", f"/v1beta1/{parent}/modelDevelopmentClusters"
                     f"?modelDevelopmentClusterId={cluster_id}", cluster_body(workers=1))
     assert resp.status_code == 200, resp.json
-    return _done(api, resp.json)
+    return api.done(resp.json)
 
 
 def _job(cluster_id: str, name: str = "echo", args: int = 0) -> dict[str, Any]:

@@ -70,9 +70,10 @@ def test_the_scheduler_starts_one_gang_per_attempt_with_a_group_per_pool() -> No
     [gang] = plane.compute.gangs
     python = plane.deps.config.python
     assert (gang.job_id, gang.attempt, gang.node_ids) == ("j1", 1, tuple(job.node_ids))
+    node = (32_768, 1872 << 30)  # an a3-highgpu-8g's processes and memory (job_limits)
     assert gang.groups == (
-        LaunchGroup(0, 2, ("python3", "train.py"), (("A", "1"),)),
-        LaunchGroup(2, 1, (python, "-m", "trainer.eval", "--fast"), ()))
+        LaunchGroup(0, 2, ("python3", "train.py"), (("A", "1"),), node),
+        LaunchGroup(2, 1, (python, "-m", "trainer.eval", "--fast"), (), node))
     assert gang.checkpoint_dir.endswith("/j1/checkpoints") and gang.model_dir.endswith("/j1/model")
     [started] = [e.event for e in plane.delivered if isinstance(e.event, JobStarted)]
     assert started.node_ids == gang.node_ids

@@ -264,10 +264,10 @@ def _limits(value: Any, path: str = "args.workers") -> tuple[int, int]:
     """A node's (processes, memory bytes); absent (an older control plane): none."""
     if value is None:
         return 0, 0
-    if not (isinstance(value, list) and len(value) == 2
+    if not (isinstance(value, (list, tuple)) and len(value) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
         raise ValidationError(path, f"must be [processes, memory bytes], got {value!r}")
-    return value[0], value[1]
+    return int(value[0]), int(value[1])
 
 
 def _arg(value: Any, path: str) -> str:

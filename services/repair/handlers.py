@@ -5,9 +5,10 @@ the node lifecycle rules are domain (shared/domain/lifecycle); this module loads
 and emits. A held repair or a node that needs a person raises its alert (NodeRepairHeld)
 once, and again only when the hold changes or after ``alert_reminder_s``.
 
-A completed reimage (or replace) opens the deep-check gate (``shared.deep_checks``) when
-policy asks for it: the node stays VERIFYING until DCGM level 2/3 and the collective test
-pass (or, by policy, could not run), and a failed check is diagnosed and repaired like any.
+A completed reimage (or replace) opens the deep-check gate
+(``shared.service_layer.deep_checks``) when policy asks for it: the node stays VERIFYING until
+DCGM level 2/3 and the collective test pass (or, by policy, could not run), and a failed check
+is diagnosed and repaired like any.
 
 This service owns **taking nodes out of service**: cordon, drain, repair, replace. Returning
 a repaired node to service (the passing checks, the uncordon) belongs to health_triage.
@@ -18,7 +19,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from services.repair import domains, stragglers
-from shared import deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound
 from shared.domain.events import (
@@ -43,6 +43,7 @@ from shared.policies.repair import (
     plan_repair,
 )
 from shared.ports import UnitOfWork
+from shared.service_layer import deep_checks
 
 SERVICE = "repair"
 DEEP_CHECK_TRIGGER = {RepairAction.REIMAGE: "reimage", RepairAction.REPLACE: "replace"}

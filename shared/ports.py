@@ -386,8 +386,8 @@ class BatchProvisioning(Protocol):
 
 @runtime_checkable
 class DeepChecks(Protocol):
-    """A Compute that runs deep checks (``shared.deep_checks``): run them once per (node,
-    attempt), and report the results later as a ``NodeHealthReported`` with source
+    """A Compute that runs deep checks (``shared.service_layer.deep_checks``): run them once per
+    (node, attempt), and report the results later as a ``NodeHealthReported`` with source
     ``deep-check`` whose conditions carry ``details["deep_check_attempt"]``."""
 
     def start_deep_check(self, node_id: str, attempt: int) -> None: ...
@@ -395,9 +395,10 @@ class DeepChecks(Protocol):
 
 @runtime_checkable
 class Preflight(Protocol):
-    """A Compute that checks a gang's nodes together before they run it (``shared.preflight``):
-    bounded by ``plan.timeout_s`` and answered at once (the embedded default runs a real gloo
-    all-reduce among local processes, ``shared.adapters.compute.preflight_gloo``)."""
+    """A Compute that checks a gang's nodes together before they run it
+    (``shared.service_layer.preflight``): bounded by ``plan.timeout_s`` and answered at once
+    (the embedded default runs a real gloo all-reduce among local processes,
+    ``shared.adapters.compute.preflight_gloo``)."""
 
     def run_preflight(self, job_id: str, node_ids: Sequence[str], plan: PreflightPlan
                       ) -> PreflightResult: ...
@@ -405,10 +406,11 @@ class Preflight(Protocol):
 
 @runtime_checkable
 class ActiveChecks(Protocol):
-    """A Compute that runs active checks on an idle node (``shared.active_checks``): a
-    known-answer compute test, a short DCGM diagnostic and a thermal read, reported later as
-    a ``NodeHealthReported`` with source ``active-check``; ``cancel_active_check`` when a job
-    wants the node (a check never delays a job)."""
+    """A Compute that runs active checks on an idle node
+    (``shared.service_layer.active_checks``): a known-answer compute test, a short DCGM
+    diagnostic and a thermal read, reported later as a ``NodeHealthReported`` with source
+    ``active-check``; ``cancel_active_check`` when a job wants the node (a check never delays a
+    job)."""
 
     def start_active_check(self, node_id: str, key: str) -> None: ...
     def cancel_active_check(self, node_id: str, key: str) -> None: ...

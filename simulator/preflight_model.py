@@ -1,6 +1,6 @@
 """Preflight in the twin (issue 30): the real scheduling handlers ask the twin's compute to
-preflight a gang (``shared.preflight.check``, the cluster's label ``mtc-preflight``); the
-twin prices it instead of running it.
+preflight a gang (``shared.service_layer.preflight.check``, the cluster's label
+``mtc-preflight``); the twin prices it instead of running it.
 
 * **time**: each preflight takes the mode's ``duration`` (chained when a gang is placed again
   after a culprit was excluded); the attempt's processes start after it, and the goodput

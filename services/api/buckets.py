@@ -8,13 +8,13 @@ same fields in a pipeline or a tuning job) records its project as the owner, in 
 transaction as the create; a create from another project that names the bucket is refused
 with PERMISSION_DENIED naming the URI and its field, and writes nothing. Ownership never
 lapses (the records are one per bucket). The sandbox then binds a job's package files from
-the buckets its own spec names only (``shared.gangs.buckets``).
+the buckets its own spec names only (``shared.service_layer.gangs.buckets``).
 
 A state directory that already holds records when ownership is first needed gets its owners
 from them once, oldest first (``_adopt``): a bucket a project used before is its own, not
 the next project's to take.
 
-The bucket is read as the output and package paths read it (``shared.pool_commands``):
+The bucket is read as the output and package paths read it (``shared.service_layer.pool_commands``):
 ``gs://a//../b/x`` names the directory of bucket ``b``, so it is ``b`` that is checked.
 """
 
@@ -28,7 +28,7 @@ from services.api.context import RESOURCES
 from services.api.errors import ApiError, FieldViolation
 from services.api.names import Parent
 from services.pipelines.registry import VERSIONS
-from shared.pool_commands import gcs_bucket
+from shared.service_layer.pool_commands import gcs_bucket
 
 BUCKETS = "api_buckets"  # {project, time}, one per bucket, keyed by its name
 ADOPTED = "buckets"  # the record (in ids.TENANCY) saying the existing records were read

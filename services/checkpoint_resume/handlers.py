@@ -32,7 +32,6 @@ import contextlib
 
 from services.checkpoint_resume import measure, modes, restarts
 from services.checkpoint_resume.release import release
-from shared import gangs, job_nodes
 from shared.domain import exits, lifecycle, progress, ranks, storage, timeouts
 from shared.domain.errors import NotFound
 from shared.domain.events import (
@@ -54,6 +53,7 @@ from shared.handling import Deps, Outcome
 from shared.policies import checkpointing, hangs
 from shared.policies.recovery import Tier
 from shared.ports import UnitOfWork
+from shared.service_layer import gangs, job_nodes
 
 SERVICE = "checkpoint_resume"
 PREEMPTED_EXIT = exits.PREEMPTED  # the program checkpointed on SIGTERM and asks to resume

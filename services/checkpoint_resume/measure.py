@@ -1,4 +1,5 @@
-"""What a job has measured about its own recoveries: the inputs of the recovery policy.
+"""What a job measures about its own recoveries, recorded as it runs (the recovery policy
+reads them back as costs: ``shared.service_layer.recovery_costs``).
 
 * saves per tier: ``JobCheckpointSaved.tier`` (memory and peer entries are kept on
   ``Job.recovery.tiers``, the newest per tier; durable ones are ``Job.checkpoints``);
@@ -6,22 +7,17 @@
   it read (warm: the attempt restarted in place or scaled down on the nodes it had);
 * a decision's measured seconds: from the incident to the new attempt's first step (or, if
   no first step is reported, its first checkpoint of any tier).
-
-Until a job measures a figure, ``deps.config.recovery`` (``RecoveryDefaults``) stands in.
-A restore is not reported by programs: it is estimated as the tier's measured save
-(the same bytes over the same medium), else the default.
 """
 
 from __future__ import annotations
-
-import math
 
 from shared.domain.errors import NotFound
 from shared.domain.events import JobCheckpointSaved, JobFirstStep
 from shared.domain.model import Job
 from shared.handling import Deps
-from shared.policies.recovery import JobCosts, Mode, Tier, TierCost
+from shared.policies.recovery import Mode, Tier
 from shared.ports import UnitOfWork
+from shared.service_layer.recovery_costs import restore_s
 
 WARM_MODES = (Mode.IN_PLACE.value, Mode.SCALE_DOWN.value)
 
@@ -64,44 +60,3 @@ def on_first_step(event: JobFirstStep, uow: UnitOfWork, deps: Deps) -> None:
     rec.startup[key] = round(max(0.0, now - rec.attempt_started_at - restored), 3)
     rec.startup[key + "_attempt"] = event.attempt
     rec.measured(event.attempt, now)
-
-
-def restore_s(job: Job, tier: Tier, deps: Deps) -> float:
-    """The tier's restore estimate: its measured save, else the default."""
-    if tier is Tier.DURABLE:
-        saved = [c.save_s for c in job.checkpoints if c.save_s > 0]
-        measured = saved[-1] if saved else 0.0
-    else:
-        measured = float(job.recovery.tiers.get(tier.value, {}).get("save_s", 0.0))
-    return measured if measured > 0 else deps.config.recovery.restore_s(tier)
-
-
-def costs(job: Job, fault_at: float, deps: Deps) -> JobCosts:
-    """The job's costs at an incident at ``fault_at``: per tier, its restore and the progress
-    since its newest entry (an entry saved after the fault, such as the durable save on
-    SIGTERM, loses nothing; no durable entry at all loses everything since the start)."""
-    defaults = deps.config.recovery
-    tiers = []
-    for tier in (Tier.MEMORY, Tier.PEER):
-        entry = job.recovery.tiers.get(tier.value)
-        lost = math.inf if entry is None else max(0.0, fault_at - float(entry["at"]))
-        tiers.append(TierCost(tier, restore_s(job, tier, deps), lost))
-    latest = job.latest_checkpoint
-    if latest is not None:
-        tiers.append(TierCost(Tier.DURABLE, restore_s(job, Tier.DURABLE, deps),
-                              max(0.0, fault_at - latest.at)))
-    else:  # from the start: no restore, everything since the job started is lost
-        since = job.started_at if job.started_at is not None else fault_at
-        tiers.append(TierCost(Tier.DURABLE, 0.0, max(0.0, fault_at - since)))
-    startup = job.recovery.startup
-    # one measured, the other not: a warm start is never slower than a cold one, nor a cold
-    # one faster than a warm one (a default must not make the unmeasured side look better)
-    cold = float(startup.get("cold", defaults.startup_cold_s))
-    warm = float(startup.get("warm", defaults.startup_warm_s))
-    if "warm" not in startup:
-        warm = min(warm, cold)
-    if "cold" not in startup:
-        cold = max(cold, warm)
-    return JobCosts(step_s=defaults.step_s,
-                    startup_cold_s=cold, startup_warm_s=warm,
-                    tiers=tuple(tiers))

@@ -4,7 +4,7 @@ When an attempt ends and the verdict is a restart (``handlers.on_workers_exited`
 incident is read from the job's nodes: all still usable (a RESTART_JOB diagnosis, a hang, an
 interruption with nothing taken out) is ``app_restart``; some out of service is
 ``node_repair``, gone ``node_lost``. ``shared.policies.recovery.choose`` picks the mode from
-the job's measured costs (``measure``) and the capacity at hand (a spare placement can
+the job's measured costs (``recovery_costs``) and the capacity at hand (a spare placement can
 fill the hole with now; the job's elasticity, labels ``mtc-min-replicas``); a pin (label
 ``mtc-recovery-mode`` on the job, else on its cluster) wins where allowed. Then:
 
@@ -22,19 +22,15 @@ A job restarting again and again without progress is requeued (its backoff appli
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from services.checkpoint_resume import measure
 from services.checkpoint_resume.release import release
-from shared import capacity, gangs
 from shared.domain import lifecycle, ranks
 from shared.domain.events import JobRecoveryChosen, JobSignalled
 from shared.domain.model import Job, JobState, Node, NodeState
 from shared.handling import Deps
 from shared.policies import recovery
-from shared.policies.recovery import Capacity, Decision, Incident, IncidentKind, Mode
-from shared.policies.scheduling import place_jobs
+from shared.policies.recovery import Decision, Incident, IncidentKind, Mode
 from shared.ports import RecoveryPlan, UnitOfWork
+from shared.service_layer import capacity, gangs, recovery_costs
 
 LOOPING_STREAK = 2  # restarts in a row without progress: back off (requeue) instead
 GROW_REASON = "grow: a spare is ready for the scaled-down job"
@@ -53,13 +49,12 @@ def recover(job: Job, unsound: list[str] | None, reason: str, uow: UnitOfWork,
     gone = _gone(job, uow, unsound)
     incident = _incident(job, gone, uow, unsound)
     held = ranks.with_holes(job.node_ids, set(gone)) if gone else job.node_ids
-    could_move = job.recovery.tiers.get("peer") is not None \
-        or recovery.min_replicas(dict(job.spec.labels)) is not None
-    placed = _spares(job, held, uow, deps) if could_move and ranks.holes(held) else []
-    cap = _capacity(job, held, placed, deps)
+    placed = capacity.spares(job, held, uow, deps) \
+        if capacity.could_move(job) and ranks.holes(held) else []
+    cap = capacity.for_recovery(job, held, placed, deps)
     pinned = recovery.pin_of(_label(job.spec.labels, recovery.MODE_LABEL),
                              _cluster_pin(job, uow))
-    costs = measure.costs(job, fault_at, deps)
+    costs = recovery_costs.costs(job, fault_at, deps)
     decision = recovery.choose(incident, costs, cap, pinned)
     if decision.mode is Mode.REQUEUE and len(decision.expected_lost_s) == 1 and pinned is None:
         return False  # no alternative: today's path, nothing to explain
@@ -118,44 +113,6 @@ def _lost(node: Node | None) -> bool:
     return node is None or node.state is NodeState.RETIRED
 
 
-def capacity_without(job: Job, node_ids: set[str], uow: UnitOfWork, deps: Deps) -> Capacity:
-    """The capacity a recovery would have if ``node_ids`` left ``job`` now (the straggler
-    weighing asks before it takes a node out)."""
-    held = ranks.with_holes(job.node_ids, node_ids)
-    could_move = job.recovery.tiers.get("peer") is not None \
-        or recovery.min_replicas(dict(job.spec.labels)) is not None
-    placed = _spares(job, held, uow, deps) if could_move and ranks.holes(held) else []
-    return _capacity(job, held, placed, deps)
-
-
-def _spares(job: Job, held: ranks.Ranks, uow: UnitOfWork, deps: Deps) -> list[str]:
-    """Idle nodes that fill every hole of ``held`` now (spares first), or none."""
-    want = replace(capacity.request(job, held), is_resume=True)  # (spares first)
-    partition = job.spec.scheduling.partition
-    slots = capacity.idle_slots(job.cluster_id, uow, None if partition is None else {partition})
-    if not slots:
-        return []
-    if any(slot.domain for slot in slots):  # racks: a spare in the job's own domains first
-        kept = set(held)
-        want = replace(want, near_domains=tuple(sorted({
-            domain for node_id, domain in uow.nodes.project(
-                job.cluster_id, ("node_id", "nvlink_domain"), job_id=job.job_id)
-            if node_id in kept and domain})))
-    found = place_jobs([want], slots, deps.clock.now())
-    return list(found[0].node_ids) if found else []
-
-
-def _capacity(job: Job, held: ranks.Ranks, placed: list[str], deps: Deps) -> Capacity:
-    pool = gangs.elastic_pool(job.spec)
-    replicas = gangs.pool_counts(job)[pool]
-    low = recovery.min_replicas(dict(job.spec.labels))
-    inside = gangs.pool_range(job, pool)
-    if any(r not in inside for r in ranks.holes(held)):
-        low = None  # a lost rank outside the data-parallel pool: it cannot shrink
-    defaults = deps.config.recovery
-    return Capacity(replicas, low, len(placed), defaults.spare_eta_s, defaults.repair_eta_s)
-
-
 def _record(job: Job, decision: Decision, incident: str, note: str, fault_at: float,
             uow: UnitOfWork) -> None:
     expected = decision.expected() or 0.0
@@ -207,7 +164,7 @@ def _spares_at_full_size(job: Job, uow: UnitOfWork, deps: Deps) -> list[str]:
     replicas, node_ids = job.recovery.replicas, job.node_ids
     gangs.regrow(job)
     try:
-        return _spares(job, job.node_ids, uow, deps)
+        return capacity.spares(job, job.node_ids, uow, deps)
     finally:
         job.recovery.replicas, job.node_ids = replicas, node_ids
 

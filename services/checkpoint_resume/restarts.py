@@ -16,7 +16,6 @@ and reboot it, or hold it). Nodes already out of service are repair's and not co
 
 from __future__ import annotations
 
-from shared import job_nodes
 from shared.domain import lifecycle, ranks
 from shared.domain.events import NodeDiagnosed, NodeDrained
 from shared.domain.health import NON_FATAL_CONDITIONS, ConditionStatus
@@ -24,6 +23,7 @@ from shared.domain.model import Job, Node, NodeState
 from shared.handling import Deps
 from shared.policies import restarts
 from shared.ports import UnitOfWork
+from shared.service_layer import job_nodes
 
 # conditions that slow or warn but do not end an attempt (as the goodput accounting reads them)
 NON_FATAL = NON_FATAL_CONDITIONS

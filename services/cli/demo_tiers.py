@@ -35,7 +35,7 @@ from services.wiring.embedded import EmbeddedApp
 from shared.adapters.compute.protocol import progress_path
 from shared.domain.events import Envelope
 from shared.domain.health import Condition, ConditionStatus, ConditionType
-from shared.gangs import output_dirs
+from shared.service_layer.gangs import output_dirs
 
 JOB_ID = "train-2"
 ROOT = Path(__file__).resolve().parents[2]

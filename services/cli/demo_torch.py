@@ -37,7 +37,7 @@ from services.wiring.embedded import EmbeddedApp
 from shared.domain.events import Envelope, NodeHealthReported
 from shared.domain.health import Condition, ConditionStatus, ConditionType
 from shared.domain.model import JobState, NodeState
-from shared.gangs import output_dirs
+from shared.service_layer.gangs import output_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_ID, REFERENCE_ID = "pretrain-1", "pretrain-ref"

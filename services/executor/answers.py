@@ -24,12 +24,12 @@ from __future__ import annotations
 from typing import Any
 
 from shared.adapters.compute.remote.codec import ComputeRequest, gang_of_args
-from shared.deep_checks import ATTEMPT
 from shared.domain.errors import ValidationError
 from shared.domain.events import Event, JobWorkersExited, NodeHealthReported, NodeRepairCompleted
 from shared.domain.exits import PREEMPTED
 from shared.domain.health import ConditionStatus, ConditionType
 from shared.policies.repair import DEEP_CHECK_SOURCE
+from shared.service_layer.deep_checks import ATTEMPT
 
 CAUSE = "compute_request_refused"  # the interruption cause the goodput tally shows
 

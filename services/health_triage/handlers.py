@@ -13,19 +13,19 @@ was repaired since. So is a report observed longer than ``max_event_age_s`` ago 
 spool delivering late after a bus outage): it is recorded, never acted on.
 
 This service owns **return to service**: it counts the passing checks (hysteresis), holds
-a node whose deep-check gate is not clear (``shared.deep_checks``: pending, failed, or
-unknown under a "hold" policy; a deep check's results come as a report from source
-``deep-check``, outside the agent's report order), moves
-the node back to IDLE and into its partition, uncordons it in compute and announces it
-(NodeReturnedToService); it also releases a held node that reports healthy. Taking nodes
-out of service (cordon, drain, repair) belongs to the repair service. A node an operator
-drained (``DrainedByOperator``) never returns by itself: a verified one is parked DRAINED
-until an operator resumes it (``resume``), and no agent report can lift the drain.
+a node whose deep-check gate is not clear (``shared.service_layer.deep_checks``: pending,
+failed, or unknown under a "hold" policy; a deep check's results come as a report from source
+``deep-check``, outside the agent's report order), moves the node back to IDLE and into its
+partition, uncordons it in compute and announces it (NodeReturnedToService); it also releases
+a held node that reports healthy. Taking nodes out of service (cordon, drain, repair) belongs
+to the repair service. A node an operator drained (``DrainedByOperator``) never returns by
+itself: a verified one is parked DRAINED until an operator resumes it
+(``shared.service_layer.returns.resume``, shared with the repair service's operator
+commands), and no agent report can lift the drain.
 """
 
 from __future__ import annotations
 
-from shared import active_checks, deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound
 from shared.domain.events import (
@@ -33,7 +33,6 @@ from shared.domain.events import (
     NodeDiagnosed,
     NodeHealthReported,
     NodeRepairHeld,
-    NodeReturnedToService,
 )
 from shared.domain.health import (
     ACTIVE_CHECK_SOURCE,
@@ -48,6 +47,7 @@ from shared.handling import Deps, Outcome
 from shared.policies.repair import DEEP_CHECK_SOURCE, ready_to_return
 from shared.policies.triage import diagnose
 from shared.ports import UnitOfWork
+from shared.service_layer import active_checks, deep_checks, returns
 
 SERVICE = "health_triage"
 SYNTHETIC_SOURCES = REMOTE_SOURCES  # reports from outside the node are no heartbeat
@@ -87,7 +87,7 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
     if report.source == ACTIVE_CHECK_SOURCE:  # an idle node's check is done
         changed |= active_checks.record(node, report, now)
     if drained and not lifecycle.operator_drained(node):  # they lifted their own drain
-        resume(node, uow, deps, node.conditions[lifecycle.OPERATOR_DRAIN].reason)
+        returns.resume(node, uow, deps, node.conditions[lifecycle.OPERATOR_DRAIN].reason)
     table = deps.config.triage_table
     diagnosis, sightings = diagnose(report, node.history, now, table)
     lifecycle.note_fault(node, diagnosis.failure_mode, diagnosis.action, diagnosis.healthy)
@@ -129,7 +129,7 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
         return
     if lifecycle.release_hold(node, now):
         if node.state is NodeState.IDLE:  # free again: a job waiting for a node may start
-            uow.emit(_returned(node))
+            uow.emit(returns.returned(node))
         return
     if node.state is not NodeState.VERIFYING:
         return
@@ -140,23 +140,7 @@ def _count_pass(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -
         return  # deep checks pending, failed, or unknown under a "hold" policy
     lifecycle.return_to_service(node, uow.partitions.get(node.cluster_id, node.partition), now)
     deps.compute.uncordon(node.node_id)
-    uow.emit(_returned(node))
-
-
-def _returned(node: Node) -> NodeReturnedToService:
-    """The announcement that ``node`` takes work again (its partition named, so provisioning's
-    readiness check reads no node)."""
-    return NodeReturnedToService(node_id=node.node_id, cluster_id=node.cluster_id,
-                                 partition=node.partition)
-
-
-def resume(node: Node, uow: UnitOfWork, deps: Deps, text: str) -> None:
-    """An operator lifted their drain (``mtc node resume``, or their own Slurm drain lifted):
-    back to service now, or through verification when the node had faults."""
-    partition = uow.partitions.get(node.cluster_id, node.partition)
-    if lifecycle.operator_resume(node, partition, deps.clock.now(), text):
-        deps.compute.uncordon(node.node_id)
-        uow.emit(_returned(node))
+    uow.emit(returns.returned(node))
 
 
 def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome | None:

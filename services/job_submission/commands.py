@@ -13,7 +13,6 @@ import uuid
 from typing import Any
 
 from services.job_submission.scheduling import free_held_nodes
-from shared import gangs
 from shared.domain.adopted import RESERVED_LABELS
 from shared.domain.errors import Conflict, NotFound, ValidationError
 from shared.domain.events import (
@@ -28,6 +27,7 @@ from shared.domain.specs import ID_PATTERN, ClusterSpec, CustomJobSpec
 from shared.handling import Deps
 from shared.policies import job_limits, preflight, recovery
 from shared.ports import UnitOfWork
+from shared.service_layer import gangs
 
 # ---------------------------------------------------------------- clusters
 
@@ -126,7 +126,7 @@ def submit_job(cluster_id: str, body: Any, uow: UnitOfWork, deps: Deps,
 
 def _check_recovery_labels(spec: CustomJobSpec) -> None:
     """``mtc-recovery-mode`` names a mode; ``mtc-min-replicas`` is below the elastic pool's
-    replicas (``shared.gangs.elastic_pool``)."""
+    replicas (``shared.service_layer.gangs.elastic_pool``)."""
     labels = dict(spec.labels)
     for name, message in [*recovery.label_errors(labels), *job_limits.label_errors(labels)]:
         raise ValidationError(name, message)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from services.job_submission.adoption import on_job_adopted
 from services.job_submission.scheduling import enforce_timeouts, schedule, watch_progress
-from shared import active_checks
 from shared.domain.errors import NotFound
 from shared.domain.events import (
     ClusterReady,
@@ -24,6 +23,7 @@ from shared.domain.events import (
 from shared.domain.model import JobState
 from shared.handling import Deps, Outcome
 from shared.ports import UnitOfWork
+from shared.service_layer import active_checks
 
 SERVICE = "job_submission"
 

@@ -11,16 +11,16 @@ twice.
 
 from __future__ import annotations
 
-from shared import job_nodes, preflight
-from shared.capacity import idle_slots, request
 from shared.domain import lifecycle, progress, ranks, storage, timeouts
 from shared.domain.adopted import adopted
 from shared.domain.events import JobFinished, JobInterruptRequested, NodeDrained
 from shared.domain.model import Job, JobState
-from shared.gangs import gang, local_output_dir, output_dirs, start_attempt
 from shared.handling import Deps
 from shared.policies.scheduling import place_jobs
 from shared.ports import StorageSpace, UnitOfWork
+from shared.service_layer import job_nodes, preflight
+from shared.service_layer.capacity import idle_slots, request
+from shared.service_layer.gangs import gang, local_output_dir, output_dirs, start_attempt
 
 __all__ = ["enforce_timeouts", "free_held_nodes", "gang", "idle_slots", "local_output_dir",
            "output_dirs", "schedule", "watch_progress"]
@@ -80,10 +80,10 @@ def enforce_timeouts(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
 def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     """Gang-place pending jobs on idle worker nodes and start their workers. A resumed job
     still holds its healthy nodes: only the holes its lost nodes left are placed. Slurm, not
-    mtc, places the jobs mtc adopted (``adoption``). Where the cluster asks for it, a
-    preflight among the placed gang's nodes comes first (``shared.preflight``): a node that
-    fails it is left out and the job is placed again, at most ``PREFLIGHT_ROUNDS`` times a
-    pass (then it waits for the next)."""
+    mtc, places the jobs mtc adopted (``adoption``). Where the cluster asks for it, a preflight
+    among the placed gang's nodes comes first (``shared.service_layer.preflight``): a node that
+    fails it is left out and the job is placed again, at most ``PREFLIGHT_ROUNDS`` times a pass
+    (then it waits for the next)."""
     # (the query reads stored states: a job this transaction ended, e.g. timed out, is out)
     now = deps.clock.now()  # a job backing off after a restart waits for its time
     pending = [j for j in uow.jobs.list(cluster_id, state=JobState.PENDING)

@@ -10,7 +10,6 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
-from shared import deep_checks
 from shared.domain import lifecycle, topology
 from shared.domain.errors import NotFound, TransientError
 from shared.domain.events import (
@@ -38,6 +37,7 @@ from shared.domain.model import (
 )
 from shared.handling import Deps
 from shared.ports import UnitOfWork, provision_nodes
+from shared.service_layer import deep_checks
 
 SERVICE = "provisioning"
 log = logging.getLogger("mtc.provisioning")

@@ -1,13 +1,16 @@
 """Repair: a diagnosis in, drain / reset / reboot / reimage / replace out.
 
-The ladder, lemon detection and the blast-radius guard are policy (shared/policies/repair);
-the node lifecycle rules are domain (shared/domain/lifecycle); this module loads, decides
-and emits. A held repair or a node that needs a person raises its alert (NodeRepairHeld)
-once, and again only when the hold changes or after ``alert_reminder_s``.
+What a diagnosis leads to is one pure decision (shared/policies/repair_decision: a person's
+drain, a straggler kept, a rack drained as one, then the ladder, lemon detection and the
+blast-radius guard of shared/policies/repair); the node lifecycle rules are domain
+(shared/domain/lifecycle); this module gathers the facts, applies the step and emits. A held
+repair or a node that needs a person raises its alert (NodeRepairHeld) once, and again only
+when the hold changes or after ``alert_reminder_s``.
 
-A completed reimage (or replace) opens the deep-check gate (``shared.deep_checks``) when
-policy asks for it: the node stays VERIFYING until DCGM level 2/3 and the collective test
-pass (or, by policy, could not run), and a failed check is diagnosed and repaired like any.
+A completed reimage (or replace) opens the deep-check gate
+(``shared.service_layer.deep_checks``) when policy asks for it: the node stays VERIFYING until
+DCGM level 2/3 and the collective test pass (or, by policy, could not run), and a failed check
+is diagnosed and repaired like any.
 
 This service owns **taking nodes out of service**: cordon, drain, repair, replace. Returning
 a repaired node to service (the passing checks, the uncordon) belongs to health_triage.
@@ -18,7 +21,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from services.repair import domains, stragglers
-from shared import deep_checks
 from shared.domain import lifecycle
 from shared.domain.errors import NotFound
 from shared.domain.events import (
@@ -32,17 +34,19 @@ from shared.domain.events import (
     NodeRetired,
 )
 from shared.domain.health import Diagnosis, FailureRecord, RepairAction, Severity
-from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeState, Partition
 from shared.handling import Deps
-from shared.policies.ranking import action_rank
-from shared.policies.repair import (
-    DecisionKind,
-    PartitionView,
-    next_rung_after_failure,
-    plan_repair,
+from shared.policies import repair_decision
+from shared.policies.repair import PartitionView, next_rung_after_failure
+from shared.policies.repair_decision import (
+    FleetFacts,
+    NodeFacts,
+    RepairFacts,
+    RepairStep,
+    StepKind,
 )
 from shared.ports import UnitOfWork
+from shared.service_layer import deep_checks
 
 SERVICE = "repair"
 DEEP_CHECK_TRIGGER = {RepairAction.REIMAGE: "reimage", RepairAction.REPLACE: "replace"}
@@ -52,56 +56,64 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
     node = uow.nodes.get(event.node_id)
     if node is None:
         raise NotFound("node", event.node_id)
-    if node.state not in ACTIONABLE:
-        return  # already out of service: the decision was taken
     now = deps.clock.now()
-    if event.failure_mode == lifecycle.OPERATOR_DRAIN_MODE:  # a person's drain: no guard
-        if lifecycle.operator_drained(node):  # (not lifted since)
-            operator_drain(node, uow, deps, node.conditions[lifecycle.OPERATOR_DRAIN].reason)
-        return
-    if node.state is NodeState.VERIFYING and node.repair_action is RepairAction.MANUAL:
-        _fail(node, f"failed its checks after an operator returned it: {event.failure_mode}",
-              uow, deps)  # returned by a person: back to them, not up the ladder
-        return
-    diagnosis = Diagnosis(event.failure_mode, Severity(event.severity),
-                          RepairAction(event.action), event.reasons, event.unmapped_xids)
-    held = node.repair_action if node.state is NodeState.SUSPECT else None
-    if held is not None and action_rank(held) > action_rank(diagnosis.action):
-        # a repair the guard held is still owed when the node, still sick, is diagnosed
-        # again with a lesser action (a suspect whose XID only asks for a job restart):
-        # planning the lesser one dropped the held repair and lost the node for good
-        diagnosis = replace(diagnosis, action=held)
-    weighed = stragglers.weigh(node, event, uow, deps)
-    if weighed is not None and not weighed.swap:
-        node.reason = weighed.why  # kept in service: the slowdown costs less than moving it
-        return
+    facts = _facts(node, event, uow, deps)
+    _apply(repair_decision.decide(facts, now, deps.config.repair), facts, node, now, uow, deps)
+
+
+def _facts(node: Node, event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> RepairFacts:
+    """What the decision reads: the node's own facts, then (only when those leave it open)
+    its job's straggler weighing, its rack and its partition."""
+    drain = node.conditions[lifecycle.OPERATOR_DRAIN].reason \
+        if lifecycle.operator_drained(node) else None
+    facts = RepairFacts(
+        NodeFacts(node.node_id, node.state, node.repair_action, drain, node.rack,
+                  tuple(node.history)),
+        Diagnosis(event.failure_mode, Severity(event.severity), RepairAction(event.action),
+                  event.reasons, event.unmapped_xids))
+    if repair_decision.decided_by_node(facts):
+        return facts
     partition = _partition(uow, node)
-    if domains.drain_if_rack_failed(node, diagnosis, partition, uow, deps, _take_out):
-        return  # its rack was drained as one (racks as a unit of failure)
+    rack = domains.view(node, partition, uow) \
+        if repair_decision.rack_matters(facts, deps.config.repair) else None
     # a rack drained as one counts once, against the guard per domain, not node by node
     view = PartitionView(partition.name, partition.total_nodes,
                          frozenset(partition.out_of_service - partition.drained_node_ids()),
                          tuple(partition.removed_at), settling=partition.settling)
-    decision = plan_repair(diagnosis, node.history, view, node.node_id, now, deps.config.repair)
-    reason = decision.reason
-    if decision.kind is DecisionKind.NO_ACTION:
-        return
-    if decision.kind is DecisionKind.HOLD:
-        lifecycle.hold(node, now, reason, decision.action)
-        if lifecycle.alert_due(node, f"held:{decision.action.value}:{reason}", now,
+    return replace(facts, fleet=FleetFacts(view, stragglers.weigh(node, event, uow, deps), rack))
+
+
+def _apply(step: RepairStep, facts: RepairFacts, node: Node, now: float, uow: UnitOfWork,
+           deps: Deps) -> None:
+    """Carry out the decision's step on ``node``."""
+    if step.rack_held is not None and facts.fleet is not None and facts.fleet.rack is not None:
+        domains.hold(node, _partition(uow, node), facts.fleet.rack, step.rack_held, uow)
+    if step.failure is not None:
+        lifecycle.record_failure(node, step.failure)
+    kind = step.kind
+    if kind is StepKind.OPERATOR_DRAIN:
+        operator_drain(node, uow, deps, step.reason)
+    elif kind is StepKind.FAIL:
+        _fail(node, step.reason, uow, deps)
+    elif kind is StepKind.KEEP:
+        node.reason = step.reason  # kept in service: the slowdown costs less than moving it
+    elif kind is StepKind.DRAIN_RACK:
+        domains.drain(node, step, _partition(uow, node), uow, deps, _take_out)
+    elif kind is StepKind.HOLD:
+        assert step.action is not None
+        lifecycle.hold(node, now, step.reason, step.action)
+        if lifecycle.alert_due(node, f"held:{step.action.value}:{step.reason}", now,
                                deps.config.alert_reminder_s):
-            uow.emit(NodeRepairHeld(node_id=node.node_id, action=decision.action.value,
-                                    reason=decision.reason))
-        return
-    lifecycle.record_failure(node, FailureRecord(now, event.failure_mode, decision.action))
-    if decision.kind is DecisionKind.RESTART_JOB:
-        if node.job_id:
-            job = uow.jobs.get(node.job_id)
-            if job is not None:
-                uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt,
-                                               node_id=node.node_id, reason=reason))
-        return
-    _take_out(node, partition, decision.action, reason, uow, deps)
+            uow.emit(NodeRepairHeld(node_id=node.node_id, action=step.action.value,
+                                    reason=step.reason))
+    elif kind is StepKind.RESTART_JOB:
+        job = uow.jobs.get(node.job_id) if node.job_id else None
+        if job is not None:
+            uow.emit(JobInterruptRequested(job_id=job.job_id, attempt=job.attempt,
+                                           node_id=node.node_id, reason=step.reason))
+    elif kind is StepKind.REPAIR:
+        assert step.action is not None
+        _take_out(node, _partition(uow, node), step.action, step.reason, uow, deps)
 
 
 def _take_out(node: Node, partition: Partition, action: RepairAction, reason: str,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.health_triage import handlers as triage
 from services.repair import handlers as repair
 from shared.domain import lifecycle
 from shared.domain.errors import Conflict, NotFound, ValidationError
@@ -21,6 +20,7 @@ from shared.domain.events import NodeOperatorActed
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.handling import Deps
 from shared.ports import UnitOfWork
+from shared.service_layer import returns
 
 MAX_REASON = 512
 RELEASE_HOLD, DRAIN, RESUME, RETURN = "releaseHold", "drain", "resume", "returnToService"
@@ -60,7 +60,7 @@ def _resume(node: Node, text: str, uow: UnitOfWork, deps: Deps) -> str | None:
         return "was not drained by an operator: nothing to resume"
     if node.state is NodeState.DRAINING:
         return "is still draining (its job is checkpointing): resume it once it is drained"
-    triage.resume(node, uow, deps, text)
+    returns.resume(node, uow, deps, text)
     return None
 
 

@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from services.job_submission import commands as job_commands
-from services.job_submission import scheduling
 from shared.domain.errors import Conflict, NotFound
 from shared.domain.events import Event, FleetTicked, JobCheckpointSaved, JobFinished, TuningJobEnded
 from shared.domain.model import JobState
 from shared.handling import Deps, Handler, Outcome
 from shared.policies import tuning as policy
 from shared.ports import UnitOfWork
+from shared.service_layer import gangs
 
 SERVICE = "tuning"
 STUDIES = "tuning_studies"
@@ -247,7 +247,7 @@ def _submit_trial(study: dict[str, Any], trial_id: str, params: dict[str, policy
         trial_uri = {"outputUriPrefix": f"{uri.rstrip('/')}/{trial_id}"}
         domain["jobSpec"]["baseOutputDirectory"] = wire["baseOutputDirectory"] = trial_uri
         uri = trial_uri["outputUriPrefix"]
-    metric_file = f"{scheduling.local_output_dir(uri, deps.config.output_root, job_id)}/{METRIC_FILE}"
+    metric_file = f"{gangs.local_output_dir(uri, deps.config.output_root, job_id)}/{METRIC_FILE}"
     args = [f"--{k}={_arg(v)}" for k, v in params.items()]
     env = [{"name": "CLOUD_ML_TRIAL_ID", "value": trial_id},
            {"name": "CLOUD_ML_HP_METRIC_FILE", "value": metric_file}]

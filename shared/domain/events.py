@@ -237,9 +237,10 @@ class JobStarted(Event):
 @register
 @dataclass(frozen=True)
 class JobPreflightChecked(Event):
-    """A preflight ran among ``node_ids`` before the job's next attempt (``shared.preflight``)
-    from ``started_at`` to the event: scheduling badput of the job. ``failed_node_ids`` were
-    excluded and the gang placed again; empty: the attempt starts on these nodes."""
+    """A preflight ran among ``node_ids`` before the job's next attempt
+    (``shared.service_layer.preflight``) from ``started_at`` to the event: scheduling badput of
+    the job. ``failed_node_ids`` were excluded and the gang placed again; empty: the attempt
+    starts on these nodes."""
 
     TYPE: ClassVar[str] = "mtc.job.preflight_checked.v1"
     SUBJECT_FIELD: ClassVar[str] = "job_id"

@@ -78,8 +78,8 @@ OPERATOR_SOURCE = "operator"
 # they say nothing about its agent being alive, so they are no heartbeat
 COMPUTE_SOURCE = "compute-engine"
 JOB_PROGRESS_SOURCE = "job-progress"  # the adapters' reading of the ranks' heartbeats
-PREFLIGHT_SOURCE = "preflight"  # a gang's preflight (shared.preflight) blames a node
-ACTIVE_CHECK_SOURCE = "active-check"  # an idle node's active checks (shared.active_checks)
+PREFLIGHT_SOURCE = "preflight"  # a gang's preflight (service_layer.preflight) blames a node
+ACTIVE_CHECK_SOURCE = "active-check"  # an idle node's active checks (service_layer.active_checks)
 REMOTE_SOURCES = frozenset({"heartbeat-monitor", COMPUTE_SOURCE, JOB_PROGRESS_SOURCE,
                             PREFLIGHT_SOURCE, ACTIVE_CHECK_SOURCE})
 

@@ -248,7 +248,7 @@ class Node:
         doc["conditions"] = dict(self.conditions)
         doc["sound"] = self.sound  # derived, for the store's indexes (ignored by from_dict)
         # the job it is allocated to and sound under, else None: a restart reads one index
-        # bucket for which of its 2,048 nodes are sound (shared.job_nodes)
+        # bucket for which of its 2,048 nodes are sound (shared.service_layer.job_nodes)
         doc["sound_for"] = sound_for(self)
         return doc
 

@@ -5,8 +5,8 @@ test on idle nodes every hour for silent data corruption, slowness and heat). Ea
 gets, every ``interval_s``, a known-answer compute test, a short DCGM diagnostic and a thermal
 read (``shared.ports.ActiveChecks``). The budget: never more than ``max_share`` of the idle
 nodes under check at once (rounded down: with 10 % and 9 idle nodes, none), so most idle
-capacity stays free for the jobs; and a check never delays a job that wants its node (the
-check is cancelled at the placement: ``shared.active_checks.yield_to_job``).
+capacity stays free for the jobs; and a check never delays a job that wants its node (the check
+is cancelled at the placement: ``shared.service_layer.active_checks.yield_to_job``).
 """
 
 from __future__ import annotations

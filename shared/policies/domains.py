@@ -22,7 +22,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from shared.domain.health import RepairAction
 from shared.policies.repair import RepairConfig
+
+# what the rack's other nodes get: a power cycle once the shared part is fixed (the diagnosed
+# node takes the greater of its own action and this)
+DOMAIN_ACTION = RepairAction.REBOOT
 
 
 @dataclass(frozen=True)

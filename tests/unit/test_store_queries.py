@@ -135,8 +135,8 @@ def test_memory_indexes_survive_prunes_and_unhashable_values() -> None:
 def test_a_restart_reads_only_the_unsound_nodes_of_its_job(store: Any) -> None:
     """``job_nodes.unsound``: from the ``sound_for`` index, in rank order; none when every
     rank's node is sound and allocated to the job (holes hold no node)."""
-    from shared import job_nodes
     from shared.domain.model import Job
+    from shared.service_layer import job_nodes
 
     add(store, *(node(f"n{i}", NodeState.ALLOCATED, "j1") for i in range(6)))
     job = Job.__new__(Job)
@@ -354,8 +354,8 @@ def test_unsound_agrees_with_a_pass_over_every_rank(kinds: list[str], set_like: 
     from collections.abc import Set as AbstractSet
     from types import SimpleNamespace
 
-    from shared import job_nodes
     from shared.domain.model import Job
+    from shared.service_layer import job_nodes
 
     ranks = tuple("" if k == "hole" else f"n{i:04d}" for i, k in enumerate(kinds))
     fine = {n for n, k in zip(ranks, kinds, strict=True) if k == "sound"}

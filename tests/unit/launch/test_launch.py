@@ -18,8 +18,8 @@ from shared.domain.errors import ValidationError
 from shared.domain.specs import WorkerPoolSpec
 from shared.launch import PYENV, TORCH_NODE, pyenv
 from shared.launch.torch_node import node_code
-from shared.pool_commands import pool_command
 from shared.ports import WorkerSpec
+from shared.service_layer.pool_commands import pool_command
 
 TORCH_GPU = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
 TORCH_CPU = "us-docker.pkg.dev/vertex-ai/training/pytorch-cpu.2-1.py310:latest"

@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from services.job_submission import commands as job_commands
-from shared.active_checks import ACTIVE_CHECK, KEY
 from shared.config import ControlPlaneConfig
 from shared.domain.events import FleetTicked, NodeDiagnosed
 from shared.domain.health import ACTIVE_CHECK_SOURCE, ConditionType, RepairAction
 from shared.domain.model import JobState, NodeState
 from shared.policies.active_checks import ActiveCheckConfig, IdleNode, budget, pick
 from shared.probes import known_answer
+from shared.service_layer.active_checks import ACTIVE_CHECK, KEY
 from tests.harness import FakeCompute, Plane, job_body
 
 

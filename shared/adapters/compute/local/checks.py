@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS active_checks (
     PRIMARY KEY (node_id, key));
 """
 SLOW_LINK_S = 0.3
-KEY = "active_check_key"  # (shared.active_checks.KEY: adapters do not import the handlers)
+# (shared.service_layer.active_checks.KEY: adapters do not import the service layer)
+KEY = "active_check_key"
 CTYPE = ConditionType
 
 

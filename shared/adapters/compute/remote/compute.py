@@ -68,7 +68,7 @@ class RemoteCompute:
         self._send("start_workers", **gang_args(gang))
 
     def start_deep_check(self, node_id: str, attempt: int) -> None:
-        """The gate's checks (shared.deep_checks), run by the executor's adapter."""
+        """The gate's checks (shared.service_layer.deep_checks), run by the executor's adapter."""
         self._send("start_deep_check", node_id=node_id, attempt=attempt)
 
     def signal_workers(self, job_id: str, attempt: int, grace_s: float) -> None:

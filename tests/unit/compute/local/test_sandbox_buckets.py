@@ -63,7 +63,7 @@ def test_defect_4_a_job_cannot_read_another_projects_bucket_via_package(tmp_path
 def test_a_gang_carries_the_buckets_its_spec_names_to_every_rank(tmp_path: Path) -> None:
     """The buckets reach the compute adapter with the gang (and across the remote executor's
     wire): its output's and its packages', nothing the command says."""
-    from shared.gangs import buckets
+    from shared.service_layer.gangs import buckets
 
     spec = CustomJobSpec.parse({"displayName": "t", "jobSpec": {
         "baseOutputDirectory": {"outputUriPrefix": "gs://b-out/run1"},

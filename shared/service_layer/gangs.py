@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared import active_checks
 from shared.domain import lifecycle, progress, ranks
 from shared.domain.events import JobStarted
 from shared.domain.model import Job, JobState
 from shared.domain.specs import CustomJobSpec
 from shared.handling import Deps
 from shared.policies import job_limits
-from shared.pool_commands import gcs_bucket, pool_command
 from shared.ports import Gang, LaunchGroup, RecoveryPlan, UnitOfWork
+from shared.service_layer import active_checks
+from shared.service_layer.pool_commands import gcs_bucket, pool_command
 
 
 def elastic_pool(spec: CustomJobSpec) -> int:

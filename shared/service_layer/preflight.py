@@ -20,11 +20,11 @@ from shared.domain import lifecycle, ranks
 from shared.domain.events import JobPreflightChecked, NodeDrained, NodeHealthReported
 from shared.domain.health import PREFLIGHT_SOURCE, ConditionType
 from shared.domain.model import Job
-from shared.gangs import pool_counts
 from shared.handling import Deps
 from shared.policies.preflight import Culprit, culprits, plan_for, wanted
 from shared.ports import Preflight, UnitOfWork
 from shared.probes.conditions import problem
+from shared.service_layer.gangs import pool_counts
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,21 @@
 """What placement sees: the idle worker nodes that take work, and a job's request for its
-holes. Scheduling places pending jobs with them; a hot swap asks them for a spare
-(``services.checkpoint_resume.modes``)."""
+holes. Scheduling places pending jobs with them; a recovery asks them for spares and the
+capacity it would have (``services.checkpoint_resume.modes`` when an attempt ends, the repair
+service's straggler weighing before it takes a node out of a running job)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from shared.domain import lifecycle, ranks
 from shared.domain.model import Job, NodeRole, NodeState
-from shared.gangs import pool_counts
-from shared.policies.scheduling import JobRequest, NodeSlot, ReplicaGroup
+from shared.handling import Deps
+from shared.policies import recovery
+from shared.policies.recovery import Capacity
+from shared.policies.scheduling import JobRequest, NodeSlot, ReplicaGroup, place_jobs
 from shared.ports import UnitOfWork
+from shared.service_layer.gangs import elastic_pool, pool_counts, pool_range
 
 # up to this many partitions, a query each; more, one query of every idle node (placement
 # sorts the slots itself, so their order does not matter): 128 jobs waiting across 16
@@ -68,3 +73,48 @@ def request(job: Job, held: Sequence[str] | None = None) -> JobRequest:
     return JobRequest(job.job_id, job.spec.scheduling.partition, tuple(groups), job.priority,
                       job.created_at, job.restart_count > 0, tuple(job.previous_node_ids),
                       tuple(job.recovery.excluded_node_ids))
+
+
+def could_move(job: Job) -> bool:
+    """Whether a recovery could take the job's ranks elsewhere: a peer copy to restore from
+    on a spare, or an elastic job that may go on without them."""
+    return job.recovery.tiers.get("peer") is not None \
+        or recovery.min_replicas(dict(job.spec.labels)) is not None
+
+
+def spares(job: Job, held: ranks.Ranks, uow: UnitOfWork, deps: Deps) -> list[str]:
+    """Idle nodes that fill every hole of ``held`` now (spares first), or none."""
+    want = replace(request(job, held), is_resume=True)  # (spares first)
+    partition = job.spec.scheduling.partition
+    slots = idle_slots(job.cluster_id, uow, None if partition is None else {partition})
+    if not slots:
+        return []
+    if any(slot.domain for slot in slots):  # racks: a spare in the job's own domains first
+        kept = set(held)
+        want = replace(want, near_domains=tuple(sorted({
+            domain for node_id, domain in uow.nodes.project(
+                job.cluster_id, ("node_id", "nvlink_domain"), job_id=job.job_id)
+            if node_id in kept and domain})))
+    found = place_jobs([want], slots, deps.clock.now())
+    return list(found[0].node_ids) if found else []
+
+
+def for_recovery(job: Job, held: ranks.Ranks, placed: list[str], deps: Deps) -> Capacity:
+    """What the recovery policy weighs: the elastic pool's size and floor, the spares
+    ``placed`` for the holes of ``held``, and when more would come."""
+    pool = elastic_pool(job.spec)
+    replicas = pool_counts(job)[pool]
+    low = recovery.min_replicas(dict(job.spec.labels))
+    inside = pool_range(job, pool)
+    if any(r not in inside for r in ranks.holes(held)):
+        low = None  # a lost rank outside the data-parallel pool: it cannot shrink
+    defaults = deps.config.recovery
+    return Capacity(replicas, low, len(placed), defaults.spare_eta_s, defaults.repair_eta_s)
+
+
+def capacity_without(job: Job, node_ids: set[str], uow: UnitOfWork, deps: Deps) -> Capacity:
+    """The capacity a recovery would have if ``node_ids`` left ``job`` now (the straggler
+    weighing asks before it takes a node out)."""
+    held = ranks.with_holes(job.node_ids, node_ids)
+    placed = spares(job, held, uow, deps) if could_move(job) and ranks.holes(held) else []
+    return for_recovery(job, held, placed, deps)

@@ -3,8 +3,8 @@
 - ``start_due`` (the periodic tick, after scheduling placed what it could): the idle nodes
   the policy picks get an ``ActiveCheck`` condition "running <key>" and compute is asked to
   check them (``shared.ports.ActiveChecks``). A backend without the capability checks none.
-- ``yield_to_job`` (a placement, ``shared.gangs.start_attempt``): a check in flight on a node
-  a job now takes is cancelled; the job never waits for it.
+- ``yield_to_job`` (a placement, ``shared.service_layer.gangs.start_attempt``): a check in
+  flight on a node a job now takes is cancelled; the job never waits for it.
 - ``record`` (health triage, a report from source ``active-check``): the check is done, its
   time kept for the interval. The report's conditions (KnownAnswerMismatch, DcgmDiagFailed,
   ThermalThrottling) are triaged like any report: a finding goes through the triage table.

@@ -33,6 +33,7 @@ from shared.config import ControlPlaneConfig
 from shared.domain.events import NodeHealthReported
 from shared.domain.model import Job, JobState
 from shared.policies.hangs import HangConfig
+from shared.service_layer.gangs import output_dirs
 
 pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,8 +136,5 @@ def test_sigstop_of_one_rank_is_found_named_and_the_job_resumes(tmp_path: Path) 
 
 
 def _checkpoint_dir(app: EmbeddedApp, job_id: str) -> str:
-    """AIP_CHECKPOINT_DIR of rank 0 (what the adapter gave it)."""
-    w = app.compute.workers(job_id)[0]
-    raw = Path(f"/proc/{w.pid}/environ").read_bytes().split(b"\0")
-    env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
-    return env["AIP_CHECKPOINT_DIR"]
+    """AIP_CHECKPOINT_DIR of the job's ranks (the gang's, as the scheduler gave it)."""
+    return output_dirs(job(app, job_id), app.deps)[0]

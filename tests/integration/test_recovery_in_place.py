@@ -22,11 +22,6 @@ from shared.domain.health import Condition, ConditionStatus, ConditionType
 from shared.domain.model import Job, JobState
 
 
-def environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
-
-
 @pytest.mark.slow
 def test_xid13_restarts_the_real_workers_in_place(tmp_path: Path) -> None:
     app = embedded(tmp_path / "state", compute_options=demo_compute_options())

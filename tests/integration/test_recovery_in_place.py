@@ -22,6 +22,14 @@ from shared.domain.health import Condition, ConditionStatus, ConditionType
 from shared.domain.model import Job, JobState
 
 
+def environ(launcher: int) -> dict[str, str]:
+    """The environment of the rank a launcher runs (its child: the launcher's own is fixed)."""
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    pid = int(children[0]) if children else launcher
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
 @pytest.mark.slow
 def test_xid13_restarts_the_real_workers_in_place(tmp_path: Path) -> None:
     app = embedded(tmp_path / "state", compute_options=demo_compute_options())

@@ -1,25 +1,19 @@
-"""A small, deterministic training program that behaves like a well-mannered managed job,
-written on mtc's in-job SDK (``mtc_program``: numpy and the standard library).
+"""A small, deterministic training program on mtc's in-job SDK (``mtc_program``): a
+two-layer MLP (tanh, dropout, Adam) on a synthetic regression problem, numpy only, that
+behaves as mtc expects a training program to:
 
-It trains a two-layer MLP (tanh hidden layer with dropout, Adam) on a synthetic regression
-data set and shows what mtc expects of a training program:
-
-* it reads the managed environment (``mtc_program.env``) and exits 2 naming the variable
-  when one is garbage;
-* rank 0 saves ``ckpt-<step:08d>.npz`` into ``AIP_CHECKPOINT_DIR`` every
-  ``--checkpoint-every`` steps (atomically, its save time beside it), then points a
-  ``LATEST`` marker at it; where mtc gives checkpoint tiers (``MTC_TIER1_DIR``) every rank
-  also saves to its node's memory and to a peer node in between (``mtc_program.tiers``);
-* on SIGTERM it finishes the step, saves and exits 75: "preempted, checkpoint saved, run me
-  again";
-* on start it resumes from the newest checkpoint that loads (with tiers: the newest step
-  every rank holds, from the nearest tier) and logs ``resumed from step N``;
-* at the end rank 0 writes ``AIP_MODEL_DIR/model.npz`` and every rank exits 0;
-* rank 0 writes TensorBoard scalars, one curve across attempts (``mtc_program.scalars``);
-* under mtc it restarts in process (``MTC_RESTART_FILE``, ``mtc_program.inprocess``): asked
-  to hold, it saves as on SIGTERM and waits; told to restart, it takes the next attempt's
-  environment and log and restores without a new process; started as a warm standby, it
-  waits to be given a rank.
+* it reads the managed environment and exits 2 naming a garbage variable;
+* rank 0 saves ``ckpt-<step:08d>.npz`` every ``--checkpoint-every`` steps (atomically, its
+  save time beside it) and points ``LATEST`` at it; where mtc gives checkpoint tiers
+  (``MTC_TIER1_DIR``) every rank also saves to its node's memory and a peer node in between;
+* on SIGTERM it finishes the step, saves and exits 75 ("saved, run me again"); on start it
+  resumes from the newest checkpoint that loads (with tiers: the newest step every rank
+  holds, nearest tier first) and logs ``resumed from step N``;
+* at the end rank 0 writes ``AIP_MODEL_DIR/model.npz``; rank 0 writes TensorBoard scalars,
+  one curve across attempts;
+* under mtc it restarts in process (``MTC_RESTART_FILE``): asked to hold, it saves and waits;
+  told to restart, it takes the next attempt's environment and log and restores without a
+  new process; started as a warm standby, it waits to be given a rank.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mtc_program.protocol import CHECKPOINT_DIR  # noqa: E402
 from services.cli.demo import CLUSTER_SPEC, demo_compute_options  # noqa: E402
 from services.job_submission import commands as job_commands  # noqa: E402
 from services.wiring.embedded import EmbeddedApp, embedded  # noqa: E402
@@ -105,7 +106,7 @@ def setup(root: Path, floor: float) -> EmbeddedApp:
 def checkpoint_dir(app: EmbeddedApp, job_id: str) -> str:
     w = app.compute.workers(job_id)[0]
     raw = Path(f"/proc/{w.pid}/environ").read_bytes().split(b"\0")
-    return dict(i.decode().split("=", 1) for i in raw if b"=" in i)["AIP_CHECKPOINT_DIR"]
+    return dict(i.decode().split("=", 1) for i in raw if b"=" in i)[CHECKPOINT_DIR]
 
 
 def hang_run(floor: float) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.program.tiers import TieredCheckpointer, TierSettings
+from mtc_program.tiers import TieredCheckpointer, TierSettings
 
 
 def measure(mib: int, repeat: int, memory: Path) -> dict[str, float]:

@@ -3,8 +3,8 @@
     PYTHONPATH=. python bench/torch_bench.py [--rounds 3] [--steps 150] [--world 2]
                                              [--sizes 1,8,32] [--json]
 
-* **Throughput**: the tiny ``pretrain`` recipe (``shared.program.lm``, data parallel over gloo, ``--world``
-  ranks) launched the way mtc's local compute launches a gang (each rank under
+* **Throughput**: the tiny ``pretrain`` recipe (``services.recipes.programs.lm``, data
+  parallel over gloo, ``--world`` ranks) launched the way mtc's local compute launches a gang (each rank under
   ``worker_launcher`` in its own session, output to a log file, the environment
   ``{**os.environ, **managed_env(spec)}``) against the same program under plain ``torchrun``
   (``python -m torch.distributed.run --nproc-per-node``), interleaved A B B A in the same
@@ -34,7 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.recipes.catalog import program_config, resolve  # noqa: E402
+from mtc_program import protocol  # noqa: E402
+from services.recipes.catalog import PROGRAM, program_config, program_pythonpath, resolve  # noqa: E402
 from shared.adapters.compute.local.procs import spawn_launcher  # noqa: E402
 from shared.adapters.compute.protocol import managed_env  # noqa: E402
 from shared.ports import WorkerSpec  # noqa: E402
@@ -51,13 +52,13 @@ def _metrics(out: Path) -> dict[str, Any]:
 
 def run_mtc(cfg: dict[str, Any], world: int, out: Path, n: int) -> dict[str, Any]:
     """The gang as LocalCompute starts it: launcher per rank, managed_env, logs to files."""
-    command = (sys.executable, "-m", "shared.program.lm", "--config", json.dumps(cfg))
+    command = (sys.executable, "-m", PROGRAM, "--config", json.dumps(cfg))
     started = time.perf_counter()
     pids = []
     for rank in range(world):
         spec = WorkerSpec(job_id=f"bench-{n}", attempt=1, rank=rank, world_size=world,
                           node_id=f"node-{rank}", command=command,
-                          env=(("PYTHONPATH", str(ROOT)),),
+                          env=(("PYTHONPATH", program_pythonpath()),),
                           checkpoint_dir=str(out / "checkpoints"), model_dir=str(out / "model"),
                           tensorboard_dir=str(out / "tb"))
         env = {**os.environ, **managed_env(spec)}
@@ -73,12 +74,13 @@ def run_torchrun(cfg: dict[str, Any], world: int, out: Path) -> dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AIP_CHECKPOINT_DIR": str(out / "checkpoints"),
-           "AIP_MODEL_DIR": str(out / "model"), "AIP_TENSORBOARD_LOG_DIR": str(out / "tb")}
+    env = {**os.environ, "PYTHONPATH": program_pythonpath(),
+           protocol.CHECKPOINT_DIR: str(out / "checkpoints"), protocol.MODEL_DIR: str(out / "model"),
+           protocol.TENSORBOARD_LOG_DIR: str(out / "tb")}
     started = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
-         "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "shared.program.lm",
+         "--master-addr=127.0.0.1", f"--master-port={port}", "-m", PROGRAM,
          "--config", json.dumps(cfg)], env=env, cwd=out, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"torchrun arm failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -115,7 +117,7 @@ def throughput(rounds: int, steps: int, world: int) -> dict[str, Any]:
 def checkpoint_costs(sizes_m: list[float], repeats: int = 3) -> list[dict[str, Any]]:
     import torch
 
-    from shared.program.torch_checkpoint import Checkpointer
+    from mtc_program.torch_checkpoint import Checkpointer
 
     rows = []
     for size in sizes_m:
@@ -134,7 +136,7 @@ def checkpoint_costs(sizes_m: list[float], repeats: int = 3) -> list[dict[str, A
                 t = time.perf_counter()
                 ck.save(i + 1)
                 saves.append(time.perf_counter() - t)
-                nbytes = sum(f.stat().st_size for f in (d / f"ckpt-{i + 1:08d}").iterdir())
+                nbytes = sum(f.stat().st_size for f in (d / protocol.checkpoint_name(i + 1)).iterdir())
                 t = time.perf_counter()
                 Checkpointer(d, model, opt, log=lambda _m: None).restore()
                 loads.append(time.perf_counter() - t)

@@ -173,10 +173,11 @@ def build() -> dict[str, Any]:
         ".venv/bin/pytest -q -m integration tests/integration/gcp",
     ], wait_for=["-"], image=EMULATORS_IMAGE))
     steps.append(bash_step("prepare-source", [
-        # the functions install the core and the gcp extra only (no simpy, no matplotlib)
+        # the functions install the core and the gcp extra only (no simpy, no matplotlib),
+        # and the in-job SDK from the source (its protocol is the control plane's too)
         "python3 -c \"import tomllib; d = tomllib.load(open('pyproject.toml', 'rb'));"
         " print('-c constraints.txt'); print(*d['project']['dependencies'],"
-        " *d['project']['optional-dependencies']['gcp'], sep=chr(10))\""
+        " *d['project']['optional-dependencies']['gcp'], './shared/sdk', sep=chr(10))\""
         " > requirements.txt",
         "printf '#!include:.gitignore\\ntests/\\nbench/\\n.venv-wf/\\nvar/\\n'"
         " > .gcloudignore",

@@ -1,5 +1,5 @@
 """A tiny data-parallel torch program that reports its progress per rank
-(``shared.program.progress``): each step computes for ``--step-time`` seconds (a real matrix
+(``mtc_program.progress``): each step computes for ``--step-time`` seconds (a real matrix
 product loop), then all-reduces a tensor over gloo inside ``progress.collective``.
 
 It is the hang and straggler tests' program: SIGSTOP one rank and the others wait in the
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -24,20 +23,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the in-job SDK from this checkout (installed, `pip install ./shared/sdk`, it needs no path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared" / "sdk"))
 
-from shared.program import names
-from shared.program.progress import RankProgress
-
-EXIT_PREEMPTED = 75
+from mtc_program import entries
+from mtc_program import protocol as p
+from mtc_program.progress import RankProgress
+from mtc_program.signals import Preemption
 
 
 def newest_checkpoint(where: Path) -> tuple[int, np.ndarray] | None:
-    found = sorted(where.glob("ckpt-*.npz"))
-    for path in reversed(found):
+    for entry in entries.list_durable(where, 0, 1):  # newest first
         try:
-            with np.load(path) as data:
-                return int(data["step"]), np.array(data["weights"])
+            data = entries.decode(entry.path)
+            return int(np.asarray(data["step"])), np.array(data["weights"])
         except (OSError, ValueError, KeyError):
             continue
     return None
@@ -45,9 +44,8 @@ def newest_checkpoint(where: Path) -> tuple[int, np.ndarray] | None:
 
 def save(where: Path, step: int, weights: np.ndarray) -> None:
     where.mkdir(parents=True, exist_ok=True)
-    tmp = where / f".ckpt-{step:08d}.tmp.npz"
-    np.savez(tmp, step=step, weights=weights)
-    os.replace(tmp, where / f"ckpt-{step:08d}.npz")
+    entries.atomic_file(where / p.checkpoint_name(step, ".npz"),
+                        entries.encode({"step": np.array(step), "weights": weights}))
 
 
 def busy(seconds: float, a: torch.Tensor) -> None:
@@ -58,22 +56,21 @@ def busy(seconds: float, a: torch.Tensor) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--step-time", type=float, default=0.05)
-    p.add_argument("--checkpoint-every", type=int, default=20)
-    p.add_argument("--slow-rank", type=int, default=-1)
-    p.add_argument("--slow-factor", type=float, default=1.0)
-    p.add_argument("--beat-every", type=float, default=0.5, help="heartbeat seconds, unless "
-                   f"{names.PROGRESS_INTERVAL_S} says")
-    args = p.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--step-time", type=float, default=0.05)
+    parser.add_argument("--checkpoint-every", type=int, default=20)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-factor", type=float, default=1.0)
+    parser.add_argument("--beat-every", type=float, default=0.5, help="heartbeat seconds, "
+                        f"unless {p.PROGRESS_INTERVAL_S} says")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    ckpt_dir = Path(os.environ.get("AIP_CHECKPOINT_DIR", "checkpoints"))
-    os.environ.setdefault(names.PROGRESS_INTERVAL_S, str(args.beat_every))
+    rank, world = int(os.environ.get(p.RANK, "0")), int(os.environ.get(p.WORLD_SIZE, "1"))
+    ckpt_dir = Path(os.environ.get(p.CHECKPOINT_DIR, "checkpoints"))
+    os.environ.setdefault(p.PROGRESS_INTERVAL_S, str(args.beat_every))
     progress = RankProgress.from_env(os.environ, rank)
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    preemption = Preemption().install()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     found = newest_checkpoint(ckpt_dir)
     step, weights = found if found else (0, np.zeros(16, dtype=np.float32))
@@ -90,16 +87,16 @@ def main(argv: list[str] | None = None) -> int:
         weights = weights - 0.001 * grad.numpy()
         step += 1
         progress.step_done(step)
-        if rank == 0 and (step % args.checkpoint_every == 0 or stop["now"]):
+        if rank == 0 and (step % args.checkpoint_every == 0 or preemption.requested):
             save(ckpt_dir, step, weights)
-        if stop["now"]:
+        if preemption.requested:
             progress.close()
-            return EXIT_PREEMPTED
+            return p.ExitCode.PREEMPTED
     if rank == 0:
         save(ckpt_dir, step, weights)
     progress.close()
     dist.destroy_process_group()
-    return 0
+    return p.ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.domain.exits import GRACEFUL
 from shared.goodput import infer_params
 from shared.goodput.live import pace
 from simulator.intervals import (
@@ -224,7 +225,7 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
                 ended.append((began[0], t, frozenset(began[1]), int(d.get("exit_code", 0))))
                 job_node_s += (t - began[0]) * len(began[1])
                 tokens = dict(_TOKEN.findall(str(d.get("detail", ""))))
-                if int(d.get("exit_code", 0)) not in (0, 75) and "cause" in tokens:
+                if int(d.get("exit_code", 0)) not in GRACEFUL and "cause" in tokens:
                     at = float(tokens.get("crashed_at", t))
                     crashes.append((at, began[1], tokens["cause"], began[0]))
     finished = {(t0, nodes) for t0, _, nodes, _ in ended}
@@ -336,7 +337,7 @@ def _kills(faults: Sequence[tuple[float, str, str, Mapping[str, Any]]],
         if running:
             hit += 1
             t1, code = running[0]
-            killed += code not in (0, 75) and t1 - since <= KILL_WINDOW_S
+            killed += code not in GRACEFUL and t1 - since <= KILL_WINDOW_S
     return hit == 0 or killed * 2 >= hit
 
 

@@ -19,7 +19,7 @@ from operator import add
 
 import simpy
 
-from shared.adapters.compute.protocol import ExitCode
+from shared.adapters.compute.protocol import ExitCode, checkpoint_name
 from shared.domain.events import Event, JobCheckpointSaved, JobFirstStep, JobWorkersExited
 from simulator.bus import SimBus
 from simulator.clock import EPOCH_S, call_later
@@ -273,7 +273,7 @@ class JobModel:
             return
         self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt, step=job.ckpt_step,
                                      path=f"sim://{job.job_id}/checkpoints/"
-                                          f"ckpt-{job.ckpt_step:08d}",
+                                          f"{checkpoint_name(job.ckpt_step)}",
                                      saved_at=EPOCH_S + job.ckpt_at,
                                      save_s=job.cfg.checkpoint_save_s))
 
@@ -283,7 +283,7 @@ class JobModel:
         save = plan.save_s if tier == "memory" or len(plan.tiers) == 1 \
             else plan.lag_s[tier]  # what the copy to that tier took
         self.emit(JobCheckpointSaved(job_id=job.job_id, attempt=attempt, step=step,
-                                     path=f"sim://{job.job_id}/{tier}/ckpt-{step:08d}",
+                                     path=f"sim://{job.job_id}/{tier}/{checkpoint_name(step)}",
                                      saved_at=EPOCH_S + at, save_s=save, tier=tier))
 
     def _first_step(self, att: Attempt) -> None:

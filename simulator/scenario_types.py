@@ -107,7 +107,7 @@ class JobCfg:
     hang_exit_s: float
     launch_fail_s: float
     max_restarts: int
-    # the program reports its progress per rank (shared.program.progress): a hang is found at
+    # the program reports its progress per rank (mtc_program.progress): a hang is found at
     # the policy's threshold (shared.policies.hangs) and named on its culprit's node instead
     # of waiting hang_exit_s for the NCCL watchdog
     rank_progress: bool = False

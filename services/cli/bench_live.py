@@ -29,6 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from mtc_program import protocol
+from mtc_program.protocol import PROGRESS_DIR  # the ranks' heartbeats
 from services.job_submission import commands as job_commands
 from services.repair import operator
 from services.wiring.embedded import EmbeddedApp, embedded
@@ -51,7 +53,6 @@ PIN_LABEL = "mtc-recovery-mode"
 ELASTIC_LABEL = "mtc-min-replicas"
 RESTORED = re.compile(r"restoring step (\d+) from the \w+ tier|resumed from step (\d+)")
 ATTEMPT_MARK = re.compile(r"^\[mtc\] job \S+ attempt (\d+): ", re.M)  # slurm/scripts.py
-PROGRESS_DIR = "mtc-progress"  # protocol.progress_path: the ranks' heartbeats
 HEARTBEAT_S = 0.2  # the chief's progress heartbeat, at most this often (the tiers library)
 TICK_S = 1.0
 POLL_S = 0.02
@@ -69,9 +70,9 @@ def job_spec(trace: Trace, pin: str | None) -> dict[str, Any]:
     labels = {ELASTIC_LABEL: str(j.min_replicas)} if j.min_replicas is not None else {}
     if pin:
         labels[PIN_LABEL] = pin
-    env = [{"name": "MTC_PROGRESS_INTERVAL_S", "value": str(HEARTBEAT_S)}]
+    env = [{"name": protocol.PROGRESS_INTERVAL_S, "value": str(HEARTBEAT_S)}]
     if j.tier1_every:
-        env.append({"name": "MTC_TIER1_EVERY", "value": str(j.tier1_every)})
+        env.append({"name": protocol.TIER1_EVERY, "value": str(j.tier1_every)})
     return {"displayName": f"bench-{trace.name}", "labels": labels, "jobSpec": {
         "workerPoolSpecs": [{"machineSpec": MACHINE, "replicaCount": j.replicas,
                              "containerSpec": {

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mtc_program import protocol
 from services.cli.bench_live import LiveRun
 from services.wiring.embedded import EmbeddedApp
 from shared.adapters.compute.protocol import LAUNCHER
@@ -66,8 +67,8 @@ def require_root() -> None:
 def rank_pids(job_id: str, attempt: int, node_id: str, proc: Path = Path("/proc")) -> list[int]:
     """The pids of the programs (not their launchers or shells) of the job's ``attempt`` on
     mtc node ``node_id``, by their managed environment in ``/proc``."""
-    want = {b"CLOUD_ML_JOB_ID": job_id.encode(), b"MTC_NODE_ID": node_id.encode(),
-            b"MTC_JOB_ATTEMPT": str(attempt).encode()}
+    want = {protocol.JOB_ID.encode(): job_id.encode(), protocol.NODE_ID.encode(): node_id.encode(),
+            protocol.JOB_ATTEMPT.encode(): str(attempt).encode()}
     out = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():

@@ -16,19 +16,18 @@ import argparse
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from services.cli.client import Client, ClientError
 from services.cli.commands_api import console, last_segment, show
-from services.recipes.catalog import Recipe, custom_job, names, raw, resolve
+from services.recipes.catalog import Recipe, custom_job, names, program_pythonpath, raw, resolve
 
 DONE_RE = re.compile(r"done at step (\d+): loss ([0-9.eE+-]+|nan|inf)")
 MODEL_RE = re.compile(r"model saved: (\S.*)$")
 REWARD_RE = re.compile(r"rl reward start ([0-9.eE+-]+|nan) end ([0-9.eE+-]+|nan)")
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where `-m shared.program.lm` imports
+
 
 
 def add_parser(sub: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -103,7 +102,7 @@ def run(args: argparse.Namespace, client: Client) -> None:
         raise ClientError("INVALID_ARGUMENT", f"recipe {recipe.name} continues from a model: "
                           "--set parent_model=MODEL_ID or --set init_from=DIR",
                           [("parent_model", "is required")])
-    body = custom_job(recipe, python=sys.executable, pythonpath=PACKAGE_ROOT,
+    body = custom_job(recipe, python=sys.executable, pythonpath=program_pythonpath(),
                       cluster=args.cluster)
     job = client.create_job(args.parent, body, args.job_id)
     job_id = last_segment(job.get("name"))

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mtc_program import protocol
 from services.cli.bench_live import RESTORED, kill_ranks
 from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp
@@ -54,8 +55,8 @@ TIMEOUT_S = 60.0
 def tiered_job_spec() -> dict[str, Any]:
     machine = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
                "acceleratorCount": 8}
-    env = [{"name": "MTC_PROGRESS_INTERVAL_S", "value": "0.2"},
-           {"name": "MTC_TIER1_EVERY", "value": str(TIER1_EVERY)}]
+    env = [{"name": protocol.PROGRESS_INTERVAL_S, "value": "0.2"},
+           {"name": protocol.TIER1_EVERY, "value": str(TIER1_EVERY)}]
     return {"displayName": "numpy-regression-tiered", "labels": {MODE_LABEL: "hot_swap"},
             "jobSpec": {
         "workerPoolSpecs": [{"machineSpec": machine, "replicaCount": 2, "containerSpec": {

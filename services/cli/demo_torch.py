@@ -1,6 +1,6 @@
 """`make demo-torch`: the self-healing story with a real PyTorch job (issue 27, item 5).
 
-The tiny **pretrain recipe** (a Llama-shaped causal LM, ``shared.program.lm``) runs as an
+The tiny **pretrain recipe** (a Llama-shaped causal LM, ``services.recipes.programs.lm``) runs as an
 ordinary CustomJob on the embedded default on 2 nodes x 2 ranks: pool 0 one replica, pool 1
 one replica, ``MTC_PROCESSES_PER_NODE=2`` (``torch.distributed.run`` per node, gloo on CPU).
 Beside it, on the same cluster, the same recipe and seed runs uninterrupted: the reference.
@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtc_program import protocol
 from services.cli.demo import CLUSTER_SPEC as NUMPY_CLUSTER_SPEC
 from services.cli.demo import _cluster_ready, _job, _node_state, _printer, console
 from services.job_submission import commands as job_commands
-from services.recipes.catalog import custom_job, resolve
+from services.recipes.catalog import PROGRAM, custom_job, program_pythonpath, resolve
 from services.wiring.embedded import EmbeddedApp
 from shared.domain.events import Envelope, NodeHealthReported
 from shared.domain.health import Condition, ConditionStatus, ConditionType
 from shared.domain.model import JobState, NodeState
 from shared.service_layer.gangs import output_dirs
 
-ROOT = Path(__file__).resolve().parents[2]
 JOB_ID, REFERENCE_ID = "pretrain-1", "pretrain-ref"
 PROCESSES_PER_NODE = 2
 TIMEOUT_S = 300.0  # torch and transformers start slowly on a loaded machine
@@ -82,9 +82,9 @@ def recipe_job(story: TorchStory, *, reference: bool) -> dict[str, Any]:
             f"checkpoint.every={story.every}"]
     if not reference:
         sets.append(f"hyperparameters.step_sleep_s={story.sleep_s:g}")
-    body = custom_job(resolve("pretrain", sets), python=sys.executable, pythonpath=str(ROOT))
+    body = custom_job(resolve("pretrain", sets), python=sys.executable, pythonpath=program_pythonpath())
     for pool in body["jobSpec"]["workerPoolSpecs"]:
-        pool["containerSpec"]["env"].append({"name": "MTC_PROCESSES_PER_NODE",
+        pool["containerSpec"]["env"].append({"name": protocol.PROCESSES_PER_NODE,
                                              "value": str(PROCESSES_PER_NODE)})
     body["jobSpec"]["scheduling"] = {"partition": "train", "restartJobOnWorkerRestart": True}
     body["displayName"] += "-reference" if reference else ""
@@ -186,7 +186,7 @@ def _a_rank(app: EmbeddedApp, attempt: int) -> tuple[int, int, str]:
             continue
         for pid in _descendants(w.pid):
             argv = _read(f"/proc/{pid}/cmdline").split(b"\0")
-            if b"shared.program.lm" in argv and b"torch.distributed.run" not in argv:
+            if PROGRAM.encode() in argv and b"torch.distributed.run" not in argv:
                 env = dict(kv.split(b"=", 1) for kv in _read(f"/proc/{pid}/environ").split(b"\0")
                            if b"=" in kv)
                 if b"RANK" in env:

@@ -10,8 +10,9 @@ RL's start) and
 ``sizes`` (named overrides: ``tiny`` is what the tests run). ``resolve`` applies a size and
 ``--set key.path=value`` overrides (values parsed as YAML scalars) and checks the result;
 ``custom_job`` turns it into a CustomJob body in Vertex's layout (workerPoolSpecs[0] one
-replica, the other ranks in pool 1) running ``python -m shared.program.lm --config <json>``
-(``shared.program.rl`` for the RL recipe).
+replica, the other ranks in pool 1) running ``python -m services.recipes.programs.lm --config
+<json>`` (``.rl`` for the RL recipe): the workloads beside this file, which use the in-job SDK.
+``program_pythonpath`` is where the job imports both from.
 Pure data in, data out: no torch here (the CLI imports it).
 """
 
@@ -19,17 +20,20 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+import mtc_program
 from shared.domain.errors import NotFound, ValidationError
 
-PROGRAM = "shared.program.lm"
-PROGRAMS = {"rl": "shared.program.rl"}  # a task with a loop of its own; the rest run PROGRAM
+PROGRAM = "services.recipes.programs.lm"
+PROGRAMS = {"rl": "services.recipes.programs.rl"}  # a task with a loop of its own; the rest run PROGRAM
 TASKS = ("pretrain", "sft", "rl")
 FAMILIES = ("llama", "gemma")
 SECTIONS = ("model", "data", "parallelism", "hyperparameters", "checkpoint", "expected_loss",
@@ -37,6 +41,14 @@ SECTIONS = ("model", "data", "parallelism", "hyperparameters", "checkpoint", "ex
 # keys `--set` may name at the top (the rest live in the sections)
 TOP_KEYS = ("init_from", "parent_model", "size", "image", "python", "task")
 
+
+
+def program_pythonpath() -> str:
+    """The job's ``PYTHONPATH`` for the recipes' programs: the directory ``services`` is
+    imported from (this checkout, or site-packages) and the one ``mtc_program`` is (the SDK's
+    own source root in a checkout; the same site-packages when installed)."""
+    roots = (Path(__file__).resolve().parents[2], Path(mtc_program.__file__).resolve().parents[1])
+    return os.pathsep.join(dict.fromkeys(str(r) for r in roots))
 
 @dataclass(frozen=True)
 class Recipe:
@@ -181,7 +193,7 @@ def _check_rl(body: Mapping[str, Any]) -> None:
 
 
 def program_config(recipe: Recipe) -> dict[str, Any]:
-    """What ``shared.program.lm`` (or ``.rl``) reads (``--config``)."""
+    """What ``services.recipes.programs.lm`` (or ``.rl``) reads (``--config``)."""
     body = recipe.body
     keep = ("task", "model", "data", "hyperparameters", "checkpoint", "init_from", "rl")
     config = {k: copy.deepcopy(body[k]) for k in keep if body.get(k) is not None}

@@ -41,6 +41,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from mtc_program.protocol import HP_METRIC_FILE, TRIAL_ID
 from services.job_submission import commands as job_commands
 from shared.domain.errors import Conflict, NotFound
 from shared.domain.events import Event, FleetTicked, JobCheckpointSaved, JobFinished, TuningJobEnded
@@ -249,8 +250,7 @@ def _submit_trial(study: dict[str, Any], trial_id: str, params: dict[str, policy
         uri = trial_uri["outputUriPrefix"]
     metric_file = f"{gangs.local_output_dir(uri, deps.config.output_root, job_id)}/{METRIC_FILE}"
     args = [f"--{k}={_arg(v)}" for k, v in params.items()]
-    env = [{"name": "CLOUD_ML_TRIAL_ID", "value": trial_id},
-           {"name": "CLOUD_ML_HP_METRIC_FILE", "value": metric_file}]
+    env = [{"name": TRIAL_ID, "value": trial_id}, {"name": HP_METRIC_FILE, "value": metric_file}]
     for spec in (wire, domain["jobSpec"]):
         for pool in spec.get("workerPoolSpecs", []):
             program = pool.get("containerSpec") or pool.get("pythonPackageSpec")
@@ -258,7 +258,7 @@ def _submit_trial(study: dict[str, Any], trial_id: str, params: dict[str, policy
                 continue
             program["args"] = [*program.get("args", []), *args]
             program["env"] = [e for e in program.get("env", [])
-                              if e["name"] not in ("CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE")
+                              if e["name"] not in (TRIAL_ID, HP_METRIC_FILE)
                               ] + env
     name = f"{body.get('displayName') or study['study_id']}-trial-{trial_id}"[:128]
     domain["displayName"] = name

@@ -18,9 +18,11 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from mtc_program.protocol import ADVICE_NAME
+
 __all__ = ["ADVICE_FILE", "FileAdviceSink", "advice_path"]
 
-ADVICE_FILE = "mtc-advice.env"
+ADVICE_FILE = ADVICE_NAME
 _KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _VALUE = re.compile(r"^[A-Za-z0-9_.+-]*$")
 

@@ -312,7 +312,7 @@ class JobCheckpointSaved(Event):
     saved_at: float
     save_s: float = 0.0  # how long the save blocked training, as measured (0: not measured)
     # where it was saved: "durable" (tier 3, AIP_CHECKPOINT_DIR), "memory" (tier 1, the
-    # node's tmpfs) or "peer" (tier 2, a copy on the buddy's node); shared.program.names
+    # node's tmpfs) or "peer" (tier 2, a copy on the buddy's node); mtc_program.protocol
     tier: str = "durable"
 
 

@@ -18,9 +18,9 @@ Anything else non-zero is the **program's** failure, signals included: 139 (SIGS
 (SIGABRT) and the like are raised by the program itself, and a SIGKILL or SIGTERM that
 neither the control plane nor a node fault explains (the OOM killer, the program killing
 itself) is not an interruption either. The program's failure fails the job unless the spec
-asks to restart anyway (``restartJobOnWorkerRestart``). The compute package's ``ExitCode``
-enum (``shared/adapters/compute/protocol.py``) names the same numbers for the adapters; this
-module holds only their meaning, so the domain imports nothing from the adapters.
+asks to restart anyway (``restartJobOnWorkerRestart``). The numbers are the worker
+protocol's (``mtc_program.protocol``, the in-job SDK's, which imports nothing); this module
+holds only their meaning.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from __future__ import annotations
 import enum
 import signal
 
-OK = 0
-PREEMPTED = 75  # EX_TEMPFAIL
-SIGNALLED = 128  # + N: killed by signal N
+from mtc_program.protocol import GRACEFUL, OK, PREEMPTED, SIGNALLED
+
+__all__ = ["GRACEFUL", "OK", "PREEMPTED", "SIGNALLED", "Verdict", "describe", "exit_verdict",
+           "infrastructure_ended", "interrupt_cause", "signal_of"]
 
 
 def signal_of(exit_code: int) -> int | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mtc_program.protocol import PROCESSES_PER_NODE
 from shared.domain.errors import ValidationError
 
 PREBUILT_RE = re.compile(
@@ -75,10 +76,10 @@ def processes_per_replica(uri: str, accelerator_count: int, env: dict[str, str])
     the pool's env when given; else ``acceleratorCount`` on a prebuilt GPU/XLA PyTorch image
     (one process per accelerator, as ``torchrun --nproc-per-node=gpu``); else one (a custom
     image's command is started once per replica, as Vertex starts its container once)."""
-    asked = env.get("MTC_PROCESSES_PER_NODE", "")
+    asked = env.get(PROCESSES_PER_NODE, "")
     if asked:
         if not asked.isdigit() or not 1 <= int(asked) <= 64:
-            raise ValidationError("env.MTC_PROCESSES_PER_NODE", f"must be 1-64, got {asked!r}")
+            raise ValidationError(f"env.{PROCESSES_PER_NODE}", f"must be 1-64, got {asked!r}")
         return int(asked)
     found = prebuilt(uri)
     if found and found[0].framework == "torch" and found[0].accelerator != "cpu":

@@ -305,7 +305,7 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
         still_running = att.exit_at is None and stop >= jg.end and ev is None
         segment(Badput.PROGRAM_STARTUP, cause, att.start, min(ready0, halt))
         segment(Badput.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME, cause, ready0, min(ready, halt))
-        graceful = att.exit_code in (0, 75) and bool(mine) and (ev is None or ev.graceful)
+        graceful = att.exit_code in exits.GRACEFUL and bool(mine) and (ev is None or ev.graceful)
         if halt > ready:
             cycle = p.checkpoint_interval_s + p.checkpoint_save_s
             if still_running or graceful:
@@ -422,7 +422,7 @@ def _evidence(att: _Attempt, p: JobParams, reports: Reports,
             and (signal is None or drains.times[i] < signal[0]):
         signal = drains.by_time[i]
     tokens = _tokens(att.detail)
-    graceful_exit = att.exit_code in (0, 75)
+    graceful_exit = att.exit_code in exits.GRACEFUL
     if graceful_exit:
         if signal is None:
             return None if att.exit_code == 0 else _Evidence(

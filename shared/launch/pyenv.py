@@ -42,6 +42,9 @@ from pathlib import Path
 
 TORCH_NODE = Path(__file__).with_name("torch_node.py")
 PIP_TAIL_LINES = 15
+# the worker protocol's names (mtc_program.protocol), restated: this file runs by path
+TERMINATION_LOG = "MTC_TERMINATION_LOG"
+RUNTIME = "MTC_RUNTIME"
 
 
 class SetupFailed(Exception):
@@ -148,7 +151,7 @@ def program_argv(env: Path, command: Sequence[str], nproc: int) -> list[str]:
 
 def _fail(message: str) -> int:
     print(f"pyenv: {message}", file=sys.stderr, flush=True)
-    log = os.environ.get("MTC_TERMINATION_LOG")
+    log = os.environ.get(TERMINATION_LOG)
     if log:
         with contextlib.suppress(OSError):
             Path(log).write_text(message[-2000:] + "\n")
@@ -178,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = program_argv(env, command, opts.nproc_per_node)
     os.environ["PATH"] = f"{env / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
     version = (rt / "framework-version").read_text().strip()
-    os.environ["MTC_RUNTIME"] = f"{opts.runtime} ({opts.framework} {version})"
+    os.environ[RUNTIME] = f"{opts.runtime} ({opts.framework} {version})"
     sys.stdout.flush()
     try:
         os.execvp(run[0], run)

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType, ModuleType
 
-PREEMPTED = 75
+PREEMPTED = 75  # the worker protocol's (mtc_program.protocol), restated: run by path
 LAUNCHER_PATH = Path(__file__).parents[1] / "adapters" / "compute" / "worker_launcher.py"
 
 

@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mtc_program import protocol as p
+
 __all__ = [
     "CheckpointAdvice",
     "CheckpointPolicy",
@@ -161,12 +163,12 @@ class CheckpointAdvice:
 
     def env(self) -> dict[str, str]:
         """The environment file a program reads (``MTC_ADVICE_FILE``): seconds, as text."""
-        return {"MTC_CHECKPOINT_INTERVAL_S": f"{self.interval_s:.1f}",
-                "MTC_CHECKPOINT_MTBF_S": f"{self.mtbf_s:.1f}",
-                "MTC_CHECKPOINT_SAVE_S": f"{self.save_s:.3f}",
-                "MTC_CHECKPOINT_INTERRUPTIONS": str(self.interruptions),
-                "MTC_CHECKPOINT_BASIS": self.basis,
-                "MTC_CHECKPOINT_ADVICE_AT": f"{self.at:.3f}"}
+        return {p.ADVICE_INTERVAL_S: f"{self.interval_s:.1f}",
+                p.ADVICE_MTBF_S: f"{self.mtbf_s:.1f}",
+                p.ADVICE_SAVE_S: f"{self.save_s:.3f}",
+                p.ADVICE_INTERRUPTIONS: str(self.interruptions),
+                p.ADVICE_BASIS: self.basis,
+                p.ADVICE_AT: f"{self.at:.3f}"}
 
 
 def advise(save_costs: Sequence[float], interruptions: int, running_s: float, now: float,

@@ -1,7 +1,7 @@
 """Hangs with their culprit, and stragglers, from a job's own per-rank progress (pure; time
 is passed in).
 
-The ranks' heartbeats (``shared.program.progress``) say per rank the step, the collective
+The ranks' heartbeats (``mtc_program.progress``) say per rank the step, the collective
 last entered or left (with its sequence number), when the rank last progressed and when it
 last wrote. From them:
 

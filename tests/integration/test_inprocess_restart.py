@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mtc_program.inprocess import read_state
 from services.cli.bench_live import MACHINE, kill_ranks
 from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp, embedded
@@ -23,7 +24,6 @@ from shared.adapters.compute.local.procs import rank_running
 from shared.config import ControlPlaneConfig
 from shared.domain.events import JobStarted
 from shared.domain.model import Job, JobState
-from shared.program.inprocess import read_state
 
 pytestmark = pytest.mark.slow  # real worker subprocesses
 

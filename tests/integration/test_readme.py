@@ -39,6 +39,12 @@ SKIP: dict[str, str] = {
     "   0.77s  job train-1": "make demo's output, not a command (tests/integration/test_demo.py)",
     "             HTTP API / `mtc` CLI": "the architecture diagram",
     "mtc cluster create ID": "the CLI's synopsis (placeholders and [options]), not a command",
+    "pip install ./shared/sdk": "installs the in-job SDK alone: "
+                                "tests/unit/architecture/test_sdk_package.py builds its wheel "
+                                "and installs it into a bare virtualenv",
+    "import os": "a program on the in-job SDK, not a call to the server: "
+                 "tests/unit/architecture/test_sdk_package.py runs it in a bare virtualenv "
+                 "holding the SDK alone",
     ".venv/bin/python bench/": "a benchmark (minutes, figures in the table below it); the "
                                "small versions run in tests (e.g. tests/unit/handlers/"
                                "test_scale_small.py)",

@@ -74,7 +74,7 @@ def test_run_tiny_pretrain_registers_the_model_with_its_lineage(cluster: Path) -
     lineage = model["mtcLineage"]
     assert lineage["job"] == "projects/local/locations/local/customJobs/pre1"
     assert lineage["checkpointStep"] == "60"  # the DCP directory the control plane scanned
-    assert lineage["inputs"]["command"][1:] == ["-m", "shared.program.lm"]
+    assert lineage["inputs"]["command"][1:] == ["-m", "services.recipes.programs.lm"]
 
 
 def test_over_the_api_a_missing_parent_model_is_the_servers_not_found(tmp_path: Path) -> None:
@@ -95,8 +95,8 @@ def test_over_the_api_a_missing_parent_model_is_the_servers_not_found(tmp_path: 
 
 
 def test_run_rl_checks_its_reward_and_registers_the_model(cluster: Path) -> None:
-    """`mtc recipe run rl`: its own program (python -m shared.program.rl) as a CustomJob;
-    the reward at RL's start and end is read from rank 0's log, checked against the
+    """`mtc recipe run rl`: its own program (python -m services.recipes.programs.rl) as a
+    CustomJob; the reward at RL's start and end is read from rank 0's log, checked against the
     recipe's expected_reward, and registered with the model. Two ranks data parallel over
     gloo with KL to the reference (their collectives matched, or the job would hang), a few
     steps and an expectation it cannot miss (the gain at tiny size is test_recipe_losses')."""
@@ -114,6 +114,6 @@ def test_run_rl_checks_its_reward_and_registers_the_model(cluster: Path) -> None
     job = mtc_json(cluster, "job", "get", "rl1")
     pools = job["jobSpec"]["workerPoolSpecs"]
     assert [int(p["replicaCount"]) for p in pools] == [1, 1]
-    assert pools[0]["containerSpec"]["command"][1:] == ["-m", "shared.program.rl"]
+    assert pools[0]["containerSpec"]["command"][1:] == ["-m", "services.recipes.programs.rl"]
     assert job["labels"]["mtc-recipe"] == "rl"
 

@@ -71,7 +71,7 @@ def test_xid13_restarts_the_real_workers_in_place(tmp_path: Path) -> None:
         workers = [w for w in app.compute.workers("inplace-1") if w.attempt == 2]
         assert sorted(w.node_id for w in workers) == sorted(first.node_ids)
         # told through their environment: a new process's, or the restart order that hands a
-        # held process (shared.program.inprocess) the new attempt's environment
+        # held process (mtc_program.inprocess) the new attempt's environment
         orders = [json.loads(p.read_text()) for p in
                   (tmp_path / "state").rglob("inplace-1/*.ctl/restart.json")]
         told = [o["env"].get("MTC_RECOVERY_MODE") for o in orders if o["action"] == "restart"]

@@ -1,6 +1,6 @@
-"""Bit-exact resume of a real torch.distributed program (shared/program/lm.py, a tiny Llama
-with attention dropout, DDP over gloo, 2 ranks forked by the test
-with the variables torchrun would set): a run
+"""Bit-exact resume of a real torch.distributed program (services/recipes/programs/lm.py, a
+tiny Llama with attention dropout, DDP over gloo, 2 ranks forked by the test with the
+variables torchrun would set): a run
 stopped mid-way by SIGTERM to one rank and resumed from its torch.distributed.checkpoint ends
 with weights equal (torch.equal) to an uninterrupted run's, and its TensorBoard curve holds
 every step exactly once across the two attempts."""
@@ -63,7 +63,7 @@ class Rank:
 
 
 def _rank_main(env: dict[str, str], config: dict[str, Any], log: str) -> None:
-    from shared.program import lm
+    from services.recipes.programs import lm
 
     os.environ.update(env)
     with open(log, "w", buffering=1) as out:

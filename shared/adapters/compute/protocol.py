@@ -1,101 +1,61 @@
-"""The worker protocol: what a training program is given and how it answers.
+"""The worker protocol as the adapters speak it: the managed environment they give a replica
+and the answers they read back, the same for every Compute adapter (local subprocesses,
+Slurm, the simulator), so a program written for one runs unchanged on the others.
 
-One definition for every Compute adapter (local subprocesses, Slurm, the simulator), so a
-program written for one runs unchanged on the others and the control plane reads its answers
-the same way everywhere (see ``examples/train.py``):
+The protocol itself (every environment name, exit code, checkpoint name and file layout) is
+defined once, in the in-job SDK (``mtc_program.protocol``); this module builds on it:
 
-* **Environment** (``managed_env``): what a managed training service gives a replica. The
-  names follow Vertex AI custom training (``CLOUD_ML_JOB_ID``, ``CLUSTER_SPEC``,
-  ``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``, ``AIP_TENSORBOARD_LOG_DIR``:
-  https://cloud.google.com/vertex-ai/docs/training/code-requirements) plus the
-  ``torch.distributed`` rendezvous (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+* **Environment** (``managed_env``): what a managed training service gives a replica, in
+  Vertex AI custom training's names plus the ``torch.distributed`` rendezvous.
   ``CLUSTER_SPEC`` has Vertex's distributed-training shape: a list of addresses per worker
   pool (``workerpool0``, ``workerpool1``, ...) and the replica's ``task`` as its pool and its
   index within it (https://cloud.google.com/vertex-ai/docs/training/distributed-training);
   ``RANK`` counts across the pools, pool after pool. ``torch_env`` adds the rest of what
-  ``torchrun`` gives (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``) and
-  Vertex's ``TF_CONFIG``; a node that runs several processes runs ``torch.distributed.run``
-  (``torch_node``), which gives each process its own (see docs/pytorch.md).
-* **Exit codes** (``ExitCode``): 0 done; 75 (``EX_TEMPFAIL`` of BSD ``sysexits.h``) preempted
-  with a checkpoint saved; 128+N killed by signal N (the shell's convention); 137 also when a
-  worker vanished without leaving its code; 127/126 command not found / not executable. An
-  attempt's code is that of the rank whose failure ended the gang (``attempt_exit``), else
-  the first non-zero code by rank.
+  ``torchrun`` gives and Vertex's ``TF_CONFIG``; a node that runs several processes runs
+  ``torch.distributed.run`` (``shared.launch.torch_node``), which gives each process its own
+  (see docs/pytorch.md).
+* **Exit codes** (``ExitCode``): an attempt's code is that of the rank whose failure ended
+  the gang (``attempt_exit``), else the first non-zero code by rank.
 * **Gangs**: the ranks of an attempt live and die together: when one exits non-zero or is
   killed before the attempt was signalled, the others get SIGTERM, then SIGKILL after the
   grace period.
-* **Checkpoints** (``checkpoint_steps``): an entry of ``AIP_CHECKPOINT_DIR`` named
-  ``ckpt-<step>`` with an optional extension (``ckpt-00000100.npz``, ``ckpt-100.pt``, a
-  ``ckpt-100`` directory) is a complete checkpoint of that step. It must appear atomically
-  (write a temp file, fsync, rename), so names starting with ``.`` and extensions ``.tmp``,
-  ``.part``, ``.partial`` are ignored; an ``.npz`` must also be a readable zip. A program
-  that times its saves may write, beside a checkpoint, ``<checkpoint name>.save_s``: the
-  seconds the save blocked training (a number); it is reported with the checkpoint
-  (``save_cost``) and the checkpoint advice is computed from it.
-* **Advice** (``MTC_ADVICE_FILE``, ``$AIP_CHECKPOINT_DIR/../mtc-advice.env``): ``KEY=value``
-  lines the control plane rewrites as the job's history grows, e.g.
-  ``MTC_CHECKPOINT_INTERVAL_S``, the checkpoint interval its failure rate calls for.
-* **Tiers** (``tier_env``; the program side is ``shared.program.tiers``): each rank gets a
-  directory in its node's memory (``MTC_TIER1_DIR``), one on its buddy's node for its peer
-  copy (``MTC_TIER2_DIR``; the buddy is the node of rank ``(rank + 1) % world``), the peer
-  copy of the previous attempt to read back (``MTC_TIER2_SOURCE_DIR``) and a heartbeat file
-  on the job's storage (``MTC_PROGRESS_FILE``); names in ``shared.program.names``.
+* **Checkpoints** (``checkpoint_steps``): complete ``ckpt-<step>`` entries of
+  ``AIP_CHECKPOINT_DIR`` by step (an ``.npz`` must also be a readable zip); ``save_cost``
+  reads the ``.save_s`` a program wrote beside one.
+* **Advice** (``MTC_ADVICE_FILE``, ``shared.adapters.advice_file``).
+* **Tiers** (``tier_env``; the program side is ``mtc_program.tiers``): each rank's directory
+  in its node's memory, one on its buddy's node for its peer copy, the previous attempt's
+  peer copy to read back, and a heartbeat file on the job's storage (``progress_path``).
 * **In-process restart** (``MTC_RESTART_FILE``, the local compute only; the program side is
-  ``shared.program.inprocess``): a program that declares it is held instead of SIGTERMed and
+  ``mtc_program.inprocess``): a program that declares it is held instead of SIGTERMed and
   the next in-place, hot-swap or scale-down attempt takes its process (``local.inprocess``).
-* **Termination message** (``MTC_TERMINATION_LOG``): a file where a failing program may
-  leave one short line on why; the attempt's detail (the job's error) carries it.
-* **Signals**: SIGTERM means "checkpoint and exit 75 within the grace period"; SIGKILL follows.
+* **Termination message** (``MTC_TERMINATION_LOG``): the line a failing rank left; the
+  attempt's detail (the job's error) carries it (``with_message``).
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import re
-import signal
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from mtc_program import protocol as p
+from mtc_program.protocol import CHECKPOINT_RE, IGNORED_SUFFIXES, ExitCode, checkpoint_name
 from shared.adapters.advice_file import advice_path
-from shared.domain import exits
 from shared.ports import RecoveryPlan, WorkerSpec
-from shared.program import names as tier_names
+
+__all__ = ["CHECKPOINT_RE", "EXIT_KILLED", "IGNORED_SUFFIXES", "ExitCode", "attempt_exit",
+           "checkpoint_name", "checkpoint_steps", "managed_env", "master_port", "pool_of",
+           "progress_path", "read_exit_file", "recovery_env", "safe_name", "save_cost",
+           "termination_message", "tier_env", "tier_progress", "torch_env", "with_message"]
 
 LAUNCHER = Path(__file__).with_name("worker_launcher.py")
 # below Linux's ephemeral range (32768-60999): a port there can be any outgoing connection's,
 # and torchrun's store then fails with EADDRINUSE (seen: 50010 in a test run)
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 12000
-CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)(\.[A-Za-z0-9_]+)?$")
-IGNORED_SUFFIXES = frozenset({".tmp", ".part", ".partial", ".save_s"})  # .save_s: a save time
-
-
-class ExitCode(enum.IntEnum):
-    """The exit statuses adapters produce and read. What they mean to the control plane
-    (finish, fail, restart) is the domain's (``shared.domain.exits``), whose numbers these are."""
-
-    OK = exits.OK
-    FAILED = 1  # the program failed on its own (or its attempt could not be submitted)
-    PREEMPTED = exits.PREEMPTED  # 75, EX_TEMPFAIL: checkpoint saved on SIGTERM, run me again
-    NOT_EXECUTABLE = 126
-    NOT_FOUND = 127
-    SIGNALLED = exits.SIGNALLED  # + N: killed by signal N
-    KILLED = exits.SIGNALLED + signal.SIGKILL  # 137: SIGKILL, or vanished leaving no code
-    TERMINATED = exits.SIGNALLED + signal.SIGTERM  # 143: SIGTERM without a handler
-
-    @classmethod
-    def for_signal(cls, signum: int) -> int:
-        """The shell's status of a process killed by ``signum``."""
-        return int(cls.SIGNALLED) + int(signum)
-
-    @staticmethod
-    def signal_of(code: int) -> int | None:
-        """The signal that killed a worker with this status, if it was one."""
-        return code - exits.SIGNALLED if exits.SIGNALLED < code < exits.SIGNALLED + 65 else None
-
-
 EXIT_KILLED = int(ExitCode.KILLED)
 
 
@@ -136,9 +96,9 @@ def recovery_env(plan: RecoveryPlan | None, attempt: int, node_id: str) -> dict[
     started without a plan (absent on the first); ``MTC_RECOVERY_FRESH`` 1 on a node new to
     the job (its ranks restore from the peer tier), 0 on the others (from memory)."""
     if plan is None:
-        return {"MTC_RECOVERY_MODE": "requeue"} if attempt > 1 else {}
-    return {"MTC_RECOVERY_MODE": plan.mode,
-            "MTC_RECOVERY_FRESH": "1" if node_id in plan.fresh_node_ids else "0"}
+        return {p.RECOVERY_MODE: p.REQUEUE} if attempt > 1 else {}
+    return {p.RECOVERY_MODE: plan.mode,
+            p.RECOVERY_FRESH: "1" if node_id in plan.fresh_node_ids else "0"}
 
 
 def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
@@ -172,20 +132,20 @@ def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
         },
     }
     env = {"PYTHONUNBUFFERED": "1", **dict(spec.env)}
-    env.update(
-        CLOUD_ML_JOB_ID=spec.job_id,
-        CLUSTER_SPEC=json.dumps(cluster_spec),
-        RANK=str(spec.rank),
-        WORLD_SIZE=str(spec.world_size),
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(port),
-        AIP_CHECKPOINT_DIR=str(spec.checkpoint_dir),
-        AIP_MODEL_DIR=str(spec.model_dir),
-        AIP_TENSORBOARD_LOG_DIR=str(spec.tensorboard_dir),
-        MTC_NODE_ID=spec.node_id,
-        MTC_JOB_ATTEMPT=str(spec.attempt),
-        MTC_ADVICE_FILE=str(advice_path(spec.checkpoint_dir)),
-    )
+    env.update({
+        p.JOB_ID: spec.job_id,
+        p.CLUSTER_SPEC: json.dumps(cluster_spec),
+        p.RANK: str(spec.rank),
+        p.WORLD_SIZE: str(spec.world_size),
+        p.MASTER_ADDR: master_addr,
+        p.MASTER_PORT: str(port),
+        p.CHECKPOINT_DIR: str(spec.checkpoint_dir),
+        p.MODEL_DIR: str(spec.model_dir),
+        p.TENSORBOARD_LOG_DIR: str(spec.tensorboard_dir),
+        p.NODE_ID: spec.node_id,
+        p.JOB_ATTEMPT: str(spec.attempt),
+        p.ADVICE_FILE: str(advice_path(spec.checkpoint_dir)),
+    })
     env.update(torch_env(spec.rank, cluster_spec))
     env.update(tiers or {})
     env.update(recovery_env(recovery, spec.attempt, spec.node_id))
@@ -195,7 +155,7 @@ def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
 def progress_path(checkpoint_dir: str | Path, rank: int) -> Path:
     """A rank's heartbeat file (``MTC_PROGRESS_FILE``): beside the checkpoints, on the job's
     storage, so the adapter reads it wherever the rank runs."""
-    return Path(checkpoint_dir).parent / "mtc-progress" / f"rank-{rank}.json"
+    return Path(checkpoint_dir).parent / p.PROGRESS_DIR / p.progress_name(rank)
 
 
 def tier_progress(checkpoint_dir: str | Path, attempt: int,
@@ -213,7 +173,7 @@ def tier_progress(checkpoint_dir: str | Path, attempt: int,
             return []
         beats.append(beat)
     out: list[tuple[str, int, str, float]] = []
-    for tier in (tier_names.MEMORY, tier_names.PEER):
+    for tier in (p.MEMORY, p.PEER):
         steps = [s for b in beats if isinstance(s := (b.get("newest") or {}).get(tier), int) and s > 0]
         if not steps or len(steps) < len(beats):
             continue
@@ -222,7 +182,7 @@ def tier_progress(checkpoint_dir: str | Path, attempt: int,
         blocked = [float(last.get("blocking_s", 0.0)) for b in beats
                    if isinstance(last := b.get("last_save"), dict) and last.get("step") == step
                    and tier in (last.get("tiers") or ())]
-        out.append((tier, step, f"{where}/step-{step:010d}" if where else tier,
+        out.append((tier, step, f"{where}/{p.entry_name(step)}" if where else tier,
                     max(blocked, default=0.0)))
     return out
 
@@ -239,12 +199,11 @@ def tier_env(job_id: str, rank: int, node_ids: Sequence[str], memory_root: Calla
     world, job = len(node_ids), safe_name(job_id)
     before = previous_node_ids if previous_node_ids and len(previous_node_ids) > rank else node_ids
     return {
-        tier_names.TIER1_DIR: str(memory_root(node_ids[rank]) / job / tier_names.rank_dir(rank)),
-        tier_names.TIER2_DIR: str(memory_root(node_ids[(rank + 1) % world]) / job
-                                  / tier_names.peer_dir(rank)),
-        tier_names.TIER2_SOURCE_DIR: str(memory_root(before[(rank + 1) % len(before)]) / job
-                                         / tier_names.peer_dir(rank)),
-        tier_names.PROGRESS_FILE: str(progress_path(checkpoint_dir, rank)),
+        p.TIER1_DIR: str(memory_root(node_ids[rank]) / job / p.rank_dir(rank)),
+        p.TIER2_DIR: str(memory_root(node_ids[(rank + 1) % world]) / job / p.peer_dir(rank)),
+        p.TIER2_SOURCE_DIR: str(memory_root(before[(rank + 1) % len(before)]) / job
+                                / p.peer_dir(rank)),
+        p.PROGRESS_FILE: str(progress_path(checkpoint_dir, rank)),
     }
 
 
@@ -266,13 +225,8 @@ def torch_env(node_rank: int, cluster_spec: Mapping[str, object]) -> dict[str, s
 
     tf_config = {**cluster_spec, "cluster": {tf_name(k): v for k, v in cluster.items()},
                  "task": {**task, "type": tf_name(str(task["type"]))}}
-    return {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(node_rank),
-            "NODE_RANK": str(node_rank), "TF_CONFIG": json.dumps(tf_config)}
-
-
-def checkpoint_name(step: int) -> str:
-    """The name a program gives the checkpoint of ``step`` (what ``checkpoint_steps`` finds)."""
-    return f"ckpt-{step:08d}"
+    return {p.LOCAL_RANK: "0", p.LOCAL_WORLD_SIZE: "1", p.GROUP_RANK: str(node_rank),
+            p.NODE_RANK: str(node_rank), p.TF_CONFIG: json.dumps(tf_config)}
 
 
 def checkpoint_steps(directory: Path) -> dict[int, Path]:
@@ -298,7 +252,7 @@ MAX_SAVE_S = 7 * 86_400.0  # a larger figure in a .save_s file is not a save tim
 def save_cost(checkpoint: Path) -> float:
     """The save time the program wrote beside ``checkpoint`` (0.0: none, or not a number)."""
     try:
-        text = checkpoint.with_name(checkpoint.name + ".save_s").read_text()[:32].strip()
+        text = checkpoint.with_name(checkpoint.name + p.SAVE_S_SUFFIX).read_text()[:32].strip()
         value = float(text)
     except (OSError, ValueError):
         return 0.0

@@ -3,7 +3,7 @@ conditions out only when they change (never an event per step).
 
 A Compute adapter calls ``RankWatch.scan`` for a running attempt at most every scan interval
 (the same rate as the tier heartbeats). Only a program that reports per-rank progress
-(``shared.program.progress``: its heartbeat has ``progress_at``) is watched; for it the pure
+(``mtc_program.progress``: its heartbeat has ``progress_at``) is watched; for it the pure
 policy (``shared.policies.hangs``) decides:
 
 * a hang: ``HangInJob`` TRUE on the culprit's node, its evidence in the reason and details

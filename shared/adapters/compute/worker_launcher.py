@@ -8,7 +8,8 @@ ends writes its exit code (decimal, one line) to PATH atomically (temp file + ``
 and exits with the same code. A child killed by signal N is reported as 128+N (137 for
 SIGKILL, 143 for SIGTERM), as shells do; a command that cannot be started is 127 (not found)
 or 126 (not executable). No exit file means the launcher itself was killed. These are the
-worker protocol's codes (``protocol.ExitCode``), restated here because this file imports nothing.
+worker protocol's codes (``mtc_program.protocol``), restated here because this file imports
+nothing (a test checks they agree).
 
 Signals: when the launcher leads its own process group (LocalCompute starts it with
 ``start_new_session=True``), a SIGTERM/SIGINT sent to the launcher is relayed once to the
@@ -82,7 +83,8 @@ MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MS_NOEXEC = 8
 CGROUP_FS = "/sys/fs/cgroup"
 DISK_SUFFIX = ".disk"  # PATH.disk: the file systems at a non-zero exit (disk_evidence.SUFFIX)
-JOB_DIRS = ("AIP_CHECKPOINT_DIR", "AIP_MODEL_DIR", "AIP_TENSORBOARD_LOG_DIR")
+JOB_DIRS = ("AIP_CHECKPOINT_DIR", "AIP_MODEL_DIR", "AIP_TENSORBOARD_LOG_DIR")  # the protocol's
+TERMINATION_LOG = "MTC_TERMINATION_LOG"  # the protocol's: where the program says why it failed
 ENOSPC_SAID = (b"No space left on device", b"[Errno 28]", b"ENOSPC")
 LOG_TAIL_BYTES = 8192
 WRITE_PATIENCE_S = 24 * 3600.0  # a full disk: how long the exit file is tried again
@@ -420,7 +422,7 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
     relay = _Relay()
     relay.install()  # before the child exists: a signal during start-up is kept, not lost
     env = {**(os.environ if child_env is None else child_env),
-           "MTC_TERMINATION_LOG": f"{exit_file}.msg"}  # why it failed
+           TERMINATION_LOG: f"{exit_file}.msg"}  # why it failed
     groups: list[str] = []
     try:
         for stale in (f"{exit_file}.msg", exit_file + DISK_SUFFIX):

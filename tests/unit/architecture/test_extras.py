@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
+PYTHONPATH = f"{ROOT}:{ROOT / 'shared' / 'sdk'}"  # the checkout's code, the SDK's source root too
 
 # distribution name -> the top-level modules it provides
 MODULES = {
@@ -60,7 +61,7 @@ def blocked_for(extra: str) -> list[str]:
 def run(extra: str, body: str) -> subprocess.CompletedProcess[str]:
     code = BLOCKER.format(blocked=blocked_for(extra), body=body)
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={"PYTHONPATH": str(ROOT),
+                          text=True, timeout=120, env={"PYTHONPATH": PYTHONPATH,
                                                        "PATH": "/usr/bin:/bin"})
 
 
@@ -96,9 +97,10 @@ def test_the_blocker_blocks() -> None:
             "try:\n    runpy.run_module('shared.adapters.compute.gce.power', run_name='__main__')\n"
             "except SystemExit as e:\n    assert e.code == 0, e.code\n"),
     ("sim", "import simulator.cli\n"),
-    # a training program's side: the checkpoint tiers with numpy and nothing of mtc's servers
-    ("program", "import shared.program.tiers, shared.program.cut\n"
-                "assert 'shared.adapters' not in sys.modules and 'shared.domain' not in sys.modules\n"),
+    # the in-job SDK's core with numpy alone (its packaging test installs it by itself)
+    ("program", "import mtc_program.tiers, mtc_program.cut, mtc_program.progress\n"
+                "import mtc_program.inprocess, mtc_program.env, mtc_program.scalars\n"
+                "assert not {'shared', 'services', 'simulator'} & {m.split('.')[0] for m in sys.modules}\n"),
 ])
 def test_each_part_runs_with_only_its_extra(extra: str, body: str) -> None:
     proc = run(extra, body)

@@ -1,4 +1,4 @@
-"""Per-rank heartbeats written by the program library (shared.program.progress, its writer
+"""Per-rank heartbeats written by the program library (mtc_program.progress, its writer
 thread included) and read by the adapters' RankWatch: a hang's culprit named on its node
 once, stragglers as a condition on change only, and the plain file protocol."""
 
@@ -8,10 +8,10 @@ import json
 import time
 from pathlib import Path
 
+from mtc_program.progress import RankProgress
 from shared.adapters.compute.protocol import progress_path
 from shared.adapters.compute.rank_progress import RankWatch, read_beats
 from shared.policies.hangs import HangConfig, SlowConfig
-from shared.program.progress import RankProgress
 
 NODES = {0: "n0", 1: "n1", 2: "n2", 3: "n3"}
 

@@ -1,4 +1,4 @@
-"""The program side of the in-process restart (``shared.program.inprocess``): its poll sees
+"""The program side of the in-process restart (``mtc_program.inprocess``): its poll sees
 each new order once, ignores stale and torn ones, holds until a restart or a deadline, and
 applies the new attempt's environment and log."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.program import inprocess
-from shared.program.inprocess import HOLD, RESTART, InProcessRestart, Order
+from mtc_program import inprocess
+from mtc_program.inprocess import HOLD, RESTART, InProcessRestart, Order
 
 
 def write(control: Path, order: Order) -> None:

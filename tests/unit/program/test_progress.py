@@ -1,4 +1,4 @@
-"""The per-rank progress library (shared.program.progress): compute vs wait per step, the
+"""The per-rank progress library (mtc_program.progress): compute vs wait per step, the
 collective with its sequence number, written by its thread while the loop is blocked, and
 carried in the tier checkpointer's heartbeat when the two are linked (one file, one writer)."""
 
@@ -9,8 +9,8 @@ import threading
 import time
 from pathlib import Path
 
-from shared.program.progress import RankProgress
-from shared.program.tiers import TieredCheckpointer, TierSettings
+from mtc_program.progress import RankProgress
+from mtc_program.tiers import TieredCheckpointer, TierSettings
 
 
 def read(path: Path) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""shared.program.tiers as a library: where each tier's entry goes, what a torn entry is,
+"""mtc_program.tiers as a library: where each tier's entry goes, what a torn entry is,
 the consistent cut, a lost node, retention, the heartbeat and the background writer."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.program import entries
-from shared.program.tiers import Restored, TieredCheckpointer, TierSettings
+from mtc_program import entries
+from mtc_program.tiers import Restored, TieredCheckpointer, TierSettings
 
 
 def state(step: int) -> dict[str, np.ndarray | bytes]:

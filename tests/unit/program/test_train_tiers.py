@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.program import entries
+from mtc_program import entries
 
 TRAIN = Path(__file__).resolve().parents[3] / "examples" / "train.py"
 STEPS = "40"

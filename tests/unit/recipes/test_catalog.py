@@ -8,8 +8,8 @@ import json
 import pytest
 
 from services.recipes.catalog import custom_job, names, program_config, raw, resolve
+from services.recipes.programs.lm_data import encode_example, sft_examples
 from shared.domain.errors import NotFound, ValidationError
-from shared.program.lm_data import encode_example, sft_examples
 
 
 def test_every_recipe_is_versioned_and_resolves_at_each_size() -> None:
@@ -69,7 +69,7 @@ def test_the_rl_reward_needs_the_floor_and_the_gain() -> None:
     assert not recipe.reward_within(0.0, 0.29)   # enough gain, under the floor
     body = custom_job(resolve("rl", ["size=tiny"]), python="python3")
     container = body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]
-    assert container["command"][1:] == ["-m", "shared.program.rl"]
+    assert container["command"][1:] == ["-m", "services.recipes.programs.rl"]
     assert json.loads(container["args"][1])["rl"]["kinds"] == [3]
 
 
@@ -86,7 +86,7 @@ def test_the_custom_job_has_vertex_layout_and_the_recipe_config() -> None:
     assert body["jobSpec"]["persistentResourceId"] == "c1"
     assert body["labels"] == {"mtc-recipe": "pretrain", "mtc-recipe-version": "1"}
     container = pools[0]["containerSpec"]
-    assert container["command"] == ["/usr/bin/python3", "-m", "shared.program.lm"]
+    assert container["command"] == ["/usr/bin/python3", "-m", "services.recipes.programs.lm"]
     assert json.loads(container["args"][1]) == json.loads(json.dumps(program_config(recipe)))
     single = custom_job(resolve("pretrain", ["size=tiny"]), python="python3")
     assert len(single["jobSpec"]["workerPoolSpecs"]) == 1

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from shared.program.lm_data import EOS, PAD, ByteTokenizer
+from services.recipes.programs.lm_data import EOS, PAD, ByteTokenizer
 
 torch = pytest.importorskip("torch")
-grpo = pytest.importorskip("shared.program.grpo")
+grpo = pytest.importorskip("services.recipes.programs.grpo")
 
 
 def ids(text: str, end: bool = True) -> list[int]:
@@ -42,7 +42,7 @@ def test_tasks_keep_only_the_kinds_asked() -> None:
 
 
 def test_a_policy_gradient_step_raises_the_rewarded_completion() -> None:
-    from shared.program.lm import build_model
+    from services.recipes.programs.lm import build_model
 
     torch.manual_seed(0)
     model = build_model({"family": "llama", "hidden_size": 32, "intermediate_size": 64,

@@ -18,9 +18,9 @@ pytest.importorskip("transformers.models.llama.modeling_llama")
 
 
 def train(recipe: Recipe, out: Path) -> dict[str, Any]:
-    from shared.program import lm, rl
-    from shared.program.runtime import Env
-    from shared.program.torch_checkpoint import Preemption
+    from mtc_program.torch_checkpoint import Preemption
+    from mtc_program.torch_runtime import Env
+    from services.recipes.programs import lm, rl
 
     env = Env.read({"AIP_CHECKPOINT_DIR": str(out / "checkpoints"),
                     "AIP_MODEL_DIR": str(out / "model")})
@@ -38,7 +38,7 @@ def test_pretrain_llama_then_continued_pretraining_land_in_their_ranges(tmp_path
     assert (checkpoint / ".metadata").is_file()
 
     # a durable checkpoint is a starting point too: the same weights as the saved model
-    from shared.program.lm import build_model
+    from services.recipes.programs.lm import build_model
 
     from_checkpoint = build_model({"family": "gemma"}, init_from=str(checkpoint))
     from_model = build_model({}, init_from=str(tmp_path / "pretrain" / "model"))

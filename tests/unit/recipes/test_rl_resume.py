@@ -30,9 +30,9 @@ CONFIG: dict[str, Any] = {
 
 
 def run(config: dict[str, Any], out: Path) -> dict[str, Any]:
-    from shared.program import rl
-    from shared.program.runtime import Env
-    from shared.program.torch_checkpoint import Preemption
+    from mtc_program.torch_checkpoint import Preemption
+    from mtc_program.torch_runtime import Env
+    from services.recipes.programs import rl
 
     env = Env.read({"AIP_CHECKPOINT_DIR": str(out / "checkpoints"),
                     "AIP_MODEL_DIR": str(out / "model")})

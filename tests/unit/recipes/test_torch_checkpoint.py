@@ -48,7 +48,7 @@ def step(model: Any, opt: Any, sched: Any, pos: Position) -> None:
 
 
 def test_restore_is_exact_and_only_complete_checkpoints_count(tmp_path: Path) -> None:
-    from shared.program.torch_checkpoint import Checkpointer, complete_checkpoints, deterministic
+    from mtc_program.torch_checkpoint import Checkpointer, complete_checkpoints, deterministic
 
     deterministic(0)
     a = parts(0)
@@ -80,7 +80,7 @@ def test_restore_is_exact_and_only_complete_checkpoints_count(tmp_path: Path) ->
 
 
 def test_sigterm_saves_and_asks_for_exit_75(tmp_path: Path) -> None:
-    from shared.program.torch_checkpoint import EXIT_PREEMPTED, Checkpointer, Preemption
+    from mtc_program.torch_checkpoint import EXIT_PREEMPTED, Checkpointer, Preemption
 
     model, opt, _, _ = parts(0)
     pre = Preemption()
@@ -95,7 +95,7 @@ def test_sigterm_saves_and_asks_for_exit_75(tmp_path: Path) -> None:
 def test_a_trial_reports_its_metric_through_hypertune(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("hypertune")
-    from shared.program.runtime import Hypertune
+    from mtc_program.torch_runtime import Hypertune
 
     metric = tmp_path / "output.metrics"
     monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric))

@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtc_program.protocol import JOB_NAME, JOB_TOKEN_FILE
 from shared.adapters.compute.protocol import safe_name
 
-TOKEN_FILE_ENV = "MTC_JOB_TOKEN_FILE"
-NAME_ENV = "MTC_JOB_NAME"
+TOKEN_FILE_ENV = JOB_TOKEN_FILE
+NAME_ENV = JOB_NAME
 API_ENV = "MTC_API"
 
 

@@ -1,5 +1,5 @@
 """In-process restart on the local compute: a live rank is held, not killed, and the next
-attempt takes its process (the program side: ``shared.program.inprocess``).
+attempt takes its process (the program side: ``mtc_program.inprocess``).
 
 Every rank is started with ``MTC_RESTART_FILE`` (its control file, beside its exit file). A
 program that declared it restarts in process (``<control>.state`` with its pid, a live
@@ -26,10 +26,10 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from mtc_program import inprocess
+from mtc_program.inprocess import HOLD, RESTART, Order
 from shared.adapters.compute.local.procs import end_group, rank_running, signal_rank
 from shared.adapters.compute.protocol import ExitCode
-from shared.program import inprocess
-from shared.program.inprocess import HOLD, RESTART, Order
 
 RESTART_FILE = inprocess.RESTART_FILE  # the managed environment's name for the control file
 PARK_S = 20.0  # how long a held process waits for the next attempt before it is ended

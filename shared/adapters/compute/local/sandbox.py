@@ -44,9 +44,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtc_program import protocol as p
 from shared.adapters.compute.protocol import progress_path, safe_name
 from shared.ports import WorkerSpec
-from shared.program import names as tier_names
 
 GCS_MOUNT = "/gcs"
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")  # a private tmpfs each, in every rank's namespace
@@ -219,8 +219,7 @@ def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
     """The rank's sandbox: ``job_dirs``/``job_files`` read-write (and owned by the job),
     ``read_only`` plus what the interpreter, the server's ``PYTHONPATH`` and the command
     need read-only."""
-    tiers = [env[k] for k in (tier_names.TIER1_DIR, tier_names.TIER2_DIR,
-                              tier_names.TIER2_SOURCE_DIR) if env.get(k)]
+    tiers = [env[k] for k in (p.TIER1_DIR, p.TIER2_DIR, p.TIER2_SOURCE_DIR) if env.get(k)]
     # a tier directory's parent (<node>/shm/<job>) holds the job's ranks and peer copies
     rw_dirs = [*job_dirs, *{str(Path(t).parent) for t in tiers}, home]
     hide = [*hidden, *([output_root] if output_root else []), GCS_MOUNT,
@@ -290,7 +289,7 @@ def metric_dir(spec: WorkerSpec, env: Mapping[str, str]) -> list[str]:
     """A trial's hypertune metric file's directory (``CLOUD_ML_HP_METRIC_FILE``, which the
     tuning service puts in the job's output directory), read-write for the job; a path
     anywhere else is not bound (the job's environment never opens a hidden directory)."""
-    raw = env.get("CLOUD_ML_HP_METRIC_FILE", "")
+    raw = env.get(p.HP_METRIC_FILE, "")
     if not raw.startswith("/"):
         return []
     # resolved: a link the job made inside its own directory must not lead outside it

@@ -24,12 +24,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from mtc_program import inprocess
+from mtc_program import protocol as p
+from mtc_program.inprocess import HOLD, RESTART, STANDBY, Order
 from shared.adapters.compute.local.inprocess import control_path
 from shared.adapters.compute.local.procs import end_group, rank_running, spawn_launcher, start_ticks
 from shared.adapters.compute.protocol import safe_name
 from shared.ports import WorkerSpec
-from shared.program import inprocess
-from shared.program.inprocess import HOLD, RESTART, STANDBY, Order
 
 MAX_LAUNCHES = 8  # per job and node: a program that cannot stand by stops being started
 # a standby's lease (a hold order's deadline): renewed at half its life by every poll while
@@ -76,10 +77,10 @@ def launcher(python: str, state_dir: Path, children: set[int], plan: Plan | None
         log.parent.mkdir(parents=True, exist_ok=True)
         full = {**env, inprocess.RESTART_FILE: str(control)}
         inprocess.atomic_write(control, Order(1, HOLD, deadline=time.time() + LEASE_S).to_json())
-        spec = WorkerSpec(job_id, 0, int(env.get("RANK", "0") or 0),
-                          int(env.get("WORLD_SIZE", "1") or 1), node_id, tuple(command), (),
-                          env.get("AIP_CHECKPOINT_DIR", ""), env.get("AIP_MODEL_DIR", ""),
-                          env.get("AIP_TENSORBOARD_LOG_DIR", ""), tuple(buckets))
+        spec = WorkerSpec(job_id, 0, int(env.get(p.RANK, "0") or 0),
+                          int(env.get(p.WORLD_SIZE, "1") or 1), node_id, tuple(command), (),
+                          env.get(p.CHECKPOINT_DIR, ""), env.get(p.MODEL_DIR, ""),
+                          env.get(p.TENSORBOARD_LOG_DIR, ""), tuple(buckets))
         sandboxed = plan(spec, full, exit_file, control, log) if plan is not None else None
         pid = spawn_launcher(python, exit_file, command, full, log, sandboxed)
         children.add(pid)

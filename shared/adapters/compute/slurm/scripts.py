@@ -48,10 +48,10 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from mtc_program import protocol as p
 from shared.adapters.compute.job_env import LAUNCHER_ENV
 from shared.adapters.compute.protocol import LAUNCHER, managed_env, progress_path, safe_name
 from shared.ports import Gang, RecoveryPlan, WorkerSpec
-from shared.program import names as tier_names
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SLURM_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -95,8 +95,8 @@ def write_scripts(
                                    gang.model_dir, gang.tensorboard_dir), master_addr, pools,
                         recovery=gang.recovery, port_salt=port_salt)
             for g in gang.groups]
-    templates = [spec_template(env.pop("CLUSTER_SPEC")) for env in envs]
-    tf_templates = [spec_template(env.pop("TF_CONFIG")) for env in envs]
+    templates = [spec_template(env.pop(p.CLUSTER_SPEC)) for env in envs]
+    tf_templates = [spec_template(env.pop(p.TF_CONFIG)) for env in envs]
     exports = [{env_name(k): v for k, v in env.items() if k not in PER_TASK} for env in envs]
     common = set.intersection(*(set(e.items()) for e in exports))
     hosts = [slurm_node(names.get(n)) for n in gang.node_ids]
@@ -119,13 +119,13 @@ def write_scripts(
         'case "${SLURMD_NODENAME:-}" in',
     ]
     plan = gang.recovery
-    lines += [f"    {q(names[n] or '')}) MTC_NODE_ID={q(n)}{_fresh_mark(plan, n)} ;;"
+    lines += [f"    {q(names[n] or '')}) {p.NODE_ID}={q(n)}{_fresh_mark(plan, n)} ;;"
               for n in gang.node_ids]
     lines += [
-        '    *) MTC_NODE_ID="${SLURMD_NODENAME:-unknown}" ;;',
+        f'    *) {p.NODE_ID}="${{SLURMD_NODENAME:-unknown}}" ;;',
         "esac",
-        "export MTC_NODE_ID",
-        *(["export MTC_RECOVERY_FRESH"] if plan is not None else []),
+        f"export {p.NODE_ID}",
+        *([f"export {p.RECOVERY_FRESH}"] if plan is not None else []),
         'export MTC_SLURM_NODE="${SLURMD_NODENAME:-}"',
     ]
     if peer_root is not None:
@@ -150,9 +150,9 @@ def write_scripts(
         "    exit 1",
         "fi",
         'spec="${spec//__MTC_INDEX__/$((RANK - first))}"',
-        'export CLUSTER_SPEC="${spec//__MTC_NODE__/$MTC_NODE_ID}"',
+        f'export {p.CLUSTER_SPEC}="${{spec//__MTC_NODE__/${p.NODE_ID}}}"',
         'tf="${tf//__MTC_INDEX__/$((RANK - first))}"',
-        'export TF_CONFIG="${tf//__MTC_NODE__/$MTC_NODE_ID}"',
+        f'export {p.TF_CONFIG}="${{tf//__MTC_NODE__/${p.NODE_ID}}}"',
         'export GROUP_RANK="$RANK" NODE_RANK="$RANK"',
         # the job's environment goes to the launcher in a file, for the command only: the
         # launcher runs isolated with a fixed environment (job_env)
@@ -222,16 +222,16 @@ def tier_lines(gang: Gang, run_dir: Path, peer_root: Path) -> list[str]:
         f'buddy=$(sed -n "$(( (RANK + 1) % tier_world + 1 ))p" {q(str(run_dir / "hostfile"))})',
         f'prev_world=$(wc -l < {q(str(run_dir / "prev-hostfile"))})',
         f'prev_buddy=$(sed -n "$(( (RANK + 1) % prev_world + 1 ))p" {q(str(run_dir / "prev-hostfile"))})',
-        f'export {tier_names.TIER1_DIR}={q(f"/dev/shm/mtc/{job}")}/rank-"$RANK"',
-        f'export {tier_names.TIER2_DIR}={q(str(peer_root))}/"$buddy"/shm/{q(job)}/peer/rank-"$RANK"',
-        f'export {tier_names.TIER2_SOURCE_DIR}={q(str(peer_root))}/"$prev_buddy"/shm/{q(job)}'
+        f'export {p.TIER1_DIR}={q(f"/dev/shm/mtc/{job}")}/rank-"$RANK"',
+        f'export {p.TIER2_DIR}={q(str(peer_root))}/"$buddy"/shm/{q(job)}/peer/rank-"$RANK"',
+        f'export {p.TIER2_SOURCE_DIR}={q(str(peer_root))}/"$prev_buddy"/shm/{q(job)}'
         '/peer/rank-"$RANK"',
-        f'export {tier_names.PROGRESS_FILE}={q(str(progress))}/rank-"$RANK".json',
+        f'export {p.PROGRESS_FILE}={q(str(progress))}/rank-"$RANK".json',
     ]
 
 
 # set per task by task.sh from Slurm's task id, not exported per pool
-PER_TASK = ("RANK", "MTC_NODE_ID", "GROUP_RANK", "NODE_RANK", "MTC_RECOVERY_FRESH")
+PER_TASK = (p.RANK, p.NODE_ID, p.GROUP_RANK, p.NODE_RANK, p.RECOVERY_FRESH)
 
 
 def spec_template(cluster_spec: str) -> str:
@@ -239,8 +239,8 @@ def spec_template(cluster_spec: str) -> str:
     The shell replaces every occurrence of the two marks, so a job whose own values hold
     one (an output path, say) is refused rather than silently altered."""
     if "__MTC_INDEX__" in cluster_spec or "__MTC_NODE__" in cluster_spec:
-        raise ValueError("the job's CLUSTER_SPEC holds __MTC_INDEX__ or __MTC_NODE__, which "
-                         "task.sh reserves for the task's index and node")
+        raise ValueError(f"the job's {p.CLUSTER_SPEC} holds __MTC_INDEX__ or __MTC_NODE__, "
+                         "which task.sh reserves for the task's index and node")
     doc = json.loads(cluster_spec)
     doc["task"]["index"] = "__MTC_INDEX__"
     doc["task"]["node_id"] = "__MTC_NODE__"
@@ -266,4 +266,4 @@ def _fresh_mark(plan: RecoveryPlan | None, node_id: str) -> str:
     """The node's ``MTC_RECOVERY_FRESH`` (``protocol.recovery_env``) in task.sh's case."""
     if plan is None:
         return ""
-    return f" MTC_RECOVERY_FRESH={1 if node_id in plan.fresh_node_ids else 0}"
+    return f" {p.RECOVERY_FRESH}={1 if node_id in plan.fresh_node_ids else 0}"

@@ -53,7 +53,7 @@ MAX_USER_JOBS = 256  # runs tracked at once: a bound on what one squeue can make
 USER_JOB_RETENTION_S = 86_400.0
 CHECKPOINT_COMMENT = "mtc:checkpoint-dir="
 MTC_JOB_PREFIX = "mtc-"
-KILLED = 137
+KILLED = int(ExitCode.KILLED)
 
 
 def checkpoint_dir(job: SlurmJob) -> str:

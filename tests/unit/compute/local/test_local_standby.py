@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from local_compute_support import poll_until
 
+from mtc_program.inprocess import read_state
 from shared.adapters.compute.local.compute import LocalCompute
 from shared.adapters.compute.local.procs import rank_running
 from shared.domain.events import JobWorkersExited
 from shared.ports import RecoveryPlan
-from shared.program.inprocess import read_state
 from tests.harness import Recorder, one_pool_gang
 
 TRAIN = Path(__file__).resolve().parents[4] / "examples" / "train.py"

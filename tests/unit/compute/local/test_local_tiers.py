@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from local_compute_support import FakeClock, poll_until
 
+from mtc_program import entries
 from shared.adapters.compute.local.compute import LocalCompute
 from shared.domain.events import JobCheckpointSaved, JobWorkersExited
 from shared.domain.health import RepairAction
-from shared.program import entries
 from tests.harness import Recorder, one_pool_gang
 
 TRAIN = Path(__file__).resolve().parents[4] / "examples" / "train.py"

@@ -1,4 +1,5 @@
-"""The consistent cut: the step every rank restores, agreed without a collective.
+"""The consistent cut: the step every rank restores, agreed without a collective; and a
+barrier through the same shared directory, for programs that have no collective at all.
 
 Why files and not a collective: a program need not have one (``examples/train.py`` has
 none), and the restore runs before any process group exists. Every rank of a job shares its
@@ -9,19 +10,26 @@ newest step that all of them can restore. Every rank reads the same files and co
 same step, so no rank decides for the others and none waits for a chief that may be dead.
 A rank that never posts (its process died) ends the gang anyway; the others give up after
 ``timeout_s`` with ``RestoreError`` rather than guess (a guess could mix steps).
+
+``barrier``: every rank of the attempt reaches a step before any goes on (a file per rank),
+so the ranks' tier entries share their steps as a data-parallel job's do; a rank asked to
+stop while it waits (a SIGTERM, an order to hold) stops waiting, so a dead peer never
+deadlocks it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from shared.program.entries import atomic_file
+from mtc_program.entries import atomic_file
 
 RENDEZVOUS = ".mtc-restore"  # under the durable directory; the protocol's scan ignores it
+BARRIER = "mtc-barrier"  # likewise: not a checkpoint name
 
 
 class RestoreError(RuntimeError):
@@ -88,3 +96,31 @@ def _prune(root: Path, attempt: int) -> None:
         name = child.name.removeprefix("attempt-")
         if name.isdigit() and int(name) < attempt - 1:
             shutil.rmtree(child, ignore_errors=True)
+
+
+def barrier(durable_dir: Path, rank: int, world_size: int, attempt: int | None, step: int,
+            stop: Callable[[], bool], poll_s: float = 0.002) -> bool:
+    """Wait until every rank of the attempt has reached ``step`` (see the module). True
+    when all arrived; False when ``stop()`` came first."""
+    if world_size <= 1:
+        return True
+    where = durable_dir / BARRIER / f"attempt-{attempt or 0}"
+    where.mkdir(parents=True, exist_ok=True)
+    tmp = where / f".rank-{rank}.{os.getpid()}.tmp"
+    tmp.write_text(str(step))  # no fsync: a barrier outlives no crash of the node
+    os.replace(tmp, where / f"rank-{rank}")  # whole or not at all
+
+    def arrived(other: int) -> bool:
+        try:
+            return int((where / f"rank-{other}").read_text() or -1) >= step
+        except (OSError, ValueError):
+            return False
+
+    waiting = [r for r in range(world_size) if r != rank]
+    while waiting:
+        waiting = [r for r in waiting if not arrived(r)]
+        if waiting and stop():
+            return False
+        if waiting:
+            time.sleep(poll_s)
+    return True

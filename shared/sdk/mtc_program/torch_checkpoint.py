@@ -1,4 +1,4 @@
-"""Checkpoints the PyTorch way, for programs mtc runs (``import shared.program.torch_checkpoint``).
+"""Checkpoints the PyTorch way, for programs mtc runs (the ``torch`` extra).
 
 ``Checkpointer`` saves and restores, with ``torch.distributed.checkpoint`` (``dcp.save`` /
 ``dcp.load``; the model and optimizer through ``get_state_dict`` / ``set_state_dict``, so a
@@ -10,7 +10,7 @@ DDP wrapper's prefix and the optimizer's lazily built state are handled the PyTo
   under a key of its own (``rng.rank<r>``), so a resumed rank draws what it would have drawn.
 
 Where: ``AIP_CHECKPOINT_DIR/ckpt-<step:08d>/``, the name the control plane's checkpoint scan
-knows (``shared.adapters.compute.protocol``). Atomically: every rank writes into
+knows (``mtc_program.protocol``). Atomically: every rank writes into
 ``.ckpt-<step>.tmp`` (a name the scan ignores), ``dcp.save`` returns on every rank only once
 the coordinator has written ``.metadata``, then rank 0 renames the directory and writes the
 save's blocking seconds beside it (``ckpt-<step>.save_s``, which feeds mtc's checkpoint
@@ -36,12 +36,10 @@ import os
 import pickle
 import random
 import shutil
-import signal
 import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -56,16 +54,17 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from shared.program.torch_tiers import STATE_KEY, TorchTiers, load_into
+from mtc_program.protocol import CHECKPOINT_PREFIX, SAVE_S_SUFFIX, ExitCode, checkpoint_name
+from mtc_program.signals import Preemption
+from mtc_program.torch_tiers import STATE_KEY, TorchTiers, load_into
+
+__all__ = ["EXIT_OK", "EXIT_PREEMPTED", "Checkpointer", "Preemption", "RngState", "TrainingState",
+           "checkpoint_name", "complete_checkpoints", "deterministic", "load_model_weights"]
 
 # one process saves alone (no process group): dcp's warning about it says nothing new
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-EXIT_OK, EXIT_PREEMPTED = 0, 75  # the worker protocol's codes (shared.adapters.compute.protocol)
+EXIT_OK, EXIT_PREEMPTED = int(ExitCode.OK), int(ExitCode.PREEMPTED)
 METADATA = ".metadata"
-
-
-def checkpoint_name(step: int) -> str:
-    return f"ckpt-{step:08d}"
 
 
 def deterministic(seed: int) -> None:
@@ -86,24 +85,10 @@ def complete_checkpoints(directory: Path) -> dict[int, Path]:
         return found
     for entry in entries:
         name = entry.name
-        if name.startswith("ckpt-") and name[5:].isdigit() and (entry / METADATA).is_file():
-            found[int(name[5:])] = entry
+        digits = name.removeprefix(CHECKPOINT_PREFIX)
+        if digits != name and digits.isdigit() and (entry / METADATA).is_file():
+            found[int(digits)] = entry
     return found
-
-
-class Preemption:
-    """SIGTERM/SIGINT become a flag read between steps (install it first thing in main)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-
-    def install(self) -> Preemption:
-        signal.signal(signal.SIGTERM, self._handle)
-        signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
 
 
 class RngState:
@@ -213,7 +198,7 @@ class Checkpointer:
             os.replace(tmp, final)
             _fsync_dir(self.directory)
             self.last_save_s = time.perf_counter() - started
-            side = final.with_name(final.name + ".save_s")
+            side = final.with_name(final.name + SAVE_S_SUFFIX)
             side.write_text(f"{self.last_save_s:.6f}\n")
         self._barrier()
         self.saved_step = step

@@ -13,7 +13,7 @@ Tier 3 (durable) keeps the worker protocol's format, so the adapters' scan
 (``checkpoint_steps``) and every program that reads ``ckpt-<step:08d>.npz`` keep working:
 the npz appears by rename (the protocol's commit point) with its ``.save_s`` written before
 it, then ``<name>.manifest.json`` beside it. A durable npz with a manifest must match its
-hash; one without (a program of before the tiers, or a crash between the rename and the
+hash; one without (a program that writes the protocol's npz itself, or a crash between the rename and the
 manifest) is used if every member reads back (the zip's CRC-32 checks each one).
 """
 
@@ -24,7 +24,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import tempfile
 import zipfile
@@ -34,10 +33,19 @@ from pathlib import Path
 
 import numpy as np
 
+from mtc_program.protocol import (
+    DURABLE,
+    DURABLE_RE,
+    ENTRY_RE,
+    MANIFEST,
+    MANIFEST_SUFFIX,
+    PAYLOAD,
+    SAVE_S_SUFFIX,
+    checkpoint_name,
+    entry_name,
+)
+
 FORMAT = 1
-PAYLOAD, MANIFEST = "payload.npz", "manifest.json"
-ENTRY_RE = re.compile(r"^step-(\d{10})$")
-DURABLE_RE = re.compile(r"^ckpt-(\d{8,})\.npz$")
 BYTES_PREFIX = "__bytes__"  # a bytes value travels as a uint8 array under this prefix
 
 State = Mapping[str, "np.ndarray | bytes"]
@@ -120,10 +128,6 @@ def manifest(step: int, rank: int, world_size: int, payload: bytes) -> dict[str,
             "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
 
 
-def entry_name(step: int) -> str:
-    return f"step-{step:010d}"
-
-
 def write_entry(directory: Path, step: int, rank: int, world_size: int, payload: bytes) -> Path:
     """Write a tier-1/2 entry atomically (see the module docstring); returns its directory.
     An entry of the same step already there is replaced whole."""
@@ -151,11 +155,11 @@ def write_durable(directory: Path, step: int, rank: int, world_size: int, payloa
     """The durable entry in the protocol's format: ``.save_s`` (if given), then the npz by
     rename, then its manifest."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"ckpt-{step:08d}.npz"
+    path = directory / checkpoint_name(step, ".npz")
     if save_s is not None:
-        atomic_file(path.with_name(path.name + ".save_s"), f"{max(save_s, 1e-6):.6f}\n".encode())
+        atomic_file(path.with_name(path.name + SAVE_S_SUFFIX), f"{max(save_s, 1e-6):.6f}\n".encode())
     atomic_file(path, payload)
-    atomic_file(path.with_name(path.name + ".manifest.json"),
+    atomic_file(path.with_name(path.name + MANIFEST_SUFFIX),
                 json.dumps(manifest(step, rank, world_size, payload)).encode())
     return path
 
@@ -205,13 +209,13 @@ def list_durable(directory: Path, rank: int, world_size: int) -> list[Entry]:
         m = DURABLE_RE.match(child.name)
         if not m:
             continue
-        data = _read_manifest(child.with_name(child.name + ".manifest.json"))
+        data = _read_manifest(child.with_name(child.name + MANIFEST_SUFFIX))
         if data is not None and data["step"] != int(m.group(1)):
             continue
         if data is None:
-            out.append(Entry("durable", int(m.group(1)), 0, world_size, child, None, None))
+            out.append(Entry(DURABLE, int(m.group(1)), 0, world_size, child, None, None))
         else:
-            out.append(Entry("durable", int(m.group(1)), int(data["rank"]),  # type: ignore[call-overload]
+            out.append(Entry(DURABLE, int(m.group(1)), int(data["rank"]),  # type: ignore[call-overload]
                              int(data["world_size"]), child,  # type: ignore[call-overload]
                              str(data["sha256"]), int(data["size"])))  # type: ignore[call-overload]
     return sorted(out, key=lambda e: e.step, reverse=True)
@@ -264,8 +268,8 @@ def prune_durable(directory: Path, keep: int) -> list[int]:
     except OSError:
         return removed
     for step, path in found[:-keep] if keep > 0 else []:
-        for p in (path, path.with_name(path.name + ".save_s"),
-                  path.with_name(path.name + ".manifest.json")):
+        for p in (path, path.with_name(path.name + SAVE_S_SUFFIX),
+                  path.with_name(path.name + MANIFEST_SUFFIX)):
             with contextlib.suppress(OSError):
                 p.unlink()
         removed.append(step)

@@ -2,7 +2,7 @@
 
 ``torch_checkpoint.Checkpointer`` writes the durable tier with ``torch.distributed.checkpoint``
 (``AIP_CHECKPOINT_DIR/ckpt-<step>/``). When the managed environment names the tiers
-(``MTC_TIER1_DIR``; ``shared.program.names``), ``TorchTiers`` adds the two near ones through
+(``MTC_TIER1_DIR``; ``mtc_program.protocol``), ``TorchTiers`` adds the two near ones through
 the same ``TieredCheckpointer`` the numpy programs use:
 
 * every ``MTC_TIER1_EVERY`` steps (the recipe's ``checkpoint.memory_every`` by default) each
@@ -18,7 +18,7 @@ the same ``TieredCheckpointer`` the numpy programs use:
 * every step is a heartbeat at a bounded rate (``MTC_PROGRESS_FILE``), which is how the
   control plane measures a torch job's first step and what each rank would lose.
 
-Without ``MTC_TIER1_DIR`` there is no ``TorchTiers``: durable only, as before.
+Without ``MTC_TIER1_DIR`` there is no ``TorchTiers``: durable only.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from shared.program.tiers import Restored, TieredCheckpointer, TierSettings
+from mtc_program import protocol as p
+from mtc_program.tiers import Restored, TieredCheckpointer, TierSettings
 
 STATE_KEY = "state"  # the one member of a torch tier entry: the torch.save bytes
 
@@ -66,7 +67,7 @@ class TorchTiers:
     def from_env(cls, env: Mapping[str, str], *, durable_dir: Path, rank: int, world_size: int,
                  memory_every: int, log: Callable[[str], None] = print) -> TorchTiers | None:
         """None when the managed environment names no tiers (durable only)."""
-        if not env.get("MTC_TIER1_DIR", "").strip():
+        if not env.get(p.TIER1_DIR, "").strip():
             return None
         settings = TierSettings.from_env(env, durable_dir=durable_dir, rank=rank,
                                          world_size=world_size, tier1_every=memory_every,

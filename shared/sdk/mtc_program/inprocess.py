@@ -21,7 +21,7 @@ that can drop its current step and restore in process says so with ``declare()``
 The program's answers go to ``<control file>.state`` (JSON: ``pid``, the ``held``
 generation, the ``applied`` one): the adapter counts a rank as out of the attempt only once
 it has answered ``held`` (its save is complete), and knows whom to signal by ``pid``.
-A program that never calls ``declare()`` gets today's process restart, unchanged.
+A program that never calls ``declare()`` is restarted as a new process, as any program is.
 
 A *warm standby* is a process the adapter starts beside a job that declared, with
 ``MTC_STANDBY=1``: the program imports, declares and calls ``standby()`` before it trains;
@@ -41,8 +41,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RESTART_FILE = "MTC_RESTART_FILE"
-STANDBY = "MTC_STANDBY"  # set (to 1) in a warm standby's environment: wait for a rank (standby())
+from mtc_program.protocol import RESTART_FILE, STANDBY
+
+__all__ = ["HOLD", "RESTART", "RESTART_FILE", "STANDBY", "InProcessRestart", "Order",
+           "atomic_write", "read_order", "read_state", "state_path"]
+
 HOLD, RESTART = "hold", "restart"
 STATE_SUFFIX = ".state"
 

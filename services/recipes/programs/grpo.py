@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from shared.program.lm_data import BOS, EOS, PAD, ByteTokenizer, sft_examples
+from services.recipes.programs.lm_data import BOS, EOS, PAD, ByteTokenizer, sft_examples
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A program hands its state (named numpy arrays or bytes) and its step to a
 ``TieredCheckpointer``; the managed environment says where the tiers are
-(``shared.program.names``):
+(``mtc_program.protocol``):
 
 * tier 1, ``memory``: this rank's directory in its node's memory (``MTC_TIER1_DIR``, tmpfs),
   every ``MTC_TIER1_EVERY`` steps. The step blocks only for the snapshot (an in-memory copy
@@ -12,7 +12,7 @@ A program hands its state (named numpy arrays or bytes) and its step to a
   node, so one node's loss never takes both copies.
 * tier 3, ``durable``: ``AIP_CHECKPOINT_DIR`` in the worker protocol's ``ckpt-<step>.npz``
   format (the adapters' scan and older programs keep working), every ``MTC_TIER3_EVERY``
-  steps and on SIGTERM; written before ``save`` returns, as today.
+  steps and on SIGTERM; written before ``save`` returns.
 
 Entries are atomic with a manifest written last (``entries``); a torn one is never used.
 ``restore`` finds the steps this rank can restore on every tier it reaches, agrees with the
@@ -24,7 +24,7 @@ newest ``MTC_TIER_KEEP`` entries per tier (``MTC_TIER3_KEEP`` durable). A heartb
 (``MTC_PROGRESS_FILE``) tells the control plane the step, the newest step per tier and the
 last save's tier and blocking seconds, at most every ``progress_interval_s``.
 
-Without ``MTC_TIER1_DIR`` the checkpointer is durable-only: today's behaviour.
+Without ``MTC_TIER1_DIR`` the checkpointer is durable-only.
 """
 
 from __future__ import annotations
@@ -41,25 +41,13 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.program import entries
-from shared.program import names as n
-from shared.program.cut import agree
-from shared.program.entries import Entry, State
+from mtc_program import entries
+from mtc_program import protocol as n
+from mtc_program.cut import agree
+from mtc_program.entries import Entry, State
+from mtc_program.env import env_int as _int
 
-TIER_ORDER = (n.MEMORY, n.PEER, n.DURABLE)  # nearest first: restore prefers this order
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}")
-    return value
+TIER_ORDER = n.TIERS  # nearest first: restore prefers this order
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -113,7 +101,7 @@ class TierSettings:
         t1 = _path(env, n.TIER1_DIR)
         every1 = _int(env, n.TIER1_EVERY, tier1_every) if t1 else 0
         t2 = _path(env, n.TIER2_DIR) if t1 else None
-        attempt_raw = env.get("MTC_JOB_ATTEMPT", "").strip()
+        attempt_raw = env.get(n.JOB_ATTEMPT, "").strip()
         return cls(
             rank=rank, world_size=world_size, durable_dir=durable_dir,
             tier1_dir=t1, tier2_dir=t2,
@@ -187,7 +175,7 @@ class TieredCheckpointer:
         self._first_step_pending = True
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=1)
         self._thread: threading.Thread | None = None
-        # more heartbeat fields (``shared.program.progress.RankProgress.link``: per-rank progress)
+        # more heartbeat fields (``mtc_program.progress.RankProgress.link``: per-rank progress)
         self.extra: Callable[[], dict[str, object]] | None = None
 
     # ------------------------------------------------------------ saving

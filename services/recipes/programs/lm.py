@@ -1,9 +1,9 @@
 """The recipes' training program: a tiny Llama- or Gemma-shaped causal LM, pretrained on the
 standard library's sources or fine-tuned on generated tasks, under torch.distributed.
 
-``python -m shared.program.lm --config '<json>'`` (``mtc recipe run`` writes the JSON: a
+``python -m services.recipes.programs.lm --config '<json>'`` (``mtc recipe run`` writes the JSON: a
 recipe with its ``--set`` overrides applied, see ``services/recipes``). It runs unchanged
-under mtc, ``torchrun`` or Vertex (``shared.program.runtime.Env``): data parallel over gloo
+under mtc, ``torchrun`` or Vertex (``mtc_program.torch_runtime.Env``): data parallel over gloo
 on CPU or NCCL on GPUs (``average_gradients``: one all-reduce per parameter, in a fixed
 order), checkpoints with ``torch.distributed.checkpoint`` every ``checkpoint.every`` steps
 and on SIGTERM (then exit 75), resume from the newest complete one, TensorBoard scalars
@@ -11,7 +11,7 @@ continuous across attempts, hypertune when it is a trial. At the end rank 0 writ
 (``save_pretrained``: config.json and safetensors) and ``metrics.json`` (the final loss, the
 tokens per second) into ``AIP_MODEL_DIR``.
 
-Config keys: ``task`` (pretrain | sft; rl is ``python -m shared.program.rl``, its own loop),
+Config keys: ``task`` (pretrain | sft; rl is ``python -m services.recipes.programs.rl``, its own loop),
 ``model`` (``family``: llama | gemma, and the architecture's config fields), ``data``
 (``seq_len``, ``corpus_bytes`` or ``examples``),
 ``hyperparameters`` (``steps``, ``batch_size``, ``lr``, ``warmup``, ``weight_decay``,
@@ -36,10 +36,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from shared.program.lm_data import VOCAB_SIZE, SftStream, TokenStream, stdlib_corpus
-from shared.program.progress import RankProgress
-from shared.program.runtime import Env, Hypertune, Scalars, exit_now
-from shared.program.torch_checkpoint import (
+from mtc_program.progress import RankProgress
+from mtc_program.scalars import Scalars
+from mtc_program.torch_checkpoint import (
     EXIT_OK,
     EXIT_PREEMPTED,
     METADATA,
@@ -48,7 +47,9 @@ from shared.program.torch_checkpoint import (
     deterministic,
     load_model_weights,
 )
-from shared.program.torch_tiers import TorchTiers
+from mtc_program.torch_runtime import Env, Hypertune, exit_now
+from mtc_program.torch_tiers import TorchTiers
+from services.recipes.programs.lm_data import VOCAB_SIZE, SftStream, TokenStream, stdlib_corpus
 
 FAMILIES = ("llama", "gemma")
 
@@ -169,7 +170,7 @@ def next_token_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer
 def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
     if config.get("task", "pretrain") not in ("pretrain", "sft"):
         raise ValueError(f"task {config.get('task')!r}: this loop runs pretrain and sft "
-                         "(rl: python -m shared.program.rl)")
+                         "(rl: python -m services.recipes.programs.rl)")
 
     def log(msg: str) -> None:
         print(f"[lm rank {env.rank}/{env.world_size}] {msg}", flush=True)
@@ -263,7 +264,7 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
 
 
 def main(argv: list[str] | None = None, loop: Any = None,
-         prog: str = "python -m shared.program.lm") -> int:
+         prog: str = "python -m services.recipes.programs.lm") -> int:
     """The entry point; ``loop``: another training loop with ``train``'s signature (RL's)."""
     preemption = Preemption().install()  # first, so a signal during start-up is not lost
     p = argparse.ArgumentParser(prog=prog)

@@ -2,7 +2,7 @@
 in the rank's heartbeat (``MTC_PROGRESS_FILE``) at a bounded rate (standard library only).
 
 The control plane finds a hang and names its culprit from these files
-(``shared.policies.hangs``): the rank that did not enter the collective the others wait in,
+(mtc's hang policy): the rank that did not enter the collective the others wait in,
 or the one whose heartbeat stopped inside it. A rank blocked in a collective cannot write
 from its training loop, so a daemon thread rewrites the file every ``interval_s`` from what
 the loop last recorded; a stopped process (SIGSTOP, a dead GPU driver call) stops writing
@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from shared.program import names as n
+from mtc_program import protocol as n
 
 KEEP_STEPS = 64  # the newest steps' timings a heartbeat carries (bounded size)
 ENTERED, LEFT = "entered", "left"
@@ -72,7 +72,7 @@ class RankProgress:
     @classmethod
     def from_env(cls, env: Mapping[str, str], rank: int) -> RankProgress:
         raw = env.get(n.PROGRESS_FILE, "").strip()
-        attempt = env.get("MTC_JOB_ATTEMPT", "").strip()
+        attempt = env.get(n.JOB_ATTEMPT, "").strip()
         try:
             interval = float(env.get(n.PROGRESS_INTERVAL_S, "") or 5.0)
         except ValueError:

@@ -1,6 +1,6 @@
-"""The RL recipe's loop (``task: rl``; ``python -m shared.program.rl --config '<json>'``, the
-same entry point as ``shared.program.lm``'s): GRPO-style
-training (``shared.program.grpo``) of the same tiny causal LM, healed like the others.
+"""The RL recipe's loop (``task: rl``; ``python -m services.recipes.programs.rl --config
+'<json>'``, the same entry point as ``lm``'s): GRPO-style training (``grpo``) of the same tiny
+causal LM, healed like the others.
 
 Where the policy starts: ``init_from`` (an SFT model's directory from the registry, or a
 durable ``ckpt-<step>``), or, from random weights, ``rl.sft_steps`` steps of SFT on the
@@ -28,8 +28,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shared.program import grpo, lm
-from shared.program.lm import (
+from mtc_program.progress import RankProgress
+from mtc_program.scalars import Scalars
+from mtc_program.torch_checkpoint import (
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    Checkpointer,
+    Preemption,
+    deterministic,
+)
+from mtc_program.torch_runtime import Env, Hypertune, exit_now
+from mtc_program.torch_tiers import TorchTiers
+from services.recipes.programs import grpo, lm
+from services.recipes.programs.lm import (
     MODEL_CONFIG,
     LossMeter,
     average_gradients,
@@ -37,17 +48,7 @@ from shared.program.lm import (
     lr_lambda,
     model_spec,
 )
-from shared.program.lm_data import SftStream, encode_example
-from shared.program.progress import RankProgress
-from shared.program.runtime import Env, Hypertune, Scalars, exit_now
-from shared.program.torch_checkpoint import (
-    EXIT_OK,
-    EXIT_PREEMPTED,
-    Checkpointer,
-    Preemption,
-    deterministic,
-)
-from shared.program.torch_tiers import TorchTiers
+from services.recipes.programs.lm_data import SftStream, encode_example
 
 EVAL_SEED = 99_991  # held-out prompts: a generator seed the training prompts never use
 
@@ -209,7 +210,7 @@ def rl_step(model: torch.nn.Module, reference: torch.nn.Module | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    return lm.main(argv, loop=train, prog="python -m shared.program.rl")
+    return lm.main(argv, loop=train, prog="python -m services.recipes.programs.rl")
 
 
 if __name__ == "__main__":

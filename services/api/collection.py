@@ -84,6 +84,7 @@ class Collection(Generic[T]):
     # then not used for lists). Given a filter's terms it may push them down: leave out
     # what cannot match, or answer an entry's item None (looked at, and ruled out before
     # rendering); the rendered resource is matched after, so it may keep more than match.
+    # Its ``render`` gives the ``item`` model's JSON (validated): a page is answered as is.
     seek: Callable[[Scope, Any, int, list[Term]], list[tuple[Any, T | None]]] | None = None
     find: Callable[[Scope, str], T] | None = None
     stop: Callable[[Scope, str, T], None] | None = None
@@ -99,11 +100,12 @@ class Collection(Generic[T]):
         ctx.refresh()
         with ctx.unit() as uow:
             scope = Scope(ctx, uow, parent, owner)
-            if self.seek is not None:
+            if self.seek is not None:  # its items are the item model's JSON already
                 page = self._seek_page(scope, terms, limit, token, filter_text or "")
-                items = [self.item.model_validate(r) for r in page.items]
-                return self.response(**{self.items_field: items,
-                                        "next_page_token": page.next_page_token}).to_json()
+                answer = self.response(**{self.items_field: [],
+                                          "next_page_token": page.next_page_token}).to_json()
+                answer[self.response.model_fields[self.items_field].alias or ""] = page.items
+                return answer
             found = list(self.load(scope))
             if terms:
                 shown = [r for r in (self.render(scope, item) for item in found) if r is not None]

@@ -73,11 +73,11 @@ def _field(key: str) -> str:
 def _where(equals: dict[str, Any]) -> tuple[str, list[Any]]:
     clauses, params = [], []
     for key, value in equals.items():
-        _field(key)
+        field = _field(key)
         if value is None:
-            clauses.append(f"json_extract(data, '$.{key}') IS NULL")
+            clauses.append(f"{field} IS NULL")
         else:
-            clauses.append(f"json_extract(data, '$.{key}') = ?")
+            clauses.append(f"{field} = ?")
             params.append(int(value) if isinstance(value, bool) else value)
     return "".join(f" AND {c}" for c in clauses), params
 

@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from load_stats import pct  # noqa: E402
 from stack import Stack, running  # noqa: E402
 
 from shared.adapters.docstore import PROCESSED  # noqa: E402
@@ -90,13 +91,6 @@ def healthy(at: float) -> tuple[dict[str, Any], ...]:
 def xid79(at: float) -> tuple[dict[str, Any], ...]:
     return (Condition(ConditionType.XID_ERROR.value, ConditionStatus.TRUE, "Xid 79", at,
                       {"xids": [79]}).to_dict(),)
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 class Tap:

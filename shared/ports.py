@@ -53,6 +53,10 @@ class JobRepo(Protocol):
         ...
     def add(self, job: Job) -> None: ...
     def list(self, cluster_id: str | None = None, **equals: Any) -> list[Job]: ...
+    def ids(self, **equals: Any) -> AbstractSet[str]:
+        """The ids of the jobs whose fields equal ``equals``, without reading the jobs (keys
+        only); read-only, and valid while the unit of work lasts."""
+        ...
 
 
 class PartitionRepo(Protocol):
@@ -104,6 +108,9 @@ class UnitOfWorkFactory(Protocol):
         ...
 
 
+PageKey = tuple[Any, str]  # (the order field's value, the document id) of a page's last document
+
+
 class DocTransaction(Protocol):
     def get(self, collection: str, doc_id: str) -> dict[str, Any] | None: ...
     def get_if(self, collection: str, doc_id: str, equals: dict[str, Any]
@@ -114,6 +121,15 @@ class DocTransaction(Protocol):
         the id). On sqlite that holds for the fields ``sqlite_store.OWNERS`` indexes."""
         ...
     def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]: ...
+    def page(self, collection: str, equals: dict[str, Any], order: str, *,
+             after: PageKey | None = None, limit: int) -> list[tuple[str, dict[str, Any]]]:
+        """(id, document) of at most ``limit`` documents ``query`` would return, in ascending
+        (``order`` field, id) order, and only those after ``after`` (the previous page's
+        last key): one page of a list, read through an index (sqlite's expression index,
+        Firestore's composite one), so a page costs its own documents, not the
+        collection's. The ``order`` field holds values of one type in every matching
+        document."""
+        ...
     def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
     def delete(self, collection: str, doc_id: str) -> None: ...
     def commit(self) -> None: ...
@@ -171,6 +187,18 @@ class IndexedTransaction(DocTransaction, KeysOnly, Projection, Protocol):
     def peek(self, collection: str, doc_id: str) -> dict[str, Any] | None:
         """``get`` without the copy, for a reader that never changes what it is given."""
         ...
+
+
+class KeyedTransaction(DocTransaction, KeysOnly, Protocol):
+    """A transaction of a :class:`KeyQueries` store."""
+
+
+@runtime_checkable
+class KeyQueries(Protocol):
+    """A store whose transactions answer keys-only queries from its own indexes (sqlite:
+    the ids, not the documents), though its documents still go through JSON."""
+
+    def begin_keyed(self, *, read_only: bool = False) -> KeyedTransaction: ...
 
 
 @runtime_checkable

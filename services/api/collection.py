@@ -5,6 +5,8 @@ under a parent, how one is rendered, how one is stopped, its create and delete) 
 ``Collection``: list with an AIP-160 filter and AIP-158 paging, get, cancel, and the handlers
 the route table (``services.api.routes``) serves them by. Filters match the rendered wire
 resource, so a filter sees exactly what a GET shows; a list without one renders only its page.
+A collection that can ``seek`` reads a list from the store a page at a time (an index's
+range, keyset page tokens) and bounds what a filtered page examines.
 Creates share a generated id, the check of the cluster a resource runs on, and the answer to
 a retried create (``prior_create``): a create the client names by its own id, or by a
 ``requestId`` (AIP-155) from which the id it gets is derived, answers a retry with what the
@@ -26,11 +28,24 @@ from services.api.call import Call
 from services.api.context import RESOURCES, ApiContext, create_id, find_record, resource_key
 from services.api.errors import ApiError, FieldViolation, invalid
 from services.api.names import Parent
-from services.api.paging import Page, matches, page_size, paginate, parse_filter, resource_field
+from services.api.paging import (
+    Page,
+    Term,
+    cursor_token,
+    matches,
+    page_size,
+    paginate,
+    parse_filter,
+    resource_field,
+    token_cursor,
+)
 from services.api.wire.proto_json import Message
 
 T = TypeVar("T")
 Json = dict[str, Any]
+SCAN_CHUNK = 100  # a filtered list reads up to this many items from the store at a time
+SCAN_ITEMS = 500  # and examines at most this many in one call,
+RENDERED_ITEMS = 100  # rendering at most this many (those its pushdown kept)
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,13 @@ class Collection(Generic[T]):
     render: Callable[[Scope, T], Json | None]  # None: gone since listed (left off the page)
     filterable: tuple[str, ...] = ()
     field: Callable[[Json, str], Any] = resource_field  # a filter term's value in a resource
+    # keyset paging: up to ``limit`` entries after a key (None: from the start), each with
+    # its own key (JSON), in list order, read from the store a page at a time (``load`` is
+    # then not used for lists). Given a filter's terms it may push them down: leave out
+    # what cannot match, or answer an entry's item None (looked at, and ruled out before
+    # rendering); the rendered resource is matched after, so it may keep more than match.
+    # Its ``render`` gives the ``item`` model's JSON (validated): a page is answered as is.
+    seek: Callable[[Scope, Any, int, list[Term]], list[tuple[Any, T | None]]] | None = None
     find: Callable[[Scope, str], T] | None = None
     stop: Callable[[Scope, str, T], None] | None = None
     create: Callable[[ApiContext, Parent, Any, str | None, str | None], Json] | None = None
@@ -83,6 +105,12 @@ class Collection(Generic[T]):
         ctx.refresh()
         with ctx.unit() as uow:
             scope = Scope(ctx, uow, parent, owner)
+            if self.seek is not None:  # its items are the item model's JSON already
+                page = self._seek_page(scope, terms, limit, token, filter_text or "")
+                answer = self.response(**{self.items_field: [],
+                                          "next_page_token": page.next_page_token}).to_json()
+                answer[self.response.model_fields[self.items_field].alias or ""] = page.items
+                return answer
             found = list(self.load(scope))
             if terms:
                 shown = [r for r in (self.render(scope, item) for item in found) if r is not None]
@@ -95,6 +123,43 @@ class Collection(Generic[T]):
         items = [self.item.model_validate(r) for r in page.items]
         return self.response(**{self.items_field: items,
                                 "next_page_token": page.next_page_token}).to_json()
+
+    def _seek_page(self, scope: Scope, terms: list[Term], limit: int, token: str | None,
+                   filter_text: str) -> Page:
+        """A page read from the store a page at a time. Unfiltered: the page and one more
+        item (is there a next page?), only the page rendered. Filtered: items in order until
+        the page is full or ``SCAN_ITEMS`` were examined (``RENDERED_ITEMS`` rendered): a
+        page may then be short, even empty, with a token to go on from (AIP-158), so no
+        call costs the whole collection."""
+        assert self.seek is not None
+        after = token_cursor(token, filter_text)
+        if not terms:
+            rows = self.seek(scope, after, limit + 1, terms)
+            rendered_page = (self.render(scope, item) for _, item in rows[:limit]
+                             if item is not None)
+            return Page([r for r in rendered_page if r is not None],
+                        cursor_token(rows[limit - 1][0], filter_text) if len(rows) > limit
+                        else "")
+        kept: list[Json] = []
+        examined = rendered = 0
+        chunk = min(limit + 1, SCAN_CHUNK)  # a page's worth first: most filters match often
+        while True:
+            rows = self.seek(scope, after, chunk, terms)
+            done = len(rows) < chunk  # the store has no more
+            for i, (key, item) in enumerate(rows, 1):
+                after, examined = key, examined + 1
+                if item is not None:
+                    rendered += 1
+                    shown = self.render(scope, item)
+                    if shown is not None and matches(terms, functools.partial(self.field,
+                                                                              shown)):
+                        kept.append(shown)
+                if len(kept) == limit or examined >= SCAN_ITEMS or rendered >= RENDERED_ITEMS:
+                    last = done and i == len(rows)
+                    return Page(kept, "" if last else cursor_token(after, filter_text))
+            if done:
+                return Page(kept, "")
+            chunk = min(2 * chunk, SCAN_CHUNK)
 
     def get(self, ctx: ApiContext, parent: Parent, rid: str) -> Json:
         ctx.refresh()

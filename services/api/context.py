@@ -20,6 +20,7 @@ from services.api.names import Parent
 from shared.adapters.docstore import API_RESOURCES
 from shared.domain.errors import Conflict, InvalidTransition, NotFound, ValidationError
 from shared.handling import Runtime, command_unit
+from shared.ports import PageKey
 
 RESOURCES = API_RESOURCES  # {kind, id, domain, project, location, parent, resource, created}
 
@@ -145,3 +146,12 @@ def save_record(uow: Any, kind: str, resource_id: str, parent: Parent,
 def records_of(uow: Any, kind: str, parent: Parent) -> list[dict[str, Any]]:
     return sorted(uow.records(RESOURCES, {"kind": kind, "parent": parent.name}),
                   key=lambda r: (r["created"], r["id"]))
+
+
+def records_page(uow: Any, kind: str, parent: Parent, *, after: PageKey | None, limit: int
+                 ) -> list[tuple[str, dict[str, Any]]]:
+    """(key, record) of one page of the records of ``kind`` under ``parent`` in list order
+    (creation, then key), after ``after``: a range of the store's index, not the whole
+    collection (``DocTransaction.page``)."""
+    return uow.records_page(  # type: ignore[no-any-return]
+        RESOURCES, {"kind": kind, "parent": parent.name}, "created", after=after, limit=limit)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from services.api import buckets, ids
+from services.api import buckets, ids, job_listing
 from services.api import operations as ops
 from services.api.collection import Collection, Scope, new_id, prior_create, require_cluster
 from services.api.context import (
@@ -25,20 +25,23 @@ from services.api.context import (
     save_record,
 )
 from services.api.errors import ApiError, invalid, not_found
+from services.api.job_listing import KIND as KIND  # (these four: known from here too)
+from services.api.job_listing import Listed
+from services.api.job_listing import adopted_record as adopted_record
+from services.api.job_listing import domain_job_id as domain_job_id
+from services.api.job_listing import job_of as job_of
 from services.api.names import Parent, resource_id
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
 from services.job_submission import commands as job_commands
-from shared.domain.adopted import ORIGIN_LABEL, SLURM_ORIGIN, adopted, may_be_adopted
+from shared.domain.adopted import adopted, may_be_adopted
 from shared.domain.model import Job, JobState
 
-KIND = "customJob"
 COLLECTION = "customJobs"
 FILTERABLE = ("state", "displayName", "createTime")
 GCS_URI = re.compile(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/[^\x00-\x1f]*)?$")
 Shown = tuple[Job, dict[str, Any]]  # a job and its API record: what a GET renders
-Listed = tuple[Job | None, dict[str, Any]]  # in a list: the job is read when rendered
 _SCHEDULING_EXTENSIONS = {"mtcPartition": "partition", "mtcPriority": "priority",
                           "mtcMaxRestarts": "maxRestarts"}
 
@@ -199,37 +202,12 @@ def _cluster_of(record: dict[str, Any], job: Job) -> str:
     return str(spec.get("persistentResourceId") or record.get("cluster") or job.cluster_id)
 
 
-def adopted_records(uow: Any, parent: Parent) -> list[dict[str, Any]]:
-    """The jobs users submitted with plain ``sbatch`` that mtc adopted (no API record: they
-    are shown under the parent of the cluster they run on, their spec as mtc recorded it)."""
-    out = []
-    for cluster in records_of(uow, "cluster", parent):
-        # a projection: the cluster's jobs are not all decoded to find the few adopted ones
-        for job_id, spec in uow.jobs.project(ids.domain_of(cluster), ("job_id", "spec")):
-            if (spec or {}).get("labels", {}).get(ORIGIN_LABEL) == SLURM_ORIGIN:
-                job = uow.jobs.get(job_id)
-                if job is not None and adopted(job.spec):
-                    out.append(adopted_record(job, cluster["id"]))
-    return out
-
-
-def adopted_record(job: Job, cluster_id: str | None = None) -> dict[str, Any]:
-    """An adopted job's record: its pools and labels (mtc's scheduling fields are not its);
-    ``cluster_id``: its cluster's API id."""
-    resource = job.spec.to_dict()
-    resource["jobSpec"].pop("scheduling", None)
-    return {"id": job.job_id, "resource": resource, "created": job.created_at,
-            "cluster": cluster_id or job.cluster_id}
-
-
 def _listed(scope: Scope) -> Iterator[Listed]:
-    """The parent's jobs, then the adopted ones on its clusters: records only, each job is
-    read when its page is rendered (``_render``; a job gone by then is left out)."""
-    uow, parent = scope.uow, scope.parent
-    for record in records_of(uow, KIND, parent):
-        yield None, record
-    for record in adopted_records(uow, parent):
-        yield uow.jobs.get(record["id"]), record
+    """Every job of the parent in list order (``job_listing.seek``, a page at a time)."""
+    after = None
+    while rows := job_listing.seek(scope, after, 500, []):
+        yield from (item for _, item in rows if item is not None)
+        after = rows[-1][0]
 
 
 def _render(scope: Scope, shown: Listed) -> dict[str, Any] | None:
@@ -269,19 +247,8 @@ def _cancel(scope: Scope, job_id: str, shown: Listed) -> None:
     job_commands.cancel_job(job.job_id, scope.uow, scope.ctx.runtime.deps)
 
 
-def domain_job_id(job_id: str) -> str:
-    """Vertex job ids are numbers; the domain's ids start with a letter. ``job_id``: the
-    id's domain form (``services.api.ids``; a number is its own)."""
-    return job_id if job_id[:1].isalpha() else f"cj-{job_id}"
-
-
-def job_of(record: dict[str, Any]) -> str:
-    """The domain job id of a custom job's API record."""
-    return domain_job_id(ids.domain_of(record))
-
-
 JOBS: Collection[Listed] = Collection(
     ListCustomJobsResponse, "custom_jobs", CustomJob, load=_listed, render=_render,
-    filterable=FILTERABLE, find=_found, stop=_cancel, create=create, id_param="customJobId",
-    remove=delete)
+    filterable=FILTERABLE, seek=job_listing.seek, find=_found, stop=_cancel,
+    create=create, id_param="customJobId", remove=delete)
 get, list_jobs, cancel = JOBS.get, JOBS.list_page, JOBS.cancel

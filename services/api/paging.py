@@ -1,7 +1,9 @@
 """List paging (AIP-158) and filtering (a subset of AIP-160) shared by every collection.
 
-Page tokens are opaque to callers: base64 of the offset and a hash of the filter they were
-issued for, so a token replayed with another filter is refused instead of skipping items.
+Page tokens are opaque to callers: base64 of where the page ended (the offset, or for a list
+read a page at a time from the store, the last resource's key in list order) and a hash of
+the filter they were issued for, so a token replayed with another filter is refused instead
+of skipping items.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from services.api.errors import invalid
+from services.api.errors import ApiError, invalid
 
 T = TypeVar("T")
 DEFAULT_PAGE_SIZE = 100
@@ -45,24 +47,50 @@ def page_size(raw: str | None) -> int:
     return min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
 
 
+def bad_token() -> ApiError:
+    return invalid("pageToken", "is not a token this list returned for this filter")
+
+
+def _token(fields: dict[str, Any], filter_text: str) -> str:
+    raw = json.dumps({**fields, "f": _fingerprint(filter_text)}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _read_token(token: str, filter_text: str, field: str) -> Any:
+    """The ``field`` of a token issued for ``filter_text``; INVALID_ARGUMENT otherwise."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
+        if data["f"] != _fingerprint(filter_text):
+            raise ValueError
+        return data[field]
+    except (ValueError, KeyError, TypeError):
+        raise bad_token() from None
+
+
 def paginate(items: Sequence[T], *, size: int, token: str | None, filter_text: str = "") -> Page:
     offset = 0
     if token:
         try:
-            data = json.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
-            offset = int(data["o"])
-            if data["f"] != _fingerprint(filter_text) or offset < 0:
+            offset = int(_read_token(token, filter_text, "o"))
+            if offset < 0:
                 raise ValueError
-        except (ValueError, KeyError, TypeError, OverflowError):  # {"o": 1e999}: inf
-            raise invalid("pageToken", "is not a token this list returned for this filter"
-                          ) from None
+        except (ValueError, TypeError, OverflowError):  # {"o": 1e999}: inf
+            raise bad_token() from None
     chunk = list(items[offset:offset + size])
     end = offset + len(chunk)
-    nxt = ""
-    if end < len(items):
-        raw = json.dumps({"o": end, "f": _fingerprint(filter_text)}, separators=(",", ":"))
-        nxt = base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    nxt = _token({"o": end}, filter_text) if end < len(items) else ""
     return Page(chunk, nxt)
+
+
+def cursor_token(key: Any, filter_text: str = "") -> str:
+    """A page token that resumes after ``key`` (JSON: where the page ended in the list's
+    order), so a page stays where it was when resources are created or deleted."""
+    return _token({"k": key}, filter_text)
+
+
+def token_cursor(token: str | None, filter_text: str = "") -> Any:
+    """The key a ``cursor_token`` resumes after; None without a token (the first page)."""
+    return _read_token(token, filter_text, "k") if token else None
 
 
 Term = tuple[str, str, str]  # (field, operator, value)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from services.api.context import READING
 from services.wiring.api import EmbeddedApiRuntime
 from services.wiring.embedded import EmbeddedApp
 from shared.adapters.docstore import CLUSTERS
@@ -142,9 +143,11 @@ class ControlLoop:
 
 @dataclass
 class LoopRuntime:
-    """The API's runtime over a running ``ControlLoop``: after a call (and before a read) the
-    request nudges the loop and waits a bounded ``settle_s`` for it to deliver, so a GET
-    after a POST shows its effects; it never delivers, ticks or polls compute itself."""
+    """The API's runtime over a running ``ControlLoop``: after a call that changes something
+    the request nudges the loop and waits a bounded ``settle_s`` for it to deliver, so a GET
+    after it shows its effects; a GET (``READING``) committed nothing and never waits: the
+    loop's pass, its writes included, is not a read's business. It never delivers, ticks or
+    polls compute itself."""
 
     loop: ControlLoop
     settle_s: float = 0.5
@@ -154,7 +157,8 @@ class LoopRuntime:
         self.deps = self.loop.app.deps
 
     def after_request(self) -> None:
-        self.loop.settle(self.settle_s)
+        if not READING.get():
+            self.loop.settle(self.settle_s)
 
 
 def readiness(app: EmbeddedApp, loop: ControlLoop, *, stale_s: float | None = None

@@ -2,7 +2,8 @@
 capabilities the store declares (``shared.ports``), never probed per call.
 
 A plain :class:`~shared.ports.DocStore` (sqlite, Firestore) answers every read with copies of
-whole documents that went through JSON; an :class:`~shared.ports.IndexedQueries` store (the
+whole documents that went through JSON, a :class:`~shared.ports.KeyQueries` one (sqlite)
+keys-only queries from its indexes; an :class:`~shared.ports.IndexedQueries` store (the
 memory store) answers keys-only queries and projections from its indexes, hands documents
 over uncopied and keeps the values written.
 """
@@ -13,7 +14,14 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
-from shared.ports import DocStore, DocTransaction, IndexedQueries, IndexedTransaction
+from shared.ports import (
+    DocStore,
+    DocTransaction,
+    IndexedQueries,
+    IndexedTransaction,
+    KeyedTransaction,
+    KeyQueries,
+)
 
 DocKey = Callable[[dict[str, Any]], str]  # a stored document's id, read without decoding it
 
@@ -84,6 +92,22 @@ class StoreReads:
                 for doc in self._txn.query(collection, equals)]
 
 
+class KeyedStoreReads(StoreReads):
+    """Reads of a plain document store that answers keys-only queries from its indexes."""
+
+    def __init__(self, store: KeyQueries) -> None:  # (no super: ``begin`` is its own)
+        self._keyed = store
+        self._txn = _CLOSED
+        self._txn_keyed: KeyedTransaction = _CLOSED
+
+    def begin(self, read_only: bool) -> DocTransaction:
+        self._txn = self._txn_keyed = self._keyed.begin_keyed(read_only=read_only)
+        return self._txn_keyed
+
+    def ids(self, collection: str, equals: dict[str, Any], doc_key: DocKey) -> AbstractSet[str]:
+        return self._txn_keyed.ids(collection, equals)
+
+
 class IndexedReads:
     """Reads of an in-process store with indexes: keys only, projections, no copies."""
 
@@ -120,4 +144,6 @@ def reads_for(store: DocStore) -> Callable[[], Reads]:
     """What builds the reads of a unit of work over ``store``, chosen from what it declares."""
     if isinstance(store, IndexedQueries):
         return lambda: IndexedReads(store)
+    if isinstance(store, KeyQueries):
+        return lambda: KeyedStoreReads(store)
     return lambda: StoreReads(store)

@@ -23,7 +23,7 @@ from shared.adapters.outbox import OUTBOX, envelope_to_doc, make_envelope
 from shared.adapters.outbox import doc_id as _doc_id
 from shared.domain.events import Envelope, Event
 from shared.domain.model import Cluster, Job, Node, Partition, partition_key
-from shared.ports import DocStore, DocTransaction, Pruning, ReadOnlyWrite
+from shared.ports import DocStore, DocTransaction, PageKey, Pruning, ReadOnlyWrite
 
 CLUSTERS = "clusters"
 NODES = "nodes"
@@ -105,6 +105,11 @@ class JobRepository(_Repo):
         if cluster_id is not None:
             query["cluster_id"] = cluster_id
         return self._list(query)
+
+    def ids(self, **equals: Any) -> AbstractSet[str]:
+        """The ids of the jobs whose fields equal ``equals`` (a keys-only query: a list
+        filtered by state asks which jobs are in it without decoding them)."""
+        return self._ids(equals)
 
     def project(self, cluster_id: str, fields: tuple[str, ...]) -> builtins.list[tuple[Any, ...]]:
         """The document fields ``fields`` of the cluster's jobs, without reading them into
@@ -366,6 +371,25 @@ class DocUnitOfWork:
             if doc is not None and all(doc.get(k) == v for k, v in equals.items()):
                 found[doc_id] = doc
         return list(found.values())
+
+    def records_page(self, collection: str, equals: dict[str, Any], order: str, *,
+                     after: PageKey | None = None, limit: int
+                     ) -> list[tuple[str, dict[str, Any]]]:
+        """(id, record) of one page of ``records`` in (``order``, id) order, after ``after``:
+        the store's page (``DocTransaction.page``), with this unit of work's own writes
+        over it (as many more asked of the store as it changed, so the page stays full)."""
+        own = {doc_id: doc for (coll, doc_id), doc in self._records.items()
+               if coll == collection}
+        rows = self._require_txn().page(collection, equals, order, after=after,
+                                        limit=limit + len(own))
+        found = [(doc_id, doc) for doc_id, doc in rows if doc_id not in own]
+        for doc_id, doc in own.items():
+            if doc is not None and all(doc.get(k) == v for k, v in equals.items()) and (
+                    after is None or (doc.get(order), doc_id) > after):
+                found.append((doc_id, doc))
+        if own:
+            found.sort(key=lambda row: (row[1].get(order), row[0]))
+        return found[:limit]
 
     def put_record(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None:
         self._records[(collection, doc_id)] = {**doc, "_id": doc_id}

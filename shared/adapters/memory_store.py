@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from shared.ports import ReadOnlyWrite
+from shared.ports import PageKey, ReadOnlyWrite
 
 _DELETED = object()
 _EMPTY: frozenset[str] = frozenset()
@@ -93,6 +93,16 @@ class MemoryTransaction:
 
     def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
         return [dict(d) for _, d in self._store.matching(collection, equals)]
+
+    def page(self, collection: str, equals: dict[str, Any], order: str, *,
+             after: PageKey | None = None, limit: int) -> list[tuple[str, dict[str, Any]]]:
+        """One page in (``order``, id) order: the matches come from the indexes, and only
+        the page's documents are sorted out of them and copied."""
+        hits = self._store.matching(collection, equals)
+        if after is not None:
+            hits = [(i, d) for i, d in hits if (d.get(order), i) > after]
+        chosen = heapq.nsmallest(limit, hits, key=lambda hit: (hit[1].get(order), hit[0]))
+        return [(i, dict(d)) for i, d in chosen]
 
     def ids(self, collection: str, equals: dict[str, Any]) -> AbstractSet[str]:
         """The ids of the documents ``query`` would return (a keys-only query), to read

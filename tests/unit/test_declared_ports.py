@@ -11,7 +11,15 @@ from shared.adapters.compute.remote.compute import RemoteCompute
 from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.adapters.memory_store import MemoryDocStore
 from shared.adapters.sqlite_store import SqliteDocStore
-from shared.ports import Closeable, FaultInjection, Polled, Pruning, RangeReads, StorageSpace
+from shared.ports import (
+    Closeable,
+    FaultInjection,
+    KeyQueries,
+    Polled,
+    Pruning,
+    RangeReads,
+    StorageSpace,
+)
 from simulator.compute import SimCompute
 
 
@@ -30,6 +38,8 @@ from simulator.compute import SimCompute
     (SqliteDocStore, Closeable, True),
     (SqliteDocStore, RangeReads, True),
     (SqliteDocStore, Pruning, True),
+    (SqliteDocStore, KeyQueries, True),  # a state's jobs are ids from an index
+    (MemoryDocStore, KeyQueries, False),  # it has IndexedQueries, which does more
     (MemoryDocStore, RangeReads, True),
     (MemoryDocStore, Pruning, True),
 ])

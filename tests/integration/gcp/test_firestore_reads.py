@@ -16,6 +16,13 @@ def test_a_read_writes_nothing_on_firestore(emulators: dict[str, str]) -> None:
     assert_reads_write_nothing(firestore_store())
 
 
+def test_pages_follow_the_order_on_firestore(emulators: dict[str, str]) -> None:
+    from tests.unit.test_store_pages import assert_pages_follow_the_order
+
+    reset_firestore()
+    assert_pages_follow_the_order(firestore_store())
+
+
 def test_read_only_units_change_nothing_on_firestore(emulators: dict[str, str]) -> None:
     from tests.unit.test_store_queries import assert_read_only_units_change_nothing
 

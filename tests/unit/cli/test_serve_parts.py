@@ -4,12 +4,14 @@ own thread (the whole server against stalled clients: tests/integration/test_ser
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from werkzeug.test import Client
 
+from services.api.context import READING
 from services.api.health import HealthEndpoints
 from services.wiring.control_loop import ControlLoop, LoopRuntime, readiness
 from services.wiring.embedded import embedded
@@ -100,6 +102,35 @@ def test_the_loop_delivers_ticks_and_runs_chores_on_its_own_thread() -> None:
     finally:
         loop.stop()
     assert not loop.alive
+
+
+def test_defect_10_a_read_never_waits_for_the_loops_pass() -> None:
+    """A GET commits nothing: it answers while the loop is busy (its pass writes), where a
+    call that changed something waits (boundedly) for the pass that delivers it."""
+    app, busy = FakeApp(), threading.Event()
+    pump = app.pump
+
+    def slow_pump(**kw: Any) -> int:
+        busy.wait(10)
+        return pump(**kw)
+
+    app.pump = slow_pump  # type: ignore[method-assign]
+    loop = ControlLoop(app, pump_s=30.0, tick_s=3600.0).start()  # type: ignore[arg-type]
+    runtime = LoopRuntime(loop, settle_s=0.3)
+    try:
+        reading = READING.set(True)
+        try:
+            t0 = time.monotonic()
+            runtime.after_request()
+            assert time.monotonic() - t0 < 0.1
+        finally:
+            READING.reset(reading)
+        t0 = time.monotonic()
+        runtime.after_request()  # a write's: waits for the pass, up to settle_s
+        assert time.monotonic() - t0 >= 0.3
+    finally:
+        busy.set()
+        loop.stop()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from shared.domain.events import Envelope, Event
 from shared.domain.health import Condition, RepairAction
@@ -203,7 +203,7 @@ class Gang:
     checkpoint_dir: str
     model_dir: str
     tensorboard_dir: str
-    recovery: RecoveryPlan | None = None  # None: a requeue (today's path) or a first start
+    recovery: RecoveryPlan | None = None  # None: a requeue or a first start
     buckets: tuple[str, ...] = ()  # WorkerSpec.buckets
 
     def __post_init__(self) -> None:
@@ -349,6 +349,64 @@ class Closeable(Protocol):
     """An adapter that holds a resource (a state file, a client) to release at shutdown."""
 
     def close(self) -> None: ...
+
+
+# -- warm processes: what a backend's start loop asks before it launches a rank, and before
+# it SIGTERMs one. A collaborator the backend holds, not a Compute method: the control plane
+# never calls it (an in-place restart is allowed on any backend; warm processes make its
+# measured warm start cheaper).
+
+
+class RankProcess(NamedTuple):
+    """The process a rank runs in, as a backend records it: its launcher's pid and start
+    ticks (a reused pid is not it), its exit file and its control file (``MTC_RESTART_FILE``)."""
+
+    pid: int
+    start_ticks: int
+    exit_file: str
+    control_file: str
+
+
+Tx = TypeVar("Tx", contravariant=True)
+
+
+@runtime_checkable
+class WarmProcesses(Protocol[Tx]):
+    """Ranks that go on in a running process instead of a new one: a rank held (not
+    SIGTERMed) when its attempt ended, or its node's standby, restarted by an order in its
+    control file (``mtc_program.inprocess``). A backend's start loop asks, for each rank of an
+    in-place, hot-swap or scale-down attempt, for a warm process before it launches one;
+    each call runs in the backend's transaction ``tx``. The local compute has one
+    (``local.warm``)."""
+
+    def take(self, tx: Tx, spec: WorkerSpec, plan: RecoveryPlan | None,
+             env: Mapping[str, str], log: str) -> RankProcess | None:
+        """A running process of the job on the rank's node (not a fresh one), ordered to go
+        on as this rank with ``env`` and ``log``; None: launch one."""
+        ...
+    def want(self, tx: Tx, spec: WorkerSpec, env: Mapping[str, str]) -> None:
+        """Keep a standby on the rank's node, started with ``env`` once its program declared."""
+        ...
+    def settle(self, tx: Tx, gang: Gang, now: float) -> None:
+        """The gang started: held processes none of its ranks took, and standbys on nodes it
+        left, end."""
+        ...
+    def hold(self, tx: Tx, job_id: str, attempt: int) -> AbstractSet[int]:
+        """Ask the attempt's live ranks whose program restarts in process to hold: the ranks
+        asked, now or before (the caller SIGTERMs the others)."""
+        ...
+    def park(self, tx: Tx, job_id: str, attempt: int, now: float) -> Mapping[int, int]:
+        """The attempt's ranks that answered their hold, kept for the next attempt: rank ->
+        the exit code their attempt records (75, what they would have exited with)."""
+        ...
+    def end(self, tx: Tx, job_id: str | None, now: float) -> None:
+        """The job's warm processes end (SIGTERM, SIGKILL after the grace); None: every
+        job's, SIGKILL now."""
+        ...
+    def tick(self, tx: Tx, now: float) -> None:
+        """The periodic pass: what was not taken in time ends, standbys are renewed and
+        started."""
+        ...
 
 
 def provision_nodes(compute: Compute, nodes: Sequence[Node]) -> None:

@@ -12,12 +12,25 @@ from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from shared.domain.events import Envelope, Event
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Cluster, Job, Node, Partition
 from shared.policies.preflight import PreflightPlan, PreflightResult
+from shared.store_ports import Claiming as Claiming
+from shared.store_ports import DocStore as DocStore
+from shared.store_ports import DocTransaction as DocTransaction
+from shared.store_ports import IndexedQueries as IndexedQueries
+from shared.store_ports import IndexedTransaction as IndexedTransaction
+from shared.store_ports import KeyedTransaction as KeyedTransaction
+from shared.store_ports import KeyQueries as KeyQueries
+from shared.store_ports import KeysOnly as KeysOnly
+from shared.store_ports import PageKey as PageKey
+from shared.store_ports import Projection as Projection
+from shared.store_ports import Pruning as Pruning
+from shared.store_ports import RangeReads as RangeReads
+from shared.store_ports import ReadOnlyWrite as ReadOnlyWrite
 
 
 class Clock(Protocol):
@@ -105,139 +118,6 @@ class UnitOfWorkFactory(Protocol):
     def __call__(self, *, read_only: bool = False) -> UnitOfWork:
         """``read_only``: over a read-only transaction; committing one that changed anything
         raises ``ReadOnlyWrite``."""
-        ...
-
-
-PageKey = tuple[Any, str]  # (the order field's value, the document id) of a page's last document
-
-
-class DocTransaction(Protocol):
-    def get(self, collection: str, doc_id: str) -> dict[str, Any] | None: ...
-    def get_if(self, collection: str, doc_id: str, equals: dict[str, Any]
-               ) -> dict[str, Any] | None:
-        """``get``, but only if the document's fields ``equals`` match: the fields are
-        compared before the document is read, so one that does not match costs what an
-        absent one does (a lookup scoped to a tenant never tells that another tenant has
-        the id). On sqlite that holds for the fields ``sqlite_store.OWNERS`` indexes."""
-        ...
-    def query(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]: ...
-    def page(self, collection: str, equals: dict[str, Any], order: str, *,
-             after: PageKey | None = None, limit: int) -> list[tuple[str, dict[str, Any]]]:
-        """(id, document) of at most ``limit`` documents ``query`` would return, in ascending
-        (``order`` field, id) order, and only those after ``after`` (the previous page's
-        last key): one page of a list, read through an index (sqlite's expression index,
-        Firestore's composite one), so a page costs its own documents, not the
-        collection's. The ``order`` field holds values of one type in every matching
-        document."""
-        ...
-    def put(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
-    def delete(self, collection: str, doc_id: str) -> None: ...
-    def commit(self) -> None: ...
-    def rollback(self) -> None: ...
-
-
-class ReadOnlyWrite(RuntimeError):
-    """A write in a read-only transaction: a bug in the code that asked for one (an API GET
-    that changes state), never the caller's fault."""
-
-
-class DocStore(Protocol):
-    def begin(self, *, read_only: bool = False) -> DocTransaction:
-        """A transaction. ``read_only``: a consistent snapshot that takes no write locks
-        (Firestore's read-only transaction, sqlite's deferred one), so a reader never holds up
-        or aborts a handler's commit; its ``put`` and ``delete`` raise ``ReadOnlyWrite`` and
-        its ``commit`` only ends it."""
-        ...
-    def read(self, collection: str, equals: dict[str, Any]) -> list[dict[str, Any]]:
-        """A read outside any transaction (listings, the outbox sweeper, the timeline)."""
-        ...
-    def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
-    def remove(self, collection: str, doc_id: str) -> None: ...
-    def oldest(self, collection: str, limit: int) -> list[dict[str, Any]]:
-        """The ``limit`` documents with the smallest (time, seq): the outbox's next batch."""
-        ...
-
-
-# ---- what a store offers beyond the DocStore port: each a capability a store declares by
-#      implementing it, which its users choose once, when they are built
-
-class KeysOnly(Protocol):
-    """A transaction that answers which documents match without reading them."""
-
-    def ids(self, collection: str, equals: dict[str, Any]) -> AbstractSet[str]:
-        """The ids of the documents ``query`` would return; read-only (maybe an index's own
-        set), valid while the transaction lasts."""
-        ...
-
-
-class Projection(Protocol):
-    """A transaction that reads some fields of the matching documents (Firestore's
-    ``select``), without copying or decoding the rest."""
-
-    def project(self, collection: str, equals: dict[str, Any], fields: tuple[str, ...]
-                ) -> list[tuple[str, tuple[Any, ...]]]:
-        """(id, the values of ``fields``) of the documents ``query`` would return, in its
-        order."""
-        ...
-
-
-class IndexedTransaction(DocTransaction, KeysOnly, Projection, Protocol):
-    """A transaction of an :class:`IndexedQueries` store."""
-
-    def peek(self, collection: str, doc_id: str) -> dict[str, Any] | None:
-        """``get`` without the copy, for a reader that never changes what it is given."""
-        ...
-
-
-class KeyedTransaction(DocTransaction, KeysOnly, Protocol):
-    """A transaction of a :class:`KeyQueries` store."""
-
-
-@runtime_checkable
-class KeyQueries(Protocol):
-    """A store whose transactions answer keys-only queries from its own indexes (sqlite:
-    the ids, not the documents), though its documents still go through JSON."""
-
-    def begin_keyed(self, *, read_only: bool = False) -> KeyedTransaction: ...
-
-
-@runtime_checkable
-class IndexedQueries(Protocol):
-    """A store in this process (the memory store): its transactions answer keys-only queries
-    and projections from its indexes and hand a document over uncopied; documents come back
-    with the values written (no JSON between: tuples stay tuples), and any string is a
-    document id ('/' too)."""
-
-    def begin_indexed(self, *, read_only: bool = False) -> IndexedTransaction: ...
-
-
-@runtime_checkable
-class Pruning(Protocol):
-    """A store that deletes old documents itself (sqlite, memory); Firestore's TTL policy on
-    ``expire_at`` does it there."""
-
-    def prune(self, collection: str, before: float, limit: int) -> int:
-        """Delete up to ``limit`` documents whose ``time`` is older than ``before``."""
-        ...
-
-
-@runtime_checkable
-class RangeReads(Protocol):
-    """A store with a time index: an incremental reader never reads the whole collection."""
-
-    def since(self, collection: str, time: float) -> list[dict[str, Any]]:
-        """Documents with ``time >= time`` in (time, seq) order."""
-        ...
-
-
-@runtime_checkable
-class Claiming(Protocol):
-    """A store with optimistic concurrency outside transactions (Firestore's update time)."""
-
-    def claim(self, collection: str, doc_id: str, *, field: str, now: float,
-              until: float) -> bool:
-        """Set ``field`` to ``until`` if the document exists and ``field`` is unset or past
-        ``now``: of several processes claiming one document at once, exactly one wins."""
         ...
 
 
@@ -330,7 +210,7 @@ class Gang:
     checkpoint_dir: str
     model_dir: str
     tensorboard_dir: str
-    recovery: RecoveryPlan | None = None  # None: a requeue (today's path) or a first start
+    recovery: RecoveryPlan | None = None  # None: a requeue or a first start
     buckets: tuple[str, ...] = ()  # WorkerSpec.buckets
 
     def __post_init__(self) -> None:
@@ -476,6 +356,64 @@ class Closeable(Protocol):
     """An adapter that holds a resource (a state file, a client) to release at shutdown."""
 
     def close(self) -> None: ...
+
+
+# -- warm processes: what a backend's start loop asks before it launches a rank, and before
+# it SIGTERMs one. A collaborator the backend holds, not a Compute method: the control plane
+# never calls it (an in-place restart is allowed on any backend; warm processes make its
+# measured warm start cheaper).
+
+
+class RankProcess(NamedTuple):
+    """The process a rank runs in, as a backend records it: its launcher's pid and start
+    ticks (a reused pid is not it), its exit file and its control file (``MTC_RESTART_FILE``)."""
+
+    pid: int
+    start_ticks: int
+    exit_file: str
+    control_file: str
+
+
+Tx = TypeVar("Tx", contravariant=True)
+
+
+@runtime_checkable
+class WarmProcesses(Protocol[Tx]):
+    """Ranks that go on in a running process instead of a new one: a rank held (not
+    SIGTERMed) when its attempt ended, or its node's standby, restarted by an order in its
+    control file (``mtc_program.inprocess``). A backend's start loop asks, for each rank of an
+    in-place, hot-swap or scale-down attempt, for a warm process before it launches one;
+    each call runs in the backend's transaction ``tx``. The local compute has one
+    (``local.warm``)."""
+
+    def take(self, tx: Tx, spec: WorkerSpec, plan: RecoveryPlan | None,
+             env: Mapping[str, str], log: str) -> RankProcess | None:
+        """A running process of the job on the rank's node (not a fresh one), ordered to go
+        on as this rank with ``env`` and ``log``; None: launch one."""
+        ...
+    def want(self, tx: Tx, spec: WorkerSpec, env: Mapping[str, str]) -> None:
+        """Keep a standby on the rank's node, started with ``env`` once its program declared."""
+        ...
+    def settle(self, tx: Tx, gang: Gang, now: float) -> None:
+        """The gang started: held processes none of its ranks took, and standbys on nodes it
+        left, end."""
+        ...
+    def hold(self, tx: Tx, job_id: str, attempt: int) -> AbstractSet[int]:
+        """Ask the attempt's live ranks whose program restarts in process to hold: the ranks
+        asked, now or before (the caller SIGTERMs the others)."""
+        ...
+    def park(self, tx: Tx, job_id: str, attempt: int, now: float) -> Mapping[int, int]:
+        """The attempt's ranks that answered their hold, kept for the next attempt: rank ->
+        the exit code their attempt records (75, what they would have exited with)."""
+        ...
+    def end(self, tx: Tx, job_id: str | None, now: float) -> None:
+        """The job's warm processes end (SIGTERM, SIGKILL after the grace); None: every
+        job's, SIGKILL now."""
+        ...
+    def tick(self, tx: Tx, now: float) -> None:
+        """The periodic pass: what was not taken in time ends, standbys are renewed and
+        started."""
+        ...
 
 
 def provision_nodes(compute: Compute, nodes: Sequence[Node]) -> None:

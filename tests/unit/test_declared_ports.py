@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shared.adapters.compute.local.compute import LocalCompute
+from shared.adapters.compute.local.warm import LocalWarm
 from shared.adapters.compute.remote.compute import RemoteCompute
 from shared.adapters.compute.slurm.compute import SlurmCompute
 from shared.adapters.memory_store import MemoryDocStore
@@ -19,6 +20,7 @@ from shared.ports import (
     Pruning,
     RangeReads,
     StorageSpace,
+    WarmProcesses,
 )
 from simulator.compute import SimCompute
 
@@ -35,6 +37,7 @@ from simulator.compute import SimCompute
     (RemoteCompute, StorageSpace, False),  # the job goes at once; its next attempt tells
     (SimCompute, StorageSpace, False),
     (LocalCompute, Closeable, True),
+    (LocalWarm, WarmProcesses, True),  # the local start loop's held ranks and standbys
     (SqliteDocStore, Closeable, True),
     (SqliteDocStore, RangeReads, True),
     (SqliteDocStore, Pruning, True),

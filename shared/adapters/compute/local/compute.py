@@ -35,15 +35,16 @@ attempt's first failure and ends the rest as ``signal_workers`` would (SIGTERM t
 group, SIGKILL after ``gang_grace_s``); the attempt's one ``JobWorkersExited`` carries the
 first failing rank's code. A rank's leftovers (processes of its group still running once its
 launcher is gone) are SIGKILLed, and a killed launcher takes its command with it
-(``worker_launcher``: PR_SET_PDEATHSIG), so nothing trains on unobserved. A rank whose
-program restarts in process is held instead of SIGTERMed and its process taken by the next
-attempt (``inprocess``).
+(``worker_launcher``: PR_SET_PDEATHSIG), so nothing trains on unobserved.
+
+Warm processes (``warm``, the ``WarmProcesses`` port): a rank whose program restarts in
+process is held instead of SIGTERMed, and a rank of an in-place, hot-swap or scale-down
+attempt goes on in a held process or its node's standby where one runs, else is launched.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 import signal
@@ -64,9 +65,7 @@ from shared.adapters.compute.ledger import (
     attempt_row,
     ranks_exited,
 )
-from shared.adapters.compute.local import inprocess as live
 from shared.adapters.compute.local import queries, sandbox
-from shared.adapters.compute.local import standby as warm
 from shared.adapters.compute.local.checks import CHECKS_SCHEMA, LocalChecks
 from shared.adapters.compute.local.credentials import Issue, JobCredentials
 from shared.adapters.compute.local.nodes import (
@@ -84,13 +83,14 @@ from shared.adapters.compute.local.procs import (
     spawn_launcher,
     start_ticks,
 )
+from shared.adapters.compute.local.warm import PARK_S, WARM_SCHEMA, LocalWarm
 from shared.adapters.compute.protocol import managed_env, safe_name, tier_env
 from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
 from shared.domain.storage import StorageFloor
 from shared.policies.preflight import PreflightPlan, PreflightResult
-from shared.ports import Clock, Emitter, Gang, RecoveryPlan, WorkerSpec
+from shared.ports import Clock, Emitter, Gang, RankProcess, RecoveryPlan, WorkerSpec
 
 MEMORY_LOST_BY = frozenset({RepairAction.REBOOT, RepairAction.REIMAGE, RepairAction.REPLACE})
 
@@ -125,7 +125,8 @@ CREATE TABLE IF NOT EXISTS workers (
 class LocalCompute:
     """The ``Compute`` port on one machine: simulated nodes (a held ``LocalNodes``),
     subprocess workers; with the ``DeepChecks`` capability (simulated), ``Preflight`` (a real
-    gloo all-reduce) and ``ActiveChecks`` (``checks``)."""
+    gloo all-reduce) and ``ActiveChecks`` (``checks``); its ranks' warm processes are a held
+    ``LocalWarm``."""
 
     DB_FILE = "compute.sqlite3"
 
@@ -143,7 +144,7 @@ class LocalCompute:
         gang_grace_s: float = 10.0,
         deep_check_duration_s: float = 2.0,
         active_check_duration_s: float = 1.0,
-        park_s: float = live.PARK_S,
+        park_s: float = PARK_S,
         in_process: bool = True,
         sandboxed: bool | None = False,
         run_as: str | None = None,
@@ -166,12 +167,14 @@ class LocalCompute:
         self._python = shutil.which(python) or python
         self._heartbeats = heartbeats
         self._gang_grace = gang_grace_s
-        self._park_s = park_s  # a held process waits this long for the next attempt
-        self._in_process = in_process  # offer in-process restarts (MTC_RESTART_FILE)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.credentials = JobCredentials(self.state_dir / "credentials", credentials, time.time)
         self._children: set[int] = set()  # launchers we spawned: ours to reap
-        schema = NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + live.SCHEMA + warm.SCHEMA + sandbox.SCHEMA
+        # in_process: offer in-process restarts (MTC_RESTART_FILE); park_s: how long a held
+        # process waits for the next attempt
+        self.warm = LocalWarm(self._python, self.state_dir, self._children, self._plan,
+                              park_s=park_s, grace_s=gang_grace_s, offered=in_process)
+        schema = NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + WARM_SCHEMA + sandbox.SCHEMA
         self.store = FactStore(self.state_dir / self.DB_FILE, schema, emit, clock)
         self.scan = AttemptScan(self.store, queries.node_of)  # checkpoints, heartbeats, ranks
         self.nodes = LocalNodes(NodeSettings(
@@ -183,8 +186,7 @@ class LocalCompute:
         self.checks = LocalChecks(self.store, self._python, active_check_duration_s)
         with self.store.tx() as db:
             queries.migrate(db)
-            live.migrate(db)
-            warm.migrate(db)
+            LocalWarm.migrate(db)
 
     # ------------------------------------------------------------ nodes (held)
 
@@ -267,10 +269,8 @@ class LocalCompute:
         self, db: sqlite3.Connection, gang: Gang, now: float, launched: list[int]
     ) -> None:
         pools = tuple(g.count for g in gang.groups)
-        before = live.placement_before(db, gang.job_id, gang.attempt)
+        before = queries.placement_before(db, gang.job_id, gang.attempt)
         plan = gang.recovery
-        if plan is None or plan.mode not in live.IN_PROCESS_MODES:
-            live.end_parked(db, now, self._gang_grace, gang.job_id)  # today's path
         for spec in gang.workers():  # by rank
             key = (spec.job_id, spec.attempt, spec.rank)
             if db.execute(
@@ -281,31 +281,21 @@ class LocalCompute:
                                            str(Path(spec.checkpoint_dir).absolute()), now)
             tiers = tier_env(spec.job_id, spec.rank, gang.node_ids, self.memory_root,
                              spec.checkpoint_dir, before)
-            log = self.log_path(spec.job_id, spec.attempt, spec.rank)
-            env = managed_env(spec, pools=pools, tiers=tiers, recovery=plan,
-                              port_salt=str(self.state_dir))
-            taken = None if plan is None or spec.node_id in plan.fresh_node_ids else (
-                live.take(db, spec.job_id, spec.node_id, env, log)
-                or warm.take(db, spec.job_id, spec.node_id, env, log))  # a warm standby
-            if self._in_process:
-                warm.want(db, spec.job_id, spec.node_id, spec.command,
-                          self.worker_env(spec, pools, tiers, plan), spec.buckets)
-            if taken is not None:  # its process goes on as this rank: no start
-                pid, ticks, exit_file, control = (taken["pid"], taken["start_ticks"],
-                                                  taken["exit_file"], taken["control_file"])
-            else:
-                pid, exit_file, _, control = self._launch(spec, pools, tiers, plan, db)
-                launched.append(pid)
-                self._children.add(pid)
-                ticks = start_ticks(pid)
+            log = str(self.log_path(spec.job_id, spec.attempt, spec.rank))
+            env = self.worker_env(spec, pools, tiers, plan)
+            managed = managed_env(spec, pools=pools, tiers=tiers, recovery=plan,
+                                  port_salt=str(self.state_dir))
+            process = self.warm.take(db, spec, plan, managed, log) \
+                or self._launch(db, spec, env, launched)
+            self.warm.want(db, spec, env)  # a standby on its node, should its process die
             db.execute(
                 "INSERT INTO workers (job_id, attempt, rank, node_id, pid, start_ticks,"
                 " exit_file, log_path, started_at, control_file)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*key, spec.node_id, pid, ticks, exit_file, str(log), now, control),
+                (*key, spec.node_id, process.pid, process.start_ticks, process.exit_file, log,
+                 now, process.control_file),
             )
-        live.end_parked(db, now, self._gang_grace, gang.job_id)  # held ones no rank took
-        warm.end(db, gang.job_id, keep_nodes=gang.node_ids)  # standbys where the job runs
+        self.warm.settle(db, gang, now)
 
     def worker_env(self, spec: WorkerSpec, pools: Sequence[int] = (),
                    tiers: Mapping[str, str] | None = None,
@@ -326,11 +316,10 @@ class LocalCompute:
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         return self.state_dir / "logs" / safe_name(job_id) / f"attempt-{attempt}-rank-{rank}.log"
 
-    def _launch(self, spec: WorkerSpec, pools: Sequence[int],
-                tiers: Mapping[str, str], recovery: RecoveryPlan | None = None,
-                db: sqlite3.Connection | None = None) -> tuple[int, str, str, str]:
-        """Start the launcher in a new session: it survives us and records the exit code.
-        Returns its pid, exit file, log and in-process restart control file."""
+    def _launch(self, db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str],
+                launched: list[int]) -> RankProcess:
+        """Start the rank's launcher in a new session: it survives us and records the exit
+        code in its exit file."""
         for d in (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
         log = self.log_path(spec.job_id, spec.attempt, spec.rank)
@@ -339,14 +328,13 @@ class LocalCompute:
         run_dir.mkdir(parents=True, exist_ok=True)
         exit_file = run_dir / f"attempt-{spec.attempt}-rank-{spec.rank}.exit"
         exit_file.unlink(missing_ok=True)
-        control = live.control_path(exit_file)
-        control.unlink(missing_ok=True)
-        env = self.worker_env(spec, pools, tiers, recovery)
-        if self._in_process:
-            env[live.RESTART_FILE] = str(control)
-        plan = self._plan(db, spec, env, exit_file, control, log)
-        pid = spawn_launcher(self._python, exit_file, spec.command, env, log, plan)
-        return pid, str(exit_file), str(log), str(control)
+        control, offer = self.warm.prepare(exit_file)
+        full = {**env, **offer}
+        plan = self._plan(db, spec, full, exit_file, control, log)
+        pid = spawn_launcher(self._python, exit_file, spec.command, full, log, plan)
+        launched.append(pid)
+        self._children.add(pid)
+        return RankProcess(pid, start_ticks(pid), str(exit_file), str(control))
 
     def _plan(self, db: sqlite3.Connection | None, spec: WorkerSpec, env: Mapping[str, str],
               exit_file: Path, control: Path, log: Path) -> Path | None:
@@ -391,8 +379,7 @@ class LocalCompute:
             if att is None or att["finalized"]:
                 return
             self._kill_attempt(db, job_id, attempt, now)
-            live.end_parked(db, now, 0.0, job_id)
-            warm.end(db, job_id)
+            self.warm.end(db, job_id, now)
 
     def kill_all(self, wait_s: float = 2.0) -> None:
         """SIGKILL every live worker (tests, demo shutdown) and wait up to ``wait_s`` for
@@ -404,8 +391,7 @@ class LocalCompute:
                        for w in queries.live_ranks(db, a["job_id"], a["attempt"])]
             for att in attempts:
                 self._kill_attempt(db, att["job_id"], att["attempt"], now)
-            live.kill_parked(db)
-            warm.end(db)
+            self.warm.end(db, None, now)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             reap(self._children)
@@ -430,13 +416,13 @@ class LocalCompute:
                 self._kill_attempt(db, job_id, attempt, now)
             failed_rank = att["failed_rank"]
             newly_failed: list[int] = []
+            parked = self.warm.park(db, job_id, attempt, now)  # out of the attempt, kept
             for w in queries.live_ranks(db, job_id, attempt):
-                code = exit_code(w)
-                if code is None and live.held(w):  # out of the attempt, its process parked
-                    code = live.park(db, w, now, self._park_s)
-                elif code is None:
-                    continue
-                else:
+                code = parked.get(w["rank"])
+                if code is None:
+                    code = exit_code(w)
+                    if code is None:
+                        continue
                     end_group(w)  # no orphans: what the rank left running goes with it
                 db.execute(
                     "UPDATE workers SET exit_code = ?, exited_at = ?"
@@ -460,7 +446,7 @@ class LocalCompute:
                 continue
             self.scan.forget(job_id, attempt)
             if all(c == 0 for c in codes.values()):
-                warm.end(db, job_id)  # the job is done: its standbys with it
+                self.warm.end(db, job_id, now)  # the job is done: its standbys with it
             note, full = queries.exit_note(db, att, ranks, codes, failed_rank, self._floor)
             self.store.queue(db, ranks_exited(self.store.ledger(db), job_id, attempt, codes,
                                               note, first_failed=failed_rank, storage_full=full))
@@ -473,8 +459,9 @@ class LocalCompute:
 
     def _stop_ranks(self, db: sqlite3.Connection, job_id: str, attempt: int) -> None:
         """SIGTERM each live rank, or hold it where its program restarts in process."""
+        held = self.warm.hold(db, job_id, attempt)
         for w in queries.live_ranks(db, job_id, attempt):
-            if not live.hold(db, w, self._park_s):
+            if w["rank"] not in held:
                 signal_rank(w, signal.SIGTERM)
 
     def poll(self) -> None:
@@ -485,12 +472,8 @@ class LocalCompute:
             self.nodes.observe(db, now)
             self.checks.observe(db, now)
             self._observe_workers(db, now)
-            live.end_parked(db, now, self._gang_grace)  # not taken in time: ended
-            warm.end_idle(db, now, self._park_s)
-            warm.renew(db, time.time())
             self.credentials.refresh(db)
-            warm.launch_due(db, warm.launcher(self._python, self.state_dir, self._children,
-                                              functools.partial(self._plan, db)))
+            self.warm.tick(db, now)
             if self._heartbeats:
                 self.nodes.send_heartbeats(db, now)
         self.store.drain()

@@ -3,19 +3,20 @@ attempt takes its process (the program side: ``mtc_program.inprocess``).
 
 Every rank is started with ``MTC_RESTART_FILE`` (its control file, beside its exit file). A
 program that declared it restarts in process (``<control>.state`` with its pid, a live
-process of the rank's group) is, where today's gang would SIGTERM it (another rank failed,
+process of the rank's group) is, where the gang would SIGTERM it (another rank failed,
 or ``signal_workers``), sent a ``hold`` order instead: it makes its preemption save, answers
 ``held`` and waits. Once it has answered, the rank counts as exited 75 for its attempt (what
 it would have exited with) and its process is *parked* (table ``parked``), so the attempt
-ends and the control plane decides as before.
+ends and the control plane decides as it would for an exit.
 
-``start_workers`` of the next attempt with a recovery plan (in place, hot swap, scale down)
-gives each rank on a node that is not fresh a parked process of the job on that node, if
-one is alive: a ``restart`` order carries the rank's new managed environment and log, and
-the workers row records the same pid under the new attempt. Only ranks without one spawn.
-A requeue (no plan), a fresh node, or a parked process not taken within ``park_s`` gets
-today's path: SIGTERM (the held program exits 75 at once: its save is complete), SIGKILL of
-what is left after the grace period.
+The next attempt with a recovery plan (in place, hot swap, scale down) gives each rank on
+a node that is not fresh a parked process of the job on that node, if one is alive: a
+``restart`` order carries the rank's new managed environment and log, and the workers row
+records the same pid under the new attempt. Only ranks without one spawn.
+A requeue (no plan), a fresh node, or a parked process not taken within ``park_s`` gets a
+process restart: SIGTERM (the held program exits 75 at once: its save is complete), SIGKILL
+of what is left after the grace period. ``warm.LocalWarm`` puts this and the standbys
+behind the ``WarmProcesses`` port.
 """
 
 from __future__ import annotations
@@ -76,17 +77,6 @@ def _declared_pid(worker: sqlite3.Row) -> int | None:
     return pid if fields[0] not in ("Z", "X") and int(fields[2]) == worker["pid"] else None
 
 
-def placement_before(db: sqlite3.Connection, job_id: str, attempt: int) -> tuple[str, ...]:
-    """The nodes of the job's previous attempt by rank (where its peer copies are)."""
-    prev = db.execute("SELECT MAX(attempt) FROM workers WHERE job_id = ? AND attempt < ?",
-                      (job_id, attempt)).fetchone()[0]
-    if prev is None:
-        return ()
-    rows = db.execute("SELECT node_id FROM workers WHERE job_id = ? AND attempt = ?"
-                      " ORDER BY rank", (job_id, prev)).fetchall()
-    return tuple(r["node_id"] for r in rows)
-
-
 def _next_generation(control: Path) -> int:
     order = inprocess.read_order(control)
     state = inprocess.read_state(control)
@@ -96,7 +86,7 @@ def _next_generation(control: Path) -> int:
 
 def hold(db: sqlite3.Connection, worker: sqlite3.Row, park_s: float) -> bool:
     """Ask a rank that declared in-process restart to hold (True), else False: the caller
-    SIGTERMs it as today. A rank asked already is not asked again."""
+    SIGTERMs it. A rank asked already is not asked again."""
     if worker["hold_gen"] is not None:
         return True
     if _declared_pid(worker) is None:

@@ -1,6 +1,6 @@
 """Reads of the local compute's ledger for its views: the workers started, each rank's log
-file, and what an attempt's exit says (the failing rank's message and last output for a
-job's error, and whether a full disk ended it)."""
+file, where the previous attempt's ranks ran, and what an attempt's exit says (the failing
+rank's message and last output for a job's error, and whether a full disk ended it)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,17 @@ def exit_note(db: sqlite3.Connection, att: sqlite3.Row, ranks: list[sqlite3.Row]
     full, disk = disk_evidence.evidence(files, codes, failed_rank, floor)
     note = with_message("", files, failed_rank) + failure_note(db, att, codes, failed_rank)
     return note + disk, full
+
+
+def placement_before(db: sqlite3.Connection, job_id: str, attempt: int) -> tuple[str, ...]:
+    """The nodes of the job's previous attempt by rank (where its peer copies are)."""
+    prev = db.execute("SELECT MAX(attempt) FROM workers WHERE job_id = ? AND attempt < ?",
+                      (job_id, attempt)).fetchone()[0]
+    if prev is None:
+        return ()
+    rows = db.execute("SELECT node_id FROM workers WHERE job_id = ? AND attempt = ?"
+                      " ORDER BY rank", (job_id, prev)).fetchall()
+    return tuple(r["node_id"] for r in rows)
 
 
 def live_ranks(db: sqlite3.Connection, job_id: str, attempt: int) -> list[sqlite3.Row]:

@@ -1,4 +1,4 @@
-"""Hang to action, measured on the embedded default with real processes (issue 30).
+"""Hang to action, measured on the embedded default with real processes.
 
     .venv/bin/python bench/hang_bench.py [--runs 1] [--floor 3] [--slow-factor 1.3]
 

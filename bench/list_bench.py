@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What one page of a list costs as the collection grows (issue 28 item 4; docs/scale.md).
+"""What one page of a list costs as the collection grows (docs/scale.md).
 
     PYTHONPATH=. .venv/bin/python bench/list_bench.py [--jobs 1000 5000] [--repeat 20]
 

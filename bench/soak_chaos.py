@@ -1,4 +1,4 @@
-"""The soak's storage and client chaos (issue 28): a full disk, a damaged state file, stalled
+"""The soak's storage and client chaos: a full disk, a damaged state file, stalled
 clients and a store another process holds locked, each with what must hold besides the soak's
 standing invariants (nothing lost, nothing stuck, no job on a faulty node, ...).
 

@@ -55,7 +55,7 @@ class JobModel:
     def add_job(self, cfg: JobCfg) -> SimJob:
         job = SimJob(cfg, cfg.name)
         rec = self.sc.recovery
-        if rec is not None and len(rec.tiers) > 1:  # (durable alone: today's path)
+        if rec is not None and len(rec.tiers) > 1:  # (durable alone: the plain requeue)
             job.plan = plan_for(rec, cfg, self.sc.cluster.gpus_per_node)
         self.jobs[job.job_id] = job
         return job

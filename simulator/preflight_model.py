@@ -1,4 +1,4 @@
-"""Preflight in the twin (issue 30): the real scheduling handlers ask the twin's compute to
+"""Preflight in the twin: the real scheduling handlers ask the twin's compute to
 preflight a gang (``shared.service_layer.preflight.check``, the cluster's label
 ``mtc-preflight``); the twin prices it instead of running it.
 

@@ -1,8 +1,8 @@
-"""The scenario's ``recovery`` block: the job's checkpoint tiers and recovery modes (issue 26).
+"""The scenario's ``recovery`` block: the job's checkpoint tiers and recovery modes.
 
 ```yaml
 recovery:
-  tiers: [memory, peer, durable]   # or durable (today's path); memory needs durable, peer memory
+  tiers: [memory, peer, durable]   # or durable (the plain requeue); memory needs durable, peer memory
   mode: auto                       # auto (the policy chooses) | in_place | hot_swap |
                                    # scale_down | requeue (pinned, the job's mtc-recovery-mode)
   min_replicas: 2040               # elastic: the job may shrink to this many nodes (its

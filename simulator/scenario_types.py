@@ -189,5 +189,5 @@ class Scenario:
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
     # how the capacity is bought and what it costs (simulator.availability): its own block
     availability: AvailabilityCfg = field(default_factory=AvailabilityCfg)
-    # checkpoint tiers and recovery modes (simulator.recovery_config); None: today's path
+    # checkpoint tiers and recovery modes (simulator.recovery_config); None: the plain requeue
     recovery: RecoveryCfg | None = None

@@ -1,4 +1,4 @@
-"""Stragglers as a job sees them (issue 30): a job that reports per-rank progress
+"""Stragglers as a job sees them: a job that reports per-rank progress
 (``rank_progress``) on a slowed node gets ``SlowInJob`` on that node, as the adapters'
 ``RankWatch`` would report it, and the real handlers act on it (triage, then repair weighs
 moving the node by expected cost, ``shared.policies.stragglers``).

@@ -1,4 +1,4 @@
-"""Checkpoint tiers in the job model (issue 26): which entry survives an incident, what the
+"""Checkpoint tiers in the job model: which entry survives an incident, what the
 next attempt restores from, and how long it starts.
 
 A tiered job snapshots its state every ``TierPlan.interval_s`` of compute (the step blocks for
@@ -20,7 +20,7 @@ is written faster than its bandwidth). When progress stops:
 The cut's step and tier become the job's checkpoint (``JobCheckpointSaved.tier``): the next
 attempt restores from that tier in size / bandwidth. Its startup is warm (processes
 restarted, runtime up) for an in-place restart, a scale-down and a hot swap onto a warm spare,
-cold for a requeue (``Gang.recovery`` None, today's path), a first start and a cold spare.
+cold for a requeue (``Gang.recovery`` None, the plain requeue), a first start and a cold spare.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ fill the hole with now; the job's elasticity, labels ``mtc-min-replicas``); a pi
   their ranks at once; attempt+1 starts with the spares named fresh;
 * ``scale_down``: the nodes out of service leave and attempt+1 starts on the rest with that
   many fewer replicas of the elastic pool; ``grow`` brings it back when a spare is ready;
-* ``requeue``: today's path (the caller requeues).
+* ``requeue``: the plain requeue (the caller requeues).
 
 A choice is recorded (``JobRecoveryChosen``, ``Job.recovery.decisions``) whenever the policy
-had one, or a pin asked; a requeue with no alternative is today's path and records nothing.
+had one, or a pin asked; a requeue with no alternative is the plain requeue and records nothing.
 A job restarting again and again without progress is requeued (its backoff applies).
 """
 
@@ -41,7 +41,7 @@ def recover(job: Job, unsound: list[str] | None, reason: str, uow: UnitOfWork,
     """Restart ``job`` (its attempt just ended, the verdict a restart) by the cheapest mode.
     True when it did (the job stays RUNNING with attempt+1); False: the caller requeues."""
     if not deps.config.recovery.enabled or job.recovery.attempt_started_at is None:
-        return False  # (an attempt started before this code kept no figures: today's path)
+        return False  # (an attempt started before this code kept no figures: the plain requeue)
     now = deps.clock.now()
     fault_at = job.interrupt_requested_at or now
     if job.interrupt_reason == GROW_REASON:
@@ -57,7 +57,7 @@ def recover(job: Job, unsound: list[str] | None, reason: str, uow: UnitOfWork,
     costs = recovery_costs.costs(job, fault_at, deps)
     decision = recovery.choose(incident, costs, cap, pinned)
     if decision.mode is Mode.REQUEUE and len(decision.expected_lost_s) == 1 and pinned is None:
-        return False  # no alternative: today's path, nothing to explain
+        return False  # no alternative: the plain requeue, nothing to explain
     note = ""
     if job.recovery.streak >= LOOPING_STREAK and decision.mode is not Mode.REQUEUE:
         note = f"{job.recovery.streak} restarts without progress: backing off; "

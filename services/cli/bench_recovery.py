@@ -4,7 +4,7 @@ The trace (``--trace``: a packaged name or a YAML file; default: one fault of ea
 played against the embedded default (a fresh state directory: ``var/bench``, or ``mtc-bench``
 inside ``--state-dir``) and then against the twin with the costs the live run measured;
 ``--target slurm`` plays it live on a private Slurm cluster instead (``bench_slurm``).
-``--compare requeue`` plays it live a second time with the job pinned to today's path
+``--compare requeue`` plays it live a second time with the job pinned to the plain requeue
 (label ``mtc-recovery-mode: requeue``) and prints the ratio of the times to recover.
 Output: a table, ``--json`` (the document), ``--out DIR`` (the JSON and a PNG).
 """

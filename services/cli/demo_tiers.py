@@ -1,4 +1,4 @@
-"""The second half of `make demo`: recovery from the checkpoint tiers (issue 26, item 5).
+"""The second half of `make demo`: recovery from the checkpoint tiers.
 
 After the requeue story, a second job of ``examples/train.py`` runs on the same cluster with
 the tiers the local adapter gives every job (``protocol.tier_env``: memory on its node, a

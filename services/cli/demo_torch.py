@@ -1,4 +1,4 @@
-"""`make demo-torch`: the self-healing story with a real PyTorch job (issue 27, item 5).
+"""`make demo-torch`: the self-healing story with a real PyTorch job.
 
 The tiny **pretrain recipe** (a Llama-shaped causal LM, ``services.recipes.programs.lm``) runs as an
 ordinary CustomJob on the embedded default on 2 nodes x 2 ranks: pool 0 one replica, pool 1

@@ -72,7 +72,7 @@ def incidents(docs: Sequence[Mapping[str, Any]], job_id: str) -> list[dict[str, 
             begun.setdefault(attempt, float(d["time"]))
         if d["type"] == f"{T}recovery_chosen.v1":
             chosen.setdefault(attempt, d)
-        if d["type"] == f"{T}requeued.v1":  # today's path with nothing else to weigh: no
+        if d["type"] == f"{T}requeued.v1":  # the plain requeue with nothing else to weigh: no
             chosen.setdefault(attempt, {"time": d["time"], "data": {  # choice was recorded
                 "mode": "requeue", "reason": data.get("reason")}})
         if d["type"] == f"{T}started.v1":

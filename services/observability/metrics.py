@@ -138,7 +138,7 @@ class EventStats:
 
     def _recovery(self, type_: str, data: dict[str, Any]) -> None:
         """Recoveries by mode: each ``JobRecoveryChosen``, and each requeue no choice
-        preceded (today's path: the policy had no alternative) as ``requeue``."""
+        preceded (the plain requeue: the policy had no alternative) as ``requeue``."""
         job = str(data.get("job_id", ""))
         if type_ == "mtc.job.recovery_chosen.v1":
             mode = str(data.get("mode", ""))

@@ -24,7 +24,7 @@ requeue       always                                       cold start + durable 
 
 The cheapest allowed mode wins (ties: the order above, the least disruptive first); a
 pinned mode wins when it is allowed, and when it is not the choice falls back and says so.
-A job with no tiers and no elasticity always gets ``requeue``: today's path.
+A job with no tiers and no elasticity always gets ``requeue``: the plain requeue.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class RecoveryDefaults:
     repair_eta_s: float = 1800.0
     spare_eta_s: float | None = None
     step_s: float = 1.0
-    enabled: bool = True  # False: every incident is requeued (today's path)
+    enabled: bool = True  # False: every incident is requeued (the plain requeue)
 
     def restore_s(self, tier: Tier) -> float:
         return {Tier.MEMORY: self.restore_memory_s, Tier.PEER: self.restore_peer_s,

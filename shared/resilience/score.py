@@ -38,7 +38,7 @@ from shared.goodput.live import pace
 T_STARTED = "mtc.job.started.v1"
 T_CKPT = "mtc.job.checkpoint_saved.v1"
 T_FIRST_STEP = "mtc.job.first_step.v1"
-T_RECOVERY = "mtc.job.recovery_chosen.v1"  # the recovery policy's decision (issue 26)
+T_RECOVERY = "mtc.job.recovery_chosen.v1"  # the recovery policy's decision
 # the control plane's reactions, by event type: (what it means, keyed on node or job)
 REACTIONS: Mapping[str, tuple[str, str]] = {
     "mtc.node.diagnosed.v1": ("diagnosis", "node"),

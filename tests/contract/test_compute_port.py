@@ -225,7 +225,7 @@ def test_each_checkpoint_is_reported_once_across_attempts_and_before_the_exit(
     assert sum(1 for e in saved if e.attempt == 1) >= 2
 
 
-# ------------------------------------------------------------------ recoveries (issue 26)
+# ------------------------------------------------------------------ recoveries
 
 
 def test_an_in_place_restart_runs_the_next_attempt_on_the_same_nodes(driver: Driver) -> None:

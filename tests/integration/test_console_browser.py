@@ -2,7 +2,7 @@
 `mtc serve`: log in with the token, watch an XID take a node through draining and repair
 and back into service while its job resumes from a checkpoint; the twin's results show.
 
-The second test acts from the console (issue 29 item 11): the job page (attempts, the
+The second test acts from the console: the job page (attempts, the
 incident and its recovery mode, each rank's log following live), a repair the blast-radius
 guard held and its release, an operator's drain and resume, a job's cancel, each with a
 reason and each checked in the audit log; a viewer's drain refused (403 shown); the charts

@@ -1,4 +1,4 @@
-"""`make demo-torch`'s story, small (issue 27 item 5): the pretrain recipe on 2 nodes x 2
+"""`make demo-torch`'s story, small: the pretrain recipe on 2 nodes x 2
 ranks through an XID 79 (drain, checkpoint on SIGTERM, resume on another node) and a SIGKILL
 of one rank (the gang ends, resumes from its checkpoint). Real processes: torchrun per node,
 torch.distributed over gloo, torch.distributed.checkpoint. Fewest steps that still cross a

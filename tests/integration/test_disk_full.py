@@ -1,4 +1,4 @@
-"""Issue 28, defect 1: a full disk under the state is a condition, not a crash. A write the
+"""A full disk under the state is a condition, not a crash. A write the
 storage refuses is a 503 naming the state directory with nothing half-written, reads keep
 answering, the control loop keeps running (and /readyz says why it is not ready), and the
 same call succeeds once space returns. The state lives on a real 4 MiB tmpfs (root mounts it,

@@ -1,4 +1,4 @@
-"""A real hang, found with its culprit, on the embedded default (issue 30).
+"""A real hang, found with its culprit, on the embedded default.
 
 Four real ranks of examples/torch_allreduce.py all-reduce over gloo and report their
 progress per rank; the test SIGSTOPs rank 2's process group. The other three wait in the

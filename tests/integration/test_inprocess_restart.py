@@ -1,4 +1,4 @@
-"""In-process restart on the embedded default (issue 26): an app crash of one rank of
+"""In-process restart on the embedded default: an app crash of one rank of
 ``examples/train.py`` (real processes, real tiers) recovers in place without new processes
 for the surviving ranks, loses at most one tier-1 interval and ends with the weights of an
 uninterrupted run."""

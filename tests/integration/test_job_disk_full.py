@@ -1,4 +1,4 @@
-"""Issue 28, defect 1, the job side: a full disk interrupts a job, it does not fail it.
+"""The job side of a full disk: a full disk interrupts a job, it does not fail it.
 
 Real parts: the jobs' output root is a real 8 MiB tmpfs (root mounts it, as CI runs; skipped
 where mounting is not allowed), the rank is ``examples/train.py`` under the real launcher on

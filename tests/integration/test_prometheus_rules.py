@@ -1,4 +1,4 @@
-"""Issue 29 item 10: the alert and recording rules are a Prometheus rules file that promtool
+"""The alert and recording rules are a Prometheus rules file that promtool
 accepts and whose unit tests pass; the Grafana dashboard asks only for series mtc serves or
 the rules record."""
 

@@ -1,6 +1,6 @@
 """README's doctest: its curl block and its SDK and tuning examples run exactly as printed
 against a live ``mtc serve`` (in a temporary directory, its default state dir ``var/mtc``), so
-README cannot drift from what the code does again (issue 29: a fresh clone's first hour found
+README cannot drift from what the code does again (a fresh clone's first hour once found
 ``serve --state-dir`` refused and placeholders no reader could run).
 
 Every fenced block of README is either run here or listed in ``SKIP`` with the reason it is

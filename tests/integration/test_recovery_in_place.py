@@ -1,4 +1,4 @@
-"""In place on the embedded default with real processes (examples/train.py, issue 26).
+"""In place on the embedded default with real processes (examples/train.py).
 
 The training program has no tier library in this branch: its tier-1 (memory) save is
 reported by the test, the event the library's report becomes (a stand-in, stated). The rest

@@ -1,4 +1,4 @@
-"""Issue 28, defect 9: the Server header of `mtc serve` names no software version (it said
+"""The Server header of `mtc serve` names no software version (it said
 Werkzeug's and Python's)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The chaos soak (bench/soak.py) at a small size: zero invariant violations, and chaos did
-happen (faults, kills, controller restarts, and issue 28's storage and client chaos: a full
+happen (faults, kills, controller restarts, and the storage and client chaos: a full
 disk, a damaged state file, stalled clients, a locked store). About 60-100 s on 2 cores."""
 
 from __future__ import annotations

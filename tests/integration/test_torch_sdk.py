@@ -1,4 +1,4 @@
-"""Issue 27's acceptance test: the official Vertex AI SDK (``google.cloud.aiplatform``, REST)
+"""The official Vertex AI SDK (``google.cloud.aiplatform``, REST)
 submits a ``pythonPackageSpec`` CustomJob on a prebuilt PyTorch image URI to a live
 ``mtc serve``. The package is a wheel built here of a tiny trainer (examples/torch_ddp.py as
 ``trainer.task``), put in the ``gs://`` tree; mtc maps the image to its local PyTorch runtime,

@@ -1,4 +1,4 @@
-"""Issue 12's acceptance test: a HyperparameterTuningJob through the official Vertex AI SDK
+"""A HyperparameterTuningJob through the official Vertex AI SDK
 (REST transport) against a live ``mtc serve``. Six trials of examples/hp_trial.py, two at a
 time; one trial's node gets an XID 79 mid-run (``mtc node fault`` on the server's state
 directory, beside the running server): the trial resumes from its checkpoint on another node,

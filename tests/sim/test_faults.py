@@ -1,5 +1,5 @@
 """Faults that persist, held repairs, keyed random streams, scripted faults, warm-up and
-instant repair: what issue 14 (item 2) asked of the twin, each as a run that takes seconds."""
+instant repair, what a what-if asks of the twin, each as a run that takes seconds."""
 
 from __future__ import annotations
 

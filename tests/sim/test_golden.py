@@ -2,7 +2,7 @@
 seed, byte for byte in every outcome field, before and after a refactor.
 
 The golden files were written by ``mtc sim run`` (``simulator.cli.cmd_run``) before the
-simulator was split into modules (issue 8). Only the ``timings`` block is dropped: it holds
+simulator was split into modules. Only the ``timings`` block is dropped: it holds
 wall-clock seconds (``wall_s``, ``handlers_s``, ``accounting_s``, ``by_service_s``), which vary
 from run to run and machine to machine. Everything else (events, failures, interruptions,
 repairs, restarts, goodput, the job model's own ledger in ``truth``) must match exactly.
@@ -52,7 +52,7 @@ def test_small_seed7_matches_golden() -> None:
 
 def test_two_partitions_seed5_matches_golden() -> None:
     """Several jobs pending at once, placed by partition with per-partition spares (written
-    by the code before scheduling read a projection of the idle nodes, issue 14)."""
+    by the code before scheduling read a projection of the idle nodes)."""
     assert summary(TWO_PARTITIONS, 5) == golden("two_partitions_seed5_summary.json")
 
 

@@ -1,4 +1,4 @@
-"""A hang in the twin (issue 30): a scripted NCCL-style hang on one node of a 4-node job.
+"""A hang in the twin: a scripted NCCL-style hang on one node of a 4-node job.
 Without per-rank progress the ranks wait for the NCCL watchdog (``hang_exit``); with it the
 twin does what the adapters do (``rank_progress``): the hang is found at the policy's
 threshold plus one read of the heartbeats, named on the node that stopped, and the real

@@ -1,4 +1,4 @@
-"""Preflight in the twin (issue 30): the cluster's ``mtc-preflight`` makes each first start
+"""Preflight in the twin: the cluster's ``mtc-preflight`` makes each first start
 (and each restart on new nodes) pay the mode's time as scheduling badput, and catches a
 node with a latent fault (here one that slows its ranks 1.5x and that its own checks do not
 see) with the mode's probability: the real policy names it, it is excluded and reported, and

@@ -1,4 +1,4 @@
-"""Racks in the twin (issue 30, item 6): a rack event takes its nodes together; the real
+"""Racks in the twin: a rack event takes its nodes together; the real
 control plane drains the rack once and moves the job; without racks nothing changes."""
 
 from __future__ import annotations

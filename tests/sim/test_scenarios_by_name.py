@@ -1,4 +1,4 @@
-"""Issue 29 item 7: `mtc sim run llama3.yaml` outside the repository said "cannot read"; the
+"""`mtc sim run llama3.yaml` outside the repository said "cannot read"; the
 packaged scenarios run by name from anywhere and `mtc sim scenarios` lists them."""
 
 from __future__ import annotations

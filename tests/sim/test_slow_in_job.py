@@ -1,4 +1,4 @@
-"""A straggler in the twin as its job sees it (issue 30): a cause that slows one node's ranks
+"""A straggler in the twin as its job sees it: a cause that slows one node's ranks
 1.5x and that its own checks do not see. Without per-rank progress the job runs at its pace
 until the end; with it the twin reports ``SlowInJob`` as the adapters would (after the
 policy's scored steps and one read), repair weighs moving the node by expected cost and the

@@ -1,4 +1,4 @@
-"""The simulator's shape (issue 8): small modules with one job each, and no import cycles."""
+"""The simulator's shape: small modules with one job each, and no import cycles."""
 
 from __future__ import annotations
 

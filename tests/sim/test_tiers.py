@@ -1,4 +1,4 @@
-"""Checkpoint tiers in the twin (issue 26): which tier an incident restores from, that no tier
+"""Checkpoint tiers in the twin: which tier an incident restores from, that no tier
 saves faster than its bandwidth, and that the event-log accounting still agrees with the job
 model's ledger."""
 
@@ -76,7 +76,7 @@ def test_a_program_crash_restores_from_memory() -> None:
     assert by_tier.get("memory", 0) > 0 and by_tier.get("peer", 0) == 0
 
 
-def test_durable_alone_is_todays_path_at_those_sizes() -> None:
+def test_durable_alone_is_plain_requeue_at_those_sizes() -> None:
     """``tiers: durable`` is today's twin, exactly, with the save and restore the sizes and
     the bandwidth give: 8e9 x 14 B at 20 GB/s is 5.6 s each way."""
     scripted = [{"at": "1h", "node": 3, "cause": "gpu_off_bus"},
@@ -161,7 +161,7 @@ def test_the_tiers_scenario_is_llama3_with_a_recovery_block() -> None:
     durable = load_scenario(load_scenario.__globals__["SCENARIO_DIR"] / "llama3-tiers.yaml",
                             {"recovery.tiers": "durable"})
     assert durable.recovery is not None and durable.recovery.pinned is None
-    # today's path with the block's figures: 5.67 TB at 2 TB/s, every 15 minutes
+    # the plain requeue with the block's figures: 5.67 TB at 2 TB/s, every 15 minutes
     assert durable.jobs[0].checkpoint_save_s == pytest.approx(2.835)
     assert durable.jobs[0].checkpoint_restore_s == pytest.approx(2.835)
     assert durable.jobs[0].checkpoint_interval_s == 900.0

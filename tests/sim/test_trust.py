@@ -1,4 +1,4 @@
-"""The twin's output a reader can trust (issue 29 item 8): goodput's parts add up on screen,
+"""The twin's output a reader can trust: goodput's parts add up on screen,
 intervals stay inside what the quantity allows and say when they are wide, ``plan-spares``
 searches around the scenario's own spares and shows progress when piped."""
 

@@ -1,4 +1,4 @@
-"""Issue 28, defect 7: the state database and the compute ledger hold every job's environment
+"""The state database and the compute ledger hold every job's environment
 and the audit log, so neither may be readable by group or others, whatever the umask."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ own, gets tmpfs over what it must not see and its own paths bound back, then dro
 plan's uid and gid before exec; the launcher itself stays outside, as root, to wait and to
 write the exit file. PR_SET_PDEATHSIG is set after the uid change (a change clears it).
 
-A full disk (issue 28): when CMD exits non-zero the launcher reads, there and then, the file
+A full disk: when CMD exits non-zero the launcher reads, there and then, the file
 systems of the job's directories (``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``,
 ``AIP_TENSORBOARD_LOG_DIR``), of its log and of the exit file (``statvfs``) and whether the
 end of its log says ``No space left on device``, and leaves that in ``PATH.disk`` (JSON)

@@ -1,4 +1,4 @@
-"""Issue 28 item 4: lists cost the whole collection. ``customJobs?pageSize=1`` read every job
+"""Lists cost the whole collection. ``customJobs?pageSize=1`` read every job
 of the parent (and every job of its clusters, to find adopted ones) before cutting the page:
 120 ms at 1,000 jobs, 907 ms at 5,000. A page now reads the jobs it shows
 (``bench/list_bench.py`` measures it; docs/scale.md has the figures)."""

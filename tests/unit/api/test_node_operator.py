@@ -67,7 +67,7 @@ def test_node_commands_refuse_bad_input(api: Api) -> None:
 
 
 def test_a_held_repair_is_said_where_the_clusters_health_is_shown(api: Api) -> None:
-    """Issue 29 item 6: a node whose GPU fell off the bus, held by the guard, kept its job
+    """A node whose GPU fell off the bus, held by the guard, kept its job
     while the cluster read "READY / all nodes in service"."""
     import time
 

@@ -1,4 +1,4 @@
-"""Regressions from the operator's and attacker's probe of issue 28, each named after its
+"""Regressions from the operator's and attacker's probe of the API, each named after its
 defect: they fail on 842929f."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 28 item 8: client-chosen ids live in their parent's namespace (services.api.ids).
+"""Client-chosen ids live in their parent's namespace (services.api.ids).
 
 Project A (the first to create anything: its ids are the domain's unchanged) and project B
 both have a cluster ``ca``, a model ``m1`` and a job ``j1``; each works fully and neither

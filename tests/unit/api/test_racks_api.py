@@ -1,4 +1,4 @@
-"""Racks on the embedded default (issue 30, item 6): ``mtcTopology`` on a node pool of the
+"""Racks on the embedded default: ``mtcTopology`` on a node pool of the
 Vertex-shaped API is carried to the nodes; a scripted rack failure (every node of the job's
 rack loses its GPU) drains the rack once and moves the job to another rack."""
 

@@ -1,4 +1,4 @@
-"""The recovery pins through the API (issue 26): a cluster's ``mtc-recovery-mode`` label
+"""The recovery pins through the API: a cluster's ``mtc-recovery-mode`` label
 reaches the cluster the policy reads; a bad one is a 400 naming the field, nothing made."""
 
 from __future__ import annotations

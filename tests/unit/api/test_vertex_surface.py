@@ -254,7 +254,7 @@ def test_nul_characters_are_refused(api: Api) -> None:
 
 
 def test_cancelling_an_ended_job_is_refused_naming_its_state(api: Api) -> None:
-    """Issue 29 item 5: it answered 200 {} and changed nothing."""
+    """It answered 200 {} and changed nothing."""
     api.cluster()
     body = job_body()
     body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"] = [sys.executable, "-c",
@@ -272,7 +272,7 @@ def test_cancelling_an_ended_job_is_refused_naming_its_state(api: Api) -> None:
 
 
 def test_a_failed_job_says_why_with_the_failing_ranks_last_output(api: Api) -> None:
-    """Issue 29: a failed replica's exit code and last lines go into error.message (the cause
+    """A failed replica's exit code and last lines go into error.message (the cause
     was only in `mtc job logs`)."""
     api.cluster()
     body = job_body()

@@ -1,4 +1,4 @@
-"""Issue 28, item 4's last part: a :wait holds a request thread for up to its timeout, so
+"""A :wait holds a request thread for up to its timeout, so
 waiting clients (a viewer's included) could take every thread of ``mtc serve`` from the calls
 that change things. At most ``wait_slots`` waits hold a thread at once; another answers at
 once with the operation as it is (AIP-151 lets a server return early)."""

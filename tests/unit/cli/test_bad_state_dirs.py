@@ -1,4 +1,4 @@
-"""Issue 28, defect 9: bad state directories fail clearly (the file named, what to do), and a
+"""Bad state directories fail clearly (the file named, what to do), and a
 blank command is refused when the job is created, not when it runs."""
 
 from __future__ import annotations

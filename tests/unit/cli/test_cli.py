@@ -87,7 +87,7 @@ def test_tokens_are_minted_listed_and_revoked(capsys: pytest.CaptureFixture[str]
 
 
 def test_global_options_are_taken_after_the_command_too(tmp_path: Path) -> None:
-    """Issue 29 item 1: README writes `mtc serve --port P --state-dir DIR`."""
+    """README writes `mtc serve --port P --state-dir DIR`."""
     parser = build_parser()
     after = parser.parse_args(["serve", "--port", "0", "--state-dir", str(tmp_path)])
     before = parser.parse_args(["--state-dir", str(tmp_path), "serve", "--port", "0"])
@@ -100,7 +100,7 @@ def test_global_options_are_taken_after_the_command_too(tmp_path: Path) -> None:
 
 def test_local_commands_do_not_offer_api_and_a_url_without_scheme_says_how(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 29 item 9: events, controller, demo and tensorboard advertised --api and then
+    """Events, controller, demo and tensorboard advertised --api and then
     refused it; `--api localhost:8080` was a raw InvalidSchema."""
     choices = build_parser()._subparsers._group_actions[0].choices
     for name in ("events", "controller", "demo", "tensorboard"):
@@ -116,7 +116,7 @@ def test_local_commands_do_not_offer_api_and_a_url_without_scheme_says_how(
 def test_an_empty_list_says_where_it_looked_and_ids_are_never_cut(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
         ) -> None:
-    """Issue 29 items 3 and 4."""
+    """An empty list says where it looked, and a long id is never cut in a narrow table."""
     from rich.table import Table
 
     from services.cli.commands_api import whole_ids

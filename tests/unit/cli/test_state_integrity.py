@@ -1,4 +1,4 @@
-"""Issue 28, defect 2: a damaged state is checked before it is used. An emptied, corrupted or
+"""A damaged state is checked before it is used. An emptied, corrupted or
 truncated ``mtc.db`` refuses start with the file named and the recovery commands; `mtc state
 backup` (online) and `mtc state restore` bring the fleet back."""
 

@@ -1,4 +1,4 @@
-"""The console's job page, history and actions (issue 29 item 11): what the page shows
+"""The console's job page, history and actions: what the page shows
 and acts on, through the real API, store and event log."""
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def test_the_sampler_samples_on_its_own_thread_until_stopped(api: Api) -> None:
 
 
 def test_a_requeue_with_nothing_else_to_weigh_is_an_incident_too() -> None:
-    """Today's path records no choice when requeue is the only option (no peer copy, not
+    """A plain requeue records no choice when requeue is the only option (no peer copy, not
     elastic): the job page still shows the incident, as a requeue, with its reason."""
     docs = [_doc(0, "mtc.job.started.v1", job_id="j1", attempt=1, node_ids=["n1"]),
             _doc(8, "mtc.node.draining.v1", job_id="j1", node_id="n1", reason="xid 79"),

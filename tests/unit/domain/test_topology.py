@@ -1,4 +1,4 @@
-"""A node pool's topology (issue 30, item 6): parsing, where each node sits, where spares go."""
+"""A node pool's topology: parsing, where each node sits, where spares go."""
 
 from __future__ import annotations
 

@@ -312,7 +312,7 @@ def root_main() -> Any:
 
 
 def test_the_cloud_runtime_keeps_the_event_log(gcp: tuple[Plane, GcpRuntime, Recorder]) -> None:
-    """Issue 28, the cloud path: no bus delivers in the cloud, so the event log (timelines,
+    """The cloud path: no bus delivers in the cloud, so the event log (timelines,
     goodput, the event-derived metrics) stayed empty there. Every event a function handled
     and every event the control plane published is logged once (redelivery and several
     functions included); the fault-to-drain histogram that reads the log is no longer

@@ -1,5 +1,5 @@
 """Suspects and held repairs are not lost: the three control-plane bugs the twin's one-node
-zero-delay runs found (issue 14), each on the in-memory plane with the real handlers.
+zero-delay runs found, each on the in-memory plane with the real handlers.
 
 - job_submission: a job kept its repeat-offender suspect out of every placement, even after
   the suspect was repaired and returned; a job that needs every node then waited for ever.

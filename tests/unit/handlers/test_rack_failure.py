@@ -1,4 +1,4 @@
-"""A scripted rack failure on the in-memory plane (issue 30, item 6): the rack is drained and
+"""A scripted rack failure on the in-memory plane: the rack is drained and
 repaired as one, once (one DomainDrained, however often the reports come), its job moves to
 another rack, and the guard per domain holds a second rack."""
 

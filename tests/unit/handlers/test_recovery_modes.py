@@ -1,4 +1,4 @@
-"""Recovery modes through the real handlers on the in-memory plane (issue 26).
+"""Recovery modes through the real handlers on the in-memory plane.
 
 A job that measured tier-1 (memory) and tier-2 (peer) saves restarts in place after a
 RESTART_JOB-class fault and hot-swaps a spare for a drained node; an elastic job with no

@@ -155,7 +155,7 @@ def test_blast_radius_guard_holds_the_second_node() -> None:
 
 
 def test_readme_four_node_cluster_heals_its_second_and_third_fault() -> None:
-    """Issue 29 item 6: README's cluster (4 GPU nodes, one a spare) held the 2nd and 3rd
+    """README's cluster (4 GPU nodes, one a spare) held the 2nd and 3rd
     XID 79 of the hour (the removal limit was one node per partition per hour), so a node
     whose GPU fell off the bus kept its job while the cluster read READY."""
     plane = ready_plane()

@@ -1,4 +1,4 @@
-"""A full disk interrupts a job, it does not fail it (issue 28, item 1, the job side).
+"""A full disk interrupts a job, it does not fail it (the job side).
 
 Handler tests on the in-memory plane: the compute adapter's exit carries the evidence
 (``JobWorkersExited.storage_full``: the launcher read the file system at the rank's exit),

@@ -90,7 +90,7 @@ def test_bus_lag_is_the_oldest_undelivered_entry_and_gcp_has_no_event_stats() ->
 
 
 def test_only_live_and_lately_ended_jobs_keep_series_of_their_own() -> None:
-    """Issue 29 item 10: every job ever submitted kept its own series (unbounded)."""
+    """Every job ever submitted kept its own series (unbounded)."""
     now = 100_000.0
     docs = [{"job_id": "live", "created_at": 1.0, "ended_at": None},
             {"job_id": "lately", "created_at": 2.0, "ended_at": now - 60.0},
@@ -106,7 +106,7 @@ def test_only_live_and_lately_ended_jobs_keep_series_of_their_own() -> None:
 def test_recoveries_are_counted_by_mode() -> None:
     """An in-place restart (the job measured tier-1 saves) counts as in_place; a later
     requeue the policy had no alternative to (a drained node, no peer copy for a spare to
-    restore from, not elastic: today's path, no decision recorded) counts as requeue."""
+    restore from, not elastic: the plain requeue, no decision recorded) counts as requeue."""
     plane = Plane(ControlPlaneConfig(heartbeat_timeout_s=1e9)).up()
     plane.api(lambda u, d: job_commands.submit_job("c1", job_body(2), u, d, "j1"))
     plane.deliver()

@@ -1,4 +1,4 @@
-"""Issue 28, defect 3: ``/metrics?project=pb`` and ``/alerts.json?project=pb``
+"""``/metrics?project=pb`` and ``/alerts.json?project=pb``
 show project pb's clusters and jobs only, never project pa's."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_defect_3_metrics_and_alerts_are_limited_to_the_callers_project(
     assert 'cluster="ca"' not in own.get_data(as_text=True)
     admin = client.get("/metrics", headers=AUTH).get_data(as_text=True)
     # the fleet view names clusters by their domain ids: pa's (the first project's) are
-    # its own, pb's are derived from (project, id) (services.api.ids; issue 28 item 8)
+    # its own, pb's are derived from (project, id) (services.api.ids)
     assert 'cluster="ca"' in admin and 'cluster="cb-' in admin
     alerts = client.get("/alerts.json?project=pb", headers=bob)
     assert alerts.status_code == 200

@@ -1,5 +1,5 @@
 """plan_domain(): when a rack is drained as one, held by the guard per domain, or left to
-the per-node policy (issue 30, item 6). Table tests."""
+the per-node policy. Table tests."""
 
 from __future__ import annotations
 

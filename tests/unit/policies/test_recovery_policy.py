@@ -143,6 +143,6 @@ def test_properties(situation: tuple[Incident, JobCosts, Capacity], pinned: Mode
     if capacity.min_replicas is None:
         assert Mode.SCALE_DOWN not in allowed
     if capacity.min_replicas is None and all(t.tier is Tier.DURABLE for t in costs.tiers):
-        assert d.mode is Mode.REQUEUE or pinned is Mode.REQUEUE  # today's path
+        assert d.mode is Mode.REQUEUE or pinned is Mode.REQUEUE  # the plain requeue
     if capacity.spares_ready >= 1:
         assert Mode.SCALE_DOWN not in allowed

@@ -226,7 +226,7 @@ def test_many_recent_removals_hold_even_if_nodes_came_back() -> None:
 
 
 def test_default_guard_allowed_one_removal_per_hour_on_a_small_partition() -> None:
-    # Issue 29 item 6: on a 4-node partition the removal limit equalled the out-of-service
+    # On a 4-node partition the removal limit equalled the out-of-service
     # one (1), so a 2nd and 3rd fault within the hour, each after the last node came back,
     # were held. The removal limit is now its own fraction (75%) with a floor of one node.
     assert allowed_removals_in_window(4, CONFIG) == 3

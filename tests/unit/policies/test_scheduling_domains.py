@@ -1,4 +1,4 @@
-"""place_jobs() packs a gang into the fewest NVLink domains (issue 30, item 6): table tests."""
+"""place_jobs() packs a gang into the fewest NVLink domains: table tests."""
 
 from __future__ import annotations
 

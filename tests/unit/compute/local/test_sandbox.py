@@ -1,4 +1,4 @@
-"""Issue 28: jobs never run as root. A job started by a root server ran as root, with the
+"""Jobs never run as root. A job started by a root server ran as root, with the
 state directory, the API tokens and every other tenant's files in reach. Now a rank runs as
 an unprivileged uid in a mount namespace that hides them, while its own checkpoint, output
 and log paths work, also at ``/gcs/`` as Vertex's containers see Cloud Storage.
@@ -178,7 +178,7 @@ PRY_TOKENS = textwrap.dedent(
 @ROOT_ONLY
 @pytest.mark.slow  # real worker subprocesses
 def test_a_job_submitted_to_a_root_server_cannot_read_the_token_file(tmp_path: Path) -> None:
-    """Issue 28's done-when, through the API and the embedded wiring (``mtc serve``'s): the
+    """The same through the API and the embedded wiring (``mtc serve``'s): the
     state directory and the output root are what the sandbox hides."""
     from services.api.http import create_app
     from services.api.tokens import LocalTokens

@@ -1,4 +1,4 @@
-"""Issue 29 item 2: `python` in a worker's command is the interpreter mtc runs in (with its
+"""`python` in a worker's command is the interpreter mtc runs in (with its
 packages, cloudml-hypertune among them), not whichever `python` the server's PATH finds
 first: six tuning trials ended INFEASIBLE on `No module named 'hypertune'`."""
 

@@ -90,3 +90,21 @@ def test_the_history_pattern(text: str, hits: int) -> None:
 ])
 def test_the_path_pattern(span: str, is_path: bool) -> None:
     assert bool(FILE_PATH.match(span)) is is_path
+
+
+CODE_TREES = ("shared", "services", "simulator", "bench", "examples", "scripts", "workflows",
+              "tests")
+
+
+def test_no_development_history_in_code_comments() -> None:
+    """Comments and docstrings say why, not how the code got here: no issue numbers."""
+    found = []
+    for tree in CODE_TREES:
+        for path in sorted((ROOT / tree).rglob("*.py")):
+            if path == Path(__file__).resolve() or ".venv" in path.parts:
+                continue
+            text = path.read_text()
+            found += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: "
+                      f"{m.group(0)!r}" for m in HISTORY.finditer(text)]
+    assert not found, "issue numbers in code (the story goes to CHANGELOG.md):\n" + "\n".join(
+        found)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.compute import WedgedClock
 from simulator.goodput import Badput
+from simulator.launches import WedgedClock
 from simulator.scenario import ScenarioError, duration, load_scenario, parse_value
 from simulator.stats import error_bars, mean_ci
 

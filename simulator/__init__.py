@@ -1,6 +1,7 @@
 """The goodput digital twin: the real control plane against a simulated fleet (SimPy).
 
-- ``scenario``: scenario files (YAML): strict parsing, loading, overrides for sweeps;
+- ``scenario``: scenario files (YAML): strict parsing and loading; ``overrides``: what
+  ``--set`` and a sweep's axes change in one;
 - ``scenario_types``: the defaults' constants block and the parsed scenario (dataclasses);
 - ``readers``: the shared validation kit for scenarios (ScenarioError), durations, ``Dist``;
 - ``failures``: the failure model calibrated to Llama 3, causes -> health signals -> true fixes;
@@ -19,8 +20,8 @@
   restarts; stragglers and each attempt's pace; slow ranks as a job sees them;
 - ``twin``: builds the handlers through ``services.wiring.embedded.build_deps`` and runs a scenario;
 - ``goodput``: goodput and badput from an event log: ``shared.goodput``, the live system's;
-- ``replay``, ``fit``, ``spares``: what-ifs from a recorded history (``mtc replay``,
-  ``mtc sim fit``, ``mtc sim plan-spares``);
+- ``replay``, ``fit`` (with ``fitted``: what a fit says), ``spares``: what-ifs from a
+  recorded history (``mtc replay``, ``mtc sim fit``, ``mtc sim plan-spares``);
 - ``stats``: means and confidence intervals over replications;
 - ``validation``: the twin against the analytic checkpointing models;
 - ``report``, ``sweep``, ``cli``: ``mtc sim run`` / ``mtc sim sweep`` (also ``python -m simulator``).

@@ -28,7 +28,8 @@ from typing import Any
 
 from simulator.goodput import Badput
 from simulator.launches import WedgedClock
-from simulator.scenario import ScenarioError, duration, load_scenario, parse_value
+from simulator.overrides import parse_value
+from simulator.scenario import ScenarioError, duration, load_scenario
 from simulator.stats import error_bars, mean_ci
 
 METRICS = ("goodput", "ettr", "scheduling_goodput", "runtime_goodput", "program_goodput",

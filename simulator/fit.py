@@ -297,10 +297,10 @@ def fit(rows: Sequence[Mapping[str, Any]], *, heartbeat_timeout_s: float = 60.0)
 
 def _by_signal(faults: Sequence[tuple[float, str, str, Mapping[str, Any]]]
                ) -> list[tuple[dict[str, Any], list[tuple[float, str, str, Mapping[str, Any]]]]]:
-    """A cause's faults by the signal they were first reported with. A cause took its first
-    fault's signal for all: ``small``'s faulty GPU (XID 79 or 119) re-ran as 119s only, and a
-    candidate's XID 79 rule never fired in ``replay --twin`` (issue 29 item 8); now each
-    signal is a weighted variant of the cause, with its own fixes."""
+    """A cause's faults by the signal they were first reported with: each signal is a
+    weighted variant of the cause, with its own fixes. (One signal for all, the first fault's,
+    would re-run ``small``'s faulty GPU, XID 79 or 119, as 119s only, and a candidate's XID 79
+    rule would never fire in ``replay --twin``.)"""
     groups: dict[str, tuple[dict[str, Any], list[tuple[float, str, str, Mapping[str, Any]]]]] = {}
     for fault in faults:
         signal = _signal(fault[2], fault[3])

@@ -108,7 +108,7 @@ def goodput_parts(jg: JobGoodput) -> list[tuple[str, float]]:
     share of the time, less time no category holds, is the productive share (ETTR); less the
     program's gap (MFU below 1, steps slower than nominal: ETTR x (1 - program goodput)) it is
     the goodput. Without the program line a reader sees a badput table adding to ~10% beside
-    a goodput of ~36% and cannot tell where the rest went (issue 29 item 8)."""
+    a goodput of ~36% and cannot tell where the rest went."""
     total = jg.total_s
     if total <= 0:
         return [("job time", 1.0), ("goodput", 0.0)]

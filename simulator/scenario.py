@@ -309,7 +309,7 @@ def parse_scenario(data: Any, *, source: str = "") -> Scenario:
     _check_scripted(failures.scripted, cluster)
     recovery = parse_recovery(top.get("recovery"), "recovery")
     check_recovery(recovery, jobs, events)
-    if recovery is not None and recovery.tiers == ("durable",):  # today's path, these sizes
+    if recovery is not None and recovery.tiers == ("durable",):  # untiered, these sizes
         jobs = tuple(durable_only(recovery, j, cluster.gpus_per_node) for j in jobs)
     detection = mapping(top.get("detection"), "detection")
     report_interval = duration(get(detection, "report_interval", DEFAULT_REPORT_INTERVAL_S),

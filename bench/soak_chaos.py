@@ -31,7 +31,7 @@ from shared.domain.model import NodeState
 if TYPE_CHECKING:
     from bench.soak import Soak
 
-TEETH_WEIGHTS: dict[str, float] = {  # relative odds, beside soak.CHAOS_WEIGHTS
+TEETH_WEIGHTS: dict[str, float] = {  # relative odds, beside soak_settings.CHAOS_WEIGHTS
     "disk_full": 0.3, "damaged_state": 0.15, "stalled_client": 0.3, "slow_store": 0.3,
 }
 TEETH_MUST_HAPPEN = ("stalled_client", "slow_store", "disk_full", "damaged_state")  # longest last
@@ -169,7 +169,7 @@ class Teeth:
     def server_up(self) -> bool:
         """The soak's server runs and answers /healthz now (a restarted one may still be
         starting: then this chaos waits for a later draw rather than block the soak)."""
-        if self.s.controller is None or self.s.controller.poll() is not None:
+        if not self.s.controller.running():
             return False
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2.0)
         try:
@@ -184,7 +184,7 @@ class Teeth:
 
     def chaos_disk_full(self) -> bool:
         """Fill the tmpfs to its last block, hold it, free it: the controller keeps running
-        (keep_controller counts an exit as a violation), reads answer, the databases pass
+        (``ControllerChild.keep`` counts an exit as a violation), reads answer, the databases pass
         their integrity check after, and no job fails of it (check_final)."""
         if not self.mounted or not self.server_up():
             return False
@@ -287,11 +287,11 @@ class Teeth:
     def fault_that_takes_out(self) -> str | None:
         """An XID 79 (reboot) on a live in-service node: it is taken out, or held SUSPECT
         when the blast-radius guard has no room; either way the state changes."""
-        nodes = [n for n in self.s.live_workers() if n.state in IN_SERVICE]
+        nodes = [n for n in self.s.fleet_chaos.live_workers() if n.state in IN_SERVICE]
         if not nodes:
             return None
         node = self.s.rng.choice(nodes)
-        if not self.s.inject(node):
+        if not self.s.fleet_chaos.inject(node):
             return None
         return node.node_id
 
@@ -315,7 +315,7 @@ class Teeth:
         if not self.server_up():
             return False
         s.outages.append((s.now(), None))  # planned: the bounds pause (soak.elapsed)
-        s.stop_controller()
+        s.controller.stop()
         n = s.fig.chaos["damaged_state"] + 1
         backup = self.backups / f"b{n}"
         self.backups.mkdir(parents=True, exist_ok=True)
@@ -334,7 +334,7 @@ class Teeth:
                 f.write(os.urandom(100))  # the header: no longer a database
         s.say(f"mtc.db damaged ({kind}, was {size} bytes); starting a controller over it")
         try:
-            done = subprocess.run(s.controller_argv(), cwd=s.root, capture_output=True,
+            done = subprocess.run(s.controller.argv(), cwd=s.root, capture_output=True,
                                   text=True, timeout=REFUSE_WITHIN_S, check=False,
                                   env={**os.environ, "MTC_API_TOKEN": TOKEN})
             code, said = done.returncode, done.stdout + done.stderr
@@ -360,8 +360,8 @@ class Teeth:
             left.unlink()
         shutil.rmtree(backup, ignore_errors=True)
         s.reopen()
-        s.controller_down_until = s.now()  # keep_controller starts it again at once
-        s.keep_controller()
+        s.controller.down_until = s.now()  # started again at once
+        s.controller.keep()
         self.outage_s.append(s.now() - s.outages[-1][0])
         s.outages[-1] = (s.outages[-1][0], s.now() + RESTART_S)  # + the server's start
         return True

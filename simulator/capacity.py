@@ -1,7 +1,8 @@
 """The availability mode at run time (its configuration: :mod:`simulator.availability`).
 
 Spot preemptions with notice, queue waits before capacity arrives, and the node-hour meter,
-acting on the simulated compute through the few things :class:`Fleet` names. A spot node gets
+acting on the twin's fleet (:class:`~simulator.fleet.Fleet`) and, when a VM goes, on the job
+model (whatever still ran there dies). A spot node gets
 a ``PreemptionNotice`` health report from its agent ``detect`` after the notice (the real
 triage table maps it to drain-and-replace: the job checkpoints in its grace period and moves),
 and ``notice`` after it the VM is gone, whatever still runs on it dying with it.
@@ -11,34 +12,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import simpy
 
-from shared.domain.events import Event, NodeHealthReported
+from shared.domain.events import NodeHealthReported
 from shared.domain.health import ConditionStatus, ConditionType
 from simulator.availability import AvailabilityCfg
 from simulator.clock import EPOCH_S, call_later
 from simulator.failures import Cause, Fault, Signal, Variant
-from simulator.world import AGENT_SOURCE, Attempt, SimNode
+from simulator.fleet import Fleet
+from simulator.jobs import JobModel
+from simulator.world import AGENT_SOURCE, SimNode
 
 PREEMPTION = "spot_preemption"  # the cause the accounting ties the lost time to
 STREAM_KEY = 0xA7A1  # the SeedSequence spawn key of the availability's random stream
-
-
-class Fleet(Protocol):
-    """What the capacity needs of the simulated compute."""
-
-    nodes: dict[str, SimNode]
-    horizon: float
-    timeline: list[tuple[float, str, str, str]]
-
-    def emit(self, event: Event, source: str = ...) -> None: ...
-
-    def _kill(self, att: Attempt, t: float, cause: str, *, hang: bool) -> None: ...
-
-    def fitness_changed(self, node: SimNode) -> None: ...
 
 
 def rng_for(seed: int) -> np.random.Generator:
@@ -80,14 +69,15 @@ class Capacity:
         self.cfg = cfg
         self.rng = rng
         self.meter = Meter()
-        self.compute: Fleet | None = None
+        self.fleet: Fleet | None = None  # (from ``start``: the run's)
+        self.job_model: JobModel | None = None
         self.preempted: set[str] = set()  # nodes whose VM got a notice
         self.counts: dict[str, int] = {"preemptions": 0, "with_job": 0, "job_lost_progress": 0}
         self.queue_wait_s: list[float] = []
         self._first_wait: float | None = None
         self.running = False
 
-    # -- provisioning (SimCompute.provision_node / delete_node)
+    # -- provisioning (simulator.machines)
     def arrival_wait(self, replaces: str | None) -> float:
         """Seconds before a requested VM exists: the queue (one grant for the whole first
         request, a wait per replacement)."""
@@ -111,11 +101,12 @@ class Capacity:
         return None
 
     # -- spot preemptions
-    def start(self, compute: Fleet) -> None:
+    def start(self, fleet: Fleet, job_model: JobModel) -> None:
         """Start every node's preemption clock (with the failure clocks, at READY)."""
-        self.compute = compute
+        self.fleet = fleet
+        self.job_model = job_model
         self.running = True
-        for node in list(compute.nodes.values()):
+        for node in list(fleet.nodes.values()):
             self.arm(node)
 
     def arm(self, node: SimNode) -> None:
@@ -123,19 +114,19 @@ class Capacity:
         if not self.running or self.cfg.mode != "spot" or rate <= 0 or not node.partition:
             return
         gap = float(self.rng.exponential(86_400.0 / rate))
-        assert self.compute is not None
-        if float(self.env.now) + gap < self.compute.horizon:
+        assert self.fleet is not None
+        if float(self.env.now) + gap < self.fleet.horizon:
             call_later(self.env, gap, self._notice, node)
 
     def _notice(self, node: SimNode) -> None:
         if node.deleted or not node.up or node.node_id in self.preempted:
             return
-        compute = self.compute
-        assert compute is not None
+        fleet = self.fleet
+        assert fleet is not None
         now = float(self.env.now)
         self.preempted.add(node.node_id)
         self.counts["preemptions"] += 1
-        compute.timeline.append((now, "preempted", node.node_id, ""))
+        fleet.timeline.append((now, "preempted", node.node_id, ""))
         att = node.attempt
         if att is not None and att.alive and not att.exited:
             self.counts["with_job"] += 1
@@ -145,7 +136,7 @@ class Capacity:
         call_later(self.env, notice, self._gone, node)
 
     def _report(self, node: SimNode, at: float) -> None:
-        assert self.compute is not None
+        assert self.fleet is not None
         if node.deleted:
             return
         observed = EPOCH_S + float(self.env.now)
@@ -154,13 +145,13 @@ class Capacity:
                 "since": EPOCH_S + at,
                 "details": {"notice_s": self.cfg.spot.notice_s, "kind": "spot",
                             "cause": PREEMPTION}}
-        self.compute.emit(NodeHealthReported(node_id=node.node_id, observed_at=observed,
-                                             conditions=(cond,)), AGENT_SOURCE)
+        self.fleet.emit(NodeHealthReported(node_id=node.node_id, observed_at=observed,
+                                           conditions=(cond,)), AGENT_SOURCE)
 
     def _gone(self, node: SimNode) -> None:
         """The notice ran out: the VM stops, whatever is still on it dies."""
-        compute = self.compute
-        assert compute is not None
+        fleet, job_model = self.fleet, self.job_model
+        assert fleet is not None and job_model is not None
         now = float(self.env.now)
         self.meter.stop(node.node_id, now)
         if node.deleted:
@@ -168,11 +159,11 @@ class Capacity:
         node.up = False
         node.life_token += 1
         node.fault = Fault(cause=_GONE, signal=_GONE.variants[0].signal, fix="replace", at=now)
-        compute.fitness_changed(node)
+        fleet.fitness_changed(node)
         att = node.attempt
         if att is not None and att.alive and not att.exited:
             self.counts["job_lost_progress"] += 1
-            compute._kill(att, now, PREEMPTION, hang=True)
+            job_model.kill(att, now, PREEMPTION, hang=True)
 
     def summary(self) -> dict[str, Any]:
         return {"mode": self.cfg.mode, **self.counts,

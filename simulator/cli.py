@@ -15,13 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from simulator.scenario import (
-    DEFAULT_SCENARIO,
-    ScenarioError,
-    load_scenario,
-    packaged,
-    parse_value,
-)
+from simulator.overrides import parse_value
+from simulator.scenario import DEFAULT_SCENARIO, ScenarioError, load_scenario, packaged
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -299,7 +294,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     import yaml
     from rich.console import Console
 
-    from simulator import fit, history
+    from simulator import fit, fitted, history
 
     console = Console(stderr=args.json)
     try:
@@ -307,10 +302,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
                          heartbeat_timeout_s=args.heartbeat_timeout)
     except ValueError as exc:  # HistoryError too
         return _refused(console, "fit", exc)
-    raw = fit.to_scenario(result, name=args.output.stem, source=str(args.events))
+    raw = fitted.to_scenario(result, name=args.output.stem, source=str(args.events))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(yaml.safe_dump(raw, sort_keys=False))
-    _emit(console, args.json, result.as_dict(), fit.summary_lines(result))
+    _emit(console, args.json, result.as_dict(), fitted.summary_lines(result))
     console.print(f"wrote {args.output} (mtc sim run {args.output})")
     return 0
 

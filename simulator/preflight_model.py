@@ -22,9 +22,7 @@ shares (quick 0.5, thorough 0.9) are assumptions: no public figure gives them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
-
-import simpy
+from typing import Any
 
 from shared.policies.preflight import (
     LABEL,
@@ -35,11 +33,10 @@ from shared.policies.preflight import (
     PreflightResult,
 )
 from simulator.clock import EPOCH_S
-from simulator.failures import FailureModel
+from simulator.fleet import Fleet
 from simulator.readers import ScenarioError, duration, get, mapping, number, only_keys, text
 from simulator.scenario_types import PreflightCfg
 from simulator.streams import DETECT_DOMAIN
-from simulator.world import SimNode
 
 DEFAULTS = {"off": PreflightCfg(), "quick": PreflightCfg("quick", 10.0, 0.5),
             "thorough": PreflightCfg("thorough", 45.0, 0.9)}
@@ -67,43 +64,33 @@ def labels(cfg: PreflightCfg) -> dict[str, str]:
     return {} if cfg.mode == "off" else {LABEL: cfg.mode}
 
 
-class Fleet(Protocol):
-    """What the model reads of the twin's compute."""
-
-    env: simpy.Environment
-    nodes: dict[str, SimNode]
-    model: FailureModel
-    preflight_until: dict[str, float]
-    timeline: list[tuple[float, str, str, str]]
-
-
-def run(sim: Fleet, cfg: PreflightCfg, job_id: str, node_ids: Sequence[str],
+def run(fleet: Fleet, cfg: PreflightCfg, job_id: str, node_ids: Sequence[str],
         plan: PreflightPlan) -> PreflightResult:
-    now = float(sim.env.now)
-    start = max(now, sim.preflight_until.get(job_id, now))
+    now = float(fleet.env.now)
+    start = max(now, fleet.preflight_until.get(job_id, now))
     end = start + cfg.duration_s
-    sim.preflight_until[job_id] = end
-    caught = {nid for nid in node_ids if _caught(sim, nid, cfg)}
+    fleet.preflight_until[job_id] = end
+    caught = {nid for nid in node_ids if _caught(fleet, nid, cfg)}
     good, bad = plan.min_busbw_gbps * 10.0, 0.0
     n = len(node_ids)
     pairs = [] if n < 2 else [tuple(sorted({node_ids[i], node_ids[(i + 1) % n]}))
                               for i in range(n if n > 2 else 1)]
     collectives = (PairCheck(tuple(node_ids), bad if caught else good),
                    *(PairCheck(p, bad if caught & set(p) else good) for p in pairs))
-    sim.timeline.append((now, "preflight", job_id, ",".join(sorted(caught))))
+    fleet.timeline.append((now, "preflight", job_id, ",".join(sorted(caught))))
     return PreflightResult(tuple(NodeCheck(nid, True, "simulated node") for nid in node_ids),
                            collectives, EPOCH_S + start, EPOCH_S + end,
                            detail=f"simulated {cfg.mode} preflight, {cfg.duration_s:g} s")
 
 
-def _caught(sim: Fleet, node_id: str, cfg: PreflightCfg) -> bool:
-    node = sim.nodes.get(node_id)
+def _caught(fleet: Fleet, node_id: str, cfg: PreflightCfg) -> bool:
+    node = fleet.nodes.get(node_id)
     if node is None or node.fault is None or node.deleted:
         return False
-    rng = sim.model.streams.rng(DETECT_DOMAIN, f"preflight:{node_id}", node.faults)
+    rng = fleet.model.streams.rng(DETECT_DOMAIN, f"preflight:{node_id}", node.faults)
     return bool(rng.random() < cfg.catches)
 
 
-def start_after(sim: Fleet, job_id: str, now: float) -> float:
+def start_after(fleet: Fleet, job_id: str, now: float) -> float:
     """When an attempt starting now begins: after the preflight that just ran for it."""
-    return max(now, sim.preflight_until.pop(job_id, now))
+    return max(now, fleet.preflight_until.pop(job_id, now))

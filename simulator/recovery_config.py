@@ -2,7 +2,7 @@
 
 ```yaml
 recovery:
-  tiers: [memory, peer, durable]   # or durable (the plain requeue); memory needs durable, peer memory
+  tiers: [memory, peer, durable]   # or durable (alone); memory needs durable, peer memory
   mode: auto                       # auto (the policy chooses) | in_place | hot_swap |
                                    # scale_down | requeue (pinned, the job's mtc-recovery-mode)
   min_replicas: 2040               # elastic: the job may shrink to this many nodes (its
@@ -22,7 +22,8 @@ recovery:
 Every size and time is derived here, once, into a :class:`TierPlan` per job: a tier never
 saves more often than its bandwidth allows (an entry every ``k`` snapshots, ``k`` at least the
 transfer time over the snapshot cycle) and restores in size / bandwidth. Without a ``recovery``
-block a job is today's: durable only, its own ``checkpoint_save`` / ``checkpoint_restore``.
+block a job checkpoints to durable storage only, with its own ``checkpoint_save`` /
+``checkpoint_restore``.
 """
 
 from __future__ import annotations
@@ -156,9 +157,10 @@ def check_recovery(cfg: RecoveryCfg | None, jobs: tuple[JobCfg, ...], events: st
 
 
 def durable_only(cfg: RecoveryCfg, job: JobCfg, gpus_per_node: int) -> JobCfg:
-    """With durable storage alone the job is today's, at these sizes and bandwidths: its
-    save (synchronous, the whole write), restore and interval come from the block, and the
-    twin runs today's code path with them (``SimJob.plan`` stays None)."""
+    """With durable storage alone the job checkpoints as one without tiers, at these sizes
+    and bandwidths: its save (synchronous, the whole write), restore and interval come from
+    the block, and the twin runs the untiered job model with them (``SimJob.plan`` stays
+    None)."""
     plan = plan_for(cfg, job, gpus_per_node)
     return replace(job, checkpoint_interval_s=plan.interval_s, checkpoint_save_s=plan.save_s,
                    checkpoint_restore_s=plan.restore_s[Tier.DURABLE.value])
@@ -178,7 +180,7 @@ def plan_for(cfg: RecoveryCfg, job: JobCfg, gpus_per_node: int) -> TierPlan:
     tiers = cfg.tiers
     restore = {Tier.MEMORY.value: memory_s, Tier.PEER.value: peer_s,
                Tier.DURABLE.value: durable_s}
-    if Tier.MEMORY.value not in tiers:  # today's program: a synchronous save to durable
+    if Tier.MEMORY.value not in tiers:  # one synchronous save to durable
         return TierPlan(tiers, durable_every, durable_s, {Tier.DURABLE.value: 1},
                         {Tier.DURABLE.value: 0.0}, {Tier.DURABLE.value: durable_s},
                         durable_s, job.startup_s, cfg.startup_warm_s, cfg.spares_warm,

@@ -270,11 +270,11 @@ def twin_diff(rows: Sequence[Mapping[str, Any]], candidate: Policy, baseline: Po
               replications: int = 5, seed: int = 1) -> dict[str, Any]:
     """The twin on a scenario fitted to ``rows``, under both policies, same seeds: the
     candidate's goodput less the baseline's, with its 95% interval (paired differences)."""
-    from simulator import fit, twin
+    from simulator import fit, fitted, twin
     from simulator.scenario import parse_scenario
     from simulator.stats import mean_ci
 
-    raw = fit.to_scenario(fit.fit(rows), name="replay")
+    raw = fitted.to_scenario(fit.fit(rows), name="replay")
     results: dict[str, list[float]] = {}
     repairs: dict[str, float] = {}
     replaced: dict[str, float] = {}

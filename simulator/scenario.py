@@ -28,9 +28,9 @@ from shared.policies.repair import load_repair_config
 from simulator.availability import parse_availability
 from simulator.failure_config import parse_failures
 from simulator.failures import ScriptedFault
+from simulator.overrides import apply_override
 from simulator.preflight_model import parse_preflight
 from simulator.readers import (
-    DURATION_RE,
     Dist,
     ScenarioError,
     boolean,
@@ -84,12 +84,10 @@ __all__ = [
     "SCENARIO_DIR",
     "Scenario",
     "ScenarioError",
-    "apply_override",
     "duration",
     "load_raw",
     "load_scenario",
     "parse_scenario",
-    "parse_value",
 ]
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -311,7 +309,7 @@ def parse_scenario(data: Any, *, source: str = "") -> Scenario:
     _check_scripted(failures.scripted, cluster)
     recovery = parse_recovery(top.get("recovery"), "recovery")
     check_recovery(recovery, jobs, events)
-    if recovery is not None and recovery.tiers == ("durable",):  # the plain requeue, these sizes
+    if recovery is not None and recovery.tiers == ("durable",):  # untiered, these sizes
         jobs = tuple(durable_only(recovery, j, cluster.gpus_per_node) for j in jobs)
     detection = mapping(top.get("detection"), "detection")
     report_interval = duration(get(detection, "report_interval", DEFAULT_REPORT_INTERVAL_S),
@@ -419,68 +417,3 @@ def load_scenario(path: str | Path | None = None,
     for key, value in (overrides or {}).items():
         apply_override(raw, key, value)
     return parse_scenario(raw, source=str(path or DEFAULT_SCENARIO))
-
-
-# ---------------------------------------------------------------- overrides (sweeps)
-
-# Short names for what people vary most; any dotted path works too (``*`` = every list item).
-ALIASES: dict[str, tuple[str, ...]] = {
-    "checkpoint_interval": ("jobs.*.checkpoint_interval",),
-    "checkpoint_save": ("jobs.*.checkpoint_save",),
-    "checkpoint_restore": ("jobs.*.checkpoint_restore",),
-    "startup": ("jobs.*.startup",),
-    "spares": ("cluster.partitions.*.spares",),
-    "nodes_per_rack": ("cluster.partitions.*.nodes_per_rack",),
-    "spare_layout": ("cluster.partitions.*.spare_layout",),
-    "nodes": ("cluster.partitions.*.nodes", "jobs.*.nodes"),
-    "failure_scale": ("failures.rate_scale",),
-    "lemon_fraction": ("failures.lemons.fraction",),
-    "duration": ("duration",),
-    "ladder": ("control_plane.repair.ladder",),
-    "bus_latency": ("bus.latency",),
-    "duplicate": ("bus.duplicate",),
-    "seed": ("seed",),
-    "availability_mode": ("availability.mode",),
-    "price": ("availability.price_per_node_hour",),
-    "preemption_rate": ("availability.spot.preemptions_per_node_day",),
-}
-
-
-def parse_value(text_: str) -> Any:
-    """A command-line value: YAML scalar; ``a+b+c`` is a list (commas separate sweep values)."""
-    if "+" in text_ and not DURATION_RE.match(text_):
-        return [parse_value(part) for part in text_.split("+")]
-    try:
-        return yaml.safe_load(text_)
-    except yaml.YAMLError:
-        return text_
-
-
-def apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
-    for path in ALIASES.get(key, (key,)):
-        _set_path(raw, path.split("."), value, key)
-
-
-def _set_path(node: Any, parts: list[str], value: Any, key: str) -> None:
-    head, rest = parts[0], parts[1:]
-    if head == "*":
-        if not isinstance(node, list):
-            raise ScenarioError(key, "'*' used where the scenario has no list")
-        for item in node:
-            _set_path(item, rest, value, key)
-        return
-    if isinstance(node, list):
-        if not head.isdigit() or int(head) >= len(node):
-            raise ScenarioError(key, f"no list item {head!r}")
-        target: Any = node
-        index: Any = int(head)
-    elif isinstance(node, dict):
-        target, index = node, head
-    else:
-        raise ScenarioError(key, f"cannot set {head!r} inside a {type(node).__name__}")
-    if not rest:
-        target[index] = copy.deepcopy(value)
-        return
-    if isinstance(target, dict) and target.get(index) is None:
-        target[index] = [] if rest[0] == "*" or rest[0].isdigit() else {}
-    _set_path(target[index], rest, value, key)

@@ -54,7 +54,7 @@ class PartitionCfg:
     name: str
     nodes: int  # workers, spares included
     spares: int
-    nodes_per_rack: int = 0  # racks of this many nodes (0: no topology, today's behaviour)
+    nodes_per_rack: int = 0  # racks of this many nodes (0: no topology)
     spare_layout: str = "perPartition"  # or "perRack" (shared.domain.topology)
 
 
@@ -189,5 +189,5 @@ class Scenario:
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
     # how the capacity is bought and what it costs (simulator.availability): its own block
     availability: AvailabilityCfg = field(default_factory=AvailabilityCfg)
-    # checkpoint tiers and recovery modes (simulator.recovery_config); None: the plain requeue
+    # checkpoint tiers and recovery modes (simulator.recovery_config); None: durable alone
     recovery: RecoveryCfg | None = None

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.compute import WedgedClock
 from simulator.goodput import Badput
-from simulator.scenario import ScenarioError, duration, load_scenario, parse_value
+from simulator.launches import WedgedClock
+from simulator.overrides import parse_value
+from simulator.scenario import ScenarioError, duration, load_scenario
 from simulator.stats import error_bars, mean_ci
 
 METRICS = ("goodput", "ettr", "scheduling_goodput", "runtime_goodput", "program_goodput",

@@ -20,30 +20,19 @@ is written faster than its bandwidth). When progress stops:
 The cut's step and tier become the job's checkpoint (``JobCheckpointSaved.tier``): the next
 attempt restores from that tier in size / bandwidth. Its startup is warm (processes
 restarted, runtime up) for an in-place restart, a scale-down and a hot swap onto a warm spare,
-cold for a requeue (``Gang.recovery`` None, the plain requeue), a first start and a cold spare.
+cold for a requeue (``Gang.recovery`` None), a first start and a cold spare.
+
+:class:`Tiers` is the job model's collaborator for a tiered job's stops; it holds the fleet.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from shared.policies.recovery import Mode, Tier
 from shared.ports import Gang, RecoveryPlan
+from simulator.fleet import Fleet
+from simulator.progress import advance, work
 from simulator.recovery_config import TierPlan
-from simulator.world import Attempt, SimJob, SimNode
-
-
-class JobModel(Protocol):
-    """What this module uses of ``simulator.jobs.JobModel`` (which imports this one)."""
-
-    nodes: dict[str, SimNode]
-    horizon: float
-
-    def _advance(self, att: Attempt, t: float) -> None: ...
-
-    def _work(self, att: Attempt, t0: float, t1: float) -> tuple[float, float]: ...
-
-    def _emit_checkpoint(self, job: SimJob, attempt: int) -> None: ...
+from simulator.world import Attempt, SimJob
 
 MEMORY, PEER, DURABLE = Tier.MEMORY.value, Tier.PEER.value, Tier.DURABLE.value
 WARM_MODES = (Mode.IN_PLACE.value, Mode.SCALE_DOWN.value, Mode.HOT_SWAP.value)
@@ -77,89 +66,126 @@ def surviving(plan: TierPlan, att: Attempt, gone: set[str]) -> tuple[str, ...]:
     return (DURABLE,)
 
 
-def _gone_on_sigterm(model: JobModel, att: Attempt) -> set[str]:
-    """The nodes that leave with this stop: lost ones, and those with a fault to repair."""
-    gone = set(att.gone or ())
-    nodes: dict[str, SimNode] = model.nodes
-    for nid in att.node_ids:
-        node = nodes.get(nid)
-        if node is None or node.deleted or node.fault is not None:
-            gone.add(nid)
-    return gone
+class Tiers:
+    """A tiered job's stops: which entries survive, and the checkpoint the next attempt reads
+    (see the module docstring)."""
 
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
 
-def settle_tiered(model: JobModel, att: Attempt, t: float, *, saved: bool) -> None:
-    """``JobModel._settle`` for a tiered job: progress stops at ``t``; the truth ledger gets
-    the attempt's time, the job its newest surviving checkpoint (step, time, tier)."""
-    job = att.job
-    plan = job.plan
-    assert plan is not None
-    cfg = job.cfg
-    truth = job.truth
-    startup_end = att.start + att.boot
-    truth.startup_s += max(0.0, min(t, startup_end) - att.start)
-    restored = max(0.0, min(t, att.ready) - startup_end)
-    truth.restore_s += restored
-    if att.restored_from:
-        truth.restore_by_tier[att.restored_from] += restored
-    if t <= att.ready:
-        return
-    interval, save = plan.interval_s, plan.save_s
-    cycle = interval + save
-    model._advance(att, t)
-    counted = att.counted
-    keep_tail = saved or t >= model.horizon
-    if keep_tail:
-        n_cut, tier = counted, MEMORY if MEMORY in plan.tiers else DURABLE
-    else:
-        n_cut, tier = _cut(plan, att, t, counted, cycle, att.gone or set())
-    work_kept, plain_kept = att.work_at_ckpt, att.plain_at_ckpt
-    for j in range(n_cut, counted):  # the snapshots after the cut are lost with the tail
-        work, plain = model._work(att, att.ready + j * cycle, att.ready + j * cycle + interval)
-        work_kept -= work
-        plain_kept -= plain
-    compute_kept = n_cut * interval
-    wasted = (counted - n_cut) * interval
-    last_ckpt = att.ready + counted * cycle
-    tail = t - last_ckpt
-    if keep_tail and tail > 0:  # saved on SIGTERM, or still running at the end: kept
-        seg = min(tail, interval)
-        compute_kept += seg
-        work, plain = model._work(att, last_ckpt, last_ckpt + seg)
-        work_kept += work
-        plain_kept += plain
-        tail = max(0.0, tail - seg)
-        if saved:
-            truth.save_s += plan.final_save_s
-            if _gone_on_sigterm(model, att):
-                tier = PEER if PEER in plan.tiers else DURABLE
-            _set_checkpoint(job, att, t + plan.final_save_s, work_kept, tier)
-    elif n_cut > 0:
-        _set_checkpoint(job, att, att.ready + n_cut * cycle, work_kept, tier)
-    elif job.ckpt_step >= 0 and job.ckpt_tier not in surviving(plan, att, att.gone or set()):
-        job.ckpt_tier = tier  # nothing newer: the entry it resumed from, read from there
-    gone = att.gone or set()
-    if saved and keep_tail:
-        gone = _gone_on_sigterm(model, att)
-    held = surviving(plan, att, gone)
-    _note_entries(model, att, plan, t, counted, cycle, held)
-    if saved and keep_tail:  # the save on SIGTERM is in memory (if kept) and on the peer
-        for kept in held:
-            if kept != DURABLE:
-                job.tier_newest[kept] = (job.ckpt_step, job.ckpt_at)
-    elif gone and MEMORY in plan.tiers and job.ckpt_step > job.tier_newest.get(
-            MEMORY, (-1, 0.0))[0]:
-        # the ranks that stayed hold the cut in memory too (every snapshot is a tier-1
-        # entry); what they hold beyond it the lost ranks cannot match, so it is not reported
-        job.tier_newest[MEMORY] = (job.ckpt_step, job.ckpt_at)
-    truth.wasted_s += wasted + max(0.0, tail)
-    if job.ckpt_step > job.emitted_step and t < model.horizon:  # reported as it is known
-        model._emit_checkpoint(job, att.number)
-    truth.kept_compute_s += compute_kept
-    truth.kept_work_s += work_kept
-    truth.slowdown_s["diurnal"] += max(0.0, compute_kept - plain_kept)
-    truth.slowdown_s["straggler"] += max(0.0, plain_kept - work_kept)
-    job.steps_done = max(job.steps_done, att.base_step + int(work_kept / cfg.step_time_s + 1e-9))
+    def settle(self, att: Attempt, t: float, *, saved: bool) -> bool:
+        """The job model's settling for a tiered job: progress stops at ``t``; the truth
+        ledger gets the attempt's time, the job its newest surviving checkpoint (step, time,
+        tier). True when progress had begun: the job model then reports what became known."""
+        fleet = self.fleet
+        diurnal = fleet.sc.failures.diurnal
+        job = att.job
+        plan = job.plan
+        assert plan is not None
+        cfg = job.cfg
+        truth = job.truth
+        startup_end = att.start + att.boot
+        truth.startup_s += max(0.0, min(t, startup_end) - att.start)
+        restored = max(0.0, min(t, att.ready) - startup_end)
+        truth.restore_s += restored
+        if att.restored_from:
+            truth.restore_by_tier[att.restored_from] += restored
+        if t <= att.ready:
+            return False
+        interval, save = plan.interval_s, plan.save_s
+        cycle = interval + save
+        advance(diurnal, att, t)
+        counted = att.counted
+        keep_tail = saved or t >= fleet.horizon
+        if keep_tail:
+            n_cut, tier = counted, MEMORY if MEMORY in plan.tiers else DURABLE
+        else:
+            n_cut, tier = _cut(plan, att, t, counted, cycle, att.gone or set())
+        work_kept, plain_kept = att.work_at_ckpt, att.plain_at_ckpt
+        for j in range(n_cut, counted):  # the snapshots after the cut are lost with the tail
+            done, plain = work(diurnal, att, att.ready + j * cycle,
+                               att.ready + j * cycle + interval)
+            work_kept -= done
+            plain_kept -= plain
+        compute_kept = n_cut * interval
+        wasted = (counted - n_cut) * interval
+        last_ckpt = att.ready + counted * cycle
+        tail = t - last_ckpt
+        if keep_tail and tail > 0:  # saved on SIGTERM, or still running at the end: kept
+            seg = min(tail, interval)
+            compute_kept += seg
+            done, plain = work(diurnal, att, last_ckpt, last_ckpt + seg)
+            work_kept += done
+            plain_kept += plain
+            tail = max(0.0, tail - seg)
+            if saved:
+                truth.save_s += plan.final_save_s
+                if self._gone_on_sigterm(att):
+                    tier = PEER if PEER in plan.tiers else DURABLE
+                _set_checkpoint(job, att, t + plan.final_save_s, work_kept, tier)
+        elif n_cut > 0:
+            _set_checkpoint(job, att, att.ready + n_cut * cycle, work_kept, tier)
+        elif job.ckpt_step >= 0 and job.ckpt_tier not in surviving(plan, att, att.gone or set()):
+            job.ckpt_tier = tier  # nothing newer: the entry it resumed from, read from there
+        gone = att.gone or set()
+        if saved and keep_tail:
+            gone = self._gone_on_sigterm(att)
+        held = surviving(plan, att, gone)
+        self._note_entries(att, plan, t, counted, cycle, held)
+        if saved and keep_tail:  # the save on SIGTERM is in memory (if kept) and on the peer
+            for kept in held:
+                if kept != DURABLE:
+                    job.tier_newest[kept] = (job.ckpt_step, job.ckpt_at)
+        elif gone and MEMORY in plan.tiers and job.ckpt_step > job.tier_newest.get(
+                MEMORY, (-1, 0.0))[0]:
+            # the ranks that stayed hold the cut in memory too (every snapshot is a tier-1
+            # entry); what they hold beyond it the lost ranks cannot match, so it is not
+            # reported
+            job.tier_newest[MEMORY] = (job.ckpt_step, job.ckpt_at)
+        truth.wasted_s += wasted + max(0.0, tail)
+        truth.kept_compute_s += compute_kept
+        truth.kept_work_s += work_kept
+        truth.slowdown_s["diurnal"] += max(0.0, compute_kept - plain_kept)
+        truth.slowdown_s["straggler"] += max(0.0, plain_kept - work_kept)
+        job.steps_done = max(job.steps_done,
+                             att.base_step + int(work_kept / cfg.step_time_s + 1e-9))
+        return True
+
+    def _gone_on_sigterm(self, att: Attempt) -> set[str]:
+        """The nodes that leave with this stop: lost ones, and those with a fault to repair."""
+        gone = set(att.gone or ())
+        nodes = self.fleet.nodes
+        for nid in att.node_ids:
+            node = nodes.get(nid)
+            if node is None or node.deleted or node.fault is not None:
+                gone.add(nid)
+        return gone
+
+    def _note_entries(self, att: Attempt, plan: TierPlan, t: float, counted: int,
+                      cycle: float, tiers: tuple[str, ...]) -> None:
+        """Each surviving tier's newest entry complete by ``t`` (this attempt's snapshots):
+        what the program's library reports (``JobCheckpointSaved.tier``)."""
+        newest: dict[str, int] = {}
+        for tier in tiers:
+            k = plan.every[tier]
+            n = counted - counted % k
+            while n > 0 and att.ready + n * cycle + plan.lag_s[tier] > t:
+                n -= k
+            if n > 0:
+                newest[tier] = n
+        if not newest:
+            return
+        diurnal = self.fleet.sc.failures.diurnal
+        job = att.job
+        done, j = att.work_at_ckpt, counted
+        for tier, n in sorted(newest.items(), key=lambda kv: -kv[1]):
+            while j > n:  # the work at snapshot n: less the snapshots after it
+                j -= 1
+                done -= work(diurnal, att, att.ready + j * cycle, att.ready + j * cycle
+                             + plan.interval_s)[0]
+            step = att.base_step + int(done / job.cfg.step_time_s + 1e-9)
+            if step > job.tier_newest.get(tier, (-1, 0.0))[0]:
+                job.tier_newest[tier] = (step, att.ready + n * cycle)
 
 
 def _cut(plan: TierPlan, att: Attempt, t: float, counted: int, cycle: float,
@@ -176,32 +202,6 @@ def _cut(plan: TierPlan, att: Attempt, t: float, counted: int, cycle: float,
         if n > best:  # (ties keep the faster, lower tier: surviving() lists it first)
             best, best_tier = n, tier
     return best, best_tier
-
-
-def _note_entries(model: JobModel, att: Attempt, plan: TierPlan, t: float, counted: int,
-                  cycle: float, tiers: tuple[str, ...]) -> None:
-    """Each surviving tier's newest entry complete by ``t`` (this attempt's snapshots):
-    what the program's library reports (``JobCheckpointSaved.tier``)."""
-    newest: dict[str, int] = {}
-    for tier in tiers:
-        k = plan.every[tier]
-        n = counted - counted % k
-        while n > 0 and att.ready + n * cycle + plan.lag_s[tier] > t:
-            n -= k
-        if n > 0:
-            newest[tier] = n
-    if not newest:
-        return
-    job = att.job
-    work, j = att.work_at_ckpt, counted
-    for tier, n in sorted(newest.items(), key=lambda kv: -kv[1]):
-        while j > n:  # the work at snapshot n: less the snapshots after it
-            j -= 1
-            work -= model._work(att, att.ready + j * cycle, att.ready + j * cycle
-                                + plan.interval_s)[0]
-        step = att.base_step + int(work / job.cfg.step_time_s + 1e-9)
-        if step > job.tier_newest.get(tier, (-1, 0.0))[0]:
-            job.tier_newest[tier] = (step, att.ready + n * cycle)
 
 
 def _set_checkpoint(job: SimJob, att: Attempt, at: float, work: float, tier: str) -> None:

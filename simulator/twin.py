@@ -231,6 +231,7 @@ class Twin:
                                   heartbeat_timeout_s=self.config.heartbeat_timeout_s,
                                   capacity=Capacity(self.env, scenario.availability,
                                                     availability_rng(self.seed)))
+        self.fleet = self.compute.fleet  # the simulated world's state, read for the result
         self.store = store if store is not None else MemoryDocStore()
         self.deps: Deps = build_deps(self.store, clock=self.clock, compute=self.compute,
                                      publisher=self.bus, config=self.config, source=SIM_SOURCE,
@@ -308,13 +309,9 @@ class Twin:
         if collecting:
             gc.enable()
         horizon = self.ready_at + self.scenario.duration_s
-        self.compute.horizon = horizon
         for i, job in enumerate(self.scenario.jobs):
             call_later(self.env, job.submit_at_s, self._submit, i)
-        self.compute.start_failures()
-        self.compute.start_stragglers()
-        self.compute.start_planned()
-        self.compute.capacity.start(self.compute)
+        self.compute.start_processes(horizon)
         self.env.run(until=horizon)
         self.compute.finish()
         handlers_s = sum(self.bus.stats.handler_s.values())
@@ -336,7 +333,7 @@ class Twin:
             checkpoint_interval_s=j.checkpoint_interval_s, nodes=j.nodes,
             all_checkpoints=self.scenario.checkpoint_events == "all")
             for j in self.scenario.jobs}
-        for name, sj in self.compute.jobs.items():
+        for name, sj in self.fleet.jobs.items():
             plan = sj.plan
             if plan is not None and name in out:  # the tiers' cycle and restore per tier
                 out[name] = replace(
@@ -352,7 +349,7 @@ class Twin:
             jobs = {j.job_id: j for j in uow.jobs.list()}
         interruptions: dict[str, int] = defaultdict(int)
         truth: dict[str, Any] = {}
-        for name, sj in self.compute.jobs.items():
+        for name, sj in self.fleet.jobs.items():
             for cause, n in sj.truth.interruptions.items():
                 interruptions[cause] += n
             t = sj.truth
@@ -382,7 +379,7 @@ class Twin:
         return RunResult(
             scenario=self.scenario, seed=self.seed, ready_at=self.ready_at,
             horizon=horizon, accounting=acc, truth=truth,
-            failures=dict(self.compute.failures), interruptions=dict(interruptions),
+            failures=dict(self.fleet.failures), interruptions=dict(interruptions),
             repairs=dict(repairs),
             restarts={name: jobs[name].restart_count for name in jobs},
             job_states={name: finished.get(name, jobs[name].state.value) for name in jobs},
@@ -391,7 +388,7 @@ class Twin:
                  "retries": stats.retries, "gave_up": stats.gave_up,
                  "outcomes": dict(stats.outcomes), "by_type": dict(stats.by_type),
                  "errors": dict(self.bus.errors)},
-            dead_letters=dead, timings=timings, timeline=list(self.compute.timeline),
+            dead_letters=dead, timings=timings, timeline=list(self.fleet.timeline),
             rows=self.bus.rows, cost=self._cost(acc, horizon))
 
     def _cost(self, acc: goodput.Accounting, horizon: float) -> dict[str, Any]:

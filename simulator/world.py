@@ -39,7 +39,7 @@ class SimNode:
     # carries the same conditions, stamped when they were first seen passing
     passing: tuple[dict[str, Any], ...] = ()
     # the job whose latest attempt started here (None: none since it left one): a restart
-    # reseats only the nodes that joined or left the gang (SimCompute.start_workers)
+    # reseats only the nodes that joined or left the gang (simulator.launches)
     seat: SimJob | None = None
     # an attempt still running here after its job started another without this node (or
     # on it while it was down): what ``attempt`` answers until the node is seated again
@@ -96,7 +96,7 @@ class SimJob:
     attempt: Attempt | None = None
     same_instant: tuple[float, int] = (-1.0, 0)  # (simulated t, starts at it): livelock guard
     truth: JobTruth = field(default_factory=JobTruth)
-    plan: TierPlan | None = None  # its checkpoint tiers in numbers (None: today's durable)
+    plan: TierPlan | None = None  # its checkpoint tiers in numbers (None: durable alone)
     # nodes of its latest attempt that another job's attempt has taken since (their seat)
     lost: set[str] = field(default_factory=set)
     # the nodes of its latest attempt, kept up to date from restart to restart by the ranks

@@ -434,7 +434,7 @@ class SimDriver(Driver):
 
     def launches(self, attempt: int) -> int:
         """Attempts the job model launched (the contract asks about the job's first)."""
-        return int(self.sim.jobs[JOB].truth.attempts)
+        return int(self.sim.fleet.jobs[JOB].truth.attempts)
 
 
 DRIVERS: dict[str, type[Driver]] = {

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from simulator import sweep, twin
-from simulator.compute import MAX_STARTS_AT_ONE_INSTANT, WedgedClock
 from simulator.goodput import Badput
+from simulator.launches import MAX_STARTS_AT_ONE_INSTANT, WedgedClock
 from simulator.readers import ScenarioError
 from tests.sim.conftest import scenario, xid79_raw
 
@@ -94,7 +94,7 @@ def test_a_restart_only_xid_on_a_broken_node_is_not_lost() -> None:
 def test_a_wedged_clock_stops_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """A job started again and again at one simulated instant stops the run with an error
     naming it (the guard; no scenario here reaches it, so it is shown by lowering it)."""
-    monkeypatch.setattr("simulator.compute.MAX_STARTS_AT_ONE_INSTANT", 2)
+    monkeypatch.setattr("simulator.launches.MAX_STARTS_AT_ONE_INSTANT", 2)
     raw = one_node_zero_delay(13, "reboot", 300, "30d")
     with pytest.raises(WedgedClock, match="job train started 2 times"):
         twin.run(scenario(raw), seed=0)

@@ -13,7 +13,7 @@ import yaml
 from scipy import stats
 
 from simulator import fit as fitting
-from simulator import history, twin
+from simulator import fitted, history, twin
 from simulator.clock import EPOCH_S
 from simulator.scenario import load_scenario, parse_scenario
 
@@ -100,7 +100,7 @@ def test_fit_recovers_the_known_rates_repairs_and_delays(recorded: tuple[Path, A
 def test_the_fitted_scenario_runs_in_the_twin(recorded: tuple[Path, Any],
                                               tmp_path: Path) -> None:
     path, _ = recorded
-    raw = fitting.to_scenario(fitting.fit(history.load_events(path)), source=str(path))
+    raw = fitted.to_scenario(fitting.fit(history.load_events(path)), source=str(path))
     out = tmp_path / "fitted.yaml"
     out.write_text(yaml.safe_dump(raw, sort_keys=False))
     sc = load_scenario(out)

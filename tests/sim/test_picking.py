@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator import twin
-from simulator.failure_processes import FailureProcesses
 from simulator.picking import Qualifying
 from simulator.scenario import SCENARIO_DIR, load_scenario
+from simulator.stragglers import Stragglers
 
 # ("append", qualifies) | ("set", position, qualifies), positions taken modulo the length
 _op = st.one_of(st.tuples(st.just("append"), st.booleans()),
@@ -36,13 +36,14 @@ def test_kth_is_the_kth_of_the_list(ops: list[tuple[Any, ...]]) -> None:
         q.kth(q.count)
 
 
-def _listed_draw(self: FailureProcesses) -> Any:
+def _listed_draw(self: Stragglers) -> Any:
     """The draw as it was: a list of every node that may straggle, built for each draw."""
-    candidates = [n for n in self.nodes.values()
-                  if n.up and not n.deleted and n.node_id not in self.stragglers and n.partition]
+    fleet = self.fleet
+    candidates = [n for n in fleet.nodes.values()
+                  if n.up and not n.deleted and n.node_id not in fleet.stragglers and n.partition]
     if not candidates:
         return None
-    return candidates[int(self.rng.integers(len(candidates)))]
+    return candidates[int(fleet.rng.integers(len(candidates)))]
 
 
 @pytest.mark.slow
@@ -53,11 +54,11 @@ def test_a_run_with_many_stragglers_draws_the_same_nodes(monkeypatch: pytest.Mon
                        {"duration": "4d", "failures.stragglers.per_1000_node_days": 400})
     tree = twin.Twin(sc)
     fast = tree.run()
-    monkeypatch.setattr(FailureProcesses, "_draw_straggler", _listed_draw)
+    monkeypatch.setattr(Stragglers, "draw", _listed_draw)
     listed = twin.Twin(sc)
     slow = listed.run()
-    drawn = [e for e in tree.compute.timeline if e[1] == "straggler"]
+    drawn = [e for e in tree.fleet.timeline if e[1] == "straggler"]
     assert len(drawn) > 20
-    assert drawn == [e for e in listed.compute.timeline if e[1] == "straggler"]
-    assert tree.compute.timeline == listed.compute.timeline
+    assert drawn == [e for e in listed.fleet.timeline if e[1] == "straggler"]
+    assert tree.fleet.timeline == listed.fleet.timeline
     assert fast.events == slow.events

@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 
 from simulator.failures import LLAMA3_PLANNED, LLAMA3_UNEXPECTED, LLAMA3_UNEXPECTED_TOTAL
+from simulator.overrides import apply_override, parse_value
 from simulator.scenario import (
     DEFAULT_SCENARIO,
     ScenarioError,
-    apply_override,
     duration,
     load_raw,
     load_scenario,
     parse_scenario,
-    parse_value,
 )
 from tests.sim.conftest import xid79_raw
 

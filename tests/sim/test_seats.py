@@ -1,4 +1,4 @@
-"""SimCompute seats an attempt on only the nodes that changed: the same attempts per node, the
+"""The twin's launches seat an attempt on only the nodes that changed: the same attempts per node, the
 same broken nodes and the same kills, in the same order, as a pass over every rank."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from simulator import twin
-from simulator.compute import SimCompute
 from simulator.failures import Cause, Fault, Signal
+from simulator.launches import Launches
 from simulator.scenario import load_scenario
 from simulator.world import Attempt, SimJob, SimNode, changed_ranks
 
@@ -34,13 +34,13 @@ _step = st.one_of(
 )
 
 
-def _compute() -> SimCompute:
+def _launches() -> Launches:
     sc = load_scenario(None, {"duration": "1h"})
-    compute = twin.Twin(sc).compute
-    compute.nodes.clear()
+    launches = twin.Twin(sc).compute.launches
+    launches.fleet.nodes.clear()
     for i, nid in enumerate(NODES):
-        compute.nodes[nid] = SimNode(nid, "train", i, 1.0, up=True)
-    return compute
+        launches.fleet.nodes[nid] = SimNode(nid, "train", i, 1.0, up=True)
+    return launches
 
 
 def _none(att: Attempt | None) -> bool:
@@ -53,11 +53,11 @@ class _Reference:
     def __init__(self) -> None:
         self.attempt: dict[str, Attempt] = {}
 
-    def seat(self, compute: SimCompute, att: Attempt) -> tuple[list[Any], list[Attempt]]:
+    def seat(self, launches: Launches, att: Attempt) -> tuple[list[Any], list[Attempt]]:
         broken: list[Any] = []
         kills: list[Attempt] = []
         for nid in att.node_ids:
-            node = compute.nodes.get(nid)
+            node = launches.fleet.nodes.get(nid)
             if node is None or node.deleted or not node.up:
                 broken.append((nid, None))
                 continue
@@ -80,8 +80,9 @@ class _Reference:
 def test_seats_match_a_pass_over_every_rank(reseat_all_over: int,
                                             steps: list[tuple[Any, ...]]) -> None:
     note(f"steps: {steps}")
-    compute = _compute()
-    compute.RESEAT_ALL_OVER = reseat_all_over
+    launches = _launches()
+    fleet = launches.fleet
+    launches.RESEAT_ALL_OVER = reseat_all_over
     ref = _Reference()
     jobs = {name: SimJob(None, name) for name in JOBS}  # type: ignore[arg-type]
     killed: list[Attempt] = []
@@ -91,7 +92,7 @@ def test_seats_match_a_pass_over_every_rank(reseat_all_over: int,
             att.alive = False
             killed.append(att)
 
-    compute._kill = kill  # type: ignore[method-assign]
+    launches.job_model.kill = kill  # type: ignore[method-assign]
     numbers = dict.fromkeys(JOBS, 0)
     for step in steps:
         kind = step[0]
@@ -100,17 +101,17 @@ def test_seats_match_a_pass_over_every_rank(reseat_all_over: int,
             numbers[job.job_id] += 1
             ids = tuple(step[2])
             att = Attempt(job, numbers[job.job_id], ids, 0.0, 0.0, 0)
-            want_broken, want_kills = ref.seat(compute, att)
+            want_broken, want_kills = ref.seat(launches, att)
             old, job.attempt = job.attempt, att
             del killed[:]
-            assert compute._seat(job, old, att, 0.0) == want_broken
+            assert launches.seat(job, old, att, 0.0) == want_broken
             assert killed == want_kills
         elif kind == "exit":
             att = jobs[step[1]].attempt
             if att is not None:
                 att.exited, att.alive = True, False
         else:
-            node = compute.nodes[step[1]]
+            node = fleet.nodes[step[1]]
             if kind == "down":
                 node.up = False
             elif kind == "fault":
@@ -119,13 +120,13 @@ def test_seats_match_a_pass_over_every_rank(reseat_all_over: int,
                 node.fault, node.up = None, not node.deleted
             else:
                 node.deleted, node.up = True, False
-            compute.fitness_changed(node)
+            fleet.fitness_changed(node)
         for job in jobs.values():  # the gang kept up to date is the latest attempt's nodes
             assert job.gang == (set(job.attempt.node_ids) if job.attempt else set())
-        for nid, node in compute.nodes.items():
+        for nid, node in fleet.nodes.items():
             mine, theirs = node.attempt, ref.attempt.get(nid)
             assert mine is theirs or (_none(mine) and _none(theirs)), nid
-        assert compute.unfit == {nid for nid, n in compute.nodes.items() if n.deleted or not n.up
+        assert fleet.unfit == {nid for nid, n in fleet.nodes.items() if n.deleted or not n.up
                                  or (n.fault is not None and n.fault.signal.blocks_launch)}
 
 

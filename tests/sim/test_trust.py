@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from shared.policies.triage_table import DEFAULT_TABLE_PATH
-from simulator import advice, cli, replay, report, spares, stats, twin
+from simulator import advice, cli, fitted, replay, report, spares, stats, twin
 from simulator import fit as fitting
 from simulator.scenario import load_scenario, parse_scenario
 from tests.sim.conftest import xid79_raw
@@ -97,10 +97,10 @@ def test_fit_warns_and_widens_intervals_on_thin_history() -> None:
     cause = f.cause("gpu_off_bus")
     at_95 = fitting.poisson_interval(cause.count, cause.exposure_node_days)
     assert cause.per_node_day.high > at_95.high and cause.per_node_day.low < at_95.low
-    lines = fitting.summary_lines(f)
+    lines = fitted.summary_lines(f)
     assert lines[0].startswith("WARNING: thin history")
     assert "99.9% exact Poisson interval" in "\n".join(lines)
-    assert "WARNING: thin history" in fitting.to_scenario(f)["description"]
+    assert "WARNING: thin history" in fitted.to_scenario(f)["description"]
     assert fitting.thin_history(40 * 86_400.0, 960.0) == ()
 
 
@@ -126,7 +126,7 @@ def test_replay_twin_maps_each_signal_of_a_cause_so_a_rule_change_shows_up(
     fixes = {xid: max(fix, key=lambda k: fix[k]) for xid, (_, fix) in variants.items()}
     assert fixes == {(79,): "reboot", (119,): "reset_gpu"}, variants  # each its own fix
     assert sum(w for w, _ in variants.values()) == pytest.approx(1.0, abs=1e-3)
-    spec = fitting.to_scenario(f)["failures"]["causes"]["gpu"]
+    spec = fitted.to_scenario(f)["failures"]["causes"]["gpu"]
     assert {tuple(v["signal"]["xid"]) for v in spec["variants"]} == {(79,), (119,)}
     text = DEFAULT_TABLE_PATH.read_text()
     row = "{codes: [79], failure_mode: gpu_fell_off_bus, severity: critical, action: reboot}"

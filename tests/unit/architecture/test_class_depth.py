@@ -1,18 +1,28 @@
-"""Composition over inheritance: no class in ``shared/`` stands on more than three bases of
-its own (ancestors defined in ``shared``, ``services`` or ``simulator``; ``object``,
+"""Composition over inheritance: no class in ``shared/``, ``simulator/``, ``bench/`` or
+``examples/`` stands on more than three bases of its own (ancestors defined in the project:
+``shared``, ``services``, ``simulator``, the SDK, ``bench``, ``examples``; ``object``,
 ``Protocol``, ``Exception`` and third-party classes do not count). A backend built as a tower
 of mixins, each file adding attributes only the top ``__init__`` sets, breaks it."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 import shared
+import simulator
 
 MAX_OWN_BASES = 3
-PROJECT = ("shared", "services", "simulator")
+PROJECT = ("shared", "services", "simulator", "mtc_program", "bench", "examples")
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPTS = ("bench", "examples")  # folders of scripts, not packages
 
 
 def own_bases(cls: type) -> list[str]:
@@ -21,19 +31,49 @@ def own_bases(cls: type) -> list[str]:
             if b.__module__.split(".")[0] in PROJECT]
 
 
-def _shared_classes() -> dict[str, type]:
+def _classes_of(names: list[str]) -> dict[str, type]:
     found: dict[str, type] = {}
-    for info in pkgutil.walk_packages(shared.__path__, "shared."):
-        module = importlib.import_module(info.name)
+    for name in names:
+        module = importlib.import_module(name)
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            if cls.__module__ == info.name:
+            if cls.__module__ == name:
                 found[f"{cls.__module__}.{cls.__qualname__}"] = cls
     return found
 
 
-def test_no_class_in_shared_has_more_than_three_bases_of_its_own() -> None:
-    deep = {name: own_bases(cls) for name, cls in _shared_classes().items()
+def _package_modules(package: ModuleType) -> list[str]:
+    """The package's modules, but ``__main__`` (importing it runs the command)."""
+    return [info.name for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
+            if not info.name.endswith(".__main__")]
+
+
+def _script_modules(folder: str) -> list[str]:
+    """The folder's scripts that define a class (the others cannot hold a deep one, and need
+    not be imported: some import torch)."""
+    return [f"{folder}.{p.stem}" for p in sorted((ROOT / folder).glob("*.py"))
+            if any(isinstance(n, ast.ClassDef) for n in ast.walk(ast.parse(p.read_text())))]
+
+
+def _deep(classes: dict[str, type]) -> dict[str, list[str]]:
+    return {name: own_bases(cls) for name, cls in classes.items()
             if len(own_bases(cls)) > MAX_OWN_BASES}
+
+
+@pytest.mark.parametrize("package", [shared, simulator], ids=["shared", "simulator"])
+def test_no_package_class_has_more_than_three_bases_of_its_own(package: ModuleType) -> None:
+    deep = _deep(_classes_of(_package_modules(package)))
+    assert deep == {}, f"over {MAX_OWN_BASES} bases of their own: hold collaborators instead"
+
+
+@pytest.mark.parametrize("folder", SCRIPTS)
+def test_no_script_class_has_more_than_three_bases_of_its_own(folder: str) -> None:
+    path = list(sys.path)  # scripts put their own folders on the path: restored after
+    try:
+        modules = _script_modules(folder)
+        assert modules, f"{folder}/ defines no class: the rule would see nothing"
+        deep = _deep(_classes_of(modules))
+    finally:
+        sys.path[:] = path
     assert deep == {}, f"over {MAX_OWN_BASES} bases of their own: hold collaborators instead"
 
 

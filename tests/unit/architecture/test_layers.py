@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("shared", "services", "simulator")
+SIZED = (*PACKAGES, "bench", "examples")  # the module size rule's trees
 MAX_LINES = 500
 
 
@@ -38,7 +39,7 @@ def _modules() -> list[Path]:
     return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
 
 
-@pytest.mark.parametrize("package", PACKAGES)
+@pytest.mark.parametrize("package", SIZED)
 def test_no_module_is_over_the_size_limit(package: str) -> None:
     big = {str(p.relative_to(ROOT)): n for p in (ROOT / package).rglob("*.py")
            if (n := len(p.read_text().splitlines())) > MAX_LINES}

@@ -116,7 +116,11 @@ def test_a_killed_rank_ends_the_gang_which_restarts_and_resumes(api: Api) -> Non
     assert api.app.deps.event_log is not None
     exits = [d["data"] for d in api.app.deps.event_log.read()
              if d["type"] == "mtc.job.workers_exited.v1"]
-    assert exits and exits[0]["exit_code"] == 128 + signal.SIGKILL, exits
+    # the killed rank's node reports the SIGKILL; which node's exit the poll sees first is a
+    # race (the other node's ranks fail on the broken collective at the same moment), so the
+    # attempt's code may be either, and its detail names both
+    assert exits and exits[0]["exit_code"] in (1, 128 + signal.SIGKILL), exits
+    assert f"rank 1: {128 + signal.SIGKILL}" in exits[0]["detail"], exits
     until(api, "t2", lambda j: "resumed from step" in logs(api, "t2"))
     api.call("POST", f"{JOBS}/t2:cancel")
     assert job["mtcProgress"]["attempt"] >= 2

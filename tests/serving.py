@@ -43,7 +43,10 @@ def mtc_serve(state_dir: Path, token: str, *, timeout_s: float = 30.0,
               extra_args: Sequence[str] = ()) -> Iterator[str]:
     """``mtc --state-dir DIR serve`` from the checkout, with ``token`` as its API token."""
     with serve_subprocess(["--state-dir", str(state_dir)], extra_args, cwd=ROOT,
-                          env={**os.environ, "MTC_API_TOKEN": token}, log_dir=state_dir.parent,
+                          # no jobs' file system unless asked: it would outlive the test's
+                          # directory (tests/integration/test_tenant_jobs.py asks)
+                          env={"MTC_JOBS_VOLUME": "off", **os.environ, "MTC_API_TOKEN": token},
+                          log_dir=state_dir.parent,
                           state_dir=state_dir, timeout_s=timeout_s) as url:
         yield url
 

@@ -86,6 +86,9 @@ def served() -> Iterator[tuple[Path, str]]:
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTC_")}
     env["PYTHONPATH"] = str(ROOT)
+    # as root, `mtc serve` would mount a file system for the jobs' outputs, which would
+    # outlive the directory this test removes (tests/integration/test_tenant_jobs.py has it)
+    env["MTC_JOBS_VOLUME"] = "off"
     try:
         with serve_subprocess([], [], cwd=tmp_path, env=env, log_dir=tmp_path,
                               state_dir=tmp_path / "var" / "mtc") as url:

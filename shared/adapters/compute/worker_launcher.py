@@ -48,11 +48,9 @@ joins a cgroup of its job and node (``<cgroup root>/mtc/<deployment>/<job>-<node
 the launcher: v2's ``pids.max`` and ``memory.max``, or v1's pids and memory hierarchies)
 before exec; where no cgroup can be made, ``RLIMIT_NPROC`` bounds the job's uid instead (the
 uid is the job's own). It also gets a ``/proc`` of its own that shows only its uid's
-processes (``hidepid=2``), so no job sees another's command lines. The launcher removes the
-cgroup when its child has gone.
+processes (``hidepid=2``), so no job sees another's command lines. The cgroup goes with it.
 
-Standard library only, so it runs by file path with any Python, without the package.
-"""
+Standard library only: it runs by file path with any Python, without the package."""
 
 from __future__ import annotations
 
@@ -113,8 +111,15 @@ def apply_sandbox(plan: dict[str, object], libc: ctypes.CDLL) -> None:
         raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing leaks back to the host
     cwd = os.getcwd()
-    binds = [(os.open(str(src), os.O_PATH | os.O_CLOEXEC), str(dst), bool(write), bool(is_dir))
-             for src, dst, write, is_dir in plan["binds"]]  # type: ignore[attr-defined]
+    binds: list[_Bind] = []
+    for src, dst, write, is_dir, *optional in plan["binds"]:  # type: ignore[attr-defined]
+        try:
+            fd = os.open(str(src), os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if optional and optional[0]:
+                continue  # a node's memory wiped since the plan: the rank starts without it
+            raise
+        binds.append((fd, str(dst), bool(write), bool(is_dir)))
     # by depth, a tmpfs before a bind at the same depth: a bind re-exposes what is below it
     # (a hidden directory inside bound code), so a deeper cover comes after it; the private
     # temp directories are tmpfs too, the job's own (1777, like the host's)

@@ -61,12 +61,15 @@ HOST_SCHEMA = "CREATE TABLE IF NOT EXISTS uids (uid INTEGER PRIMARY KEY, owner T
 
 @dataclass(frozen=True)
 class Bind:
-    """``src`` visible at ``dst`` in the namespace; ``write``: read-write, else read-only."""
+    """``src`` visible at ``dst`` in the namespace; ``write``: read-write, else read-only;
+    ``optional``: a source that is gone when the rank starts is left out, not fatal (a node's
+    memory, which its repair may wipe between the plan and the start)."""
 
     src: str
     dst: str
     write: bool
     is_dir: bool = True
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,8 @@ class SandboxPlan:
                            "home": self.home, "scratch": list(self.scratch),
                            "limits": {"processes": processes, "memory": memory,
                                       "cgroup": cgroup},
-                           "binds": [[b.src, b.dst, b.write, b.is_dir] for b in self.binds]})
+                           "binds": [[b.src, b.dst, b.write, b.is_dir, b.optional]
+                                     for b in self.binds]})
 
 
 def enabled(setting: bool | None) -> bool:
@@ -221,7 +225,8 @@ def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
     need read-only."""
     tiers = [env[k] for k in (p.TIER1_DIR, p.TIER2_DIR, p.TIER2_SOURCE_DIR) if env.get(k)]
     # a tier directory's parent (<node>/shm/<job>) holds the job's ranks and peer copies
-    rw_dirs = [*job_dirs, *{str(Path(t).parent) for t in tiers}, home]
+    memory = sorted({str(Path(t).parent) for t in tiers})
+    rw_dirs = [*job_dirs, *memory, home]
     hide = [*hidden, *([output_root] if output_root else []), GCS_MOUNT,
             os.path.expanduser("~root")]
     gcs_root = os.path.join(output_root, "gcs") if output_root else None
@@ -236,8 +241,8 @@ def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
     ro = [*read_only, *interpreter_paths(python), *cmd_ro, CODE_ROOT, os.getcwd(),
           *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     ro = [p for p in dict.fromkeys(os.path.abspath(p) for p in ro) if os.path.exists(p)]
-    binds = [Bind(d, d, True) for d in dict.fromkeys(rw_dirs) if d not in
-             {b.src for b in private}] + private
+    binds = [Bind(d, d, True, optional=d in memory) for d in dict.fromkeys(rw_dirs)
+             if d not in {b.src for b in private}] + private
     binds += [Bind(f, f, True, False) for f in job_files]
     base = os.path.dirname(job_dirs[0]) if job_dirs else None  # the job's output directory
     hidden_base = base is not None and base != gcs_root and (
@@ -262,10 +267,14 @@ def prepare(sandbox: SandboxPlan) -> None:
     previous attempt or another user left are taken over), ``/gcs`` exists to mount on (the
     launcher creates the job's files, its termination log)."""
     os.makedirs(GCS_MOUNT, mode=0o755, exist_ok=True)
+    volatile = {b.src for b in sandbox.binds if b.optional}
     for path in sandbox.owned:
-        if not os.path.exists(path):
+        try:
             os.makedirs(path, exist_ok=True)
-        _chown_tree(path, sandbox.uid, sandbox.gid)
+            _chown_tree(path, sandbox.uid, sandbox.gid)
+        except FileNotFoundError:
+            if path not in volatile:
+                raise  # (a node's memory wiped meanwhile: the launcher starts without it)
     for bind in sandbox.binds:
         if bind.write and bind.is_dir and not os.path.exists(bind.src):
             os.makedirs(bind.src, exist_ok=True)

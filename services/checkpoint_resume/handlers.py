@@ -13,7 +13,9 @@ exit, signals included, is the program's and fails it unless the spec says
 the file system holding the job's files was full (the adapter's ``storage_full`` evidence,
 ``shared.domain.storage``) is an interruption too: the job is requeued and waits PENDING
 until that file system has room (``job_submission.scheduling``), then resumes from its
-checkpoint. Nodes that keep
+checkpoint. So is a rank the platform could not start (the adapter's ``launch_failed``
+evidence: the sandbox's set-up failed before exec): no program ran, so the job restarts
+with its nodes unblamed and its no-progress streak untouched. Nodes that keep
 ending a job's attempts are suspected and handed to repair (``restarts.py``).
 
 A restart does not always go through the queue: ``modes.recover`` asks the recovery policy
@@ -155,7 +157,7 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
     if event.attempt > job.attempt:  # its start is not visible yet: announced again by it
         if not job.terminal:
             job.recovery.hold_early_exit(event.attempt, event.exit_code, event.detail,
-                                         event.storage_full)
+                                         event.storage_full, event.launch_failed)
         return
     if event.attempt != job.attempt or job.state not in (JobState.RUNNING, JobState.CANCELLING):
         return
@@ -182,8 +184,12 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         unsound = job_nodes.unsound(job, uow)
         node_fault, blamed = restarts.evidence(job, uow, unsound)
     disk_full = event.storage_full if event.exit_code not in (0, PREEMPTED_EXIT) else ""
+    launch = event.launch_failed if event.exit_code in exits.NEVER_STARTED else ""
+    if launch:
+        blamed = []  # the platform failed to start a rank: no node ended this attempt
     interrupted = exits.infrastructure_ended(event.exit_code, interrupted=asked,
-                                             node_fault=node_fault, storage_full=bool(disk_full))
+                                             node_fault=node_fault, storage_full=bool(disk_full),
+                                             launch_failed=bool(launch))
     timed_out = timeouts.stopped_for_timeout(job) or timeouts.timed_out(job, now)
     verdict = exits.exit_verdict(event.exit_code, interrupted=interrupted,
                                  restart_anyway=restart_anyway, restarts=job.restart_count,
@@ -207,11 +213,12 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         job.error = f"gave up after {job.restart_count} restarts"
         _finish(job, JobState.FAILED, job.error, uow, deps)
     else:
-        suspects = restarts.after_failed_attempt(job, blamed, uow, deps)
-        restarts.back_off(job, deps)
+        suspects = [] if launch else restarts.after_failed_attempt(job, blamed, uow, deps)
+        restarts.back_off(job, deps, launch_failed=bool(launch))
         if unsound is not None and suspects:  # they left the job's ranks
             unsound = [n for n in unsound if n not in suspects]
-        reason = job.interrupt_reason or f"workers exited with {exits.describe(event.exit_code)}"
+        reason = job.interrupt_reason or (f"{exits.LAUNCH_FAILED}: {launch}" if launch else
+                                          f"workers exited with {exits.describe(event.exit_code)}")
         if disk_full:  # nowhere to write: it waits PENDING for room (job_submission checks)
             job.recovery.storage_full = disk_full
             job.recovery.storage_full_since = now

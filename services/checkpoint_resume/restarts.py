@@ -84,9 +84,18 @@ def after_failed_attempt(job: Job, blamed: list[str], uow: UnitOfWork, deps: Dep
     return suspects
 
 
-def back_off(job: Job, deps: Deps) -> None:
-    """Count the restart in the streak and set when it may start."""
+def back_off(job: Job, deps: Deps, launch_failed: bool = False) -> None:
+    """Count the restart in the streak and set when it may start. A restart because the
+    platform could not start a rank (``launch_failed``) says nothing of the program's
+    progress: it leaves the streak alone and backs off by its own count (the first at once,
+    so a repair's race costs nothing; the platform failing again and again does not spin)."""
     rec = job.recovery
+    if launch_failed:
+        rec.launch_failures += 1
+        rec.not_before = restarts.not_before(deps.clock.now(), rec.launch_failures,
+                                             deps.config.restart)
+        return
+    rec.launch_failures = 0
     made_progress = any(c.attempt == job.attempt for c in job.checkpoints) \
         or any(t.get("attempt") == job.attempt for t in rec.tiers.values())
     rec.streak = restarts.next_streak(rec.streak, made_progress)

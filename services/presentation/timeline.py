@@ -91,6 +91,8 @@ def describe(doc: dict[str, Any]) -> str:
             return f"job {d['job_id']}: checkpoint step {d['step']} saved (attempt {d['attempt']})"
         case "mtc.job.workers_exited.v1":
             full = f": disk full at {d['storage_full']}" if d.get("storage_full") else ""
+            if d.get("launch_failed"):
+                full += f": the platform could not start it ({d['launch_failed']})"
             return (f"job {d['job_id']}: attempt {d['attempt']} workers exited, code "
                     f"{d['exit_code']}{full}")
         case "mtc.job.recovery_chosen.v1":

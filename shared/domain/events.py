@@ -334,7 +334,9 @@ class JobFirstStep(Event):
 class JobWorkersExited(Event):
     """All workers of one attempt have exited; exit_code is the worst (first non-zero).
     ``storage_full``: the evidence that the file system holding the job's files was full
-    when a rank exited non-zero (``shared.domain.storage``): its path, "" when not."""
+    when a rank exited non-zero (``shared.domain.storage``): its path, "" when not.
+    ``launch_failed``: why the platform could not start the rank that ended the attempt
+    (``shared.domain.exits``), "" when every rank started or its command was at fault."""
 
     TYPE: ClassVar[str] = "mtc.job.workers_exited.v1"
     SUBJECT_FIELD: ClassVar[str] = "job_id"
@@ -343,6 +345,7 @@ class JobWorkersExited(Event):
     exit_code: int
     detail: str = ""
     storage_full: str = ""
+    launch_failed: str = ""
 
 
 @register

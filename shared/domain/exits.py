@@ -11,7 +11,11 @@ An attempt ended by the **infrastructure** when:
 * a node under it was lost, taken out of service, reported a fault or went silent around
   the exit (``node_fault``: the caller looks);
 * the file system holding the job's files was full when it exited (``storage_full``: the
-  compute adapter read it at the exit, ``shared.domain.storage`` decides); or
+  compute adapter read it at the exit, ``shared.domain.storage`` decides);
+* the platform could not start it (``launch_failed``: the worker launcher's own set-up
+  failed before exec, e.g. the sandbox's bind of a directory a repair had just wiped; exit
+  126 or 127 with the launcher's word for it). No program ran, so its nodes are not blamed
+  either. A command that exec itself refused (missing, not executable) is the job's; or
 * it exited 75 (it says it checkpointed on someone's SIGTERM).
 
 Anything else non-zero is the **program's** failure, signals included: 139 (SIGSEGV), 134
@@ -28,10 +32,14 @@ from __future__ import annotations
 import enum
 import signal
 
-from mtc_program.protocol import GRACEFUL, OK, PREEMPTED, SIGNALLED
+from mtc_program.protocol import GRACEFUL, OK, PREEMPTED, SIGNALLED, ExitCode
 
-__all__ = ["GRACEFUL", "OK", "PREEMPTED", "SIGNALLED", "Verdict", "describe", "exit_verdict",
-           "infrastructure_ended", "interrupt_cause", "signal_of"]
+__all__ = ["GRACEFUL", "LAUNCH_FAILED", "NEVER_STARTED", "OK", "PREEMPTED", "SIGNALLED",
+           "Verdict", "describe", "exit_verdict", "infrastructure_ended", "interrupt_cause",
+           "signal_of"]
+
+NEVER_STARTED = frozenset({int(ExitCode.NOT_EXECUTABLE), int(ExitCode.NOT_FOUND)})
+LAUNCH_FAILED = "launch_failed"  # the interruption cause (goodput, the restart's reason)
 
 
 def signal_of(exit_code: int) -> int | None:
@@ -54,10 +62,10 @@ def describe(exit_code: int) -> str:
 
 
 def infrastructure_ended(exit_code: int, *, interrupted: bool, node_fault: bool,
-                         storage_full: bool = False) -> bool:
+                         storage_full: bool = False, launch_failed: bool = False) -> bool:
     """The attempt was ended by the infrastructure, not by the program (see the module):
     each piece of evidence is enough by itself, as is the program's own 75."""
-    return interrupted or node_fault or storage_full or exit_code == PREEMPTED
+    return interrupted or node_fault or storage_full or launch_failed or exit_code == PREEMPTED
 
 
 class Verdict(enum.StrEnum):

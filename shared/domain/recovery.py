@@ -4,6 +4,8 @@ it are ``shared.policies.restarts`` and ``shared.domain.progress``).
 * ``not_before``: a requeued job waits (PENDING) until then: the restart backoff;
 * ``streak``: restarts in a row whose ended attempt made no progress (no checkpoint): the
   backoff's exponent; an attempt that saved a checkpoint starts a new streak;
+  ``launch_failures``: restarts in a row because the platform could not start a rank (no
+  program ran: not in the streak, a backoff of their own);
 * ``failed_on``: per failed attempt (newest last, a few kept), the nodes still in service
   with evidence against them at the exit (a fault present, heartbeat lost, held SUSPECT):
   repeat offenders are read from it;
@@ -50,12 +52,14 @@ class EarlyExit(NamedTuple):
     exit_code: int
     detail: str = ""
     storage_full: str = ""
+    launch_failed: str = ""
 
 
 @dataclass
 class JobRecovery:
     not_before: float | None = None
     streak: int = 0
+    launch_failures: int = 0
     failed_on: list[list[str]] = field(default_factory=list)
     excluded_node_ids: list[str] = field(default_factory=list)
     progress_at: float | None = None
@@ -76,6 +80,7 @@ class JobRecovery:
         return {
             "not_before": self.not_before,
             "streak": self.streak,
+            "launch_failures": self.launch_failures,
             "failed_on": [list(nodes) for nodes in self.failed_on],
             "excluded_node_ids": list(self.excluded_node_ids),
             "progress_at": self.progress_at,
@@ -99,6 +104,7 @@ class JobRecovery:
         return cls(
             not_before=d.get("not_before"),
             streak=d.get("streak", 0),
+            launch_failures=int(d.get("launch_failures") or 0),
             failed_on=[list(nodes) for nodes in d.get("failed_on", [])],
             excluded_node_ids=list(d.get("excluded_node_ids", [])),
             progress_at=d.get("progress_at"),
@@ -130,11 +136,11 @@ class JobRecovery:
                 return
 
     def hold_early_exit(self, attempt: int, exit_code: int, detail: str,
-                        storage_full: str = "") -> None:
+                        storage_full: str = "", launch_failed: str = "") -> None:
         """Keep the exit of ``attempt``, whose start is not recorded yet (the newest wins:
         an attempt starts only after the one before it is recorded)."""
         if self.early_exit is None or attempt >= self.early_exit.attempt:
-            self.early_exit = EarlyExit(attempt, exit_code, detail, storage_full)
+            self.early_exit = EarlyExit(attempt, exit_code, detail, storage_full, launch_failed)
 
     def take_early_exit(self, job_id: str, attempt: int) -> JobWorkersExited | None:
         """Attempt ``attempt`` has just started: the exit it already had, to announce again
@@ -146,4 +152,5 @@ class JobRecovery:
         if held.attempt < attempt:
             return None
         return JobWorkersExited(job_id=job_id, attempt=attempt, exit_code=held.exit_code,
-                                detail=held.detail, storage_full=held.storage_full)
+                                detail=held.detail, storage_full=held.storage_full,
+                                launch_failed=held.launch_failed)

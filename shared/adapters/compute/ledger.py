@@ -140,22 +140,25 @@ def all_ranks_exited(codes: Mapping[int, int | None]) -> bool:
 
 
 def workers_exited(store: LedgerStore, job_id: str, attempt: int, code: int,
-                   detail: str = "", storage_full: str = "") -> JobWorkersExited | None:
+                   detail: str = "", storage_full: str = "", launch_failed: str = ""
+                   ) -> JobWorkersExited | None:
     """The attempt's one ``JobWorkersExited``; None if it was reported already.
-    ``storage_full``: the full file system's path, when a full disk ended it."""
+    ``storage_full``: the full file system's path, when a full disk ended it;
+    ``launch_failed``: why the platform could not start a rank, when that ended it."""
     if store.end_attempt(job_id, attempt):
-        return JobWorkersExited(job_id, attempt, code, detail, storage_full)
+        return JobWorkersExited(job_id, attempt, code, detail, storage_full, launch_failed)
     return None
 
 
 def ranks_exited(store: LedgerStore, job_id: str, attempt: int,
                  codes: Mapping[int, int | None], note: str = "",
-                 first_failed: int | None = None, storage_full: str = ""
-                 ) -> JobWorkersExited | None:
+                 first_failed: int | None = None, storage_full: str = "",
+                 launch_failed: str = "") -> JobWorkersExited | None:
     """End the attempt from its ranks' codes (a rank without one was killed); its code is
     ``first_failed``'s when a rank's failure ended the gang (``protocol.attempt_exit``)."""
     code, detail = attempt_exit(codes, first_failed)
-    return workers_exited(store, job_id, attempt, code, detail + note, storage_full)
+    return workers_exited(store, job_id, attempt, code, detail + note, storage_full,
+                          launch_failed)
 
 
 def repair_completed(store: LedgerStore, node_id: str, attempt: int, action: str, ok: bool,

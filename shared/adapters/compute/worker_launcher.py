@@ -7,15 +7,17 @@ this launcher is the parent that waits. It starts CMD, relays SIGTERM/SIGINT, an
 ends writes its exit code (decimal, one line) to PATH atomically (temp file + ``os.replace``)
 and exits with the same code. A child killed by signal N is reported as 128+N (137 for
 SIGKILL, 143 for SIGTERM), as shells do; a command that cannot be started is 127 (not found)
-or 126 (not executable). No exit file means the launcher itself was killed. These are the
-worker protocol's codes (``mtc_program.protocol``), restated here because this file imports
-nothing (a test checks they agree).
+or 126 (not executable, or our set-up failed); no exit file: the launcher was killed. These
+are the worker protocol's codes (``mtc_program.protocol``), restated because this file
+imports nothing (a test checks they agree). A start that failed leaves ``PATH.launch`` (JSON
+``{"by", "reason"}``) first: ``by`` is ``command`` when exec refused CMD (the job's failure),
+``platform`` when our set-up failed (the sandbox, a bind, a cgroup, the fork): no program
+ran, so neither the job nor its nodes are to blame (``launch_evidence``).
 
 Signals: when the launcher leads its own process group (LocalCompute starts it with
-``start_new_session=True``), a SIGTERM/SIGINT sent to the launcher is relayed once to the
-whole group, so CMD and anything CMD started get it exactly once. Signal the launcher's pid,
-not the group: a group signal would reach CMD twice (directly and relayed). When the launcher
-does not lead its group (started from a shell), only CMD is signalled.
+``start_new_session=True``), a SIGTERM/SIGINT sent to it is relayed once to the whole group,
+so CMD and all it started get it exactly once. Signal the launcher's pid, not the group (a
+group signal reaches CMD twice); a launcher not leading its group signals only CMD.
 
 No orphans: on Linux CMD is started with ``PR_SET_PDEATHSIG`` = SIGKILL, so if the launcher
 itself is killed (SIGKILL cannot be relayed) CMD dies with it instead of training on alone,
@@ -28,27 +30,24 @@ own, gets tmpfs over what it must not see and its own paths bound back, then dro
 plan's uid and gid before exec; the launcher itself stays outside, as root, to wait and to
 write the exit file. PR_SET_PDEATHSIG is set after the uid change (a change clears it).
 
-A full disk: when CMD exits non-zero the launcher reads, there and then, the file
-systems of the job's directories (``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``,
-``AIP_TENSORBOARD_LOG_DIR``), of its log and of the exit file (``statvfs``) and whether the
-end of its log says ``No space left on device``, and leaves that in ``PATH.disk`` (JSON)
-before the exit file: the adapter's evidence that the disk, not the program, ended the rank
-(``disk_evidence``). Neither file can be written while that disk is full, so a write refused
+A full disk: when CMD exits non-zero the launcher reads, there and then, the file systems
+(``statvfs``) of the job's directories (``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``,
+``AIP_TENSORBOARD_LOG_DIR``), its log and the exit file, and whether its log ends with ``No
+space left on device``, into ``PATH.disk`` (JSON) before the exit file: the adapter's
+evidence that the disk, not the program, ended the rank (``disk_evidence``). A write refused
 for want of space (ENOSPC, EDQUOT) is tried again, backing off to 2 s, for up to
 ``WRITE_PATIENCE_S``: the rank reads as running until then, not as killed.
 
 The job's environment (``--env-file``: NUL-separated ``NAME=value``, as ``env -0`` prints
-it; the file is removed once read) is CMD's only: the launcher itself runs with a fixed
-environment under ``python -I`` (``job_env``), because it may be root and a job's
-``PYTHONPATH`` or ``LD_PRELOAD`` must never reach a root interpreter. Without
-``--env-file``, CMD gets the launcher's own environment.
+it; removed once read) is CMD's only: the launcher runs with a fixed environment under
+``python -I`` (``job_env``): it may be root, and a job's ``PYTHONPATH`` or ``LD_PRELOAD``
+must never reach a root interpreter. Without ``--env-file``, CMD gets the launcher's own.
 
 Limits (the plan's ``limits``: a node's processes and memory, ``job_limits``): the child
 joins a cgroup of its job and node (``<cgroup root>/mtc/<deployment>/<job>-<node>``, made by
 the launcher: v2's ``pids.max`` and ``memory.max``, or v1's pids and memory hierarchies)
-before exec; where no cgroup can be made, ``RLIMIT_NPROC`` bounds the job's uid instead (the
-uid is the job's own). It also gets a ``/proc`` of its own that shows only its uid's
-processes (``hidepid=2``), so no job sees another's command lines. The cgroup goes with it.
+before exec, else ``RLIMIT_NPROC`` bounds the job's own uid; and a ``/proc`` of its own
+(``hidepid=2``: no job sees another's command lines). The cgroup goes with it.
 
 Standard library only: it runs by file path with any Python, without the package."""
 
@@ -81,6 +80,9 @@ MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MS_NOEXEC = 8
 CGROUP_FS = "/sys/fs/cgroup"
 DISK_SUFFIX = ".disk"  # PATH.disk: the file systems at a non-zero exit (disk_evidence.SUFFIX)
+LAUNCH_SUFFIX = ".launch"  # PATH.launch: whose failure a start that did not happen was
+COMMAND_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR,
+                            errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG})
 JOB_DIRS = ("AIP_CHECKPOINT_DIR", "AIP_MODEL_DIR", "AIP_TENSORBOARD_LOG_DIR")  # the protocol's
 TERMINATION_LOG = "MTC_TERMINATION_LOG"  # the protocol's: where the program says why it failed
 ENOSPC_SAID = (b"No space left on device", b"[Errno 28]", b"ENOSPC")
@@ -231,9 +233,8 @@ def _child_hook(sandbox: dict[str, object] | None, groups: Sequence[str] = (),
 
 def _pdeathsig_hook() -> Callable[[], None] | None:
     """A ``preexec_fn`` (run in the child before exec) that makes the kernel SIGKILL the child
-    when the launcher dies; None where there is no prctl (not Linux: the adapter's group kill
-    is what is left). libc is loaded here, in the parent: the hook itself only calls it. If the
-    launcher died before the call took effect, the child goes at once."""
+    when the launcher dies (at once if it died already); None without prctl (not Linux: the
+    adapter's group kill is left). libc is loaded here, in the parent: the hook only calls it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -250,14 +251,14 @@ def _pdeathsig_hook() -> Callable[[], None] | None:
     return hook
 
 
-def write_exit_file(path: str, code: int) -> None:
-    """Atomically leave ``code`` in ``path``: readers see no file or the whole number."""
+def write_exit_file(path: str, code: int | str) -> None:
+    """Atomically leave ``code`` (or any text) in ``path``: readers see no file or all of it."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".exit.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(f"{code}\n")
+            f.write(f"{code}\n" if isinstance(code, int) else code)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -322,19 +323,18 @@ def disk_readings(exit_file: str, env: Mapping[str, str]) -> dict[str, object]:
     return {"space": space, "enospc": _log_says_enospc(log), "at": time.time()}
 
 
-def write_disk_file(exit_file: str, readings: dict[str, object]) -> None:
-    """``readings`` at ``exit_file + DISK_SUFFIX``, atomically (as the exit file)."""
-    directory = os.path.dirname(os.path.abspath(exit_file))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".disk.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(readings, f)
-        os.replace(tmp, exit_file + DISK_SUFFIX)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+def launch_fault(exc: BaseException, command: Sequence[str]) -> dict[str, object]:
+    """Whose failure a start that raised ``exc`` was (the module's ``PATH.launch``): exec
+    refusing ``command[0]`` is the command's; a failure before exec is the platform's (the
+    child's set-up raises SubprocessError; an OSError naming no command is ours too)."""
+    by = "command" if isinstance(exc, OSError) and exc.errno in COMMAND_ERRNOS \
+        and exc.filename == command[0] else "platform"
+    return {"by": by, "reason": f"cannot start {command[0]!r}: {exc}"}
+
+
+def write_disk_file(exit_file: str, readings: dict[str, object], suffix: str = DISK_SUFFIX) -> None:
+    """``readings`` at ``exit_file + suffix``, atomically (as the exit file)."""
+    write_exit_file(exit_file + suffix, json.dumps(readings))
 
 
 def patiently(write: Callable[[], None], patience_s: float = WRITE_PATIENCE_S) -> None:
@@ -416,21 +416,21 @@ def read_env_file(path: str) -> dict[str, str]:
 
 
 def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False,
-        sandbox: dict[str, object] | None = None,
-        child_env: Mapping[str, str] | None = None) -> int:
+        sandbox: dict[str, object] | None = None, child_env: Mapping[str, str] | None = None) -> int:
     """Run ``command``; its exit code goes to ``exit_file`` and is returned. With
-    ``zero_after_stop``, a command that was asked to stop (SIGTERM/SIGINT) returns 0 here
-    whatever its code (the file keeps the real one): under ``srun --kill-on-bad-exit`` a
-    rank that checkpointed and left quickly must not kill the ranks still saving theirs,
-    while a rank that fails on its own still ends the gang. ``sandbox``: the plan the child
-    runs in (see the module); ``child_env``: the command's environment (default: ours)."""
+    ``zero_after_stop``, a command asked to stop (SIGTERM/SIGINT) returns 0 here whatever its
+    code (the file keeps the real one): under ``srun --kill-on-bad-exit`` a rank that
+    checkpointed and left quickly must not kill the ranks still saving theirs, while one
+    failing on its own still ends the gang. ``sandbox``: the plan the child runs in (see the
+    module); ``child_env``: the command's environment (default: ours)."""
     relay = _Relay()
     relay.install()  # before the child exists: a signal during start-up is kept, not lost
     env = {**(os.environ if child_env is None else child_env),
            TERMINATION_LOG: f"{exit_file}.msg"}  # why it failed
     groups: list[str] = []
+    fault: dict[str, object] | None = None  # CMD did not start: whose failure (PATH.launch)
     try:
-        for stale in (f"{exit_file}.msg", exit_file + DISK_SUFFIX):
+        for stale in (f"{exit_file}.msg", exit_file + DISK_SUFFIX, exit_file + LAUNCH_SUFFIX):
             with contextlib.suppress(OSError):
                 os.unlink(stale)
         if sandbox is not None:  # the job's own file, for it to write
@@ -445,12 +445,10 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
             env.get("WORLD_SIZE") or 1)  # the uid's processes: every rank of the job here
         child = subprocess.Popen(list(command), preexec_fn=_child_hook(sandbox, groups, nproc),
                                  env=env)
-    except FileNotFoundError as exc:
-        _say(f"worker_launcher: cannot start {command[0]!r}: {exc}")
-        code = EXIT_NOT_FOUND
     except (OSError, subprocess.SubprocessError) as exc:  # the latter: the sandbox's set-up
-        _say(f"worker_launcher: cannot start {command[0]!r}: {exc}")
-        code = EXIT_NOT_EXECUTABLE
+        fault = launch_fault(exc, command)
+        _say(f"worker_launcher: {fault['reason']} ({fault['by']})")
+        code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
     else:
         relay.started(child)
         code = exit_code_of(child.wait())
@@ -460,6 +458,8 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
     if code not in (0, EXIT_PREEMPTED):  # read now: the disk may have room again soon
         readings = disk_readings(exit_file, env)
         with contextlib.suppress(OSError):  # evidence is best effort; the exit file is not
+            if fault is not None:
+                patiently(lambda: write_disk_file(exit_file, fault, LAUNCH_SUFFIX))
             patiently(lambda: write_disk_file(exit_file, readings))
     patiently(lambda: write_exit_file(exit_file, code))
     return 0 if zero_after_stop and relay.asked_to_stop else code

@@ -447,9 +447,11 @@ class LocalCompute:
             self.scan.forget(job_id, attempt)
             if all(c == 0 for c in codes.values()):
                 self.warm.end(db, job_id, now)  # the job is done: its standbys with it
-            note, full = queries.exit_note(db, att, ranks, codes, failed_rank, self._floor)
+            note, full, launch = queries.exit_note(db, att, ranks, codes, failed_rank,
+                                                   self._floor)
             self.store.queue(db, ranks_exited(self.store.ledger(db), job_id, attempt, codes,
-                                              note, first_failed=failed_rank, storage_full=full))
+                                              note, first_failed=failed_rank, storage_full=full,
+                                              launch_failed=launch))
 
     def _end_gang(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
         """A rank failed: the attempt is over for every rank. SIGTERM the others' groups now;

@@ -1,12 +1,13 @@
 """Reads of the local compute's ledger for its views: the workers started, each rank's log
 file, where the previous attempt's ranks ran, and what an attempt's exit says (the failing
-rank's message and last output for a job's error, and whether a full disk ended it)."""
+rank's message and last output for a job's error, and whether a full disk or the platform's
+failure to start a rank ended it)."""
 
 from __future__ import annotations
 
 import sqlite3
 
-from shared.adapters.compute import disk_evidence
+from shared.adapters.compute import disk_evidence, launch_evidence
 from shared.adapters.compute.protocol import ExitCode, with_message
 from shared.adapters.compute.worker_logs import LogFile, tail_note
 from shared.domain.storage import StorageFloor
@@ -50,14 +51,16 @@ def failure_note(db: sqlite3.Connection, att: sqlite3.Row, codes: dict[int, int 
 
 def exit_note(db: sqlite3.Connection, att: sqlite3.Row, ranks: list[sqlite3.Row],
               codes: dict[int, int | None], failed_rank: int | None, floor: StorageFloor
-              ) -> tuple[str, str]:
-    """The ended attempt's note for its ``JobWorkersExited`` detail, and the path of the
-    file system that was full when a rank exited non-zero ("" when none:
-    ``disk_evidence``)."""
+              ) -> tuple[str, str, str]:
+    """The ended attempt's note for its ``JobWorkersExited`` detail, the path of the file
+    system that was full when a rank exited non-zero ("" when none: ``disk_evidence``), and
+    why the platform could not start the rank that ended it ("" when none:
+    ``launch_evidence``)."""
     files = {r["rank"]: r["exit_file"] for r in ranks}
     full, disk = disk_evidence.evidence(files, codes, failed_rank, floor)
+    launch, not_started = launch_evidence.evidence(files, codes, failed_rank)
     note = with_message("", files, failed_rank) + failure_note(db, att, codes, failed_rank)
-    return note + disk, full
+    return note + disk + not_started, full, launch
 
 
 def placement_before(db: sqlite3.Connection, job_id: str, attempt: int) -> tuple[str, ...]:

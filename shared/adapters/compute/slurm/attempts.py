@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from shared.adapters.compute import launch_evidence
 from shared.adapters.compute.attempt_scan import AttemptScan
 from shared.adapters.compute.disk_evidence import evidence
 from shared.adapters.compute.fact_store import FactStore
@@ -368,10 +369,12 @@ class SlurmAttempts:
         if any(c not in (0, int(ExitCode.PREEMPTED)) for c in final.values()):
             note += tail_note(str(self.job_log(att["job_id"])), None)  # ranks interleaved
         full, disk = evidence(files, codes, first, self._settings.storage_floor)  # the launchers'
+        launch, not_started = launch_evidence.evidence(files, codes, first)
         ledger = self._store.ledger(db)
         self.scan.forget(att["job_id"], att["attempt"])  # the scan's map holds live attempts
         self._store.queue(db, ranks_exited(ledger, att["job_id"], att["attempt"], codes,
-                                           note + disk, first, storage_full=full))
+                                           note + disk + not_started, first, storage_full=full,
+                                           launch_failed=launch))
 
     def scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
         self.scan.scan(db, att, now)

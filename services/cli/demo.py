@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from services.cli.demo_wait import wait
 from services.job_submission import commands as job_commands
 from services.presentation.timeline import describe
 from services.presentation.timeline import style as timeline_style
@@ -160,7 +161,8 @@ def _story(app: EmbeddedApp, steps: int, t0: float) -> None:
     with app.transaction() as uow:
         job = job_commands.submit_job("demo", job_spec(steps), uow, app.deps, "train-1")
     job_id = job.job_id
-    _wait(app, "a first checkpoint", lambda: _job(app, job_id).latest_checkpoint is not None)
+    _wait(app, "a first checkpoint", lambda: _job(app, job_id).latest_checkpoint is not None,
+          job_id)
     app.run(lambda: False, timeout_s=CHECKPOINT_EVERY_STEPS * STEP_TIME_S / 2, poll_s=0.05)
     victim = _job(app, job_id).node_ids[0]  # mid-interval: the SIGTERM checkpoint matters
     console.print(f"[bold magenta]>>> injecting XID 79 (GPU fell off the bus) on {victim}")
@@ -210,9 +212,9 @@ def _node_table(app: EmbeddedApp) -> Any:
     return table
 
 
-def _wait(app: EmbeddedApp, what: str, until: Any) -> None:
-    if not app.run(until, timeout_s=TIMEOUT_S, poll_s=0.05, tick_s=2.0):
-        raise SystemExit(f"demo: timed out waiting for {what}")
+def _wait(app: EmbeddedApp, what: str, until: Any, *job_ids: str) -> None:
+    """Until ``until()``; not past the end of the jobs ``job_ids`` (``demo_wait``)."""
+    wait(app, "demo", what, until, jobs=job_ids, timeout_s=TIMEOUT_S, tick_s=2.0)
 
 
 def _job(app: EmbeddedApp, job_id: str) -> Any:

@@ -31,6 +31,7 @@ from typing import Any
 
 from mtc_program import protocol
 from services.cli.bench_live import RESTORED, kill_ranks
+from services.cli.demo_wait import wait
 from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp
 from shared.adapters.compute.protocol import progress_path
@@ -98,7 +99,7 @@ def tiers_story(app: EmbeddedApp, cluster_id: str, say: Callable[[str], None]) -
     out = []
     for attempt, kind in ((1, "xid13"), (2, "node_lost")):
         _wait(app, f"attempt {attempt} to save to memory and its peer",
-              lambda a=attempt: _job(app).attempt == a and tiers.has(a, "peer"))
+              lambda a=attempt: _job(app).attempt == a and tiers.has(a, "peer"), JOB_ID)
         job = _job(app)
         at_fault = _chief_step(app, job)
         node = str(job.node_ids[0] if kind == "xid13" else job.node_ids[-1])
@@ -117,7 +118,8 @@ def tiers_story(app: EmbeddedApp, cluster_id: str, say: Callable[[str], None]) -
                 now, {"silent_for_s": app.deps.config.heartbeat_timeout_s})])
             kill_ranks(app.compute, JOB_ID, job.attempt, node)
             app.compute.wipe_node_memory(node)
-        _wait(app, "the job to resume", lambda a=attempt: _resumed(app, a + 1))
+        _wait(app, f"the job to resume as attempt {attempt + 1} after the {kind}",
+              lambda a=attempt: _resumed(app, a + 1), JOB_ID)
         app.run(lambda: _measured(app), timeout_s=10, poll_s=0.05, tick_s=1.0)
         decision = dict(_job(app).recovery.decisions[-1])
         restored = _restored(app, attempt + 1) or (0, "?")
@@ -206,6 +208,6 @@ def _job(app: EmbeddedApp) -> Any:
         return uow.jobs.get(JOB_ID)
 
 
-def _wait(app: EmbeddedApp, what: str, until: Any) -> None:
-    if not app.run(until, timeout_s=TIMEOUT_S, poll_s=0.05, tick_s=1.0):
-        raise SystemExit(f"demo: timed out waiting for {what}")
+def _wait(app: EmbeddedApp, what: str, until: Any, *job_ids: str) -> None:
+    """Until ``until()``; not past the end of the jobs ``job_ids`` (``demo_wait``)."""
+    wait(app, "demo", what, until, jobs=job_ids, timeout_s=TIMEOUT_S, tick_s=1.0)

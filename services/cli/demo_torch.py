@@ -32,6 +32,7 @@ from typing import Any
 from mtc_program import protocol
 from services.cli.demo import CLUSTER_SPEC as NUMPY_CLUSTER_SPEC
 from services.cli.demo import _cluster_ready, _job, _node_state, _printer, console
+from services.cli.demo_wait import wait
 from services.job_submission import commands as job_commands
 from services.recipes.catalog import PROGRAM, custom_job, program_pythonpath, resolve
 from services.wiring.embedded import EmbeddedApp
@@ -152,7 +153,7 @@ def _story(app: EmbeddedApp, story: TorchStory, saved: _Checkpoints, t0: float) 
                   "and seed, never interrupted")
 
     # 1. XID 79 mid-interval, once the job has a checkpoint of its own
-    _wait(app, "a first checkpoint", lambda: saved.after(1, 0))
+    _wait(app, "a first checkpoint", lambda: saved.after(1, 0), JOB_ID)
     _pause(app, story.sleep_s * 1.5)
     victim = _job(app, JOB_ID).node_ids[-1]
     console.print(f"[bold magenta]>>> injecting XID 79 (GPU fell off the bus) on {victim}")
@@ -160,12 +161,13 @@ def _story(app: EmbeddedApp, story: TorchStory, saved: _Checkpoints, t0: float) 
     app.compute.inject_fault(victim, [Condition(ConditionType.XID_ERROR.value,
                                                 ConditionStatus.TRUE, "NVRM: Xid 79", now,
                                                 {"xids": [79]})])
-    _wait(app, "the job to resume", lambda: _job(app, JOB_ID).attempt >= 2
-          and _job(app, JOB_ID).state is JobState.RUNNING)
+    _wait(app, "the job to resume as attempt 2 after the XID 79",
+          lambda: _job(app, JOB_ID).attempt >= 2 and _job(app, JOB_ID).state is JobState.RUNNING,
+          JOB_ID)
     resumed = max((s for a, s in saved.seen if a == 1), default=0)
 
     # 2. SIGKILL of one rank mid-interval, once attempt 2 saved past its resume step
-    _wait(app, "a checkpoint of attempt 2", lambda: saved.after(2, resumed))
+    _wait(app, "a checkpoint of attempt 2", lambda: saved.after(2, resumed), JOB_ID)
     _pause(app, story.sleep_s * 1.5)
     rank, pid, node = _a_rank(app, 2)
     console.print(f"[bold magenta]>>> SIGKILL to rank {rank} (pid {pid} on {node})")
@@ -270,6 +272,6 @@ def _pause(app: EmbeddedApp, seconds: float) -> None:
     app.run(lambda: False, timeout_s=seconds, poll_s=0.05)
 
 
-def _wait(app: EmbeddedApp, what: str, until: Any) -> None:
-    if not app.run(until, timeout_s=TIMEOUT_S, poll_s=0.05, tick_s=2.0):
-        raise SystemExit(f"demo-torch: timed out waiting for {what}")
+def _wait(app: EmbeddedApp, what: str, until: Any, *job_ids: str) -> None:
+    """Until ``until()``; not past the end of the jobs ``job_ids`` (``demo_wait``)."""
+    wait(app, "demo-torch", what, until, jobs=job_ids, timeout_s=TIMEOUT_S, tick_s=2.0)

@@ -7,6 +7,10 @@ reads them back as costs: ``shared.service_layer.recovery_costs``).
   it read (warm: the attempt restarted in place or scaled down on the nodes it had);
 * a decision's measured seconds: from the incident to the new attempt's first step (or, if
   no first step is reported, its first checkpoint of any tier).
+
+Each is timed by the program's own record (``JobFirstStep.at``, ``saved_at``), not by when
+an adapter's scan found it (seconds later), kept between the attempt's start and the
+report: a record outside that window is a clock to distrust, not a measurement.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ def on_first_step(event: JobFirstStep, uow: UnitOfWork, deps: Deps) -> None:
     if event.attempt != job.attempt or rec.attempt_started_at is None:
         return  # stale, or started before the control plane recorded starts
     now = deps.clock.now()
+    at = now if event.at is None else min(now, max(rec.attempt_started_at, event.at))
     warm = rec.attempt_mode in WARM_MODES
     key = "warm" if warm else "cold"
     if key + "_attempt" in rec.startup and rec.startup[key + "_attempt"] >= event.attempt:
@@ -57,6 +62,6 @@ def on_first_step(event: JobFirstStep, uow: UnitOfWork, deps: Deps) -> None:
         restored = restore_s(job, Tier.MEMORY, deps)
     elif job.latest_checkpoint is not None and job.attempt > 1:
         restored = restore_s(job, Tier.DURABLE, deps)
-    rec.startup[key] = round(max(0.0, now - rec.attempt_started_at - restored), 3)
+    rec.startup[key] = round(max(0.0, at - rec.attempt_started_at - restored), 3)
     rec.startup[key + "_attempt"] = event.attempt
-    rec.measured(event.attempt, now)
+    rec.measured(event.attempt, at)

@@ -320,13 +320,15 @@ class JobCheckpointSaved(Event):
 @dataclass(frozen=True)
 class JobFirstStep(Event):
     """The first training step of an attempt has run: everything before it (launch,
-    checkpoint restore, a slow first step) was startup. ``step`` is that step's number."""
+    checkpoint restore, a slow first step) was startup. ``step`` is that step's number;
+    ``at`` when it ended, by the program's own record (None: when it was reported)."""
 
     TYPE: ClassVar[str] = "mtc.job.first_step.v1"
     SUBJECT_FIELD: ClassVar[str] = "job_id"
     job_id: str
     attempt: int
     step: int
+    at: float | None = None
 
 
 @register

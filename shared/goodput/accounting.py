@@ -228,8 +228,8 @@ def _account_job(job_id: str, p: JobParams, rows: list[Mapping[str, Any]],
             interrupts[int(data["attempt"])].append((t, str(data.get("reason", ""))))
         elif type_ == T_FINISHED and finished is None:
             finished = t
-        elif type_ == T_FIRST_STEP:
-            first_steps.setdefault(int(data["attempt"]), t)
+        elif type_ == T_FIRST_STEP:  # when the program ran it, not when it was reported
+            first_steps.setdefault(int(data["attempt"]), min(t, float(data.get("at") or t)))
         elif type_ == T_PREFLIGHT:
             preflights.append((float(data["started_at"]), float(data["finished_at"])))
     jg.start = max(start, submitted) if submitted is not None else start

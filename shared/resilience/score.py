@@ -113,8 +113,9 @@ def progress_samples(rows: Iterable[Mapping[str, Any]], job_id: str,
         d = r["data"]
         if r["type"] == T_CKPT and (tier_events or d.get("tier", "durable") == "durable"):
             out.append((float(d.get("saved_at", r["time"])), int(d["attempt"]), int(d["step"])))
-        elif r["type"] == T_FIRST_STEP:
-            out.append((float(r["time"]), int(d["attempt"]), int(d["step"])))
+        elif r["type"] == T_FIRST_STEP:  # the program's own time of it, where it said
+            at = float(r["time"])
+            out.append((min(at, float(d.get("at") or at)), int(d["attempt"]), int(d["step"])))
     return sorted(out)
 
 

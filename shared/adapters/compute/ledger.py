@@ -20,6 +20,7 @@ records live where the adapter keeps its state:
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -95,22 +96,31 @@ def report_tier_saves(store: LedgerStore, job_id: str, attempt: int, checkpoint_
     per (tier, step), and only a step newer than the last reported (the heartbeats' own
     rate bounds how often)."""
     out: list[JobCheckpointSaved] = []
-    for tier, step, path, save_s in tier_progress(checkpoint_dir, attempt, world_size):
+    for tier, step, path, save_s, at in tier_progress(checkpoint_dir, attempt, world_size):
         key = f"{checkpoint_dir}#{tier}"
         seen = store.seen_steps(key)
         if seen and step <= max(seen):
             continue
         if store.checkpoint(key, step, job_id, attempt, path, now):
-            out.append(JobCheckpointSaved(job_id, attempt, step, path, now, save_s=save_s, tier=tier))
+            out.append(JobCheckpointSaved(job_id, attempt, step, path, program_time(at, now),
+                                          save_s=save_s, tier=tier))
     return out
+
+
+def program_time(at: float | None, now: float) -> float:
+    """When the program says something happened, as a fact's time: its own clock is read
+    when it acts, where a scan reads its files seconds later; never after ``now`` (a clock
+    ahead of ours, or a fake one in a test), and ``now`` when it did not say."""
+    return now if at is None or not math.isfinite(at) else min(now, at)
 
 
 def report_first_step(store: LedgerStore, job_id: str, attempt: int, checkpoint_dir: str,
                       now: float) -> JobFirstStep | None:
     """The attempt's ``JobFirstStep``, once, when rank 0's heartbeat (``MTC_PROGRESS_FILE``)
-    shows this attempt past a step: the end of its startup, which the recovery policy weighs
-    (read as often as the tier heartbeats, so up to that late). None before, or for a program
-    that writes no heartbeat."""
+    shows this attempt past a step: the end of its startup, which the recovery policy weighs.
+    Read as often as the tier heartbeats, so up to that late: ``at`` is when the program
+    says its first step ended (``first_step_at``; null: not yet, after a restore), else the
+    heartbeat's ``time``. None before, or for a program that writes no heartbeat."""
     key = f"{checkpoint_dir}#first-step"
     if attempt in store.seen_steps(key):  # reported: no need to read the heartbeat again
         return None
@@ -121,8 +131,12 @@ def report_first_step(store: LedgerStore, job_id: str, attempt: int, checkpoint_
     step = beat.get("step") if isinstance(beat, dict) else None
     if beat.get("attempt") != attempt or not isinstance(step, int) or step <= 0:
         return None
+    said = beat.get("first_step_at", beat.get("time"))
+    if "first_step_at" in beat and not isinstance(said, int | float):
+        return None  # restored, its first step not run yet
+    at = program_time(float(said), now) if isinstance(said, int | float) else None
     if store.checkpoint(key, attempt, job_id, attempt, "", now):
-        return JobFirstStep(job_id=job_id, attempt=attempt, step=step)
+        return JobFirstStep(job_id=job_id, attempt=attempt, step=step, at=at)
     return None
 
 

@@ -41,6 +41,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mtc_program import protocol as p
 from mtc_program.protocol import CHECKPOINT_RE, IGNORED_SUFFIXES, ExitCode, checkpoint_name
@@ -158,11 +159,13 @@ def progress_path(checkpoint_dir: str | Path, rank: int) -> Path:
     return Path(checkpoint_dir).parent / p.PROGRESS_DIR / p.progress_name(rank)
 
 
-def tier_progress(checkpoint_dir: str | Path, attempt: int,
-                  world_size: int) -> list[tuple[str, int, str, float]]:
+def tier_progress(checkpoint_dir: str | Path, attempt: int, world_size: int
+                  ) -> list[tuple[str, int, str, float, float | None]]:
     """From the ranks' heartbeats: for the memory and peer tiers, the newest step every rank
-    of ``attempt`` holds, where rank 0's entry of it is, and the longest time a rank's save
-    of it blocked (0.0: not known). Nothing for a tier until every rank has reported."""
+    of ``attempt`` holds, where rank 0's entry of it is, the longest time a rank's save of
+    it blocked (0.0: not known), and when the last rank wrote it, by the ranks' own clocks
+    (``newest_at``; else the newest heartbeat's ``time``, written after it; None: neither).
+    Nothing for a tier until every rank has reported."""
     beats = []
     for rank in range(world_size):
         try:
@@ -172,7 +175,7 @@ def tier_progress(checkpoint_dir: str | Path, attempt: int,
         if not isinstance(beat, dict) or beat.get("attempt") != attempt:
             return []
         beats.append(beat)
-    out: list[tuple[str, int, str, float]] = []
+    out: list[tuple[str, int, str, float, float | None]] = []
     for tier in (p.MEMORY, p.PEER):
         steps = [s for b in beats if isinstance(s := (b.get("newest") or {}).get(tier), int) and s > 0]
         if not steps or len(steps) < len(beats):
@@ -183,8 +186,20 @@ def tier_progress(checkpoint_dir: str | Path, attempt: int,
                    if isinstance(last := b.get("last_save"), dict) and last.get("step") == step
                    and tier in (last.get("tiers") or ())]
         out.append((tier, step, f"{where}/{p.entry_name(step)}" if where else tier,
-                    max(blocked, default=0.0)))
+                    max(blocked, default=0.0), _written_at(beats, tier, step)))
     return out
+
+
+def _written_at(beats: Sequence[dict[str, Any]], tier: str, step: int) -> float | None:
+    """When ``step`` was whole on ``tier`` at every rank: the latest write of it among the
+    ranks whose newest entry it is (those ahead wrote it before their newer one); the
+    newest heartbeat's ``time`` for a program that does not say."""
+    written = [at for b in beats if (b.get("newest") or {}).get(tier) == step
+               and isinstance(at := (b.get("newest_at") or {}).get(tier), int | float)]
+    if written:
+        return float(max(written))
+    times = [t for b in beats if isinstance(t := b.get("time"), int | float)]
+    return float(max(times)) if times else None
 
 
 def tier_env(job_id: str, rank: int, node_ids: Sequence[str], memory_root: Callable[[str], Path],

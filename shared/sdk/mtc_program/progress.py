@@ -13,6 +13,8 @@ The plain file protocol, for programs that do not use this library: rewrite
 every ``$MTC_PROGRESS_INTERVAL_S`` seconds, also while blocked, with a JSON object::
 
     {"rank": 0, "attempt": 1, "time": <unix s of this write>, "step": 42,
+     "first_step_at": <unix s the first step of this process (or since its restore) ended,
+                       null before it>,
      "progress_at": <unix s of the last step end or collective entry/exit>,
      "compute_s": <total s computing>, "wait_s": <total s inside collectives>,
      "steps": [[step, compute_s, wait_s], ...],        # the newest steps, 64 at most
@@ -62,6 +64,7 @@ class RankProgress:
         self._in_step_wait = 0.0
         self._step_began = time.monotonic()
         self._progress_at = time.time()
+        self._first_step_at: float | None = None
         self._steps: deque[tuple[int, float, float]] = deque(maxlen=KEEP_STEPS)
         self._seq = 0
         self._collective: dict[str, Any] | None = None
@@ -125,6 +128,8 @@ class RankProgress:
             self._steps.append((step, round(compute, 6), round(self._in_step_wait, 6)))
             self._step = step
             self._progress_at = time.time()
+            if self._first_step_at is None:
+                self._first_step_at = self._progress_at
             self._step_began, self._in_step_wait = now, 0.0
         self.start()
 
@@ -133,7 +138,8 @@ class RankProgress:
     def fields(self) -> dict[str, Any]:
         """The fields this module adds to the heartbeat (see the module docstring)."""
         with self._lock:
-            return {"progress_at": self._progress_at, "compute_s": round(self._compute, 6),
+            return {"progress_at": self._progress_at, "first_step_at": self._first_step_at,
+                    "compute_s": round(self._compute, 6),
                     "wait_s": round(self._wait, 6), "steps": [list(s) for s in self._steps],
                     "collective": None if self._collective is None else dict(self._collective),
                     "beat_every_s": self.interval_s}

@@ -165,6 +165,11 @@ class TieredCheckpointer:
         self.settings = settings
         self.log = log
         self.newest: dict[str, int | None] = dict.fromkeys(TIER_ORDER)
+        # when this rank wrote each tier's newest entry, and when its first step since the
+        # start or the restore ended (unix s): the control plane reads its files seconds
+        # later, and times startup and saves by these, not by its reading
+        self.newest_at: dict[str, float] = {}
+        self.first_step_at: float | None = None
         self.last_save: SaveReport | None = None
         self.written = WriteLog()
         self._step = 0
@@ -214,7 +219,10 @@ class TieredCheckpointer:
         with self._lock:
             self.last_save = report
             self._step = max(self._step, step)
-        self._heartbeat(force=n.DURABLE in done)
+            if n.DURABLE in done:
+                self.newest_at[n.DURABLE] = time.time()
+            first = self._stepped()
+        self._heartbeat(force=first or n.DURABLE in done)
         return report
 
     def _write_durable(self, step: int, copy: dict[str, np.ndarray | bytes], began: float) -> bool:
@@ -263,6 +271,7 @@ class TieredCheckpointer:
                         continue
                     with self._lock:
                         self.newest[tier] = max(job.step, self.newest[tier] or 0)
+                        self.newest_at[tier] = time.time()
                     self.written.writes.append((tier, job.step, threading.current_thread().name))
                 self._heartbeat()
             except Exception as exc:  # a dead writer would hang the next save and the close
@@ -293,8 +302,16 @@ class TieredCheckpointer:
         step since the program started or restored."""
         with self._lock:
             self._step = max(self._step, step)
-            first, self._first_step_pending = self._first_step_pending, False
+            first = self._stepped()
         self._heartbeat(force=first)
+
+    def _stepped(self) -> bool:
+        """A step ended (the lock held): whether it is the first since the start or the
+        restore, whose time is then kept."""
+        first, self._first_step_pending = self._first_step_pending, False
+        if first:
+            self.first_step_at = time.time()
+        return first
 
     def _heartbeat(self, force: bool = False) -> None:
         s = self.settings
@@ -317,6 +334,8 @@ class TieredCheckpointer:
             }
             if self.extra is not None:
                 body.update(self.extra())
+            # ours, after the linked fields: reset by a restore, which they know nothing of
+            body.update(newest_at=dict(self.newest_at), first_step_at=self.first_step_at)
             with contextlib.suppress(OSError):  # a heartbeat is best effort
                 s.progress_file.parent.mkdir(parents=True, exist_ok=True)
                 entries.atomic_file(s.progress_file, json.dumps(body).encode())
@@ -386,7 +405,8 @@ class TieredCheckpointer:
                 self._step = step
                 self.newest = {t: (step if any(x.tier == t for x in usable[step]) else None)
                                for t in TIER_ORDER}
-                self._first_step_pending = True
+                self.newest_at = {}  # written by an attempt before, whenever that was
+                self._first_step_pending, self.first_step_at = True, None
             self._heartbeat(force=True)
             return Restored(step, entries.decode(payload), e.tier, e.path)
         raise RuntimeError(f"restore: every entry of step {step} went bad while reading it")

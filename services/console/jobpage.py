@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from services.presentation.timeline import without_checkpoint
 from services.presentation.views import iso
 from shared.adapters.compute.worker_logs import LogFile
 
@@ -47,7 +48,10 @@ def attempts(docs: Sequence[Mapping[str, Any]], job_id: str) -> list[dict[str, A
             out[int(data["attempt"])] = {
                 "attempt": int(data["attempt"]), "started": iso(float(d["time"])),
                 "nodes": list(data.get("node_ids", ()))[:MAX_RANKS],
-                "resumeStep": resume if resume >= 0 else None, "exitCode": None, "detail": ""}
+                "resumeStep": resume if resume >= 0 else None,
+                "resume": f"step {resume}" if resume >= 0 else without_checkpoint(
+                    int(data["attempt"])),
+                "exitCode": None, "detail": ""}
         elif d["type"] == f"{T}workers_exited.v1" and int(data["attempt"]) in out:
             row = out[int(data["attempt"])]
             row["exitCode"] = int(data.get("exit_code", 0))

@@ -6,6 +6,14 @@ import datetime as dt
 from typing import Any
 
 QUIET_SOURCES = frozenset({"agent"})  # routine heartbeats: shown only when they find a problem
+NO_CHECKPOINT = "no checkpoint recognised (see docs/pytorch.md)"
+
+
+def without_checkpoint(attempt: int) -> str:
+    """What an attempt that starts from no checkpoint mtc knows of starts from: the first
+    from scratch; a later one may be resuming from files its program names in a way mtc
+    cannot read a step from, so mtc does not claim it starts over."""
+    return "from scratch" if attempt <= 1 else NO_CHECKPOINT
 
 
 def _problems(conditions: list[dict[str, Any]]) -> list[str]:
@@ -69,7 +77,7 @@ def describe(doc: dict[str, Any]) -> str:
             return f"node {d['node_id']}: provisioned" + ("" if d.get("ok", True) else " FAILED")
         case "mtc.job.started.v1":
             resume = (f"resuming from checkpoint step {d['resume_step']}"
-                      if d.get("resume_step", -1) >= 0 else "from scratch")
+                      if d.get("resume_step", -1) >= 0 else without_checkpoint(d["attempt"]))
             return (f"job {d['job_id']}: attempt {d['attempt']} started on "
                     f"{', '.join(d['node_ids'])}, {resume}")
         case "mtc.job.preflight_checked.v1":

@@ -27,11 +27,11 @@ PREBUILT_RE = re.compile(
 @dataclass(frozen=True)
 class Runtime:
     """What a prebuilt image maps to: the local runtime (``runtime``: its cache name, the
-    framework modules it must import) and the processes per replica it implies."""
+    framework modules it must import) and the accelerator the image is built for."""
 
     runtime: str
     framework: str  # the module the runtime must provide (torch)
-    accelerator: str  # cpu, gpu or xla: gpu and xla run acceleratorCount processes per replica
+    accelerator: str  # cpu, gpu or xla (every one runs its program once per replica)
 
 
 # family (the image name without its version) -> runtime. The versions Vertex lists
@@ -71,17 +71,20 @@ def check_image(uri: str, path: str) -> None:
         raise ValidationError(path, str(exc)) from None
 
 
-def processes_per_replica(uri: str, accelerator_count: int, env: dict[str, str]) -> int:
-    """How many processes a replica runs (docs/pytorch.md): ``MTC_PROCESSES_PER_NODE`` from
-    the pool's env when given; else ``acceleratorCount`` on a prebuilt GPU/XLA PyTorch image
-    (one process per accelerator, as ``torchrun --nproc-per-node=gpu``); else one (a custom
-    image's command is started once per replica, as Vertex starts its container once)."""
+def processes_per_replica(accelerator_count: int, env: dict[str, str]) -> int:
+    """How many processes a replica runs (docs/pytorch.md): one, as Vertex starts a replica's
+    program once whatever the image, so ``RANK`` and ``WORLD_SIZE`` count replicas; several
+    only when the pool's env asks with ``MTC_PROCESSES_PER_NODE``: a number, or ``gpu`` for
+    one per accelerator (``machineSpec.acceleratorCount``, as ``torchrun
+    --nproc-per-node=gpu``)."""
     asked = env.get(PROCESSES_PER_NODE, "")
-    if asked:
-        if not asked.isdigit() or not 1 <= int(asked) <= 64:
-            raise ValidationError(f"env.{PROCESSES_PER_NODE}", f"must be 1-64, got {asked!r}")
-        return int(asked)
-    found = prebuilt(uri)
-    if found and found[0].framework == "torch" and found[0].accelerator != "cpu":
-        return max(1, accelerator_count)
-    return 1
+    if not asked:
+        return 1
+    if asked == "gpu":
+        if accelerator_count < 1:
+            raise ValidationError(f"env.{PROCESSES_PER_NODE}",
+                                  "is 'gpu' but machineSpec.acceleratorCount is not set")
+        return accelerator_count
+    if not asked.isdigit() or not 1 <= int(asked) <= 64:
+        raise ValidationError(f"env.{PROCESSES_PER_NODE}", f"must be 1-64 or 'gpu', got {asked!r}")
+    return int(asked)

@@ -358,8 +358,7 @@ class WorkerPoolSpec:
         """Processes each replica runs (``images.processes_per_replica``)."""
         c, p = self.container_spec, self.python_package_spec
         env = dict(c.env if c is not None else p.env if p is not None else ())
-        return images.processes_per_replica(self.image_uri, self.machine_spec.accelerator_count,
-                                            env)
+        return images.processes_per_replica(self.machine_spec.accelerator_count, env)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"machineSpec": self.machine_spec.to_dict(),

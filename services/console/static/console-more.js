@@ -105,7 +105,7 @@ async function loadJob() {
       class: "act", id: "job-cancel", "data-action": "cancel", onclick: () => askCancel(j) }, "cancel job") : null);
   $("job-error").textContent = j.error ? `why it failed: ${j.error}` : "";
   fill("job-attempts", page.attempts.map((a) => [a.attempt, a.started, a.nodes.join(" "),
-    a.resumeStep === null ? "from scratch" : `step ${a.resumeStep}`,
+    a.resume,
     a.exitCode === null ? "" : `exit ${a.exitCode}${a.detail ? `: ${a.detail}` : ""}`]));
   fill("job-incidents", page.incidents.map((i) => [i.attempt, i.at,
     el("span", { class: "mode" }, (i.mode || "").replace("_", " ")), i.incident || "", secs(i.recoveryS),

@@ -6,8 +6,9 @@ per-rank progress (hangs, stragglers)."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from mtc_program.protocol import GRACEFUL
 from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.ledger import (
     report_checkpoints,
@@ -32,10 +33,14 @@ class AttemptScan:
         self.ranks = RankWatch()  # per-rank progress: hangs and stragglers (rank_progress)
         self._scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last heartbeat read
 
-    def scan(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
+    def scan(self, db: sqlite3.Connection, att: sqlite3.Row, now: float,
+             codes: Mapping[int, int | None] | None = None) -> None:
+        """``codes``: the ranks' exit codes where known; when all ended 0 or 75 (done, or
+        saved and stopped) their checkpoints are complete (``ledger.report_checkpoints``)."""
         ledger = self.store.ledger(db)
+        done = bool(codes) and all(c in GRACEFUL for c in (codes or {}).values())
         for fact in report_checkpoints(ledger, att["job_id"], att["attempt"],
-                                       att["checkpoint_dir"], now):
+                                       att["checkpoint_dir"], now, writers_done=done):
             self.store.queue(db, fact)
         key = (att["job_id"], att["attempt"])
         if now - self._scanned.get(key, -TIER_SCAN_S) < TIER_SCAN_S:

@@ -78,11 +78,15 @@ def new_checkpoints(found: Mapping[int, Path], seen: Iterable[int]) -> list[tupl
 
 
 def report_checkpoints(store: LedgerStore, job_id: str, attempt: int, checkpoint_dir: str,
-                       now: float) -> list[JobCheckpointSaved]:
-    """The ``JobCheckpointSaved`` facts for checkpoints that appeared since the last scan."""
-    found = checkpoint_steps(Path(checkpoint_dir))
+                       now: float, writers_done: bool = False) -> list[JobCheckpointSaved]:
+    """The ``JobCheckpointSaved`` facts for checkpoints that appeared since the last scan.
+    ``writers_done``: every rank of the attempt ended 0 or 75, so what it wrote under a name
+    of its own is complete without waiting for it to settle (``protocol.learnt_steps``)."""
+    seen = store.seen_steps(checkpoint_dir)
+    found = checkpoint_steps(Path(checkpoint_dir), seen,
+                             complete_before=math.inf if writers_done else None)
     out: list[JobCheckpointSaved] = []
-    for step, path in new_checkpoints(found, store.seen_steps(checkpoint_dir)):
+    for step, path in new_checkpoints(found, seen):
         if store.checkpoint(checkpoint_dir, step, job_id, attempt, str(path), now):
             out.append(JobCheckpointSaved(job_id, attempt, step, str(path), now,
                                           save_s=save_cost(path)))

@@ -20,8 +20,9 @@ defined once, in the in-job SDK (``mtc_program.protocol``); this module builds o
   killed before the attempt was signalled, the others get SIGTERM, then SIGKILL after the
   grace period.
 * **Checkpoints** (``checkpoint_steps``): complete ``ckpt-<step>`` entries of
-  ``AIP_CHECKPOINT_DIR`` by step (an ``.npz`` must also be a readable zip); ``save_cost``
-  reads the ``.save_s`` a program wrote beside one.
+  ``AIP_CHECKPOINT_DIR`` by step (an ``.npz`` must also be a readable zip); in a directory
+  without them, the checkpoints learnt from the program's own names once they settled
+  (``learnt_steps``); ``save_cost`` reads the ``.save_s`` a program wrote beside one.
 * **Advice** (``MTC_ADVICE_FILE``, ``shared.adapters.advice_file``).
 * **Tiers** (``tier_env``; the program side is ``mtc_program.tiers``): each rank's directory
   in its node's memory, one on its buddy's node for its peer copy, the previous attempt's
@@ -36,10 +37,13 @@ defined once, in the in-job SDK (``mtc_program.protocol``); this module builds o
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import time
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -244,8 +248,12 @@ def torch_env(node_rank: int, cluster_spec: Mapping[str, object]) -> dict[str, s
             p.NODE_RANK: str(node_rank), p.TF_CONFIG: json.dumps(tf_config)}
 
 
-def checkpoint_steps(directory: Path) -> dict[int, Path]:
-    """Complete checkpoints in ``directory`` by step (see the module docstring)."""
+def checkpoint_steps(directory: Path, seen: Collection[int] = (),
+                     complete_before: float | None = None) -> dict[int, Path]:
+    """Complete checkpoints in ``directory`` by step (see the module docstring): the
+    ``ckpt-<step>`` entries; while there are none, the entries learnt from other names
+    (``learnt_steps``). ``seen``: steps already known, not looked at again;
+    ``complete_before``: see ``learnt_steps``."""
     found: dict[int, Path] = {}
     try:
         entries = sorted(directory.iterdir())
@@ -258,7 +266,55 @@ def checkpoint_steps(directory: Path) -> dict[int, Path]:
         if entry.suffix == ".npz" and not (entry.is_file() and zipfile.is_zipfile(entry)):
             continue
         found.setdefault(int(m.group(1)), entry)
+    if found or any(_protocol_name(e.name) for e in entries):
+        return found  # the program uses the protocol's names (a save of one may be under way)
+    return learnt_steps(entries, seen, complete_before)
+
+
+def _protocol_name(name: str) -> bool:
+    """``ckpt-<digits>...``, hidden or not: a checkpoint, or one being saved (``.ckpt-9.tmp``)."""
+    rest = name.lstrip(".").removeprefix(p.CHECKPOINT_PREFIX)
+    return len(rest) < len(name.lstrip(".")) and rest[:1].isdigit()
+
+
+MAX_WALK = 10_000  # entries read of one checkpoint directory to see whether it settled
+
+
+def learnt_steps(entries: Sequence[Path], seen: Collection[int] = (),
+                 complete_before: float | None = None) -> dict[int, Path]:
+    """Checkpoints of a program that names them its own way (``p.learnt_step``): each entry
+    whose name has a step, once nothing in it was modified after ``complete_before`` (a
+    wall-clock time; None: ``p.SETTLE_S`` ago, as a file being written keeps changing; an
+    attempt whose ranks all ended 0 or 75 passes infinity: their writes are over). A symlink
+    is never one (it points at what may be elsewhere)."""
+    cutoff = time.time() - p.SETTLE_S if complete_before is None else complete_before
+    found: dict[int, Path] = {}
+    for entry in entries:
+        step = p.learnt_step(entry.name)
+        if step is None or step in seen or step in found or entry.is_symlink():
+            continue
+        if math.isinf(cutoff) or _last_change(entry) <= cutoff:
+            found[step] = entry
     return found
+
+
+def _last_change(entry: Path) -> float:
+    """The newest modification time of ``entry`` and, for a directory, of what it holds
+    (the first ``MAX_WALK`` entries); infinity when it cannot be read (not settled)."""
+    try:
+        newest = entry.lstat().st_mtime
+        if not entry.is_dir():
+            return newest
+        count = 0
+        for root, dirs, files in os.walk(entry):
+            for name in (*dirs, *files):
+                newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
+                count += 1
+                if count >= MAX_WALK:
+                    return newest
+    except OSError:
+        return math.inf
+    return newest
 
 
 MAX_SAVE_S = 7 * 86_400.0  # a larger figure in a .save_s file is not a save time

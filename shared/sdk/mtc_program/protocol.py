@@ -37,6 +37,15 @@ fsync, rename), so names starting with ``.`` and the extensions in ``IGNORED_SUF
 never checkpoints. Beside it a program may write ``<name>.save_s``: the seconds the save
 blocked training, which the checkpoint advice is computed from. The tiers' entries are
 ``step-<step:010d>/`` directories (``ENTRY_RE``) with a payload and a manifest written last.
+
+A program that names its checkpoints otherwise is learnt from what it writes: while
+``AIP_CHECKPOINT_DIR`` holds no ``ckpt-<step>`` entry, each file or directory directly in it
+whose name has a number is a checkpoint of that step (``learnt_step``: the number after
+``step`` or ``iter`` where the name has one, else its last number; ``step-000120.pt``,
+``epoch=2-step=300.ckpt``, ``checkpoint-500/``, ``global_step120/``), once nothing in it has
+changed for ``SETTLE_S`` seconds or its program has ended with 0 or 75. Names that are never
+checkpoints: hidden or temporary ones (``.x``, ``x~``, ``tmpXXXX``, a ``tmp`` or ``temp`` word),
+``IGNORED_SUFFIXES``, text files (``TEXT_SUFFIXES``) and TensorBoard event files.
 """
 
 from __future__ import annotations
@@ -76,7 +85,7 @@ RECOVERY_FRESH = "MTC_RECOVERY_FRESH"  # 1: this node is new to the job (restore
 REQUEUE = "requeue"  # RECOVERY_MODE of a later attempt started without a recovery plan
 RESTART_FILE = "MTC_RESTART_FILE"  # the in-process restart's control file
 STANDBY = "MTC_STANDBY"  # 1 in a warm standby's environment: wait to be given a rank
-PROCESSES_PER_NODE = "MTC_PROCESSES_PER_NODE"  # the job's choice: torch.distributed.run per node
+PROCESSES_PER_NODE = "MTC_PROCESSES_PER_NODE"  # N or gpu: torch.distributed.run per node
 RUNTIME = "MTC_RUNTIME"  # a prebuilt image's runtime, as the node set it up
 JOB_TOKEN_FILE = "MTC_JOB_TOKEN_FILE"  # a token good for this job's own API calls
 JOB_NAME = "MTC_JOB_NAME"  # the job's resource name, for those calls
@@ -159,6 +168,17 @@ MANIFEST_SUFFIX = ".manifest.json"  # <durable npz>.manifest.json (mtc_program.e
 IGNORED_SUFFIXES = frozenset({".tmp", ".part", ".partial", SAVE_S_SUFFIX})
 DURABLE_RE = re.compile(r"^ckpt-(\d{8,})\.npz$")  # the tiers' durable entries (numpy)
 
+# checkpoints learnt from other names (see the module docstring)
+SETTLE_S = 5.0  # an entry unchanged this long is complete (its writer has moved on)
+STEP_WORD_RE = re.compile(r"(?:step|iter(?:ation)?)s?[-_=.]?(\d+)", re.IGNORECASE)
+NUMBER_RE = re.compile(r"\d+")
+EXTENSION_RE = re.compile(r"\.[A-Za-z][A-Za-z0-9_]{0,9}$")  # .pt, .safetensors, .pt2: not a step
+TEXT_SUFFIXES = frozenset({".json", ".txt", ".log", ".yaml", ".yml", ".csv", ".md", ".lock",
+                           ".env", ".out", ".err", ".py", ".sh"})
+# hidden, editor backups, temporary names (tempfile's tmpXXXX; a tmp or temp word, not the
+# temp in attempt), TensorBoard's event files
+NOT_LEARNT_RE = re.compile(r"^[.~]|~$|^tmp|(?:^|[^a-z])te?mp(?:[^a-z]|$)|tfevents", re.IGNORECASE)
+
 # a tier-1/2 entry: step-<step:010d>/ holding the payload, then the manifest written last
 ENTRY_RE = re.compile(r"^step-(\d{10})$")
 PAYLOAD, MANIFEST = "payload.npz", "manifest.json"
@@ -176,6 +196,20 @@ PROGRESS_NAME = "progress.json"
 def checkpoint_name(step: int, suffix: str = "") -> str:
     """The name of the checkpoint of ``step`` (``ckpt-00000100`` and an optional suffix)."""
     return f"{CHECKPOINT_PREFIX}{step:08d}{suffix}"
+
+
+def learnt_step(name: str) -> int | None:
+    """The step of a checkpoint not named ``ckpt-<step>`` (see the module docstring); None
+    for a name that is not one. The number after ``step``/``iter`` where there is one: a
+    name that also counts epochs (``epoch=2-step=300``) means the step."""
+    ext = EXTENSION_RE.search(name)
+    if NOT_LEARNT_RE.search(name) or (ext and ext.group().lower() in
+                                       TEXT_SUFFIXES | IGNORED_SUFFIXES):
+        return None
+    stem = name[:ext.start()] if ext else name
+    worded = STEP_WORD_RE.findall(stem)
+    numbers = worded or NUMBER_RE.findall(stem)
+    return int(numbers[-1]) if numbers else None
 
 
 def entry_name(step: int) -> str:

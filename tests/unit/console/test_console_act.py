@@ -84,6 +84,10 @@ def test_job_page_attempts_incidents_and_log_tails(tmp_path: Path) -> None:
     a = jobpage.attempts(docs, "j1")
     assert [(x["attempt"], x["nodes"], x["resumeStep"], x["exitCode"]) for x in a] == [
         (1, ["n1", "n2"], None, 143), (2, ["n3", "n2"], 40, None)]
+    assert [x["resume"] for x in a] == ["from scratch", "step 40"]
+    later = _doc(30, "mtc.job.started.v1", job_id="j1", attempt=3, node_ids=["n3"])
+    assert jobpage.attempts([*docs, later], "j1")[-1]["resume"] == \
+        "no checkpoint recognised (see docs/pytorch.md)"
     (i,) = jobpage.incidents(docs, "j1")
     assert (i["attempt"], i["mode"], i["incident"], i["recoveryS"]) == (
         1, "requeue", "node_fault", 17.0)  # from the drain to attempt 2's start

@@ -36,8 +36,9 @@ def test_prebuilt_images_map_to_the_pytorch_runtime_and_others_are_custom() -> N
 
 def pool(image: str, *, accelerators: int = 8, env: dict[str, str] | None = None,
          package: bool = False) -> WorkerPoolSpec:
-    machine = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
-               "acceleratorCount": accelerators}
+    machine: dict[str, Any] = {"machineType": "a3-highgpu-8g"}
+    if accelerators:
+        machine.update(acceleratorType="NVIDIA_H100_80GB", acceleratorCount=accelerators)
     pairs = [{"name": k, "value": v} for k, v in (env or {}).items()]
     spec: dict[str, Any] = {"machineSpec": machine, "replicaCount": 1}
     if package:
@@ -51,19 +52,22 @@ def pool(image: str, *, accelerators: int = 8, env: dict[str, str] | None = None
 
 
 @pytest.mark.parametrize(("image", "env", "expected"), [
-    (TORCH_GPU, {}, 8),  # one process per GPU, as torchrun --nproc-per-node=gpu
+    (TORCH_GPU, {}, 1),  # once per replica whatever the image, as Vertex runs it
     (TORCH_CPU, {}, 1),
-    ("local", {}, 1),  # a custom image's command runs once per replica, as on Vertex
+    ("local", {}, 1),
     ("local", {"MTC_PROCESSES_PER_NODE": "2"}, 2),
     (TORCH_GPU, {"MTC_PROCESSES_PER_NODE": "3"}, 3),
+    (TORCH_GPU, {"MTC_PROCESSES_PER_NODE": "gpu"}, 8),  # as torchrun --nproc-per-node=gpu
+    ("local", {"MTC_PROCESSES_PER_NODE": "gpu"}, 8),
 ])
 def test_processes_per_replica(image: str, env: dict[str, str], expected: int) -> None:
     assert pool(image, env=env).processes_per_replica() == expected
 
 
-def test_a_bad_process_count_is_refused_naming_the_field() -> None:
+@pytest.mark.parametrize(("asked", "accelerators"), [("0", 8), ("65", 8), ("gpus", 8), ("gpu", 0)])
+def test_a_bad_process_count_is_refused_naming_the_field(asked: str, accelerators: int) -> None:
     with pytest.raises(ValidationError) as err:
-        pool("local", env={"MTC_PROCESSES_PER_NODE": "0"})
+        pool("local", accelerators=accelerators, env={"MTC_PROCESSES_PER_NODE": asked})
     assert err.value.path == "jobSpec.workerPoolSpecs[0].containerSpec.env.MTC_PROCESSES_PER_NODE"
 
 
@@ -76,12 +80,13 @@ def test_commands_a_pool_runs(tmp_path: Path) -> None:
     assert pool_command(pool("local"), d)[0] == ("python", "train.py")  # today's meaning
     several = pool_command(pool("local", env={"MTC_PROCESSES_PER_NODE": "2"}), d)[0]
     assert several == ("py", str(TORCH_NODE), "--nproc-per-node", "2", "--", "python", "train.py")
-    command, env = pool_command(pool(TORCH_GPU, accelerators=2, package=True), d)
     wheel = str(tmp_path / "jobs" / "gcs" / "b" / "p" / "trainer-0.1.tar.gz")  # gs:// stand-in
-    assert command == ("py", str(PYENV), "--cache", str(tmp_path / "runtimes"),
-                       "--runtime", "pytorch", "--framework", "torch", "--nproc-per-node", "2",
-                       "--package", wheel, "--", "-m", "trainer.task", "--steps", "3")
-    assert env == ()
+    for asked, nproc in (({}, "1"), ({"MTC_PROCESSES_PER_NODE": "gpu"}, "2")):
+        command, env = pool_command(pool(TORCH_GPU, accelerators=2, env=asked, package=True), d)
+        assert command == ("py", str(PYENV), "--cache", str(tmp_path / "runtimes"),
+                           "--runtime", "pytorch", "--framework", "torch", "--nproc-per-node",
+                           nproc, "--package", wheel, "--", "-m", "trainer.task", "--steps", "3")
+        assert env == tuple(asked.items())
 
 
 def test_torchrun_environment_and_tf_config() -> None:

@@ -55,3 +55,16 @@ def test_a_rack_drain_reads_as_one_alert_for_the_rack() -> None:
                              "rack gpu-rack-0: 2 of 2 nodes bad")
     held = {**doc, "data": {**doc["data"], "held": True}}
     assert "rack drain HELD" in describe(held)
+
+
+def test_a_later_attempt_without_a_known_checkpoint_does_not_claim_to_start_over() -> None:
+    """A program may resume from files it names in a way mtc cannot read a step from: mtc
+    says it recognised no checkpoint rather than "from scratch" (docs/pytorch.md)."""
+    def started(attempt: int, resume_step: int) -> str:
+        return describe({"type": "mtc.job.started.v1", "time": NOW, "data": {
+            "job_id": "j1", "attempt": attempt, "node_ids": ["n0"], "resume_step": resume_step}})
+
+    assert started(1, -1) == "job j1: attempt 1 started on n0, from scratch"
+    assert started(2, -1) == ("job j1: attempt 2 started on n0, no checkpoint recognised "
+                              "(see docs/pytorch.md)")
+    assert started(2, 120).endswith("resuming from checkpoint step 120")

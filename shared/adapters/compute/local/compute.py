@@ -438,10 +438,10 @@ class LocalCompute:
                     (failed_rank, job_id, attempt),
                 )
                 self._end_gang(db, att, now)
-            self.scan.scan(db, att, now)
             ranks = db.execute("SELECT rank, exit_code, exit_file FROM workers WHERE job_id = ?"
                                " AND attempt = ? ORDER BY rank", (job_id, attempt)).fetchall()
             codes = {r["rank"]: r["exit_code"] for r in ranks}
+            self.scan.scan(db, att, now, codes)
             if not all_ranks_exited(codes):
                 continue
             self.scan.forget(job_id, attempt)

@@ -318,11 +318,11 @@ class SlurmAttempts:
         keys: list[str] = []
         # mtc's own attempts: the runs of users' jobs are followed by slurm_userjobs
         for att in db.execute("SELECT * FROM attempts WHERE finalized = 0 AND origin = ''").fetchall():
-            self.scan_checkpoints(db, att, now)
-            if att["kill_deadline"] is not None and att["kill_deadline"] <= now and not att["cancel_sent"]:
-                keys.append(self._cancel(db, att))
             run_dir = Path(att["run_dir"])
             codes = {r: read_exit_file(run_dir / f"rank-{r}.exit") for r in range(att["world_size"])}
+            self.scan_checkpoints(db, att, now, codes)
+            if att["kill_deadline"] is not None and att["kill_deadline"] <= now and not att["cancel_sent"]:
+                keys.append(self._cancel(db, att))
             slurm_id = att["slurm_job_id"]
             where = f" (Slurm job {slurm_id})" if slurm_id is not None else ""
             if all_ranks_exited(codes):
@@ -376,8 +376,9 @@ class SlurmAttempts:
                                            note + disk + not_started, first, storage_full=full,
                                            launch_failed=launch))
 
-    def scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float) -> None:
-        self.scan.scan(db, att, now)
+    def scan_checkpoints(self, db: sqlite3.Connection, att: sqlite3.Row, now: float,
+                         codes: Mapping[int, int | None] | None = None) -> None:
+        self.scan.scan(db, att, now, codes)
 
     def _node_of(self, db: sqlite3.Connection, att: sqlite3.Row) -> dict[int, str]:
         """The mtc node of each rank (rank r runs on the attempt's r-th Slurm node)."""

@@ -48,7 +48,7 @@ Each task runs its worker pool's command with the worker protocol's environment
 (``protocol``), ``RANK=$SLURM_PROCID``, ``MTC_NODE_ID`` from ``$SLURMD_NODENAME`` and
 ``CLUSTER_SPEC``'s task (its pool and index in it) filled in to match, under
 ``worker_launcher``, which leaves each rank's exit code in ``rank-<RANK>.exit``. ``poll()``
-emits ``JobCheckpointSaved`` for each new ``ckpt-<step>`` (``protocol.checkpoint_steps``) and
+emits ``JobCheckpointSaved`` for each new checkpoint (``protocol.checkpoint_steps``) and
 ``JobWorkersExited`` once per attempt: when every rank left an exit code, or when the Slurm
 job ended or was requeued by Slurm itself without them (missing ranks count 137). An mtc
 attempt is one Slurm job run: a job Slurm requeues on its own (node failure) is cancelled and

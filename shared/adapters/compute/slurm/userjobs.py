@@ -17,7 +17,7 @@ run with ``srun``); the grace period runs; then, instead of a cancel, ``scontrol
 waits out a BeginTime delay). A job that ends on its own after the signal (it checkpointed
 and exited) is requeued at once. The drained node is excluded by the drain itself: mtc
 drains the node in Slurm before it signals the job. The comment ``mtc:checkpoint-dir=<dir>``
-(relative to the job's working directory) says where its ``ckpt-<step>`` checkpoints are;
+(relative to the job's working directory) says where its checkpoints are;
 each new one is reported as ``JobCheckpointSaved``.
 
 End of a run, from Slurm's view: requeued (restart count grew, or pending again) after mtc's

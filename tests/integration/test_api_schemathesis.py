@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 TOKEN = "schemathesis-admin"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-MAX_EXAMPLES = 20
+MAX_EXAMPLES = 12  # derandomized: the same cases every run; more found nothing new
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance,
           content_type_conformance]
 CLUSTER, JOB = "st-cluster", "st-job"

@@ -17,9 +17,10 @@ from tests.cli_support import ROOT, clean_env, cluster_body, job_body, mtc, mtc_
 from tests.serving import mtc_serve
 
 TOKEN = "logs-admin"
-# long enough (15 s at 0.05 s a step) that the resumed attempt is still training while a few
-# CLI calls run, on a slow machine too (100 steps finished first in one suite run)
-STEPS = 300
+# long enough (30 s at 0.05 s a step) that the resumed attempt is still training while a few
+# CLI calls run, on a loaded machine too (300 steps finished first with the suite on two
+# processes beside other work)
+STEPS = 600
 pytestmark = pytest.mark.slow
 
 

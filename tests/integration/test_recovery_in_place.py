@@ -22,10 +22,17 @@ from shared.domain.health import Condition, ConditionStatus, ConditionType
 from shared.domain.model import Job, JobState
 
 
+def children(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+
+
 def environ(launcher: int) -> dict[str, str]:
     """The environment of the rank a launcher runs (its child: the launcher's own is fixed)."""
-    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
-    pid = int(children[0]) if children else launcher
+    started = children(launcher)
+    pid = int(started[0]) if started else launcher
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
@@ -70,6 +77,9 @@ def test_xid13_restarts_the_real_workers_in_place(tmp_path: Path) -> None:
         assert JobRequeued.TYPE not in log  # never PENDING
         workers = [w for w in app.compute.workers("inplace-1") if w.attempt == 2]
         assert sorted(w.node_id for w in workers) == sorted(first.node_ids)
+        # a launcher of attempt 2 starts its rank a moment after it is recorded (longer on a
+        # loaded machine): read environments once each has one
+        assert app.run(lambda: all(children(w.pid) for w in workers), timeout_s=30)
         # told through their environment: a new process's, or the restart order that hands a
         # held process (mtc_program.inprocess) the new attempt's environment
         orders = [json.loads(p.read_text()) for p in

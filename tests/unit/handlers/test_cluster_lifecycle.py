@@ -205,7 +205,7 @@ def test_results_that_outrun_their_commit_are_not_lost() -> None:
     for _ in range(MAX_DELIVERY_ATTEMPTS + 1):
         plane.deliver()
     assert plane.job("j1").state is JobState.RUNNING and plane.job("j1").attempt == 1
-    assert plane.job("j1").recovery.early_exit == (2, 0, "early", "")  # (no full disk)
+    assert plane.job("j1").recovery.early_exit == (2, 0, "early", "", "")  # (no full disk, no launch failure)
     assert plane.deps.dead_letters.list() == []  # type: ignore[attr-defined]
     plane.exit_workers("j1", 1, 75)  # attempt 2 starts; its start announces the held exit
     plane.deliver()

@@ -10,6 +10,7 @@ from shared.domain.errors import ValidationError
 from shared.domain.storage import StorageFloor
 from shared.policies.active_checks import ActiveCheckConfig
 from shared.policies.checkpointing import CheckpointPolicy
+from shared.policies.escalation import LadderConfig
 from shared.policies.recovery import RecoveryDefaults
 from shared.policies.repair import RepairConfig
 from shared.policies.restarts import RestartConfig
@@ -30,6 +31,9 @@ class ControlPlaneConfig:
     restart: RestartConfig = field(default_factory=RestartConfig)
     # the recovery policy's assumptions until a job measures its own (shared/policies/recovery)
     recovery: RecoveryDefaults = field(default_factory=RecoveryDefaults)
+    # restarts without progress climb in place -> hot swap -> requeue -> fail
+    # (shared/policies/escalation.py)
+    ladder: LadderConfig = field(default_factory=LadderConfig)
     # a straggler is moved off only when its slowdown costs more (shared/policies/stragglers)
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     # idle nodes checked actively, on a budget (shared/policies/active_checks.py)

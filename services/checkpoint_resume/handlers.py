@@ -16,7 +16,9 @@ until that file system has room (``job_submission.scheduling``), then resumes fr
 checkpoint. So is a rank the platform could not start (the adapter's ``launch_failed``
 evidence: the sandbox's set-up failed before exec): no program ran, so the job restarts
 with its nodes unblamed and its no-progress streak untouched. Nodes that keep
-ending a job's attempts are suspected and handed to repair (``restarts.py``).
+ending a job's attempts are suspected and handed to repair (``restarts.py``). Restarts whose
+attempts end without progress climb a ladder (``escalate.py``): in place, then hot swap,
+then requeue, each restoring from a farther tier, then the job fails with the evidence.
 
 A restart does not always go through the queue: ``modes.recover`` asks the recovery policy
 (``shared.policies.recovery``) first, and restarts the job in place, on a hot-swapped spare or
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 
-from services.checkpoint_resume import measure, modes, restarts
+from services.checkpoint_resume import escalate, measure, modes, restarts
 from services.checkpoint_resume.release import release
 from shared.domain import exits, lifecycle, progress, ranks, storage, timeouts
 from shared.domain.errors import NotFound
@@ -44,6 +46,7 @@ from shared.domain.events import (
     JobFirstStep,
     JobInterruptRequested,
     JobRequeued,
+    JobRestored,
     JobSignalled,
     JobWorkersExited,
     NodeDrained,
@@ -213,6 +216,13 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         job.error = f"gave up after {job.restart_count} restarts"
         _finish(job, JobState.FAILED, job.error, uow, deps)
     else:
+        ladder = None if launch else escalate.after_attempt(
+            job, restarts.made_progress(job),
+            f"exited with {exits.describe(event.exit_code)}: {event.detail}", deps)
+        if ladder is not None and ladder.rung is None:  # restarted and restarted in vain
+            job.error = escalate.evidence(job, ladder)
+            _finish(job, JobState.FAILED, job.error, uow, deps)
+            return
         suspects = [] if launch else restarts.after_failed_attempt(job, blamed, uow, deps)
         restarts.back_off(job, deps, launch_failed=bool(launch))
         if unsound is not None and suspects:  # they left the job's ranks
@@ -224,8 +234,19 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
             job.recovery.storage_full_since = now
             job.recovery.storage_full_times += 1
             _requeue(job, storage.wait_reason(disk_full, reason), uow, deps, unsound)
-        elif not modes.recover(job, unsound, reason, uow, deps):  # in place, hot swap, scale down
+        elif not modes.recover(job, unsound, reason, uow, deps, ladder):  # in place, hot swap...
             _requeue(job, reason, uow, deps, unsound)
+
+
+def on_restored(event: JobRestored, uow: UnitOfWork, deps: Deps) -> None:
+    """What an attempt's ranks restored: kept on the job, the evidence of a restart
+    without progress (``escalate``); the event itself is the timeline's line."""
+    job = uow.jobs.get(event.job_id)
+    if job is None:
+        raise NotFound("job", event.job_id)
+    job.recovery.restored({"attempt": event.attempt, "step": event.step,
+                           "tiers": list(event.tiers), "failed": list(event.failed),
+                           "skipped": list(event.skipped)})
 
 
 def _finish(job: Job, state: JobState, detail: str, uow: UnitOfWork, deps: Deps) -> None:
@@ -302,6 +323,7 @@ SUBSCRIPTIONS = {
     JobCheckpointSaved: on_checkpoint_saved,
     JobWorkersExited: on_workers_exited,
     JobFirstStep: measure.on_first_step,
+    JobRestored: on_restored,
     NodeReturnedToService: on_node_returned,
     FleetTicked: on_fleet_ticked,
 }

@@ -17,7 +17,8 @@ fill the hole with now; the job's elasticity, labels ``mtc-min-replicas``); a pi
 
 A choice is recorded (``JobRecoveryChosen``, ``Job.recovery.decisions``) whenever the policy
 had one, or a pin asked; a requeue with no alternative is the plain requeue and records nothing.
-A job restarting again and again without progress is requeued (its backoff applies).
+A job restarting again and again without progress climbs the escalation ladder
+(``escalate``): the modes its rung bars are not chosen, whatever they cost.
 """
 
 from __future__ import annotations
@@ -28,18 +29,19 @@ from shared.domain.events import JobRecoveryChosen, JobSignalled
 from shared.domain.model import Job, JobState, Node, NodeState
 from shared.handling import Deps
 from shared.policies import recovery
+from shared.policies.escalation import Step
 from shared.policies.recovery import Decision, Incident, IncidentKind, Mode
 from shared.ports import RecoveryPlan, UnitOfWork
 from shared.service_layer import capacity, gangs, recovery_costs
 
-LOOPING_STREAK = 2  # restarts in a row without progress: back off (requeue) instead
 GROW_REASON = "grow: a spare is ready for the scaled-down job"
 
 
 def recover(job: Job, unsound: list[str] | None, reason: str, uow: UnitOfWork,
-            deps: Deps) -> bool:
-    """Restart ``job`` (its attempt just ended, the verdict a restart) by the cheapest mode.
-    True when it did (the job stays RUNNING with attempt+1); False: the caller requeues."""
+            deps: Deps, ladder: Step | None = None) -> bool:
+    """Restart ``job`` (its attempt just ended, the verdict a restart) by the cheapest mode
+    its rung on the escalation ladder allows (``ladder``; None: any). True when it did (the
+    job stays RUNNING with attempt+1); False: the caller requeues."""
     if not deps.config.recovery.enabled or job.recovery.attempt_started_at is None:
         return False  # (an attempt started before this code kept no figures: the plain requeue)
     now = deps.clock.now()
@@ -58,10 +60,10 @@ def recover(job: Job, unsound: list[str] | None, reason: str, uow: UnitOfWork,
     decision = recovery.choose(incident, costs, cap, pinned)
     if decision.mode is Mode.REQUEUE and len(decision.expected_lost_s) == 1 and pinned is None:
         return False  # no alternative: the plain requeue, nothing to explain
-    note = ""
-    if job.recovery.streak >= LOOPING_STREAK and decision.mode is not Mode.REQUEUE:
-        note = f"{job.recovery.streak} restarts without progress: backing off; "
-        decision = recovery.choose(incident, costs, cap, Mode.REQUEUE)
+    note = f"{ladder.why}; " if ladder is not None and ladder.why else ""
+    if ladder is not None and decision.mode in ladder.barred:
+        decision = recovery.choose(incident, costs, cap, pinned,
+                                   dict.fromkeys(ladder.barred, "barred by the ladder"))
     _record(job, decision, incident.kind.value, note, fault_at, uow)
     if decision.mode is Mode.REQUEUE:
         return False

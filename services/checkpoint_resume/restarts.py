@@ -96,7 +96,11 @@ def back_off(job: Job, deps: Deps, launch_failed: bool = False) -> None:
                                              deps.config.restart)
         return
     rec.launch_failures = 0
-    made_progress = any(c.attempt == job.attempt for c in job.checkpoints) \
-        or any(t.get("attempt") == job.attempt for t in rec.tiers.values())
-    rec.streak = restarts.next_streak(rec.streak, made_progress)
+    rec.streak = restarts.next_streak(rec.streak, made_progress(job))
     rec.not_before = restarts.not_before(deps.clock.now(), rec.streak, deps.config.restart)
+
+
+def made_progress(job: Job) -> bool:
+    """The running attempt saved a checkpoint, durable or on a near tier."""
+    return any(c.attempt == job.attempt for c in job.checkpoints) \
+        or any(t.get("attempt") == job.attempt for t in job.recovery.tiers.values())

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.presentation.timeline import without_checkpoint
+from services.presentation.timeline import restored, without_checkpoint
 from services.presentation.views import iso
 from shared.adapters.compute.worker_logs import LogFile
 
@@ -52,6 +52,8 @@ def attempts(docs: Sequence[Mapping[str, Any]], job_id: str) -> list[dict[str, A
                 "resume": f"step {resume}" if resume >= 0 else without_checkpoint(
                     int(data["attempt"])),
                 "exitCode": None, "detail": ""}
+        elif d["type"] == f"{T}restored.v1" and int(data["attempt"]) in out:
+            out[int(data["attempt"])]["restore"] = restored(data)
         elif d["type"] == f"{T}workers_exited.v1" and int(data["attempt"]) in out:
             row = out[int(data["attempt"])]
             row["exitCode"] = int(data.get("exit_code", 0))

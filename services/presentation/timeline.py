@@ -103,6 +103,8 @@ def describe(doc: dict[str, Any]) -> str:
                 full += f": the platform could not start it ({d['launch_failed']})"
             return (f"job {d['job_id']}: attempt {d['attempt']} workers exited, code "
                     f"{d['exit_code']}{full}")
+        case "mtc.job.restored.v1":
+            return f"job {d['job_id']}: attempt {d['attempt']} {restored(d)}"
         case "mtc.job.recovery_chosen.v1":
             return (f"job {d['job_id']}: recovery {d['mode']} for attempt {d['attempt']} "
                     f"({d['incident']}), expected {d['expected_lost_s']:.0f} s lost: "
@@ -120,6 +122,18 @@ def describe(doc: dict[str, Any]) -> str:
             return f"{entity} {subject}: {verb.replace('_', ' ')}"
 
 
+def restored(d: dict[str, Any]) -> str:
+    """What an attempt's ranks restored: the step, the tiers read, the tiers skipped and the
+    entries that failed their check (which tier, why)."""
+    what = (f"restored step {d['step']} from {' + '.join(d.get('tiers') or ['?'])}"
+            if d.get("step", -1) >= 0 else "restored nothing (from scratch)")
+    if d.get("skipped"):
+        what += f", {' and '.join(d['skipped'])} skipped"
+    if d.get("failed"):
+        what += f"; FELL BACK: {'; '.join(d['failed'])}"
+    return what
+
+
 def clock(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]
 
@@ -133,4 +147,6 @@ def style(type_: str) -> str:
         return "yellow"
     if "returned" in type_ or "finished" in type_ or "recovery_chosen" in type_:
         return "bold green"
+    if "restored" in type_:
+        return "green"
     return "cyan"

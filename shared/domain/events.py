@@ -352,6 +352,24 @@ class JobWorkersExited(Event):
 
 @register
 @dataclass(frozen=True)
+class JobRestored(Event):
+    """The ranks of attempt ``attempt`` restored step ``step`` (-1: none, from scratch),
+    by their heartbeats: ``tiers`` the tiers read, nearest first; ``failed`` the entries
+    that failed their check (``rank R: TIER step S: why``, a few); ``skipped`` the tiers
+    the control plane told them not to read."""
+
+    TYPE: ClassVar[str] = "mtc.job.restored.v1"
+    SUBJECT_FIELD: ClassVar[str] = "job_id"
+    job_id: str
+    attempt: int
+    step: int
+    tiers: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+
+
+@register
+@dataclass(frozen=True)
 class JobRecoveryChosen(Event):
     """The recovery policy picked ``mode`` for an incident on attempt ``attempt``
     (``shared.policies.recovery``): ``reason`` says why, with the numbers."""

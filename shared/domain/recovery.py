@@ -33,6 +33,12 @@ it are ``shared.policies.restarts`` and ``shared.domain.progress``).
   on every scheduling pass; ``storage_full_since`` when that began ("" / None: no wait);
   ``storage_full_times``: how many attempts ended so (a second is the program's failure:
   a job that fills its disk again would fill it again after every wait);
+* ``stalled``: the restarts in a row whose attempt ended without progress, oldest first
+  (``attempt, mode, rung, exit, restore``): the escalation ladder's count
+  (``shared.policies.escalation``) and, when it is spent, the evidence the job fails with;
+  ``restore_skip``: the tiers the next attempt's restore must not read (its rung's);
+  ``restores``: what the newest attempts' ranks restored (``JobRestored``: ``attempt,
+  step, tiers, failed, skipped``), a few kept;
 * ``hung_on``: per hang seen (``shared.policies.hangs``), the node of its culprit rank, newest
   last (a few kept): a hang again on another node is the program's fault.
 """
@@ -45,6 +51,7 @@ from typing import Any, NamedTuple
 from shared.domain.events import JobWorkersExited
 
 KEEP_DECISIONS = 20
+KEEP_RESTORES = 6
 
 
 class EarlyExit(NamedTuple):
@@ -75,6 +82,9 @@ class JobRecovery:
     storage_full: str = ""
     storage_full_since: float | None = None
     storage_full_times: int = 0
+    stalled: list[dict[str, Any]] = field(default_factory=list)
+    restore_skip: list[str] = field(default_factory=list)
+    restores: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +106,9 @@ class JobRecovery:
             "storage_full": self.storage_full,
             "storage_full_since": self.storage_full_since,
             "storage_full_times": self.storage_full_times,
+            "stalled": [dict(x) for x in self.stalled],
+            "restore_skip": list(self.restore_skip),
+            "restores": [dict(x) for x in self.restores],
         }
 
     @classmethod
@@ -120,12 +133,25 @@ class JobRecovery:
             storage_full=str(d.get("storage_full") or ""),
             storage_full_since=d.get("storage_full_since"),
             storage_full_times=int(d.get("storage_full_times") or 0),
+            stalled=[dict(x) for x in d.get("stalled") or []],
+            restore_skip=[str(t) for t in d.get("restore_skip") or []],
+            restores=[dict(x) for x in d.get("restores") or []],
         )
 
     def decided(self, decision: dict[str, Any]) -> None:
         """Keep one policy choice (bounded: the newest ``KEEP_DECISIONS``)."""
         self.decisions.append(dict(decision))
         del self.decisions[:-KEEP_DECISIONS]
+
+    def restored(self, record: dict[str, Any]) -> None:
+        """Keep what an attempt restored (one per attempt: a repeat replaces it)."""
+        self.restores = [r for r in self.restores if r.get("attempt") != record["attempt"]]
+        self.restores.append(dict(record))
+        self.restores.sort(key=lambda r: int(r.get("attempt", 0)))
+        del self.restores[:-KEEP_RESTORES]
+
+    def restore_of(self, attempt: int) -> dict[str, Any] | None:
+        return next((r for r in self.restores if r.get("attempt") == attempt), None)
 
     def measured(self, attempt: int, at: float) -> None:
         """Attempt ``attempt``, the one after the incident's, has made progress at ``at``:

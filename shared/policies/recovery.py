@@ -30,6 +30,7 @@ A job with no tiers and no elasticity always gets ``requeue``: the plain requeue
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -236,9 +237,14 @@ def costs_of(incident: Incident, costs: JobCosts, capacity: Capacity) -> dict[Mo
 
 
 def choose(incident: Incident, costs: JobCosts, capacity: Capacity,
-           pinned: Mode | None = None) -> Decision:
-    """The mode with the lowest expected lost time (a pin wins where allowed), and why."""
+           pinned: Mode | None = None, barred: Mapping[Mode, str] | None = None) -> Decision:
+    """The mode with the lowest expected lost time (a pin wins where allowed), and why.
+    ``barred``: modes not allowed this time whatever they cost, with the reason (restarts
+    without progress, ``shared.policies.escalation``); requeue is never barred."""
     verdicts = costs_of(incident, costs, capacity)
+    for mode, reason in (barred or {}).items():
+        if mode is not Mode.REQUEUE:
+            verdicts[mode] = _Cost(None, reason)
     allowed = [(m, v.seconds) for m, v in verdicts.items()
                if v.seconds is not None and not math.isnan(v.seconds)]
     ranked = sorted(allowed, key=lambda mv: (mv[1], _ORDER.index(mv[0])))

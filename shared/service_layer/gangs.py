@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mtc_program.protocol import RESTORE_SKIP
 from shared.domain import lifecycle, progress, ranks
 from shared.domain.events import JobStarted
 from shared.domain.model import Job, JobState
@@ -128,6 +129,8 @@ def gang(job: Job, deps: Deps, plan: RecoveryPlan | None = None) -> Gang:
     first = 0
     for pool, n in zip(job.spec.worker_pool_specs, pool_counts(job), strict=True):
         command, env = pool_command(pool, deps)
+        if job.recovery.restore_skip:  # the escalation ladder's rung (MTC_RESTORE_SKIP)
+            env = (*env, (RESTORE_SKIP, ",".join(job.recovery.restore_skip)))
         if n < 1:
             continue  # (an elastic pool is never shrunk below its minimum, at least 1)
         if len(node_ids) < first + n:

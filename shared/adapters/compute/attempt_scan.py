@@ -1,7 +1,7 @@
 """What the ranks' files say about a running attempt, turned into facts at a bounded rate
 (the local and the Slurm adapters alike): durable checkpoints (every poll: they are few),
-and every ``TIER_SCAN_S`` the ranks' heartbeats: tier saves, the attempt's first step,
-per-rank progress (hangs, stragglers)."""
+and every ``TIER_SCAN_S`` the ranks' heartbeats: tier saves, the attempt's first step, what its
+ranks restored (also when it ends), per-rank progress (hangs, stragglers)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from shared.adapters.compute.ledger import (
     report_tier_saves,
 )
 from shared.adapters.compute.rank_progress import RankWatch
+from shared.adapters.compute.restores import report_restore
 
 TIER_SCAN_S = 2.0  # how often the ranks' heartbeats are read for tier saves
 
@@ -42,6 +43,11 @@ class AttemptScan:
         for fact in report_checkpoints(ledger, att["job_id"], att["attempt"],
                                        att["checkpoint_dir"], now, writers_done=done):
             self.store.queue(db, fact)
+        ended = bool(codes) and all(c is not None for c in (codes or {}).values())
+        if ended:  # what its ranks restored, before the attempt's record goes
+            self.store.queue(db, report_restore(ledger, att["job_id"], att["attempt"],
+                                                att["checkpoint_dir"], att["world_size"], now,
+                                                ended=True))
         key = (att["job_id"], att["attempt"])
         if now - self._scanned.get(key, -TIER_SCAN_S) < TIER_SCAN_S:
             return  # the heartbeats are read at a bounded rate, not every poll
@@ -51,6 +57,8 @@ class AttemptScan:
             self.store.queue(db, fact)
         self.store.queue(db, report_first_step(ledger, att["job_id"], att["attempt"],
                                                att["checkpoint_dir"], now))
+        self.store.queue(db, report_restore(ledger, att["job_id"], att["attempt"],
+                                            att["checkpoint_dir"], att["world_size"], now))
         for health in self.ranks.scan(att["job_id"], att["attempt"], att["checkpoint_dir"],
                                       self.node_of(db, att), now):
             self.store.queue(db, health)

@@ -221,24 +221,30 @@ def list_durable(directory: Path, rank: int, world_size: int) -> list[Entry]:
     return sorted(out, key=lambda e: e.step, reverse=True)
 
 
-def verify(entry: Entry) -> bytes | None:
+def check(entry: Entry) -> tuple[bytes | None, str]:
     """The entry's payload if it is whole (size and hash as the manifest says; a durable
-    npz without a manifest: a zip whose every member reads back), else None."""
+    npz without a manifest: a zip whose every member reads back), else None and why not."""
     try:
         payload = entry.path.read_bytes()
-    except OSError:
-        return None
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
     if entry.sha256 is None:
         try:
             with zipfile.ZipFile(io.BytesIO(payload)) as z:
-                if z.testzip() is not None:
-                    return None
-        except (zipfile.BadZipFile, OSError, ValueError):
-            return None
-        return payload
-    if len(payload) != entry.size or hashlib.sha256(payload).hexdigest() != entry.sha256:
-        return None
-    return payload
+                bad = z.testzip()
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            return None, f"not a readable npz ({exc})"
+        return (None, f"member {bad} fails its CRC") if bad is not None else (payload, "")
+    if len(payload) != entry.size:
+        return None, f"{len(payload)} bytes where its manifest says {entry.size}"
+    if hashlib.sha256(payload).hexdigest() != entry.sha256:
+        return None, "sha256 does not match its manifest"
+    return payload, ""
+
+
+def verify(entry: Entry) -> bytes | None:
+    """``check`` without the reason."""
+    return check(entry)[0]
 
 
 def prune(directory: Path, keep: int) -> list[int]:

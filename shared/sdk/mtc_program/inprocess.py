@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtc_program.protocol import RESTART_FILE, STANDBY
+from mtc_program.protocol import RESTART_FILE, RESTORE_SKIP, STANDBY
 
 __all__ = ["HOLD", "RESTART", "RESTART_FILE", "STANDBY", "InProcessRestart", "Order",
            "atomic_write", "read_order", "read_state", "state_path"]
@@ -200,6 +200,9 @@ class InProcessRestart:
 
     def apply(self, order: Order) -> None:
         """Become the rank of the new attempt: its environment, its log."""
+        # the order carries the attempt's whole environment: a restore directive an earlier
+        # attempt had and this one has not must not linger
+        os.environ.pop(RESTORE_SKIP, None)
         os.environ.update(order.env)
         if order.log_path:
             sys.stdout.flush()

@@ -99,6 +99,9 @@ JOB_NAME = "MTC_JOB_NAME"  # the job's resource name, for those calls
 # * MTC_TIER{1,2,3}_EVERY: steps between saves of each tier (the job's own choice);
 # * MTC_TIER_KEEP: entries kept per rank on tiers 1 and 2, MTC_TIER3_KEEP on the durable one;
 # * MTC_RESTORE_TIMEOUT_S: how long a rank waits for the others' restorable steps;
+# * MTC_RESTORE_SKIP: tiers this attempt must not restore from (comma-separated, memory or
+#   peer): set by the control plane when restarts from them made no progress, so a bad
+#   near-tier entry that passes its checks cannot be read again and again;
 # * MTC_PROGRESS_FILE: the rank's heartbeat (JSON; mtc_program.progress says what is in it),
 #   rewritten at least every MTC_PROGRESS_INTERVAL_S seconds (default 5).
 TIER1_DIR = "MTC_TIER1_DIR"
@@ -110,6 +113,7 @@ TIER3_EVERY = "MTC_TIER3_EVERY"
 TIER_KEEP = "MTC_TIER_KEEP"
 TIER3_KEEP = "MTC_TIER3_KEEP"
 RESTORE_TIMEOUT_S = "MTC_RESTORE_TIMEOUT_S"
+RESTORE_SKIP = "MTC_RESTORE_SKIP"
 PROGRESS_INTERVAL_S = "MTC_PROGRESS_INTERVAL_S"
 PROGRESS_FILE = "MTC_PROGRESS_FILE"
 DIR_VARS = (TIER1_DIR, TIER2_DIR, TIER2_SOURCE_DIR, PROGRESS_FILE)  # what an adapter sets

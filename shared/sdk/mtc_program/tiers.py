@@ -17,7 +17,12 @@ A program hands its state (named numpy arrays or bytes) and its step to a
 Entries are atomic with a manifest written last (``entries``); a torn one is never used.
 ``restore`` finds the steps this rank can restore on every tier it reaches, agrees with the
 other ranks on the newest step all of them can restore (``cut``) and loads it from the
-nearest tier: memory, then the peer copy (``MTC_TIER2_SOURCE_DIR``), then durable.
+nearest tier: memory, then the peer copy (``MTC_TIER2_SOURCE_DIR``), then durable. Every
+entry is checked against its manifest (size, sha256) before use; one that fails, or whose
+payload does not decode, gives way to the same step's entry on the next tier, and the
+heartbeat's ``restore`` says which tier was used and which failed, and why. The tiers in
+``MTC_RESTORE_SKIP`` are not read at all: the control plane names them when restarts that
+restored from them made no progress (an entry can pass its checks and still be bad).
 ``replicated=True`` (data parallel: every rank holds the same state) lets a rank use any
 rank's entry of that step; ``replicated=False`` (sharded) only its own. Retention keeps the
 newest ``MTC_TIER_KEEP`` entries per tier (``MTC_TIER3_KEEP`` durable). A heartbeat
@@ -86,6 +91,7 @@ class TierSettings:
     replicated: bool = True
     attempt: int | None = None
     restore_timeout_s: float = 120.0
+    skip: tuple[str, ...] = ()  # tiers not to restore from (never durable)
 
     @property
     def tiered(self) -> bool:
@@ -116,7 +122,15 @@ class TierSettings:
             replicated=replicated,
             attempt=int(attempt_raw) if attempt_raw.isdigit() else None,
             restore_timeout_s=float(_int(env, n.RESTORE_TIMEOUT_S, 120, 1)),
+            skip=skipped(env),
         )
+
+
+def skipped(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The near tiers ``MTC_RESTORE_SKIP`` rules out (unknown names ignored: the durable
+    tier is the last resort and is never skipped)."""
+    named = {t.strip() for t in env.get(n.RESTORE_SKIP, "").split(",")}
+    return tuple(t for t in (n.MEMORY, n.PEER) if t in named)
 
 
 @dataclass(frozen=True)
@@ -172,6 +186,10 @@ class TieredCheckpointer:
         self.first_step_at: float | None = None
         self.last_save: SaveReport | None = None
         self.written = WriteLog()
+        # the last restore: the step, the tier it came from, the entries that failed their
+        # check (tier, step, why) and the tiers skipped; in the heartbeat as ``restore``
+        self.restore_record: dict[str, object] | None = None
+        self._failed: list[dict[str, object]] = []
         self._step = 0
         self._lock = threading.Lock()
         self._beat_at = -float("inf")
@@ -336,6 +354,8 @@ class TieredCheckpointer:
                 body.update(self.extra())
             # ours, after the linked fields: reset by a restore, which they know nothing of
             body.update(newest_at=dict(self.newest_at), first_step_at=self.first_step_at)
+            if self.restore_record is not None:
+                body["restore"] = self.restore_record
             with contextlib.suppress(OSError):  # a heartbeat is best effort
                 s.progress_file.parent.mkdir(parents=True, exist_ok=True)
                 entries.atomic_file(s.progress_file, json.dumps(body).encode())
@@ -358,13 +378,15 @@ class TieredCheckpointer:
             seen.add(key)
             found.extend(entries.list_entries(directory, tier))
 
-        add(s.tier1_dir, n.MEMORY)
-        if s.replicated and s.tier1_dir is not None:  # any copy on this node will do
-            job_root = s.tier1_dir.parent
+        memory = s.tier1_dir if n.MEMORY not in s.skip else None
+        add(memory, n.MEMORY)
+        if s.replicated and memory is not None:  # any copy on this node will do
+            job_root = memory.parent
             for d in sorted(job_root.glob("rank-*")) + sorted(job_root.glob("peer/rank-*")):
                 add(d, n.MEMORY)
-        add(s.tier2_source_dir, n.PEER)
-        add(s.tier2_dir, n.PEER)
+        if n.PEER not in s.skip:
+            add(s.tier2_source_dir, n.PEER)
+            add(s.tier2_dir, n.PEER)
         if s.replicated:
             found.extend(entries.list_durable(s.durable_dir, s.rank, s.world_size))
         else:
@@ -379,14 +401,22 @@ class TieredCheckpointer:
         entry of each step is checked here (payload read and hashed), the farther ones of
         that step only when it is loaded (``restore`` checks every entry it loads)."""
         out: dict[int, list[Entry]] = {}
+        self._failed = []
         for e in self.candidates():
             if e.step in out:
                 out[e.step].append(e)  # a fallback for that step, checked if it is needed
-            elif entries.verify(e) is not None:
+                continue
+            payload, why = entries.check(e)
+            if payload is not None:
                 out[e.step] = [e]
             else:
-                self.log(f"restore: skipping a torn {e.tier} entry of step {e.step}: {e.path}")
+                self._failure(e, why)
         return out
+
+    def _failure(self, e: Entry, why: str) -> None:
+        self._failed.append({"tier": e.tier, "step": e.step, "why": why})
+        self.log(f"restore: the {e.tier} entry of step {e.step} failed its check ({why}): "
+                 f"{e.path}; trying the next")
 
     def restore(self) -> Restored | None:
         """The state of the newest step every rank can restore, from the nearest tier that
@@ -396,11 +426,25 @@ class TieredCheckpointer:
         step = agree(usable, s.rank, s.world_size, s.durable_dir, s.attempt,
                      s.restore_timeout_s, self.log)
         if step is None:
+            self._restored(None, None)
+            self._heartbeat(force=True)
             return None
         for e in usable[step]:
-            payload = entries.verify(e)
-            if payload is None:
+            payload, why = entries.check(e)
+            state = None
+            if payload is not None:
+                try:
+                    state = entries.decode(payload)
+                except Exception as exc:  # whole by its hash, yet not ours to read: next tier
+                    why = f"does not decode ({exc!r})"
+            if state is None:
+                self._failure(e, why)
                 continue
+            if self._failed:
+                self.log(f"restore: step {step} from the {e.tier} tier after "
+                         + "; ".join(f"{f['tier']} step {f['step']}: {f['why']}"
+                                     for f in self._failed))
+            self._restored(step, e.tier)
             with self._lock:
                 self._step = step
                 self.newest = {t: (step if any(x.tier == t for x in usable[step]) else None)
@@ -408,5 +452,13 @@ class TieredCheckpointer:
                 self.newest_at = {}  # written by an attempt before, whenever that was
                 self._first_step_pending, self.first_step_at = True, None
             self._heartbeat(force=True)
-            return Restored(step, entries.decode(payload), e.tier, e.path)
+            return Restored(step, state, e.tier, e.path)
+        self._restored(None, None)
+        self._heartbeat(force=True)
         raise RuntimeError(f"restore: every entry of step {step} went bad while reading it")
+
+    def _restored(self, step: int | None, tier: str | None) -> None:
+        """What the control plane hears of this restore (the heartbeat's ``restore``)."""
+        with self._lock:
+            self.restore_record = {"step": step, "tier": tier, "failed": list(self._failed),
+                                   "skipped": list(self.settings.skip)}

@@ -26,7 +26,7 @@ from services.console import jobpage, sim, views
 from services.console.accounting import accounting
 from services.console.history import MAX_POINTS, History, series
 from services.observability.alerts import held
-from services.presentation.views import iso
+from services.presentation.views import iso, out_of_service, service_message
 from shared.adapters.compute.worker_logs import WorkerLogs
 from shared.domain.model import ClusterState
 
@@ -205,7 +205,9 @@ class Console:
         body["grid"] = views.grid(nodes, now, config)
         holds = sorted(n.node_id for n in views.workers(nodes) if held(n))
         body["held"] = {"count": len(holds), "nodes": holds[:20]}
-        for c in clusters:  # a held repair is never "all nodes in service"
+        for c in clusters:  # a node out or a held repair is never "all nodes in service"
+            if c["name"] == name:
+                c["message"] = service_message(c["message"] or "", *out_of_service(nodes)) or None
             if c["name"] == name and holds:
                 c["message"] = views.held_note(holds, c["message"])
         body["jobs"] = {"items": [views.job_row(j, *accts[j.job_id], name=names[j.job_id])

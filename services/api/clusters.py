@@ -28,7 +28,7 @@ from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
 from services.job_submission import commands as job_commands
 from services.observability import alerts
-from services.presentation.views import service_message
+from services.presentation.views import service_message, shown_job_id
 from shared.domain import lifecycle
 from shared.domain.errors import ValidationError
 from shared.domain.model import IN_SERVICE, Cluster, ClusterState, Job, Node, NodeRole, NodeState
@@ -182,7 +182,8 @@ def node_view(parent: Parent, cluster_id: str, n: Node) -> ClusterNode:
         name=f"{parent.child(COLLECTION, cluster_id)}/nodes/{n.node_id}",
         node_id=n.node_id, partition=n.partition or "-", pool=n.pool, role=n.role.value,
         state=n.state.value, reason=n.reason, since=timestamp(n.since), spare=n.is_spare,
-        job=n.job_id, repair_action=n.repair_action.value if n.repair_action else None,
+        job=n.job_id and shown_job_id(n.job_id),
+        repair_action=n.repair_action.value if n.repair_action else None,
         failures=len(n.history), fault=n.fault,
         operator_drained=lifecycle.operator_drained(n), rack=n.rack,
         nvlink_domain=n.nvlink_domain)

@@ -21,6 +21,7 @@ import flask
 from services.api import ids
 from services.api.context import RESOURCES, ApiContext, find_record
 from services.api.errors import ApiError, invalid
+from services.api.job_listing import domain_job_id
 from services.api.names import Parent
 from services.console import jobpage, sim, views
 from services.console.accounting import accounting
@@ -243,7 +244,7 @@ class Console:
         with self.read() as uow:
             record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
             self.check(LIST_JOBS, record["project"])
-            job = uow.jobs.get(job_id)
+            job = uow.jobs.get(domain_job_id(job_id)) or uow.jobs.get(job_id)
             if job is None or job.cluster_id != record["domain"]:
                 raise ApiError("NOT_FOUND", f"job {job_id[:200]!r} not found in this cluster")
             name = _job_name(uow, job.job_id)

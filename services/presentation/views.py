@@ -9,6 +9,14 @@ from typing import Any
 from shared.domain.model import IN_SERVICE, Cluster, Job, Node, NodeRole
 
 ALL_IN_SERVICE = "all nodes in service"  # what a cluster says when it becomes READY
+SERVER_ASSIGNED = "cj-"  # a numeric CustomJob id's domain form (services.api.job_listing)
+
+
+def shown_job_id(job_id: str) -> str:
+    """The id a user sees and types for a job: a server-assigned CustomJob's is the number
+    in its resource name, as on Vertex (``cj-5`` is only the domain's spelling of job 5)."""
+    rest = job_id[len(SERVER_ASSIGNED):]
+    return rest if job_id.startswith(SERVER_ASSIGNED) and rest.isdigit() else job_id
 
 
 def iso(ts: float | None) -> str | None:

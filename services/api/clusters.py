@@ -28,6 +28,7 @@ from services.api.wire.proto_json import timestamp
 from services.api.wiremodel import parse_message
 from services.job_submission import commands as job_commands
 from services.observability import alerts
+from services.presentation.views import service_message, shown_job_id
 from shared.domain import lifecycle
 from shared.domain.errors import ValidationError
 from shared.domain.model import IN_SERVICE, Cluster, ClusterState, Job, Node, NodeRole, NodeState
@@ -181,7 +182,8 @@ def node_view(parent: Parent, cluster_id: str, n: Node) -> ClusterNode:
         name=f"{parent.child(COLLECTION, cluster_id)}/nodes/{n.node_id}",
         node_id=n.node_id, partition=n.partition or "-", pool=n.pool, role=n.role.value,
         state=n.state.value, reason=n.reason, since=timestamp(n.since), spare=n.is_spare,
-        job=n.job_id, repair_action=n.repair_action.value if n.repair_action else None,
+        job=n.job_id and shown_job_id(n.job_id),
+        repair_action=n.repair_action.value if n.repair_action else None,
         failures=len(n.history), fault=n.fault,
         operator_drained=lifecycle.operator_drained(n), rack=n.rack,
         nvlink_domain=n.nvlink_domain)
@@ -298,23 +300,25 @@ def render(uow: Any, cluster: Cluster, parent: Parent, record: dict[str, Any]
     out = {"name": parent.child(COLLECTION, record["id"]), **record["resource"],
            "state": cluster.state.value, "createTime": timestamp(record["created"]),
            "updateTime": timestamp(cluster.updated_at),
-           "mtcStateMessage": _message(cluster, held, record["id"]) or None,
+           "mtcStateMessage": _message(service_message(cluster.message, total, {
+               s: n for s, n in by_state.items() if NodeState(s) not in IN_SERVICE}),
+               held, record["id"]) or None,
            "mtcNodes": {"total": total, "inService": in_service,
                         "outOfService": total - in_service, "byState": by_state,
                         "repairsHeld": len(held)}}
     return ModelDevelopmentCluster.model_validate(out).to_json()
 
 
-def _message(cluster: Cluster, held: list[str], cluster_id: str) -> str:
+def _message(message: str, held: list[str], cluster_id: str) -> str:
     """The cluster's state message; held repairs are said wherever its health is shown (a
     node kept in service with a fault must not read as "all nodes in service")."""
     if not held:
-        return cluster.message
+        return message
     first = sorted(held)[0]
     note = (f"{len(held)} repair{'s' if len(held) > 1 else ''} held by the blast-radius guard "
             f"({', '.join(sorted(held)[:3])}{'...' if len(held) > 3 else ''}); release with "
             f"`mtc node release-hold {first} --cluster {cluster_id} --reason WHY`")
-    return f"{cluster.message}; {note}" if cluster.message else note
+    return f"{message}; {note}" if message else note
 
 
 def _renderer(uow: Any, parent: Parent) -> Any:

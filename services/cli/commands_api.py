@@ -17,6 +17,13 @@ from rich.table import Table
 from services.cli.client import Client, ClientError
 
 console = Console()
+PIPED_WIDTH = 1000  # rich lays out for 80 columns off a terminal: a pipe gets whole rows
+
+
+def out() -> Console:
+    """The console for a table: the terminal's width, or, piped (``| grep``, a file), wide
+    enough that no id or name is cut or wrapped."""
+    return console if console.is_terminal else Console(width=PIPED_WIDTH)
 
 
 def load_body(path: str) -> Any:
@@ -40,7 +47,7 @@ def show(obj: Any, as_json: bool, table: Callable[[], Table] | None = None, *,
     if as_json or table is None:
         print(json.dumps(obj, indent=2))
     else:
-        console.print(whole_ids(table()))
+        out().print(whole_ids(table()))
     if where and isinstance(obj, list) and not obj:
         print(f"none in {where}" + ("" if "--api" in sys.argv or os.environ.get("MTC_API")
                                     else " (the local state; --api URL for a server)"),

@@ -21,12 +21,13 @@ import flask
 from services.api import ids
 from services.api.context import RESOURCES, ApiContext, find_record
 from services.api.errors import ApiError, invalid
+from services.api.job_listing import domain_job_id
 from services.api.names import Parent
 from services.console import jobpage, sim, views
 from services.console.accounting import accounting
 from services.console.history import MAX_POINTS, History, series
 from services.observability.alerts import held
-from services.presentation.views import iso
+from services.presentation.views import iso, out_of_service, service_message
 from shared.adapters.compute.worker_logs import WorkerLogs
 from shared.domain.model import ClusterState
 
@@ -205,7 +206,9 @@ class Console:
         body["grid"] = views.grid(nodes, now, config)
         holds = sorted(n.node_id for n in views.workers(nodes) if held(n))
         body["held"] = {"count": len(holds), "nodes": holds[:20]}
-        for c in clusters:  # a held repair is never "all nodes in service"
+        for c in clusters:  # a node out or a held repair is never "all nodes in service"
+            if c["name"] == name:
+                c["message"] = service_message(c["message"] or "", *out_of_service(nodes)) or None
             if c["name"] == name and holds:
                 c["message"] = views.held_note(holds, c["message"])
         body["jobs"] = {"items": [views.job_row(j, *accts[j.job_id], name=names[j.job_id])
@@ -241,7 +244,7 @@ class Console:
         with self.read() as uow:
             record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
             self.check(LIST_JOBS, record["project"])
-            job = uow.jobs.get(job_id)
+            job = uow.jobs.get(domain_job_id(job_id)) or uow.jobs.get(job_id)
             if job is None or job.cluster_id != record["domain"]:
                 raise ApiError("NOT_FOUND", f"job {job_id[:200]!r} not found in this cluster")
             name = _job_name(uow, job.job_id)

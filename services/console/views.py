@@ -13,7 +13,7 @@ from typing import Any
 
 from services.observability.alerts import held
 from services.presentation.timeline import describe, is_routine
-from services.presentation.views import iso
+from services.presentation.views import iso, shown_job_id
 from shared.domain import lifecycle
 from shared.domain.model import IN_SERVICE, Job, Node, NodeRole, NodeState
 from shared.goodput import JobAccounting
@@ -45,7 +45,8 @@ def node_row(node: Node, now: float, config: RepairConfig) -> dict[str, Any]:
     return {
         "id": node.node_id, "partition": node.partition or "-", "pool": node.pool,
         "state": node.state.value, "sinfo": SINFO[node.state], "reason": node.reason,
-        "since": iso(node.since), "spare": node.is_spare, "job": node.job_id,
+        "since": iso(node.since), "spare": node.is_spare,
+        "job": node.job_id and shown_job_id(node.job_id),
         "rung": (f"{node.repair_action.value} (attempt {node.repair_attempt})"
                  if node.repair_action else None),
         "conditions": active[:8], "hold": node.alert or None,
@@ -129,7 +130,7 @@ def job_row(job: Job, acct: JobAccounting, goodput: Any | None, name: str | None
     for the actions (None: not a CustomJob, e.g. a trial)."""
     latest = job.latest_checkpoint
     row: dict[str, Any] = {
-        "id": job.job_id, "displayName": job.spec.display_name, "state": job.state.value,
+        "id": shown_job_id(job.job_id), "displayName": job.spec.display_name, "state": job.state.value,
         "attempts": job.attempt, "restarts": job.restart_count,
         "nodes": [n for n in job.node_ids if n][:16], "nodeCount": len([n for n in job.node_ids if n]),
         "checkpoints": len(job.checkpoints),
@@ -163,7 +164,7 @@ class EventFilter:
             return False
         if self.node and self.node not in (data.get("node_id"), *data.get("node_ids", ())):
             return False
-        if self.job and data.get("job_id") != self.job:
+        if self.job and shown_job_id(str(data.get("job_id"))) != shown_job_id(self.job):
             return False
         if self.type and self.type not in doc["type"]:
             return False
@@ -214,7 +215,8 @@ def timeline(docs: Sequence[Mapping[str, Any]], flt: EventFilter, limit: int
         out.append({"time": float(doc["time"]), "at": iso(float(doc["time"])),
                     "type": doc["type"], "kind": "info" if healthy else kind(doc["type"]),
                     "text": line,
-                    "node": data.get("node_id"), "job": data.get("job_id"),
+                    "node": data.get("node_id"),
+                    "job": data.get("job_id") and shown_job_id(str(data["job_id"])),
                     # the recovery the policy chose (shared.policies.recovery), as a badge
                     "mode": data.get("mode") if doc["type"].endswith("recovery_chosen.v1")
                     else None})

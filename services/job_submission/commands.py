@@ -23,7 +23,7 @@ from shared.domain.events import (
     JobSubmitted,
 )
 from shared.domain.model import Cluster, ClusterState, Job, JobState
-from shared.domain.specs import ID_PATTERN, ClusterSpec, CustomJobSpec
+from shared.domain.specs import ID_PATTERN, ClusterSpec, CustomJobSpec, MachineSpec
 from shared.handling import Deps
 from shared.policies import job_limits, preflight, recovery
 from shared.ports import UnitOfWork
@@ -152,9 +152,7 @@ def check_fits(cluster: Cluster, spec: CustomJobSpec) -> None:
                  and (wanted is None or p.pool_id in partitions[wanted].node_pool_ids)]
         path = f"jobSpec.workerPoolSpecs[{i}]"
         if not pools:
-            raise ValidationError(f"{path}.machineSpec",
-                                  f"no node pool of cluster {cluster.cluster_id} matches "
-                                  f"{pool_spec.machine_spec.to_dict()}")
+            raise _no_pool(cluster, pool_spec.machine_spec, path, wanted)
         capacity = sum(p.node_count for p in pools)
         # worker pools of one machine type share its nodes (pool 0 and pool 1 of Vertex's
         # layout usually do): count them together, up to this one
@@ -166,6 +164,26 @@ def check_fits(cluster: Cluster, spec: CustomJobSpec) -> None:
             raise ValidationError(f"{path}.replicaCount",
                                   f"needs {needed} nodes{shared}; matching pools "
                                   f"have {capacity}")
+
+
+def _no_pool(cluster: Cluster, wanted: MachineSpec, path: str, partition: str | None
+             ) -> ValidationError:
+    """No pool of ``cluster`` (in ``partition``) has ``wanted``: the error names the field
+    that differs (the machine type, else the accelerators) and lists what is offered."""
+    names = {p.name: set(p.node_pool_ids) for p in cluster.spec.partitions}
+    offered = sorted({_spec_text(p.machine_spec) for p in cluster.spec.node_pools
+                      if partition is None or p.pool_id in names[partition]})
+    types = {p.machine_spec.machine_type for p in cluster.spec.node_pools}
+    field = "machineSpec" if wanted.machine_type in types else "machineSpec.machineType"
+    where = f"cluster {cluster.cluster_id}" + (f" partition {partition!r}" if partition else "")
+    return ValidationError(f"{path}.{field}", f"{where} offers no {_spec_text(wanted)}; "
+                           f"it offers: {', '.join(offered) or 'no worker pools'}")
+
+
+def _spec_text(spec: MachineSpec) -> str:
+    accel = f" with {spec.accelerator_count} x {spec.accelerator_type}" \
+        if spec.accelerator_type else ""
+    return f"{spec.machine_type}{accel}"
 
 
 def get_job(job_id: str, uow: UnitOfWork) -> Job:

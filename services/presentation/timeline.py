@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from services.presentation.views import shown_job_id
+
 QUIET_SOURCES = frozenset({"agent"})  # routine heartbeats: shown only when they find a problem
 NO_CHECKPOINT = "no checkpoint recognised (see docs/pytorch.md)"
 
@@ -39,8 +41,10 @@ def is_routine(doc: dict[str, Any]) -> bool:
 
 
 def describe(doc: dict[str, Any]) -> str:
-    """doc: an envelope document (type, time, data)."""
+    """doc: an envelope document (type, time, data); jobs by the ids users type."""
     d = doc["data"]
+    if isinstance(d.get("job_id"), str):
+        d = {**d, "job_id": shown_job_id(d["job_id"])}
     t = doc["type"].split(".")
     entity, verb = t[1], t[2]
     match doc["type"]:

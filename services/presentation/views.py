@@ -3,15 +3,49 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from shared.domain.model import Cluster, Job, Node
+from shared.domain.model import IN_SERVICE, Cluster, Job, Node, NodeRole
+
+ALL_IN_SERVICE = "all nodes in service"  # what a cluster says when it becomes READY
+SERVER_ASSIGNED = "cj-"  # a numeric CustomJob id's domain form (services.api.job_listing)
+
+
+def shown_job_id(job_id: str) -> str:
+    """The id a user sees and types for a job: a server-assigned CustomJob's is the number
+    in its resource name, as on Vertex (``cj-5`` is only the domain's spelling of job 5)."""
+    rest = job_id[len(SERVER_ASSIGNED):]
+    return rest if job_id.startswith(SERVER_ASSIGNED) and rest.isdigit() else job_id
 
 
 def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def out_of_service(nodes: Iterable[Node]) -> tuple[int, dict[str, int]]:
+    """A cluster's worker count (nodes leaving in a scale-down aside) and its nodes out of
+    service by state."""
+    total, out = 0, dict[str, int]()
+    for n in nodes:
+        if n.role is NodeRole.LOGIN or n.retire_when_drained:
+            continue
+        total += 1
+        if n.state not in IN_SERVICE:
+            out[n.state.value] = out.get(n.state.value, 0) + 1
+    return total, out
+
+
+def service_message(message: str, total: int, out: Mapping[str, int]) -> str:
+    """The cluster's message as of now: "all nodes in service", said when it became READY,
+    is not true while a node is drained, repairing or failed; then it says how many are."""
+    n = sum(out.values())
+    if message != ALL_IN_SERVICE or n == 0:
+        return message
+    states = ", ".join(f"{count} {state}" for state, count in sorted(out.items()))
+    return f"{total - n} of {total} nodes in service ({states})"
 
 
 def cluster_view(c: Cluster) -> dict[str, Any]:

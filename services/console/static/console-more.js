@@ -101,8 +101,9 @@ async function loadJob() {
     ` · attempts ${j.attempts} · restarts ${j.restarts} · checkpoints ${j.checkpoints}`,
     ` · lost steps ${j.lostSteps} · recovery ${secs(j.recoveryS)} · goodput: scheduling ${pct(g.scheduling)},`,
     ` runtime ${pct(g.runtime)}, program ${pct(g.program)}, overall ${pct(g.overall)}`,
-    j.name && !j.state.match(/SUCCEEDED|FAILED|CANCELLED/) ? el("button", { type: "button",
-      class: "act", id: "job-cancel", "data-action": "cancel", onclick: () => askCancel(j) }, "cancel job") : null);
+    // replaceChildren writes a null as the text "null": an ended job's absent button is none
+    ...(j.name && !j.state.match(/SUCCEEDED|FAILED|CANCELLED/) ? [el("button", { type: "button",
+      class: "act", id: "job-cancel", "data-action": "cancel", onclick: () => askCancel(j) }, "cancel job")] : []));
   $("job-error").textContent = j.error ? `why it failed: ${j.error}` : "";
   fill("job-attempts", page.attempts.map((a) => [a.attempt, a.started, a.nodes.join(" "),
     a.resume,

@@ -91,3 +91,15 @@ def test_a_held_repair_is_said_where_the_clusters_health_is_shown(api: Api) -> N
     assert "1 repair held by the blast-radius guard" in message, message
     assert "mtc node release-hold" in message and "--cluster c1" in message
     assert message != "all nodes in service"
+
+
+def test_a_cluster_with_a_node_out_does_not_read_all_nodes_in_service(api: Api) -> None:
+    api.cluster(workers=2)
+    assert api.call("GET", C).json["mtcStateMessage"] == "all nodes in service"
+    node = _worker(api)
+    assert _op(api, node, "drain", {"reason": "bad fan"}).status_code == 200
+    api.app.pump()
+    message = api.call("GET", C).json["mtcStateMessage"]
+    assert message == "1 of 2 nodes in service (1 drained)", message
+    assert _op(api, node, "resume", {"reason": "fan replaced"}).status_code == 200
+    assert api.call("GET", C).json["mtcStateMessage"] == "all nodes in service"

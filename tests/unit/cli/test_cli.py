@@ -131,3 +131,23 @@ def test_an_empty_list_says_where_it_looked_and_ids_are_never_cut(
     narrow = Console(width=60, record=True)
     narrow.print(whole_ids(t))
     assert long_id in narrow.export_text()
+
+
+def test_a_piped_table_keeps_every_cell_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    """Off a terminal (``| grep``, a file) rich would lay a table out for 80 columns and cut
+    or wrap the names in it: piped, a row is one whole line."""
+    from rich.table import Table
+
+    from services.cli.commands_api import show
+
+    names = ["projects/p/locations/us-central1/customJobs/7205370512345678901234",
+             "c1-gpu-000,c1-gpu-001,c1-gpu-002,c1-gpu-003,c1-gpu-004,c1-gpu-005"]
+
+    def table() -> Table:
+        t = Table("JOB", "STATE", "NODES")
+        t.add_row(names[0], "JOB_STATE_RUNNING", names[1])
+        return t
+
+    show([{}], False, table)
+    lines = capsys.readouterr().out.splitlines()
+    assert any(names[0] in line and names[1] in line for line in lines), lines

@@ -173,3 +173,36 @@ def test_every_data_endpoint_needs_a_token_and_a_viewer_binding(api: Api) -> Non
     denied = api.client.get("/console/api/nodes", query_string={
         "cluster": body["cluster"]}, headers={"Authorization": f"Bearer {viewer}"})
     assert denied.status_code == 403
+
+
+def test_a_cluster_with_a_node_out_does_not_read_all_nodes_in_service(api: Api) -> None:
+    api.cluster(workers=2)
+    cluster = "/v1beta1/projects/p/locations/l/modelDevelopmentClusters/c1"
+    nodes = api.client.get(f"{cluster}/nodes", headers=AUTH).json["nodes"]
+    node = next(n["nodeId"] for n in nodes if n["role"] == "worker")
+    drained = api.client.post(f"{cluster}/nodes/{node}:drain", json={"reason": "bad fan"},
+                              headers=AUTH)
+    assert drained.status_code == 200, drained.json
+    api.app.pump()
+    body: Any = api.client.get("/console/api/poll", headers=AUTH).json
+    (shown,) = body["clusters"]
+    assert shown["message"] == "1 of 2 nodes in service (1 drained)", shown
+
+
+def test_no_null_is_handed_to_replace_children() -> None:
+    """The DOM's replaceChildren writes a null child as the text "null" (an ended job's
+    summary read "overall 0.0 %null" where its cancel button was left out); ``el`` skips
+    nulls, replaceChildren does not, so none of its calls may pass one."""
+    import re
+
+    static = Path(__file__).resolve().parents[3] / "services" / "console" / "static"
+    for path in static.glob("*.js"):
+        text = path.read_text()
+        for m in re.finditer(r"\.replaceChildren\(", text):
+            depth, i = 1, m.end()
+            while depth and i < len(text):
+                depth += {"(": 1, ")": -1}.get(text[i], 0)
+                i += 1
+            args = text[m.end():i - 1]
+            top = re.sub(r"el\((?:[^()]|\([^()]*\))*\)", "el()", args)  # el() skips nulls
+            assert not re.search(r":\s*null\s*[),]|:\s*null\s*$", top), (path.name, args)

@@ -229,3 +229,33 @@ def test_a_requeue_with_nothing_else_to_weigh_is_an_incident_too() -> None:
     (i,) = jobpage.incidents(docs, "j1")
     assert (i["attempt"], i["mode"], i["reason"], i["recoveryS"]) == (
         1, "requeue", "gpu_fell_off_bus: reboot", 4.0)
+
+
+def test_a_server_assigned_job_is_shown_by_the_id_the_api_takes(api: Api) -> None:
+    """Vertex names a CustomJob by a number: the console, the timeline and the node list
+    show that number (never the domain's ``cj-<number>``), and the API answers to it."""
+    api.cluster(workers=2)
+    body = job_body(2000, "c1")
+    body["jobSpec"]["scheduling"]["mtcPartition"] = "gpu"
+    resp = api.call("POST", f"/v1/{PARENT}/customJobs", body)
+    assert resp.status_code == 200, resp.json
+    number = resp.json["name"].rsplit("/", 1)[-1]
+    assert number.isdigit()
+    for _ in range(200):
+        api.app.pump(budget_s=0.2)
+        poll = _poll(api)
+        row = next(j for j in poll["jobs"]["items"] if j["name"] == resp.json["name"])
+        if row["state"] == "JOB_STATE_RUNNING":
+            break
+        time.sleep(0.05)
+    assert row["id"] == number
+    assert api.call("GET", f"/v1/{PARENT}/customJobs/{row['id']}").status_code == 200
+    lines = [e["text"] for e in poll["timeline"]["events"] if e["job"]]
+    assert lines and all("cj-" not in t for t in lines), lines
+    assert all(e["job"] == number for e in poll["timeline"]["events"] if e["job"])
+    assert any(t.startswith(f"job {number}: attempt 1 started") for t in lines), lines
+    nodes = api.call("GET", f"{C}/nodes").json["nodes"]
+    assert {n.get("job") for n in nodes if n.get("job")} == {number}
+    page: Any = api.client.get("/console/api/job", query_string={"cluster": CLUSTER,
+                               "job": number}, headers=AUTH)
+    assert page.status_code == 200 and page.json["job"]["id"] == number, page.json

@@ -79,6 +79,7 @@ from shared.adapters.compute.local.procs import (
     exit_code,
     rank_running,
     reap,
+    remove_rank_tmp,
     signal_rank,
     spawn_launcher,
     start_ticks,
@@ -445,6 +446,8 @@ class LocalCompute:
             if not all_ranks_exited(codes):
                 continue
             self.scan.forget(job_id, attempt)
+            for r in ranks:  # a launcher killed before it ended leaves its TMPDIR
+                remove_rank_tmp(r["exit_file"])
             if all(c == 0 for c in codes.values()):
                 self.warm.end(db, job_id, now)  # the job is done: its standbys with it
             note, full, launch = queries.exit_note(db, att, ranks, codes, failed_rank,

@@ -9,7 +9,9 @@ start time (``/proc/<pid>/stat``, field 22: https://man7.org/linux/man-pages/man
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import shutil
 import signal
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -18,13 +20,46 @@ from pathlib import Path
 from shared.adapters.compute.job_env import LAUNCHER_ENV, write_env_file
 from shared.adapters.compute.protocol import EXIT_KILLED, LAUNCHER, read_exit_file
 
+TMP_ROOT = Path("/tmp")  # where a rank's own TMPDIR is made when it is not sandboxed
+
+
+def rank_tmp(exit_file: Path | str) -> Path:
+    """A rank's own TMPDIR: named by its exit file, so the attempt's end finds it to remove
+    it, and short (a program's Unix sockets there must fit in 108 bytes)."""
+    tag = hashlib.sha256(str(Path(exit_file).absolute()).encode()).hexdigest()[:20]
+    return TMP_ROOT / f"mtc-rank-{tag}"
+
+
+def with_tmp(env: Mapping[str, str], exit_file: Path, sandboxed: bool) -> dict[str, str]:
+    """``env`` with a TMPDIR of the rank's own (unless the job set one), so torch's compile
+    caches and torchrun's files do not outlive the job on the node: a sandboxed rank's /tmp
+    is already a tmpfs of its own (``sandbox.SCRATCH``); any other gets ``rank_tmp``, made
+    here, removed when its attempt ends (``remove_rank_tmp``)."""
+    out = dict(env)
+    if out.get("TMPDIR"):
+        return out
+    if sandboxed:
+        out["TMPDIR"] = "/tmp"
+        return out
+    path = rank_tmp(exit_file)
+    shutil.rmtree(path, ignore_errors=True)  # an earlier launch's of this same rank
+    path.mkdir(mode=0o700, parents=True)
+    out["TMPDIR"] = str(path)
+    return out
+
+
+def remove_rank_tmp(exit_file: Path | str) -> None:
+    shutil.rmtree(rank_tmp(exit_file), ignore_errors=True)
+
 
 def spawn_launcher(python: str, exit_file: Path, command: Sequence[str], env: Mapping[str, str],
                    log: Path, sandbox: Path | None = None) -> int:
     """Start ``command`` under the launcher in a new session, output appended to ``log``;
     ``sandbox``: the plan file the command runs in (``sandbox``). ``env`` is the command's
-    only: it goes to the launcher in a file beside the exit file, and the launcher itself
-    runs isolated (``-I``) with a fixed environment (``job_env``)."""
+    only (with a TMPDIR of its own: ``with_tmp``): it goes to the launcher in a file beside
+    the exit file, and the launcher itself runs isolated (``-I``) with a fixed environment
+    (``job_env``)."""
+    env = with_tmp(env, exit_file, sandbox is not None)
     env_file = write_env_file(exit_file.with_name(exit_file.name + ".env"), env)
     argv = [python, "-I", str(LAUNCHER), "--exit-file", str(exit_file),
             "--env-file", str(env_file),

@@ -28,7 +28,13 @@ from mtc_program import inprocess
 from mtc_program import protocol as p
 from mtc_program.inprocess import HOLD, RESTART, STANDBY, Order
 from shared.adapters.compute.local.inprocess import control_path
-from shared.adapters.compute.local.procs import end_group, rank_running, spawn_launcher, start_ticks
+from shared.adapters.compute.local.procs import (
+    end_group,
+    rank_running,
+    remove_rank_tmp,
+    spawn_launcher,
+    start_ticks,
+)
 from shared.adapters.compute.protocol import safe_name
 from shared.ports import WorkerSpec
 
@@ -183,6 +189,8 @@ def end(db: sqlite3.Connection, job_id: str | None = None,
             continue
         if row["pid"] is not None:
             end_group(row)
+        if row["exit_file"]:
+            remove_rank_tmp(row["exit_file"])
         db.execute("DELETE FROM standbys WHERE job_id = ? AND node_id = ?",
                    (row["job_id"], row["node_id"]))
 

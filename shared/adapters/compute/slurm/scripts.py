@@ -133,6 +133,10 @@ def write_scripts(
         whole = previous_hosts and all(h and SLURM_NODE.fullmatch(h) for h in previous_hosts)
         prev = list(previous_hosts) if whole else hosts  # else: as if placed as now
         write_executable(run_dir / "prev-hostfile", "\n".join(prev) + "\n", mode=0o644)
+    # a TMPDIR of the rank's own on its node (the job's own TMPDIR, exported below, wins):
+    # torch's caches and torchrun's files go with the attempt (batch.sh removes them)
+    lines += [f'export TMPDIR={q(tmp_root(gang))}-r"$RANK"',
+              '(umask 077 && mkdir -p "$TMPDIR") || exit 1']
     lines += [f"export {k}={q(v)}" for k, v in sorted(common)]
     for i, (g, env, template, tf) in enumerate(zip(gang.groups, exports, templates, tf_templates,
                                                    strict=True)):
@@ -180,6 +184,9 @@ def write_scripts(
         f" --ntasks-per-node=1 --kill-on-bad-exit=1 --distribution=arbitrary"
         f" {q(str(run_dir / 'task.sh'))}",
         "rc=$?",
+        f"SLURM_HOSTFILE={q(str(run_dir / 'hostfile'))} srun --nodes={k} --ntasks={k}"
+        f" --ntasks-per-node=1 --distribution=arbitrary /bin/sh -c"
+        f" {q(f'rm -rf {q(tmp_root(gang))}-r*')} || true",
         *(_cleanup_lines(gang, run_dir, peer_root, k) if peer_root is not None else []),
         f'echo "$rc" > {q(str(run_dir))}/.batch.exit.tmp && mv -f {q(str(run_dir))}/.batch.exit.tmp'
         f" {q(str(run_dir))}/batch.exit",
@@ -195,6 +202,11 @@ def memory_name(gang: Gang) -> str:
     names its entries, so a job of the same id in another state directory never restores
     this one's state (as with durable checkpoints)."""
     return f"{safe_name(gang.job_id)}-{hashlib.sha256(gang.checkpoint_dir.encode()).hexdigest()[:12]}"
+
+
+def tmp_root(gang: Gang) -> str:
+    """Where the attempt's ranks' TMPDIRs are on their nodes (``-r<rank>`` appended)."""
+    return f"/tmp/mtc-{memory_name(gang)}-a{gang.attempt}"
 
 
 def _cleanup_lines(gang: Gang, run_dir: Path, peer_root: Path, k: int) -> list[str]:

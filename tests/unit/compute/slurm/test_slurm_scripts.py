@@ -225,3 +225,46 @@ def test_a_finished_job_leaves_no_memory_entries_behind(tmp_path: Path, codes: t
         import shutil
 
         shutil.rmtree(memory.parent, ignore_errors=True)
+
+
+def test_each_task_has_its_own_tmpdir_and_batch_sh_removes_them(tmp_path: Path) -> None:
+    """torch's caches and torchrun's files go to a TMPDIR of the rank's own on its node,
+    removed after the step whatever its outcome (srun a stand-in that runs its command
+    once); a job that names its own TMPDIR keeps it."""
+    import shutil
+
+    from shared.adapters.compute.slurm.scripts import tmp_root
+
+    run_dir = tmp_path / "run"
+    gang = two_pools(tmp_path)
+    write_scripts(gang, NAMES, run_dir, tmp_path / "slurm.out", python=sys.executable,
+                  master_addr="10.0.0.1")
+    root = tmp_root(gang)
+    try:
+        seen = [cast("dict[str, str]", run_task(run_dir, tmp_path, r, n)["env"])["TMPDIR"]
+                for r, n in ((0, "n3"), (1, "n1"))]
+        assert seen == [f"{root}-r0", f"{root}-r1"] and all(Path(s).is_dir() for s in seen)
+        (Path(seen[0]) / "torchelastic_x").mkdir()
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        fake = bin_dir / "srun"
+        fake.write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
+                        '[[ "$1" == */task.sh ]] && exit 75\nexec "$@"\n')
+        fake.chmod(0o755)
+        done = subprocess.run(["bash", str(run_dir / "batch.sh")], capture_output=True,
+                              text=True, env={**os.environ,
+                                              "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+        assert done.returncode == 75, done.stderr
+        assert not any(Path(s).exists() for s in seen)
+    finally:
+        for r in range(3):
+            shutil.rmtree(f"{root}-r{r}", ignore_errors=True)
+    mine = two_pools(tmp_path, name_b="TMPDIR", value_b=str(tmp_path / "mine"))
+    write_scripts(mine, NAMES, run_dir, tmp_path / "slurm.out", python=sys.executable,
+                  master_addr="10.0.0.1")
+    try:
+        got = cast("dict[str, str]", run_task(run_dir, tmp_path, 1, "n1")["env"])
+        assert got["TMPDIR"] == str(tmp_path / "mine")
+    finally:
+        for r in range(3):
+            shutil.rmtree(f"{tmp_root(mine)}-r{r}", ignore_errors=True)

@@ -61,6 +61,7 @@ def test_apply_takes_the_new_environment_and_log(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     control = tmp_path / "ctl.json"
     monkeypatch.setenv("MTC_JOB_ATTEMPT", "1")
+    monkeypatch.setenv("RANK", "0")  # so that what apply() sets is undone after the test
     r = InProcessRestart(control)
     log = tmp_path / "attempt-2.log"
     saved = os.dup(1), os.dup(2)

@@ -9,6 +9,7 @@ are a ``ClientError`` either way: an ``ApiError`` raised in process, or the
 from __future__ import annotations
 
 import getpass
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -112,7 +113,8 @@ class _CliRuntime(EmbeddedApiRuntime):
     pause_before_pump: float = 0.0
 
     def after_request(self) -> None:
-        if self.pause_before_pump:
+        if self.pause_before_pump:  # said first: a test kills the command once it reads this
+            print("mtc: committed; pausing before delivery", file=sys.stderr, flush=True)
             time.sleep(self.pause_before_pump)
         super().after_request()
 

@@ -121,10 +121,10 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(cluster: Path, tmp_path:
 def test_fault_drains_requeues_and_repairs_across_processes(cluster: Path,
                                                             tmp_path: Path) -> None:
     spec = tmp_path / "job.json"
-    # 240 steps of 50 ms: after the first checkpoint (step 20) about 11 s of training are
+    # 480 steps of 50 ms: after the first checkpoint (step 20) about 23 s of training are
     # left for the fault to be reported, diagnosed and drained, each through a new process
-    # (with 80 steps a loaded 2-core machine finished the job first: no restart to see)
-    write(spec, job_body(240))
+    # (with 240 steps a loaded 2-core machine finished the job first: no restart to see)
+    write(spec, job_body(480))
     mtc(cluster, "job", "submit", "-f", str(spec), "--job-id", "t1")
     job = progress(wait_for(cluster, lambda: (j := mtc_json(cluster, "job", "get", "t1"))
                             ["mtcProgress"].get("latestCheckpoint") and j))
@@ -151,8 +151,11 @@ def test_a_killed_command_loses_nothing(cluster: Path, tmp_path: Path) -> None:
            "submit", "-f", str(spec), "--job-id", "k1"]
     env = clean_env(MTC_TEST_PAUSE_BEFORE_PUMP="30")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    time.sleep(3.0)
+                            stderr=subprocess.PIPE, text=True)
+    said = []  # until it says it committed (however long its start takes on a busy machine)
+    while not said or "committed" not in said[-1]:
+        said.append(proc.stderr.readline() if proc.stderr else "")
+        assert said[-1], f"the command ended before its commit: {''.join(said)}"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     job = mtc_json(cluster, "job", "get", "k1")  # committed before the kill

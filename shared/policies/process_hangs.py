@@ -15,8 +15,9 @@ checkpoints they save. From samples of those, folded per rank into a ``RankTrack
   CPU) while NCCL's peers spin (busy CPU), so a culprit looping in Python is "busy among
   idle peers" under gloo and one stuck in a sleep is "idle among busy peers" under NCCL.
   The rank whose CPU behaviour differs from every peer's (with at least ``odd_min_ranks``
-  ranks, so "the others" are a majority) is named; otherwise the hang is the program's (no
-  culprit), as in ``shared.policies.hangs``.
+  ranks, so "the others" are a majority) is named. Every rank idle is the program's own
+  hang (no culprit, as in ``shared.policies.hangs``). Any other mix (every rank busy, or two
+  ranks one busy) may be a long silent computation: no verdict here, the watchdog stays.
 
 The verdict is the same ``Hang`` the per-rank progress policy gives, so the same condition,
 triage row and program-fault rule act on it.
@@ -107,7 +108,10 @@ def judge(tracks: Sequence[RankTrack], active_at: float, now: float,
     silent = now - quiet_since
     if silent <= config.quiet_s:
         return None
-    culprit, how = _odd_one_out(tracks, config)
+    verdict = _odd_one_out(tracks, config)
+    if verdict is None:
+        return None
+    culprit, how = verdict
     return Hang(culprit, f"{how}; no rank wrote output and no checkpoint appeared for "
                          f"{silent:.1f} s (limit {config.quiet_s:.1f} s)", silent,
                 config.quiet_s)
@@ -128,7 +132,7 @@ def _stuck(tracks: Sequence[RankTrack], now: float, config: ProcessHangConfig) -
 
 
 def _odd_one_out(tracks: Sequence[RankTrack], config: ProcessHangConfig
-                 ) -> tuple[int | None, str]:
+                 ) -> tuple[int | None, str] | None:
     rates = {t.rank: cpu_rate(t) for t in tracks}
     busy = {r for r, c in rates.items() if c > config.busy_cores}
     shown = ", ".join(f"rank {r} {c:.2f}" for r, c in sorted(rates.items()))
@@ -141,4 +145,6 @@ def _odd_one_out(tracks: Sequence[RankTrack], config: ProcessHangConfig
             (rank,) = set(rates) - busy
             return rank, (f"rank {rank} idle while its {len(tracks) - 1} peers spin "
                           f"(CPU cores: {shown})")
-    return None, f"no rank stands out from its peers (CPU cores: {shown})"
+    if not busy:
+        return None, f"every rank idle, none stands out (CPU cores: {shown})"
+    return None  # busy ranks with no odd one out: perhaps computing without a word

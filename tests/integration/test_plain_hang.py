@@ -1,7 +1,8 @@
 """A hang in a plain program (it imports nothing of mtc and reports no progress), seen from
 outside it on the embedded default.
 
-Two real ranks of a standard-library program print a step at a steady pace; the test
+Two real ranks of a program print a step at a steady pace (standard library only, or a gloo
+all-reduce per step with torch, where the stopped rank's peer waits in the collective); the test
 SIGSTOPs rank 1's process group. The local adapter sees rank 1's processes stopped (``T``)
 past the process-level threshold, reports ``HangInJob`` on rank 1's node naming rank 1 with
 its stack (or why not), triage restarts the job, and a second attempt starts: long before
@@ -42,6 +43,20 @@ while True:
     print(f"rank {rank} step {step}", flush=True)
     time.sleep(0.1)
 """
+# the same with a real collective: the peer of a stopped rank waits in gloo's all-reduce
+GLOO = """\
+import os, time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank, t = dist.get_rank(), torch.ones(1024)
+step = 0
+while True:
+    step += 1
+    dist.all_reduce(t)
+    print(f"rank {rank} step {step}", flush=True)
+    time.sleep(0.05)
+"""
 
 
 def spec(program: Path) -> dict[str, Any]:
@@ -75,10 +90,13 @@ def printed(app: EmbeddedApp, job_id: str) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("source", ["stdlib", "gloo"])
 def test_a_stopped_rank_of_a_plain_program_is_named_and_the_job_restarts(
-        tmp_path: Path) -> None:
+        tmp_path: Path, source: str) -> None:
+    if source == "gloo":
+        pytest.importorskip("torch")
     program = tmp_path / "plain.py"
-    program.write_text(PROGRAM)
+    program.write_text(GLOO if source == "gloo" else PROGRAM)
     config = replace(ControlPlaneConfig(), grace_period_s=1.0, heartbeat_timeout_s=60)
     app = embedded(tmp_path / "state", config=config, compute_options=demo_compute_options())
     app.compute.scan.procs = ProcWatch(ProcessHangConfig(stopped_s=STOPPED_S))
@@ -89,7 +107,7 @@ def test_a_stopped_rank_of_a_plain_program_is_named_and_the_job_restarts(
         with app.transaction() as uow:
             job_commands.submit_job("demo", spec(program), uow, app.deps, "plain-1")
         assert app.run(lambda: len(app.compute.workers("plain-1")) == 2
-                       and printed(app, "plain-1"), timeout_s=20)
+                       and printed(app, "plain-1"), timeout_s=60)
         workers = {w.rank: w for w in app.compute.workers("plain-1")}
         stopped_at = time.time()
         os.killpg(os.getpgid(workers[1].pid), signal.SIGSTOP)
@@ -104,6 +122,7 @@ def test_a_stopped_rank_of_a_plain_program_is_named_and_the_job_restarts(
         detected = report["data"]["observed_at"] - stopped_at
         assert detected <= STOPPED_S + 2 * TIER_SCAN_S + 2.0, detected
         assert app.run(lambda: job(app, "plain-1").attempt >= 2, timeout_s=20)
+        print(f"hang-to-report {detected:.2f} s: {cond['reason']}\n{stack}")
     finally:
         for w in app.compute.workers("plain-1"):
             with contextlib.suppress(OSError):

@@ -1,7 +1,8 @@
 """What the ranks' files say about a running attempt, turned into facts at a bounded rate
 (the local and the Slurm adapters alike): durable checkpoints (every poll: they are few),
 and every ``TIER_SCAN_S`` the ranks' heartbeats: tier saves, the attempt's first step, what its
-ranks restored (also when it ends), per-rank progress (hangs, stragglers)."""
+ranks restored (also when it ends), per-rank progress (hangs, stragglers), and for programs
+that report none, their processes as the node sees them (``proc_watch``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from shared.adapters.compute.ledger import (
     report_first_step,
     report_tier_saves,
 )
+from shared.adapters.compute.proc_watch import ProcWatch, RankProc
 from shared.adapters.compute.rank_progress import RankWatch
 from shared.adapters.compute.restores import report_restore
 
@@ -23,15 +25,21 @@ TIER_SCAN_S = 2.0  # how often the ranks' heartbeats are read for tier saves
 
 # (ledger connection, attempt row) -> the node of each rank
 NodeOf = Callable[[sqlite3.Connection, sqlite3.Row], dict[int, str]]
+# (ledger connection, attempt row) -> each live rank's processes on this machine
+ProcsOf = Callable[[sqlite3.Connection, sqlite3.Row], dict[int, RankProc]]
 
 
 class AttemptScan:
     """Reads a live attempt's checkpoint directory and heartbeats for a compute adapter."""
 
-    def __init__(self, store: FactStore, node_of: NodeOf) -> None:
+    def __init__(self, store: FactStore, node_of: NodeOf, procs_of: ProcsOf | None = None
+                 ) -> None:
+        """``procs_of``: where the ranks' processes can be watched from here (None: nowhere)."""
         self.store = store
         self.node_of = node_of
+        self.procs_of = procs_of
         self.ranks = RankWatch()  # per-rank progress: hangs and stragglers (rank_progress)
+        self.procs = ProcWatch()  # the processes of programs that report no progress
         self._scanned: dict[tuple[str, int], float] = {}  # (job, attempt): last heartbeat read
 
     def scan(self, db: sqlite3.Connection, att: sqlite3.Row, now: float,
@@ -62,7 +70,13 @@ class AttemptScan:
         for health in self.ranks.scan(att["job_id"], att["attempt"], att["checkpoint_dir"],
                                       self.node_of(db, att), now):
             self.store.queue(db, health)
+        if self.procs_of is not None and key not in self.ranks.attempts:
+            # (a program reporting per-rank progress keeps its sharper per-step threshold)
+            for health in self.procs.scan(att["job_id"], att["attempt"], self.procs_of(db, att),
+                                          att["checkpoint_dir"], now):
+                self.store.queue(db, health)
 
     def forget(self, job_id: str, attempt: int) -> None:
         """The attempt ended: its read time goes (the map holds live attempts only)."""
         self._scanned.pop((job_id, attempt), None)
+        self.procs.forget(job_id, attempt)

@@ -27,6 +27,7 @@ MODULES = {
     "rich": ["rich"], "tensorboardX": ["tensorboardX"], "simpy": ["simpy"],
     "matplotlib": ["matplotlib"], "waitress": ["waitress"],
     "torch": ["torch"], "transformers": ["transformers"],
+    "py-spy": [],  # a program run as a subprocess (a hung rank's stack): nothing to import
 }
 BLOCKER = r'''
 import importlib.abc, runpy, sys

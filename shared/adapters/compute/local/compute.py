@@ -177,7 +177,8 @@ class LocalCompute:
                               park_s=park_s, grace_s=gang_grace_s, offered=in_process)
         schema = NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + WARM_SCHEMA + sandbox.SCHEMA
         self.store = FactStore(self.state_dir / self.DB_FILE, schema, emit, clock)
-        self.scan = AttemptScan(self.store, queries.node_of)  # checkpoints, heartbeats, ranks
+        # checkpoints, heartbeats, ranks, and the ranks' processes (on this machine)
+        self.scan = AttemptScan(self.store, queries.node_of, queries.rank_procs)
         self.nodes = LocalNodes(NodeSettings(
             repair_durations_s={**DEFAULT_REPAIR_DURATIONS_S, **(repair_durations_s or {})},
             provision_duration_s=provision_duration_s,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 
 from shared.adapters.compute import disk_evidence, launch_evidence
+from shared.adapters.compute.proc_watch import RankProc
 from shared.adapters.compute.protocol import ExitCode, with_message
 from shared.adapters.compute.worker_logs import LogFile, tail_note
 from shared.domain.storage import StorageFloor
@@ -24,6 +25,12 @@ def node_of(db: sqlite3.Connection, att: sqlite3.Row) -> dict[int, str]:
     return {r["rank"]: r["node_id"] for r in db.execute(
         "SELECT rank, node_id FROM workers WHERE job_id = ? AND attempt = ?",
         (att["job_id"], att["attempt"]))}
+
+
+def rank_procs(db: sqlite3.Connection, att: sqlite3.Row) -> dict[int, RankProc]:
+    """Each live rank of the attempt ``att``: its launcher's pid, output and node."""
+    return {r["rank"]: RankProc(r["pid"], r["log_path"], r["node_id"])
+            for r in live_ranks(db, att["job_id"], att["attempt"])}
 
 
 def log_files(db: sqlite3.Connection, job_id: str) -> list[LogFile]:

@@ -5,13 +5,16 @@ and the spread of the results over their uncertain ranges (``--uncertainty``).""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from shared.ports import Gang, LaunchGroup, RecoveryPlan
-from simulator import twin, uncertainty
+from simulator import sweep, twin, uncertainty
 from simulator.recovery_config import parse_recovery, plan_for
+from simulator.scenario import SCENARIO_DIR, load_scenario
 from simulator.tiers import start_costs
 from simulator.world import SimJob
 from tests.sim.conftest import scenario, xid79_raw
@@ -107,21 +110,19 @@ def test_the_draws_cover_every_stratum_of_every_input_and_repeat_with_the_seed()
     assert uncertainty.draws(8, "lhs", seed=3) != uncertainty.draws(8, "lhs", seed=4)
 
 
-def test_every_uncertain_input_has_a_source_and_its_best_case_is_a_bound() -> None:
+def test_every_uncertain_input_has_a_source_and_the_scenario_takes_its_whole_range() -> None:
+    path = SCENARIO_DIR / "llama3-tiers.yaml"
     for spec in uncertainty.RANGES:
-        assert spec.source
-        assert spec.best <= spec.low or spec.best >= spec.high or spec.low <= spec.best
+        assert spec.source and spec.low < spec.high
+        for value in (spec.low, spec.high, spec.best):
+            load_scenario(path, {spec.key: value})  # a bad key or value raises
 
 
 def test_the_band_the_best_case_and_durable_only_come_from_the_same_draws(
-        tmp_path: Any) -> None:
-    from simulator import sweep
-
+        tmp_path: Path) -> None:
     raw = tiered([{"at": "1h", "node": 3, "cause": "gpu_off_bus"},
                   {"at": "3h", "node": 5, "cause": "software_bug"}])
     path = tmp_path / "t.yaml"
-    import yaml
-
     path.write_text(yaml.safe_dump(raw))
     points = uncertainty.draws(3, "equal", seed=1)
     tasks = uncertainty.tasks(str(path), {}, (), points, 2, seed=1)

@@ -177,6 +177,12 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="override one scenario value (same keys as --vary)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: sim-out/<scenario name>)")
+    p.add_argument("--uncertainty", type=int, nargs="?", const=10, default=None, metavar="N",
+                   help="draw the uncertain recovery inputs N times (default 10) from their "
+                        "ranges and report ETTR and goodput as a band, with the best case "
+                        "and durable-only on the same draws")
+    p.add_argument("--sampling", choices=("lhs", "equal"), default="lhs",
+                   help="--uncertainty draws: Latin hypercube or equal-spaced (seeded)")
 
 
 def _overrides(items: list[str]) -> dict[str, Any]:
@@ -216,6 +222,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         console.print(f"[red]scenario error[/red] {exc}")
         return 2
+    if args.uncertainty is not None:
+        seed = scenario.seed if args.seed is None else args.seed
+        return _uncertainty(args, console, scenario.name, (), 1, seed)
     with console.status(f"simulating {scenario.name} ({scenario.cluster.gpus} GPUs, "
                         f"{scenario.duration_s / 86400:g} days)..."):
         result = twin.run(scenario, seed=args.seed)
@@ -262,6 +271,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.replications < 1:
         console.print("[red]--replications must be at least 1[/red]")
         return 2
+    if args.uncertainty is not None:
+        code = 0
+        for point in sweep.grid(vary):
+            code = max(code, _uncertainty(args, console, scenario.name, point,
+                                          args.replications, args.seed))
+        return code
     out = args.out or Path("sim-out") / f"{scenario.name}-sweep"
     started = time.perf_counter()
     with Progress("[progress.description]{task.description}", BarColumn(),
@@ -287,6 +302,42 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                          f"{args.replications} replications (95% CI)"))
     for path in paths:
         console.print(f"wrote {path}", soft_wrap=True)
+    return 0
+
+
+def _uncertainty(args: argparse.Namespace, console: Any, name: str,
+                 point: tuple[tuple[str, str], ...], replications: int, seed: int) -> int:
+    """``--uncertainty``: the scenario (at one grid point) at every draw, durable-only on the
+    same draws, and the best case; the band printed and written to ``uncertainty.json``."""
+    from simulator import sweep, uncertainty
+
+    try:
+        if load_scenario(args.scenario, _overrides(args.set)).recovery is None:
+            raise ScenarioError("recovery", "--uncertainty draws the recovery block's costs: "
+                                            "the scenario has none")
+        points = uncertainty.draws(args.uncertainty, args.sampling, seed)
+        all_tasks = uncertainty.tasks(args.scenario, _overrides(args.set), point, points,
+                                      replications, seed)
+        for task in all_tasks[:2]:
+            sweep.validate(task)
+    except (ScenarioError, ValueError) as exc:
+        return _refused(console, "draw", exc)
+    label = ", ".join(f"{k}={v}" for k, v in point)
+    with console.status(f"{name}{' ' + label if label else ''}: {len(all_tasks)} runs "
+                        f"({args.uncertainty} {args.sampling} draws)..."):
+        rows = sweep.run_sweep(all_tasks, processes=getattr(args, "processes", None))
+    summary = uncertainty.summarise(rows)
+    out = args.out or Path("sim-out") / f"{name}-uncertainty"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / (f"uncertainty{'-' + '-'.join(v for _, v in point) if point else ''}.json")
+    path.write_text(json.dumps({"point": dict(point), "sampling": args.sampling,
+                                "seed": seed, "draws": points, "summary": summary,
+                                "ranges": [vars(r) for r in uncertainty.RANGES]},
+                               indent=1, default=str))
+    title = f"{name}{' (' + label + ')' if label else ''}: ETTR and goodput, central value " \
+            f"[lowest, highest draw]"
+    _emit(console, getattr(args, "json", False), summary,
+          [*uncertainty.lines(summary, title), f"wrote {path}"])
     return 0
 
 

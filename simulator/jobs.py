@@ -24,7 +24,7 @@ from simulator.fleet import Fleet
 from simulator.progress import advance, cycle_of, final_save_s, record_checkpoint, work
 from simulator.recovery_config import plan_for
 from simulator.scenario_types import JobCfg
-from simulator.tiers import Tiers
+from simulator.tiers import Tiers, recovery_draws
 from simulator.world import Attempt, SimJob
 
 # the worker protocol's exit statuses, as plain ints on the hot path
@@ -73,6 +73,8 @@ class JobModel:
         if cfg.work_s is not None:
             self.plan_completion(att)
         call_later(env, att.ready + cfg.step_time_s - now, self._first_step, att)
+        if job.bug is not None:
+            self._maybe_recur(att, now)
         if self.fleet.sc.checkpoint_events == "all":
             call_later(env, att.ready + cfg.checkpoint_interval_s + cfg.checkpoint_save_s
                        - now, self._periodic_checkpoint, att, att.token)
@@ -217,9 +219,37 @@ class JobModel:
         stopped = t if att.stopped_at is None else min(att.stopped_at, t)
         att.stopped_at = stopped
         self.settle(att, stopped, saved=False)
+        rec = self.fleet.sc.recovery
+        if rec is not None and rec.recur_probability > 0 and cause in rec.recur_causes \
+                and att.job.bug is None:
+            att.job.bug = (cause, t)  # a bug of the program's: it may hit again
         cfg = att.job.cfg
         call_later(self.fleet.env, cfg.hang_exit_s if hang else cfg.crash_exit_s,
                    self._crash_exit, att)
+
+    def _maybe_recur(self, att: Attempt, now: float) -> None:
+        """The restarted program may hit its bug again (a restart loop) ``recur_after`` into
+        its run, with the scenario's probability per restart, until the code fix lands."""
+        job = att.job
+        rec = self.fleet.sc.recovery
+        assert rec is not None and job.bug is not None
+        cause, first = job.bug
+        at = att.ready + job.cfg.step_time_s + rec.recur_after_s
+        if at >= first + rec.recur_fixed_after_s:
+            job.bug = None  # fixed by then: the next fault of its kind is a new bug
+            return
+        if recovery_draws(self.fleet, job, att.number)[1] < rec.recur_probability:
+            call_later(self.fleet.env, at - now, self._recur, att, att.token, cause)
+
+    def _recur(self, att: Attempt, token: int, cause: str) -> None:
+        if token != att.token or not att.alive or att.exited:
+            return
+        fleet = self.fleet
+        now = float(fleet.env.now)
+        fleet.failures[cause] += 1
+        fleet.timeline.append((now, "fault", att.node_ids[0], cause))
+        att.job.truth.interruptions[cause] += 1
+        self.kill(att, now, cause, hang=False)
 
     def _crash_exit(self, att: Attempt) -> None:
         if not att.exited:

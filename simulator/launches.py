@@ -20,7 +20,7 @@ from simulator.jobs import JobModel
 from simulator.preflight_model import start_after
 from simulator.slow_in_job import SlowInJob
 from simulator.stragglers import Stragglers
-from simulator.tiers import mark_gone, tiered_attempt
+from simulator.tiers import mark_gone, recovery_draws, tiered_attempt
 from simulator.world import Attempt, SimJob, SimNode, regang
 
 MAX_STARTS_AT_ONE_INSTANT = 1000  # attempts of one job at one simulated time: a livelock
@@ -63,7 +63,7 @@ class Launches:
             att = Attempt(job, gang.attempt, node_ids, begin, begin + startup + restore,
                           max(job.ckpt_step, 0))
         else:  # warm or cold, restored from the tier of the newest surviving entry
-            att = tiered_attempt(job, gang, begin)
+            att = tiered_attempt(job, gang, begin, recovery_draws(fleet, job, gang.attempt)[0])
             startup = att.boot
         job.attempt = att
         job.truth.attempts += 1

@@ -15,9 +15,22 @@ recovery:
   memory_every: 2m                 # compute time between tier-1 snapshots
   peer_every: 2m                   # between tier-2 copies (from the snapshot, asynchronous)
   durable_every: 15m               # between tier-3 saves (default: the job's interval)
-  startup_warm: 1m                 # processes restarted on nodes that stayed (or a warm spare)
+  startup_warm: 30s                # in place: processes restarted on the nodes that stayed
+  startup_hot_swap: 1m             # hot swap: a warm spare's rank starts and joins
+  startup_scale_down: 90s          # scale down: the survivors re-shard to fewer replicas
+  rebuild_s_per_kgpu: 2            # teardown and communicator rebuild, s per 1,000 GPUs
+  largest_rank_gb: 4               # the largest rank's state, GB (0: a uniform shard)
+  copy_interference: 0.1           # share of step time a background copy takes
+  fallback_probability: 0.05       # a warm or near-tier recovery fails: cold, from durable
+  recur_probability: 0.2           # a software fault repeats after the restart ...
+  recur_after: 10m                 # ... this long after the restarted job's first step
+  recur_fixed_after: 6h            # ... until a code fix, this long after it first hit
+  recur_causes: [software_bug]     # the causes that are the program's own bugs
   spares: warm                     # warm (container and runtime up) | cold (start from scratch)
 ```
+
+Each default's source is beside it below and in docs/simulator.md ("Assumptions and their
+sources"); one without a public figure says "assumed".
 
 Every size and time is derived here, once, into a :class:`TierPlan` per job: a tier never
 saves more often than its bandwidth allows (an entry every ``k`` snapshots, ``k`` at least the
@@ -30,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shared.policies.recovery import Mode, Tier
@@ -39,7 +52,10 @@ from simulator.scenario_types import JobCfg, RecoveryCfg
 
 RECOVERY_KEYS = ("tiers", "mode", "min_replicas", "parameters", "bytes_per_parameter",
                  "memory_gb_s", "peer_gb_s", "durable_gb_s", "memory_every", "peer_every",
-                 "durable_every", "startup_warm", "spares")
+                 "durable_every", "startup_warm", "spares", "startup_hot_swap",
+                 "startup_scale_down", "rebuild_s_per_kgpu", "largest_rank_gb",
+                 "copy_interference", "fallback_probability", "recur_probability",
+                 "recur_after", "recur_fixed_after", "recur_causes")
 MODES = ("auto", *(m.value for m in Mode))
 TIER_ORDER = (Tier.MEMORY.value, Tier.PEER.value, Tier.DURABLE.value)
 
@@ -50,7 +66,31 @@ DEFAULT_MEMORY_GB_S = 10.0  # per GPU: a sixth of PCIe Gen5 x16 (64 GB/s a direc
 DEFAULT_PEER_GB_S = 12.5  # per node: 100 Gb/s, 1/32 of a node's 8 x 400 Gb/s RoCE
 DEFAULT_DURABLE_GB_S = 2000.0  # aggregate: Tectonic's sustained 2 TB/s (Llama 3 paper)
 DEFAULT_MEMORY_EVERY_S = 120.0
-DEFAULT_STARTUP_WARM_S = 60.0
+# Warm restarts per mode, before the teardown and rebuild below. Assumed: no public split by
+# mode; ordered as the reference says (a hot swap starts a cold rank, a scale-down re-shards)
+# and bounded by whole fault-to-resume figures: HyperPod "under 2 minutes" (vendor),
+# FlashRecovery 150 s at 4,800 devices (arXiv 2509.03047), DeadPool < 40 s at <= 512 A100.
+DEFAULT_STARTUP_WARM_S = 30.0  # in place (assumed)
+DEFAULT_STARTUP_HOT_SWAP_S = 60.0  # hot swap (assumed)
+DEFAULT_STARTUP_SCALE_DOWN_S = 90.0  # scale down, the re-shard included (assumed)
+# Teardown of the old processes and NCCL communicator rebuild, linear in GPUs: "tens of
+# seconds at 10k+ GPUs" (field reports); 2 s per 1,000 GPUs is 33 s at 16,640 (assumed slope).
+DEFAULT_REBUILD_S_PER_KGPU = 2.0
+# The largest rank's state blocks every snapshot: Llama 3 reports 1 MB to 4 GB per GPU
+# (arXiv 2407.21783, section 3.3.1).
+DEFAULT_LARGEST_RANK_GB = 4.0
+# Share of step time lost while a background (peer or durable) copy runs: assumed (no public
+# figure for this layout; CheckFreq, FAST '21, keeps its pipelined snapshot overhead < 3.5%).
+DEFAULT_COPY_INTERFERENCE = 0.1
+# A warm or near-tier recovery that fails (a corrupted CUDA context, a bad local entry) and
+# falls back to a cold start from durable storage: assumed (Megatron-LM#5281: 44 restarts
+# after a bad local-checkpoint restore shows it happens, not how often).
+DEFAULT_FALLBACK_PROBABILITY = 0.05
+# A software fault that repeats after the restart until a code fix (a restart loop): assumed.
+DEFAULT_RECUR_PROBABILITY = 0.2
+DEFAULT_RECUR_AFTER_S = 600.0
+DEFAULT_RECUR_FIXED_AFTER_S = 21600.0
+DEFAULT_RECUR_CAUSES = ("software_bug",)
 GB = 1e9
 
 
@@ -73,6 +113,9 @@ class TierPlan:
     spares_warm: bool
     state_bytes: float
     node_bytes: float
+    # warm startup by mode, teardown and communicator rebuild included
+    startup_by_mode: dict[str, float] = field(default_factory=dict)
+    fallback_probability: float = 0.0
 
 
 def parse_recovery(value: Any, path: str) -> RecoveryCfg | None:
@@ -119,6 +162,15 @@ def parse_recovery(value: Any, path: str) -> RecoveryCfg | None:
             raise ScenarioError(join(path, key), "must be positive")
         return v
 
+    def share(key: str, default: float) -> float:
+        return number(get(data, key, default), join(path, key), low=0.0, high=1.0)
+
+    def seconds(key: str, default: float) -> float:
+        return duration(get(data, key, default), join(path, key))
+
+    causes = get(data, "recur_causes", list(DEFAULT_RECUR_CAUSES))
+    if not isinstance(causes, list) or not all(isinstance(c, str) for c in causes):
+        raise ScenarioError(join(path, "recur_causes"), "must be a list of cause names")
     memory_every = every("memory_every", DEFAULT_MEMORY_EVERY_S)
     durable_every = data.get("durable_every")
     return RecoveryCfg(
@@ -132,9 +184,20 @@ def parse_recovery(value: Any, path: str) -> RecoveryCfg | None:
         memory_every_s=memory_every,
         peer_every_s=every("peer_every", memory_every),
         durable_every_s=None if durable_every is None else every("durable_every", 0.0),
-        startup_warm_s=duration(get(data, "startup_warm", DEFAULT_STARTUP_WARM_S),
-                                join(path, "startup_warm")),
+        startup_warm_s=seconds("startup_warm", DEFAULT_STARTUP_WARM_S),
         spares_warm=spares == "warm",
+        startup_hot_swap_s=seconds("startup_hot_swap", DEFAULT_STARTUP_HOT_SWAP_S),
+        startup_scale_down_s=seconds("startup_scale_down", DEFAULT_STARTUP_SCALE_DOWN_S),
+        rebuild_s_per_kgpu=number(get(data, "rebuild_s_per_kgpu", DEFAULT_REBUILD_S_PER_KGPU),
+                                  join(path, "rebuild_s_per_kgpu"), low=0.0),
+        largest_rank_gb=number(get(data, "largest_rank_gb", DEFAULT_LARGEST_RANK_GB),
+                               join(path, "largest_rank_gb"), low=0.0),
+        copy_interference=share("copy_interference", DEFAULT_COPY_INTERFERENCE),
+        fallback_probability=share("fallback_probability", DEFAULT_FALLBACK_PROBABILITY),
+        recur_probability=share("recur_probability", DEFAULT_RECUR_PROBABILITY),
+        recur_after_s=seconds("recur_after", DEFAULT_RECUR_AFTER_S),
+        recur_fixed_after_s=seconds("recur_fixed_after", DEFAULT_RECUR_FIXED_AFTER_S),
+        recur_causes=tuple(causes),
     )
 
 
@@ -171,20 +234,27 @@ def plan_for(cfg: RecoveryCfg, job: JobCfg, gpus_per_node: int) -> TierPlan:
     state = cfg.parameters * cfg.bytes_per_parameter
     gpus = job.nodes * gpus_per_node
     shard = state / gpus  # per GPU (fully sharded state: each rank holds 1/gpus of it)
-    node_bytes = shard * gpus_per_node
-    memory_s = shard / (cfg.memory_gb_s * GB)
+    # the largest rank blocks every snapshot, and its node's copy is the last to arrive
+    largest = max(shard, cfg.largest_rank_gb * GB)
+    node_bytes = shard * (gpus_per_node - 1) + largest
+    memory_s = largest / (cfg.memory_gb_s * GB)
     peer_s = node_bytes / (cfg.peer_gb_s * GB)
     durable_s = state / (cfg.durable_gb_s * GB)
     durable_every = cfg.durable_every_s if cfg.durable_every_s is not None \
         else job.checkpoint_interval_s
     tiers = cfg.tiers
+    rebuild = cfg.rebuild_s_per_kgpu * gpus / 1000.0
+    by_mode = {Mode.IN_PLACE.value: cfg.startup_warm_s + rebuild,
+               Mode.HOT_SWAP.value: (cfg.startup_hot_swap_s or cfg.startup_warm_s) + rebuild,
+               Mode.SCALE_DOWN.value: (cfg.startup_scale_down_s or cfg.startup_warm_s)
+               + rebuild}
     restore = {Tier.MEMORY.value: memory_s, Tier.PEER.value: peer_s,
                Tier.DURABLE.value: durable_s}
     if Tier.MEMORY.value not in tiers:  # one synchronous save to durable
         return TierPlan(tiers, durable_every, durable_s, {Tier.DURABLE.value: 1},
                         {Tier.DURABLE.value: 0.0}, {Tier.DURABLE.value: durable_s},
                         durable_s, job.startup_s, cfg.startup_warm_s, cfg.spares_warm,
-                        state, node_bytes)
+                        state, node_bytes, by_mode, cfg.fallback_probability)
     cycle = cfg.memory_every_s + memory_s
     every = {Tier.MEMORY.value: 1}
     lag = {Tier.MEMORY.value: 0.0}
@@ -195,6 +265,8 @@ def plan_for(cfg: RecoveryCfg, job: JobCfg, gpus_per_node: int) -> TierPlan:
     every[Tier.DURABLE.value] = max(1, math.ceil(max(durable_every, durable_s) / cycle - 1e-9))
     lag[Tier.DURABLE.value] = durable_s
     final = memory_s + (peer_s if Tier.PEER.value in tiers else durable_s)
-    return TierPlan(tiers, cfg.memory_every_s, memory_s, every, lag,
+    # the background copies slow the steps while they run: their share, per snapshot
+    stolen = cfg.copy_interference * sum(lag[t] / every[t] for t in every if t != Tier.MEMORY.value)
+    return TierPlan(tiers, cfg.memory_every_s, memory_s + stolen, every, lag,
                     {t: restore[t] for t in tiers}, final, job.startup_s, cfg.startup_warm_s,
-                    cfg.spares_warm, state, node_bytes)
+                    cfg.spares_warm, state, node_bytes, by_mode, cfg.fallback_probability)

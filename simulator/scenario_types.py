@@ -160,8 +160,18 @@ class RecoveryCfg:
     memory_every_s: float
     peer_every_s: float
     durable_every_s: float | None  # None: the job's checkpoint_interval
-    startup_warm_s: float
+    startup_warm_s: float  # in place: processes restarted on the nodes that stayed
     spares_warm: bool
+    startup_hot_swap_s: float = 0.0  # a warm spare's rank joins (0: as startup_warm)
+    startup_scale_down_s: float = 0.0  # the survivors re-shard (0: as startup_warm)
+    rebuild_s_per_kgpu: float = 0.0  # teardown and communicator rebuild, per 1,000 GPUs
+    largest_rank_gb: float = 0.0  # the largest rank's state (0: every rank the mean shard)
+    copy_interference: float = 0.0  # share of step time a background copy takes
+    fallback_probability: float = 0.0  # a warm / near-tier recovery fails, falls back
+    recur_probability: float = 0.0  # a software fault repeats after the restart
+    recur_after_s: float = 600.0  # ... this long after the restarted job's first step
+    recur_fixed_after_s: float = 21600.0  # ... until a code fix, this long after it first hit
+    recur_causes: tuple[str, ...] = ("software_bug",)
 
     @property
     def pinned(self) -> str | None:

@@ -23,6 +23,7 @@ FAILURES_DOMAIN = 1  # per node: lemon draw, fault arrivals, causes, variants, t
 REPAIR_DOMAIN = 2  # per (node, repair attempt): duration, mechanical failure
 DETECT_DOMAIN = 3  # per (node, fault number): detection delay
 PROVISION_DOMAIN = 4  # per node: boot time (or the replacement's lead time)
+RECOVERY_DOMAIN = 5  # per (job, attempt): a recovery's fallback, a software fault's recurrence
 
 
 _Generator, _PCG64 = np.random.Generator, np.random.PCG64

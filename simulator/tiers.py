@@ -19,8 +19,10 @@ is written faster than its bandwidth). When progress stops:
 
 The cut's step and tier become the job's checkpoint (``JobCheckpointSaved.tier``): the next
 attempt restores from that tier in size / bandwidth. Its startup is warm (processes
-restarted, runtime up) for an in-place restart, a scale-down and a hot swap onto a warm spare,
-cold for a requeue (``Gang.recovery`` None), a first start and a cold spare.
+restarted, runtime up; its time by mode, teardown and communicator rebuild included) for an
+in-place restart, a scale-down and a hot swap onto a warm spare, cold for a requeue
+(``Gang.recovery`` None), a first start and a cold spare; a warm or near-tier recovery may
+fail and fall back to a cold start from durable storage (:func:`start_costs`).
 
 :class:`Tiers` is the job model's collaborator for a tiered job's stops; it holds the fleet.
 """
@@ -32,6 +34,7 @@ from shared.ports import Gang, RecoveryPlan
 from simulator.fleet import Fleet
 from simulator.progress import advance, work
 from simulator.recovery_config import TierPlan
+from simulator.streams import RECOVERY_DOMAIN
 from simulator.world import Attempt, SimJob
 
 MEMORY, PEER, DURABLE = Tier.MEMORY.value, Tier.PEER.value, Tier.DURABLE.value
@@ -212,26 +215,48 @@ def _set_checkpoint(job: SimJob, att: Attempt, at: float, work: float, tier: str
         job.ckpt_tier = tier
 
 
-def start_costs(job: SimJob, gang: Gang) -> tuple[float, float, str]:
-    """(startup, restore, tier restored from) of a tiered job's new attempt."""
+def recovery_draws(fleet: Fleet, job: SimJob, attempt: int) -> tuple[float, float]:
+    """The attempt's uniform draws (fallback, recurrence), from their own stream keyed by
+    (job, attempt): other randomness is untouched, and none is drawn without the knobs."""
+    rec = fleet.sc.recovery
+    if rec is None or (rec.fallback_probability <= 0 and rec.recur_probability <= 0):
+        return 1.0, 1.0
+    u = fleet.model.streams.rng(RECOVERY_DOMAIN, job.job_id, attempt).random(2)
+    return float(u[0]), float(u[1])
+
+
+def start_costs(job: SimJob, gang: Gang, u: float = 1.0) -> tuple[float, float, str]:
+    """(startup, restore, tier restored from) of a tiered job's new attempt. ``u`` is the
+    attempt's uniform draw for a fallback: below ``plan.fallback_probability`` a warm
+    restart or a near-tier restore fails (a corrupted context, a bad local entry) and the
+    attempt pays that try, then a cold start from the durable entry; the progress since that
+    entry is computed again before the first new step, so it is part of the startup."""
     plan = job.plan
     assert plan is not None
     recovery: RecoveryPlan | None = gang.recovery
     warm = recovery is not None and recovery.mode in WARM_MODES and job.ckpt_step >= 0
     if warm and recovery is not None and recovery.fresh_node_ids and not plan.spares_warm:
         warm = False  # a cold spare: the whole gang waits for it
-    startup = (plan.startup_warm_s if warm else plan.startup_cold_s) + job.cfg.warmup_s
+    warm_s = plan.startup_by_mode.get(recovery.mode, plan.startup_warm_s) \
+        if warm and recovery is not None else 0.0
+    startup = (warm_s if warm else plan.startup_cold_s) + job.cfg.warmup_s
     if job.ckpt_step < 0:
         return startup, 0.0, ""
     tier = job.ckpt_tier if job.ckpt_tier in plan.restore_s else DURABLE
+    if u < plan.fallback_probability and (warm or tier != DURABLE):
+        durable_step = job.tier_newest.get(DURABLE, (0, 0.0))[0]
+        redo = max(0, job.ckpt_step - durable_step) * job.cfg.step_time_s
+        tried = warm_s + plan.restore_s[tier]
+        return (tried + plan.startup_cold_s + job.cfg.warmup_s + redo,
+                plan.restore_s[DURABLE], DURABLE)
     return startup, plan.restore_s[tier], tier
 
 
-def tiered_attempt(job: SimJob, gang: Gang, now: float) -> Attempt:
+def tiered_attempt(job: SimJob, gang: Gang, now: float, u: float = 1.0) -> Attempt:
     """A tiered job's new attempt: warm or cold, restored from the tier of the newest
     surviving entry, at the pace of its gang (a scale-down has fewer data-parallel
-    replicas for the same global batch)."""
-    startup, restore, tier = start_costs(job, gang)
+    replicas for the same global batch); ``u``: see :func:`start_costs`."""
+    startup, restore, tier = start_costs(job, gang, u)
     return Attempt(job, gang.attempt, gang.node_ids, now, now + startup + restore,
                    max(job.ckpt_step, 0), boot=startup, restored_from=tier,
                    scale=min(1.0, len(gang.node_ids) / job.cfg.nodes))

@@ -103,6 +103,8 @@ class SimJob:
     # that changed (a 2,048-node gang keeps all but a few): what the attempt's ``members``
     # would be, without building a set of 2,048 and two differences per restart
     gang: set[str] = field(default_factory=set)
+    # a software fault that may repeat after a restart until a code fix: (cause, first hit)
+    bug: tuple[str, float] | None = None
 
 
 @dataclass(slots=True)

@@ -23,6 +23,12 @@ RECOVERY = {"tiers": ["memory", "peer", "durable"], "parameters": 8e9,
             "bytes_per_parameter": 14, "memory_gb_s": 10, "peer_gb_s": 12.5,
             "durable_gb_s": 20, "memory_every": "2m", "durable_every": "30m",
             "startup_warm": "30s"}
+# the costs these tests do not look at, off: one warm start for every mode, no rebuild, a
+# uniform shard, copies that take nothing from the steps, no fallback, no recurrence
+# (tests/sim/test_recovery_costs.py has each)
+RECOVERY.update({"startup_hot_swap": "30s", "startup_scale_down": "30s",
+                 "rebuild_s_per_kgpu": 0, "largest_rank_gb": 0, "copy_interference": 0,
+                 "fallback_probability": 0, "recur_probability": 0})
 
 
 def tiered(scripted: list[dict[str, Any]], **recovery: Any) -> dict[str, Any]:

@@ -216,7 +216,10 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
         job.error = f"gave up after {job.restart_count} restarts"
         _finish(job, JobState.FAILED, job.error, uow, deps)
     else:
-        ladder = None if launch else escalate.after_attempt(
+        # only the program's own ends climb the ladder: a node fault, a maintenance stop or
+        # a preemption during a slow start is no sign of a bad restore (a long job on a big
+        # fleet meets several in a row)
+        ladder = None if interrupted else escalate.after_attempt(
             job, restarts.made_progress(job),
             f"exited with {exits.describe(event.exit_code)}: {event.detail}", deps)
         if ladder is not None and ladder.rung is None:  # restarted and restarted in vain

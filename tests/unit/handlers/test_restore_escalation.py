@@ -145,3 +145,20 @@ def test_a_fallback_is_on_the_job_and_in_its_timeline_once() -> None:
     assert "FELL BACK: rank 1: memory step 195: sha256 does not match" in line
     [row] = jobpage.attempts(docs, "j1")  # what `mtc job describe` shows per attempt
     assert "from peer" in row["restore"] and "memory step 195" in row["restore"]
+
+
+def test_interruptions_without_progress_never_spend_the_ladder() -> None:
+    """The twin's 60-day Llama 3 job failed on day 38: maintenance stops and a host fault
+    during slow starts, each ending an attempt before it saved, spent the ladder. Only the
+    program's own ends count on it; the platform's leave it where it was."""
+    plane = Plane(QUIET).up()
+    submit(plane)
+    saved(plane, 195, "memory")
+    for attempt in range(1, 8):  # stopped before any save, each time, by the platform
+        plane.exit_workers("j1", attempt, 75)  # checkpointed on SIGTERM and left
+        job = started(plane, attempt + 1)
+        assert job.recovery.stalled == [] and skip_of(plane) is None
+    plane.exit_workers("j1", 8, CRASH)  # then its own crash: the ladder's first rung
+    job = plane.job("j1")
+    assert job.state in (JobState.PENDING, JobState.RUNNING), job.error
+    assert [s["attempt"] for s in job.recovery.stalled] == [8]

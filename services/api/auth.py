@@ -27,6 +27,8 @@ TOKENS_MANAGE = "mtc.tokens.manage"  # minting/revoking tokens and editing the p
 # a node's health report (``nodes/{node}:reportHealth``): what a node agent's token may do,
 # and nothing else (role "node-agent"); editors hold it too (they inject faults with it)
 NODE_REPORT = "mtc.nodes.reportHealth"
+# ``{cluster}:reportFaultyNodes``: deletes nodes and hands hosts to the provider (editors)
+REPORT_FAULTY = "aiplatform.modelDevelopmentClusters.reportFaultyNodes"
 
 
 def _perms(verbs: Iterable[str], *, operations: Iterable[str]) -> frozenset[str]:
@@ -37,7 +39,8 @@ def _perms(verbs: Iterable[str], *, operations: Iterable[str]) -> frozenset[str]
 
 _VIEWER = _perms(_READ_VERBS, operations=("get", "list", "wait"))
 # the Slurm Job API runs arbitrary code, as creating a CustomJob does: editors may
-_EDITOR = _VIEWER | _perms(_WRITE_VERBS, operations=("cancel", "delete")) | {SLURM_RUN, NODE_REPORT}
+_EDITOR = _VIEWER | _perms(_WRITE_VERBS, operations=("cancel", "delete")) \
+    | {SLURM_RUN, NODE_REPORT, REPORT_FAULTY}
 _ADMIN = _EDITOR | {TOKENS_MANAGE}
 
 # a running job's own credential (``job_tokens``): its own job, read and cancel, only

@@ -24,6 +24,7 @@ from services.api.wire.cluster import (
     ListModelDevelopmentClustersResponse,
     ModelDevelopmentCluster,
     NodeOperatorRequest,
+    ReportFaultyNodesRequest,
 )
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.health_report import ReportNodeHealthRequest, ReportNodeHealthResponse
@@ -103,6 +104,10 @@ SPECS: dict[tuple[str, str], Spec] = {
     ("POST", "modelDevelopmentClusters/{modelDevelopmentCluster}/nodes/{node}:reportHealth"): Spec(
         "reportHealth", ReportNodeHealthResponse, ReportNodeHealthRequest,
         summary="mtc extension: a node health report (faults), as its agent would send it"),
+    ("POST", "modelDevelopmentClusters/{modelDevelopmentCluster}:reportFaultyNodes"): Spec(
+        "reportFaultyNodes", Operation, ReportFaultyNodesRequest,
+        summary="Delete faulty nodes (recreated, same name) or report their hosts (mtc: "
+                "several nodes a call)"),
     ("POST", "modelDevelopmentClusters/{modelDevelopmentCluster}:callSlurmRestApi"): Spec(
         "callSlurmRestApi", CallSlurmRestApiResponse, CallSlurmRestApiRequest,
         summary="The Slurm Job API: one call to the cluster's slurmrestd (/slurm/v0.0.38/...)"),

@@ -13,7 +13,7 @@ from typing import Any
 from services.api.errors import ApiError, not_found
 from services.api.names import Parent
 from services.api.wire.proto_json import timestamp
-from shared.domain.model import ClusterState
+from shared.domain.model import ClusterState, NodeState
 
 OPERATIONS = "operations"
 TYPE = "type.googleapis.com/google.cloud.aiplatform"
@@ -27,7 +27,13 @@ METADATA = {
     ("model", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
     ("trainingPipeline", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
     ("hyperparameterTuningJob", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
+    ("clusterNodes", "reportFaultyNodes"):
+        f"{TYPE}.v1beta1.ReportFaultyNodesOperationMetadata",
 }
+NODES_TARGET = "clusterNodes"
+# a reported node is on its way while in one of these; held by the guard, it waits for a person
+IN_TRANSIT = frozenset({NodeState.PROVISIONING, NodeState.DRAINING, NodeState.DRAINED,
+                        NodeState.REPAIRING, NodeState.VERIFYING})
 DONE_AT_ONCE = ("customJob", "model", "trainingPipeline",  # their records change in the call
                 "hyperparameterTuningJob")
 CLUSTER_TYPE = f"{TYPE}.v1beta1.ModelDevelopmentCluster"
@@ -41,8 +47,10 @@ def operation_id(*parts: object) -> str:
 
 def start(uow: Any, parent: Parent, *, target: str, target_id: str, verb: str,
           generation: int, now: float, retention_s: float,
-          response: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``response``: the answer of an operation done in the call (an upload's)."""
+          response: dict[str, Any] | None = None, nodes: list[str] | None = None
+          ) -> dict[str, Any]:
+    """``response``: the answer of an operation done in the call (an upload's); ``nodes``:
+    the nodes an operation on a cluster's nodes waits for."""
     op_id = operation_id(target, target_id, verb, generation)
     existing = uow.record(OPERATIONS, op_id)
     if existing is not None:
@@ -53,6 +61,8 @@ def start(uow: Any, parent: Parent, *, target: str, target_id: str, verb: str,
               "expire_at": now + retention_s, "cancelled": False}
     if response is not None:
         record["response"] = response
+    if nodes is not None:
+        record["nodes"] = nodes
     uow.put_record(OPERATIONS, op_id, record)
     return record
 
@@ -88,6 +98,8 @@ def _progress(uow: Any, record: dict[str, Any], now: float, cluster_json: Any
         return True, {"code": 1, "message": "the operation was cancelled"}, EMPTY, record["time"]
     if record["target"] in DONE_AT_ONCE:  # the job record is gone at once, a model uploaded
         return True, None, record.get("response") or EMPTY, record["created"]
+    if record["target"] == NODES_TARGET:
+        return _nodes_progress(uow, record, now)
     cluster = uow.clusters.get(record["target_id"])
     gone = cluster is None or cluster.state is ClusterState.DELETED
     if record["verb"] == "delete":
@@ -105,6 +117,21 @@ def _progress(uow: Any, record: dict[str, Any], now: float, cluster_json: Any
         return True, {"code": 13, "message": cluster.message or "provisioning failed"}, \
             EMPTY, cluster.updated_at
     return False, None, EMPTY, now
+
+
+def _nodes_progress(uow: Any, record: dict[str, Any], now: float
+                    ) -> tuple[bool, dict[str, Any] | None, dict[str, Any], float]:
+    """Done once no reported node is on its way: back in service (under its own name), held
+    by the blast-radius guard, or needing a person."""
+    nodes = [uow.nodes.get(n) for n in record.get("nodes", ())]
+    if any(n is not None and n.state in IN_TRANSIT for n in nodes):
+        return False, None, EMPTY, now
+    failed = [n.node_id for n in nodes if n is not None and n.state is NodeState.FAILED]
+    updated = max([record["created"], *(n.since for n in nodes if n is not None)])
+    if failed:
+        return True, {"code": 9, "message": f"node(s) {', '.join(failed)} need a person "
+                      "(repair failed)"}, EMPTY, updated
+    return True, None, EMPTY, updated
 
 
 def cancel(uow: Any, record: dict[str, Any], now: float, cancel_target: Any) -> None:

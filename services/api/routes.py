@@ -17,6 +17,7 @@ from typing import Any
 from services.api import (
     clusters,
     custom_jobs,
+    faulty_nodes,
     models,
     node_health,
     node_ops,
@@ -26,7 +27,7 @@ from services.api import (
     tuning_jobs,
 )
 from services.api import job_logs as logs_api
-from services.api.auth import NODE_REPORT
+from services.api.auth import NODE_REPORT, REPORT_FAULTY
 from services.api.call import Call
 
 Handler = Callable[[Call], Any]
@@ -80,6 +81,10 @@ def _node_command(verb: str) -> Handler:
         return node_ops.act(c.ctx, c.parent, c.rid, c.path["node"], verb, c.body(),
                             c.principal)
     return act
+
+
+def _report_faulty(c: Call) -> Any:
+    return faulty_nodes.report(c.ctx, c.parent, c.rid, c.body(), c.principal)
 
 
 def _slurm_rest(c: Call) -> Any:
@@ -139,6 +144,7 @@ ROUTES: tuple[Route, ...] = (
     _row("POST", f"{CLUSTERS}{_ID}{_NODE}:reportHealth", NODE_REPORT, _report_health),
     *(_row("POST", f"{CLUSTERS}{_ID}{_NODE}:{verb}", f"{C}.update", _node_command(verb),
            reasoned=True) for verb in node_ops.VERBS),
+    _row("POST", f"{CLUSTERS}{_ID}:reportFaultyNodes", REPORT_FAULTY, _report_faulty),
     _row("POST", f"{CLUSTERS}{_ID}:callSlurmRestApi", f"{C}.run", _slurm_rest),
     _row("GET", OPS, f"{OP}.list", OPC.serve_list),
     _row("GET", f"{OPS}{_ID}", f"{OP}.get", OPC.serve_get),

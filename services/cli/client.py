@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import requests
 
-from services.api import clusters, custom_jobs, node_ops, operations_api
+from services.api import clusters, custom_jobs, faulty_nodes, node_ops, operations_api
 from services.api import job_logs as logs_api
 from services.api import models as models_api
 from services.api.context import ApiContext
@@ -82,6 +82,8 @@ class Client(Protocol):
                       rank: int | None = None, token: str | None = None) -> dict[str, Any]: ...
     def node_command(self, parent: Parent, cluster_id: str, node_id: str, verb: str,
                      reason: str) -> dict[str, Any]: ...
+    def report_faulty_nodes(self, parent: Parent, cluster_id: str, body: Any
+                            ) -> dict[str, Any]: ...
 
 
 def operation_parent(name: str) -> tuple[Parent, str]:
@@ -207,6 +209,13 @@ class LocalClient:
                           **_audit("modelDevelopmentClusters.update", parent, "POST",
                                    f"modelDevelopmentClusters/{cluster_id}/nodes/{node_id}:"
                                    f"{verb}"), reason=reason)
+
+    def report_faulty_nodes(self, parent: Parent, cluster_id: str, body: Any
+                            ) -> dict[str, Any]:
+        return self._call(lambda: faulty_nodes.report(self.ctx, parent, cluster_id, body,
+                                                      self.principal),
+                          **_audit("modelDevelopmentClusters.reportFaultyNodes", parent, "POST",
+                                   f"modelDevelopmentClusters/{cluster_id}:reportFaultyNodes"))
 
     def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
                       rank: int | None = None, token: str | None = None) -> dict[str, Any]:
@@ -361,6 +370,11 @@ class HttpClient:
                      reason: str) -> dict[str, Any]:
         return self._request("POST", f"{self._clusters(parent)}/{cluster_id}/nodes/"
                              f"{node_id}:{verb}", body={"reason": reason})
+
+    def report_faulty_nodes(self, parent: Parent, cluster_id: str, body: Any
+                            ) -> dict[str, Any]:
+        return self._request("POST", f"{self._clusters(parent)}/{cluster_id}:reportFaultyNodes",
+                             body=body)
 
     def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
                       rank: int | None = None, token: str | None = None) -> dict[str, Any]:

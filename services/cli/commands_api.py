@@ -120,6 +120,26 @@ def _finish(client: Client, args: argparse.Namespace, op: dict[str, Any], what: 
     return op
 
 
+def faulty_body(node_ids: list[str], host: bool, behavior: str, description: str
+                ) -> dict[str, Any]:
+    """The ``reportFaultyNodes`` body: each node deleted, or its host reported."""
+    reason = {"faultReasons": [{"behavior": behavior, "description": description}]}
+    return {"nodeActions": [{"nodeId": n, **({"reportFaultyHost": reason} if host else {})}
+                            for n in node_ids]}
+
+
+def _report_faulty(args: argparse.Namespace, client: Client) -> None:
+    body = faulty_body(args.node_ids, args.host, args.behavior, args.description)
+    op = _finish(client, args, client.report_faulty_nodes(args.parent, args.cluster_id, body),
+                 f"reportFaultyNodes on {args.cluster_id}")
+    if args.json:
+        show(op, True)
+        return
+    what = "host reported" if args.host else "deleted (recreated under the same name)"
+    state = "done" if op.get("done") else "in progress"
+    print(f"{', '.join(args.node_ids)}: {what}; operation {op['name']}: {state}")
+
+
 def cmd_cluster(args: argparse.Namespace, client: Client) -> None:
     parent = args.parent
     match args.action:
@@ -136,6 +156,8 @@ def cmd_cluster(args: argparse.Namespace, client: Client) -> None:
             if not args.wait and not args.json:
                 print(f"operation {op['name']}: in progress (`--wait S` waits for it)",
                       file=sys.stderr)
+        case "report-faulty":
+            _report_faulty(args, client)
         case "get":
             cluster = client.get_cluster(parent, args.cluster_id)
             show(cluster, args.json, lambda: cluster_table([cluster]))

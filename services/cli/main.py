@@ -115,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--wait", type=float, default=0.0, metavar="S",
                    help="wait up to S seconds on the Operation (until gone)")
     leaf(csub, "list").add_argument("--filter", help='e.g. state="READY"')
+    x = leaf(csub, "report-faulty", "delete faulty nodes (each recreated under its own "
+             "name) or, with --host, report their hosts; through the jobs' recovery and the "
+             "blast-radius guard; audited")
+    x.add_argument("cluster_id")
+    x.add_argument("node_ids", nargs="+", metavar="NODE")
+    x.add_argument("--host", action="store_true", help="report the hosts as faulty")
+    x.add_argument("--behavior", default="BEHAVIOR_UNSPECIFIED", choices=[
+        "BEHAVIOR_UNSPECIFIED", "PERFORMANCE", "SILENT_DATA_CORRUPTION",
+        "UNRECOVERABLE_GPU_ERROR"], help="with --host: what the host did")
+    x.add_argument("--description", default="", help="with --host: what was seen")
+    x.add_argument("--wait", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds on the Operation (nodes back or held)")
     x = leaf(csub, "nodes", "the cluster's nodes, sinfo-like")
     x.add_argument("cluster_id")
     x.add_argument("--all", action="store_true", help="include retired nodes")

@@ -50,6 +50,7 @@ from shared.service_layer import deep_checks
 
 SERVICE = "repair"
 DEEP_CHECK_TRIGGER = {RepairAction.REIMAGE: "reimage", RepairAction.REPLACE: "replace"}
+HOST_REPORT = "reportFaultyHost"  # an operator's request (services.repair.faulty)
 
 
 def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
@@ -189,7 +190,7 @@ def _launch(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reaso
     if action is RepairAction.MANUAL:
         _fail(node, reason, uow, deps)
         return
-    if action is RepairAction.REPLACE:
+    if action is RepairAction.REPLACE and not host_reported(node):
         _replace(node, uow, deps, reason)
         return
     node.repair_action = action
@@ -201,6 +202,13 @@ def _launch(node: Node, action: RepairAction, uow: UnitOfWork, deps: Deps, reaso
     early = _take_early_repair(node)
     if early is not None:  # that repair already ran and answered before this commit
         uow.emit(early)
+
+
+def host_reported(node: Node) -> bool:
+    """An operator reported the node's host: the node keeps its name and spec and comes back
+    on a repaired or new host (Compute Engine: ``reportHostAsFaulty``, then delete and insert
+    under the same name), where a replace would retire it for a new one."""
+    return node.operator_request.startswith(f"{HOST_REPORT}:")
 
 
 def _take_early_repair(node: Node) -> NodeRepairCompleted | None:

@@ -86,6 +86,8 @@ def act(verb: str, cluster_id: str, node_id: str, reason: object, by: str,
     if node.role is not NodeRole.WORKER:
         raise Conflict(f"node {node_id} is the login node: it runs no jobs")
     request = f"{verb}:{text}"
+    if verb == RELEASE_HOLD and repair.host_reported(node):
+        request = f"{repair.HOST_REPORT}:{request}"  # released, it is still a host report
     refused = COMMANDS[verb](node, f"{verb} by {by}: {text}", uow, deps)
     if refused is not None:
         if node.operator_request == request:

@@ -152,3 +152,32 @@ class NodeOperatorRequest(Message):
 class ListClusterNodesResponse(Message):
     nodes: list[ClusterNode] = Field(default_factory=list)
     next_page_token: str = ""
+
+
+FAULT_BEHAVIORS = {"BEHAVIOR_UNSPECIFIED": 0, "PERFORMANCE": 1, "SILENT_DATA_CORRUPTION": 2,
+                   "UNRECOVERABLE_GPU_ERROR": 3}
+FaultBehavior = Annotated[str, enum_parser("FaultReason.Behavior", FAULT_BEHAVIORS),
+                          enum_schema("FaultReason.Behavior", FAULT_BEHAVIORS)]
+MAX_NODE_ACTIONS = 256
+
+
+class FaultReason(Message):
+    behavior: FaultBehavior
+    description: str = Field(default="", max_length=1000)
+
+
+class ReportFaultyHost(Message):
+    fault_reasons: list[FaultReason] = Field(min_length=1, max_length=16)
+
+
+class NodeAction(Message):
+    """One node: deleted (and recreated, same name and spec), or its host reported."""
+
+    node_id: str = Field(min_length=1, max_length=128)
+    report_faulty_host: ReportFaultyHost | None = None
+
+
+class ReportFaultyNodesRequest(Message):
+    """``:reportFaultyNodes``: Google's service takes one node a call; mtc takes several."""
+
+    node_actions: list[NodeAction] = Field(min_length=1, max_length=MAX_NODE_ACTIONS)

@@ -29,8 +29,8 @@ def test_every_route_and_version_is_one_operation() -> None:
     assert {(m, p) for m, p, _ in _operations()} == expected
     # customJobs, clusters, operations; nodes/{node}:reportHealth; models and trainingPipelines;
     # hyperparameterTuningJobs; customJobs/{id}/logs; the four node operator verbs;
-    # the Slurm Job API (v1beta1 only)
-    assert len(expected) == 26 + 1 + 22 + 10 + 2 + 4 + 1
+    # the Slurm Job API and reportFaultyNodes (v1beta1 only)
+    assert len(expected) == 26 + 1 + 22 + 10 + 2 + 4 + 1 + 1
     ids = [op["operationId"] for _, _, op in _operations()]
     assert len(ids) == len(set(ids))
     assert "v1beta1.customJobs.create" in ids and "v1.customJobs.create" in ids
@@ -98,3 +98,22 @@ def test_bearer_auth_applies_to_every_operation() -> None:
     assert DOC["components"]["securitySchemes"]["bearerAuth"] == {
         "type": "http", "scheme": "bearer"}
     assert DOC["openapi"].startswith("3.1")
+
+
+def test_report_faulty_nodes_is_described_as_served() -> None:
+    op = DOC["paths"][f"{CLUSTERS}/{{modelDevelopmentCluster}}:reportFaultyNodes"]["post"]
+    body = op["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/ReportFaultyNodesRequest"}
+    assert op["requestBody"]["required"] is True
+    assert op["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Operation"}
+    schema = {**body, "components": DOC["components"]}
+    host = {"faultReasons": [{"behavior": "UNRECOVERABLE_GPU_ERROR", "description": "Xid 79"}]}
+    jsonschema.validate({"nodeActions": [{"nodeId": "c1-gpu-0"}]}, schema)
+    jsonschema.validate({"nodeActions": [{"nodeId": "c1-gpu-0", "reportFaultyHost": host}]},
+                        schema)
+    for bad in ({}, {"nodeActions": []},
+                {"nodeActions": [{"nodeId": "n", "reportFaultyHost": {
+                    "faultReasons": [{"behavior": "SLOW"}]}}]}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)

@@ -195,8 +195,16 @@ def _accelerator(vertex_name: str) -> str:
     return vertex_name.lower().replace("_", "-")
 
 
+FAULT_BEHAVIORS = ("PERFORMANCE", "SILENT_DATA_CORRUPTION", "UNRECOVERABLE_GPU_ERROR",
+                   "BEHAVIOR_UNSPECIFIED")
+
+
 def fault_behavior(reason: str) -> str:
-    """The ``faultReasons[].behavior`` that fits a drain reason (best effort, by keyword)."""
+    """The ``faultReasons[].behavior`` that fits a drain reason: the one an operator named
+    (``reportFaultyNodes``), else a best effort by keyword."""
+    named = [b for b in FAULT_BEHAVIORS if b in reason]
+    if named:
+        return min(named, key=reason.index)
     text = reason.lower()
     if any(k in text for k in ("slow", "speed", "straggl", "throttl", "performance")):
         return "PERFORMANCE"

@@ -26,13 +26,14 @@ demo-torch: $(STAMP)
 # missing (root), else it stops naming the command; then unit, contract and twin tests on two
 # processes (they share nothing), then the integration tests on two processes (each on its
 # own ports and directories; those sharing the session's Slurm cluster or emulators in one
-# process: tests/integration/conftest.py); both run, either fails it; each part names its 15
-# slowest tests.
+# process: tests/integration/conftest.py), then those marked alone (the soak) one at a time;
+# all run, any fails it; the first two parts name their 15 slowest tests.
 test: $(STAMP)
 	bash scripts/install_test_tools.sh
 	rc=0; $(BIN)/pytest -q -p no:cacheprovider -n 2 -m "not integration" --durations=15 || rc=1; \
-	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m integration --durations=15 \
-	  || rc=1; exit $$rc
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m "integration and not alone" \
+	  --durations=15 || rc=1; \
+	$(BIN)/pytest -q -p no:cacheprovider -m "integration and alone" || rc=1; exit $$rc
 
 # The quick loop while you work: everything but the integration and slow tests.
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: compiling every module and

@@ -11,6 +11,7 @@ import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from bench.soak_controller import PROGRESS_TIMEOUT_S
+from bench.soak_ranks import describe_ranks
 from bench.soak_records import PlannedJob, disk_full
 from bench.soak_settings import FINAL_QUIET_S, RETENTION_SLACK_S, SETTINGS
 from shared.config import ControlPlaneConfig
@@ -128,10 +129,16 @@ class JobChecks:
                                f"{latest.step if latest else None}, no change for "
                                f"{now - p.changed_at:.0f} s with capacity for it "
                                f"(nodes {job.node_ids}{'; ' + why if waiting else ''})"
-                               f"{self.hang_note(p.job_id)}")
+                               f"{self.hang_note(p.job_id, job.attempt)}")
 
-    def hang_note(self, job_id: str) -> str:
-        return f"; {self.s.hung[job_id]}" if job_id in self.s.hung else ""
+    def hang_note(self, job_id: str, attempt: int = 0) -> str:
+        """What the soak did to the job (a SIGSTOP), then what its ranks are doing."""
+        note = f"; {self.s.hung[job_id]}" if job_id in self.s.hung else ""
+        try:
+            with self.s.compute_db() as db:
+                return note + describe_ranks(db, job_id, attempt)
+        except sqlite3.Error as exc:
+            return f"{note}; compute ledger: unknown ({exc})"
 
     def check_final(self, p: PlannedJob, job: Job) -> None:
         self.s.check("job ends as program and policy say")
@@ -182,7 +189,7 @@ class JobChecks:
                                f"{p.job_id} ({p.replicas}x{p.steps} steps) still "
                                f"{job.state.value} (attempt {job.attempt}) {self.s.settle_s:.0f} s "
                                f"after the chaos ended, no change for {quiet:.0f} s "
-                               f"({why or 'running'}){self.hang_note(p.job_id)}")
+                               f"({why or 'running'}){self.hang_note(p.job_id, job.attempt)}")
             else:
                 p.final = f"{job.state.value} (at the end: " + (
                     "capacity only just back)" if waiting else "still progressing)")

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from shared import yaml_text
 from simulator.readers import DURATION_RE, ScenarioError
 
 # Short names for what people vary most; any dotted path works too (``*`` = every list item).
@@ -43,7 +44,7 @@ def parse_value(text_: str) -> Any:
     if "+" in text_ and not DURATION_RE.match(text_):
         return [parse_value(part) for part in text_.split("+")]
     try:
-        return yaml.safe_load(text_)
+        return yaml_text.safe_load(text_)
     except yaml.YAMLError:
         return text_
 

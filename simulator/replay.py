@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from shared import yaml_text
 from shared.domain.errors import ValidationError
 from shared.domain.health import Condition, FailureRecord, HealthReport, RepairAction
 from shared.policies.repair import (
@@ -86,7 +85,7 @@ def load_policy(path: str | Path | None, name: str = "") -> Policy:
         raise PolicyError(f"{table_path}: {exc}") from None
     raw: dict[str, Any] = {}
     if repair_path.is_file():
-        loaded = yaml.safe_load(repair_path.read_text()) or {}
+        loaded = yaml_text.safe_load(repair_path.read_text()) or {}
         if not isinstance(loaded, dict):
             raise PolicyError(f"{repair_path}: must be a mapping of RepairConfig fields")
         raw = loaded

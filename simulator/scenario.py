@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from shared import yaml_text
 from shared.domain.errors import ValidationError
 from shared.domain.topology import SPARE_LAYOUTS
 from shared.policies.repair import load_repair_config
@@ -403,7 +404,7 @@ def _read_yaml(file: Path) -> dict[str, Any]:
         raise ScenarioError(str(file), f"cannot read: {exc.strerror or exc} (a file, or a "
                             f"packaged scenario by name: {names}; `mtc sim scenarios`)") from None
     try:
-        data = yaml.safe_load(text_)
+        data = yaml_text.safe_load(text_)
     except yaml.YAMLError as exc:
         raise ScenarioError(str(file), f"not valid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -16,14 +16,13 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
-from services.cli.bench_report import document, print_table, write_outputs
 from shared.domain.errors import ValidationError
-from shared.resilience.score import RunScore
 from shared.resilience.trace import Trace, load_trace, packaged_traces
+
+if TYPE_CHECKING:
+    from shared.resilience.score import RunScore
 
 DEFAULT_STATE_DIR = Path("var/bench")
 STATE_SUBDIR = "mtc-bench"
@@ -62,6 +61,12 @@ def cmd_bench_recovery(args: argparse.Namespace, named: str | None) -> int:
         raise ValidationError("--api", "`mtc bench recovery` plays faults through the local "
                               "fault injection and reads the event log: run it on the "
                               "embedded default (drop --api)")
+    # imported here: every `mtc` command builds this module's parser, only `mtc bench`
+    # runs it
+    from rich.console import Console
+
+    from services.cli.bench_report import document, print_table, write_outputs
+
     trace = load_trace(args.trace)
     quiet = bool(args.json)
     console = Console(highlight=False, stderr=quiet)

@@ -70,7 +70,12 @@ def _state_dir_option() -> argparse.ArgumentParser:
     return c
 
 
-def build_parser() -> argparse.ArgumentParser:
+TWIN_COMMANDS = ("sim", "replay")
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given an ``argv`` that names another command, one without the
+    twin's subcommands, whose imports are a fifth of a command's start-up."""
     p = argparse.ArgumentParser(prog="mtc", description=__doc__.splitlines()[0])
     p.add_argument("--state-dir", default=None,
                    help="where the embedded control plane keeps its state (env MTC_STATE_DIR; "
@@ -248,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "of one rank, checked against an uninterrupted run (`make demo-torch`)")
     d.set_defaults(fn=cmd_demo)
 
+    words = [a for a in (argv or []) if not a.startswith("-")]
+    if any(w in sub.choices for w in words) and not any(w in TWIN_COMMANDS for w in words):
+        return p
     try:
         from simulator.cli import add_parser as add_sim
         from simulator.cli import add_replay_parser as add_replay
@@ -300,8 +308,9 @@ def _at_least_one(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command in ("sim", "replay"):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    if args.command in TWIN_COMMANDS:
         return int(args.fn(args) or 0)
     named = args.state_dir or os.environ.get("MTC_STATE_DIR") or None
     state_dir = Path(named or DEFAULT_STATE_DIR)

@@ -27,9 +27,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import mtc_program
+from shared import yaml_text
 from shared.domain.errors import NotFound, ValidationError
 
 PROGRAM = "services.recipes.programs.lm"
@@ -91,7 +90,7 @@ def raw(name: str) -> dict[str, Any]:
     files = _data_files()
     if name not in files:
         raise NotFound("recipe", f"{name} (recipes: {', '.join(sorted(files))})")
-    body = yaml.safe_load(files[name])
+    body = yaml_text.safe_load(files[name])
     if not isinstance(body, dict) or not isinstance(body.get("version"), int):
         raise ValidationError("version", f"recipe {name} has no integer version")
     return body
@@ -117,7 +116,7 @@ def parse_set(items: Sequence[str]) -> list[tuple[list[str], Any]]:
         if path[0] not in (*SECTIONS, *TOP_KEYS):
             raise ValidationError("--set", f"{path[0]!r} is not a recipe key; keys: "
                                   f"{', '.join((*SECTIONS, *TOP_KEYS))}")
-        out.append((path, yaml.safe_load(value) if value.strip() else None))
+        out.append((path, yaml_text.safe_load(value) if value.strip() else None))
     return out
 
 

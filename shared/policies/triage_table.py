@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from shared import yaml_text
 from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
 from shared.domain.health import ConditionType, RepairAction, Severity
@@ -132,7 +133,7 @@ def _load_default() -> TriageTable:
 def _load_file(path: Path) -> TriageTable:
     text = Path(path).read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        data = yaml_text.safe_load(text)
     except yaml.YAMLError as exc:
         raise ValidationError(str(path), f"not valid YAML: {exc}") from exc
     return parse_triage_table(data)

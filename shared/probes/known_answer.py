@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from shared.domain.health import Condition, ConditionType
 from shared.probes.conditions import healthy, problem
 
@@ -41,6 +39,8 @@ class KnownAnswer:
 
 def compute(corrupt_by: int = 0, repeats: int = 3) -> KnownAnswer:
     """Run the product ``repeats`` times (the best time counts; every checksum must match)."""
+    import numpy as np  # here: every process that wires a node imports this module
+
     rng = np.random.default_rng(SEED)
     a = rng.integers(-8, 9, (SIZE, SIZE)).astype(np.float32)
     b = rng.integers(-8, 9, (SIZE, SIZE)).astype(np.float32)

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from shared import yaml_text
 from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
 
@@ -198,7 +199,7 @@ def load_trace(source: str | Path | None = None) -> Trace:
             raise ValidationError("--trace", f"cannot read {name}: {exc.strerror or exc}; "
                                   f"packaged traces: {', '.join(packaged_traces())}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml_text.safe_load(text)
     except yaml.YAMLError as exc:
         raise ValidationError("--trace", f"{name} is not valid YAML: {exc}") from None
     return parse_trace(data)

@@ -20,28 +20,44 @@ pytestmark = pytest.mark.integration  # the CLI as subprocesses, real workers
 
 
 def wait_for(state: Path, predicate: Any, timeout: float = 40.0) -> Any:
+    """Poll with `mtc` commands while the fixture's controller process moves the state."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        mtc(state, "controller", "--for", "0.5")
         value = predicate()
         if value:
             return value
+        time.sleep(0.2)
     raise AssertionError("timed out")
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Path]:
+    """A cluster made by one command, then `mtc controller` running beside the test's
+    commands (as an operator leaves it running): every command is still its own process on
+    the same state."""
     spec = write(tmp_path / "cluster.json", cluster_body())
     state = tmp_path / "state"
     out = mtc_json(state, "cluster", "create", "demo", "-f", str(spec), "--wait", "20")
     assert out["state"] == "READY"
     assert out["name"] == "projects/local/locations/local/modelDevelopmentClusters/demo"
-    yield state
-    from services.wiring.embedded import embedded
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "services.cli.main", "--state-dir", str(state), "controller",
+         "--for", "600"], cwd=ROOT, env=clean_env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        yield state
+    finally:
+        controller.send_signal(signal.SIGINT)  # its Ctrl-C: the loop ends between passes
+        try:
+            controller.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            controller.kill()
+            controller.wait()
+        from services.wiring.embedded import embedded
 
-    app = embedded(state)
-    app.compute.kill_all()
-    app.close()
+        app = embedded(state)
+        app.compute.kill_all()
+        app.close()
 
 
 def progress(job: dict[str, Any]) -> dict[str, Any]:

@@ -49,6 +49,9 @@ class RankProc:
     node_id: str
 
 
+CHILDREN_FRESH_S = 0.5  # a poll's attempts are scanned well within this
+
+
 def config_from_env(env: Mapping[str, str]) -> ProcessHangConfig:
     """``MTC_HANG_STOPPED_S``, ``MTC_HANG_D_STATE_S``, ``MTC_HANG_QUIET_S`` over the
     defaults (the node's own settings)."""
@@ -184,6 +187,8 @@ class ProcWatch:
     config: ProcessHangConfig = field(default_factory=lambda: config_from_env(os.environ))
     attempts: dict[tuple[str, int], _Attempt] = field(default_factory=dict)
     hung_on: dict[str, set[str]] = field(default_factory=dict)  # job -> nodes with HangInJob
+    # one listing of /proc serves every attempt scanned in the same poll
+    _children: tuple[float, dict[int, list[int]]] = (float("-inf"), {})
 
     def scan(self, job_id: str, attempt: int, ranks: Mapping[int, RankProc],
              checkpoint_dir: str, now: float) -> list[NodeHealthReported]:
@@ -192,7 +197,9 @@ class ProcWatch:
         for key in [k for k in self.attempts if k[0] == job_id and k[1] < attempt]:
             del self.attempts[key]  # bounded: one attempt per job is remembered
         state = self.attempts.setdefault((job_id, attempt), _Attempt(started=now))
-        children = children_map()
+        if now - self._children[0] > CHILDREN_FRESH_S or now < self._children[0]:
+            self._children = (now, children_map())
+        children = self._children[1]
         out: list[NodeHealthReported] = []
         for rank, proc in ranks.items():
             found = sample(rank, proc, children)

@@ -136,3 +136,22 @@ def test_a_later_attempt_writing_output_lifts_the_hang(
 def test_the_thresholds_come_from_the_nodes_environment() -> None:
     cfg = proc_watch.config_from_env({"MTC_HANG_STOPPED_S": "7", "MTC_HANG_QUIET_S": "120"})
     assert (cfg.stopped_s, cfg.quiet_s, cfg.uninterruptible_s) == (7.0, 120.0, 60.0)
+
+
+def test_one_listing_of_proc_serves_every_attempt_of_a_poll(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    listings: list[int] = []
+    real = proc_watch.children_map
+
+    def counted() -> dict[int, list[int]]:
+        listings.append(1)
+        return real()
+
+    monkeypatch.setattr(proc_watch, "children_map", counted)
+    watch = ProcWatch(config=ProcessHangConfig())
+    ranks = {0: RankProc(os.getpid(), str(tmp_path / "r0.log"), "n0")}
+    for job in ("a", "b", "c"):
+        watch.scan(job, 1, ranks, str(tmp_path), now=100.0)
+    assert len(listings) == 1
+    watch.scan("a", 1, ranks, str(tmp_path), now=102.0)  # the next poll lists again
+    assert len(listings) == 2

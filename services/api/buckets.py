@@ -71,10 +71,42 @@ def claim(uow: Any, parent: Parent, named: Iterable[Named], now: float) -> None:
         uow.put_record(BUCKETS, bucket, {"project": parent.project, "time": now})
 
 
+def owner(uow: Any, bucket: str) -> str | None:
+    """The project that owns ``bucket``; None: no project has it. Read only: before the
+    first claim, from the records as ``_adopt`` will read them."""
+    if uow.record(ids.TENANCY, ADOPTED) is None:
+        return _found_owners(uow).get(bucket)
+    record = uow.record(BUCKETS, bucket)
+    return None if record is None else str(record["project"])
+
+
+def owned_by(uow: Any, project: str) -> list[str]:
+    """The buckets ``project`` owns, by name."""
+    if uow.record(ids.TENANCY, ADOPTED) is None:
+        return sorted(b for b, p in _found_owners(uow).items() if p == project)
+    return sorted(str(r["_id"]) for r in uow.records(BUCKETS, {"project": project}))
+
+
+def create(uow: Any, project: str, bucket: str, now: float) -> bool:
+    """Make ``bucket`` ``project``'s; False: some project already owns it (nothing written)."""
+    if uow.record(ids.TENANCY, ADOPTED) is None:
+        _adopt(uow, now)
+    if uow.record(BUCKETS, bucket) is not None:
+        return False
+    uow.put_record(BUCKETS, bucket, {"project": project, "time": now})
+    return True
+
+
 def _adopt(uow: Any, now: float) -> None:
     """Owners from the records already stored (jobs, tuning jobs, pipelines, model versions),
     the oldest use of each bucket first; once per deployment, in the first create that
     names a bucket (every claim comes after it: no bucket has an owner yet)."""
+    for bucket, project in _found_owners(uow).items():
+        uow.put_record(BUCKETS, bucket, {"project": project, "time": now})
+    uow.put_record(ids.TENANCY, ADOPTED, {"time": now})
+
+
+def _found_owners(uow: Any) -> dict[str, str]:
     found: list[tuple[float, str, str]] = []  # (created, project, bucket)
     for collection in (RESOURCES, VERSIONS):
         for record in uow.records(collection, {}):
@@ -85,9 +117,7 @@ def _adopt(uow: Any, now: float) -> None:
     for _, project, bucket in sorted(found):
         if project:
             owners.setdefault(bucket, project)
-    for bucket, project in owners.items():
-        uow.put_record(BUCKETS, bucket, {"project": project, "time": now})
-    uow.put_record(ids.TENANCY, ADOPTED, {"time": now})
+    return owners
 
 
 def _project_of(record: dict[str, Any]) -> str:

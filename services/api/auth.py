@@ -185,5 +185,5 @@ class PolicyStore:
 
 
 __all__ = ["COLLECTIONS", "INVALID_CREDENTIALS", "MISSING_CREDENTIALS", "PERMISSIONS", "ROLES",
-           "SLURM_RUN", "STORAGE_READ", "STORAGE_WRITE", "TOKENS_MANAGE", "Authenticator", "PolicyStore", "Principal",
-           "TokenSource", "authorize", "permissions_of"]
+           "SLURM_RUN", "STORAGE_READ", "STORAGE_WRITE", "TOKENS_MANAGE", "Authenticator",
+           "PolicyStore", "Principal", "TokenSource", "authorize", "permissions_of"]

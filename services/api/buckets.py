@@ -21,12 +21,14 @@ The bucket is read as the output and package paths read it (``shared.service_lay
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from services.api import ids
 from services.api.context import RESOURCES
-from services.api.errors import ApiError, FieldViolation
+from services.api.errors import ApiError, FieldViolation, invalid
 from services.api.names import Parent
+from services.api.storage_files import Tree
 from services.pipelines.registry import VERSIONS
 from shared.service_layer.pool_commands import gcs_bucket
 
@@ -50,11 +52,15 @@ def job_uris(job_spec: dict[str, Any] | None, where: str) -> list[Named]:
     return out
 
 
-def claim(uow: Any, parent: Parent, named: Iterable[Named], now: float) -> None:
+def claim(uow: Any, parent: Parent, named: Iterable[Named], now: float,
+          packages_in: Path | None = None) -> None:
     """The buckets ``named`` are ``parent``'s project's: one another project owns is refused
-    (nothing is written, the first such URI named); the others are recorded as its own."""
+    (nothing is written, the first such URI named); the others are recorded as its own.
+    ``packages_in``: the output root whose ``gcs/`` tree the package URIs named must be
+    objects of (``check_packages``)."""
     if uow.record(ids.TENANCY, ADOPTED) is None:
         _adopt(uow, now)
+    named = list(named)
     new: list[str] = []
     for field, uri in named:
         bucket = gcs_bucket(uri)
@@ -67,8 +73,32 @@ def claim(uow: Any, parent: Parent, named: Iterable[Named], now: float) -> None:
             raise ApiError("PERMISSION_DENIED", f"{field}: {why}", [FieldViolation(field, why)])
         if owner is None and bucket not in new:
             new.append(bucket)
+    if packages_in is not None:
+        check_packages(Tree(packages_in), named)
     for bucket in new:
         uow.put_record(BUCKETS, bucket, {"project": parent.project, "time": now})
+
+
+def check_packages(tree: Tree, named: Iterable[Named]) -> None:
+    """Each ``packageUris`` entry is an object of the tree (a 400 naming its field else): a
+    missing package fails at create, not later as the program's fault, and a path on the
+    server's host is no package URI (a job would read the server's files)."""
+    for field, uri in named:
+        if ".packageUris[" not in field:
+            continue
+        if not uri.startswith("gs://"):
+            raise invalid(field, f"{uri!r} is not a Cloud Storage URI: upload the package "
+                          "(google-cloud-storage with STORAGE_EMULATOR_HOST, `mtc serve` "
+                          "prints it) and name it gs://BUCKET/OBJECT")
+        parts = [p for p in uri.removeprefix("gs://").split("/") if p not in ("", ".", "..")]
+        try:
+            if len(parts) < 2:
+                raise FileNotFoundError(uri)
+            tree.stat(parts[0], "/".join(parts[1:]))
+        except FileNotFoundError:
+            raise invalid(field, f"{uri} does not exist: upload it first") from None
+        except ApiError as exc:  # a name the tree refuses
+            raise invalid(field, f"{uri} names no object: {exc.message}") from None
 
 
 def owner(uow: Any, bucket: str) -> str | None:

@@ -55,7 +55,7 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
     with ctx.unit() as uow:
         cluster = require_cluster(uow, parent, cluster_id, "jobSpec.persistentResourceId")
         buckets.claim(uow, parent, buckets.job_uris(message.to_json().get("jobSpec"), "jobSpec"),
-                      ctx.now)
+                      ctx.now, ctx.storage_root)
         job_id = job_id or generated or new_id()
         existing = prior_create(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id),
                                 _stored(message), ctx.now)

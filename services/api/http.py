@@ -42,7 +42,7 @@ def dispatch(request: flask.Request, ctx: ApiContext) -> flask.Response:
     """One request, start to end: route, authenticate, authorize, run, audit, answer."""
     path = request.path
     if storage.serves(path):  # Cloud Storage's JSON API, on the same port
-        return storage.dispatch(request, ctx, storage.tree_for(ctx), _audit)
+        return storage.dispatch(request, ctx, _audit)
     allowed = []
     for route in ROUTES:
         match = route.pattern.fullmatch(path)

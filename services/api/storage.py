@@ -109,20 +109,23 @@ def serves(path: str) -> bool:
 _trees: dict[str, Tree] = {}
 
 
-def tree_for(ctx: ApiContext) -> Tree:
-    """The ``gcs/`` tree of the context's output root (one per root: it keeps the checksums
-    it has read)."""
-    root = ctx.runtime.deps.config.output_root
-    return _trees.setdefault(str(root), Tree(root))
+def tree_for(ctx: ApiContext) -> Tree | None:
+    """The ``gcs/`` tree of the context's storage root (one per root: it keeps the checksums
+    it has read); None: this deployment serves no Cloud Storage."""
+    root = ctx.storage_root
+    return None if root is None else _trees.setdefault(str(root), Tree(root))
 
 
 Auditor = Callable[[ApiContext, Any, flask.Request, str, int, str], None]
 
 
-def dispatch(request: flask.Request, ctx: ApiContext, tree: Tree, audit: Auditor
-             ) -> flask.Response:
+def dispatch(request: flask.Request, ctx: ApiContext, audit: Auditor) -> flask.Response:
     """One Cloud Storage call: route, authenticate, authorize (in the handler, against the
     bucket's project), run, audit."""
+    tree = tree_for(ctx)
+    if tree is None:
+        return _error(ApiError("NOT_FOUND", f"{request.path}: this deployment serves no "
+                               "Cloud Storage: gs:// is Google's own"))
     request.max_content_length = MAX_REQUEST_BYTES
     route, groups = _route(request)
     if route is None:
@@ -330,7 +333,7 @@ def _range(header: str | None, size: int) -> tuple[int, int]:
         start, end = max(0, size - int(last)), size
     else:
         start, end = int(first), min(size, int(last) + 1) if last else size
-    if start >= size and size > 0 or start > end:
+    if (start >= size and size > 0) or start > end:
         raise ApiError("INVALID_ARGUMENT", f"Range: {header!r} is outside the object's "
                        f"{size} bytes", http=416)
     return start, end
@@ -347,7 +350,7 @@ def _list_objects(call: StorageCall) -> flask.Response:
         size = int(args.get("maxResults", LIST_MAX))
     except ValueError:
         raise invalid("maxResults", "must be a whole number") from None
-    if not 1 <= size:
+    if not size >= 1:
         raise invalid("maxResults", "must be at least 1")
     size = min(size, LIST_MAX)
     after = _token(args.get("pageToken", ""))

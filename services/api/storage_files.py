@@ -26,10 +26,10 @@ import secrets
 import stat
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import google_crc32c
 
@@ -80,11 +80,16 @@ def check_object(name: str, field: str = "name") -> list[str]:
 
 def file_sums(path: Path) -> tuple[str, str]:
     """A file's MD5 and CRC32C, base64, as Google gives them."""
-    md5, crc = hashlib.md5(usedforsecurity=False), google_crc32c.Checksum()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            md5.update(chunk)
-            crc.update(chunk)
+        return _digest(f)
+
+
+def _digest(f: IO[bytes]) -> tuple[str, str]:
+    md5 = hashlib.md5(usedforsecurity=False)
+    crc: Any = google_crc32c.Checksum()  # type: ignore[no-untyped-call]
+    while chunk := f.read(CHUNK):
+        md5.update(chunk)
+        crc.update(chunk)
     return base64.b64encode(md5.digest()).decode(), base64.b64encode(crc.digest()).decode()
 
 
@@ -119,10 +124,8 @@ class Tree:
         try:
             for part in parts:
                 if make:
-                    try:
+                    with suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass
                 nxt = _open_dir(part, fd)
                 os.close(fd)
                 fd = nxt
@@ -160,12 +163,7 @@ class Tree:
                 known = self._sums.get(key)
             if known is not None:
                 return st, *known
-            md5, crc = hashlib.md5(usedforsecurity=False), google_crc32c.Checksum()
-            while chunk := f.read(CHUNK):
-                md5.update(chunk)
-                crc.update(chunk)
-            out = (base64.b64encode(md5.digest()).decode(),
-                   base64.b64encode(crc.digest()).decode())  # type: ignore[arg-type]
+            out = _digest(f)
             with self._lock:
                 if len(self._sums) > 4096:
                     self._sums.clear()
@@ -212,7 +210,7 @@ class Tree:
         """A new temporary file for an upload's content (not in any bucket)."""
         self.uploads.mkdir(parents=True, exist_ok=True)
         path = self.uploads / f"tmp-{secrets.token_hex(12)}"
-        return path, open(path, "xb")  # noqa: SIM115
+        return path, open(path, "xb")
 
     def write_stream(self, out: IO[bytes], source: IO[bytes], limit: int | None = None
                      ) -> int:

@@ -19,21 +19,34 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import flask
 
+from services.api.auth import Principal
 from services.api.errors import ApiError, invalid
-from services.api.storage_files import check_object, file_sums
-
-if TYPE_CHECKING:
-    from services.api.storage import StorageCall
+from services.api.storage_files import Tree, check_object, file_sums
 
 UPLOAD_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 SESSION_DAYS = 7
 MULTIPART_MAX = 64 << 20  # a multipart body is read whole; the client's are 8 MiB at most
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
+
+
+class StorageCall(Protocol):
+    """What an upload needs of its call (``services.api.storage.StorageCall``)."""
+
+    @property
+    def request(self) -> flask.Request: ...
+    @property
+    def tree(self) -> Tree: ...
+    @property
+    def principal(self) -> Principal: ...
+    @property
+    def base(self) -> str: ...
+
+    def render(self, bucket: str, name: str) -> flask.Response: ...
 
 
 def content_type(name: str) -> str:
@@ -118,7 +131,7 @@ def _multipart(request: flask.Request) -> tuple[dict[str, Any], bytes]:
     parts[0] = parts[0][len(delimiter):]
     found = []
     for part in parts[:2]:
-        head, sep, content = part.removeprefix(b"\r\n").partition(b"\r\n\r\n")
+        _, sep, content = part.removeprefix(b"\r\n").partition(b"\r\n\r\n")
         if not sep:
             raise invalid("(body)", "a multipart part has no blank line after its headers")
         found.append(content)

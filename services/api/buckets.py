@@ -52,15 +52,11 @@ def job_uris(job_spec: dict[str, Any] | None, where: str) -> list[Named]:
     return out
 
 
-def claim(uow: Any, parent: Parent, named: Iterable[Named], now: float,
-          packages_in: Path | None = None) -> None:
+def claim(uow: Any, parent: Parent, named: Iterable[Named], now: float) -> None:
     """The buckets ``named`` are ``parent``'s project's: one another project owns is refused
-    (nothing is written, the first such URI named); the others are recorded as its own.
-    ``packages_in``: the output root whose ``gcs/`` tree the package URIs named must be
-    objects of (``check_packages``)."""
+    (nothing is written, the first such URI named); the others are recorded as its own."""
     if uow.record(ids.TENANCY, ADOPTED) is None:
         _adopt(uow, now)
-    named = list(named)
     new: list[str] = []
     for field, uri in named:
         bucket = gcs_bucket(uri)
@@ -73,16 +69,18 @@ def claim(uow: Any, parent: Parent, named: Iterable[Named], now: float,
             raise ApiError("PERMISSION_DENIED", f"{field}: {why}", [FieldViolation(field, why)])
         if owner is None and bucket not in new:
             new.append(bucket)
-    if packages_in is not None:
-        check_packages(Tree(packages_in), named)
     for bucket in new:
         uow.put_record(BUCKETS, bucket, {"project": parent.project, "time": now})
 
 
-def check_packages(tree: Tree, named: Iterable[Named]) -> None:
-    """Each ``packageUris`` entry is an object of the tree (a 400 naming its field else): a
-    missing package fails at create, not later as the program's fault, and a path on the
-    server's host is no package URI (a job would read the server's files)."""
+def check_packages(root: Path | None, named: Iterable[Named]) -> None:
+    """Each ``packageUris`` entry is an object of ``root``'s ``gcs/`` tree (a 400 naming its
+    field else): a missing package fails at create, not later as the program's fault, and a
+    path on the server's host is no package URI (a job would read the server's files).
+    ``root`` None: ``gs://`` is Google's Cloud Storage, not checked here."""
+    if root is None:
+        return
+    tree = Tree(root)
     for field, uri in named:
         if ".packageUris[" not in field:
             continue

@@ -313,9 +313,10 @@ def _claim(uow: Any, parent: Parent, message: TrainingPipeline, job_spec: dict[s
     """The buckets the training task (its job spec at ``where``) and the model to upload
     name are this project's (``services.api.buckets``)."""
     model = message.model_to_upload
-    buckets.claim(uow, parent, [*buckets.job_uris(job_spec, where), (
-        "modelToUpload.artifactUri", (model.artifact_uri if model else None) or "")], ctx.now,
-        ctx.storage_root)
+    named = [*buckets.job_uris(job_spec, where), (
+        "modelToUpload.artifactUri", (model.artifact_uri if model else None) or "")]
+    buckets.claim(uow, parent, named, ctx.now)
+    buckets.check_packages(ctx.storage_root, named)
 
 
 def _check_model(uow: Any, parent: Parent, message: TrainingPipeline

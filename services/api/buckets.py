@@ -10,6 +10,11 @@ with PERMISSION_DENIED naming the URI and its field, and writes nothing. Ownersh
 lapses (the records are one per bucket). The sandbox then binds a job's package files from
 the buckets its own spec names only (``shared.service_layer.gangs.buckets``).
 
+Cloud Storage's own calls (``services.api.storage``) use the same owners: a bucket insert
+(``create``) claims a bucket no project has, and every object call is authorized against the
+owner's project (``owner``). A package URI must name an object of the tree
+(``check_packages``), checked at create.
+
 A state directory that already holds records when ownership is first needed gets its owners
 from them once, oldest first (``_adopt``): a bucket a project used before is its own, not
 the next project's to take.

@@ -205,7 +205,6 @@ def test_every_call_is_authorized_against_the_buckets_project(api: Api) -> None:
     assert refused.status_code == 403 and "projects/p" not in json.dumps(refused.json)
     assert make_bucket(api, "theirs", "p", headers=other).status_code == 403
     assert make_bucket(api, "theirs", "q", headers=other).status_code == 200
-    # a bucket a job of project p names is p's, for Cloud Storage too
     assert api.call("GET", f"{B}?project=p", headers=other).status_code == 403
     assert api.call("PATCH", f"{B}/mine/o/x").status_code == 501
 
@@ -258,3 +257,18 @@ def test_package_uris_must_be_objects(api: Api) -> None:
     assert put(api, "pkgs/t-0.1.tar.gz", b"not really a package").status_code == 200
     made = api.call("POST", jobs, _package_job("gs://bkt/pkgs/t-0.1.tar.gz"))
     assert made.status_code == 200, made.json
+    api.call("POST", f"/v1/{made.json['name']}:cancel")
+
+
+def test_a_bucket_a_job_names_is_its_projects_in_cloud_storage(api: Api) -> None:
+    api.cluster(workers=1)
+    job = _job("c1")
+    job["jobSpec"]["baseOutputDirectory"] = {"outputUriPrefix": "gs://out-bkt/run"}
+    made = api.call("POST", f"/v1/{PARENT}/customJobs", job)
+    assert made.status_code == 200, made.json
+    assert api.call("GET", f"{B}/out-bkt").status_code == 200
+    assert [b["name"] for b in api.call("GET", f"{B}?project=p").json["items"]] == ["out-bkt"]
+    assert make_bucket(api, "out-bkt", "q").status_code == 409  # taken, by the job's project
+    other = token(api, "editor", "q")
+    assert api.call("GET", f"{B}/out-bkt/o", headers=other).status_code == 403
+    api.call("POST", f"/v1/{made.json['name']}:cancel")

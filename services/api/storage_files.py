@@ -170,6 +170,11 @@ class Tree:
                 self._sums[key] = out
             return st, *out
 
+    def remember(self, bucket: str, name: str, st: Stat, sums: tuple[str, str]) -> None:
+        """The sums of an object just written (computed on its way in: not read again)."""
+        with self._lock:
+            self._sums[(f"{bucket}/{name}", st)] = sums
+
     def walk(self, bucket: str, prefix: str = "") -> Iterator[str]:
         """Every object name in the bucket under ``prefix``, in name order (regular files
         only: links and whatever else a job left are not objects)."""
@@ -255,7 +260,7 @@ class Tree:
             temp.unlink(missing_ok=True)
             if exc.errno in _FULL:
                 raise _full(exc, self.root) from None
-            if exc.errno == errno.ENOTDIR:
+            if exc.errno in (errno.ENOTDIR, errno.EISDIR):  # made meanwhile by a job
                 raise _conflict(name, "lies under an object of the same name as a folder"
                                 ) from None
             raise

@@ -94,7 +94,7 @@ def _finish(call: StorageCall, bucket: str, name: str, meta: dict[str, Any], tem
                           "upload was damaged; nothing was kept")
     _precondition(call, bucket, name, meta.get("ifGenerationMatch")
                   or call.request.args.get("ifGenerationMatch"))
-    call.tree.commit(temp, bucket, name)
+    call.tree.remember(bucket, name, call.tree.commit(temp, bucket, name), (md5, crc))
 
 
 def _precondition(call: StorageCall, bucket: str, name: str, wanted: Any) -> None:
@@ -212,13 +212,16 @@ def resume(call: StorageCall, bucket: str) -> flask.Response:
             raise invalid("upload_id", f"the session is for bucket {session.get('bucket')}")
         start, total = _content_range(call.request.headers.get("Content-Range"),
                                       call.request.content_length or 0)
-        have = part.stat().st_size
+        try:
+            have = part.stat().st_size
+        except FileNotFoundError:
+            info.unlink(missing_ok=True)
+            raise ApiError("NOT_FOUND", f"upload_id: session {upload_id} lost its content: "
+                           "start the upload again") from None
         if start is not None and start <= have:
             with open(part, "r+b") as out:
                 out.seek(have)
-                skip = have - start  # bytes it sent before that are already here
-                if skip:
-                    call.request.stream.read(skip)
+                _skip(call.request.stream, have - start)  # what it resent: already here
                 call.tree.write_stream(out, call.request.stream)
             have = part.stat().st_size
         if total is not None and have >= total:
@@ -232,17 +235,19 @@ def resume(call: StorageCall, bucket: str) -> flask.Response:
         return response
 
 
+def _skip(stream: Any, count: int) -> None:
+    while count > 0 and (chunk := stream.read(min(count, 1 << 20))):
+        count -= len(chunk)
+
+
 def _complete(call: StorageCall, bucket: str, session: dict[str, Any], info: Path, part: Path
               ) -> flask.Response:
     name = str(session["name"])
     try:
         _finish(call, bucket, name, session, part)
-    except ApiError as exc:
-        if exc.http_status in (400, 412):  # the session cannot succeed: it ends here
-            part.unlink(missing_ok=True)
-            info.unlink(missing_ok=True)
-        raise
-    info.unlink(missing_ok=True)
+    finally:  # done, or it cannot succeed (its content was refused or is gone): it ends
+        part.unlink(missing_ok=True)
+        info.unlink(missing_ok=True)
     return call.render(bucket, name)
 
 

@@ -86,6 +86,11 @@ def test_objects_round_trip_with_googles_metadata(api: Api) -> None:
     download = api.call("GET", "/download/storage/v1/b/bkt/o/dir%2Fa.txt?alt=media",
                         headers={**_auth(api), "Range": "bytes=5-9"})
     assert download.status_code == 206 and download.data == data[5:10]
+    exists = api.client.post(f"{UP}/bkt/o", query_string={
+        "uploadType": "media", "name": "dir/a.txt", "ifGenerationMatch": "0"},
+        data=b"other", headers=_auth(api))
+    assert exists.status_code == 412  # only if there is none: there is one
+    assert (gcs(api) / "bkt" / "dir" / "a.txt").read_bytes() == data
     assert api.call("DELETE", f"{B}/bkt/o/dir%2Fa.txt").status_code == 204
     assert api.call("GET", f"{B}/bkt/o/dir%2Fa.txt").status_code == 404
     assert api.call("DELETE", f"{B}/bkt/o/dir%2Fa.txt").status_code == 404

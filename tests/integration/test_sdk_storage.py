@@ -1,7 +1,8 @@
 """The Vertex AI SDK's own staging to Cloud Storage, unchanged, against a live ``mtc serve``
 with only ``STORAGE_EMULATOR_HOST`` exported (the line `mtc serve` prints):
-``CustomJob.from_local_script`` packages a script of its own (importing nothing of mtc),
-uploads it to the staging bucket with google-cloud-storage and runs it to SUCCEEDED;
+``CustomJob.from_local_script`` and ``CustomTrainingJob`` package a script of their own
+(importing nothing of mtc), upload it to the staging bucket with google-cloud-storage and run
+it to SUCCEEDED;
 google-cloud-storage uploads, lists and downloads; ``Model.upload`` takes a ``gs://``
 artifact the client put there."""
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from google.cloud import aiplatform, storage
-from google.cloud.aiplatform import jobs
+from google.cloud.aiplatform import jobs, training_jobs
 from google.oauth2.credentials import Credentials
 
 from tests.serving import create_cluster, mtc_serve
@@ -47,7 +48,8 @@ def test_sdk_stages_through_mtcs_cloud_storage(server: tuple[str, Path], tmp_pat
     serve_log = next(state.parent.glob("serve-*.log")).read_text()
     assert f"export STORAGE_EMULATOR_HOST={url}" in serve_log  # the line a user copies
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
-    monkeypatch.setattr(jobs, "_JOB_WAIT_TIME", 0.5)  # the SDK polls every 5 s otherwise
+    for module in (jobs, training_jobs):  # the SDK polls every 5 s otherwise
+        monkeypatch.setattr(module, "_JOB_WAIT_TIME", 0.5)
     creds = Credentials(token=TOKEN)  # type: ignore[no-untyped-call]
 
     gcs = storage.Client(project="p", credentials=creds)
@@ -77,6 +79,16 @@ def test_sdk_stages_through_mtcs_cloud_storage(server: tuple[str, Path], tmp_pat
     job_id = job.resource_name.rsplit("/", 1)[1]
     logs = "\n".join(p.read_text() for p in (state / "compute" / "logs").glob(f"*{job_id}*/*.log"))
     assert "plain script says hello" in logs, logs[-2000:]
+
+    # CustomTrainingJob stages with aiplatform.init's credentials itself
+    pipeline = aiplatform.CustomTrainingJob(display_name="training-job", script_path=str(script),
+                                            container_uri=IMAGE)
+    pipeline.run(args=["again"], machine_type="a3-highgpu-8g",
+                 accelerator_type="NVIDIA_H100_80GB", accelerator_count=8,
+                 persistent_resource_id="c1", base_output_dir="gs://stage-bkt/training")
+    assert pipeline.state == aiplatform.gapic.PipelineState.PIPELINE_STATE_SUCCEEDED
+    logs = "\n".join(p.read_text() for p in (state / "compute" / "logs").glob("*/*.log"))
+    assert "plain script says again" in logs, logs[-2000:]
 
     gcs.bucket("stage-bkt").blob("model/model.txt").upload_from_string(b"weights")
     model = aiplatform.Model.upload(display_name="m", artifact_uri="gs://stage-bkt/model",

@@ -88,8 +88,12 @@ class StorageCall:
         """The bucket, once the caller may use it with this call's permission (its owner's
         project); a bucket no project owns is a 404."""
         bucket = self.bucket
-        with self.ctx.unit() as uow:
-            project = buckets.owner(uow, bucket)
+        reading = READING.set(True)  # a read, whatever the call: no lock, no wait on the loop
+        try:
+            with self.ctx.unit() as uow:
+                project = buckets.owner(uow, bucket)
+        finally:
+            READING.reset(reading)
         if project is None:
             raise ApiError("NOT_FOUND", f"bucket {bucket} not found: create it "
                            "(storage.Client(project=P).create_bucket, or POST /storage/v1/b"

@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 import flask
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from services.api import buckets, storage_uploads
 from services.api.auth import Principal
@@ -138,9 +139,12 @@ def dispatch(request: flask.Request, ctx: ApiContext, audit: Auditor) -> flask.R
                                "objects get/list/delete/upload are)", http=501))
     who, status = "(unauthenticated)", 200
     try:
+        header = request.headers.get("Authorization")
         try:
-            principal = ctx.guard.identify(request.headers.get("Authorization"))
+            principal = ctx.guard.identify(header)
         except ApiError as exc:
+            if header:
+                raise
             raise ApiError(exc.status, exc.message + NO_TOKEN_HINT) from None
         who = principal.name
         call = StorageCall(ctx, request, tree, groups, principal, route.permission)
@@ -152,6 +156,10 @@ def dispatch(request: flask.Request, ctx: ApiContext, audit: Auditor) -> flask.R
         status = response.status_code
     except ApiError as exc:
         status, response = exc.http_status, _error(exc)
+    except RequestEntityTooLarge:
+        status, response = 413, _error(ApiError(
+            "RESOURCE_EXHAUSTED", f"a request's body is at most {MAX_REQUEST_BYTES} bytes: "
+            "upload in resumable chunks", http=413))
     except StorageFull as exc:
         log.error("%s %s: %s", request.method, request.path, exc)
         status, response = 503, _error(ApiError("UNAVAILABLE", str(exc)))
@@ -190,8 +198,8 @@ def _error(exc: ApiError) -> flask.Response:
 
 
 _REASONS = {400: "invalid", 401: "required", 403: "forbidden", 404: "notFound",
-            409: "conflict", 412: "conditionNotMet", 416: "requestedRangeNotSatisfiable",
-            501: "notImplemented", 503: "backendError"}
+            409: "conflict", 412: "conditionNotMet", 413: "uploadTooLarge",
+            416: "requestedRangeNotSatisfiable", 501: "notImplemented", 503: "backendError"}
 
 
 def rfc3339(seconds: float) -> str:

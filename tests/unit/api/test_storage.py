@@ -201,6 +201,8 @@ def test_every_call_is_authorized_against_the_buckets_project(api: Api) -> None:
     anonymous = api.call("GET", f"{B}/mine/o", headers={})
     assert anonymous.status_code == 401
     assert "STORAGE_EMULATOR_HOST" in anonymous.json["error"]["message"]  # says what to do
+    wrong = api.call("GET", f"{B}/mine/o", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and "STORAGE" not in wrong.json["error"]["message"]
     viewer = token(api, "viewer", "p")
     assert api.call("GET", f"{B}/mine/o/x?alt=media", headers=viewer).data == b"1"
     denied = put(api, "y", b"2", bucket="mine", headers=viewer)

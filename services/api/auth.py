@@ -37,10 +37,17 @@ def _perms(verbs: Iterable[str], *, operations: Iterable[str]) -> frozenset[str]
     return frozenset(out)
 
 
-_VIEWER = _perms(_READ_VERBS, operations=("get", "list", "wait"))
+# Cloud Storage (``services.api.storage``), by Cloud Storage's names: on the project that
+# owns the bucket
+STORAGE_READ = frozenset({"storage.buckets.get", "storage.buckets.list",
+                          "storage.objects.get", "storage.objects.list"})
+STORAGE_WRITE = frozenset({"storage.buckets.create", "storage.objects.create",
+                           "storage.objects.delete"})
+
+_VIEWER = _perms(_READ_VERBS, operations=("get", "list", "wait")) | STORAGE_READ
 # the Slurm Job API runs arbitrary code, as creating a CustomJob does: editors may
 _EDITOR = _VIEWER | _perms(_WRITE_VERBS, operations=("cancel", "delete")) \
-    | {SLURM_RUN, NODE_REPORT, REPORT_FAULTY}
+    | {SLURM_RUN, NODE_REPORT, REPORT_FAULTY} | STORAGE_WRITE
 _ADMIN = _EDITOR | {TOKENS_MANAGE}
 
 # a running job's own credential (``job_tokens``): its own job, read and cancel, only
@@ -178,5 +185,5 @@ class PolicyStore:
 
 
 __all__ = ["COLLECTIONS", "INVALID_CREDENTIALS", "MISSING_CREDENTIALS", "PERMISSIONS", "ROLES",
-           "SLURM_RUN", "TOKENS_MANAGE", "Authenticator", "PolicyStore", "Principal",
-           "TokenSource", "authorize", "permissions_of"]
+           "SLURM_RUN", "STORAGE_READ", "STORAGE_WRITE", "TOKENS_MANAGE", "Authenticator",
+           "PolicyStore", "Principal", "TokenSource", "authorize", "permissions_of"]

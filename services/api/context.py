@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from services.api import ids
@@ -56,6 +57,10 @@ class ApiContext:
     sleep: Callable[[float], None] = field(default=time.sleep)
     slurm_rest: Any = None  # the Slurm Job API's SlurmRestConfig; None: from the environment
     anonymous: AnonymousBudget = field(default_factory=AnonymousBudget)
+    # the output root whose ``gcs/`` tree the API serves as Cloud Storage
+    # (``services.api.storage``) and checks package URIs against; None: ``gs://`` is
+    # Google's own Cloud Storage (the Google Cloud deployment), served elsewhere
+    storage_root: Path | None = None
 
     @property
     def now(self) -> float:

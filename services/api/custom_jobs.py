@@ -54,14 +54,15 @@ def create(ctx: ApiContext, parent: Parent, body: Any, job_id: str | None = None
         resource_id(job_id, "customJobId")
     with ctx.unit() as uow:
         cluster = require_cluster(uow, parent, cluster_id, "jobSpec.persistentResourceId")
-        buckets.claim(uow, parent, buckets.job_uris(message.to_json().get("jobSpec"), "jobSpec"),
-                      ctx.now)
+        named = buckets.job_uris(message.to_json().get("jobSpec"), "jobSpec")
+        buckets.claim(uow, parent, named, ctx.now)
         job_id = job_id or generated or new_id()
         existing = prior_create(uow, KIND, job_id, parent, parent.child(COLLECTION, job_id),
                                 _stored(message), ctx.now)
         job = job_commands.submit_job(cluster, spec_body, uow, ctx.runtime.deps,
                                       domain_job_id(create_id(uow, KIND, job_id, parent,
                                                               ctx.now)))
+        buckets.check_packages(ctx.storage_root, named)  # after the spec's own checks
         if existing is None:
             save_record(uow, KIND, job_id, parent, _stored(message), ctx.now)
         record = {"resource": _stored(message), "parent": parent.name}

@@ -16,7 +16,7 @@ import flask
 import pydantic_core
 from werkzeug.exceptions import HTTPException, NotFound
 
-from services.api import bodies
+from services.api import bodies, storage
 from services.api.bodies import MAX_BODY_BYTES, audit_reason, read_body
 from services.api.call import Call
 from services.api.context import READING, ApiContext
@@ -41,6 +41,8 @@ def _json(body: Any, status: int) -> flask.Response:
 def dispatch(request: flask.Request, ctx: ApiContext) -> flask.Response:
     """One request, start to end: route, authenticate, authorize, run, audit, answer."""
     path = request.path
+    if storage.serves(path):  # Cloud Storage's JSON API, on the same port
+        return storage.dispatch(request, ctx, _audit)
     allowed = []
     for route in ROUTES:
         match = route.pattern.fullmatch(path)

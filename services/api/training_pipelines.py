@@ -85,7 +85,7 @@ def create(ctx: ApiContext, parent: Parent, body: Any, pipeline_id: str | None =
         parent_id, model_key = _check_model(uow, parent, message)
         cluster = require_cluster(uow, parent, cluster_id,
                                   "trainingTaskInputs.persistentResourceId")
-        _claim(uow, parent, message, spec.to_json(), "trainingTaskInputs", ctx.now)
+        _claim(uow, parent, message, spec.to_json(), "trainingTaskInputs", ctx)
         job_id = new_id()
         job = job_commands.submit_job(cluster, job_body, uow, ctx.runtime.deps,
                                       custom_jobs.domain_job_id(job_id))
@@ -138,7 +138,7 @@ def _create_tuning(ctx: ApiContext, parent: Parent, message: TrainingPipeline,
         cluster = require_cluster(uow, parent, domain.pop("clusterId"),
                                   "trainingTaskInputs.trialJobSpec.persistentResourceId")
         _claim(uow, parent, message, domain["trialJobWire"], "trainingTaskInputs.trialJobSpec",
-               ctx.now)
+               ctx)
         study_id = new_id()
         where = {"parent": parent.name, "project": parent.project, "location": parent.location}
         try:
@@ -309,12 +309,14 @@ def _state(job: Job | None, upload: dict[str, Any] | None, wants_model: bool
 
 
 def _claim(uow: Any, parent: Parent, message: TrainingPipeline, job_spec: dict[str, Any],
-           where: str, now: float) -> None:
+           where: str, ctx: ApiContext) -> None:
     """The buckets the training task (its job spec at ``where``) and the model to upload
     name are this project's (``services.api.buckets``)."""
     model = message.model_to_upload
-    buckets.claim(uow, parent, [*buckets.job_uris(job_spec, where), (
-        "modelToUpload.artifactUri", (model.artifact_uri if model else None) or "")], now)
+    named = [*buckets.job_uris(job_spec, where), (
+        "modelToUpload.artifactUri", (model.artifact_uri if model else None) or "")]
+    buckets.claim(uow, parent, named, ctx.now)
+    buckets.check_packages(ctx.storage_root, named)
 
 
 def _check_model(uow: Any, parent: Parent, message: TrainingPipeline

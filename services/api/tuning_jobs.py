@@ -49,8 +49,9 @@ def create(ctx: ApiContext, parent: Parent, body: Any, study_id: str | None = No
     with ctx.unit() as uow:
         cluster = require_cluster(uow, parent, domain.pop("clusterId"),
                                   "trialJobSpec.persistentResourceId")
-        buckets.claim(uow, parent, buckets.job_uris(domain["trialJobWire"], "trialJobSpec"),
-                      ctx.now)
+        named = buckets.job_uris(domain["trialJobWire"], "trialJobSpec")
+        buckets.claim(uow, parent, named, ctx.now)
+        buckets.check_packages(ctx.storage_root, named)
         study_id = study_id or generated or new_id()
         existing = prior_create(uow, KIND, study_id, parent,
                                 parent.child(COLLECTION, study_id), _stored(message), ctx.now)

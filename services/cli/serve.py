@@ -97,6 +97,8 @@ def serve(state_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     out(f"mtc API on {url}  (state: {app.state_dir})")
     out(f"console: {url}/console" + (f"  (twin results: {sim_dir})" if sim_dir else ""))
     out(f"probes: {url}/healthz {url}/readyz  (no token)")
+    # the Google client libraries' switch to this server's Cloud Storage (services.api.storage)
+    out(f"export STORAGE_EMULATOR_HOST={url}  # Cloud Storage (gs://) for the Google clients")
     if auth.admin_token_file is not None:
         out(f"admin token: {auth.admin_token_file}  "
             f"(curl -H \"Authorization: Bearer $(cat {auth.admin_token_file})\" ...)")

@@ -55,7 +55,8 @@ def embedded_api(app: EmbeddedApp, env_token: str | None = None, *,
     audit = AuditLog(app.store, app.deps.config.retention_s)
     # a :wait holds one of the server's few request threads: it answers within 10 s, done
     # or not (AIP-151 lets a server return early); callers wait again
-    ctx = ApiContext(runtime or EmbeddedApiRuntime(app), auth.guard, audit, max_wait_s=10.0)
+    ctx = ApiContext(runtime or EmbeddedApiRuntime(app), auth.guard, audit, max_wait_s=10.0,
+                     storage_root=app.deps.config.output_root)
     slurm_conf = app.slurm_conf  # embedded over Slurm: its slurmrestd's tokens
     if slurm_conf and not os.environ.get("MTC_SLURM_CONF"):
         ctx.slurm_rest = SlurmRestConfig.from_env({**os.environ, "MTC_SLURM_CONF": slurm_conf})

@@ -25,7 +25,7 @@ MODULES = {
     "google-cloud-compute": ["google.cloud.compute", "google.cloud.compute_v1"],
     "pydantic": ["pydantic"], "optuna": ["optuna"], "prometheus-client": ["prometheus_client"],
     "rich": ["rich"], "tensorboardX": ["tensorboardX"], "simpy": ["simpy"],
-    "matplotlib": ["matplotlib"], "waitress": ["waitress"],
+    "matplotlib": ["matplotlib"], "waitress": ["waitress"], "google-crc32c": ["google_crc32c"],
     "torch": ["torch"], "transformers": ["transformers"],
     "py-spy": [],  # a program run as a subprocess (a hung rank's stack): nothing to import
 }

@@ -28,6 +28,10 @@ demo-torch: $(STAMP)
 # own ports and directories; those sharing the session's Slurm cluster or emulators in one
 # process: tests/integration/conftest.py), then those marked alone (the soak) one at a time;
 # all run, any fails it; the first two parts name their 15 slowest tests.
+# Bytecode is written even where PYTHONDONTWRITEBYTECODE is set (CI sets it): the tests start
+# thousands of Python subprocesses (the CLI, servers, functions, ranks), and each compiled
+# every module it imports again, a third of a command's start-up.
+test: export PYTHONDONTWRITEBYTECODE=
 test: $(STAMP)
 	bash scripts/install_test_tools.sh
 	rc=0; $(BIN)/pytest -q -p no:cacheprovider -n 2 -m "not integration" --durations=15 || rc=1; \

@@ -20,7 +20,9 @@ Applying and recording are not one transaction (Slurm is not transactional): a c
 between applies the request again on redelivery, which the adapters make harmless (every
 port call is idempotent by its key). Between pulls the adapter is polled, which is how its
 results (node.provisioned, job.workers_exited, ...) are published, and the executor's
-liveness record is overwritten every ``heartbeat_s``.
+liveness record is overwritten every ``heartbeat_s``. What it published of an attempt (an
+exit, a first step) is re-announced while the store is missing it (``reconcile``): a result
+the bus dead-lettered does not leave its job RUNNING with no workers.
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ class Liveness(Protocol):
     def write(self, collection: str, doc_id: str, doc: dict[str, Any]) -> None: ...
 
 
+class Ticking(Protocol):
+    def tick(self) -> object:
+        """A pass if one is due (the reconciler, ``services.executor.reconcile``)."""
+        ...
+
+
 class LoggedRefusals:
     """Refusals that are only logged (tests, and where no dead-letter topic exists)."""
 
@@ -82,6 +90,7 @@ class Executor:
     refusals: Refusals = field(default_factory=LoggedRefusals)
     liveness: Liveness | None = None
     report: Emitter | None = None  # where a refused call's answer goes (the event topics)
+    reconciler: Ticking | None = None  # re-announces what the store is missing
     executor_id: str = "executor"
     kind: str = ""
     heartbeat_s: float = 5.0
@@ -181,7 +190,8 @@ class Executor:
 
     def step(self, timeout_s: float = 1.0) -> int:
         """One pull (waiting up to ``timeout_s``), its deliveries handled in order, one
-        poll of the machines, the liveness record if due; returns how many were handled."""
+        poll of the machines, a reconciler pass and the liveness record if due; returns how
+        many were handled."""
         deliveries = self.source.receive(self.batch, timeout_s)
         for delivery in deliveries:
             self.handle(delivery)
@@ -190,6 +200,11 @@ class Executor:
                 self.compute.poll()
             except Exception:
                 log.exception("polling the machines failed")
+        if self.reconciler is not None:
+            try:
+                self.reconciler.tick()
+            except Exception:  # the store unreachable: the next pass tries again
+                log.exception("reconciling the announced facts with the store failed")
         self.beat()
         return len(deliveries)
 

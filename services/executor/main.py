@@ -19,6 +19,10 @@ Environment:
   MTC_TOPIC_PREFIX / MTC_COLLECTION_PREFIX   as for the functions          (default "mtc-"/"")
   MTC_EXECUTOR_HEARTBEAT_S how often the liveness doc is overwritten      (default 5)
   MTC_EXECUTOR_POLL_S      how often the adapter is polled at least        (default 0.1)
+  MTC_EXECUTOR_RECONCILE_S how often the announced attempt facts are compared with the
+                           store, and what it is missing re-announced; 0: never (default 30)
+  MTC_EXECUTOR_SETTLE_S    how long the bus has to deliver a fact before it is re-announced
+                           (then a doubling gap, at most 30 min)            (default 120)
 
 SIGTERM or SIGINT stops it after the current step; what it had pulled but not acknowledged
 is redelivered to its next run.
@@ -38,13 +42,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.executor.announced import AnnouncedRecord, Recording
 from services.executor.dedup import DedupRecord
 from services.executor.executor import Executor
+from services.executor.reconcile import Reconciler, StoreJobViews
 from services.wiring.builder import COMPUTE_SOURCES, make_compute
 from shared import logs
 from shared.adapters.clock import SystemClock
 from shared.adapters.outbox import SourceEmitter
 from shared.adapters.pubsub import PREFIX, PubSubPublisher
+from shared.policies.reconcile import Limits
 from shared.ports import Closeable
 
 log = logging.getLogger("mtc.executor")
@@ -62,6 +69,8 @@ class ExecutorSettings:
     collection_prefix: str = ""
     heartbeat_s: float = 5.0
     poll_s: float = 0.1
+    reconcile_s: float = 30.0
+    settle_s: float = 120.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ExecutorSettings:
@@ -84,7 +93,9 @@ class ExecutorSettings:
                    topic_prefix=env.get("MTC_TOPIC_PREFIX", PREFIX),
                    collection_prefix=env.get("MTC_COLLECTION_PREFIX", ""),
                    heartbeat_s=float(env.get("MTC_EXECUTOR_HEARTBEAT_S", "5")),
-                   poll_s=float(env.get("MTC_EXECUTOR_POLL_S", "0.1")))
+                   poll_s=float(env.get("MTC_EXECUTOR_POLL_S", "0.1")),
+                   reconcile_s=float(env.get("MTC_EXECUTOR_RECONCILE_S", "30")),
+                   settle_s=float(env.get("MTC_EXECUTOR_SETTLE_S", "120")))
 
     def adapter_options(self) -> dict[str, Any]:
         if not self.options:
@@ -108,21 +119,24 @@ def build(settings: ExecutorSettings) -> tuple[Executor, Any]:
 
     clock = SystemClock()
     publisher = PubSubPublisher(settings.project, prefix=settings.topic_prefix)
+    recording = Recording(publisher.publish, AnnouncedRecord(settings.state_dir / "executor"))
     compute = make_compute(settings.compute,  # type: ignore[arg-type]
-                           settings.state_dir, publisher.publish, clock,
+                           settings.state_dir, recording, clock,
                            slurm_conf=settings.slurm_conf, options=settings.adapter_options())
     subscription = ensure_request_topology(settings.project, settings.executor_id,
                                            prefix=settings.topic_prefix)
+    store = FirestoreDocStore.connect(settings.project, prefix=settings.collection_prefix)
     executor = Executor(
         PubSubRequestSource(settings.project, subscription), compute,
         DedupRecord(settings.state_dir / "executor"), clock,
         refusals=PubSubRequestSink(settings.project, prefix=settings.topic_prefix),
-        liveness=FirestoreDocStore.connect(settings.project,
-                                           prefix=settings.collection_prefix),
-        executor_id=settings.executor_id, kind=settings.compute,
+        liveness=store, executor_id=settings.executor_id, kind=settings.compute,
         heartbeat_s=settings.heartbeat_s,
-        report=SourceEmitter(publisher.publish, clock,
-                             COMPUTE_SOURCES.get(settings.compute, "//mtc/executor")))
+        report=SourceEmitter(recording, clock,
+                             COMPUTE_SOURCES.get(settings.compute, "//mtc/executor")),
+        reconciler=Reconciler(recording.record, StoreJobViews(store), publisher.publish, clock,
+                              Limits(settle_s=settings.settle_s),
+                              every_s=settings.reconcile_s))
     log.info("executor %s: %s compute over %s, pulling %s", settings.executor_id,
              settings.compute, settings.state_dir, subscription)
     return executor, compute
@@ -151,4 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             if isinstance(held, Closeable):
                 held.close()
         executor.dedup.close()
+        if isinstance(executor.reconciler, Reconciler):
+            executor.reconciler.record.close()
     return 0

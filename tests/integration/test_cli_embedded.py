@@ -19,27 +19,44 @@ from tests.cli_support import ROOT, clean_env, cluster_body, job_body, mtc, mtc_
 pytestmark = pytest.mark.integration  # the CLI as subprocesses, real workers
 
 
-def wait_for(state: Path, predicate: Any, timeout: float = 40.0) -> Any:
-    """Poll with `mtc` commands while the fixture's controller process moves the state."""
+def wait_for(state: Path, predicate: Any, timeout: float = 40.0, *,
+             pump: bool = False) -> Any:
+    """Poll with `mtc` commands while the fixture's controller process moves the state
+    (``pump``: no controller runs, each poll runs `mtc controller` for half a second)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if pump:
+            mtc(state, "controller", "--for", "0.5")
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(0 if pump else 0.2)
     raise AssertionError("timed out")
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Path]:
-    """A cluster made by one command, then `mtc controller` running beside the test's
-    commands (as an operator leaves it running): every command is still its own process on
-    the same state."""
+def quiet_cluster(tmp_path: Path) -> Iterator[Path]:
+    """A cluster made by one command; nothing else runs on its state between commands."""
     spec = write(tmp_path / "cluster.json", cluster_body())
     state = tmp_path / "state"
     out = mtc_json(state, "cluster", "create", "demo", "-f", str(spec), "--wait", "20")
     assert out["state"] == "READY"
     assert out["name"] == "projects/local/locations/local/modelDevelopmentClusters/demo"
+    try:
+        yield state
+    finally:
+        from services.wiring.embedded import embedded
+
+        app = embedded(state)
+        app.compute.kill_all()
+        app.close()
+
+
+@pytest.fixture
+def cluster(quiet_cluster: Path) -> Iterator[Path]:
+    """The cluster with `mtc controller` running beside the test's commands (as an operator
+    leaves it running): every command is still its own process on the same state."""
+    state = quiet_cluster
     controller = subprocess.Popen(
         [sys.executable, "-m", "services.cli.main", "--state-dir", str(state), "controller",
          "--for", "600"], cwd=ROOT, env=clean_env(), stdout=subprocess.DEVNULL,
@@ -53,11 +70,6 @@ def cluster(tmp_path: Path) -> Iterator[Path]:
         except subprocess.TimeoutExpired:
             controller.kill()
             controller.wait()
-        from services.wiring.embedded import embedded
-
-        app = embedded(state)
-        app.compute.kill_all()
-        app.close()
 
 
 def progress(job: dict[str, Any]) -> dict[str, Any]:
@@ -159,8 +171,9 @@ def test_fault_drains_requeues_and_repairs_across_processes(cluster: Path,
         assert words in timeline, words
 
 
-def test_a_killed_command_loses_nothing(cluster: Path, tmp_path: Path) -> None:
+def test_a_killed_command_loses_nothing(quiet_cluster: Path, tmp_path: Path) -> None:
     """Kill `mtc` right after it committed the job: the next command delivers the rest."""
+    cluster = quiet_cluster
     spec = tmp_path / "job.json"
     write(spec, job_body(20))
     cmd = [sys.executable, "-m", "services.cli.main", "--state-dir", str(cluster), "job",
@@ -168,7 +181,7 @@ def test_a_killed_command_loses_nothing(cluster: Path, tmp_path: Path) -> None:
     env = clean_env(MTC_TEST_PAUSE_BEFORE_PUMP="30")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    said = []  # until it says it committed (however long its start takes on a busy machine)
+    said: list[str] = []  # until it says it committed (however long its start takes on a busy machine)
     while not said or "committed" not in said[-1]:
         said.append(proc.stderr.readline() if proc.stderr else "")
         assert said[-1], f"the command ended before its commit: {''.join(said)}"
@@ -177,7 +190,7 @@ def test_a_killed_command_loses_nothing(cluster: Path, tmp_path: Path) -> None:
     job = mtc_json(cluster, "job", "get", "k1")  # committed before the kill
     assert job["state"] in ("JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING")
     done = wait_for(cluster, lambda: mtc_json(cluster, "job", "get", "k1")["state"]
-                    == "JOB_STATE_SUCCEEDED")
+                    == "JOB_STATE_SUCCEEDED", pump=True)
     assert done
 
 

@@ -17,6 +17,9 @@ the same ``TieredCheckpointer`` the numpy programs use:
   whichever is newer, so every rank makes the same choice;
 * every step is a heartbeat at a bounded rate (``MTC_PROGRESS_FILE``), which is how the
   control plane measures a torch job's first step and what each rank would lose.
+* ``OwnCopy``: the bytes of the rank's last memory save, kept in the process across an
+  in-process restart (``torch_inprocess``); when the ranks agree on that step, ``restore``
+  loads those bytes and reads no tier.
 
 Without ``MTC_TIER1_DIR`` there is no ``TorchTiers``: durable only.
 """
@@ -56,16 +59,29 @@ def load_into(state: Mapping[str, Any], payload: bytes) -> None:
         obj.load_state_dict(saved[name])
 
 
+@dataclasses.dataclass
+class OwnCopy:
+    """The step and bytes of this rank's last memory save, held by the process (it outlives
+    the ``TorchTiers`` of one attempt when the next attempt takes the same process)."""
+
+    step: int | None = None
+    payload: bytes | None = None
+
+
 class TorchTiers:
     """Memory and peer saves of a torch program's state, and their consistent restore."""
 
-    def __init__(self, settings: TierSettings, log: Callable[[str], None] = print) -> None:
+    def __init__(self, settings: TierSettings, log: Callable[[str], None] = print,
+                 own: OwnCopy | None = None) -> None:
         self.tiers = TieredCheckpointer(settings, log)
         self.log = log
+        self.own = own
+        self.saved_step = -1  # the newest step saved to the near tiers by this attempt
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, durable_dir: Path, rank: int, world_size: int,
-                 memory_every: int, log: Callable[[str], None] = print) -> TorchTiers | None:
+                 memory_every: int, log: Callable[[str], None] = print,
+                 own: OwnCopy | None = None) -> TorchTiers | None:
         """None when the managed environment names no tiers (durable only)."""
         if not env.get(p.TIER1_DIR, "").strip():
             return None
@@ -73,7 +89,7 @@ class TorchTiers:
                                          world_size=world_size, tier1_every=memory_every,
                                          replicated=False)
         # the durable tier is dcp's (Checkpointer.save), never the numpy format
-        return cls(dataclasses.replace(settings, tier3_every=0), log)
+        return cls(dataclasses.replace(settings, tier3_every=0), log, own)
 
     @property
     def every(self) -> int:
@@ -85,12 +101,34 @@ class TorchTiers:
         if not due:
             self.tiers.step_done(step)
             return ()
-        report = self.tiers.save(step, {STATE_KEY: serialize(state)}, due)
+        return self._save(step, state, due)
+
+    def save_now(self, step: int, state: Mapping[str, Any]) -> tuple[str, ...]:
+        """Both near tiers at ``step`` unless this attempt saved it already (the save before
+        a stop: a hold's, a preemption's)."""
+        if self.saved_step == step:
+            return ()
+        return self._save(step, state, (p.MEMORY, p.PEER))
+
+    def _save(self, step: int, state: Mapping[str, Any], which: tuple[str, ...]
+              ) -> tuple[str, ...]:
+        payload = serialize(state)
+        report = self.tiers.save(step, {STATE_KEY: payload}, which)
+        self.saved_step = step
+        if self.own is not None and p.MEMORY in report.tiers:
+            self.own.step, self.own.payload = step, payload
         return report.tiers
 
     def restore(self) -> Restored | None:
-        """The newest step every rank holds in a near tier (agreed through files), or None."""
-        return self.tiers.restore()
+        """The newest step every rank holds in a near tier (agreed through files), or None.
+        This process's own copy of that step, if it holds one, is used without a read."""
+        own = self.own
+        if own is None or own.step is None or own.payload is None:
+            return self.tiers.restore()
+        restored = self.tiers.restore((own.step, {STATE_KEY: own.payload}))
+        if restored is not None and restored.step == own.step:
+            self.log(f"restore: step {own.step} from this process's memory (no tier read)")
+        return restored
 
     def close(self) -> None:
         self.tiers.close()

@@ -1,0 +1,97 @@
+"""In-process restart of a PyTorch job on the embedded default: ``examples/torch_inprocess.py``
+on 2 nodes (gloo on CPU, ``mtc_program.torch_inprocess``). An app crash of rank 1 recovers in
+place: rank 0 keeps its process (the same launcher and program pids), leaves the broken
+process group, joins the next attempt's on its new port and restores the cut from its own
+memory (no tier read); rank 1 is the node's warm standby, which had imported torch and
+built its model without joining a group. The job ends with an uninterrupted run's weights."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from services.cli.bench_live import MACHINE, kill_ranks
+from services.job_submission import commands as job_commands
+from services.wiring.embedded import embedded
+from shared.config import ControlPlaneConfig
+from shared.domain.model import JobState
+from tests.integration.test_inprocess_restart import chief_step, job, program_pid, ready, standbys
+
+pytestmark = pytest.mark.slow  # real torch.distributed processes
+pytest.importorskip("torch")
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torch_inprocess.py"
+ARGS = ("--steps", "40", "--memory-every", "5")
+JOB = "inproc-1"  # the name the shared helpers look for
+CLUSTER = {"clusterId": "ip", "displayName": "torch in-process restart",
+           "nodePools": [{"id": "h100", "nodeCount": 2, "machineSpec": MACHINE}],
+           "partitions": [{"name": "train", "nodePoolIds": ["h100"]}]}
+SPEC = {"displayName": "torch-inproc", "labels": {"mtc-recovery-mode": "in_place"}, "jobSpec": {
+    "workerPoolSpecs": [{"machineSpec": MACHINE, "replicaCount": 2, "containerSpec": {
+        "imageUri": "local/examples:latest", "command": [sys.executable, str(EXAMPLE)],
+        "args": [*ARGS, "--step-time", "0.1"],
+        "env": [{"name": "MTC_TIER1_EVERY", "value": "5"},
+                {"name": "MTC_PROGRESS_INTERVAL_S", "value": "0.1"}]}}],
+    "scheduling": {"partition": "train", "restartJobOnWorkerRestart": True}}}
+
+
+def digest(text: str) -> str:
+    found = re.findall(r"done at step 40: weights sha256 (\w+)", text)
+    assert found, text[-3000:]
+    return str(found[-1])
+
+
+def test_an_app_crash_restarts_the_torch_survivor_in_its_process(tmp_path: Path) -> None:
+    config = replace(ControlPlaneConfig(), output_root=tmp_path / "jobs", grace_period_s=10.0)
+    app = embedded(tmp_path / "state", config=config,
+                   compute_options={"provision_duration_s": 0.1, "agent_interval_s": 0.5})
+    try:
+        with app.transaction() as uow:
+            job_commands.create_cluster(CLUSTER, uow, app.deps)
+        assert app.run(lambda: ready(app), timeout_s=30)
+        with app.transaction() as uow:
+            job_commands.submit_job("ip", SPEC, uow, app.deps, JOB)
+        assert app.run(lambda: chief_step(app) >= 12
+                       and job(app).recovery.tiers.get("memory") is not None,
+                       timeout_s=60, poll_s=0.02)
+        first = {w.rank: w for w in app.compute.workers(JOB) if w.attempt == 1}
+        assert app.run(lambda: len(standbys(app)) == 2, timeout_s=30, poll_s=0.05)
+        warm = standbys(app)
+        program = program_pid(first[0].pid)
+        kill_ranks(app.compute, JOB, 1, first[1].node_id)  # rank 1's program crashes
+        assert app.run(lambda: job(app).attempt >= 2, timeout_s=30, poll_s=0.02)
+        again = {w.rank: w for w in app.compute.workers(JOB) if w.attempt == 2}
+        assert job(app).recovery.decisions[-1]["mode"] == "in_place", job(app).recovery.decisions
+        assert again[0].pid == first[0].pid and program_pid(again[0].pid) == program
+        assert again[1].pid == warm[first[1].node_id]  # the node's warm standby
+        assert app.run(lambda: job(app).terminal, timeout_s=60, poll_s=0.05)
+        assert job(app).state is JobState.SUCCEEDED
+        assert job(app).restart_count == 1
+    finally:
+        app.compute.kill_all()
+        app.close()
+    held = Path(first[0].log_path).read_text()
+    assert "step dropped (RuntimeError)" in held and "held (order" in held, held[-3000:]
+    log = Path(again[0].log_path).read_text()  # the attempt's own log, the same process
+    port = re.search(rf"pid {program}\] call 1: step (\d+) of 40, group of 2 on port (\d+)", log)
+    assert port is not None, log[-3000:]
+    assert int(port[2]) != int(re.findall(r"on port (\d+)", held)[0])  # the new rendezvous
+    assert f"restore: step {port[1]} from this process's memory (no tier read)" in log, log
+    standby_log = Path(app.compute.state_dir, "logs", JOB, f"standby-{first[1].node_id}.log")
+    assert "standby ready: waiting to be given a rank" in standby_log.read_text()
+    plain = tmp_path / "plain"  # the same job, uninterrupted, for its weights
+    port_free = 29_000 + os.getpid() % 1000
+    runs = [subprocess.Popen(
+        [sys.executable, str(EXAMPLE), *ARGS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={"PATH": os.environ.get("PATH", ""), "RANK": str(r), "WORLD_SIZE": "2",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port_free),
+             "AIP_CHECKPOINT_DIR": str(plain / "c")}) for r in (0, 1)]
+    outs = [r.communicate(timeout=60)[0].decode() for r in runs]
+    assert [r.returncode for r in runs] == [0, 0], outs[0][-3000:]
+    assert digest(log) == digest(outs[0])

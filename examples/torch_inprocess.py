@@ -36,7 +36,7 @@ from mtc_program.torch_checkpoint import (
     deterministic,
 )
 from mtc_program.torch_inprocess import Call, InProcess
-from mtc_program.torch_runtime import exit_now
+from mtc_program.torch_runtime import Env, exit_now
 from mtc_program.torch_tiers import TorchTiers
 
 
@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-time", type=float, default=0.0, help="sleep per step (s)")
     args = p.parse_args(argv)
     deterministic(0)
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-        else torch.device("cpu")
+    device = Env.read().device()  # this rank's GPU (LOCAL_RANK), else the CPU
     # built once, outside the function: an in-process restart keeps them allocated
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

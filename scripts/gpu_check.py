@@ -66,7 +66,7 @@ def tiers(tmp: Path) -> str:
     assert torch.cuda.is_available(), "nvidia-smi lists a GPU, torch sees none (a CPU build?)"
     model = torch.nn.Linear(512, 512).cuda()
     opt = torch.optim.AdamW(model.parameters())
-    model(torch.randn(8, 512, device="cuda")).sum().backward()  # type: ignore[no-untyped-call]
+    model(torch.randn(8, 512, device="cuda")).sum().backward()
     opt.step()  # the optimizer's state, on the GPU too
     state = {"model": model, "optim": opt}
     settings = TierSettings(rank=0, world_size=1, durable_dir=tmp / "durable",
@@ -80,7 +80,7 @@ def tiers(tmp: Path) -> str:
             p.zero_()
     restored = TorchTiers(settings).restore()
     assert restored is not None and restored.tier == "memory", restored
-    load_into(state, bytes(restored.state[STATE_KEY]))  # type: ignore[arg-type]
+    load_into(state, bytes(restored.state[STATE_KEY]))
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) and after[k].is_cuda for k in before)
     moments = [s["exp_avg"] for s in opt.state.values()]

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.slow  # real torch.distributed processes
 pytest.importorskip("torch")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torch_inprocess.py"
-ARGS = ("--steps", "40", "--memory-every", "5")
+STEPS = 60  # at 0.2 s a step: the standbys (importing torch) are ready well before the end
+ARGS = ("--steps", str(STEPS), "--memory-every", "5")
 JOB = "inproc-1"  # the name the shared helpers look for
 CLUSTER = {"clusterId": "ip", "displayName": "torch in-process restart",
            "nodePools": [{"id": "h100", "nodeCount": 2, "machineSpec": MACHINE}],
@@ -35,14 +36,14 @@ CLUSTER = {"clusterId": "ip", "displayName": "torch in-process restart",
 SPEC = {"displayName": "torch-inproc", "labels": {"mtc-recovery-mode": "in_place"}, "jobSpec": {
     "workerPoolSpecs": [{"machineSpec": MACHINE, "replicaCount": 2, "containerSpec": {
         "imageUri": "local/examples:latest", "command": [sys.executable, str(EXAMPLE)],
-        "args": [*ARGS, "--step-time", "0.1"],
+        "args": [*ARGS, "--step-time", "0.2"],
         "env": [{"name": "MTC_TIER1_EVERY", "value": "5"},
                 {"name": "MTC_PROGRESS_INTERVAL_S", "value": "0.1"}]}}],
     "scheduling": {"partition": "train", "restartJobOnWorkerRestart": True}}}
 
 
 def digest(text: str) -> str:
-    found = re.findall(r"done at step 40: weights sha256 (\w+)", text)
+    found = re.findall(rf"done at step {STEPS}: weights sha256 (\w+)", text)
     assert found, text[-3000:]
     return str(found[-1])
 
@@ -57,11 +58,13 @@ def test_an_app_crash_restarts_the_torch_survivor_in_its_process(tmp_path: Path)
         assert app.run(lambda: ready(app), timeout_s=30)
         with app.transaction() as uow:
             job_commands.submit_job("ip", SPEC, uow, app.deps, JOB)
-        assert app.run(lambda: chief_step(app) >= 12
+        # one warm standby per node, torch imported and its model built, before the fault
+        assert app.run(lambda: len(standbys(app)) == 2, timeout_s=30, poll_s=0.05)
+        assert app.run(lambda: chief_step(app) >= 10
                        and job(app).recovery.tiers.get("memory") is not None,
                        timeout_s=60, poll_s=0.02)
+        assert chief_step(app) < STEPS - 10, "the job nearly done before the fault"
         first = {w.rank: w for w in app.compute.workers(JOB) if w.attempt == 1}
-        assert app.run(lambda: len(standbys(app)) == 2, timeout_s=30, poll_s=0.05)
         warm = standbys(app)
         program = program_pid(first[0].pid)
         kill_ranks(app.compute, JOB, 1, first[1].node_id)  # rank 1's program crashes
@@ -79,7 +82,7 @@ def test_an_app_crash_restarts_the_torch_survivor_in_its_process(tmp_path: Path)
     held = Path(first[0].log_path).read_text()
     assert "step dropped (RuntimeError)" in held and "held (order" in held, held[-3000:]
     log = Path(again[0].log_path).read_text()  # the attempt's own log, the same process
-    port = re.search(rf"pid {program}\] call 1: step (\d+) of 40, group of 2 on port (\d+)", log)
+    port = re.search(rf"pid {program}\] call 1: step (\d+) of {STEPS}, group of 2 on port (\d+)", log)
     assert port is not None, log[-3000:]
     assert int(port[2]) != int(re.findall(r"on port (\d+)", held)[0])  # the new rendezvous
     assert f"restore: step {port[1]} from this process's memory (no tier read)" in log, log

@@ -40,7 +40,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -396,12 +396,12 @@ class TieredCheckpointer:
         order = {t: i for i, t in enumerate(TIER_ORDER)}
         return sorted(found, key=lambda e: (-e.step, order[e.tier]))
 
-    def restorable(self, own_step: int | None = None) -> dict[int, list[Entry]]:
+    def restorable(self, own_steps: Iterable[int] = ()) -> dict[int, list[Entry]]:
         """The steps with at least one whole entry, entries nearest first: the first whole
         entry of each step is checked here (payload read and hashed), the farther ones of
         that step only when it is loaded (``restore`` checks every entry it loads).
-        ``own_step``: a step whose state this process holds itself, restorable unread."""
-        out: dict[int, list[Entry]] = {} if own_step is None else {own_step: []}
+        ``own_steps``: steps whose state this process holds itself, restorable unread."""
+        out: dict[int, list[Entry]] = {step: [] for step in own_steps}
         self._failed = []
         for e in self.candidates():
             if e.step in out:
@@ -419,23 +419,24 @@ class TieredCheckpointer:
         self.log(f"restore: the {e.tier} entry of step {e.step} failed its check ({why}): "
                  f"{e.path}; trying the next")
 
-    def restore(self, own: tuple[int, State] | None = None) -> Restored | None:
+    def restore(self, own: Mapping[int, State] | None = None) -> Restored | None:
         """The state of the newest step every rank can restore, from the nearest tier that
-        holds it whole; None: no such step (start from scratch). ``own``: the step and
-        state this process kept of its last memory save (an in-process restart): used, not
-        read back, when the ranks agree on that step."""
+        holds it whole; None: no such step (start from scratch). ``own``: the states this
+        process kept of its last memory saves, by step (an in-process restart): used, not
+        read back, when the ranks agree on one of those steps."""
         s = self.settings
-        usable = self.restorable(None if own is None else own[0])
+        own = own or {}
+        usable = self.restorable(own)
         step = agree(usable, s.rank, s.world_size, s.durable_dir, s.attempt,
                      s.restore_timeout_s, self.log)
         if step is None:
             self._restored(None, None)
             self._heartbeat(force=True)
             return None
-        if own is not None and step == own[0]:
+        if step in own:
             where = usable[step][0].path if usable[step] else Path(f"/proc/{os.getpid()}")
             self._took(step, n.MEMORY, usable[step])
-            return Restored(step, dict(own[1]), n.MEMORY, where)
+            return Restored(step, dict(own[step]), n.MEMORY, where)
         for e in usable[step]:
             payload, why = entries.check(e)
             state = None

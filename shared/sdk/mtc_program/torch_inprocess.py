@@ -19,15 +19,15 @@ writes a ``hold`` order; then:
   rendezvous, the tier directories, the attempt's log) and joins the new group;
 * ``train`` is called again with ``call.iteration`` one higher. The model and optimizer the
   program keeps outside it stay allocated; the function restores the consistent cut, and
-  ``call.own`` (``torch_tiers.OwnCopy``: the bytes of this rank's last memory save) makes
+  ``call.own`` (``torch_tiers.OwnCopy``: the bytes of this rank's last memory saves) makes
   that restore a load from the process's memory when the ranks agree on that step.
 
 A warm standby (``MTC_STANDBY``: the adapter starts one per node of a job that declared)
 runs ``warm()`` (imports done, data loader and model built; a CUDA context where there is a
 GPU), does not join any group, and waits to be given a rank.
 
-Without ``MTC_RESTART_FILE`` (torchrun, Vertex) ``run`` joins the group, calls ``train``
-once and returns its code.
+Without ``MTC_RESTART_FILE`` (Vertex), or under ``torch.distributed.run`` (its agent restarts
+its workers), ``run`` joins the group, calls ``train`` once and returns its code.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from mtc_program.torch_tiers import OwnCopy
 __all__ = ["Call", "Held", "InProcess", "abandon_group"]
 
 EXIT_PREEMPTED = int(ExitCode.PREEMPTED)
+TORCHRUN = "TORCHELASTIC_RUN_ID"  # set in every worker torch.distributed.run starts
 
 
 class Held(Exception):
@@ -111,7 +112,7 @@ class Call:
 
     env: Env  # this attempt's rank, world size, rendezvous, directories
     iteration: int  # 0 on the first call; one more per in-process restart
-    own: OwnCopy  # the rank's last memory save, kept across calls (``TorchTiers(own=)``)
+    own: OwnCopy  # the rank's last memory saves, kept across calls (``TorchTiers(own=)``)
     _monitor: _Monitor | None = field(default=None, repr=False)
 
     def held(self) -> bool:
@@ -164,7 +165,9 @@ class InProcess:
 
     def run(self) -> int:
         preemption = self.preemption or Preemption().install()
-        restart = InProcessRestart.from_env()
+        # under torch.distributed.run (several processes per node) the node's control file
+        # would be shared by its workers, and the agent owns their restarts: run once
+        restart = None if os.environ.get(TORCHRUN) else InProcessRestart.from_env()
         if restart is None:
             env = Env.read()
             env.init()

@@ -17,9 +17,10 @@ the same ``TieredCheckpointer`` the numpy programs use:
   whichever is newer, so every rank makes the same choice;
 * every step is a heartbeat at a bounded rate (``MTC_PROGRESS_FILE``), which is how the
   control plane measures a torch job's first step and what each rank would lose.
-* ``OwnCopy``: the bytes of the rank's last memory save, kept in the process across an
-  in-process restart (``torch_inprocess``); when the ranks agree on that step, ``restore``
-  loads those bytes and reads no tier.
+* ``OwnCopy``: the bytes of the rank's last memory saves (two by default), kept in the
+  process across an in-process restart (``torch_inprocess``); when the ranks agree on one of
+  those steps, ``restore`` loads those bytes and reads no tier. Two: the cut can be a save
+  behind this rank's newest when a crashed peer's writer had not written that one yet.
 
 Without ``MTC_TIER1_DIR`` there is no ``TorchTiers``: durable only.
 """
@@ -61,11 +62,24 @@ def load_into(state: Mapping[str, Any], payload: bytes) -> None:
 
 @dataclasses.dataclass
 class OwnCopy:
-    """The step and bytes of this rank's last memory save, held by the process (it outlives
-    the ``TorchTiers`` of one attempt when the next attempt takes the same process)."""
+    """The bytes of this rank's last ``keep`` memory saves by step, held by the process (it
+    outlives the ``TorchTiers`` of one attempt when the next attempt takes the same process).
+    Each costs host memory the size of the rank's state. ``owner``: the rank and world size
+    they were saved as; a process given another rank (a scale-down renumbers) cannot use them."""
 
-    step: int | None = None
-    payload: bytes | None = None
+    keep: int = 2
+    copies: dict[int, bytes] = dataclasses.field(default_factory=dict)
+    owner: tuple[int, int] | None = None
+
+    def add(self, step: int, payload: bytes, owner: tuple[int, int]) -> None:
+        if owner != self.owner:
+            self.copies, self.owner = {}, owner
+        self.copies[step] = payload
+        for old in sorted(self.copies)[:-self.keep]:
+            del self.copies[old]
+
+    def of(self, owner: tuple[int, int]) -> dict[int, bytes]:
+        return self.copies if owner == self.owner else {}
 
 
 class TorchTiers:
@@ -116,18 +130,23 @@ class TorchTiers:
         report = self.tiers.save(step, {STATE_KEY: payload}, which)
         self.saved_step = step
         if self.own is not None and p.MEMORY in report.tiers:
-            self.own.step, self.own.payload = step, payload
+            self.own.add(step, payload, self._owner)
         return report.tiers
+
+    @property
+    def _owner(self) -> tuple[int, int]:
+        return self.tiers.settings.rank, self.tiers.settings.world_size
 
     def restore(self) -> Restored | None:
         """The newest step every rank holds in a near tier (agreed through files), or None.
         This process's own copy of that step, if it holds one, is used without a read."""
-        own = self.own
-        if own is None or own.step is None or own.payload is None:
+        mine = self.own.of(self._owner) if self.own is not None else {}
+        if not mine:
             return self.tiers.restore()
-        restored = self.tiers.restore((own.step, {STATE_KEY: own.payload}))
-        if restored is not None and restored.step == own.step:
-            self.log(f"restore: step {own.step} from this process's memory (no tier read)")
+        restored = self.tiers.restore({step: {STATE_KEY: payload}
+                                       for step, payload in mine.items()})
+        if restored is not None and restored.step in mine:
+            self.log(f"restore: step {restored.step} from this process's memory (no tier read)")
         return restored
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ from torch import nn
 if (_sdk := Path(__file__).resolve().parents[1] / "shared" / "sdk").is_dir():
     sys.path.insert(0, str(_sdk))
 
+from mtc_program import protocol
 from mtc_program.torch_checkpoint import (
     EXIT_OK,
     Checkpointer,
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     return code
         finally:
             ckpt.close()
-        if env.rank == 0 and os.environ.get("AIP_MODEL_DIR"):
+        if env.rank == 0 and os.environ.get(protocol.MODEL_DIR):  # none: no model written
             env.model_dir.mkdir(parents=True, exist_ok=True)
             torch.save(model.state_dict(), env.model_dir / "model.pt")
         log(f"done at step {step}: weights sha256 {digest(model)}")

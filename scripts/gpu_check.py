@@ -32,7 +32,7 @@ for _p in (ROOT, ROOT / "shared" / "sdk"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from mtc_program import inprocess  # noqa: E402
+from mtc_program import inprocess, protocol  # noqa: E402
 from mtc_program.inprocess import HOLD, RESTART, Order  # noqa: E402
 
 PYTHONPATH = os.pathsep.join([str(ROOT), str(ROOT / "shared" / "sdk")])
@@ -100,8 +100,8 @@ def recipe(tmp: Path) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={ranks}", "-m", "services.recipes.programs.lm",
            "--config", json.dumps(config)]
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "AIP_CHECKPOINT_DIR": str(tmp / "ckpt"),
-           "AIP_MODEL_DIR": str(tmp / "model")}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, protocol.CHECKPOINT_DIR: str(tmp / "ckpt"),
+           protocol.MODEL_DIR: str(tmp / "model")}
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
     text = done.stdout + done.stderr
     assert done.returncode == 0, text[-3000:]
@@ -128,9 +128,9 @@ def restart(tmp: Path) -> str:
     def env(rank: int, attempt: int, port: int) -> dict[str, str]:
         return {"RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "AIP_CHECKPOINT_DIR": str(tmp / "ckpt"), "MTC_JOB_ATTEMPT": str(attempt),
-                "MTC_TIER1_DIR": str(tmp / f"mem{rank}"), "MTC_TIER1_EVERY": "5",
-                "MTC_RESTART_FILE": str(controls[rank]), "PYTHONPATH": PYTHONPATH}
+                protocol.CHECKPOINT_DIR: str(tmp / "ckpt"), protocol.JOB_ATTEMPT: str(attempt),
+                protocol.TIER1_DIR: str(tmp / f"mem{rank}"), protocol.TIER1_EVERY: "5",
+                protocol.RESTART_FILE: str(controls[rank]), "PYTHONPATH": PYTHONPATH}
 
     with log.open("ab") as out:
         procs = [subprocess.Popen(

@@ -14,7 +14,8 @@ the same ``TieredCheckpointer`` the numpy programs use:
   RNG states or loader positions, and bit-exact resume needs both;
 * ``restore`` agrees with the other ranks on the newest step every rank holds in a near tier
   (``cut``); the caller compares it with the newest complete durable checkpoint and loads
-  whichever is newer, so every rank makes the same choice;
+  whichever is newer (the near one at the same step: the same state, read faster), so every
+  rank makes the same choice;
 * every step is a heartbeat at a bounded rate (``MTC_PROGRESS_FILE``), which is how the
   control plane measures a torch job's first step and what each rank would lose.
 * ``OwnCopy``: the bytes of the rank's last memory saves (two by default), kept in the

@@ -156,3 +156,31 @@ def test_the_same_process_rejoins_the_next_attempt_and_restores_from_memory(
     if how == "hold":  # held alive: the stop step saved, both restore it from memory
         assert text.count("from this process's memory (no tier read)") == 2, text[-3000:]
     assert digest(text) == expected
+
+
+def test_an_order_reaches_the_loop_through_the_call(tmp_path: Path) -> None:
+    """``call.held()`` turns true once an order is written; ``call.check()`` raises ``Held``
+    carrying it (a loop without ``Checkpointer`` drops its step that way)."""
+    from mtc_program.inprocess import InProcessRestart
+    from mtc_program.torch_inprocess import Call, Held, _Monitor
+    from mtc_program.torch_runtime import Env
+    from mtc_program.torch_tiers import OwnCopy
+
+    control = tmp_path / "restart.json"
+    monitor = _Monitor(InProcessRestart(control), abort_after_s=60.0)
+    call = Call(Env.read({}), 0, OwnCopy(), monitor)
+    try:
+        assert not call.held()
+        call.check()  # nothing yet
+        hold = order(control, HOLD, deadline=time.time() + 60)
+        deadline = time.monotonic() + 5
+        while not call.held():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(Held) as raised:
+            call.check()
+        assert raised.value.order == hold
+    finally:
+        stopped = monitor.stop()
+    assert stopped == hold
+    assert not monitor.aborted  # seen by the loop: its group is left to it

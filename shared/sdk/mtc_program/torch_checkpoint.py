@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -181,7 +182,14 @@ class Checkpointer:
             return 0
         path = self.directory / checkpoint_name(step)
         started = time.perf_counter()
-        dcp_load(self._state(), checkpoint_id=str(path), no_dist=not self.distributed)
+        state = self._state()
+        rng = f"rng.rank{self.rank}"
+        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        if not any(k.startswith(f"{rng}.") for k in saved):
+            # a rank the saving world did not have (the job grew): its generators stay seeded
+            del state[rng]
+            self.log(f"{path.name} holds no random state for rank {self.rank}: kept as seeded")
+        dcp_load(state, checkpoint_id=str(path), no_dist=not self.distributed)
         self.saved_step = step
         self.log(f"resumed from {path.name} in {time.perf_counter() - started:.3f}s")
         return step

@@ -20,7 +20,7 @@ from services.cli.bench_live import MACHINE, kill_ranks
 from services.job_submission import commands as job_commands
 from services.wiring.embedded import embedded
 from shared.config import ControlPlaneConfig
-from shared.domain.model import JobState
+from shared.domain.model import JobState, NodeRole
 from tests.integration.test_inprocess_restart import chief_step, job, program_pid, ready, standbys
 
 pytestmark = pytest.mark.slow  # real torch.distributed processes
@@ -98,3 +98,59 @@ def test_an_app_crash_restarts_the_torch_survivor_in_its_process(tmp_path: Path)
     outs = [r.communicate(timeout=60)[0].decode() for r in runs]
     assert [r.returncode for r in runs] == [0, 0], outs[0][-3000:]
     assert digest(log) == digest(outs[0])
+
+
+def test_a_spare_joins_a_scaled_down_torch_job_without_killing_it(tmp_path: Path) -> None:
+    """An elastic torch job (2 replicas, at least 1) with no spare ready: an XID 79 scales it
+    down to rank 0 alone, in its process; once the drained spare is back the job grows by a
+    hot swap, rank 0 held and re-joined in the same process to a group of 2 with the spare's
+    new rank. rank 0's program is one process from the first attempt to the last."""
+    from services.cli.bench_live import LocalFaults
+    from services.repair import operator
+    from shared.resilience.bench_config import bench_config
+
+    # the blast-radius guard sized for a 3-node cluster: with the spare drained it would hold
+    # the XID's repair (a third of the partition out), as the recovery benchmark's does not
+    config = replace(bench_config(), output_root=tmp_path / "jobs")
+    app = embedded(tmp_path / "state", config=config,
+                   compute_options={"provision_duration_s": 0.1, "agent_interval_s": 0.5})
+    cluster = {**CLUSTER, "nodePools": [{"id": "h100", "nodeCount": 3, "spareCount": 1,
+                                         "machineSpec": MACHINE}]}
+    pool = SPEC["jobSpec"]["workerPoolSpecs"][0]  # type: ignore[index]
+    spec = {**SPEC, "labels": {"mtc-min-replicas": "1"}, "jobSpec": {
+        **SPEC["jobSpec"], "workerPoolSpecs": [{**pool, "containerSpec": {  # type: ignore[dict-item]
+            **pool["containerSpec"], "args": [*ARGS, "--step-time", "0.2",
+                                              "--checkpoint-every", "5"]}}]}}
+    try:
+        with app.transaction() as uow:
+            job_commands.create_cluster(cluster, uow, app.deps)
+        assert app.run(lambda: ready(app), timeout_s=30)
+        with app.transaction() as uow:
+            job_commands.submit_job("ip", spec, uow, app.deps, JOB)
+        assert app.run(lambda: chief_step(app) >= 5, timeout_s=60, poll_s=0.02)
+        first = {w.rank: w for w in app.compute.workers(JOB) if w.attempt == 1}
+        program = program_pid(first[0].pid)
+        with app.transaction() as uow:  # the spare drained: nothing to swap in
+            [spare] = [n.node_id for n in uow.nodes.list("ip") if n.role is NodeRole.WORKER
+                       and n.node_id not in {w.node_id for w in first.values()}]
+            operator.act(operator.DRAIN, "ip", spare, "no spare ready", "test", uow, app.deps)
+        LocalFaults(app).xid(first[1].node_id, 79, app.deps.clock.now())
+        assert app.run(lambda: job(app).attempt >= 2, timeout_s=30, poll_s=0.02)
+        assert job(app).recovery.decisions[-1]["mode"] == "scale_down", job(app).recovery.decisions
+        [alone] = [w for w in app.compute.workers(JOB) if w.attempt == 2]
+        assert alone.pid == first[0].pid and program_pid(alone.pid) == program
+        with app.transaction() as uow:  # the spare is back: the job grows onto it
+            operator.act(operator.RESUME, "ip", spare, "the spare is back", "test", uow, app.deps)
+        assert app.run(lambda: job(app).attempt >= 3, timeout_s=30, poll_s=0.02)
+        assert job(app).recovery.decisions[-1]["mode"] == "hot_swap", job(app).recovery.decisions
+        grown = {w.rank: w for w in app.compute.workers(JOB) if w.attempt == 3}
+        assert grown[0].pid == first[0].pid and program_pid(grown[0].pid) == program
+        assert grown[1].node_id == spare
+        assert app.run(lambda: job(app).terminal, timeout_s=60, poll_s=0.05)
+        assert job(app).state is JobState.SUCCEEDED
+    finally:
+        app.compute.kill_all()
+        app.close()
+    log = Path(grown[0].log_path).read_text()
+    assert re.search(rf"pid {program}\] call 2: step \d+ of {STEPS}, group of 2", log), log
+    assert f"done at step {STEPS}" in log

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo demo-torch test test-fast lint bench bench-stack bench-stack-load bench-slurm clean stack demo-slurm stack-slurm bench-stack-slurm
+.PHONY: demo demo-torch gpu-check test test-fast lint bench bench-stack bench-stack-load bench-slurm clean stack demo-slurm stack-slurm bench-stack-slurm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ test: $(STAMP)
 # rewriting every test's asserts again on each run is most of a cold collection.
 test-fast: $(STAMP)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -n 2 -m "not integration and not slow"
+
+# On a machine with NVIDIA GPUs: the real nvidia-smi and DCGM read by mtc's probes, the
+# pretrain recipe on cuda (NCCL), a memory-tier save and restore of CUDA tensors, an
+# in-process restart; under 5 minutes. Without a GPU it prints "no GPU: skipped" (docs/gpu.md).
+gpu-check: $(STAMP)
+	PYTHON=$(BIN)/python bash scripts/gpu_check.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check shared simulator services tests examples

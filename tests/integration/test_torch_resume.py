@@ -49,7 +49,7 @@ class Rank:
     of import per rank), exiting with the program's code; its output goes to a file."""
 
     def __init__(self, env: dict[str, str], config: dict[str, Any], log: Path) -> None:
-        self.log = log
+        self.log, self.env = log, env
         self.proc = multiprocessing.get_context("fork").Process(
             target=_rank_main, args=(env, config, str(log)), daemon=True)
         self.proc.start()
@@ -78,7 +78,8 @@ def _rank_main(env: dict[str, str], config: dict[str, Any], log: str) -> None:
 
 
 def launch(out: Path, attempt: int, config: dict[str, Any],
-           tiers: dict[str, str] | None = None) -> list[Rank]:
+           tiers: dict[str, str] | None = None, controls: list[Path] | None = None
+           ) -> list[Rank]:
     """Two ranks with the variables torchrun (and mtc's managed_env) sets; ``tiers``: the
     checkpoint tiers' variables too (two simulated nodes under ``out/mem``, as
     ``protocol.tier_env`` lays them out: rank r's peer copy on node (r + 1) % 2)."""
@@ -96,6 +97,8 @@ def launch(out: Path, attempt: int, config: dict[str, Any],
                     "MTC_TIER2_DIR": str(buddy), "MTC_TIER2_SOURCE_DIR": str(buddy),
                     "MTC_PROGRESS_FILE": str(out / "progress" / f"rank-{rank}.json"),
                     **tiers}
+        if controls is not None:  # in-process restart offered, as the local compute does
+            env["MTC_RESTART_FILE"] = str(controls[rank])
         ranks.append(Rank(env, config, out / f"attempt-{attempt}-rank-{rank}.log"))
     return ranks
 
@@ -214,3 +217,53 @@ def test_resume_from_a_near_tier_after_sigkill_is_bit_exact(tmp_path: Path,
     unequal = [k for k in a if not torch.equal(a[k], b[k])]
     assert not unequal, unequal
     assert scalar_steps(cut / "tb") == list(range(1, STEPS + 1))
+
+
+def test_a_hold_restarts_the_recipe_in_process_and_a_standby_takes_a_rank(tmp_path: Path) -> None:
+    """The recipes' program under ``torch_inprocess``: both ranks held alive (as for a hot
+    swap), they stop at one step and save; rank 0 goes on in its process on the next
+    attempt's port, restoring from its own memory, rank 1 is given to a warm standby (its
+    model built before it had a rank) and the held rank 1 ends on SIGTERM. The weights equal
+    an uninterrupted run's."""
+    from mtc_program import inprocess
+    from mtc_program.inprocess import HOLD, RESTART, Order
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    uninterrupted = launch(whole, 1, CONFIG)
+    slow = {**CONFIG, "hyperparameters": {**CONFIG["hyperparameters"], "step_sleep_s": 0.3}}
+    controls = [cut / f"ctl-{r}" / "restart.json" for r in (0, 1)]
+    standby_ctl = cut / "ctl-standby" / "restart.json"
+    inprocess.atomic_write(standby_ctl, Order(1, HOLD, deadline=time.time() + 120).to_json())
+    with_ctl = {**TIERED, "MTC_TIER1_EVERY": "3"}
+    first = launch(cut, 1, slow, with_ctl, controls=controls)
+    standby_env = {**first[1].env, "MTC_RESTART_FILE": str(standby_ctl), "MTC_STANDBY": "1"}
+    standby = Rank(standby_env, CONFIG, cut / "standby.log")
+    mem = [cut / "mem" / f"node-{r}" / f"rank-{r}" for r in range(2)]
+    deadline = time.monotonic() + 120
+    while not (min(newest_entry(m) for m in mem) >= 3 and "standby ready" in
+               (standby.log.read_text() if standby.log.exists() else "")):
+        assert all(r.poll() is None for r in [*first, standby]), finish(first)[1]
+        assert time.monotonic() < deadline, finish(first)[1]
+        time.sleep(0.05)
+    for c in controls:
+        inprocess.atomic_write(c, Order(5, HOLD, deadline=time.time() + 60).to_json())
+    while not all(inprocess.read_state(c).get("held") == 5 for c in controls):
+        assert all(r.poll() is None for r in first) and time.monotonic() < deadline, \
+            finish(first)[1]
+        time.sleep(0.05)
+    port = free_port()
+    for rank, control in ((0, controls[0]), (1, standby_ctl)):
+        env = {**first[rank].env, "MTC_JOB_ATTEMPT": "2", "MASTER_PORT": str(port),
+               "MTC_RESTART_FILE": str(control)}
+        inprocess.atomic_write(control, Order(6, RESTART, env, str(cut / f"a2-{rank}.log")).to_json())
+    first[1].send_signal(signal.SIGTERM)  # the held rank nobody took
+    codes, log = finish([first[0], standby, first[1]])
+    log += "".join(p.read_text() for p in cut.glob("a2-*.log"))
+    assert codes == [0, 0, 75], log
+    assert "[lm rank 0/2] restore: step" in log and "from this process's memory" in log, log
+    assert "(in-process restart 1)" in log, log
+    codes, whole_log = finish(uninterrupted)
+    assert codes == [0, 0], whole_log
+    a, b = weights(whole / "model"), weights(cut / "model")
+    unequal = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not unequal, unequal

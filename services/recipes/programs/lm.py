@@ -47,6 +47,7 @@ from mtc_program.torch_checkpoint import (
     deterministic,
     load_model_weights,
 )
+from mtc_program.torch_inprocess import Call, InProcess
 from mtc_program.torch_runtime import Env, Hypertune, exit_now
 from mtc_program.torch_tiers import TorchTiers
 from services.recipes.programs.lm_data import VOCAB_SIZE, SftStream, TokenStream, stdlib_corpus
@@ -167,7 +168,32 @@ def next_token_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     return loss
 
 
-def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
+class Setup:
+    """What a process keeps across in-process restarts (``torch_inprocess``): the model and
+    optimizer stay allocated, the data built; a warm standby builds it before it has a rank."""
+
+    def __init__(self, config: Mapping[str, Any], env: Env) -> None:
+        hp = config.get("hyperparameters", {})
+        steps, seed = int(hp.get("steps", 100)), int(hp.get("seed", 0))
+        deterministic(seed)
+        torch.manual_seed(seed)  # the same initial weights on every rank
+        self.device = env.device()
+        self.model = build_model(config.get("model", {}), config.get("init_from")).to(self.device)
+        self.model.config.use_cache = False  # type: ignore[union-attr]
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=float(hp.get("lr", 3e-3)),
+                                           weight_decay=float(hp.get("weight_decay", 0.0)))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(int(hp.get("warmup", 10)), steps))
+        self.stream = make_stream(config, env)
+        self.meter = LossMeter()
+
+
+def train(config: Mapping[str, Any], env: Env, preemption: Preemption,
+          call: Call | None = None, kept: dict[str, Setup] | None = None) -> int:
+    """One attempt. ``call``: the in-process restart's (``main``); ``kept``: the ``Setup``
+    of an earlier call in this process, reused (and replaced when the ranks restore nothing:
+    its weights trained on)."""
     if config.get("task", "pretrain") not in ("pretrain", "sft"):
         raise ValueError(f"task {config.get('task')!r}: this loop runs pretrain and sft "
                          "(rl: python -m services.recipes.programs.rl)")
@@ -177,36 +203,47 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
 
     hp = config.get("hyperparameters", {})
     steps, seed = int(hp.get("steps", 100)), int(hp.get("seed", 0))
-    deterministic(seed)
+    kept = {} if kept is None else kept
     distributed = env.init()
-    torch.manual_seed(seed)  # the same initial weights on every rank
-    model = build_model(config.get("model", {}), config.get("init_from"))
+    if "setup" not in kept:
+        kept["setup"] = Setup(config, env)
+    setup = kept["setup"]
+    setup.stream.place(env.rank, env.world_size)
+    model, optimizer, scheduler = setup.model, setup.optimizer, setup.scheduler
     if env.rank == 0:  # the architecture beside the checkpoints (continued pretraining reads it)
         env.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         tmp = env.checkpoint_dir / f".{MODEL_CONFIG}.tmp"
         tmp.write_text(json.dumps(model_spec(model)))
         os.replace(tmp, env.checkpoint_dir / MODEL_CONFIG)
-    model.config.use_cache = False  # type: ignore[union-attr]
-    model.train()
-    wrapped: torch.nn.Module = model
-    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=float(hp.get("lr", 3e-3)),
-                                  weight_decay=float(hp.get("weight_decay", 0.0)))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(int(hp.get("warmup", 10)), steps))
-    stream = make_stream(config, env)
-    meter = LossMeter()
     policy = config.get("checkpoint", {})
     every = int(policy.get("every", 0))
     tiers = TorchTiers.from_env(os.environ, durable_dir=env.checkpoint_dir, rank=env.rank,
                                 world_size=env.world_size, log=log,
-                                memory_every=int(policy.get("memory_every", 10)))
-    ckpt = Checkpointer(env.checkpoint_dir, wrapped, optimizer, every=every, log=log,
-                        extra={"scheduler": scheduler, "loader": stream, "loss": meter},
-                        preemption=preemption, tiers=tiers)
+                                memory_every=int(policy.get("memory_every", 10)),
+                                own=call.own if call is not None else None)
+
+    def checkpointer(s: Setup) -> Checkpointer:
+        return Checkpointer(env.checkpoint_dir, s.model, s.optimizer, every=every, log=log,
+                            extra={"scheduler": s.scheduler, "loader": s.stream,
+                                   "loss": s.meter},
+                            preemption=preemption, tiers=tiers,
+                            held=call.held if call is not None else None)
+
+    ckpt = checkpointer(setup)
     torch.manual_seed(seed + 1 + env.rank)  # this rank's dropout draws
     step = ckpt.restore()
+    if step == 0 and call is not None and call.iteration:  # nothing saved: start over
+        setup = kept["setup"] = Setup(config, env)
+        setup.stream.place(env.rank, env.world_size)
+        model, optimizer, scheduler = setup.model, setup.optimizer, setup.scheduler
+        ckpt = checkpointer(setup)
+        torch.manual_seed(seed + 1 + env.rank)
+    wrapped: torch.nn.Module = model
+    stream, meter, device = setup.stream, setup.meter, setup.device
     log(f"{'resumed at' if step else 'starting from'} step {step} of {steps}; "
-        f"{sum(p.numel() for p in model.parameters())} parameters")
+        f"{sum(p.numel() for p in model.parameters())} parameters on {device}"
+        + (f" (in-process restart {call.iteration})" if call is not None and call.iteration
+           else ""))
     scalars = Scalars(env.tensorboard_dir, env.attempt, enabled=env.rank == 0)
     sleep_s = float(hp.get("step_sleep_s", 0.0))
     tokens, started = 0, time.perf_counter()
@@ -216,7 +253,7 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
     progress.begin_step()
     try:
         while step < steps:
-            ids, labels = stream.next_batch()
+            ids, labels = (t.to(device) for t in stream.next_batch())
             loss = next_token_backward(wrapped, optimizer, ids, labels)
             if distributed:
                 average_gradients(model, env.world_size, progress)
@@ -279,7 +316,15 @@ def main(argv: list[str] | None = None, loop: Any = None,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never a download
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    return int((loop or train)(config, Env.read(), preemption))
+    if loop is not None:
+        return int(loop(config, Env.read(), preemption))
+    kept: dict[str, Setup] = {}
+
+    def warm() -> None:  # a warm standby: the model and the data, before it has a rank
+        kept["setup"] = Setup(config, Env.read())
+
+    return InProcess(lambda call: train(config, call.env, preemption, call, kept),
+                     preemption=preemption, warm=warm).run()
 
 
 if __name__ == "__main__":

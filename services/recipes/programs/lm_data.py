@@ -83,6 +83,10 @@ class TokenStream:
             self._order_epoch = self.epoch
         return self._order
 
+    def place(self, rank: int, world_size: int) -> None:
+        """Take rank ``rank``'s share from now on (an in-process restart's new rank)."""
+        self.rank, self.world_size, self._order_epoch = rank, world_size, -1
+
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(input ids, labels) of shape (batch, seq_len)."""
         rows = []
@@ -150,6 +154,9 @@ class SftStream:
         order = list(range(len(self.examples)))
         random.Random(self.seed * 7_919 + self.epoch).shuffle(order)
         return order[self.rank :: self.world_size]
+
+    def place(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         ids, labels = [], []

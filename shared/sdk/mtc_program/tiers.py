@@ -40,7 +40,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -396,11 +396,12 @@ class TieredCheckpointer:
         order = {t: i for i, t in enumerate(TIER_ORDER)}
         return sorted(found, key=lambda e: (-e.step, order[e.tier]))
 
-    def restorable(self) -> dict[int, list[Entry]]:
+    def restorable(self, own_steps: Iterable[int] = ()) -> dict[int, list[Entry]]:
         """The steps with at least one whole entry, entries nearest first: the first whole
         entry of each step is checked here (payload read and hashed), the farther ones of
-        that step only when it is loaded (``restore`` checks every entry it loads)."""
-        out: dict[int, list[Entry]] = {}
+        that step only when it is loaded (``restore`` checks every entry it loads).
+        ``own_steps``: steps whose state this process holds itself, restorable unread."""
+        out: dict[int, list[Entry]] = {step: [] for step in own_steps}
         self._failed = []
         for e in self.candidates():
             if e.step in out:
@@ -418,17 +419,24 @@ class TieredCheckpointer:
         self.log(f"restore: the {e.tier} entry of step {e.step} failed its check ({why}): "
                  f"{e.path}; trying the next")
 
-    def restore(self) -> Restored | None:
+    def restore(self, own: Mapping[int, State] | None = None) -> Restored | None:
         """The state of the newest step every rank can restore, from the nearest tier that
-        holds it whole; None: no such step (start from scratch)."""
+        holds it whole; None: no such step (start from scratch). ``own``: the states this
+        process kept of its last memory saves, by step (an in-process restart): used, not
+        read back, when the ranks agree on one of those steps."""
         s = self.settings
-        usable = self.restorable()
+        own = own or {}
+        usable = self.restorable(own)
         step = agree(usable, s.rank, s.world_size, s.durable_dir, s.attempt,
                      s.restore_timeout_s, self.log)
         if step is None:
             self._restored(None, None)
             self._heartbeat(force=True)
             return None
+        if step in own:
+            where = usable[step][0].path if usable[step] else Path(f"/proc/{os.getpid()}")
+            self._took(step, n.MEMORY, usable[step])
+            return Restored(step, dict(own[step]), n.MEMORY, where)
         for e in usable[step]:
             payload, why = entries.check(e)
             state = None
@@ -444,18 +452,21 @@ class TieredCheckpointer:
                 self.log(f"restore: step {step} from the {e.tier} tier after "
                          + "; ".join(f"{f['tier']} step {f['step']}: {f['why']}"
                                      for f in self._failed))
-            self._restored(step, e.tier)
-            with self._lock:
-                self._step = step
-                self.newest = {t: (step if any(x.tier == t for x in usable[step]) else None)
-                               for t in TIER_ORDER}
-                self.newest_at = {}  # written by an attempt before, whenever that was
-                self._first_step_pending, self.first_step_at = True, None
-            self._heartbeat(force=True)
+            self._took(step, e.tier, usable[step])
             return Restored(step, state, e.tier, e.path)
         self._restored(None, None)
         self._heartbeat(force=True)
         raise RuntimeError(f"restore: every entry of step {step} went bad while reading it")
+
+    def _took(self, step: int, tier: str, found: list[Entry]) -> None:
+        self._restored(step, tier)
+        with self._lock:
+            self._step = step
+            self.newest = {t: (step if t == tier or any(x.tier == t for x in found) else None)
+                           for t in TIER_ORDER}
+            self.newest_at = {}  # written by an attempt before, whenever that was
+            self._first_step_pending, self.first_step_at = True, None
+        self._heartbeat(force=True)
 
     def _restored(self, step: int | None, tier: str | None) -> None:
         """What the control plane hears of this restore (the heartbeat's ``restore``)."""

@@ -16,10 +16,11 @@ the coordinator has written ``.metadata``, then rank 0 renames the directory and
 save's blocking seconds beside it (``ckpt-<step>.save_s``, which feeds mtc's checkpoint
 advice). A ``ckpt-*`` directory without ``.metadata`` is not complete and never loaded.
 
-When: every ``every`` steps, and when any rank got SIGTERM (``Preemption``); the ranks agree
-on the step with one small all-reduce per step (a signal reaches ranks at different steps),
-save together, and the program exits 75 (``EXIT_PREEMPTED``: the worker protocol's
-"checkpoint saved, run me again").
+When: every ``every`` steps, and when any rank got SIGTERM (``Preemption``) or an order to
+hold (``held``: ``torch_inprocess``); the ranks agree on the step with one small all-reduce
+per step (a signal reaches ranks at different steps), save together (the near tiers too,
+when there are some), and the program exits 75 (``EXIT_PREEMPTED``: the worker protocol's
+"checkpoint saved, run me again"), or, held, is restarted in its process.
 
 Determinism (what the bit-exact resume test relies on): ``deterministic()`` sets
 ``torch.use_deterministic_algorithms(True)`` and one intra-op thread. On CPU with gloo every
@@ -38,13 +39,14 @@ import random
 import shutil
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -134,9 +136,11 @@ class Checkpointer:
     def __init__(self, directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  *, every: int = 0, extra: Mapping[str, Any] | None = None,
                  preemption: Preemption | None = None, log: Any = print,
-                 tiers: TorchTiers | None = None) -> None:
+                 tiers: TorchTiers | None = None, held: Callable[[], bool] | None = None
+                 ) -> None:
         self.directory, self.every, self.log = Path(directory), every, log
         self.tiers = tiers
+        self.held = held
         self.training = TrainingState(model, optimizer)
         self.extra = dict(extra or {})
         self.preemption = preemption
@@ -165,7 +169,9 @@ class Checkpointer:
             step = max(found, default=0)
         if self.tiers is not None:  # every rank takes part: the agreement waits for all
             near = self.tiers.restore()
-            if near is not None and near.step > step:
+            # the same step nearer is the same state, read faster (every rank decides alike:
+            # the near step is agreed, the durable one broadcast)
+            if near is not None and near.step >= step:
                 started = time.perf_counter()
                 load_into(self._state(), bytes(near.state[STATE_KEY]))
                 self.saved_step = near.step
@@ -176,7 +182,14 @@ class Checkpointer:
             return 0
         path = self.directory / checkpoint_name(step)
         started = time.perf_counter()
-        dcp_load(self._state(), checkpoint_id=str(path), no_dist=not self.distributed)
+        state = self._state()
+        rng = f"rng.rank{self.rank}"
+        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        if not any(k.startswith(f"{rng}.") for k in saved):
+            # a rank the saving world did not have (the job grew): its generators stay seeded
+            del state[rng]
+            self.log(f"{path.name} holds no random state for rank {self.rank}: kept as seeded")
+        dcp_load(state, checkpoint_id=str(path), no_dist=not self.distributed)
         self.saved_step = step
         self.log(f"resumed from {path.name} in {time.perf_counter() - started:.3f}s")
         return step
@@ -206,10 +219,14 @@ class Checkpointer:
 
     def preempted(self) -> bool:
         """Whether any rank was signalled (collective: call it on every rank each step)."""
-        flag = 1 if self.preemption is not None and self.preemption.signum is not None else 0
+        signalled = self.preemption is not None and self.preemption.signum is not None
+        flag = 1 if signalled or (self.held is not None and self.held()) else 0
         if not self.distributed:
             return bool(flag)
-        t = torch.tensor([flag], dtype=torch.int32)
+        # NCCL reduces device tensors only
+        cuda = dist.get_backend() == "nccl"
+        t = torch.tensor([flag], dtype=torch.int32,
+                         device=torch.device("cuda", torch.cuda.current_device()) if cuda else None)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(int(t.item()))
 
@@ -225,6 +242,8 @@ class Checkpointer:
             self.tiers.after_step(step, self._state())
         stop = self.preempted()
         due = bool(self.every) and step % self.every == 0
+        if stop and step < total and self.tiers is not None:  # the nearest copy of the stop
+            self.tiers.save_now(step, self._state())
         if (due or stop or step == total) and self.saved_step != step:
             if before_save is not None:
                 before_save()
@@ -234,7 +253,6 @@ class Checkpointer:
             self.log(f"preempted at step {step}: exiting {EXIT_PREEMPTED}")
             return EXIT_PREEMPTED
         return None
-
 
     def close(self) -> None:
         """The near tiers' writer drained (call before the program exits)."""

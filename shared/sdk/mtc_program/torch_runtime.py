@@ -68,6 +68,13 @@ class Env:
         return True
 
 
+    def device(self) -> torch.device:
+        """This rank's GPU where there is one (the group is NCCL's then), else the CPU."""
+        if torch.cuda.is_available():
+            return torch.device("cuda", self.local_rank % torch.cuda.device_count())
+        return torch.device("cpu")
+
+
 class Hypertune:
     """Reports the metric when the program is a trial of a HyperparameterTuningJob."""
 

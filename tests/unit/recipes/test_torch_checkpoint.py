@@ -105,3 +105,23 @@ def test_a_trial_reports_its_metric_through_hypertune(tmp_path: Path,
     line = json.loads(metric.read_text().splitlines()[-1])
     assert line["loss"] == "1.25" or float(line["loss"]) == 1.25
     assert int(line["global_step"]) == 40
+
+
+def test_a_rank_the_saving_world_lacked_restores_the_rest(tmp_path: Path) -> None:
+    """A job that grew: its checkpoint was saved by fewer ranks, so the new rank's random
+    state is not in it; the new rank loads the weights and keeps its seeded generators."""
+    from mtc_program.torch_checkpoint import Checkpointer
+
+    a = parts(0)
+    Checkpointer(tmp_path, a[0], a[1], log=lambda _: None).save(4)  # rank 0 alone saved
+    b = parts(1)
+    said: list[str] = []
+    joining = Checkpointer(tmp_path, b[0], b[1], log=said.append)
+    joining.rank = 1  # as rank 1 of the grown world would
+    torch.manual_seed(7)
+    expected = torch.get_rng_state()
+    assert joining.restore() == 4
+    assert all(torch.equal(x, y) for x, y in zip(a[0].state_dict().values(),
+                                                 b[0].state_dict().values(), strict=True))
+    assert torch.equal(torch.get_rng_state(), expected)
+    assert any("no random state for rank 1" in line for line in said), said

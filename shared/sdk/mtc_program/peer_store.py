@@ -56,6 +56,7 @@ JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 RANK_RE = re.compile(r"rank-(\d{1,9})")
 STEP_RE = re.compile(r"\d{1,18}")
 DEFAULT_BUDGET_BYTES = 4 << 30  # a node's memory for its buddies' copies, unless told
+BIND_WAIT_S = 5.0  # a port still held by the previous attempt's service, leaving
 CONNECT_WAIT_S = 3.0  # a restore waits this long for a buddy's service still starting
 
 
@@ -375,11 +376,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     token = args.token_file.read_text().strip()
     args.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        server = Server((args.host, args.port), PeerStore(args.root, token, args.budget_bytes))
-    except OSError as exc:
-        print(f"peer_store: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
+    store = PeerStore(args.root, token, args.budget_bytes)
+    deadline = time.monotonic() + BIND_WAIT_S
+    while True:
+        try:
+            server = Server((args.host, args.port), store)
+            break
+        except OSError as exc:  # the previous attempt's service may still be leaving
+            if time.monotonic() >= deadline:
+                print(f"peer_store: cannot listen on {args.host}:{args.port}: {exc}",
+                      file=sys.stderr)
+                return 1
+            time.sleep(0.2)
     if args.parent_pid:
         threading.Thread(target=_watch_parent, args=(server, args.parent_pid), daemon=True).start()
     print(f"peer_store: {args.root} on {args.host}:{args.port}", file=sys.stderr, flush=True)

@@ -194,3 +194,39 @@ def test_a_peer_store_down_falls_back_to_durable(tmp_path: Path) -> None:
     restored = TieredCheckpointer(s, log=logs.append).restore()
     assert restored is not None and (restored.step, restored.tier) == (10, p.DURABLE)
     assert any("peer store" in line for line in logs)
+
+
+def test_the_node_process_serves_its_memory_and_ends_with_its_task(tmp_path: Path) -> None:
+    """As task.sh starts it: ``python -I peer_store.py serve`` (nothing of mtc on its path),
+    watching the task's pid; it exits once that task is gone."""
+    import socket
+    import subprocess
+    import sys
+
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    task = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    service = subprocess.Popen(
+        [sys.executable, "-I", peer_store.__file__, "serve", "--root", str(tmp_path / "shm"),
+         "--token-file", str(tmp_path / "token"), "--host", "127.0.0.1", "--port", str(port),
+         "--budget-bytes", "100000", "--parent-pid", str(task.pid)],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        client = PeerClient(f"http://127.0.0.1:{port}/job1", TOKEN)
+        assert client.manifests(0, wait_s=10.0) == []
+        client.put(0, 3, 1, b"copy", keep=3)
+        assert client.fetch(0, 3) == b"copy"
+        assert (tmp_path / "shm" / "job1" / "peer" / "rank-0" / p.entry_name(3)).is_dir()
+        task.kill()
+        task.wait()
+        assert service.wait(timeout=10) == 0
+    finally:
+        for proc in (task, service):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if service.stderr is not None:
+            service.stderr.close()

@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -198,6 +199,7 @@ class TieredCheckpointer:
         # check (tier, step, why) and the tiers skipped; in the heartbeat as ``restore``
         self.restore_record: dict[str, object] | None = None
         self._failed: list[dict[str, object]] = []
+        self._staged: Path | None = None  # the peer copies fetched for a restore, then dropped
         self._step = 0
         self._lock = threading.Lock()
         self._beat_at = -float("inf")
@@ -416,7 +418,7 @@ class TieredCheckpointer:
         s = self.settings
         if not s.tier2_source_url or s.tier1_dir is None:
             return None
-        to = s.tier1_dir.parent / ".peer-fetched" / n.rank_dir(s.rank)
+        to = self._staged = s.tier1_dir.parent / ".peer-fetched" / n.rank_dir(s.rank)
         try:
             return peer_store.PeerClient(s.tier2_source_url, s.tier2_token).fetch_into(s.rank, to)
         except (OSError, ValueError) as exc:
@@ -486,6 +488,8 @@ class TieredCheckpointer:
 
     def _restored(self, step: int | None, tier: str | None) -> None:
         """What the control plane hears of this restore (the heartbeat's ``restore``)."""
+        if self._staged is not None:  # read or not, the fetched copies would only take memory
+            shutil.rmtree(self._staged, ignore_errors=True)
         with self._lock:
             self.restore_record = {"step": step, "tier": tier, "failed": list(self._failed),
                                    "skipped": list(self.settings.skip)}

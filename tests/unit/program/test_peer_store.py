@@ -171,6 +171,7 @@ def test_a_wiped_node_restores_from_the_copy_in_its_buddys_memory(tmp_path: Path
         assert restored is not None, logs
         assert (restored.step, restored.tier) == (10, p.PEER)
         assert restored.state["rng"] == b"rng-10"
+        assert not list(mem_a.rglob("step-*"))  # the fetched copies left A's memory once read
         assert json.loads((held / p.entry_name(10) / p.MANIFEST).read_text())["rank"] == 0
     finally:
         node_b.shutdown()

@@ -44,8 +44,10 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Protocol
 
 # the entries' layout (mtc_program.protocol, restated: this file imports nothing of mtc;
 # a test checks that they agree)
@@ -57,6 +59,7 @@ RANK_RE = re.compile(r"rank-(\d{1,9})")
 STEP_RE = re.compile(r"\d{1,18}")
 DEFAULT_BUDGET_BYTES = 4 << 30  # a node's memory for its buddies' copies, unless told
 BIND_WAIT_S = 5.0  # a port still held by the previous attempt's service, leaving
+CHUNK = 1 << 20
 CONNECT_WAIT_S = 3.0  # a restore waits this long for a buddy's service still starting
 
 
@@ -80,14 +83,22 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def write_entry(directory: Path, manifest: dict[str, object], payload: bytes) -> Path:
-    """An entry whole or not at all: payload, then manifest, under a temporary name, renamed."""
+class Readable(Protocol):
+    def read(self, size: int, /) -> bytes: ...
+
+
+class BadBody(ValueError):
+    """A body that is not what its request said (short, or another hash)."""
+
+
+def commit_entry(directory: Path, step: int, fill: Callable[[Path], None]) -> Path:
+    """An entry whole or not at all: ``fill`` writes the payload, then the manifest, into a
+    temporary directory, which is fsynced and renamed into place (any failure: nothing)."""
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / entry_name(int(str(manifest["step"])))
+    final = directory / entry_name(step)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=directory))
     try:
-        _write_file(tmp / PAYLOAD, payload)
-        _write_file(tmp / MANIFEST, json.dumps(manifest).encode())
+        fill(tmp)
         _fsync_dir(tmp)
         if final.exists():  # the same step again: the old one leaves first
             old = directory / f".old-{final.name}-{os.getpid()}-{threading.get_ident()}"
@@ -99,6 +110,41 @@ def write_entry(directory: Path, manifest: dict[str, object], payload: bytes) ->
         raise
     _fsync_dir(directory)
     return final
+
+
+def write_entry(directory: Path, manifest: dict[str, object], payload: bytes) -> Path:
+    """An entry as received (a fetched copy: its manifest kept as the service gave it, so the
+    restore checks the payload against it)."""
+    def fill(tmp: Path) -> None:
+        _write_file(tmp / PAYLOAD, payload)
+        _write_file(tmp / MANIFEST, json.dumps(manifest).encode())
+
+    return commit_entry(directory, int(str(manifest["step"])), fill)
+
+
+def stream_entry(directory: Path, step: int, rank: int, world_size: int, body: Readable,
+                 size: int, sha256: str) -> Path:
+    """``size`` bytes of ``body`` stored as an entry, hashed as they are written (a copy never
+    sits whole in the service's memory); short, or not ``sha256``: BadBody, nothing kept."""
+    def fill(tmp: Path) -> None:
+        digest, left = hashlib.sha256(), size
+        with open(tmp / PAYLOAD, "wb") as f:
+            while left:
+                chunk = body.read(min(left, CHUNK))
+                if not chunk:
+                    raise BadBody(f"the body ended {left} bytes short")
+                digest.update(chunk)
+                f.write(chunk)
+                left -= len(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        if not hmac.compare_digest(digest.hexdigest(), sha256):
+            raise BadBody("sha256 does not match")
+        _write_file(tmp / MANIFEST, json.dumps({
+            "format": FORMAT, "step": step, "rank": rank, "world_size": world_size,
+            "size": size, "sha256": sha256}).encode())
+
+    return commit_entry(directory, step, fill)
 
 
 def read_manifest(entry: Path) -> dict[str, object] | None:
@@ -122,13 +168,13 @@ class PeerStore:
     def rank_dir(self, job: str, rank: int) -> Path:
         return self.root / job / "peer" / f"rank-{rank}"
 
-    def put(self, job: str, rank: int, step: int, world_size: int, payload: bytes,
-            keep: int) -> Path:
-        manifest = {"format": FORMAT, "step": step, "rank": rank, "world_size": world_size,
-                    "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    def put(self, job: str, rank: int, step: int, world_size: int, body: Readable, size: int,
+            sha256: str, keep: int) -> Path:
+        """Store a copy (``stream_entry``), then keep the rank's newest ``keep`` and the
+        node's budget. Only the bookkeeping is serialized, not the transfers."""
         directory = self.rank_dir(job, rank)
+        final = stream_entry(directory, step, rank, world_size, body, size, sha256)
         with self._lock:
-            final = write_entry(directory, manifest, payload)
             self._prune(directory, keep)
             self._evict(keep_entry=final)
         return final
@@ -245,12 +291,13 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the body is not read
             self._reply(413, b"larger than the node's budget\n")
             return
-        payload = self.rfile.read(size)
-        if hashlib.sha256(payload).hexdigest() != self.headers.get("X-Mtc-Sha256", ""):
-            self._reply(400, b"sha256 does not match\n")
-            return
         try:
-            store.put(job, rank, step, world_size, payload, keep)
+            store.put(job, rank, step, world_size, self.rfile, size,
+                      self.headers.get("X-Mtc-Sha256", ""), keep)
+        except BadBody as exc:
+            self.close_connection = True  # what is left of the body is not read
+            self._reply(400, f"{exc}\n".encode())
+            return
         except OSError as exc:
             self._reply(507, f"cannot store: {exc.strerror or exc}\n".encode())
             return

@@ -212,8 +212,8 @@ def tier_env(job_id: str, rank: int, node_ids: Sequence[str], memory_root: Calla
              peer_store: Callable[[str], str] | None = None, token: str = "") -> dict[str, str]:
     """Rank ``rank``'s tier variables when ``node_ids[r]`` runs rank ``r``. ``memory_root``:
     a node's memory directory (local: a directory per simulated node; Slurm:
-    ``/dev/shm/mtc/<node>``). Tier 1 is ``<root of my node>/<job>/rank-<r>``; the peer copy of rank
-    ``r`` is ``<root of its buddy's node>/<job>/peer/rank-<r>``, the buddy being rank
+    ``/dev/shm/mtc/<deployment>/<node>``). Tier 1 is ``<root of my node>/<job>/rank-<r>``;
+    the peer copy of rank ``r`` is ``<root of its buddy's node>/<job>/peer/rank-<r>``, the buddy being rank
     ``(r + 1) % world``; the copy to read back is where the previous attempt's buddy held it
     (``previous_node_ids``: that attempt's placement; none or too short: this one's).
     ``peer_store``: a node's peer store service (``http://host:port``), where the nodes run

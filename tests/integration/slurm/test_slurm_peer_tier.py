@@ -86,7 +86,8 @@ def test_a_wiped_nodes_rank_restores_from_its_buddys_memory_over_the_network(
     for rank in (0, 1):
         assert json.loads((out / f"a1-r{rank}.json").read_text()) == {"saved": 10, "errors": []}
     job = memory_name(gang(1, ("p0", "p1")))
-    n0, n1 = node_memory(mapping["p0"]), node_memory(mapping["p1"])
+    deployment = str(slurm_compute.state_dir)
+    n0, n1 = node_memory(mapping["p0"], deployment), node_memory(mapping["p1"], deployment)
     try:
         assert n0 != n1
         # rank 0's own entries on its node, its peer copy in its buddy's (rank 1's) memory
@@ -103,8 +104,8 @@ def test_a_wiped_nodes_rank_restores_from_its_buddys_memory_over_the_network(
         got = json.loads((out / "a2-r0.json").read_text())
         assert (got["step"], got["tier"], got["w"]) == (10, p.PEER, 10.0), (got, log[-3000:])
         assert got["env"][p.TIER2_SOURCE_URL].startswith("http://127.0.0.1:")
-        assert got["env"][p.TIER1_DIR].startswith(f"{node_memory(mapping['p2'])}/")
+        assert got["env"][p.TIER1_DIR].startswith(f"{node_memory(mapping['p2'], deployment)}/")
         assert (json.loads((out / "a2-r1.json").read_text())["tier"]) == p.MEMORY
     finally:
         for node in mapping.values():
-            shutil.rmtree(node_memory(node) / job, ignore_errors=True)
+            shutil.rmtree(node_memory(node, deployment), ignore_errors=True)

@@ -53,7 +53,7 @@ class SlurmAgents:
         memory directory gone (tmpfs does not outlive a boot; on a one-host cluster the
         node's is its own, ``scripts.node_memory``); a reimage also wipes the node's scratch
         directory."""
-        shutil.rmtree(node_memory(slurm_node), ignore_errors=True)
+        shutil.rmtree(node_memory(slurm_node, str(self._settings.state_dir)), ignore_errors=True)
         path = self.kernel_log(slurm_node)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size:

@@ -15,17 +15,18 @@ leaves each rank's exit code in ``rank-<RANK>.exit``. A batch job Slurm requeues
 exits at once: mtc runs the next attempt instead.
 
 Checkpoint tiers (``protocol.tier_env``'s layout, computed by the shell so the script stays
-one per pool, not per rank). A node's memory directory is ``/dev/shm/mtc/<Slurm node>``
-(``node_memory``: the node's name in it keeps the simulated nodes of a one-host cluster
-apart); tier 1 is ``<it>/<job>-<hash of its checkpoint directory>/rank-$RANK``. The tier-2
-copy travels over the network: each task first starts its node's peer store service
-(``mtc_program.peer_store``, in the background, ending with the task) on the port
-``peer_ports`` gave that node, owning the node's memory directory with the adapter's byte
-budget, and the rank sends its copy to the service of its buddy (line ``(r + 1) % world``
-of ``hostfile``: ``MTC_TIER2_URL``) and reads it back from the previous attempt's buddy's
-(``prev-hostfile``: ``MTC_TIER2_SOURCE_URL``), with the attempt's token (``peer.token``,
-0600 in the run directory; ``MTC_TIER2_TOKEN``). Nothing of the copy goes through the shared
-file system, so a node's loss costs only its own memory.
+one per pool, not per rank). A node's memory directory is
+``/dev/shm/mtc/<deployment>/<Slurm node>`` (``node_memory``: the node's name keeps the
+simulated nodes of a one-host cluster apart, the deployment's tag the clusters of several
+deployments on one host); tier 1 is ``<it>/<job>-<hash of its checkpoint
+directory>/rank-$RANK``. The tier-2 copy travels over the network: each task first starts
+its node's peer store service (``mtc_program.peer_store``, in the background, ending with
+the task) on the port ``peer_ports`` gave that node, owning the node's memory directory
+with the adapter's byte budget, and the rank sends its copy to the service of its buddy
+(line ``(r + 1) % world`` of ``hostfile``: ``MTC_TIER2_URL``) and reads it back from the
+previous attempt's buddy's (``prev-hostfile``: ``MTC_TIER2_SOURCE_URL``), with the attempt's
+token (``peer.token``, 0600 in the run directory; ``MTC_TIER2_TOKEN``). Nothing of the copy
+goes through the shared file system, so a node's loss costs only its own memory.
 
 Gangs: the step runs with ``srun --kill-on-bad-exit=1``, so a task that exits non-zero or is
 killed ends the step for every task (https://slurm.schedmd.com/srun.html#OPT_kill-on-bad-exit),
@@ -87,9 +88,16 @@ class PeerTier:
         return cls(master_addr if loopback else "", budget_bytes)
 
 
-def node_memory(slurm_node: str) -> Path:
+def memory_root(deployment: str) -> Path:
+    """Where the deployment's nodes' memory directories are on each node: the deployment (its
+    state directory) names it, because one-host clusters of several deployments have nodes
+    of the same names, and one's reboot of its ``n2`` must not wipe another's."""
+    return MEMORY_ROOT / hashlib.sha256(deployment.encode()).hexdigest()[:12]
+
+
+def node_memory(slurm_node: str, deployment: str) -> Path:
     """A node's memory directory (tier 1 and the peer copies its service holds)."""
-    return MEMORY_ROOT / safe_name(slurm_node)
+    return memory_root(deployment) / safe_name(slurm_node)
 
 
 def peer_ports(nodes: Sequence[str], job: str, salt: str) -> dict[str, int]:
@@ -181,8 +189,8 @@ def write_scripts(
         prev = list(previous_hosts) if whole else hosts  # else: as if placed as now
         write_executable(run_dir / "prev-hostfile", "\n".join(prev) + "\n", mode=0o644)
         write_executable(run_dir / "peer.token", secrets.token_urlsafe(32) + "\n", mode=0o600)
-        lines += tier_lines(gang, run_dir, peer, peer_ports([*hosts, *prev], memory_name(gang),
-                                                            port_salt), python)
+        ports = peer_ports([*hosts, *prev], memory_name(gang), port_salt)
+        lines += tier_lines(gang, run_dir, peer, ports, python, port_salt)
     # a TMPDIR of the rank's own on its node (the job's own TMPDIR, exported below, wins):
     # torch's caches and torchrun's files go with the attempt (batch.sh removes them)
     lines += [f'export TMPDIR={q(tmp_root(gang))}-r"$RANK"',
@@ -237,7 +245,7 @@ def write_scripts(
         f"SLURM_HOSTFILE={q(str(run_dir / 'hostfile'))} srun --nodes={k} --ntasks={k}"
         f" --ntasks-per-node=1 --distribution=arbitrary /bin/sh -c"
         f" {q(f'rm -rf {q(tmp_root(gang))}-r*')} || true",
-        *(_cleanup_lines(gang, run_dir, k) if peer is not None else []),
+        *(_cleanup_lines(gang, run_dir, k, port_salt) if peer is not None else []),
         f'echo "$rc" > {q(str(run_dir))}/.batch.exit.tmp && mv -f {q(str(run_dir))}/.batch.exit.tmp'
         f" {q(str(run_dir))}/batch.exit",
         f'echo {tag}": srun exited $rc"',
@@ -259,12 +267,12 @@ def tmp_root(gang: Gang) -> str:
     return f"/tmp/mtc-{memory_name(gang)}-a{gang.attempt}"
 
 
-def _cleanup_lines(gang: Gang, run_dir: Path, k: int) -> list[str]:
+def _cleanup_lines(gang: Gang, run_dir: Path, k: int, deployment: str) -> list[str]:
     """batch.sh, after the step: when every rank exited 0 the job is done, and its memory
     entries and the peer copies on each node go with it; /dev/shm would keep them until a
     reboot (a stopped or failed attempt keeps them: the next one restores from them)."""
     q = shlex.quote
-    rm = f'rm -rf {q(str(MEMORY_ROOT))}/"$SLURMD_NODENAME"/{q(memory_name(gang))}'
+    rm = f'rm -rf {q(str(memory_root(deployment)))}/"$SLURMD_NODENAME"/{q(memory_name(gang))}'
     return [
         f'if [ "$rc" = 0 ] && ! grep -qvx 0 {q(str(run_dir))}/rank-*.exit 2>/dev/null; then',
         f"    SLURM_HOSTFILE={q(str(run_dir / 'hostfile'))} srun --nodes={k} --ntasks={k}"
@@ -274,7 +282,7 @@ def _cleanup_lines(gang: Gang, run_dir: Path, k: int) -> list[str]:
 
 
 def tier_lines(gang: Gang, run_dir: Path, peer: PeerTier, ports: Mapping[str, int],
-               python: str) -> list[str]:
+               python: str, deployment: str) -> list[str]:
     """task.sh's checkpoint tier variables for ``$RANK`` and its node's peer store, started
     in the background before the launcher (see the module docstring). The service watches
     the task's pid (``$$``, which the launcher's exec keeps) and exits with it."""
@@ -291,7 +299,7 @@ def tier_lines(gang: Gang, run_dir: Path, peer: PeerTier, ports: Mapping[str, in
         f'peer_port() {{ case "$1" in {cases} *) echo 0 ;; esac; }}',
         f"peer_host={q(peer.host)}",
         f'peer_url() {{ echo "http://${{peer_host:-$1}}:$(peer_port "$1")/{job}"; }}',
-        f'node_mem={q(str(MEMORY_ROOT))}/"${{SLURMD_NODENAME:?task.sh runs under srun}}"',
+        f'node_mem={q(str(memory_root(deployment)))}/"${{SLURMD_NODENAME:?task.sh runs under srun}}"',
         f'export {p.TIER1_DIR}="$node_mem"/{q(job)}/rank-"$RANK"',
         f'export {p.TIER2_URL}="$(peer_url "$buddy")"',
         f'export {p.TIER2_SOURCE_URL}="$(peer_url "$prev_buddy")"',

@@ -14,7 +14,7 @@ from typing import cast
 import pytest
 
 from shared.adapters.compute.protocol import read_exit_file
-from shared.adapters.compute.slurm.scripts import PeerTier, peer_ports, write_scripts
+from shared.adapters.compute.slurm.scripts import PeerTier, node_memory, peer_ports, write_scripts
 from shared.ports import Gang, LaunchGroup
 
 NASTY = "$(touch PWNED) `touch PWNED2` 'single' \"double\" ; touch PWNED3 \\ $HOME\nnext line"
@@ -198,7 +198,7 @@ def test_each_rank_gets_its_tiers_and_its_buddys_peer_store(tmp_path: Path, mast
                                           (2, "n2", "n3", "n3")):
             env = cast("dict[str, str]", run_task(run_dir, tmp_path, rank, node)["env"])
             # the job's storage names its entries: a job of the same id elsewhere never reads them
-            assert env["MTC_TIER1_DIR"] == f"/dev/shm/mtc/{node}/{job}/rank-{rank}"
+            assert env["MTC_TIER1_DIR"] == f"{node_memory(node, 'salt')}/{job}/rank-{rank}"
             assert env["MTC_TIER2_URL"] == f"http://{host or buddy}:{ports[buddy]}/{job}"
             assert env["MTC_TIER2_SOURCE_URL"] == f"http://{host or before}:{ports[before]}/{job}"
             assert env["MTC_TIER2_TOKEN"] == token
@@ -209,7 +209,7 @@ def test_each_rank_gets_its_tiers_and_its_buddys_peer_store(tmp_path: Path, mast
         assert f"--host {host or '0.0.0.0'}" in text and "--budget-bytes 1048576" in text
     finally:
         for node in ("n1", "n2", "n3"):
-            shutil.rmtree(f"/dev/shm/mtc/{node}/{job}", ignore_errors=True)
+            shutil.rmtree(node_memory(node, "salt"), ignore_errors=True)
 
 
 @pytest.mark.parametrize("codes, kept", [(("0", "0", "0"), False), (("0", "75", "0"), True)],
@@ -224,7 +224,7 @@ def test_a_finished_job_leaves_no_memory_entries_behind(tmp_path: Path, codes: t
     write_scripts(gang, NAMES, run_dir, tmp_path / "slurm.out", python=sys.executable,
                   master_addr="10.0.0.1", peer=PeerTier())
     job = f"job-2-{hashlib.sha256(gang.checkpoint_dir.encode()).hexdigest()[:12]}"
-    memory, copy = Path("/dev/shm/mtc/n1") / job / "rank-0", Path("/dev/shm/mtc/n1") / job / "peer"
+    memory, copy = node_memory("n1", "") / job / "rank-0", node_memory("n1", "") / job / "peer"
     for d in (memory, copy):
         d.mkdir(parents=True, exist_ok=True)
     for rank, code in enumerate(codes):

@@ -17,7 +17,7 @@ import pytest
 
 from mtc_program import protocol as p
 from shared.adapters.compute.slurm.compute import SlurmCompute
-from shared.adapters.compute.slurm.scripts import memory_name, node_memory
+from shared.adapters.compute.slurm.scripts import memory_name, memory_root, node_memory
 from shared.domain.events import JobWorkersExited
 from shared.ports import Gang, LaunchGroup
 from tests.harness import Recorder
@@ -107,5 +107,4 @@ def test_a_wiped_nodes_rank_restores_from_its_buddys_memory_over_the_network(
         assert got["env"][p.TIER1_DIR].startswith(f"{node_memory(mapping['p2'], deployment)}/")
         assert (json.loads((out / "a2-r1.json").read_text())["tier"]) == p.MEMORY
     finally:
-        for node in mapping.values():
-            shutil.rmtree(node_memory(node, deployment), ignore_errors=True)
+        shutil.rmtree(memory_root(deployment), ignore_errors=True)

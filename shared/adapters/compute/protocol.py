@@ -208,20 +208,32 @@ def _written_at(beats: Sequence[dict[str, Any]], tier: str, step: int) -> float 
 
 def tier_env(job_id: str, rank: int, node_ids: Sequence[str], memory_root: Callable[[str], Path],
              checkpoint_dir: str | Path,
-             previous_node_ids: Sequence[str] | None = None) -> dict[str, str]:
+             previous_node_ids: Sequence[str] | None = None,
+             peer_store: Callable[[str], str] | None = None, token: str = "") -> dict[str, str]:
     """Rank ``rank``'s tier variables when ``node_ids[r]`` runs rank ``r``. ``memory_root``:
     a node's memory directory (local: a directory per simulated node; Slurm:
-    ``/dev/shm/mtc``). Tier 1 is ``<root of my node>/<job>/rank-<r>``; the peer copy of rank
-    ``r`` is ``<root of its buddy's node>/<job>/peer/rank-<r>``, the buddy being rank
+    ``/dev/shm/mtc/<deployment>/<node>``). Tier 1 is ``<root of my node>/<job>/rank-<r>``;
+    the peer copy of rank ``r`` is ``<root of its buddy's node>/<job>/peer/rank-<r>``, the buddy being rank
     ``(r + 1) % world``; the copy to read back is where the previous attempt's buddy held it
-    (``previous_node_ids``: that attempt's placement; none or too short: this one's)."""
+    (``previous_node_ids``: that attempt's placement; none or too short: this one's).
+    ``peer_store``: a node's peer store service (``http://host:port``), where the nodes run
+    one: the peer copy then goes over the network to the buddy's (``MTC_TIER2_URL``, read
+    back from ``MTC_TIER2_SOURCE_URL``, with ``token``) instead of into its directory."""
     world, job = len(node_ids), safe_name(job_id)
     before = previous_node_ids if previous_node_ids and len(previous_node_ids) > rank else node_ids
+    buddy, prev_buddy = node_ids[(rank + 1) % world], before[(rank + 1) % len(before)]
+    if peer_store is not None:
+        return {
+            p.TIER1_DIR: str(memory_root(node_ids[rank]) / job / p.rank_dir(rank)),
+            p.TIER2_URL: f"{peer_store(buddy)}/{job}",
+            p.TIER2_SOURCE_URL: f"{peer_store(prev_buddy)}/{job}",
+            p.TIER2_TOKEN: token,
+            p.PROGRESS_FILE: str(progress_path(checkpoint_dir, rank)),
+        }
     return {
         p.TIER1_DIR: str(memory_root(node_ids[rank]) / job / p.rank_dir(rank)),
-        p.TIER2_DIR: str(memory_root(node_ids[(rank + 1) % world]) / job / p.peer_dir(rank)),
-        p.TIER2_SOURCE_DIR: str(memory_root(before[(rank + 1) % len(before)]) / job
-                                / p.peer_dir(rank)),
+        p.TIER2_DIR: str(memory_root(buddy) / job / p.peer_dir(rank)),
+        p.TIER2_SOURCE_DIR: str(memory_root(prev_buddy) / job / p.peer_dir(rank)),
         p.PROGRESS_FILE: str(progress_path(checkpoint_dir, rank)),
     }
 

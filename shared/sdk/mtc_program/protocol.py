@@ -96,6 +96,10 @@ JOB_NAME = "MTC_JOB_NAME"  # the job's resource name, for those calls
 #   (rank + 1) % world), so one node's loss never takes both copies;
 # * MTC_TIER2_SOURCE_DIR: where the previous attempt's peer copy of this rank can be read
 #   back (the same as MTC_TIER2_DIR when the placement did not change);
+# * MTC_TIER2_URL, MTC_TIER2_SOURCE_URL: the same over the network, where they are given
+#   (instead of the two directories): the peer store service of the buddy's node
+#   (http://host:port/<job>; mtc_program.peer_store), which keeps the copy in that node's
+#   memory; MTC_TIER2_TOKEN: the secret both the ranks and the services were given;
 # * MTC_TIER{1,2,3}_EVERY: steps between saves of each tier (the job's own choice);
 # * MTC_TIER_KEEP: entries kept per rank on tiers 1 and 2, MTC_TIER3_KEEP on the durable one;
 # * MTC_RESTORE_TIMEOUT_S: how long a rank waits for the others' restorable steps;
@@ -107,6 +111,9 @@ JOB_NAME = "MTC_JOB_NAME"  # the job's resource name, for those calls
 TIER1_DIR = "MTC_TIER1_DIR"
 TIER2_DIR = "MTC_TIER2_DIR"
 TIER2_SOURCE_DIR = "MTC_TIER2_SOURCE_DIR"
+TIER2_URL = "MTC_TIER2_URL"
+TIER2_SOURCE_URL = "MTC_TIER2_SOURCE_URL"
+TIER2_TOKEN = "MTC_TIER2_TOKEN"
 TIER1_EVERY = "MTC_TIER1_EVERY"
 TIER2_EVERY = "MTC_TIER2_EVERY"
 TIER3_EVERY = "MTC_TIER3_EVERY"

@@ -9,7 +9,9 @@ A program hands its state (named numpy arrays or bytes) and its step to a
   of each array); a background thread encodes and writes it.
 * tier 2, ``peer``: the same snapshot copied to this rank's buddy's node (``MTC_TIER2_DIR``),
   every ``MTC_TIER2_EVERY`` steps, by the same background thread. The buddy runs on another
-  node, so one node's loss never takes both copies.
+  node, so one node's loss never takes both copies. With ``MTC_TIER2_URL`` the copy is sent
+  over the network to the peer store service of the buddy's node (``mtc_program.peer_store``),
+  which keeps it in that node's memory, and read back from ``MTC_TIER2_SOURCE_URL``.
 * tier 3, ``durable``: ``AIP_CHECKPOINT_DIR`` in the worker protocol's ``ckpt-<step>.npz``
   format (the adapters' scan and older programs keep working), every ``MTC_TIER3_EVERY``
   steps and on SIGTERM; written before ``save`` returns.
@@ -38,6 +40,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -46,91 +49,14 @@ from pathlib import Path
 
 import numpy as np
 
-from mtc_program import entries
+from mtc_program import entries, peer_store
 from mtc_program import protocol as n
 from mtc_program.cut import agree
 from mtc_program.entries import Entry, State
-from mtc_program.env import env_int as _int
+from mtc_program.tier_settings import TierSettings, skipped
 
 TIER_ORDER = n.TIERS  # nearest first: restore prefers this order
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ValueError(f"{name} must be a number of seconds >= 0, got {raw!r}")
-    return value
-
-
-def _path(env: Mapping[str, str], name: str) -> Path | None:
-    raw = env.get(name, "").strip()
-    return Path(raw) if raw else None
-
-
-@dataclass(frozen=True)
-class TierSettings:
-    """Where the tiers are and how often each saves (0: never)."""
-
-    rank: int
-    world_size: int
-    durable_dir: Path
-    tier1_dir: Path | None = None
-    tier2_dir: Path | None = None
-    tier2_source_dir: Path | None = None
-    tier1_every: int = 0
-    tier2_every: int = 0
-    tier3_every: int = 0
-    keep: int = 3
-    durable_keep: int = 0  # 0: keep every durable checkpoint (as programs did before tiers)
-    progress_file: Path | None = None
-    progress_interval_s: float = 5.0
-    replicated: bool = True
-    attempt: int | None = None
-    restore_timeout_s: float = 120.0
-    skip: tuple[str, ...] = ()  # tiers not to restore from (never durable)
-
-    @property
-    def tiered(self) -> bool:
-        return self.tier1_dir is not None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], *, durable_dir: Path, rank: int, world_size: int,
-                 tier1_every: int = 10, tier3_every: int = 100,
-                 replicated: bool = True) -> TierSettings:
-        """The settings the managed environment gives; the keyword values are the
-        program's defaults, the ``MTC_TIER*_EVERY`` variables override them. No
-        ``MTC_TIER1_DIR``: durable only, every ``tier3_every`` steps."""
-        t1 = _path(env, n.TIER1_DIR)
-        every1 = _int(env, n.TIER1_EVERY, tier1_every) if t1 else 0
-        t2 = _path(env, n.TIER2_DIR) if t1 else None
-        attempt_raw = env.get(n.JOB_ATTEMPT, "").strip()
-        return cls(
-            rank=rank, world_size=world_size, durable_dir=durable_dir,
-            tier1_dir=t1, tier2_dir=t2,
-            tier2_source_dir=(_path(env, n.TIER2_SOURCE_DIR) or t2) if t1 else None,
-            tier1_every=every1,
-            tier2_every=_int(env, n.TIER2_EVERY, every1) if t2 else 0,
-            tier3_every=_int(env, n.TIER3_EVERY, tier3_every),
-            keep=_int(env, n.TIER_KEEP, 3, 1),
-            durable_keep=_int(env, n.TIER3_KEEP, 0),
-            progress_file=_path(env, n.PROGRESS_FILE),
-            progress_interval_s=_float(env, n.PROGRESS_INTERVAL_S, 5.0),
-            replicated=replicated,
-            attempt=int(attempt_raw) if attempt_raw.isdigit() else None,
-            restore_timeout_s=float(_int(env, n.RESTORE_TIMEOUT_S, 120, 1)),
-            skip=skipped(env),
-        )
-
-
-def skipped(env: Mapping[str, str]) -> tuple[str, ...]:
-    """The near tiers ``MTC_RESTORE_SKIP`` rules out (unknown names ignored: the durable
-    tier is the last resort and is never skipped)."""
-    named = {t.strip() for t in env.get(n.RESTORE_SKIP, "").split(",")}
-    return tuple(t for t in (n.MEMORY, n.PEER) if t in named)
+__all__ = ["Restored", "SaveReport", "TierSettings", "TieredCheckpointer", "skipped"]
 
 
 @dataclass(frozen=True)
@@ -190,6 +116,7 @@ class TieredCheckpointer:
         # check (tier, step, why) and the tiers skipped; in the heartbeat as ``restore``
         self.restore_record: dict[str, object] | None = None
         self._failed: list[dict[str, object]] = []
+        self._staged: Path | None = None  # the peer copies fetched for a restore, then dropped
         self._step = 0
         self._lock = threading.Lock()
         self._beat_at = -float("inf")
@@ -223,7 +150,7 @@ class TieredCheckpointer:
         s = self.settings
         wanted = tiers if tiers is not None else TIER_ORDER
         background = tuple(t for t in wanted if (t == n.MEMORY and s.tier1_dir)
-                           or (t == n.PEER and s.tier2_dir))
+                           or (t == n.PEER and (s.tier2_dir or s.tier2_url)))
         began = time.perf_counter()
         copy = snapshot(state)
         if background:
@@ -279,10 +206,14 @@ class TieredCheckpointer:
                 payload = entries.encode(job.snapshot)
                 for tier in job.tiers:
                     where = s.tier1_dir if tier == n.MEMORY else s.tier2_dir
-                    assert where is not None
                     try:
-                        entries.write_entry(where, job.step, s.rank, s.world_size, payload)
-                        entries.prune(where, s.keep)
+                        if tier == n.PEER and s.tier2_url:  # to the buddy's memory, not a dir
+                            peer_store.PeerClient(s.tier2_url, s.tier2_token).put(
+                                s.rank, job.step, s.world_size, payload, s.keep)
+                        else:
+                            assert where is not None
+                            entries.write_entry(where, job.step, s.rank, s.world_size, payload)
+                            entries.prune(where, s.keep)
                     except OSError as exc:  # a peer unreachable must not stop training
                         self.written.errors.append(f"{tier} step {job.step}: {exc}")
                         self.log(f"tier {tier}: save of step {job.step} failed: {exc}")
@@ -345,7 +276,8 @@ class TieredCheckpointer:
                 "rank": s.rank, "world_size": s.world_size, "attempt": s.attempt,
                 "pid": os.getpid(), "step": self._step, "time": time.time(),
                 "newest": dict(self.newest),
-                "dirs": {n.MEMORY: str(s.tier1_dir or ""), n.PEER: str(s.tier2_dir or ""),
+                "dirs": {n.MEMORY: str(s.tier1_dir or ""),
+                         n.PEER: s.tier2_url or str(s.tier2_dir or ""),
                          n.DURABLE: str(s.durable_dir)},
                 "last_save": None if last is None else {
                     "step": last.step, "tiers": list(last.tiers), "blocking_s": last.blocking_s},
@@ -385,6 +317,7 @@ class TieredCheckpointer:
             for d in sorted(job_root.glob("rank-*")) + sorted(job_root.glob("peer/rank-*")):
                 add(d, n.MEMORY)
         if n.PEER not in s.skip:
+            add(self._fetch_peer(), n.PEER)
             add(s.tier2_source_dir, n.PEER)
             add(s.tier2_dir, n.PEER)
         if s.replicated:
@@ -395,6 +328,19 @@ class TieredCheckpointer:
             found = [e for e in found if e.rank == s.rank and e.world_size == s.world_size]
         order = {t: i for i, t in enumerate(TIER_ORDER)}
         return sorted(found, key=lambda e: (-e.step, order[e.tier]))
+
+    def _fetch_peer(self) -> Path | None:
+        """The copies the previous buddy's service holds for this rank, fetched into this
+        node's memory (checked there like any entry); None: no service, or it failed."""
+        s = self.settings
+        if not s.tier2_source_url or s.tier1_dir is None:
+            return None
+        to = self._staged = s.tier1_dir.parent / ".peer-fetched" / n.rank_dir(s.rank)
+        try:
+            return peer_store.PeerClient(s.tier2_source_url, s.tier2_token).fetch_into(s.rank, to)
+        except (OSError, ValueError) as exc:
+            self.log(f"restore: the peer store {s.tier2_source_url} failed ({exc}); trying the next")
+            return None
 
     def restorable(self, own_steps: Iterable[int] = ()) -> dict[int, list[Entry]]:
         """The steps with at least one whole entry, entries nearest first: the first whole
@@ -470,6 +416,8 @@ class TieredCheckpointer:
 
     def _restored(self, step: int | None, tier: str | None) -> None:
         """What the control plane hears of this restore (the heartbeat's ``restore``)."""
+        if self._staged is not None:  # read or not, the fetched copies would only take memory
+            shutil.rmtree(self._staged, ignore_errors=True)
         with self._lock:
             self.restore_record = {"step": step, "tier": tier, "failed": list(self._failed),
                                    "skipped": list(self.settings.skip)}

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SDK = ROOT / "shared" / "sdk"
 CORE = ("mtc_program", "mtc_program.protocol", "mtc_program.env", "mtc_program.signals",
         "mtc_program.entries", "mtc_program.cut", "mtc_program.tiers", "mtc_program.progress",
-        "mtc_program.inprocess", "mtc_program.scalars")
+        "mtc_program.inprocess", "mtc_program.scalars", "mtc_program.peer_store")
 TORCH = ("mtc_program.torch_checkpoint", "mtc_program.torch_tiers", "mtc_program.torch_runtime")
 MTC = ("shared", "services", "simulator")
 

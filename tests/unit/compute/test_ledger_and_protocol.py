@@ -161,6 +161,23 @@ def test_tier_env_puts_the_peer_copy_on_the_buddys_node(tmp_path: Path) -> None:
     assert managed_env(spec)["MTC_TIER1_DIR"] == "mine"  # no tiers given: the job's own, if any
 
 
+def test_tier_env_sends_the_peer_copy_to_the_buddys_peer_store(tmp_path: Path) -> None:
+    """Where the nodes run a peer store: the copy's address is the buddy's service, read back
+    from the previous buddy's; no peer directory at all."""
+    from shared.adapters.compute.protocol import tier_env
+
+    def store(node: str) -> str:
+        return f"http://{node}.example:7000"
+
+    env = [tier_env("job/1", r, ("a", "b"), lambda n: tmp_path / n, tmp_path / "ckpt", ("x", "y"),
+                    peer_store=store, token="s3") for r in range(2)]
+    assert [e["MTC_TIER2_URL"] for e in env] == ["http://b.example:7000/job_1",
+                                                 "http://a.example:7000/job_1"]
+    assert env[0]["MTC_TIER2_SOURCE_URL"] == "http://y.example:7000/job_1"
+    assert env[1]["MTC_TIER1_DIR"] == str(tmp_path / "b" / "job_1" / "rank-1")
+    assert env[0]["MTC_TIER2_TOKEN"] == "s3" and "MTC_TIER2_DIR" not in env[0]
+
+
 def test_tier_saves_are_reported_once_when_every_rank_holds_them(
         tmp_path: Path, store: LedgerStore) -> None:
     from shared.adapters.compute.ledger import report_tier_saves

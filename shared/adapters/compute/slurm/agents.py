@@ -20,6 +20,7 @@ from typing import Any
 from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.protocol import safe_name
 from shared.adapters.compute.slurm.api import operator_condition
+from shared.adapters.compute.slurm.scripts import node_memory
 from shared.adapters.compute.slurm.settings import SlurmSettings
 from shared.adapters.compute.slurm.view import SlurmView
 from shared.domain.events import NodeHealthReported
@@ -48,8 +49,11 @@ class SlurmAgents:
         return self.node_dir(slurm_node) / "scratch"
 
     def new_boot(self, slurm_node: str, *, wipe_scratch: bool = False) -> None:
-        """A (re)booted node: a fresh kernel log (the old one rotated), a fresh agent; a
-        reimage also wipes the node's scratch directory."""
+        """A (re)booted node: a fresh kernel log (the old one rotated), a fresh agent, its
+        memory directory gone (tmpfs does not outlive a boot; on a one-host cluster the
+        node's is its own, ``scripts.node_memory``); a reimage also wipes the node's scratch
+        directory."""
+        shutil.rmtree(node_memory(slurm_node, str(self._settings.state_dir)), ignore_errors=True)
         path = self.kernel_log(slurm_node)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size:

@@ -40,7 +40,7 @@ from shared.adapters.compute.slurm.api import (
 from shared.adapters.compute.slurm.cli import SlurmError, SlurmPermanentError
 from shared.adapters.compute.slurm.nodes import node_row
 from shared.adapters.compute.slurm.ops import OpQueue, OpResult, log
-from shared.adapters.compute.slurm.scripts import write_scripts
+from shared.adapters.compute.slurm.scripts import PeerTier, write_scripts
 from shared.adapters.compute.slurm.settings import SlurmSettings
 from shared.adapters.compute.slurm.view import SlurmView
 from shared.adapters.compute.worker_logs import LogFile, tail_note
@@ -228,7 +228,8 @@ class SlurmAttempts:
                 write_scripts(
                     gang, names, run_dir, output, python=self._settings.python,
                     master_addr=self._settings.master_addr,
-                    peer_root=self._settings.state_dir / "nodes",
+                    peer=PeerTier.for_master(self._settings.master_addr,
+                                             self._settings.peer_budget_bytes),
                     previous_hosts=previous_hosts(db, job_id, attempt),
                     port_salt=str(self._settings.state_dir),
                 )

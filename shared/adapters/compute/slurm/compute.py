@@ -92,6 +92,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mtc_program.peer_store import DEFAULT_BUDGET_BYTES
 from shared.adapters.compute.disk_evidence import space
 from shared.adapters.compute.fact_store import FactStore
 from shared.adapters.compute.slurm.agents import SlurmAgents
@@ -177,6 +178,7 @@ class SlurmCompute:
         deep_check_spec: DeepCheckSpec | Mapping[str, Any] | None = None,
         deep_check_runner: ProbeRunner | None = None,
         storage_floor: StorageFloor | None = None,
+        peer_budget_bytes: int = DEFAULT_BUDGET_BYTES,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.slurm_conf = slurm_conf
@@ -205,6 +207,7 @@ class SlurmCompute:
             deep_check_spec=deep_check_spec,
             deep_check_runner=deep_check_runner or agent_runner,
             storage_floor=storage_floor or StorageFloor(),
+            peer_budget_bytes=peer_budget_bytes,
         )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = FactStore(self.state_dir / self.DB_FILE, _SCHEMA + DEEP_SCHEMA, emit, clock)

@@ -15,14 +15,18 @@ leaves each rank's exit code in ``rank-<RANK>.exit``. A batch job Slurm requeues
 exits at once: mtc runs the next attempt instead.
 
 Checkpoint tiers (``protocol.tier_env``'s layout, computed by the shell so the script stays
-one per pool, not per rank): tier 1 is ``/dev/shm/mtc/<job>-<hash of its checkpoint
-directory>/rank-$RANK`` on the rank's own
-node; the tier-2 copy of rank r goes to ``<peer root>/<buddy's Slurm node>/shm/<job>/peer/
-rank-<r>``, the buddy being line ``(r + 1) % world`` of ``hostfile``, and is read back from
-the previous attempt's buddy (``prev-hostfile``). Stand-in, said plainly: on real machines
-tier 2 goes over the network into the buddy's memory; here it is the buddy's directory
-under the adapter's state directory, on the cluster's shared file system, so it survives
-the buddy's reboot where real memory would not.
+one per pool, not per rank). A node's memory directory is
+``/dev/shm/mtc/<deployment>/<Slurm node>`` (``node_memory``: the node's name keeps the
+simulated nodes of a one-host cluster apart, the deployment's tag the clusters of several
+deployments on one host); tier 1 is ``<it>/<job>-<hash of its checkpoint
+directory>/rank-$RANK``. The tier-2 copy travels over the network: each task first starts
+its node's peer store service (``mtc_program.peer_store``, in the background, ending with
+the task) on the port ``peer_ports`` gave that node, owning the node's memory directory
+with the adapter's byte budget, and the rank sends its copy to the service of its buddy
+(line ``(r + 1) % world`` of ``hostfile``: ``MTC_TIER2_URL``) and reads it back from the
+previous attempt's buddy's (``prev-hostfile``: ``MTC_TIER2_SOURCE_URL``), with the attempt's
+token (``peer.token``, 0600 in the run directory; ``MTC_TIER2_TOKEN``). Nothing of the copy
+goes through the shared file system, so a node's loss costs only its own memory.
 
 Gangs: the step runs with ``srun --kill-on-bad-exit=1``, so a task that exits non-zero or is
 killed ends the step for every task (https://slurm.schedmd.com/srun.html#OPT_kill-on-bad-exit),
@@ -41,13 +45,18 @@ ends the task before it reaches shell arithmetic.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import re
+import secrets
 import shlex
+import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from mtc_program import peer_store
 from mtc_program import protocol as p
 from shared.adapters.compute.job_env import LAUNCHER_ENV
 from shared.adapters.compute.protocol import LAUNCHER, managed_env, progress_path, safe_name
@@ -55,6 +64,53 @@ from shared.ports import Gang, RecoveryPlan, WorkerSpec
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SLURM_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MEMORY_ROOT = Path("/dev/shm/mtc")  # tmpfs: the node's memory
+PEER_STORE = Path(peer_store.__file__)
+PEER_PORT_BASE, PEER_PORT_SPAN = 12000, 4000  # below the master ports and the ephemeral range
+
+
+@dataclass(frozen=True)
+class PeerTier:
+    """How the attempt's peer tier runs: ``host``, the address every node's service is
+    reached at (a one-host cluster's loopback) or "" for each buddy's Slurm node name;
+    ``budget_bytes``, each node's memory for the copies it holds."""
+
+    host: str = ""
+    budget_bytes: int = peer_store.DEFAULT_BUDGET_BYTES
+
+    @classmethod
+    def for_master(cls, master_addr: str, budget_bytes: int) -> PeerTier:
+        """A loopback master address means every node is this host."""
+        try:
+            loopback = ipaddress.ip_address(master_addr).is_loopback
+        except ValueError:
+            loopback = master_addr == "localhost"
+        return cls(master_addr if loopback else "", budget_bytes)
+
+
+def memory_root(deployment: str) -> Path:
+    """Where the deployment's nodes' memory directories are on each node: the deployment (its
+    state directory) names it, because one-host clusters of several deployments have nodes
+    of the same names, and one's reboot of its ``n2`` must not wipe another's."""
+    return MEMORY_ROOT / hashlib.sha256(deployment.encode()).hexdigest()[:12]
+
+
+def node_memory(slurm_node: str, deployment: str) -> Path:
+    """A node's memory directory (tier 1 and the peer copies its service holds)."""
+    return memory_root(deployment) / safe_name(slurm_node)
+
+
+def peer_ports(nodes: Sequence[str], job: str, salt: str) -> dict[str, int]:
+    """Each node's peer store port for this job's attempt, from the deployment, the job and
+    the node (one host's simulated nodes and two jobs sharing a node never share one); a
+    clash within the attempt moves to the next port."""
+    out: dict[str, int] = {}
+    for node in sorted(set(nodes)):
+        offset = zlib.crc32(f"{salt}/{job}/{node}".encode()) % PEER_PORT_SPAN
+        while PEER_PORT_BASE + offset in out.values():
+            offset = (offset + 1) % PEER_PORT_SPAN
+        out[node] = PEER_PORT_BASE + offset
+    return out
 
 
 def env_name(name: str) -> str:
@@ -77,15 +133,15 @@ def write_scripts(
     *,
     python: str,
     master_addr: str,
-    peer_root: Path | None = None,
+    peer: PeerTier | None = None,
     previous_hosts: Sequence[str] = (),
     port_salt: str = "",
 ) -> None:
     """Write the attempt's scripts into ``run_dir`` (``names``: mtc node id -> Slurm node):
     ``hostfile`` (rank r's Slurm node on line r, so srun puts each pool's ranks on the
     machines chosen for them), one ``task.sh`` that picks its launch group's command and
-    environment by ``$RANK``, and ``batch.sh``. ``peer_root``: where the stand-in of each
-    node's memory for peer copies is (none: no tiers); ``previous_hosts``: the Slurm nodes
+    environment by ``$RANK``, and ``batch.sh``. ``peer``: how the tiers' peer stores run
+    (none: no tiers); ``previous_hosts``: the Slurm nodes
     of the job's previous attempt by rank (where its peer copies are); ``port_salt``: see
     ``master_port``. Job input the scripts cannot carry safely is refused (``ValueError``)
     before anything is written."""
@@ -128,11 +184,13 @@ def write_scripts(
         *([f"export {p.RECOVERY_FRESH}"] if plan is not None else []),
         'export MTC_SLURM_NODE="${SLURMD_NODENAME:-}"',
     ]
-    if peer_root is not None:
-        lines += tier_lines(gang, run_dir, peer_root)
+    if peer is not None:
         whole = previous_hosts and all(h and SLURM_NODE.fullmatch(h) for h in previous_hosts)
         prev = list(previous_hosts) if whole else hosts  # else: as if placed as now
         write_executable(run_dir / "prev-hostfile", "\n".join(prev) + "\n", mode=0o644)
+        write_executable(run_dir / "peer.token", secrets.token_urlsafe(32) + "\n", mode=0o600)
+        ports = peer_ports([*hosts, *prev], memory_name(gang), port_salt)
+        lines += tier_lines(gang, run_dir, peer, ports, python, port_salt)
     # a TMPDIR of the rank's own on its node (the job's own TMPDIR, exported below, wins):
     # torch's caches and torchrun's files go with the attempt (batch.sh removes them)
     lines += [f'export TMPDIR={q(tmp_root(gang))}-r"$RANK"',
@@ -187,7 +245,7 @@ def write_scripts(
         f"SLURM_HOSTFILE={q(str(run_dir / 'hostfile'))} srun --nodes={k} --ntasks={k}"
         f" --ntasks-per-node=1 --distribution=arbitrary /bin/sh -c"
         f" {q(f'rm -rf {q(tmp_root(gang))}-r*')} || true",
-        *(_cleanup_lines(gang, run_dir, peer_root, k) if peer_root is not None else []),
+        *(_cleanup_lines(gang, run_dir, k, port_salt) if peer is not None else []),
         f'echo "$rc" > {q(str(run_dir))}/.batch.exit.tmp && mv -f {q(str(run_dir))}/.batch.exit.tmp'
         f" {q(str(run_dir))}/batch.exit",
         f'echo {tag}": srun exited $rc"',
@@ -209,36 +267,50 @@ def tmp_root(gang: Gang) -> str:
     return f"/tmp/mtc-{memory_name(gang)}-a{gang.attempt}"
 
 
-def _cleanup_lines(gang: Gang, run_dir: Path, peer_root: Path, k: int) -> list[str]:
+def _cleanup_lines(gang: Gang, run_dir: Path, k: int, deployment: str) -> list[str]:
     """batch.sh, after the step: when every rank exited 0 the job is done, and its memory
-    entries (on each node) and peer copies go with it; /dev/shm would keep them until a
+    entries and the peer copies on each node go with it; /dev/shm would keep them until a
     reboot (a stopped or failed attempt keeps them: the next one restores from them)."""
     q = shlex.quote
-    job = memory_name(gang)
+    rm = f'rm -rf {q(str(memory_root(deployment)))}/"$SLURMD_NODENAME"/{q(memory_name(gang))}'
     return [
         f'if [ "$rc" = 0 ] && ! grep -qvx 0 {q(str(run_dir))}/rank-*.exit 2>/dev/null; then',
         f"    SLURM_HOSTFILE={q(str(run_dir / 'hostfile'))} srun --nodes={k} --ntasks={k}"
-        f" --ntasks-per-node=1 --distribution=arbitrary rm -rf {q(f'/dev/shm/mtc/{job}')}",
-        f"    rm -rf {q(str(peer_root))}/*/shm/{q(job)}",
+        f" --ntasks-per-node=1 --distribution=arbitrary /bin/sh -c {q(rm)}",
         "fi",
     ]
 
 
-def tier_lines(gang: Gang, run_dir: Path, peer_root: Path) -> list[str]:
-    """task.sh's checkpoint tier variables for ``$RANK`` (see the module docstring)."""
+def tier_lines(gang: Gang, run_dir: Path, peer: PeerTier, ports: Mapping[str, int],
+               python: str, deployment: str) -> list[str]:
+    """task.sh's checkpoint tier variables for ``$RANK`` and its node's peer store, started
+    in the background before the launcher (see the module docstring). The service watches
+    the task's pid (``$$``, which the launcher's exec keeps) and exits with it."""
     q = shlex.quote
     job = memory_name(gang)
     progress = progress_path(gang.checkpoint_dir, 0).parent
+    token = q(str(run_dir / "peer.token"))
+    cases = " ".join(f"{q(node)}) echo {port} ;;" for node, port in sorted(ports.items()))
     return [
         f"tier_world={gang.world_size}",
         f'buddy=$(sed -n "$(( (RANK + 1) % tier_world + 1 ))p" {q(str(run_dir / "hostfile"))})',
         f'prev_world=$(wc -l < {q(str(run_dir / "prev-hostfile"))})',
         f'prev_buddy=$(sed -n "$(( (RANK + 1) % prev_world + 1 ))p" {q(str(run_dir / "prev-hostfile"))})',
-        f'export {p.TIER1_DIR}={q(f"/dev/shm/mtc/{job}")}/rank-"$RANK"',
-        f'export {p.TIER2_DIR}={q(str(peer_root))}/"$buddy"/shm/{q(job)}/peer/rank-"$RANK"',
-        f'export {p.TIER2_SOURCE_DIR}={q(str(peer_root))}/"$prev_buddy"/shm/{q(job)}'
-        '/peer/rank-"$RANK"',
+        f'peer_port() {{ case "$1" in {cases} *) echo 0 ;; esac; }}',
+        f"peer_host={q(peer.host)}",
+        f'peer_url() {{ echo "http://${{peer_host:-$1}}:$(peer_port "$1")/{job}"; }}',
+        f'node_mem={q(str(memory_root(deployment)))}/"${{SLURMD_NODENAME:?task.sh runs under srun}}"',
+        f'export {p.TIER1_DIR}="$node_mem"/{q(job)}/rank-"$RANK"',
+        f'export {p.TIER2_URL}="$(peer_url "$buddy")"',
+        f'export {p.TIER2_SOURCE_URL}="$(peer_url "$prev_buddy")"',
+        f'{p.TIER2_TOKEN}="$(cat {token})" || exit 1',
+        f"export {p.TIER2_TOKEN}",
         f'export {p.PROGRESS_FILE}={q(str(progress))}/rank-"$RANK".json',
+        '(umask 077 && mkdir -p "$node_mem") || exit 1',
+        f"{q(python)} -I {q(str(PEER_STORE))} serve --root \"$node_mem\" --token-file {token}"
+        f" --host {q(peer.host or '0.0.0.0')} --port \"$(peer_port \"$SLURMD_NODENAME\")\""
+        f" --budget-bytes {int(peer.budget_bytes)} --parent-pid $$"
+        f' >> {q(str(run_dir))}/peer-store-"$RANK".log 2>&1 < /dev/null &',
     ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtc_program.peer_store import DEFAULT_BUDGET_BYTES
 from shared.adapters.compute.slurm.reservations import DeepCheckSpec
 from shared.domain.storage import StorageFloor
 from shared.probes.commands import Runner as ProbeRunner
@@ -35,3 +36,5 @@ class SlurmSettings:
     deep_check_runner: ProbeRunner
     # when the shared file system of a job's files counts as full at a rank's exit
     storage_floor: StorageFloor = field(default_factory=StorageFloor)
+    # each node's memory for the peer copies its peer store holds (the oldest go beyond it)
+    peer_budget_bytes: int = DEFAULT_BUDGET_BYTES

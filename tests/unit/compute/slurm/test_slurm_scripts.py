@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import cast
 import pytest
 
 from shared.adapters.compute.protocol import read_exit_file
-from shared.adapters.compute.slurm.scripts import write_scripts
+from shared.adapters.compute.slurm.scripts import PeerTier, node_memory, peer_ports, write_scripts
 from shared.ports import Gang, LaunchGroup
 
 NASTY = "$(touch PWNED) `touch PWNED2` 'single' \"double\" ; touch PWNED3 \\ $HOME\nnext line"
@@ -83,7 +84,8 @@ def run_task(run_dir: Path, tmp: Path, rank: int, node: str) -> dict[str, object
     fake.chmod(0o755)
     env = {"PATH": os.environ.get("PATH", ""), "SLURM_PROCID": str(rank), "SLURMD_NODENAME": node}
     assert f" {sys.executable} -I " in text
-    (run_dir / "probe.sh").write_text(text.replace(f" {sys.executable} -I ", f" {fake} -I "))
+    # the launcher's exec and the peer store's start (then a probe too, in the background)
+    (run_dir / "probe.sh").write_text(text.replace(f"{sys.executable} -I ", f"{fake} -I "))
     done = subprocess.run(["bash", str(run_dir / "probe.sh")], cwd=tmp, env=env, timeout=30,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -173,24 +175,41 @@ def test_a_job_whose_values_hold_task_sh_marks_is_refused(tmp_path: Path) -> Non
     assert not (tmp_path / "run").exists()
 
 
-def test_each_rank_gets_its_tiers_and_its_buddys_node_for_the_peer_copy(tmp_path: Path) -> None:
-    """Tier 1 in the node's /dev/shm; the peer copy of rank r on the node of rank (r+1) %
-    world (the stand-in: its directory under the peer root); read back from where the
-    previous attempt's buddy held it."""
-    run_dir, peer = tmp_path / "run", tmp_path / "nodes"
+@pytest.mark.parametrize("master, host", [("10.0.0.1", ""), ("127.0.0.1", "127.0.0.1")],
+                         ids=["cluster", "one-host"])
+def test_each_rank_gets_its_tiers_and_its_buddys_peer_store(tmp_path: Path, master: str,
+                                                           host: str) -> None:
+    """Tier 1 in its own node's memory directory (each Slurm node its own, one host or
+    many); the peer copy of rank r goes over the network to the peer store of the node of
+    rank (r+1) % world and is read back from the previous attempt's buddy's, with the
+    attempt's token; no peer directory on the shared file system."""
+    run_dir = tmp_path / "run"
     write_scripts(two_pools(tmp_path), NAMES, run_dir, tmp_path / "slurm.out",
-                  python=sys.executable, master_addr="10.0.0.1", peer_root=peer,
-                  previous_hosts=["n3", "n9", "n2"])
+                  python=sys.executable, master_addr=master,
+                  peer=PeerTier.for_master(master, 1 << 20), previous_hosts=["n3", "n9", "n2"],
+                  port_salt="salt")
     gang = two_pools(tmp_path)
     job = f"job-2-{hashlib.sha256(gang.checkpoint_dir.encode()).hexdigest()[:12]}"
-    for rank, node, buddy, before in ((0, "n3", "n1", "n9"), (1, "n1", "n2", "n2"),
-                                      (2, "n2", "n3", "n3")):
-        env = cast("dict[str, str]", run_task(run_dir, tmp_path, rank, node)["env"])
-        # the job's storage names its entries: a job of the same id elsewhere never reads them
-        assert env["MTC_TIER1_DIR"] == f"/dev/shm/mtc/{job}/rank-{rank}"
-        assert env["MTC_TIER2_DIR"] == f"{peer}/{buddy}/shm/{job}/peer/rank-{rank}"
-        assert env["MTC_TIER2_SOURCE_DIR"] == f"{peer}/{before}/shm/{job}/peer/rank-{rank}"
-        assert env["MTC_PROGRESS_FILE"] == f"{tmp_path}/out/mtc-progress/rank-{rank}.json"
+    ports = peer_ports(["n1", "n2", "n3", "n9"], job, "salt")
+    assert len(set(ports.values())) == 4
+    token = (run_dir / "peer.token").read_text().strip()
+    assert len(token) >= 32 and (run_dir / "peer.token").stat().st_mode & 0o077 == 0
+    try:
+        for rank, node, buddy, before in ((0, "n3", "n1", "n9"), (1, "n1", "n2", "n2"),
+                                          (2, "n2", "n3", "n3")):
+            env = cast("dict[str, str]", run_task(run_dir, tmp_path, rank, node)["env"])
+            # the job's storage names its entries: a job of the same id elsewhere never reads them
+            assert env["MTC_TIER1_DIR"] == f"{node_memory(node, 'salt')}/{job}/rank-{rank}"
+            assert env["MTC_TIER2_URL"] == f"http://{host or buddy}:{ports[buddy]}/{job}"
+            assert env["MTC_TIER2_SOURCE_URL"] == f"http://{host or before}:{ports[before]}/{job}"
+            assert env["MTC_TIER2_TOKEN"] == token
+            assert "MTC_TIER2_DIR" not in env and "MTC_TIER2_SOURCE_DIR" not in env
+            assert env["MTC_PROGRESS_FILE"] == f"{tmp_path}/out/mtc-progress/rank-{rank}.json"
+        text = (run_dir / "task.sh").read_text()
+        assert "peer_store.py serve" in text and "--parent-pid $$" in text
+        assert f"--host {host or '0.0.0.0'}" in text and "--budget-bytes 1048576" in text
+    finally:
+        shutil.rmtree(node_memory("n1", "salt").parent, ignore_errors=True)
 
 
 @pytest.mark.parametrize("codes, kept", [(("0", "0", "0"), False), (("0", "75", "0"), True)],
@@ -200,12 +219,12 @@ def test_a_finished_job_leaves_no_memory_entries_behind(tmp_path: Path, codes: t
     """/dev/shm outlives the job: once every rank exited 0, batch.sh removes the job's memory
     entries on each node and its peer copies; a stopped attempt keeps them (the next one
     restores from them). srun is a stand-in here that runs its command once."""
-    run_dir, peer = tmp_path / "run", tmp_path / "nodes"
+    run_dir = tmp_path / "run"
     gang = two_pools(tmp_path)
     write_scripts(gang, NAMES, run_dir, tmp_path / "slurm.out", python=sys.executable,
-                  master_addr="10.0.0.1", peer_root=peer)
+                  master_addr="10.0.0.1", peer=PeerTier())
     job = f"job-2-{hashlib.sha256(gang.checkpoint_dir.encode()).hexdigest()[:12]}"
-    memory, copy = Path("/dev/shm/mtc") / job / "rank-0", peer / "n1" / "shm" / job / "peer"
+    memory, copy = node_memory("n1", "") / job / "rank-0", node_memory("n1", "") / job / "peer"
     for d in (memory, copy):
         d.mkdir(parents=True, exist_ok=True)
     for rank, code in enumerate(codes):
@@ -218,21 +237,18 @@ def test_a_finished_job_leaves_no_memory_entries_behind(tmp_path: Path, codes: t
     fake.chmod(0o755)
     try:
         done = subprocess.run(["bash", str(run_dir / "batch.sh")], capture_output=True,
-                              text=True, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+                              text=True, env={**os.environ, "SLURMD_NODENAME": "n1",
+                                              "PATH": f"{bin_dir}:{os.environ['PATH']}"})
         assert done.returncode == 0, done.stderr
         assert memory.exists() is kept and copy.exists() is kept
     finally:
-        import shutil
-
-        shutil.rmtree(memory.parent, ignore_errors=True)
+        shutil.rmtree(memory.parent.parent.parent, ignore_errors=True)  # the deployment's
 
 
 def test_each_task_has_its_own_tmpdir_and_batch_sh_removes_them(tmp_path: Path) -> None:
     """torch's caches and torchrun's files go to a TMPDIR of the rank's own on its node,
     removed after the step whatever its outcome (srun a stand-in that runs its command
     once); a job that names its own TMPDIR keeps it."""
-    import shutil
-
     from shared.adapters.compute.slurm.scripts import tmp_root
 
     run_dir = tmp_path / "run"

@@ -28,6 +28,9 @@ from simulator.scenario import parse_scenario
 from simulator.twin import run as run_twin
 
 SLOT = re.compile(r"-(\d+)$")
+# the idle nodes go just before a no-spare fault, as live (drained at its injection): earlier,
+# a node back from an earlier fault's repair in between would be a spare again
+SPARE_OUT_LEAD_S = 0.1
 
 
 def _run(trace: Trace, faults: list[dict[str, Any]], costs: RecoveryCosts,
@@ -89,7 +92,7 @@ def run(trace: Trace, *, costs: RecoveryCosts | None = None,
             busy = {_slot(n, Fault(fault.kind, 0, None, None, n), nodes) for n in nodes}
             for idle in range(trace.nodes + trace.spares):
                 if idle not in busy:
-                    scripted.append({"at": max(0.0, at - 0.5 - result.ready_at),
+                    scripted.append({"at": max(0.0, at - SPARE_OUT_LEAD_S - result.ready_at),
                                      "node": idle, "cause": SPARE_OUT})
         scripted.append({"at": at - result.ready_at, "node": slot, "cause": fault.kind.value})
         placed.append((index, fault, at, nodes[(fault.rank or 0) % len(nodes)]))

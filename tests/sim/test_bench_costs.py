@@ -124,3 +124,15 @@ def test_without_live_costs_a_rigid_untiered_job_has_no_recovery_block() -> None
     block = recovery_block(trace, RecoveryCosts(tier_report_s=2.0))
     assert block is not None and block["tiers"] == ["memory", "peer", "durable"]
     assert block["peer_gb_s"] == pytest.approx(1e6 / 4 / 1.0 / 1e9)  # heard 1 s late
+
+
+def test_the_save_on_sigterm_knobs_are_validated_and_default_to_the_old_behaviour() -> None:
+    from simulator.readers import ScenarioError
+    from simulator.recovery_config import parse_recovery
+
+    cfg = parse_recovery({}, "recovery")
+    assert cfg is not None and (cfg.sigterm_save, cfg.report_before_exit_s) == ("memory", 1.0)
+    with pytest.raises(ScenarioError, match="sigterm_save"):
+        parse_recovery({"sigterm_save": "disk"}, "recovery")
+    cfg = parse_recovery({"sigterm_save": "durable", "report_before_exit": "100ms"}, "recovery")
+    assert cfg is not None and (cfg.sigterm_save, cfg.report_before_exit_s) == ("durable", 0.1)

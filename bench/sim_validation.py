@@ -2,6 +2,10 @@
 
     .venv/bin/python bench/sim_validation.py analytic            # ~2 min on one core
     .venv/bin/python bench/sim_validation.py llama3 --replications 4
+    .venv/bin/python bench/sim_validation.py scale                # ~20 s
+
+``scale``: the twin's ETTR against the ETTR-versus-job-size model of Meta's reliability study
+(arXiv:2410.21680) at 128 to 16,384 GPUs, a markdown table for docs/validation.md.
 
 ``analytic``: the twin's ETTR against Meta's model and 1 - first-order waste over a grid of
 job sizes, job MTBFs and checkpoint intervals, with Young's and Daly's intervals marked
@@ -147,6 +151,23 @@ def llama3(args: argparse.Namespace) -> None:
     print(json.dumps({"mean": mean, "runs": runs}, indent=1))
 
 
+def scale(args: argparse.Namespace) -> None:
+    """The twin's ETTR against the Meta study's model at growing job sizes (one table row each)."""
+    from shared.policies.checkpointing import meta_job_mttf_s
+    from simulator.validation import RSC1_FAILURES_PER_1000_NODE_DAYS, scale_points
+
+    gpus = (128, 1024, 8192, 16384)
+    print("| GPUs | job MTTF | seed | failures | restart (measured) | twin ETTR | Meta model "
+          "| twin - Meta |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for seed in range(1, args.seeds + 1):
+        for g, p in zip(gpus, scale_points(gpus, seed=seed), strict=True):
+            mttf_h = meta_job_mttf_s(g, RSC1_FAILURES_PER_1000_NODE_DAYS) / HOUR
+            print(f"| {g:,} | {mttf_h:.1f} h | {seed} | {p.interruptions} | {p.restart_s:.0f} s "
+                  f"| {p.sim_ettr:.3f} | {p.meta_ettr:.3f} | {p.sim_ettr - p.meta_ettr:+.3f} |",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -155,8 +176,10 @@ def main() -> None:
     p = sub.add_parser("llama3")
     p.add_argument("--replications", type=int, default=4)
     p.add_argument("--processes", type=int, default=None)
+    p = sub.add_parser("scale")
+    p.add_argument("--seeds", type=int, default=2)
     args = parser.parse_args()
-    {"analytic": analytic, "llama3": llama3}[args.cmd](args)
+    {"analytic": analytic, "llama3": llama3, "scale": scale}[args.cmd](args)
 
 
 if __name__ == "__main__":

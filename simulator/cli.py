@@ -127,8 +127,9 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     sweep.set_defaults(func=cmd_sweep, fn=cmd_sweep)
 
     fit = sub.add_parser("fit", help="a scenario estimated from a recorded event history")
-    fit.add_argument("events", type=Path, help="state dir / mtc.db, Firestore export JSON, or "
-                                               "events.jsonl (mtc sim run --events)")
+    fit.add_argument("events", type=Path, help="a `mtc bench recovery --json` file (its "
+                     "recovery costs), or state dir / mtc.db, Firestore export JSON, or "
+                     "events.jsonl (mtc sim run --events)")
     fit.add_argument("-o", "--output", type=Path, required=True, help="scenario YAML to write")
     fit.add_argument("--heartbeat-timeout", type=float, default=60.0,
                      help="the control plane's heartbeat timeout, s (detection delays)")
@@ -345,9 +346,22 @@ def cmd_fit(args: argparse.Namespace) -> int:
     import yaml
     from rich.console import Console
 
-    from simulator import fit, fitted, history
+    from simulator import bench_costs, fit, fitted, history
 
     console = Console(stderr=args.json)
+    bench = bench_costs.is_bench_document(str(args.events))
+    if bench is not None:  # a `mtc bench recovery --json` file: the recovery costs
+        try:
+            raw, costs = bench_costs.fitted_scenario(bench, name=args.output.stem)
+        except (ValueError, KeyError, TypeError) as exc:  # ValidationError too
+            return _refused(console, "fit", exc)
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(yaml.safe_dump(raw, sort_keys=False))
+        _emit(console, args.json, costs.as_dict(), [
+            f"recovery costs fitted from {args.events}:",
+            *(f"  {k}: {v}" for k, v in costs.as_dict().items())])
+        console.print(f"wrote {args.output} (mtc sim run {args.output})")
+        return 0
     try:
         result = fit.fit(history.load_events(args.events),
                          heartbeat_timeout_s=args.heartbeat_timeout)

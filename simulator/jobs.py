@@ -196,7 +196,9 @@ class JobModel:
         self.settle(att, stopped, saved=save_now)
         att.alive = False
         if att.job.plan is not None:  # the library reports the save, then the process exits
-            call_later(self.fleet.env, REPORT_BEFORE_EXIT_S, self._exit, att, EXIT_PREEMPTED,
+            rec = self.fleet.sc.recovery
+            delay = rec.report_before_exit_s if rec is not None else REPORT_BEFORE_EXIT_S
+            call_later(self.fleet.env, delay, self._exit, att, EXIT_PREEMPTED,
                        "checkpoint saved on SIGTERM")
             return
         self._exit(att, EXIT_PREEMPTED, "checkpoint saved on SIGTERM")

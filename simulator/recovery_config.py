@@ -27,6 +27,8 @@ recovery:
   recur_fixed_after: 6h            # ... until a code fix, this long after it first hit
   recur_causes: [software_bug]     # the causes that are the program's own bugs
   spares: warm                     # warm (container and runtime up) | cold (start from scratch)
+  sigterm_save: memory             # the save on SIGTERM: memory (and peer) | durable
+  report_before_exit: 1s           # the save on SIGTERM is reported this long before the exit
 ```
 
 Each default's source is beside it below and in docs/simulator.md ("Assumptions and their
@@ -55,7 +57,8 @@ RECOVERY_KEYS = ("tiers", "mode", "min_replicas", "parameters", "bytes_per_param
                  "durable_every", "startup_warm", "spares", "startup_hot_swap",
                  "startup_scale_down", "rebuild_s_per_kgpu", "largest_rank_gb",
                  "copy_interference", "fallback_probability", "recur_probability",
-                 "recur_after", "recur_fixed_after", "recur_causes")
+                 "recur_after", "recur_fixed_after", "recur_causes", "sigterm_save",
+                 "report_before_exit")
 MODES = ("auto", *(m.value for m in Mode))
 TIER_ORDER = (Tier.MEMORY.value, Tier.PEER.value, Tier.DURABLE.value)
 
@@ -116,6 +119,7 @@ class TierPlan:
     # warm startup by mode, teardown and communicator rebuild included
     startup_by_mode: dict[str, float] = field(default_factory=dict)
     fallback_probability: float = 0.0
+    sigterm_durable: bool = False  # the save on SIGTERM goes to durable storage
 
 
 def parse_recovery(value: Any, path: str) -> RecoveryCfg | None:
@@ -144,6 +148,10 @@ def parse_recovery(value: Any, path: str) -> RecoveryCfg | None:
     spares = text(get(data, "spares", "warm"), join(path, "spares"))
     if spares not in ("warm", "cold"):
         raise ScenarioError(join(path, "spares"), f"must be warm or cold, got {spares!r}")
+    sigterm = text(get(data, "sigterm_save", "memory"), join(path, "sigterm_save"))
+    if sigterm not in ("memory", "durable"):
+        raise ScenarioError(join(path, "sigterm_save"),
+                            f"must be memory or durable, got {sigterm!r}")
     mins = data.get("min_replicas")
 
     def rate(key: str, default: float) -> float:
@@ -198,6 +206,8 @@ def parse_recovery(value: Any, path: str) -> RecoveryCfg | None:
         recur_after_s=seconds("recur_after", DEFAULT_RECUR_AFTER_S),
         recur_fixed_after_s=seconds("recur_fixed_after", DEFAULT_RECUR_FIXED_AFTER_S),
         recur_causes=tuple(causes),
+        sigterm_save=sigterm,
+        report_before_exit_s=seconds("report_before_exit", 1.0),
     )
 
 
@@ -254,7 +264,7 @@ def plan_for(cfg: RecoveryCfg, job: JobCfg, gpus_per_node: int) -> TierPlan:
         return TierPlan(tiers, durable_every, durable_s, {Tier.DURABLE.value: 1},
                         {Tier.DURABLE.value: 0.0}, {Tier.DURABLE.value: durable_s},
                         durable_s, job.startup_s, cfg.startup_warm_s, cfg.spares_warm,
-                        state, node_bytes, by_mode, cfg.fallback_probability)
+                        state, node_bytes, by_mode, cfg.fallback_probability, True)
     cycle = cfg.memory_every_s + memory_s
     every = {Tier.MEMORY.value: 1}
     lag = {Tier.MEMORY.value: 0.0}
@@ -264,9 +274,12 @@ def plan_for(cfg: RecoveryCfg, job: JobCfg, gpus_per_node: int) -> TierPlan:
         lag[Tier.PEER.value] = peer_s
     every[Tier.DURABLE.value] = max(1, math.ceil(max(durable_every, durable_s) / cycle - 1e-9))
     lag[Tier.DURABLE.value] = durable_s
-    final = memory_s + (peer_s if Tier.PEER.value in tiers else durable_s)
+    sigterm_durable = cfg.sigterm_save == Tier.DURABLE.value
+    final = durable_s if sigterm_durable \
+        else memory_s + (peer_s if Tier.PEER.value in tiers else durable_s)
     # the background copies slow the steps while they run: their share, per snapshot
     stolen = cfg.copy_interference * sum(lag[t] / every[t] for t in every if t != Tier.MEMORY.value)
     return TierPlan(tiers, cfg.memory_every_s, memory_s + stolen, every, lag,
                     {t: restore[t] for t in tiers}, final, job.startup_s, cfg.startup_warm_s,
-                    cfg.spares_warm, state, node_bytes, by_mode, cfg.fallback_probability)
+                    cfg.spares_warm, state, node_bytes, by_mode, cfg.fallback_probability,
+                    sigterm_durable)

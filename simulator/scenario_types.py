@@ -172,6 +172,12 @@ class RecoveryCfg:
     recur_after_s: float = 600.0  # ... this long after the restarted job's first step
     recur_fixed_after_s: float = 21600.0  # ... until a code fix, this long after it first hit
     recur_causes: tuple[str, ...] = ("software_bug",)
+    # where the save on SIGTERM goes: memory (then the peer), or durable (a program that
+    # writes its final checkpoint to durable storage, as examples/train.py does)
+    sigterm_save: str = "memory"
+    # the save on SIGTERM is reported this long before the process exits (the library's
+    # report, then the exit; both cross the bus): assumed 1 s, a live run measures it
+    report_before_exit_s: float = 1.0
 
     @property
     def pinned(self) -> str | None:

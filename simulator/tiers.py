@@ -101,7 +101,8 @@ class Tiers:
         counted = att.counted
         keep_tail = saved or t >= fleet.horizon
         if keep_tail:
-            n_cut, tier = counted, MEMORY if MEMORY in plan.tiers else DURABLE
+            near = MEMORY in plan.tiers and not (saved and plan.sigterm_durable)
+            n_cut, tier = counted, MEMORY if near else DURABLE
         else:
             n_cut, tier = _cut(plan, att, t, counted, cycle, att.gone or set())
         work_kept, plain_kept = att.work_at_ckpt, att.plain_at_ckpt
@@ -123,7 +124,7 @@ class Tiers:
             tail = max(0.0, tail - seg)
             if saved:
                 truth.save_s += plan.final_save_s
-                if self._gone_on_sigterm(att):
+                if self._gone_on_sigterm(att) and not plan.sigterm_durable:
                     tier = PEER if PEER in plan.tiers else DURABLE
                 _set_checkpoint(job, att, t + plan.final_save_s, work_kept, tier)
         elif n_cut > 0:
@@ -135,7 +136,9 @@ class Tiers:
             gone = self._gone_on_sigterm(att)
         held = surviving(plan, att, gone)
         self._note_entries(att, plan, t, counted, cycle, held)
-        if saved and keep_tail:  # the save on SIGTERM is in memory (if kept) and on the peer
+        if saved and keep_tail and plan.sigterm_durable:  # the save on SIGTERM is durable
+            job.tier_newest[DURABLE] = (job.ckpt_step, job.ckpt_at)
+        elif saved and keep_tail:  # the save on SIGTERM is in memory (if kept) and on the peer
             for kept in held:
                 if kept != DURABLE:
                     job.tier_newest[kept] = (job.ckpt_step, job.ckpt_at)

@@ -244,7 +244,14 @@ class LiveRun:
                           target=self.faults.name, decisions=decisions,
                           nodes=self.trace.job.replicas, resumes=self.resumes(), end=end,
                           samples=self.beats, tier_events=not self.beats)
-        return replace(score, skipped=tuple(self.skipped))
+        return replace(score, skipped=tuple(self.skipped), costs=self.costs(rows, job))
+
+    def costs(self, rows: list[dict[str, Any]], job: Any) -> dict[str, Any]:
+        """What the control plane weighed: each tier's restore estimate, as the recovery
+        policy read it at the end, and the policy inputs the event log shows."""
+        from services.cli.bench_inputs import live_costs
+
+        return live_costs(rows, JOB_ID, job, self.app.deps)
 
     def resumes(self, only: int | None = None) -> dict[int, int]:
         """The step each attempt's rank 0 restored (its log: ``restoring step N from the T

@@ -2,7 +2,9 @@
 
 The trace (``--trace``: a packaged name or a YAML file; default: one fault of each kind) is
 played against the embedded default (a fresh state directory: ``var/bench``, or ``mtc-bench``
-inside ``--state-dir``) and then against the twin with the costs the live run measured;
+inside ``--state-dir``) and then against the twin with the live run's costs and policy
+inputs, fitted (``simulator.bench_costs``); each incident's twin fault-to-resumed is printed
+beside the live one with their ratio;
 ``--target slurm`` plays it live on a private Slurm cluster instead (``bench_slurm``).
 ``--compare requeue`` plays it live a second time with the job pinned to the plain requeue
 (label ``mtc-recovery-mode: requeue``) and prints the ratio of the times to recover.
@@ -15,6 +17,7 @@ import argparse
 import json
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +26,7 @@ from shared.resilience.trace import Trace, load_trace, packaged_traces
 
 if TYPE_CHECKING:
     from shared.resilience.score import RunScore
+    from simulator.bench_costs import RecoveryCosts
 
 DEFAULT_STATE_DIR = Path("var/bench")
 STATE_SUBDIR = "mtc-bench"
@@ -95,7 +99,7 @@ def play(trace: Trace, *, target: str, compare: str | None, state_root: Path,
     from services.cli.demo import fresh_state
 
     runs: list[RunScore] = []
-    costs: dict[str, float] | None = None
+    costs: RecoveryCosts | None = None
     if target == "slurm":
         from services.cli.bench_slurm import require_root, run_slurm
 
@@ -119,12 +123,21 @@ def play(trace: Trace, *, target: str, compare: str | None, state_root: Path,
         from services.cli.bench_twin import run as run_twin
 
         say("twin: the same faults at the same times"
-            + (f" (startup {costs['startup_s']:.2f} s measured live)" if costs else ""))
-        runs.append(run_twin(trace, costs=costs))
+            + (f" with the live run's fitted costs (cold startup {costs.startup_s:.2f} s, "
+               f"save on SIGTERM to {costs.sigterm_save})" if costs else ""))
+        if costs is not None:
+            from services.cli.bench_twin import calibrate
+
+            costs = calibrate(trace, costs, runs[0])
+        runs.append(replace(run_twin(trace, costs=costs),
+                            costs=costs.as_dict() if costs is not None else {}))
     return runs
 
 
-def measured_costs(run: RunScore) -> dict[str, float]:
-    """The live job's startup and save, as the goodput accounting measured them."""
-    g = run.goodput
-    return {"startup_s": float(g.get("startup_s", 0.0)), "save_s": float(g.get("save_s", 0.0))}
+def measured_costs(run: RunScore) -> RecoveryCosts:
+    """The live run's recovery costs and policy inputs, fitted (``simulator.bench_costs``):
+    startup per mode, restore per tier, detection per signal, where the save on SIGTERM goes
+    and how often tier entries are heard of."""
+    from simulator.bench_costs import fit_run
+
+    return fit_run(run.as_dict())

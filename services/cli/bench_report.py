@@ -36,9 +36,46 @@ def ratios(runs: Sequence[RunScore]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def twin_vs_live(runs: Sequence[RunScore]) -> list[dict[str, Any]]:
+    """Per incident (matched by index): the live and the twin's mode and fault-to-resumed,
+    and the twin's over the live one; empty unless both chose their modes in this run."""
+    live = next((r for r in runs if r.target != "twin" and r.label == "chosen"), None)
+    twin = next((r for r in runs if r.target == "twin" and r.label == "chosen"), None)
+    if live is None or twin is None:
+        return []
+    theirs = {i.index: i for i in twin.incidents}
+    out = []
+    for mine in live.incidents:
+        o = theirs.get(mine.index)
+        ratio = None
+        if o is not None and mine.recovered_s and o.recovered_s is not None:
+            ratio = round(o.recovered_s / mine.recovered_s, 3)
+        out.append({"index": mine.index, "kind": mine.kind, "live_mode": mine.mode,
+                    "twin_mode": o.mode if o is not None else None,
+                    "same_mode": o is not None and o.mode == mine.mode,
+                    "live_s": mine.recovered_s, "twin_s": o.recovered_s if o else None,
+                    "twin_over_live": ratio})
+    return out
+
+
 def document(trace: Trace, runs: Sequence[RunScore], command: str) -> dict[str, Any]:
     return {"command": command, "trace": trace.as_dict(),
-            "runs": [r.as_dict() for r in runs], "requeue_over_chosen": ratios(runs)}
+            "runs": [r.as_dict() for r in runs], "requeue_over_chosen": ratios(runs),
+            "twin_vs_live": twin_vs_live(runs)}
+
+
+def print_twin_vs_live(console: Console, runs: Sequence[RunScore]) -> None:
+    rows = twin_vs_live(runs)
+    if not rows:
+        return
+    table = Table("#", "FAULT", "LIVE MODE", "TWIN MODE", "LIVE s", "TWIN s", "TWIN/LIVE",
+                  title="fault to resumed: the twin (the live run's fitted costs) beside the "
+                  "live run")
+    for x in rows:
+        table.add_row(str(x["index"]), x["kind"], x["live_mode"], str(x["twin_mode"]),
+                      _secs(x["live_s"]), _secs(x["twin_s"]),
+                      "-" if x["twin_over_live"] is None else f"{x['twin_over_live']:.2f}")
+    console.print(table)
 
 
 def print_table(console: Console, trace: Trace, runs: Sequence[RunScore]) -> None:
@@ -64,6 +101,7 @@ def print_table(console: Console, trace: Trace, runs: Sequence[RunScore]) -> Non
         console.print(f"{run.target}/{run.label}: runtime goodput {g.get('runtime_goodput', 0):.1%}"
                       f", ETTR {g.get('ettr', 0):.1%}, wall {g.get('wall_s', 0):.1f} s, "
                       f"restarts {g.get('restarts', 0)}, recovery {g.get('recovery_s', 0):.1f} s")
+    print_twin_vs_live(console, runs)
     console.print("[dim]~: steps lost from an estimated step at the fault (the newest "
                   "checkpoint and the measured pace; no progress heartbeat)[/dim]")
 

@@ -22,6 +22,8 @@ __all__ = [
     "daly_interval",
     "first_order_waste",
     "meta_ettr",
+    "meta_ettr_at_scale",
+    "meta_job_mttf_s",
     "observed_mtbf",
     "recommend_interval",
     "young_interval",
@@ -91,6 +93,39 @@ def meta_ettr(
     _non_negative("write_time_s", write_time_s)
     lost = nodes * failure_rate_per_node_s * (restart_overhead_s + interval_s / 2.0)
     return max(0.0, (1.0 - lost) / (1.0 + write_time_s / interval_s))
+
+
+def meta_job_mttf_s(gpus: int, failures_per_1000_node_days: float,
+                    gpus_per_node: int = 8) -> float:
+    """A job's mean time to failure when any of its nodes failing kills it.
+
+    Kokolis et al. (arXiv:2410.21680) model a job as its nodes in series with a constant
+    per-node failure rate, so the job's MTTF is 1 / (nodes x rate): it halves each time the job
+    doubles.
+    """
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be positive, got {gpus_per_node!r}")
+    _positive("failures_per_1000_node_days", failures_per_1000_node_days)
+    nodes = math.ceil(gpus / gpus_per_node)
+    return 1000.0 * 86_400.0 / (failures_per_1000_node_days * nodes)
+
+
+def meta_ettr_at_scale(gpus: int, failures_per_1000_node_days: float, *,
+                       interval_s: float, write_time_s: float, restart_overhead_s: float,
+                       gpus_per_node: int = 8) -> float:
+    """Meta's expected ETTR for a job of ``gpus`` GPUs: :func:`meta_ettr` at the job's node count
+    and the cluster's per-node failure rate (failures per 1,000 node-days, the unit the study
+    reports its clusters' rates in), the form its ETTR-versus-job-size curves are drawn from."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be positive, got {gpus_per_node!r}")
+    _non_negative("failures_per_1000_node_days", failures_per_1000_node_days)
+    nodes = math.ceil(gpus / gpus_per_node)
+    rate_per_node_s = failures_per_1000_node_days / (1000.0 * 86_400.0)
+    return meta_ettr(nodes, rate_per_node_s, restart_overhead_s, interval_s, write_time_s)
 
 
 def observed_mtbf(

@@ -91,11 +91,14 @@ class RunScore:
     goodput: dict[str, Any] = field(default_factory=dict)
     # faults the target could not play: {"index", "kind", "reason"} each
     skipped: tuple[Mapping[str, Any], ...] = ()
+    # what the live control plane measured and weighed (restore per tier, where the save on
+    # SIGTERM went, the tier heartbeat's cadence): the twin's inputs (simulator.bench_costs)
+    costs: Mapping[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "target": self.target, "job_id": self.job_id,
                 "incidents": [asdict(i) for i in self.incidents], "goodput": self.goodput,
-                "skipped": [dict(s) for s in self.skipped]}
+                "skipped": [dict(s) for s in self.skipped], "costs": dict(self.costs)}
 
 
 def _mine(row: Mapping[str, Any], job_id: str) -> bool:

@@ -44,3 +44,27 @@ def test_two_faults_are_played_and_scored(tmp_path: Path, capsys: pytest.Capture
     assert (tmp_path / "out" / "recovery-bench.png").stat().st_size > 0
     saved = json.loads((tmp_path / "out" / "recovery-bench.json").read_text())
     assert saved["runs"] == doc["runs"]
+
+
+def test_both_targets_choose_the_same_modes_on_the_default_trace(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Live, then the twin with the live run's fitted costs and policy inputs (~40 s). Where
+    the live policy weighed modes (it recorded its expectation) the twin chooses the same;
+    a live crash before the control plane heard of any tier entry is the plain requeue
+    with nothing to weigh (the tier heartbeat's race), which the twin does not replay."""
+    code = main(["--state-dir", str(tmp_path / "state"), "bench", "recovery", "--target",
+                 "both", "--json", "--timeout", "60"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    live, twin = doc["runs"]
+    assert (live["target"], twin["target"]) == ("embedded", "twin")
+    assert twin["costs"]["sigterm_save"] == "durable"  # measured live, fed to the twin
+    rows = doc["twin_vs_live"]
+    assert [x["kind"] for x in rows] == [i["kind"] for i in live["incidents"]]
+    weighed = {i["index"] for i in live["incidents"] if i["expected_lost_s"] is not None}
+    assert weighed  # the xid_13 at least: in place, weighed against a requeue
+    (tmp_path / "both.json").write_text(json.dumps(doc, indent=1))
+    for x in rows:
+        if x["index"] in weighed:
+            assert x["same_mode"], x
+        assert x["twin_over_live"] is not None and x["twin_over_live"] > 0

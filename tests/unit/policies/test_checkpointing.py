@@ -14,6 +14,8 @@ from shared.policies.checkpointing import (
     daly_interval,
     first_order_waste,
     meta_ettr,
+    meta_ettr_at_scale,
+    meta_job_mttf_s,
     observed_mtbf,
     recommend_interval,
     young_interval,
@@ -52,6 +54,27 @@ def test_meta_ettr() -> None:
 
 def test_meta_ettr_is_floored_at_zero() -> None:
     assert meta_ettr(1000, 1e-6, 600.0, 1800.0, 60.0) == 0.0
+
+
+def test_meta_job_mttf_halves_when_the_job_doubles() -> None:
+    # 16,384 GPUs = 2,048 nodes at 6.5 failures per 1,000 node-days: 1000 / (6.5 x 2048) days
+    assert meta_job_mttf_s(16_384, 6.5) / 3600 == pytest.approx(1.803, abs=0.001)
+    assert meta_job_mttf_s(8_192, 6.5) == pytest.approx(2 * meta_job_mttf_s(16_384, 6.5))
+    assert meta_job_mttf_s(12, 6.5) == meta_job_mttf_s(16, 6.5)  # a partial node is a node
+
+
+def test_meta_ettr_at_scale_is_meta_ettr_at_the_node_count() -> None:
+    rate = 6.5 / (1000 * 86_400)
+    got = meta_ettr_at_scale(8_192, 6.5, interval_s=1800.0, write_time_s=30.0,
+                             restart_overhead_s=190.0)
+    assert got == pytest.approx(meta_ettr(1024, rate, 190.0, 1800.0, 30.0))
+    sizes = [meta_ettr_at_scale(g, 6.5, interval_s=1800.0, write_time_s=30.0,
+                                restart_overhead_s=190.0) for g in (8, 1024, 16_384, 131_072)]
+    assert sizes == sorted(sizes, reverse=True)
+    assert sizes[-1] == 0.0  # 14 min MTTF, a 30 min interval: no progress in the first order
+    with pytest.raises(ValueError):
+        meta_ettr_at_scale(0, 6.5, interval_s=1800.0, write_time_s=30.0,
+                           restart_overhead_s=190.0)
 
 
 def test_observed_mtbf() -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from shared.resilience.trace import FaultKind, load_trace
+from simulator.bench_costs import RecoveryCosts
 
 
 def test_the_default_trace_plays_in_the_twin() -> None:
     from services.cli.bench_twin import run
 
     trace = load_trace()
-    result = run(trace, costs={"startup_s": 1.0})
+    result = run(trace, costs=RecoveryCosts(startup_s=1.0))
     assert [i.kind for i in result.incidents] == [f.kind.value for f in trace.faults]
     times = [i.at for i in result.incidents]
     assert times == sorted(times) and len(set(times)) == len(times)

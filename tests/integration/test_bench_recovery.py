@@ -67,4 +67,7 @@ def test_both_targets_choose_the_same_modes_on_the_default_trace(
     for x in rows:
         if x["index"] in weighed:
             assert x["same_mode"], x
-        assert x["twin_over_live"] is not None and x["twin_over_live"] > 0
+        # a live incident not recovered within the bench's window (a loaded machine) has no
+        # ratio; one that has must be a real one
+        assert x["twin_over_live"] is None or x["twin_over_live"] > 0, x
+    assert any(x["twin_over_live"] is not None for x in rows), rows

@@ -9,6 +9,10 @@ import sqlite3
 import time
 from pathlib import Path
 
+from shared.adapters.compute.proc_watch import children_map, python_stack, tree
+
+STACK_LINES = 14  # of the program's innermost frames, enough to see what it waits on
+
 PROC_STATES = {"R": "running", "S": "sleeping", "D": "in disk wait", "T": "stopped",
                "t": "traced", "Z": "zombie", "X": "dead", "I": "idle"}
 
@@ -43,6 +47,17 @@ def log_age(path: Path, now: float) -> str:
         return "?"
 
 
+def program_stack(launcher: int) -> str:
+    """The Python stack of the launcher's newest descendant (the program), by py-spy."""
+    below = [p for p in tree(launcher, children_map()) if p != launcher]
+    if not below:
+        return "no program process under its launcher"
+    lines = python_stack(below[-1]).splitlines()
+    threads = [i for i, x in enumerate(lines) if x.startswith("Thread ")]
+    lines = lines[threads[0]:] if threads else lines  # py-spy's header names the process
+    return " / ".join(x.strip() for x in lines[:STACK_LINES])
+
+
 def describe_ranks(db: sqlite3.Connection, job_id: str, attempt: int) -> str:
     """One line per rank of the job's newest attempt in the compute ledger (which may be
     ahead of or behind the control plane's attempt: both are said)."""
@@ -57,8 +72,10 @@ def describe_ranks(db: sqlite3.Connection, job_id: str, attempt: int) -> str:
         ended = (f"exited {r['exit_code']}" if r["exit_code"] is not None
                  else proc_state(r["pid"], r["start_ticks"]))
         log = Path(r["log_path"])
+        stack = "" if r["exit_code"] is not None or ended.startswith("gone") else (
+            f"; stack: {program_stack(r['pid'])}")
         parts.append(f"rank {r['rank']} on {r['node_id']} pid {r['pid']} {ended}, log "
-                     f"grew {log_age(log, now)} ago: {last_line(log)!r}")
+                     f"grew {log_age(log, now)} ago: {last_line(log)!r}{stack}")
     ledger = rows[0]["attempt"]
     head = f"compute ledger attempt {ledger}" + ("" if ledger == attempt else
                                                  f" (control plane: {attempt})")

@@ -84,7 +84,10 @@ def test_a_dead_lettered_exit_is_reconciled_and_the_job_ends(
         executor.step(timeout_s=0)  # its reconciler's pass: the exit is re-announced
         wait_for(lambda: gcp.plane.job("j1").state is JobState.SUCCEEDED, timeout_s=30,
                  what="the job's end from the re-announced exit")
-        # the same CloudEvent as the one dead-lettered, handled once
+        # the same CloudEvent as the one dead-lettered, handled once (its outcome is noted
+        # after the handler's commit, which the job's state shows first)
+        wait_for(lambda: len(gcp.outcomes_of("checkpoint_resume", lost)) > len(failed),
+                 timeout_s=10, what="the re-announced exit's outcome")
         assert gcp.outcomes_of("checkpoint_resume", lost)[len(failed):] == ["handled"]
         gcp.clock.advance(limits.max_gap_s)
         executor.step(timeout_s=0)  # the store has it: the record dropped, nothing re-sent

@@ -325,10 +325,12 @@ def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], 
                 home=str(exit_file.parent / "home"), env=env, command=spec.command,
                 python=python, output_root=output_root, buckets=spec.buckets)
     # a cgroup per deployment (its state directory: exit files are in <state>/run/<job>/),
-    # job and node
+    # job, attempt and node: the last launcher of an attempt removes its cgroup once empty,
+    # which raced the next attempt's launch on the same node when they shared one
     deployment = hashlib.sha256(str(exit_file.parent.parent.parent).encode()).hexdigest()[:12]
     made = dataclasses.replace(made, limits=(*spec.limits, f"mtc/{deployment}/"
-                                             f"{safe_name(spec.job_id)}-{safe_name(spec.node_id)}"))
+                                             f"{safe_name(spec.job_id)}-a{spec.attempt}-"
+                                             f"{safe_name(spec.node_id)}"))
     prepare(made)
     path = exit_file.with_suffix(".sandbox.json")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -60,7 +60,9 @@ STEP_RE = re.compile(r"\d{1,18}")
 DEFAULT_BUDGET_BYTES = 4 << 30  # a node's memory for its buddies' copies, unless told
 BIND_WAIT_S = 5.0  # a port still held by the previous attempt's service, leaving
 CHUNK = 1 << 20
-CONNECT_WAIT_S = 3.0  # a restore waits this long for a buddy's service still starting
+# a restore waits this long for a buddy's service still starting: the service is started by
+# the buddy's own task of the same step, which a loaded node may launch seconds after ours
+CONNECT_WAIT_S = 30.0
 
 
 def entry_name(step: int) -> str:

@@ -296,6 +296,8 @@ def tier_lines(gang: Gang, run_dir: Path, peer: PeerTier, ports: Mapping[str, in
         f'buddy=$(sed -n "$(( (RANK + 1) % tier_world + 1 ))p" {q(str(run_dir / "hostfile"))})',
         f'prev_world=$(wc -l < {q(str(run_dir / "prev-hostfile"))})',
         f'prev_buddy=$(sed -n "$(( (RANK + 1) % prev_world + 1 ))p" {q(str(run_dir / "prev-hostfile"))})',
+        # a node outside this attempt runs no service (it lives with a task): read the buddy's
+        f'grep -qxF -- "$prev_buddy" {q(str(run_dir / "hostfile"))} || prev_buddy=$buddy',
         f'peer_port() {{ case "$1" in {cases} *) echo 0 ;; esac; }}',
         f"peer_host={q(peer.host)}",
         f'peer_url() {{ echo "http://${{peer_host:-$1}}:$(peer_port "$1")/{job}"; }}',

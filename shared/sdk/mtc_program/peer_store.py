@@ -60,9 +60,7 @@ STEP_RE = re.compile(r"\d{1,18}")
 DEFAULT_BUDGET_BYTES = 4 << 30  # a node's memory for its buddies' copies, unless told
 BIND_WAIT_S = 5.0  # a port still held by the previous attempt's service, leaving
 CHUNK = 1 << 20
-# a restore waits this long for a buddy's service still starting: the service is started by
-# the buddy's own task of the same step, which a loaded node may launch seconds after ours
-CONNECT_WAIT_S = 30.0
+CONNECT_WAIT_S = 3.0  # a listing waits this long for a service still starting, by default
 
 
 def entry_name(step: int) -> str:
@@ -352,15 +350,18 @@ class PeerClient:
                     "Authorization": f"Bearer {self.token}", **(headers or {})})
                 resp = conn.getresponse()
                 data = resp.read()
-            except ConnectionRefusedError:
+            except (ConnectionRefusedError, ConnectionResetError):
                 if time.monotonic() >= deadline:
                     raise
-                time.sleep(0.2)  # the buddy's service is still starting
+                time.sleep(0.2)  # the buddy's service is still starting (or the last one leaving)
                 continue
             except (OSError, http.client.HTTPException) as exc:
                 raise PeerError(f"peer store {self.host}:{self.port}: {exc}") from exc
             finally:
                 conn.close()
+            if resp.status == 401 and time.monotonic() < deadline:
+                time.sleep(0.2)  # the previous attempt's service, with its token, still leaving
+                continue
             if resp.status >= 300:
                 raise PeerError(f"peer store {self.host}:{self.port}: {method} {path}: "
                                 f"{resp.status} {data.decode(errors='replace').strip()}")

@@ -40,6 +40,9 @@ class TierSettings:
     tier2_url: str = ""  # the buddy's peer store (then tier2_dir is not written)
     tier2_source_url: str = ""
     tier2_token: str = ""
+    # how long a restore waits for the previous buddy's service to answer: it is started by
+    # the buddy's own task of the same attempt, which a loaded node may launch seconds later
+    tier2_wait_s: float = 30.0
     tier1_every: int = 0
     tier2_every: int = 0
     tier3_every: int = 0

@@ -337,7 +337,8 @@ class TieredCheckpointer:
             return None
         to = self._staged = s.tier1_dir.parent / ".peer-fetched" / n.rank_dir(s.rank)
         try:
-            return peer_store.PeerClient(s.tier2_source_url, s.tier2_token).fetch_into(s.rank, to)
+            return peer_store.PeerClient(s.tier2_source_url, s.tier2_token).fetch_into(
+                s.rank, to, wait_s=s.tier2_wait_s)
         except (OSError, ValueError) as exc:
             self.log(f"restore: the peer store {s.tier2_source_url} failed ({exc}); trying the next")
             return None

@@ -5,10 +5,14 @@ buddy's service holds in the buddy's own memory directory."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.client
+import io
 import json
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,6 +140,34 @@ def test_an_unreachable_store_is_an_oserror(tmp_path: Path) -> None:
         PeerClient(f"http://127.0.0.1:{port}/job1", TOKEN).fetch_into(0, tmp_path / "x", wait_s=0.3)
 
 
+def test_a_listing_waits_out_the_previous_attempts_service_on_the_port(tmp_path: Path) -> None:
+    """The port is the job's across attempts: the last attempt's service (its own token) may
+    answer for a moment before it leaves and this attempt's starts; a 401 then is waited out."""
+    old = serve_in_thread(PeerStore(tmp_path / "old", "attempt-1-secret"))
+    port = old.server_address[1]
+    new = PeerStore(tmp_path / "new", TOKEN)
+    new.put("job1", 0, 5, 1, io.BytesIO(b"five"), 4, hashlib.sha256(b"five").hexdigest(), keep=2)
+    started: list[Server] = []
+
+    def hand_over() -> None:
+        time.sleep(0.5)
+        old.shutdown()
+        old.server_close()
+        started.append(serve_in_thread(new, port=port))
+
+    threading.Thread(target=hand_over).start()
+    try:
+        got = PeerClient(f"http://127.0.0.1:{port}/job1", TOKEN).fetch_into(
+            0, tmp_path / "x", wait_s=10.0)
+        assert [e.name for e in got.iterdir()] == [p.entry_name(5)]
+        with pytest.raises(PeerError, match="401"):  # past the wait, a wrong token is refused
+            PeerClient(f"http://127.0.0.1:{port}/job1", "wrong").manifests(0, wait_s=0.0)
+    finally:
+        for server in started:
+            server.shutdown()
+            server.server_close()
+
+
 def state(step: int) -> dict[str, np.ndarray | bytes]:
     return {"w": np.full(8, float(step)), "rng": f"rng-{step}".encode()}
 
@@ -182,8 +214,9 @@ def test_a_peer_store_down_falls_back_to_durable(tmp_path: Path) -> None:
     node_b = serve_in_thread(PeerStore(tmp_path / "b", TOKEN))
     env = {p.TIER1_DIR: str(tmp_path / "a" / "job1" / "rank-0"), p.TIER2_URL: url(node_b),
            p.TIER2_TOKEN: TOKEN, p.TIER1_EVERY: "5", p.TIER2_EVERY: "5", p.TIER3_EVERY: "10"}
-    s = TierSettings.from_env(env, durable_dir=tmp_path / "durable", rank=0, world_size=1,
-                              replicated=False)
+    s = dataclasses.replace(TierSettings.from_env(
+        env, durable_dir=tmp_path / "durable", rank=0, world_size=1, replicated=False),
+        tier2_wait_s=0.5)  # the wait for a buddy's service still starting, ended sooner
     cp = TieredCheckpointer(s, log=lambda _: None)
     for step in range(1, 11):
         cp.maybe_save(step, state(step))

@@ -14,11 +14,10 @@ before a crash is still there after it.
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from services.executor.bounded import BoundedTable
 from shared.adapters.outbox import envelope_from_doc, envelope_to_doc
 from shared.domain.events import Envelope
 from shared.policies.reconcile import KINDS, Announced
@@ -39,14 +38,10 @@ class AnnouncedRecord:
     FILE = "announced.sqlite3"
 
     def __init__(self, state_dir: Path, *, max_records: int = 50_000) -> None:
-        Path(state_dir).mkdir(parents=True, exist_ok=True)
-        self.path = Path(state_dir) / self.FILE
+        self._t = BoundedTable(state_dir, self.FILE, _SCHEMA, table="announced",
+                               key="event_id", order="announced_at", max_records=max_records)
+        self.path = self._t.path
         self.max_records = max_records
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
 
     def note(self, envelope: Envelope) -> bool:
         """Keep ``envelope`` if it is an attempt fact the reconciler watches; True if kept."""
@@ -55,53 +50,41 @@ class AnnouncedRecord:
             return False
         doc = envelope_to_doc(envelope)
         doc.pop("seq", None)
-        with self._lock:
-            self._db.execute(
-                "INSERT OR IGNORE INTO announced (event_id, kind, job_id, attempt, "
-                "announced_at, sends, last_sent, envelope) VALUES (?, ?, ?, ?, ?, 1, ?, ?)",
-                (envelope.id, envelope.type, str(data["job_id"]), int(data["attempt"]),
-                 envelope.time, envelope.time, json.dumps(doc)))
+        self._t.change(
+            "INSERT OR IGNORE INTO announced (event_id, kind, job_id, attempt, "
+            "announced_at, sends, last_sent, envelope) VALUES (?, ?, ?, ?, ?, 1, ?, ?)",
+            (envelope.id, envelope.type, str(data["job_id"]), int(data["attempt"]),
+             envelope.time, envelope.time, json.dumps(doc)))
         return True
 
     def facts(self, before: float, limit: int) -> list[Announced]:
         """At most ``limit`` records announced before ``before``, oldest first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT event_id, kind, job_id, attempt, announced_at, sends, last_sent"
-                " FROM announced WHERE announced_at <= ? ORDER BY announced_at, event_id"
-                " LIMIT ?", (before, limit)).fetchall()
+        rows = self._t.rows(
+            "SELECT event_id, kind, job_id, attempt, announced_at, sends, last_sent"
+            " FROM announced WHERE announced_at <= ? ORDER BY announced_at, event_id"
+            " LIMIT ?", (before, limit))
         return [Announced(r[0], r[1], r[2], int(r[3]), float(r[4]), int(r[5]), float(r[6]))
                 for r in rows]
 
     def envelope(self, event_id: str) -> Envelope | None:
-        with self._lock:
-            row = self._db.execute("SELECT envelope FROM announced WHERE event_id = ?",
-                                   (event_id,)).fetchone()
-        return None if row is None else envelope_from_doc(json.loads(row[0]))
+        rows = self._t.rows("SELECT envelope FROM announced WHERE event_id = ?", (event_id,))
+        return envelope_from_doc(json.loads(rows[0][0])) if rows else None
 
     def sent(self, event_id: str, now: float) -> None:
-        with self._lock:
-            self._db.execute("UPDATE announced SET sends = sends + 1, last_sent = ?"
-                             " WHERE event_id = ?", (now, event_id))
+        self._t.change("UPDATE announced SET sends = sends + 1, last_sent = ?"
+                       " WHERE event_id = ?", (now, event_id))
 
     def forget(self, event_ids: Iterable[str]) -> int:
         ids = [(i,) for i in event_ids]
-        with self._lock:
-            self._db.executemany("DELETE FROM announced WHERE event_id = ?", ids)
-            count = int(self._db.execute("SELECT COUNT(*) FROM announced").fetchone()[0])
-            if count > self.max_records:
-                self._db.execute(
-                    "DELETE FROM announced WHERE event_id IN (SELECT event_id FROM announced"
-                    " ORDER BY announced_at LIMIT ?)", (count - self.max_records,))
+        self._t.change_many("DELETE FROM announced WHERE event_id = ?", ids)
+        self._t.trim()
         return len(ids)
 
     def __len__(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM announced").fetchone()[0])
+        return len(self._t)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._t.close()
 
 
 class Recording:

@@ -9,9 +9,9 @@ go first).
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 from pathlib import Path
+
+from services.executor.bounded import BoundedTable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -29,46 +29,29 @@ class DedupRecord:
 
     def __init__(self, state_dir: Path, *, margin_s: float = 3600.0,
                  max_records: int = 100_000) -> None:
-        Path(state_dir).mkdir(parents=True, exist_ok=True)
-        self.path = Path(state_dir) / self.FILE
+        self._t = BoundedTable(state_dir, self.FILE, _SCHEMA, table="requests",
+                               key="request_id", order="at", max_records=max_records)
+        self.path = self._t.path
         self.margin_s = margin_s
         self.max_records = max_records
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
 
     def seen(self, request_id: str) -> str | None:
         """The outcome recorded for the request, or None if it is new."""
-        with self._lock:
-            row = self._db.execute("SELECT outcome FROM requests WHERE request_id = ?",
-                                   (request_id,)).fetchone()
-        return None if row is None else str(row[0])
+        rows = self._t.rows("SELECT outcome FROM requests WHERE request_id = ?", (request_id,))
+        return str(rows[0][0]) if rows else None
 
     def record(self, request_id: str, op: str, outcome: str, deadline: float, now: float
                ) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO requests (request_id, op, outcome, deadline, at)"
-                " VALUES (?, ?, ?, ?, ?)", (request_id, op, outcome, deadline, now))
+        self._t.change("INSERT OR REPLACE INTO requests (request_id, op, outcome, deadline, at)"
+                       " VALUES (?, ?, ?, ?, ?)", (request_id, op, outcome, deadline, now))
 
     def prune(self, now: float) -> int:
         """Drop what no redelivery can need any more; returns how many."""
-        with self._lock:
-            gone = self._db.execute("DELETE FROM requests WHERE deadline < ?",
-                                    (now - self.margin_s,)).rowcount
-            count = self._db.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
-            if count > self.max_records:
-                gone += self._db.execute(
-                    "DELETE FROM requests WHERE request_id IN (SELECT request_id FROM requests"
-                    " ORDER BY at LIMIT ?)", (count - self.max_records,)).rowcount
-        return int(gone)
+        gone = self._t.change("DELETE FROM requests WHERE deadline < ?", (now - self.margin_s,))
+        return gone + self._t.trim()
 
     def __len__(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
+        return len(self._t)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._t.close()

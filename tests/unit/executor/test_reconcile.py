@@ -114,3 +114,20 @@ def test_the_executor_loop_runs_a_pass_at_most_every_every_s(story: Story,
     executor.step(timeout_s=0)
     assert len(story.resent) == 1
     executor.dedup.close()
+
+
+def test_the_announced_record_keeps_its_newest_facts_within_its_bound(tmp_path: Path) -> None:
+    """Everything that grows has a bound: past ``max_records`` the oldest facts go first,
+    and what survives a reopen is what was kept (the file is the record)."""
+    record = AnnouncedRecord(tmp_path, max_records=2)
+    for attempt in (1, 2, 3):
+        env = Envelope(JobWorkersExited(job_id="j1", attempt=attempt, exit_code=1),
+                       f"e{attempt}", "//mtc/compute/local", float(attempt))
+        assert record.note(env)
+    assert len(record) == 3  # bounded when facts are settled, not on every note
+    assert record.forget([]) == 0
+    record.close()
+    reopened = AnnouncedRecord(tmp_path, max_records=2)
+    assert [f.attempt for f in reopened.facts(before=10.0, limit=10)] == [2, 3]
+    assert reopened.envelope("e3") is not None and reopened.envelope("e1") is None
+    reopened.close()

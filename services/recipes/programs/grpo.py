@@ -82,6 +82,9 @@ class PromptStream:
         random.Random(self.seed * 104_729 + self.epoch).shuffle(order)
         return order[self.rank :: self.world_size]
 
+    def place(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+
     def next_batch(self) -> list[tuple[str, str]]:
         mine, out = self._mine(), []
         for _ in range(self.per_step):

@@ -300,9 +300,10 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption,
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None, loop: Any = None,
+def main(argv: list[str] | None = None, loop: Any = None, setup: Any = None,
          prog: str = "python -m services.recipes.programs.lm") -> int:
-    """The entry point; ``loop``: another training loop with ``train``'s signature (RL's)."""
+    """The entry point, under ``torch_inprocess``; ``loop`` and ``setup``: another training
+    loop with ``train``'s signature and the class of what it keeps across calls (RL's)."""
     preemption = Preemption().install()  # first, so a signal during start-up is not lost
     p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--config", required=True, help="the recipe as JSON (or @file)")
@@ -316,14 +317,13 @@ def main(argv: list[str] | None = None, loop: Any = None,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never a download
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if loop is not None:
-        return int(loop(config, Env.read(), preemption))
-    kept: dict[str, Setup] = {}
+    run, make = loop or train, setup or Setup
+    kept: dict[str, Any] = {}
 
     def warm() -> None:  # a warm standby: the model and the data, before it has a rank
-        kept["setup"] = Setup(config, Env.read())
+        kept["setup"] = make(config, Env.read())
 
-    return InProcess(lambda call: train(config, call.env, preemption, call, kept),
+    return InProcess(lambda call: int(run(config, call.env, preemption, call, kept)),
                      preemption=preemption, warm=warm).run()
 
 

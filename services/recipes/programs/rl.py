@@ -37,6 +37,7 @@ from mtc_program.torch_checkpoint import (
     Preemption,
     deterministic,
 )
+from mtc_program.torch_inprocess import Call
 from mtc_program.torch_runtime import Env, Hypertune, exit_now
 from mtc_program.torch_tiers import TorchTiers
 from services.recipes.programs import grpo, lm
@@ -53,53 +54,99 @@ from services.recipes.programs.lm_data import SftStream, encode_example
 EVAL_SEED = 99_991  # held-out prompts: a generator seed the training prompts never use
 
 
-def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
+class RlSetup:
+    """What a process keeps across in-process restarts (``torch_inprocess``), as ``lm.Setup``:
+    the policy, its reference, the optimizer and the data stay allocated; a warm standby
+    builds them before it has a rank."""
+
+    def __init__(self, config: Mapping[str, Any], env: Env) -> None:
+        hp, data = config.get("hyperparameters", {}), config.get("data", {})
+        self.rl = rl = grpo.RlSettings.read(config.get("rl"))
+        seed = int(hp.get("seed", 0))
+        self.warmup_steps = warmup_steps = 0 if config.get("init_from") else rl.sft_steps
+        self.total = warmup_steps + int(hp.get("steps", 50))
+        deterministic(seed)
+        torch.manual_seed(seed)
+        self.model = model = build_model(config.get("model", {}), config.get("init_from"))
+        model.config.use_cache = False  # type: ignore[union-attr]
+        model.train()
+        self.reference = copy.deepcopy(model).requires_grad_(False) if rl.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=float(hp.get("lr", 3e-3)),
+                                           weight_decay=float(hp.get("weight_decay", 0.0)))
+        sft_factor = lr_lambda(int(hp.get("warmup", 5)), max(1, warmup_steps))
+        rl_factor = rl.lr / float(hp.get("lr", 3e-3))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: sft_factor(s) if s < warmup_steps else rl_factor)
+        self.sft = SftStream(int(data.get("examples", 2000)), int(data.get("seq_len", 24)),
+                             int(hp.get("batch_size", 16)), seed, env.rank, env.world_size)
+        examples = grpo.tasks(int(data.get("examples", 2000)), seed, rl.kinds)
+        self.sft.examples = [encode_example(p, a, int(data.get("seq_len", 24)))
+                             for p, a in examples]
+        self.prompts = grpo.PromptStream(examples, rl.prompts_per_step, seed, env.rank,
+                                         env.world_size)
+        self.held_out = grpo.tasks(rl.eval_prompts, seed + EVAL_SEED, rl.kinds)
+        self.loss_meter, self.meter = LossMeter(), grpo.RewardMeter()
+
+    def place(self, rank: int, world_size: int) -> None:
+        self.sft.place(rank, world_size)
+        self.prompts.place(rank, world_size)
+
+    def extra(self) -> dict[str, Any]:
+        """What rides in the checkpoint beside the model and optimizer."""
+        out: dict[str, Any] = {"scheduler": self.scheduler, "loader": self.sft,
+                               "prompts": self.prompts, "loss": self.loss_meter,
+                               "reward": self.meter}
+        if self.reference is not None:
+            out["reference"] = self.reference
+        return out
+
+
+def train(config: Mapping[str, Any], env: Env, preemption: Preemption,
+          call: Call | None = None, kept: dict[str, Any] | None = None) -> int:
+    """One attempt, as ``lm.train``: ``call``, the in-process restart's; ``kept``, the
+    ``RlSetup`` of an earlier call in this process, reused (rebuilt when the ranks restore
+    nothing: its weights trained on)."""
     def log(msg: str) -> None:
         print(f"[rl rank {env.rank}/{env.world_size}] {msg}", flush=True)
 
-    hp, data = config.get("hyperparameters", {}), config.get("data", {})
-    rl = grpo.RlSettings.read(config.get("rl"))
-    seed = int(hp.get("seed", 0))
-    warmup_steps = 0 if config.get("init_from") else rl.sft_steps
-    total = warmup_steps + int(hp.get("steps", 50))
-    deterministic(seed)
+    seed = int(config.get("hyperparameters", {}).get("seed", 0))
+    kept = {} if kept is None else kept
     distributed = env.init()
-    torch.manual_seed(seed)
-    model = build_model(config.get("model", {}), config.get("init_from"))
+    if "setup" not in kept:
+        kept["setup"] = RlSetup(config, env)
+    setup: RlSetup = kept["setup"]
+    setup.place(env.rank, env.world_size)
     if env.rank == 0:
         env.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         tmp = env.checkpoint_dir / f".{MODEL_CONFIG}.tmp"
-        tmp.write_text(json.dumps(model_spec(model)))
+        tmp.write_text(json.dumps(model_spec(setup.model)))
         os.replace(tmp, env.checkpoint_dir / MODEL_CONFIG)
-    model.config.use_cache = False  # type: ignore[union-attr]
-    model.train()
-    reference = copy.deepcopy(model).requires_grad_(False) if rl.kl_coef > 0 else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(hp.get("lr", 3e-3)),
-                                  weight_decay=float(hp.get("weight_decay", 0.0)))
-    sft_factor = lr_lambda(int(hp.get("warmup", 5)), max(1, warmup_steps))
-    rl_factor = rl.lr / float(hp.get("lr", 3e-3))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: sft_factor(s) if s < warmup_steps else rl_factor)
-    sft = SftStream(int(data.get("examples", 2000)), int(data.get("seq_len", 24)),
-                    int(hp.get("batch_size", 16)), seed, env.rank, env.world_size)
-    examples = grpo.tasks(int(data.get("examples", 2000)), seed, rl.kinds)
-    sft.examples = [encode_example(p, a, int(data.get("seq_len", 24))) for p, a in examples]
-    prompts = grpo.PromptStream(examples, rl.prompts_per_step, seed, env.rank, env.world_size)
-    held_out = grpo.tasks(rl.eval_prompts, seed + EVAL_SEED, rl.kinds)
-    loss_meter, meter = LossMeter(), grpo.RewardMeter()
-    extra: dict[str, Any] = {"scheduler": scheduler, "loader": sft, "prompts": prompts,
-                             "loss": loss_meter, "reward": meter}
-    if reference is not None:
-        extra["reference"] = reference
     policy = config.get("checkpoint", {})
     tiers = TorchTiers.from_env(os.environ, durable_dir=env.checkpoint_dir, rank=env.rank,
                                 world_size=env.world_size, log=log,
-                                memory_every=int(policy.get("memory_every", 10)))
-    ckpt = Checkpointer(env.checkpoint_dir, model, optimizer, every=int(policy.get("every", 0)),
-                        extra=extra, preemption=preemption, tiers=tiers, log=log)
+                                memory_every=int(policy.get("memory_every", 10)),
+                                own=call.own if call is not None else None)
+
+    def checkpointer(s: RlSetup) -> Checkpointer:
+        return Checkpointer(env.checkpoint_dir, s.model, s.optimizer,
+                            every=int(policy.get("every", 0)), extra=s.extra(),
+                            preemption=preemption, tiers=tiers,
+                            held=call.held if call is not None else None)
+
+    ckpt = checkpointer(setup)
     step = ckpt.restore()
+    if step == 0 and call is not None and call.iteration:  # nothing saved: start over
+        setup = kept["setup"] = RlSetup(config, env)
+        setup.place(env.rank, env.world_size)
+        ckpt = checkpointer(setup)
+    model, reference, optimizer, scheduler = (setup.model, setup.reference, setup.optimizer,
+                                              setup.scheduler)
+    rl, warmup_steps, total = setup.rl, setup.warmup_steps, setup.total
+    sft, prompts, loss_meter, meter = setup.sft, setup.prompts, setup.loss_meter, setup.meter
     log(f"{'resumed at' if step else 'starting from'} step {step} of {total} "
-        f"({warmup_steps} SFT warm-up, then RL)")
+        f"({warmup_steps} SFT warm-up, then RL)"
+        + (f" (in-process restart {call.iteration})" if call is not None and call.iteration
+           else ""))
     scalars = Scalars(env.tensorboard_dir, env.attempt, enabled=env.rank == 0)
     progress = RankProgress.from_env(os.environ, env.rank)
     if tiers is not None:
@@ -108,8 +155,8 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
     started, samples = time.perf_counter(), 0
 
     def score(m: torch.nn.Module) -> float:
-        return grpo.evaluate(m, held_out, rl.max_new_tokens, rl.temperature, rl.group_size,
-                             seed + EVAL_SEED)
+        return grpo.evaluate(m, setup.held_out, rl.max_new_tokens, rl.temperature,
+                             rl.group_size, seed + EVAL_SEED)
 
     def all_mean(value: float, name: str) -> float:
         if not distributed:
@@ -129,8 +176,8 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
             else:
                 if meter.start < 0:  # RL begins: the start figure and the reference
                     meter.start = score(model)
-                    meter.greedy_start = grpo.evaluate(model, held_out, rl.max_new_tokens,
-                                                       0.0, 1, 0)
+                    meter.greedy_start = grpo.evaluate(model, setup.held_out,
+                                                       rl.max_new_tokens, 0.0, 1, 0)
                     if reference is not None:
                         reference.load_state_dict(model.state_dict())
                     optimizer.state.clear()  # the SFT phase's moments do not fit RL's scale
@@ -161,7 +208,7 @@ def train(config: Mapping[str, Any], env: Env, preemption: Preemption) -> int:
         progress.close()
         ckpt.close()
     end = score(model)
-    greedy_end = grpo.evaluate(model, held_out, rl.max_new_tokens, 0.0, 1, 0)
+    greedy_end = grpo.evaluate(model, setup.held_out, rl.max_new_tokens, 0.0, 1, 0)
     elapsed = time.perf_counter() - started
     Hypertune(env.trial_id, str(config.get("metric", "reward"))).report(end, step)
     if env.rank == 0:
@@ -210,7 +257,7 @@ def rl_step(model: torch.nn.Module, reference: torch.nn.Module | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    return lm.main(argv, loop=train, prog="python -m services.recipes.programs.rl")
+    return lm.main(argv, loop=train, setup=RlSetup, prog="python -m services.recipes.programs.rl")
 
 
 if __name__ == "__main__":

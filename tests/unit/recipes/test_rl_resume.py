@@ -58,3 +58,45 @@ def test_resumed_mid_rl_equals_uninterrupted(tmp_path: Path) -> None:
     a, b = weights(tmp_path / "whole" / "model"), weights(tmp_path / "split" / "model")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert resumed["reward_end"] == whole["reward_end"]
+
+
+class _HoldAt:
+    """A control file's monitor stand-in: the hold order comes at the ``at``-th step."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.asked = at, 0
+
+    def take(self) -> Any:
+        from mtc_program.inprocess import HOLD, Order
+
+        self.asked += 1
+        return Order(1, HOLD) if self.asked >= self.at else None
+
+
+def test_an_in_process_restart_keeps_the_policy_and_ends_as_uninterrupted(tmp_path: Path
+                                                                          ) -> None:
+    """``torch_inprocess`` for RL, as for ``lm``: held at step 5 (inside RL) the call saves
+    and ends 75; the next call in the same process reuses the same policy, reference and
+    optimizer objects, restores step 5 and ends with an uninterrupted run's weights."""
+    from mtc_program.torch_checkpoint import Preemption
+    from mtc_program.torch_inprocess import Call
+    from mtc_program.torch_runtime import Env
+    from mtc_program.torch_tiers import OwnCopy
+    from services.recipes.programs import rl
+
+    whole = run(CONFIG, tmp_path / "whole")
+    out = tmp_path / "held"
+    env = Env.read({"AIP_CHECKPOINT_DIR": str(out / "checkpoints"),
+                    "AIP_MODEL_DIR": str(out / "model")})
+    kept: dict[str, Any] = {}
+    own = OwnCopy()
+    assert rl.train(CONFIG, env, Preemption(), Call(env, 0, own, _HoldAt(5)), kept) == 75
+    assert (out / "checkpoints" / "ckpt-00000005" / ".metadata").is_file()
+    setup = kept["setup"]
+    objects = (setup.model, setup.reference, setup.optimizer)
+    assert rl.train(CONFIG, env, Preemption(), Call(env, 1, own), kept) == 0
+    assert kept["setup"] is setup and (setup.model, setup.reference, setup.optimizer) == objects
+    resumed = json.loads((out / "model" / "metrics.json").read_text())
+    assert resumed["steps"] == whole["steps"] and resumed["reward_end"] == whole["reward_end"]
+    a, b = weights(tmp_path / "whole" / "model"), weights(out / "model")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -95,11 +95,11 @@ class ManagedEnv:
         port = env_int(env, p.MASTER_PORT, 0, 1) if port_raw else None
         if port is not None and port > 65535:
             raise ConfigError(f"{p.MASTER_PORT} must be a port number (1-65535), got {port_raw!r}")
-        tb = env.get(p.TENSORBOARD_LOG_DIR, "").strip()
+        ckpt, model, tb = (p.local_path(env.get(n, "").strip()) for n in p.JOB_DIRS)
         attempt = env_int(env, p.JOB_ATTEMPT, 0, 1) if env.get(p.JOB_ATTEMPT, "").strip() else None
         return cls(
             job_id=env.get(p.JOB_ID, "") or "local", rank=rank, world_size=world_size,
             master_addr=env.get(p.MASTER_ADDR, "127.0.0.1"), master_port=port, cluster_spec=spec,
-            checkpoint_dir=Path(env.get(p.CHECKPOINT_DIR, "").strip() or output / "checkpoints"),
-            model_dir=Path(env.get(p.MODEL_DIR, "").strip() or output / "model"),
+            checkpoint_dir=Path(ckpt or output / "checkpoints"),
+            model_dir=Path(model or output / "model"),
             tensorboard_dir=Path(tb) if tb else None, attempt=attempt)

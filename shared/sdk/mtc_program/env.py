@@ -5,8 +5,9 @@ plane, ``torchrun`` or Vertex AI gives a rank (``mtc_program.protocol`` names it
 program exits ``ExitCode.CONFIG`` with that line rather than a traceback). ``CLUSTER_SPEC``'s
 ``task.index`` counts within its worker pool, so the rank it implies adds the sizes of the
 pools before it (``RANK`` counts across pools, pool after pool); ``RANK`` and the spec must
-agree. Outside a managed environment (run by hand) the directories fall back to
-``<output>/checkpoints`` and ``<output>/model``.
+agree. A ``gs://`` directory (Vertex's, and mtc's in its sandbox) is read as its file path
+under ``/gcs/`` (``protocol.local_path``). Outside a managed environment (run by hand) the
+directories fall back to ``<output>/checkpoints`` and ``<output>/model``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ the metric it reports (the ``torch`` extra).
 
 * ``Env.read()``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``
   (torchrun's and mtc's), ``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``,
-  ``AIP_TENSORBOARD_LOG_DIR``, ``MTC_JOB_ATTEMPT``, ``CLOUD_ML_TRIAL_ID``; ``init()`` joins
+  ``AIP_TENSORBOARD_LOG_DIR`` (a ``gs://`` one as its ``/gcs/`` path, ``protocol.local_path``),
+  ``MTC_JOB_ATTEMPT``, ``CLOUD_ML_TRIAL_ID``; ``init()`` joins
   the process group (gloo on CPU, NCCL when CUDA is there) when the world has several ranks.
 * ``Hypertune``: when the program is a trial (``CLOUD_ML_TRIAL_ID``), the final metric goes
   through ``cloudml-hypertune`` into the file the tuning service reads.

@@ -313,7 +313,7 @@ def disk_readings(exit_file: str, env: Mapping[str, str],
     directories (``dirs``, else as named in its environment ``env``), its log and the exit
     file once (``[path, free, total]``), and whether the log's end says ENOSPC."""
     log = _log_path()
-    paths = [*(dirs or [env.get(n) for n in JOB_DIRS]), log, os.path.dirname(os.path.abspath(exit_file))]
+    paths = [*(dirs or map(env.get, JOB_DIRS)), log, os.path.dirname(os.path.abspath(exit_file))]
     space: list[list[object]] = []
     seen: set[int] = set()
     for path in filter(None, paths):

@@ -17,7 +17,7 @@ from mtc_program import protocol as p
 from mtc_program.env import ManagedEnv
 from shared.adapters.clock import SystemClock
 from shared.adapters.compute import worker_launcher
-from shared.adapters.compute.local import sandbox
+from shared.adapters.compute.local import sandbox, standby
 from shared.adapters.compute.local.compute import LocalCompute
 from shared.adapters.compute.protocol import gcs_uri, host_dir, managed_env
 from shared.ports import WorkerSpec
@@ -113,3 +113,20 @@ def test_the_launcher_reads_the_host_paths_not_the_gs_uris(tmp_path: Path) -> No
     found = worker_launcher.disk_readings(exit_file, env, [str(ckpt)])
     assert found["space"][0][0] == str(ckpt)  # type: ignore[index]
     assert all(not str(s[0]).startswith("gs:") for s in found["space"])  # type: ignore[attr-defined]
+
+
+def test_a_standby_is_planned_with_the_host_paths(tmp_path: Path) -> None:
+    """A warm standby is started from its job's rank environment (``gs://`` values): its
+    sandbox is planned with the host's directories they name."""
+    root = tmp_path / "jobs" / "gcs"
+    spec = _spec(root / "b" / "p")
+    planned: list[WorkerSpec] = []
+
+    def plan(made: WorkerSpec, *_: object) -> None:
+        planned.append(made)
+
+    launch = standby.launcher(sys.executable, tmp_path / "state", set(), plan, str(root))
+    pid, *_ = launch(["true"], managed_env(spec, gcs_root=str(root)), "j1", "n0", ())
+    os.waitpid(pid, 0)
+    assert [(s.checkpoint_dir, s.model_dir, s.tensorboard_dir) for s in planned] == [
+        (spec.checkpoint_dir, spec.model_dir, spec.tensorboard_dir)]

@@ -169,8 +169,8 @@ def gcs_uri(path: str, gcs_root: str | None) -> str:
         return path
     root, where = os.path.abspath(gcs_root), os.path.abspath(path)
     rel = os.path.relpath(where, root)
-    if rel == ".." or rel.startswith("../") or "/" not in rel:
-        return path  # outside the tree, or a bucket itself (never a job's directory)
+    if rel in (".", "..") or rel.startswith("../"):
+        return path  # outside the tree (or the tree itself: no bucket)
     return f"{p.GCS_SCHEME}{rel}/"
 
 

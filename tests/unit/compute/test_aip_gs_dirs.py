@@ -44,8 +44,9 @@ def test_the_host_directory_is_told_as_vertex_tells_it(tmp_path: Path) -> None:
     assert gcs_uri(model, root) == "gs://b/runs/1/model/"  # Vertex's trailing slash
     assert host_dir(gcs_uri(model, root), root) == model
     assert gcs_uri(model, None) == model  # no /gcs/ for the rank: the host's path
-    for outside in (str(tmp_path / "j1" / "model"), root, f"{root}/b", f"{root}x/b/m"):
-        assert gcs_uri(outside, root) == outside  # not a job's directory in the gs:// tree
+    assert gcs_uri(f"{root}/b", root) == "gs://b/"  # a bucket's root (a base output of gs://b)
+    for outside in (str(tmp_path / "j1" / "model"), root, f"{root}x/b/m"):
+        assert gcs_uri(outside, root) == outside  # not in the gs:// tree
     assert host_dir("/srv/j1/model", root) == "/srv/j1/model"
     assert host_dir("gs://b/runs/1/model/", None) == "gs://b/runs/1/model/"
 

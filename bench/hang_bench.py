@@ -37,7 +37,7 @@ from mtc_program.protocol import CHECKPOINT_DIR  # noqa: E402
 from services.cli.demo import CLUSTER_SPEC, demo_compute_options  # noqa: E402
 from services.job_submission import commands as job_commands  # noqa: E402
 from services.wiring.embedded import EmbeddedApp, embedded  # noqa: E402
-from shared.adapters.compute.protocol import progress_path  # noqa: E402
+from shared.adapters.compute.protocol import host_dir, progress_path  # noqa: E402
 from shared.adapters.compute.rank_progress import RankWatch  # noqa: E402
 from shared.config import ControlPlaneConfig  # noqa: E402
 from shared.domain.events import JobSignalled, NodeHealthReported  # noqa: E402
@@ -106,7 +106,8 @@ def setup(root: Path, floor: float) -> EmbeddedApp:
 def checkpoint_dir(app: EmbeddedApp, job_id: str) -> str:
     w = app.compute.workers(job_id)[0]
     raw = Path(f"/proc/{w.pid}/environ").read_bytes().split(b"\0")
-    return dict(i.decode().split("=", 1) for i in raw if b"=" in i)[CHECKPOINT_DIR]
+    told = dict(i.decode().split("=", 1) for i in raw if b"=" in i)[CHECKPOINT_DIR]
+    return host_dir(told, str(app.deps.config.output_root / "gcs"))  # a sandboxed rank's gs://
 
 
 def hang_run(floor: float) -> dict[str, Any]:

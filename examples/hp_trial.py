@@ -12,7 +12,8 @@ Like ``examples/train.py`` it behaves like a managed job: checkpoints (``ckpt-<s
 atomic) in ``AIP_CHECKPOINT_DIR`` every ``--checkpoint-every`` steps; on SIGTERM it saves one and
 exits 75; on start it resumes from the newest checkpoint that loads and logs ``resumed from
 step N``. At the end it writes ``AIP_MODEL_DIR/result.json``: the final loss, the parameters,
-and the steps it resumed from (one entry per start).
+and the steps it resumed from (one entry per start). A ``gs://BUCKET/...`` directory (Vertex's,
+and mtc's where the job's sandbox mounts the bucket) is written at ``/gcs/BUCKET/...``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ EXIT_OK, EXIT_CONFIG, EXIT_PREEMPTED = 0, 2, 75
 CHECKPOINT_RE = re.compile(r"^ckpt-(\d{8,})\.npz$")
 CURVATURE = np.logspace(-1.0, 1.0, 10)  # the quadratic's eigenvalues: condition number 100
 LOSS_CAP = 1e12  # a diverged run reports this instead of inf
+
+
+def _local(value: str) -> str:
+    """A job directory as a file path: Vertex (and mtc's sandbox) name it ``gs://BUCKET/...``
+    and mount Cloud Storage at ``/gcs/`` (Cloud Storage FUSE); a local path is itself."""
+    return "/gcs/" + value[len("gs://"):] if value.startswith("gs://") else value
 
 
 def loss(w: np.ndarray) -> float:
@@ -132,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     preemption = Preemption()
     args = parse_args(argv)
     out = Path(os.environ.get("MTC_TRAIN_OUTPUT", "hp-trial-output"))
-    ckpt_dir = Path(os.environ.get("AIP_CHECKPOINT_DIR", "").strip() or out / "checkpoints")
-    model_dir = Path(os.environ.get("AIP_MODEL_DIR", "").strip() or out / "model")
+    ckpt_dir = Path(_local(os.environ.get("AIP_CHECKPOINT_DIR", "").strip()) or out / "checkpoints")
+    model_dir = Path(_local(os.environ.get("AIP_MODEL_DIR", "").strip()) or out / "model")
     trial = os.environ.get("CLOUD_ML_TRIAL_ID", "0")
     config = {"learning_rate": args.learning_rate, "momentum": args.momentum}
     tuner = hypertune.HyperTune()

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rank, world = int(os.environ.get(p.RANK, "0")), int(os.environ.get(p.WORLD_SIZE, "1"))
-    ckpt_dir = Path(os.environ.get(p.CHECKPOINT_DIR, "checkpoints"))
+    ckpt_dir = Path(p.local_path(os.environ.get(p.CHECKPOINT_DIR, "checkpoints")))
     os.environ.setdefault(p.PROGRESS_INTERVAL_S, str(args.beat_every))
     progress = RankProgress.from_env(os.environ, rank)
     preemption = Preemption().install()

@@ -13,8 +13,9 @@ so it runs unchanged under plain ``torchrun``, under mtc and on Vertex:
 * on SIGTERM it finishes the step, saves (rank 0) and exits 75 (EX_TEMPFAIL: run me again);
 * at the end rank 0 writes ``AIP_MODEL_DIR/model.pt``.
 
-Without ``AIP_CHECKPOINT_DIR`` it neither saves nor resumes; without ``AIP_MODEL_DIR`` it
-writes no model.
+A ``gs://BUCKET/...`` directory (Vertex's, and mtc's where the job's sandbox mounts the
+bucket) is written at ``/gcs/BUCKET/...``. Without ``AIP_CHECKPOINT_DIR`` it neither saves
+nor resumes; without ``AIP_MODEL_DIR`` it writes no model.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ _stop = False
 def _on_term(signum: int, frame: FrameType | None) -> None:
     global _stop
     _stop = True
+
+
+def _local(value: str) -> str:
+    """A job directory as a file path: Vertex (and mtc's sandbox) name it ``gs://BUCKET/...``
+    and mount Cloud Storage at ``/gcs/`` (Cloud Storage FUSE); a local path is itself."""
+    return "/gcs/" + value[len("gs://"):] if value.startswith("gs://") else value
 
 
 def _env_int(name: str, default: int) -> int:
@@ -118,8 +125,8 @@ def main() -> int:
 
     model = _model().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    ckpt_dir = Path(os.environ["AIP_CHECKPOINT_DIR"]) if os.environ.get("AIP_CHECKPOINT_DIR") \
-        else None
+    ckpt_dir = Path(_local(os.environ["AIP_CHECKPOINT_DIR"])) \
+        if os.environ.get("AIP_CHECKPOINT_DIR") else None
     start = 0
     if ckpt_dir is not None and (newest := _newest(ckpt_dir)) is not None:
         state = torch.load(newest[1], map_location=device)
@@ -160,7 +167,7 @@ def main() -> int:
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             save(step)
     if rank == 0 and os.environ.get("AIP_MODEL_DIR"):
-        model_dir = Path(os.environ["AIP_MODEL_DIR"])
+        model_dir = Path(_local(os.environ["AIP_MODEL_DIR"]))
         model_dir.mkdir(parents=True, exist_ok=True)
         _save_atomic(model.state_dict(), model_dir / "model.pt")
     del ddp

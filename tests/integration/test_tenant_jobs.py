@@ -53,7 +53,7 @@ try:
     out["server_environ"] = open("/proc/%s/environ" % sys.argv[1], "rb").read().decode("latin-1")
 except OSError as exc:
     out["server_environ"] = type(exc).__name__
-with open(os.path.join(os.environ["AIP_MODEL_DIR"], "pry.json"), "w") as f:
+with open(os.path.join(os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/", 1), "pry.json"), "w") as f:
     json.dump(out, f)
 """
 
@@ -178,7 +178,7 @@ out = {"get_mine": call("GET", mine), "get_other": call("GET", other),
        "token_file": os.environ["MTC_JOB_TOKEN_FILE"], "name": mine,
        "metrics": [call("GET", "/metrics", False), call("GET", "/metrics")],
        "alerts": [call("GET", "/alerts.json", False), call("GET", "/alerts.json")]}
-with open(os.path.join(os.environ["AIP_MODEL_DIR"], "calls.json"), "w") as f:
+with open(os.path.join(os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/", 1), "calls.json"), "w") as f:
     json.dump(out, f)
 """
 
@@ -209,7 +209,7 @@ def test_a_job_calls_the_api_with_its_own_credential_and_no_more(served: tuple[s
 
 FILL = """
 import os
-with open(os.path.join(os.environ["AIP_MODEL_DIR"], "fill.bin"), "ab") as f:
+with open(os.path.join(os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/", 1), "fill.bin"), "ab") as f:
     while True:
         f.write(bytes(1 << 20))
         f.flush()

@@ -2,11 +2,12 @@
 
 The worker launcher (``worker_launcher``) is the one process there when a rank exits: the
 moment its command exits non-zero it reads the file systems of the job's directories
-(``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``, ``AIP_TENSORBOARD_LOG_DIR``, the rank's log,
-the exit file's own) with ``statvfs``, and the end of the rank's log for ``No space left
-on device``, and leaves what it saw in ``<exit file>.disk`` (JSON) before the exit file.
-Read there and then, not when the adapter next looks: by then the disk may have room again
-(the soak's fill lasts seconds; a controller on the same disk cannot commit meanwhile).
+(``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``, ``AIP_TENSORBOARD_LOG_DIR`` at the host's paths,
+which a sandboxed job is told as ``gs://`` URIs; the rank's log, the exit file's own) with
+``statvfs``, and the end of the rank's log for ``No space left on device``, and leaves
+what it saw in ``<exit file>.disk`` (JSON) before the exit file. Read there and then, not
+when the adapter next looks: by then the disk may have room again (the soak's fill lasts
+seconds; a controller on the same disk cannot commit meanwhile).
 
 The adapter turns that into the exit's ``storage_full`` evidence with the domain's rule
 (``shared.domain.storage.full_at``); ``space`` is the ``StorageSpace`` capability both

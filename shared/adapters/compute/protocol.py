@@ -53,9 +53,10 @@ from shared.adapters.advice_file import advice_path
 from shared.ports import RecoveryPlan, WorkerSpec
 
 __all__ = ["CHECKPOINT_RE", "EXIT_KILLED", "IGNORED_SUFFIXES", "ExitCode", "attempt_exit",
-           "checkpoint_name", "checkpoint_steps", "managed_env", "master_port", "pool_of",
-           "progress_path", "read_exit_file", "recovery_env", "safe_name", "save_cost",
-           "termination_message", "tier_env", "tier_progress", "torch_env", "with_message"]
+           "checkpoint_name", "checkpoint_steps", "gcs_uri", "host_dir", "managed_env",
+           "master_port", "pool_of", "progress_path", "read_exit_file", "recovery_env",
+           "safe_name", "save_cost", "termination_message", "tier_env", "tier_progress",
+           "torch_env", "with_message"]
 
 LAUNCHER = Path(__file__).with_name("worker_launcher.py")
 # below Linux's ephemeral range (32768-60999): a port there can be any outgoing connection's,
@@ -108,13 +109,16 @@ def recovery_env(plan: RecoveryPlan | None, attempt: int, node_id: str) -> dict[
 
 def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
                 pools: Sequence[int] = (), tiers: Mapping[str, str] | None = None,
-                recovery: RecoveryPlan | None = None, port_salt: str = "") -> dict[str, str]:
+                recovery: RecoveryPlan | None = None, port_salt: str = "",
+                gcs_root: str | None = None) -> dict[str, str]:
     """What a managed service adds to a replica's environment (the spec's env cannot
     override the service's own variables). ``pools``: the replica count of each worker pool
     (none: one pool), so ``CLUSTER_SPEC`` has Vertex's shape: one address list per pool and
     the task's index within its pool; ``RANK`` stays global, as torch needs it. ``tiers``:
     the rank's checkpoint tier variables (``tier_env``); none: durable only. ``port_salt``:
-    see ``master_port``."""
+    see ``master_port``. ``gcs_root``: the host's directory of the ``gs://`` tree where the
+    rank sees it at ``/gcs/`` (the local sandbox): the job's directories under it are named
+    as Vertex names them, ``gs://BUCKET/PATH/model/`` (``gcs_uri``); None: local paths."""
     port = master_port(spec.job_id, spec.attempt, port_salt)
     counts = tuple(pools) or (spec.world_size,)
     if sum(counts) != spec.world_size:
@@ -133,7 +137,7 @@ def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
             "job_id": spec.job_id,
             "attempt": spec.attempt,
             "world_size": spec.world_size,
-            "base_output_directory": str(Path(spec.model_dir).parent),
+            "base_output_directory": gcs_uri(str(Path(spec.model_dir).parent), gcs_root),
         },
     }
     env = {"PYTHONUNBUFFERED": "1", **dict(spec.env)}
@@ -144,9 +148,9 @@ def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
         p.WORLD_SIZE: str(spec.world_size),
         p.MASTER_ADDR: master_addr,
         p.MASTER_PORT: str(port),
-        p.CHECKPOINT_DIR: str(spec.checkpoint_dir),
-        p.MODEL_DIR: str(spec.model_dir),
-        p.TENSORBOARD_LOG_DIR: str(spec.tensorboard_dir),
+        p.CHECKPOINT_DIR: gcs_uri(str(spec.checkpoint_dir), gcs_root),
+        p.MODEL_DIR: gcs_uri(str(spec.model_dir), gcs_root),
+        p.TENSORBOARD_LOG_DIR: gcs_uri(str(spec.tensorboard_dir), gcs_root),
         p.NODE_ID: spec.node_id,
         p.JOB_ATTEMPT: str(spec.attempt),
         p.ADVICE_FILE: str(advice_path(spec.checkpoint_dir)),
@@ -155,6 +159,27 @@ def managed_env(spec: WorkerSpec, master_addr: str = "127.0.0.1",
     env.update(tiers or {})
     env.update(recovery_env(recovery, spec.attempt, spec.node_id))
     return env
+
+
+def gcs_uri(path: str, gcs_root: str | None) -> str:
+    """A job's directory as the rank is told it: one under ``gcs_root`` (the host's ``gs://``
+    tree, ``<output root>/gcs``) is ``gs://BUCKET/PATH/``, with the trailing ``/`` Vertex
+    gives its ``AIP_*_DIR``; any other path, or no ``gcs_root``, is the path itself."""
+    if not gcs_root:
+        return path
+    root, where = os.path.abspath(gcs_root), os.path.abspath(path)
+    rel = os.path.relpath(where, root)
+    if rel in (".", "..") or rel.startswith("../"):
+        return path  # outside the tree (or the tree itself: no bucket)
+    return f"{p.GCS_SCHEME}{rel}/"
+
+
+def host_dir(value: str, gcs_root: str | None) -> str:
+    """The host's path of a job's directory as the rank was told it (``gcs_uri`` undone):
+    the control plane never reads a rank's ``gs://`` value as a path."""
+    if gcs_root and value.startswith(p.GCS_SCHEME):
+        return os.path.join(gcs_root, value[len(p.GCS_SCHEME):].rstrip("/"))
+    return value
 
 
 def progress_path(checkpoint_dir: str | Path, rank: int) -> Path:

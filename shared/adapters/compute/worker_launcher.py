@@ -32,7 +32,8 @@ write the exit file. PR_SET_PDEATHSIG is set after the uid change (a change clea
 
 A full disk: when CMD exits non-zero the launcher reads, there and then, the file systems
 (``statvfs``) of the job's directories (``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``,
-``AIP_TENSORBOARD_LOG_DIR``), its log and the exit file, and whether its log ends with ``No
+``AIP_TENSORBOARD_LOG_DIR``; the sandbox plan's ``dirs``, their host paths, where the job's
+are ``gs://`` URIs), its log and the exit file, and whether its log ends with ``No
 space left on device``, into ``PATH.disk`` (JSON) before the exit file: the adapter's
 evidence that the disk, not the program, ended the rank (``disk_evidence``). A write refused
 for want of space (ENOSPC, EDQUOT) is tried again, backing off to 2 s, for up to
@@ -306,13 +307,13 @@ def _log_says_enospc(log: str | None) -> bool:
     return any(mark in tail for mark in ENOSPC_SAID)
 
 
-def disk_readings(exit_file: str, env: Mapping[str, str]) -> dict[str, object]:
+def disk_readings(exit_file: str, env: Mapping[str, str],
+                  dirs: Sequence[str] = ()) -> dict[str, object]:
     """What the disks looked like as the rank exited: each file system of the job's
-    directories (named in its environment ``env``), its log and the exit file once
-    (``[path, free, total]``), and whether the log's end says ENOSPC."""
+    directories (``dirs``, else as named in its environment ``env``), its log and the exit
+    file once (``[path, free, total]``), and whether the log's end says ENOSPC."""
     log = _log_path()
-    paths = [env.get(name) for name in JOB_DIRS] + [
-        log, os.path.dirname(os.path.abspath(exit_file))]
+    paths = [*(dirs or map(env.get, JOB_DIRS)), log, os.path.dirname(os.path.abspath(exit_file))]
     space: list[list[object]] = []
     seen: set[int] = set()
     for path in filter(None, paths):
@@ -456,7 +457,7 @@ def run(exit_file: str, command: Sequence[str], *, zero_after_stop: bool = False
     with contextlib.suppress(OSError):  # a log on a full disk
         sys.stderr.flush()
     if code not in (0, EXIT_PREEMPTED):  # read now: the disk may have room again soon
-        readings = disk_readings(exit_file, env)
+        readings = disk_readings(exit_file, env, (sandbox or {}).get("dirs") or ())  # type: ignore[arg-type]
         with contextlib.suppress(OSError):  # evidence is best effort; the exit file is not
             if fault is not None:
                 patiently(lambda: write_disk_file(exit_file, fault, LAUNCH_SUFFIX))

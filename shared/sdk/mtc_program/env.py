@@ -5,8 +5,9 @@ plane, ``torchrun`` or Vertex AI gives a rank (``mtc_program.protocol`` names it
 program exits ``ExitCode.CONFIG`` with that line rather than a traceback). ``CLUSTER_SPEC``'s
 ``task.index`` counts within its worker pool, so the rank it implies adds the sizes of the
 pools before it (``RANK`` counts across pools, pool after pool); ``RANK`` and the spec must
-agree. Outside a managed environment (run by hand) the directories fall back to
-``<output>/checkpoints`` and ``<output>/model``.
+agree. A ``gs://`` directory (Vertex's, and mtc's in its sandbox) is read as its file path
+under ``/gcs/`` (``protocol.local_path``). Outside a managed environment (run by hand) the
+directories fall back to ``<output>/checkpoints`` and ``<output>/model``.
 """
 
 from __future__ import annotations
@@ -95,11 +96,11 @@ class ManagedEnv:
         port = env_int(env, p.MASTER_PORT, 0, 1) if port_raw else None
         if port is not None and port > 65535:
             raise ConfigError(f"{p.MASTER_PORT} must be a port number (1-65535), got {port_raw!r}")
-        tb = env.get(p.TENSORBOARD_LOG_DIR, "").strip()
+        ckpt, model, tb = (p.local_path(env.get(n, "").strip()) for n in p.JOB_DIRS)
         attempt = env_int(env, p.JOB_ATTEMPT, 0, 1) if env.get(p.JOB_ATTEMPT, "").strip() else None
         return cls(
             job_id=env.get(p.JOB_ID, "") or "local", rank=rank, world_size=world_size,
             master_addr=env.get(p.MASTER_ADDR, "127.0.0.1"), master_port=port, cluster_spec=spec,
-            checkpoint_dir=Path(env.get(p.CHECKPOINT_DIR, "").strip() or output / "checkpoints"),
-            model_dir=Path(env.get(p.MODEL_DIR, "").strip() or output / "model"),
+            checkpoint_dir=Path(ckpt or output / "checkpoints"),
+            model_dir=Path(model or output / "model"),
             tensorboard_dir=Path(tb) if tb else None, attempt=attempt)

@@ -14,7 +14,10 @@ exit codes and file names, all listed below.
   same, pools named as TensorFlow names them), ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
   ``MASTER_PORT``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``NODE_RANK``,
   ``MTC_NODE_ID``, ``MTC_JOB_ATTEMPT`` (1, 2, ...);
-* where to write: ``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``, ``AIP_TENSORBOARD_LOG_DIR``;
+* where to write: ``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``, ``AIP_TENSORBOARD_LOG_DIR``:
+  as on Vertex, ``gs://BUCKET/PATH/checkpoints/`` etc. where the job's
+  ``baseOutputDirectory`` is a ``gs://`` URI and the rank sees Cloud Storage at ``/gcs/``
+  (Cloud Storage FUSE's layout; ``local_path`` gives the file path), else local paths;
 * the control plane's advice (``MTC_ADVICE_FILE``: ``KEY=value`` lines rewritten as the
   job's history grows, e.g. ``MTC_CHECKPOINT_INTERVAL_S``);
 * the checkpoint tiers (``MTC_TIER*``, ``MTC_PROGRESS_*``; ``mtc_program.tiers``), the
@@ -72,6 +75,19 @@ CHECKPOINT_DIR = "AIP_CHECKPOINT_DIR"
 MODEL_DIR = "AIP_MODEL_DIR"
 TENSORBOARD_LOG_DIR = "AIP_TENSORBOARD_LOG_DIR"
 JOB_DIRS = (CHECKPOINT_DIR, MODEL_DIR, TENSORBOARD_LOG_DIR)
+# where a rank sees Cloud Storage as files: gs://BUCKET/PATH is /gcs/BUCKET/PATH (Vertex
+# mounts it there with Cloud Storage FUSE; mtc's sandbox binds the same objects there)
+GCS_SCHEME, GCS_MOUNT = "gs://", "/gcs"
+
+
+def local_path(value: str) -> str:
+    """Where a job's directory variable (``AIP_CHECKPOINT_DIR``, ...) is as a file path:
+    ``gs://BUCKET/PATH/`` is ``/gcs/BUCKET/PATH/``, as a Vertex program maps it itself; a
+    local path (mtc without the sandbox, Slurm, a run by hand) is itself."""
+    if value.startswith(GCS_SCHEME):
+        return f"{GCS_MOUNT}/{value[len(GCS_SCHEME):]}"
+    return value
+
 
 # a trial of a hyperparameter tuning job (what cloudml-hypertune reads)
 TRIAL_ID = "CLOUD_ML_TRIAL_ID"

@@ -3,7 +3,8 @@ the metric it reports (the ``torch`` extra).
 
 * ``Env.read()``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``
   (torchrun's and mtc's), ``AIP_CHECKPOINT_DIR``, ``AIP_MODEL_DIR``,
-  ``AIP_TENSORBOARD_LOG_DIR``, ``MTC_JOB_ATTEMPT``, ``CLOUD_ML_TRIAL_ID``; ``init()`` joins
+  ``AIP_TENSORBOARD_LOG_DIR`` (a ``gs://`` one as its ``/gcs/`` path, ``protocol.local_path``),
+  ``MTC_JOB_ATTEMPT``, ``CLOUD_ML_TRIAL_ID``; ``init()`` joins
   the process group (gloo on CPU, NCCL when CUDA is there) when the world has several ranks.
 * ``Hypertune``: when the program is a trial (``CLOUD_ML_TRIAL_ID``), the final metric goes
   through ``cloudml-hypertune`` into the file the tuning service reads.
@@ -43,15 +44,15 @@ class Env:
     def read(environ: dict[str, str] | None = None, output: Path | None = None) -> Env:
         env = dict(os.environ if environ is None else environ)
         out = output or Path(env.get("MTC_OUTPUT_DIR", "") or "out")  # run by hand
-        tb = env.get(p.TENSORBOARD_LOG_DIR, "").strip()
+        ckpt, model, tb = (p.local_path(env.get(n, "").strip()) for n in p.JOB_DIRS)
         attempt = env.get(p.JOB_ATTEMPT, "").strip()
         return Env(
             rank=int(env.get(p.RANK, "0")), world_size=int(env.get(p.WORLD_SIZE, "1")),
             local_rank=int(env.get(p.LOCAL_RANK, env.get(p.RANK, "0"))),
             master_addr=env.get(p.MASTER_ADDR, "127.0.0.1"),
             master_port=int(env.get(p.MASTER_PORT, "29500")),
-            checkpoint_dir=Path(env.get(p.CHECKPOINT_DIR, "").strip() or out / "checkpoints"),
-            model_dir=Path(env.get(p.MODEL_DIR, "").strip() or out / "model"),
+            checkpoint_dir=Path(ckpt or out / "checkpoints"),
+            model_dir=Path(model or out / "model"),
             tensorboard_dir=Path(tb) if tb else None,
             attempt=int(attempt) if attempt.isdigit() else None,
             trial_id=env.get(p.TRIAL_ID) or None)

@@ -138,7 +138,8 @@ PRY = textwrap.dedent(
             seen[path] = open(path).read()
         except OSError as exc:
             seen[path] = type(exc).__name__
-    with open(os.path.join(os.environ["AIP_MODEL_DIR"], "seen.json"), "w") as f:
+    with open(os.path.join(os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/"), "seen.json"),
+              "w") as f:
         json.dump(seen, f)
     """
 )

@@ -33,7 +33,8 @@ def test_output_paths_stay_inside_the_configured_root(api: Api, tmp_path: Path) 
     body["jobSpec"]["baseOutputDirectory"] = {"outputUriPrefix": "gs://my-bucket/run1"}
     body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"] = [
         sys.executable, "-c",
-        "import os, pathlib; p = pathlib.Path(os.environ['AIP_MODEL_DIR']); "
+        # gs:// as on Vertex where the job's sandbox has /gcs/, else a local path
+        "import os, pathlib; p = pathlib.Path(os.environ['AIP_MODEL_DIR'].replace('gs://', '/gcs/')); "
         "p.mkdir(parents=True, exist_ok=True); (p / 'model.txt').write_text('ok')"]
     assert api.call("POST", f"{JOBS}?customJobId=out1", body).status_code == 200
     deadline = time.monotonic() + 30

@@ -18,7 +18,8 @@ JOBS = f"/v1/{PARENT}/customJobs"
 CUSTOM_TASK = "gs://google-cloud-aiplatform/schema/trainingjob/definition/custom_task_1.0.0.yaml"
 TUNING_TASK = ("gs://google-cloud-aiplatform/schema/trainingjob/definition/"
                "hyperparameter_tuning_task_1.0.0.yaml")
-WRITE_MODEL = ("import os, pathlib; p = pathlib.Path(os.environ['AIP_MODEL_DIR']); "
+WRITE_MODEL = ("import os, pathlib; "  # a gs:// directory is written at /gcs/, as on Vertex
+               "p = pathlib.Path(os.environ['AIP_MODEL_DIR'].replace('gs://', '/gcs/')); "
                "p.mkdir(parents=True, exist_ok=True); (p / 'model.txt').write_text('ok')")
 
 

@@ -163,6 +163,10 @@ class LocalCompute:
         self._sandboxed = sandbox.enabled(sandboxed)
         self._run_as = run_as or os.environ.get("MTC_WORKER_USER") or None
         self._output_root = str(Path(output_root).absolute()) if output_root else None
+        # a sandboxed rank sees the gs:// tree at /gcs/: its AIP_*_DIR are gs:// URIs, as
+        # on Vertex; unsandboxed, /gcs/ is nobody's and they stay local paths
+        self._gcs_root = os.path.join(self._output_root, "gcs") \
+            if self._sandboxed and self._output_root else None
         self._private = [str(Path(p).absolute()) for p in (state_dir, *private_dirs)]
         self._clock = clock
         self._python = shutil.which(python) or python
@@ -174,7 +178,8 @@ class LocalCompute:
         # in_process: offer in-process restarts (MTC_RESTART_FILE); park_s: how long a held
         # process waits for the next attempt
         self.warm = LocalWarm(self._python, self.state_dir, self._children, self._plan,
-                              park_s=park_s, grace_s=gang_grace_s, offered=in_process)
+                              park_s=park_s, grace_s=gang_grace_s, offered=in_process,
+                              gcs_root=self._gcs_root)
         schema = NODES_SCHEMA + CHECKS_SCHEMA + _SCHEMA + WARM_SCHEMA + sandbox.SCHEMA
         self.store = FactStore(self.state_dir / self.DB_FILE, schema, emit, clock)
         # checkpoints, heartbeats, ranks, and the ranks' processes (on this machine)
@@ -286,7 +291,7 @@ class LocalCompute:
             log = str(self.log_path(spec.job_id, spec.attempt, spec.rank))
             env = self.worker_env(spec, pools, tiers, plan)
             managed = managed_env(spec, pools=pools, tiers=tiers, recovery=plan,
-                                  port_salt=str(self.state_dir))
+                                  port_salt=str(self.state_dir), gcs_root=self._gcs_root)
             process = self.warm.take(db, spec, plan, managed, log) \
                 or self._launch(db, spec, env, launched)
             self.warm.want(db, spec, env)  # a standby on its node, should its process die
@@ -308,7 +313,8 @@ class LocalCompute:
         ``tiers``: its checkpoint tier directories; ``recovery``: how the attempt was
         started (``MTC_RECOVERY_MODE``)."""
         env = {**host_env(), **managed_env(spec, pools=pools, tiers=tiers, recovery=recovery,
-                                           port_salt=str(self.state_dir)),
+                                           port_salt=str(self.state_dir),
+                                           gcs_root=self._gcs_root),
                **self.credentials.env(spec.job_id)}
         if "PATH" not in dict(spec.env):  # `python` in a command is mtc's own, with its packages
             env["PATH"] = os.pathsep.join([str(Path(self._python).parent),

@@ -17,7 +17,10 @@ Inside the namespace:
   uid's own: ``<runtimes>/by-uid/<uid>`` bound at ``<runtimes>``);
 * the output root's ``gcs/`` tree is also at ``/gcs/`` (its own ``gs://`` outputs and the
   package files its command names in the buckets its spec names, nothing else: another
-  project's bucket is never bound), as Vertex's training containers see Cloud Storage;
+  project's bucket is never bound), as Vertex's training containers see Cloud Storage: the
+  job's ``AIP_*_DIR`` name them as Vertex does (``gs://B/P/model/``, written at
+  ``/gcs/B/P/model/``; ``LocalCompute`` and ``protocol.gcs_uri``), and the plan keeps their
+  host paths (``dirs``) for the launcher, which stays outside the namespace;
 * ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are the rank's own (a tmpfs each, gone with its
   namespace): nothing one job leaves there is seen by another, or by the launcher;
 * the rank runs as a uid of its own: a configured user (``run_as``), else a uid allocated
@@ -48,7 +51,7 @@ from mtc_program import protocol as p
 from shared.adapters.compute.protocol import progress_path, safe_name
 from shared.ports import WorkerSpec
 
-GCS_MOUNT = "/gcs"
+GCS_MOUNT = p.GCS_MOUNT  # where Vertex's containers see Cloud Storage (Cloud Storage FUSE)
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")  # a private tmpfs each, in every rank's namespace
 FIRST_UID = 1_500_000_000  # far above login users and the usual subuid ranges (100000+)
 HOST_UIDS = Path("/var/lib/mtc/sandbox-uids.sqlite")  # every deployment's uids on this host
@@ -83,11 +86,15 @@ class SandboxPlan:
     scratch: tuple[str, ...] = SCRATCH  # the rank's own temp directories
     # its node's (processes, memory bytes, cgroup name): worker_launcher.make_cgroups
     limits: tuple[int, int, str] = (0, 0, "")
+    # the host's paths of the job's AIP_*_DIR (its environment may name them gs://): where
+    # the launcher, outside the namespace, reads their disks at a failed exit
+    dirs: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         processes, memory, cgroup = self.limits
         return json.dumps({"uid": self.uid, "gid": self.gid, "covers": list(self.covers),
                            "home": self.home, "scratch": list(self.scratch),
+                           "dirs": list(self.dirs),
                            "limits": {"processes": processes, "memory": memory,
                                       "cgroup": cgroup},
                            "binds": [[b.src, b.dst, b.write, b.is_dir, b.optional]
@@ -330,7 +337,10 @@ def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], 
     deployment = hashlib.sha256(str(exit_file.parent.parent.parent).encode()).hexdigest()[:12]
     made = dataclasses.replace(made, limits=(*spec.limits, f"mtc/{deployment}/"
                                              f"{safe_name(spec.job_id)}-a{spec.attempt}-"
-                                             f"{safe_name(spec.node_id)}"))
+                                             f"{safe_name(spec.node_id)}"),
+                               dirs=tuple(str(Path(d).absolute()) for d in
+                                          (spec.checkpoint_dir, spec.model_dir,
+                                           spec.tensorboard_dir)))
     prepare(made)
     path = exit_file.with_suffix(".sandbox.json")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -35,7 +35,7 @@ from shared.adapters.compute.local.procs import (
     spawn_launcher,
     start_ticks,
 )
-from shared.adapters.compute.protocol import safe_name
+from shared.adapters.compute.protocol import host_dir, safe_name
 from shared.ports import WorkerSpec
 
 MAX_LAUNCHES = 8  # per job and node: a program that cannot stand by stops being started
@@ -67,11 +67,12 @@ Launch = Callable[[Sequence[str], Mapping[str, str], str, str, Sequence[str]],
 Plan = Callable[[WorkerSpec, Mapping[str, str], Path, Path, Path], Path | None]
 
 
-def launcher(python: str, state_dir: Path, children: set[int], plan: Plan | None = None
-             ) -> Launch:
+def launcher(python: str, state_dir: Path, children: set[int], plan: Plan | None = None,
+             gcs_root: str | None = None) -> Launch:
     """Start a standby under the launcher (its own session, exit file and control file, its
     output in ``logs/<job>/standby-<node>.log`` until it is given a rank), in the sandbox a
-    rank of its job gets (``plan``: the job's uid, its own directories only)."""
+    rank of its job gets (``plan``: the job's uid, its own directories only, found on the
+    host: a ``gs://`` directory of its environment is under ``gcs_root``)."""
     def launch(command: Sequence[str], env: Mapping[str, str], job_id: str, node_id: str,
                buckets: Sequence[str]) -> tuple[int, int, str, str]:
         run_dir = state_dir / "run" / safe_name(job_id)
@@ -85,8 +86,9 @@ def launcher(python: str, state_dir: Path, children: set[int], plan: Plan | None
         inprocess.atomic_write(control, Order(1, HOLD, deadline=time.time() + LEASE_S).to_json())
         spec = WorkerSpec(job_id, 0, int(env.get(p.RANK, "0") or 0),
                           int(env.get(p.WORLD_SIZE, "1") or 1), node_id, tuple(command), (),
-                          env.get(p.CHECKPOINT_DIR, ""), env.get(p.MODEL_DIR, ""),
-                          env.get(p.TENSORBOARD_LOG_DIR, ""), tuple(buckets))
+                          host_dir(env.get(p.CHECKPOINT_DIR, ""), gcs_root),
+                          host_dir(env.get(p.MODEL_DIR, ""), gcs_root),
+                          host_dir(env.get(p.TENSORBOARD_LOG_DIR, ""), gcs_root), tuple(buckets))
         sandboxed = plan(spec, full, exit_file, control, log) if plan is not None else None
         pid = spawn_launcher(python, exit_file, command, full, log, sandboxed)
         children.add(pid)

@@ -44,11 +44,14 @@ class LocalWarm(WarmProcesses[sqlite3.Connection]):
     """Held ranks and standbys of the local compute. ``park_s``: how long a held process
     waits to be taken (and a job's standbys outlive its last attempt); ``grace_s``: SIGTERM
     to SIGKILL of a held process not taken; ``plan``: a standby's sandbox, as its job's
-    ranks get."""
+    ranks get; ``gcs_root``: where the ranks' ``gs://`` directories are on the host
+    (``protocol.host_dir``), None: their environment names local paths."""
 
     def __init__(self, python: str, state_dir: Path, children: set[int], plan: Plan, *,
-                 park_s: float = PARK_S, grace_s: float = 10.0, offered: bool = True) -> None:
+                 park_s: float = PARK_S, grace_s: float = 10.0, offered: bool = True,
+                 gcs_root: str | None = None) -> None:
         self._python = python
+        self._gcs_root = gcs_root
         self._state_dir = state_dir
         self._children = children  # launchers started here: the compute reaps them
         self._plan = plan
@@ -111,4 +114,5 @@ class LocalWarm(WarmProcesses[sqlite3.Connection]):
         standby.end_idle(tx, now, self._park_s)
         standby.renew(tx, time.time())  # a lease is read by the program: wall time
         standby.launch_due(tx, standby.launcher(self._python, self._state_dir, self._children,
-                                                functools.partial(self._plan, tx)))
+                                                functools.partial(self._plan, tx),
+                                                self._gcs_root))

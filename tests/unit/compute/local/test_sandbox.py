@@ -45,7 +45,8 @@ PRY = textwrap.dedent(
         "root": attempt("root", lambda: os.listdir("/root")),
         "root_file": attempt("root", lambda: open("/root/.bashrc").read()),
     }
-    ckpt, model = os.environ["AIP_CHECKPOINT_DIR"], os.environ["AIP_MODEL_DIR"]
+    out["told"] = [os.environ[n] for n in ("AIP_CHECKPOINT_DIR", "AIP_MODEL_DIR")]
+    ckpt, model = (d.replace("gs://", "/gcs/", 1) for d in out["told"])  # as on Vertex
     with open(os.path.join(ckpt, "step-1.txt"), "w") as f:
         f.write("1")
     with open(os.path.join(model, "weights.txt"), "w") as f:
@@ -54,7 +55,8 @@ PRY = textwrap.dedent(
     out["gcs_ckpt"] = sorted(os.listdir("/gcs/bkt/run1/checkpoints"))
     with open(os.environ["MTC_TERMINATION_LOG"], "w") as f:
         f.write("a message")
-    with open(os.path.join(os.environ["AIP_TENSORBOARD_LOG_DIR"], "pry.json"), "w") as f:
+    logs = os.environ["AIP_TENSORBOARD_LOG_DIR"].replace("gs://", "/gcs/", 1)
+    with open(os.path.join(logs, "pry.json"), "w") as f:
         json.dump(out, f)
     """
 )
@@ -94,6 +96,7 @@ def test_a_job_of_a_root_server_cannot_read_the_tokens_other_jobs_or_root(tmp_pa
     assert (out / "model" / "weights.txt").stat().st_uid == pried["uid"]
     assert pried["gcs_model"] == "w"  # and are at /gcs/ too
     assert pried["gcs_ckpt"] == ["step-1.txt"]
+    assert pried["told"] == ["gs://bkt/run1/checkpoints/", "gs://bkt/run1/model/"]  # Vertex's
     exit_file = Path(compute.state_dir / "run" / "j1" / "attempt-1-rank-0.exit")
     assert Path(f"{exit_file}.msg").read_text() == "a message"  # its termination log works
     assert not Path("/gcs/bkt").exists()  # the host's /gcs stays empty: a namespace's mounts
@@ -169,7 +172,8 @@ PRY_TOKENS = textwrap.dedent(
         seen = "read"
     except OSError as exc:
         seen = type(exc).__name__
-    with open(os.path.join(os.environ["AIP_MODEL_DIR"], "tokens.txt"), "w") as f:
+    with open(os.path.join(os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/", 1),
+                           "tokens.txt"), "w") as f:
         f.write(seen)
     """
 )

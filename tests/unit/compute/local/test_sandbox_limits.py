@@ -45,7 +45,8 @@ FORK = textwrap.dedent(
         cmdline = type(exc).__name__
     for k in kids:
         k.kill()
-    with open(os.path.join(os.environ["AIP_MODEL_DIR"], "forks.json"), "w") as f:
+    with open(os.path.join(os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/", 1),
+                           "forks.json"), "w") as f:
         json.dump({"started": len(kids), "pids_seen": len(seen), "other": cmdline}, f)
     """
 )

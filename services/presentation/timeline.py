@@ -11,6 +11,11 @@ QUIET_SOURCES = frozenset({"agent"})  # routine heartbeats: shown only when they
 NO_CHECKPOINT = "no checkpoint recognised (see docs/pytorch.md)"
 
 
+# where a save went, as a timeline line says it (mtc_program.protocol's tier names)
+TIER_WORDS = {"durable": "durable storage", "memory": "node memory",
+              "peer": "its buddy node's memory"}
+
+
 def without_checkpoint(attempt: int) -> str:
     """What an attempt that starts from no checkpoint mtc knows of starts from: the first
     from scratch; a later one may be resuming from files its program names in a way mtc
@@ -100,7 +105,9 @@ def describe(doc: dict[str, Any]) -> str:
             return (f"job {d['job_id']}: SIGTERM to attempt {d['attempt']}: checkpoint and exit "
                     f"within {d['grace_s']:g} s")
         case "mtc.job.checkpoint_saved.v1":
-            return f"job {d['job_id']}: checkpoint step {d['step']} saved (attempt {d['attempt']})"
+            return (f"job {d['job_id']}: checkpoint step {d['step']} saved to "
+                    f"{TIER_WORDS.get(d.get('tier', 'durable'), d.get('tier'))} "
+                    f"(attempt {d['attempt']})")
         case "mtc.job.workers_exited.v1":
             full = f": disk full at {d['storage_full']}" if d.get("storage_full") else ""
             if d.get("launch_failed"):

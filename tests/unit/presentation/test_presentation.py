@@ -68,3 +68,17 @@ def test_a_later_attempt_without_a_known_checkpoint_does_not_claim_to_start_over
     assert started(2, -1) == ("job j1: attempt 2 started on n0, no checkpoint recognised "
                               "(see docs/pytorch.md)")
     assert started(2, 120).endswith("resuming from checkpoint step 120")
+
+
+def test_each_checkpoint_line_names_its_tier() -> None:
+    """One line per save, saying where it went: the memory, peer and durable saves of one
+    step read as three different saves, not the same one repeated."""
+    def saved(tier: str | None) -> str:
+        data = {"job_id": "j1", "attempt": 2, "step": 40, "path": "/x", "time": NOW}
+        return describe({"type": "mtc.job.checkpoint_saved.v1",
+                         "data": data if tier is None else {**data, "tier": tier}})
+
+    assert saved("memory") == "job j1: checkpoint step 40 saved to node memory (attempt 2)"
+    assert saved("peer").endswith("saved to its buddy node's memory (attempt 2)")
+    assert saved("durable") == saved(None)  # events from before tiers were durable saves
+    assert saved(None).endswith("saved to durable storage (attempt 2)")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from shared.goodput.totals import ETTR_MEANS
 from simulator.overrides import parse_value
 from simulator.scenario import DEFAULT_SCENARIO, ScenarioError, load_scenario, packaged
 
@@ -338,7 +339,7 @@ def _uncertainty(args: argparse.Namespace, console: Any, name: str,
     title = f"{name}{' (' + label + ')' if label else ''}: ETTR and goodput, central value " \
             f"[lowest, highest draw]"
     _emit(console, getattr(args, "json", False), summary,
-          [*uncertainty.lines(summary, title), f"wrote {path}"])
+          [*uncertainty.lines(summary, title), ETTR_MEANS, f"wrote {path}"])
     return 0
 
 

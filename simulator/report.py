@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from shared.goodput.totals import ETTR_MEANS
 from simulator.clock import EPOCH_S
 from simulator.failures import LLAMA3_DAYS, LLAMA3_NODES, LLAMA3_UNEXPECTED
 from simulator.goodput import PROGRAM, Badput, JobGoodput
@@ -36,6 +37,7 @@ def print_run(result: RunResult, console: Console | None = None) -> None:
                        f"{sc.duration_s / DAY:g} days after the cluster was ready (bring-up "
                        f"took {result.ready_at / 60:.0f} simulated min)"), highlight=False)
     render_all(console, run_grids(result))
+    console.print(Text(ETTR_MEANS), style="dim", highlight=False)
 
 
 def run_grids(result: RunResult) -> list[Grid]:

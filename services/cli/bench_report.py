@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from shared.goodput.totals import ETTR_MEANS
 from shared.resilience.score import IncidentScore, RunScore, recover_ratio
 from shared.resilience.trace import Trace
 
@@ -101,6 +102,7 @@ def print_table(console: Console, trace: Trace, runs: Sequence[RunScore]) -> Non
         console.print(f"{run.target}/{run.label}: runtime goodput {g.get('runtime_goodput', 0):.1%}"
                       f", ETTR {g.get('ettr', 0):.1%}, wall {g.get('wall_s', 0):.1f} s, "
                       f"restarts {g.get('restarts', 0)}, recovery {g.get('recovery_s', 0):.1f} s")
+    console.print(f"[dim]{ETTR_MEANS}[/dim]")
     print_twin_vs_live(console, runs)
     console.print("[dim]~: steps lost from an estimated step at the fault (the newest "
                   "checkpoint and the measured pace; no progress heartbeat)[/dim]")

@@ -21,6 +21,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+# what a report prints beside an ETTR figure (Meta's "effective training time ratio")
+ETTR_MEANS = ("ETTR (effective training time ratio): the share of the job's wall time spent "
+              "in steps that count, not waiting for capacity, recovering, recomputing lost "
+              "steps or saving")
+
 
 class Badput(enum.StrEnum):
     WAITING_FOR_CAPACITY = "WAITING_FOR_CAPACITY"

@@ -58,6 +58,8 @@ def test_every_header_and_number_is_whole(result: twin.RunResult, width: int) ->
     # the figures are the run's: the job's goodput as a percentage, its restarts
     job = result.job()
     assert _whole(text, f"{100 * job.goodput:.1f}%")
+    # ETTR is defined where it is printed
+    assert "ETTR (effective training time ratio)" in " ".join(text.split())
     if width >= 120:  # the goodput table fits: one boxed row per job
         assert re.search(r"│ train\s+│\s+64 │", text)
     else:

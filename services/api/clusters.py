@@ -178,9 +178,10 @@ def _nodes_of(scope: Scope) -> list[Node]:
 
 
 def node_view(parent: Parent, cluster_id: str, n: Node) -> ClusterNode:
+    shown = ids.api_node(n.cluster_id, cluster_id, n.node_id)
     return ClusterNode(
-        name=f"{parent.child(COLLECTION, cluster_id)}/nodes/{n.node_id}",
-        node_id=n.node_id, partition=n.partition or "-", pool=n.pool, role=n.role.value,
+        name=f"{parent.child(COLLECTION, cluster_id)}/nodes/{shown}",
+        node_id=shown, partition=n.partition or "-", pool=n.pool, role=n.role.value,
         state=n.state.value, reason=n.reason, since=timestamp(n.since), spare=n.is_spare,
         job=n.job_id and shown_job_id(n.job_id),
         repair_action=n.repair_action.value if n.repair_action else None,

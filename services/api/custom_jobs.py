@@ -172,10 +172,11 @@ def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dic
     elif job.state is JobState.CANCELLED:
         out["error"] = {"code": 1, "message": "CANCELED"}
     latest = job.latest_checkpoint
+    cluster = _cluster_of(record, job)
     out["mtcProgress"] = {
-        "clusterId": _cluster_of(record, job), "attempt": job.attempt,
+        "clusterId": cluster, "attempt": job.attempt,
         "restartCount": job.restart_count,
-        "nodes": [n for n in job.node_ids if n],
+        "nodes": [ids.api_node(job.cluster_id, cluster, n) for n in job.node_ids if n],
         **({"latestCheckpoint": {"step": str(latest.step), "path": latest.path,
                                  "time": timestamp(latest.at)}} if latest else {}),
     }

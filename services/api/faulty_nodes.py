@@ -12,6 +12,7 @@ record, the command emits ``NodeOperatorActed`` per node for the timeline.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -48,11 +49,15 @@ def report(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any,
         record = load_record(uow, KIND, cluster_id, parent,
                              parent.child(COLLECTION, cluster_id))
         domain_id = ids.domain_of(record)
+        actions = [dataclasses.replace(a, node_id=ids.domain_node(domain_id, cluster_id,
+                                                                   a.node_id))
+                   for a in actions]
         faulty.report(actions, domain_id, principal, uow, ctx.runtime.deps)
         # the same request again (a retry) answers the same Operation
         request = json.dumps(message.to_json(), sort_keys=True)
         op = ops.start(uow, parent, target=ops.NODES_TARGET, target_id=domain_id, verb=VERB,
                        generation=int(ops.operation_id(request)), now=ctx.now,
                        retention_s=ctx.runtime.deps.config.retention_s,
-                       nodes=[a.node_id for a in actions])
+                       nodes=[ids.api_node(domain_id, cluster_id, a.node_id)
+                              for a in actions])
         return ops.render(uow, op, ctx.now)

@@ -94,3 +94,31 @@ def _oldest_parent(uow: Any) -> str | None:
                 key = (float(record["created"]), str(record["parent"]))
                 oldest = key if oldest is None or key < oldest else oldest
     return None if oldest is None else oldest[1]
+
+
+def _named(cluster_id: str) -> str:
+    """How a cluster's id begins its nodes' names (provisioning's ``node_name``: an id's own
+    hyphens doubled, a single hyphen the separator)."""
+    return f"{cluster_id.replace('-', '--')}-"
+
+
+def api_node(domain_cluster: str, api_cluster: str, node_id: str) -> str:
+    """A node's id as its project sees it: a node of another parent's cluster is named after
+    the cluster's domain id (``<ca--tag>-<pool>-<index>``); its project reads it under the
+    cluster's own id (``ca-<pool>-<index>``, the shape Vertex's ``nodeId`` has), which
+    ``domain_node`` takes back."""
+    prefix = _named(domain_cluster)
+    if domain_cluster != api_cluster and node_id.startswith(prefix):
+        return f"{_named(api_cluster)}{node_id[len(prefix):]}"
+    return node_id
+
+
+def domain_node(domain_cluster: str, api_cluster: str, node_id: str) -> str:
+    """The domain id of a node named as ``api_node`` shows it (the domain id itself is
+    taken too: ids shown before this mapping still work)."""
+    ours, theirs = _named(domain_cluster), _named(api_cluster)
+    if domain_cluster == api_cluster or node_id.startswith(ours):
+        return node_id
+    if node_id.startswith(theirs):
+        return f"{ours}{node_id[len(theirs):]}"
+    return node_id

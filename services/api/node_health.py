@@ -98,6 +98,7 @@ def report_health(ctx: ApiContext, parent: Parent, cluster_id: str, node_id: str
                        "health from its node agents only; it cannot inject a report")
     with ctx.unit() as uow:
         record = load_record(uow, "cluster", cluster_id, parent, cluster_name)
+        node_id = ids.domain_node(ids.domain_of(record), cluster_id, node_id)
         node = uow.nodes.get(node_id)
         if node is None or node.cluster_id != ids.domain_of(record):
             raise ApiError("NOT_FOUND", f"{name} not found")
@@ -123,9 +124,10 @@ def _agent_report(ctx: ApiContext, cluster_id: str, cluster_name: str, parent: P
     m = parse_message(ReportNodeHealthRequest, body)
     if not m.conditions:
         raise invalid("conditions", "name at least one condition")
-    event = agent_report(m, node_id, ctx.now)
     with ctx.unit() as uow:
         record = load_record(uow, "cluster", cluster_id, parent, cluster_name)
+        node_id = ids.domain_node(ids.domain_of(record), cluster_id, node_id)
+        event = agent_report(m, node_id, ctx.now)
         node = uow.nodes.get(node_id)
         if node is None or node.cluster_id != ids.domain_of(record):
             raise ApiError("NOT_FOUND", f"{name} not found")

@@ -28,6 +28,7 @@ def act(ctx: ApiContext, parent: Parent, cluster_id: str, node_id: str, verb: st
     with ctx.unit() as uow:
         record = load_record(uow, KIND, cluster_id, parent,
                              parent.child(COLLECTION, cluster_id))
-        node = operator.act(verb, ids.domain_of(record), node_id, message.reason, principal,
-                            uow, ctx.runtime.deps)
+        domain_id = ids.domain_of(record)
+        node = operator.act(verb, domain_id, ids.domain_node(domain_id, cluster_id, node_id),
+                            message.reason, principal, uow, ctx.runtime.deps)
         return node_view(parent, cluster_id, node).to_json()

@@ -223,11 +223,14 @@ class Console:
         with self.read() as uow:
             record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
             nodes = uow.nodes.list(record["domain"])
-        return views.node_page(nodes, self.ctx.now, self.ctx.runtime.deps.config.repair,
+        page = views.node_page(nodes, self.ctx.now, self.ctx.runtime.deps.config.repair,
                                partition=flask.request.args.get("partition") or None,
                                word=flask.request.args.get("state") or None,
                                offset=_int("offset", 0, 0, 1 << 30),
                                size=_int("size", 100, 1, views.MAX_PAGE))
+        for row in page["nodes"]:  # named as the API names them to this project
+            row["id"] = ids.api_node(record["domain"], record["id"], row["id"])
+        return page
 
     def timeline(self) -> dict[str, Any]:
         with self.read() as uow:

@@ -72,7 +72,19 @@ def test_defect_8_two_projects_each_have_cluster_ca(api: Api) -> None:
     # the first project's ids are the domain's unchanged: its node names are today's
     a_nodes, b_nodes = _nodes(api, A, "ca"), _nodes(api, B, "ca")
     assert "ca-gpu-000" in a_nodes and len(a_nodes) == 2 and len(b_nodes) == 3
-    assert not a_nodes & b_nodes and not any(n.startswith("ca-gpu") for n in b_nodes)
+    # B reads its nodes under its own cluster id, no internal tag (the shape of Vertex's
+    # nodeId, CLUSTER-POOL-INDEX); they are B's machines, not A's of the same name
+    assert {"ca-gpu-000", "ca-gpu-001"} <= b_nodes and all(len(n) < 12 for n in b_nodes)
+    drained = api.call("POST", f"/v1beta1/{B}/modelDevelopmentClusters/ca/nodes/ca-gpu-001"
+                       ":drain", {"reason": "fan"})
+    assert drained.status_code == 200, drained.json
+    assert drained.json["nodeId"] == "ca-gpu-001" and drained.json["state"] == "drained"
+    assert drained.json["name"] == f"{B}/modelDevelopmentClusters/ca/nodes/ca-gpu-001"
+    a_states = {n["nodeId"]: n["state"] for n in api.call(
+        "GET", f"/v1beta1/{A}/modelDevelopmentClusters/ca/nodes").json["nodes"]}
+    assert a_states.get("ca-gpu-001", "idle") != "drained"  # A's node of that name untouched
+    assert api.call("POST", f"/v1beta1/{B}/modelDevelopmentClusters/ca/nodes/ca-gpu-001"
+                    ":resume", {"reason": "fan replaced"}).status_code == 200
     for parent, size in ((A, 1), (B, 2)):
         got = api.call("GET", f"/v1beta1/{parent}/modelDevelopmentClusters/ca").json
         assert got["name"] == f"{parent}/modelDevelopmentClusters/ca"

@@ -89,6 +89,15 @@ def test_defect_9_id_timing_does_not_tell_another_projects_id(
     for resp in (chosen, numbered, model):
         assert resp.status_code == 200, resp.json
     number = numbered.json["name"].rsplit("/", 1)[1]
+    # A's jobs end first: their ends, handled by the pump that follows a request, would
+    # otherwise be read inside B's lookups below
+    deadline = time.monotonic() + 60
+    while any(api.call("GET", f"/v1/{A}/customJobs/{j}").json["state"] not in (
+            "JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED") for j in ("bigjob", number)):
+        assert time.monotonic() < deadline, "A's jobs did not end"
+        api.app.pump(budget_s=0.3)
+        time.sleep(0.05)
+    api.app.pump(budget_s=0.3)
     op_id = create_op["name"].rsplit("/", 1)[1]
     nobody = str(int(number) ^ 0x5A5A5A).zfill(len(number))  # same length, no one's
     pairs = {  # (A's id, an id no one has), both looked up by B

@@ -27,6 +27,9 @@ from typing import Any
 from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
 
+# a rank's environment: JSON, each path the job sees -> where it is for this rank (the same
+# path in a root server's sandbox, else the host directory under the output root)
+STORAGE_MOUNTS = "MTC_STORAGE_MOUNTS"
 HOME = "/home"
 GCS = "/gcs"
 LUSTRE_ROOT = "/mnt/lustre"

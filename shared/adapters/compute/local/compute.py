@@ -45,7 +45,6 @@ attempt goes on in a held process or its node's standby where one runs, else is 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -88,7 +87,6 @@ from shared.adapters.compute.local.procs import (
 from shared.adapters.compute.local.warm import PARK_S, WARM_SCHEMA, LocalWarm
 from shared.adapters.compute.protocol import managed_env, safe_name, tier_env
 from shared.adapters.compute.worker_logs import LogFile
-from shared.domain.cluster_storage import STORAGE_MOUNTS
 from shared.domain.health import Condition, RepairAction
 from shared.domain.model import Node
 from shared.domain.storage import StorageFloor
@@ -334,20 +332,18 @@ class LocalCompute:
         exit_file.unlink(missing_ok=True)
         control, offer = self.warm.prepare(exit_file)
         full = {**env, **offer}
-        mounts = sandbox.storage_mounts(full, self._output_root)
-        for where in mounts.values():
+        for where in sandbox.storage_mounts(full, self._output_root).values():
             Path(where).mkdir(parents=True, exist_ok=True)
-        plan = self._plan(db, spec, full, exit_file, control, log, mounts)
-        if plan is not None and mounts:  # in its sandbox each is at the path the job sees
-            full[STORAGE_MOUNTS] = json.dumps({k: k for k in mounts}, sort_keys=True)
+        plan = self._plan(db, spec, full, exit_file, control, log)
+        if plan is not None:  # in its sandbox each mount is at the path the job sees
+            full.update(sandbox.seen_in_sandbox(full))
         pid = spawn_launcher(self._python, exit_file, spec.command, full, log, plan)
         launched.append(pid)
         self._children.add(pid)
         return RankProcess(pid, start_ticks(pid), str(exit_file), str(control))
 
     def _plan(self, db: sqlite3.Connection | None, spec: WorkerSpec, env: Mapping[str, str],
-              exit_file: Path, control: Path, log: Path,
-              mounts: Mapping[str, str] | None = None) -> Path | None:
+              exit_file: Path, control: Path, log: Path) -> Path | None:
         """The rank's (or a standby's) sandbox when sandboxed, else None: it keeps its control
         file's directory and its job's logs (where an in-process restart moves its output)
         and nothing else of the state directory."""
@@ -358,7 +354,7 @@ class LocalCompute:
                                  output_root=self._output_root,
                                  own_dirs=(str(control.parent), str(log.parent)),
                                  read_only=self.credentials.read_only(spec.job_id),
-                                 mounts=mounts or {})
+                                 mounts=sandbox.storage_mounts(env, self._output_root))
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:
         """What was started, with exit codes seen so far (updated by ``poll()``)."""

@@ -240,16 +240,32 @@ def storage_mounts(env: Mapping[str, str], output_root: str | None) -> dict[str,
     for dst, src in (asked.items() if isinstance(asked, dict) else ()):
         if not isinstance(dst, str) or not isinstance(src, str):
             continue
-        ok_dst = dst == HOME or (dst.startswith(GCS + "/") and dst.count("/") == 2)
-        if not ok_dst:
-            try:
-                ok_dst = mount_path(dst, STORAGE_MOUNTS) == dst
-            except ValidationError:
-                continue
         real = os.path.realpath(src)
-        if ok_dst and _inside(real, root) and real != root:
+        if _storage_path(dst) and _inside(real, root) and real != root:
             out[dst] = real
     return out
+
+
+def _storage_path(dst: str) -> bool:
+    """/home, /gcs/<bucket>, or a path a Lustre instance may be mounted at."""
+    if dst == HOME or (dst.startswith(GCS + "/") and dst.count("/") == 2):
+        return True
+    try:
+        return mount_path(dst, STORAGE_MOUNTS) == dst
+    except ValidationError:
+        return False
+
+
+def seen_in_sandbox(env: Mapping[str, str]) -> dict[str, str]:
+    """A sandboxed rank's ``MTC_STORAGE_MOUNTS``: each mount at the path the job sees."""
+    try:
+        asked = json.loads(env.get(STORAGE_MOUNTS) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(asked, dict) or not asked:
+        return {}
+    seen = {k: k for k in asked if isinstance(k, str) and _storage_path(k)}
+    return {STORAGE_MOUNTS: json.dumps(seen, sort_keys=True)} if seen else {}
 
 
 def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],

@@ -105,3 +105,22 @@ def test_in_the_sandbox_the_job_writes_at_home_the_lustre_mount_and_gcs(tmp_path
         assert (where / "from-job.txt").read_text() == path
         assert (where / "from-job.txt").stat().st_uid == seen["uid"]  # the job's own file
     assert not (tmp_path / "from-job.txt").exists()  # the spec's mapping bound nothing
+
+
+def test_only_the_output_roots_directories_at_storage_paths_are_taken(tmp_path: Path) -> None:
+    """What the sandbox binds from ``MTC_STORAGE_MOUNTS``: a directory inside the output
+    root, at /home, /gcs/<bucket> or a Lustre mount point; nothing else, whoever wrote it."""
+    from shared.adapters.compute.local import sandbox
+
+    out = tmp_path / "jobs"
+    asked = {"/home": str(out / "storage" / "c1" / "home"), "/gcs/b": str(out / "gcs" / "b"),
+             "/mnt/lustre/l": str(out / "storage" / "c1" / "lustre" / "l"),
+             "/etc": str(out / "x"), "/gcs/b/deeper": str(out / "gcs" / "b"),
+             "/scratch": "/", "/data": str(out / ".." / "elsewhere"), "/models": str(out)}
+    env = {"MTC_STORAGE_MOUNTS": json.dumps(asked)}
+    taken = sandbox.storage_mounts(env, str(out))
+    assert set(taken) == {"/home", "/gcs/b", "/mnt/lustre/l"}
+    assert sandbox.storage_mounts({"MTC_STORAGE_MOUNTS": "not json"}, str(out)) == {}
+    assert sandbox.storage_mounts(env, None) == {}
+    seen = json.loads(sandbox.seen_in_sandbox(env)["MTC_STORAGE_MOUNTS"])
+    assert seen == {k: k for k in asked if k not in ("/etc", "/gcs/b/deeper")}

@@ -121,3 +121,18 @@ def test_the_openapi_document_shows_the_storage_fields() -> None:
     assert {"lustres", "filestores"} <= props("NodePool")
     assert "mtcStorage" in props("ModelDevelopmentCluster")
     assert {"lustreInstances", "gcsBuckets"} <= props("MtcStorage")
+
+
+def test_an_update_changes_the_storage(api: Api) -> None:
+    made = api.call("POST", f"{CLUSTERS}?modelDevelopmentClusterId=s5", storage_body())
+    assert made.status_code == 200, made.json
+    api.done(made.json)  # READY: an update needs it
+    faster = storage_body(perUnitStorageThroughput=500, capacityGib=36000)
+    resp = api.call("PATCH", f"{CLUSTERS}/s5", faster)
+    assert resp.status_code == 200, resp.json
+    with api.app.transaction() as uow:
+        cluster = uow.clusters.get("s5")
+    assert cluster is not None and cluster.spec.storage is not None
+    assert cluster.spec.storage.lustres[0].per_unit_storage_throughput == 500
+    shown = api.call("GET", f"{CLUSTERS}/s5").json["mtcStorage"]["lustreInstances"][0]
+    assert int(shown["capacityGib"]) == 36000

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from services.api import ids
+from services.api import buckets, ids
 from services.api import operations as ops
 from services.api.collection import Collection, Scope
 from services.api.context import ApiContext, create_id, load_record, records_of, save_record
@@ -57,6 +57,7 @@ def create(ctx: ApiContext, parent: Parent, body: Any, cluster_id: str | None,
         # (parent, id) alone (services.api.ids): another project's cluster ``ca`` is not seen
         domain_id = create_id(uow, KIND, cluster_id, parent, ctx.now)
         domain = domain_body(domain_id, message)
+        buckets.claim(uow, parent, _storage_buckets(message), ctx.now)
         domain["displayName"] = message.display_name or cluster_id
         record = uow.record("api_resources", f"{KIND}:{domain_id}")
         existing = uow.clusters.get(domain_id)
@@ -87,6 +88,7 @@ def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any, *,
         record = load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
         domain_id = ids.domain_of(record)
         domain = domain_body(domain_id, message)
+        buckets.claim(uow, parent, _storage_buckets(message), ctx.now)
         domain["displayName"] = message.display_name or cluster_id
         cluster = job_commands.get_cluster(domain_id, uow)
         new_spec = _mapped(lambda: ClusterSpec.parse(domain), message)
@@ -287,6 +289,13 @@ def storage_body(message: ModelDevelopmentCluster, login_id: str | None) -> dict
     if extra and extra.gcs_buckets:
         out["gcsBuckets"] = list(extra.gcs_buckets)
     return out
+
+
+def _storage_buckets(message: ModelDevelopmentCluster) -> list[buckets.Named]:
+    """The buckets a cluster mounts into its jobs: its project's own, like every bucket a
+    job names (one another project owns is a 403 naming it; services.api.buckets)."""
+    named = message.mtc_storage.gcs_buckets if message.mtc_storage else []
+    return [(f"mtcStorage.gcsBuckets[{i}]", f"gs://{b}") for i, b in enumerate(named)]
 
 
 def _fixed_size(scaling: Any, where: str) -> int:

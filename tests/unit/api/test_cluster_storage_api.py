@@ -136,3 +136,16 @@ def test_an_update_changes_the_storage(api: Api) -> None:
     assert cluster.spec.storage.lustres[0].per_unit_storage_throughput == 500
     shown = api.call("GET", f"{CLUSTERS}/s5").json["mtcStorage"]["lustreInstances"][0]
     assert int(shown["capacityGib"]) == 36000
+
+
+def test_a_bucket_another_project_owns_is_refused_and_nothing_is_made(api: Api) -> None:
+    """A cluster's buckets are mounted into every job on it, so they are its project's own,
+    as every bucket a job names: another project's is a 403 naming the field."""
+    assert api.call("POST", f"{CLUSTERS}?modelDevelopmentClusterId=s1",
+                    storage_body()).status_code == 200  # PARENT's project owns my-data now
+    other = "projects/other/locations/us-central1"
+    resp = api.call("POST", f"/v1beta1/{other}/modelDevelopmentClusters"
+                    "?modelDevelopmentClusterId=s2", storage_body())
+    assert resp.status_code == 403, resp.json
+    assert "mtcStorage.gcsBuckets[0]" in resp.json["error"]["message"]
+    assert api.call("GET", f"/v1beta1/{other}/modelDevelopmentClusters/s2").status_code == 404

@@ -12,6 +12,7 @@ recovery:
   memory_gb_s: 10                  # tier 1: device-to-host copy, GB/s per GPU
   peer_gb_s: 12.5                  # tier 2: network to the buddy node, GB/s per node
   durable_gb_s: 2000               # tier 3: object storage, GB/s for the whole job (aggregate)
+  durable_storage: {...}           # or: derived from the cluster's Lustre (durable_storage.py)
   memory_every: 2m                 # compute time between tier-1 snapshots
   peer_every: 2m                   # between tier-2 copies (from the snapshot, asynchronous)
   durable_every: 15m               # between tier-3 saves (default: the job's interval)
@@ -38,7 +39,9 @@ Every size and time is derived here, once, into a :class:`TierPlan` per job: a t
 saves more often than its bandwidth allows (an entry every ``k`` snapshots, ``k`` at least the
 transfer time over the snapshot cycle) and restores in size / bandwidth. Without a ``recovery``
 block a job checkpoints to durable storage only, with its own ``checkpoint_save`` /
-``checkpoint_restore``.
+``checkpoint_restore``. With ``durable_storage`` the durable tier's save and restore
+bandwidths are derived from the cluster's Lustre instance (``simulator.durable_storage``) and
+``durable_gb_s`` is not read.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shared.policies.recovery import Mode, Tier
+from simulator.durable_storage import parse_durable_storage
 from simulator.readers import ScenarioError, duration, get, integer, join, mapping, number, only_keys, text
 from simulator.scenario_types import JobCfg, RecoveryCfg
 
@@ -58,7 +62,7 @@ RECOVERY_KEYS = ("tiers", "mode", "min_replicas", "parameters", "bytes_per_param
                  "startup_scale_down", "rebuild_s_per_kgpu", "largest_rank_gb",
                  "copy_interference", "fallback_probability", "recur_probability",
                  "recur_after", "recur_fixed_after", "recur_causes", "sigterm_save",
-                 "report_before_exit")
+                 "report_before_exit", "durable_storage")
 MODES = ("auto", *(m.value for m in Mode))
 TIER_ORDER = (Tier.MEMORY.value, Tier.PEER.value, Tier.DURABLE.value)
 
@@ -181,6 +185,7 @@ def parse_recovery(value: Any, path: str) -> RecoveryCfg | None:
         raise ScenarioError(join(path, "recur_causes"), "must be a list of cause names")
     memory_every = every("memory_every", DEFAULT_MEMORY_EVERY_S)
     durable_every = data.get("durable_every")
+    storage = parse_durable_storage(data.get("durable_storage"), join(path, "durable_storage"))
     return RecoveryCfg(
         tiers=tiers, mode=mode,
         min_replicas=None if mins is None else integer(mins, join(path, "min_replicas"), low=1),
@@ -188,7 +193,10 @@ def parse_recovery(value: Any, path: str) -> RecoveryCfg | None:
         bytes_per_parameter=rate("bytes_per_parameter", DEFAULT_BYTES_PER_PARAMETER),
         memory_gb_s=rate("memory_gb_s", DEFAULT_MEMORY_GB_S),
         peer_gb_s=rate("peer_gb_s", DEFAULT_PEER_GB_S),
-        durable_gb_s=rate("durable_gb_s", DEFAULT_DURABLE_GB_S),
+        durable_gb_s=storage.save_gb_s if storage else rate("durable_gb_s",
+                                                             DEFAULT_DURABLE_GB_S),
+        durable_restore_gb_s=storage.restore_gb_s if storage else None,
+        durable_storage=storage,
         memory_every_s=memory_every,
         peer_every_s=every("peer_every", memory_every),
         durable_every_s=None if durable_every is None else every("durable_every", 0.0),
@@ -250,6 +258,7 @@ def plan_for(cfg: RecoveryCfg, job: JobCfg, gpus_per_node: int) -> TierPlan:
     memory_s = largest / (cfg.memory_gb_s * GB)
     peer_s = node_bytes / (cfg.peer_gb_s * GB)
     durable_s = state / (cfg.durable_gb_s * GB)
+    durable_read_s = state / ((cfg.durable_restore_gb_s or cfg.durable_gb_s) * GB)
     durable_every = cfg.durable_every_s if cfg.durable_every_s is not None \
         else job.checkpoint_interval_s
     tiers = cfg.tiers
@@ -259,10 +268,10 @@ def plan_for(cfg: RecoveryCfg, job: JobCfg, gpus_per_node: int) -> TierPlan:
                Mode.SCALE_DOWN.value: (cfg.startup_scale_down_s or cfg.startup_warm_s)
                + rebuild}
     restore = {Tier.MEMORY.value: memory_s, Tier.PEER.value: peer_s,
-               Tier.DURABLE.value: durable_s}
+               Tier.DURABLE.value: durable_read_s}
     if Tier.MEMORY.value not in tiers:  # one synchronous save to durable
         return TierPlan(tiers, durable_every, durable_s, {Tier.DURABLE.value: 1},
-                        {Tier.DURABLE.value: 0.0}, {Tier.DURABLE.value: durable_s},
+                        {Tier.DURABLE.value: 0.0}, {Tier.DURABLE.value: durable_read_s},
                         durable_s, job.startup_s, cfg.startup_warm_s, cfg.spares_warm,
                         state, node_bytes, by_mode, cfg.fallback_probability, True)
     cycle = cfg.memory_every_s + memory_s

@@ -15,6 +15,7 @@ from simulator.clock import EPOCH_S
 from simulator.failures import LLAMA3_DAYS, LLAMA3_NODES, LLAMA3_UNEXPECTED
 from simulator.goodput import PROGRAM, Badput, JobGoodput
 from simulator.layout import Grid, render_all
+from simulator.scenario_types import RecoveryCfg
 from simulator.stats import FEW_REPLICATIONS, interval_text
 from simulator.twin import RunResult
 
@@ -100,9 +101,29 @@ def run_grids(result: RunResult) -> list[Grid]:
     other.add("wall time (s)", f"{t.wall_s:.2f} (handlers {t.handlers_s:.2f}, "
                                f"accounting {t.accounting_s:.2f}, twin {t.twin_s:.2f})")
     grids.append(other)
+    if sc.recovery is not None and sc.recovery.durable_storage is not None:
+        grids.append(durable_grid(sc.recovery))
     if sc.availability.explicit:
         grids.append(cost_grid(result.cost))
     return grids
+
+
+def durable_grid(cfg: RecoveryCfg) -> Grid:
+    """The durable tier derived from the cluster's Lustre (``simulator.durable_storage``)."""
+    storage = cfg.durable_storage
+    assert storage is not None
+    state_gb = cfg.parameters * cfg.bytes_per_parameter / 1e9
+    restore = cfg.durable_restore_gb_s or cfg.durable_gb_s
+    grid = Grid("Durable tier: the cluster's Lustre", ("what", "value"))
+    grid.add("tier x capacity", f"{storage.lustre_mb_s_per_tib} MB/s/TiB x "
+                                f"{storage.capacity_tib:,.0f} TiB = {storage.peak_gb_s:,.0f} GB/s")
+    grid.add("job's share; write / read efficiency",
+             f"{storage.job_share:.0%}; {storage.write_efficiency:.0%} / "
+             f"{storage.read_efficiency:.0%}")
+    grid.add("save / restore bandwidth", f"{cfg.durable_gb_s:,.1f} / {restore:,.1f} GB/s")
+    grid.add(f"durable save / restore ({state_gb:,.0f} GB)",
+             f"{state_gb / cfg.durable_gb_s:,.1f} s / {state_gb / restore:,.1f} s")
+    return grid
 
 
 def goodput_parts(jg: JobGoodput) -> list[tuple[str, float]]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.availability import AvailabilityCfg
+from simulator.durable_storage import DurableStorageCfg
 from simulator.failures import FailureCfg
 from simulator.readers import Dist
 
@@ -178,6 +179,10 @@ class RecoveryCfg:
     # the save on SIGTERM is reported this long before the process exits (the library's
     # report, then the exit; both cross the bus): assumed 1 s, a live run measures it
     report_before_exit_s: float = 1.0
+    # the durable tier's restore bandwidth where it differs from the save's (None: the same)
+    durable_restore_gb_s: float | None = None
+    # the cluster's storage the durable bandwidths were derived from (None: given)
+    durable_storage: DurableStorageCfg | None = None
 
     @property
     def pinned(self) -> str | None:

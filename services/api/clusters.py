@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from services.api import ids
+from services.api import buckets, ids
 from services.api import operations as ops
 from services.api.collection import Collection, Scope
 from services.api.context import ApiContext, create_id, load_record, records_of, save_record
@@ -57,6 +57,7 @@ def create(ctx: ApiContext, parent: Parent, body: Any, cluster_id: str | None,
         # (parent, id) alone (services.api.ids): another project's cluster ``ca`` is not seen
         domain_id = create_id(uow, KIND, cluster_id, parent, ctx.now)
         domain = domain_body(domain_id, message)
+        buckets.claim(uow, parent, _storage_buckets(message), ctx.now)
         domain["displayName"] = message.display_name or cluster_id
         record = uow.record("api_resources", f"{KIND}:{domain_id}")
         existing = uow.clusters.get(domain_id)
@@ -87,6 +88,7 @@ def update(ctx: ApiContext, parent: Parent, cluster_id: str, body: Any, *,
         record = load_record(uow, KIND, cluster_id, parent, parent.child(COLLECTION, cluster_id))
         domain_id = ids.domain_of(record)
         domain = domain_body(domain_id, message)
+        buckets.claim(uow, parent, _storage_buckets(message), ctx.now)
         domain["displayName"] = message.display_name or cluster_id
         cluster = job_commands.get_cluster(domain_id, uow)
         new_spec = _mapped(lambda: ClusterSpec.parse(domain), message)
@@ -237,7 +239,64 @@ def domain_body(cluster_id: str, message: ModelDevelopmentCluster) -> dict[str, 
     labels = {k: message.labels[k] for k in read if k in message.labels}
     if labels:
         body["labels"] = labels
+    storage = storage_body(message, login_id)
+    if storage:
+        body["storage"] = storage
     return body
+
+
+def storage_body(message: ModelDevelopmentCluster, login_id: str | None) -> dict[str, Any]:
+    """The domain's storage from Vertex's fields and ``mtcStorage``. Refused by name: a pool's
+    ``filestores`` (mtc mounts one Filestore, at /home), worker pools that mount different
+    Lustre instances (the embedded default mounts the cluster's on every job), and a Lustre
+    instance named on one side only (its tier is needed to mount it, and to model it)."""
+    slurm = message.orchestrator_spec.slurm_spec if message.orchestrator_spec else None
+    named: dict[str, str] = {}
+    workers: list[tuple[int, list[str]]] = []
+    for i, pool in enumerate(message.node_pools):
+        if pool.filestores:
+            raise invalid(f"nodePools[{i}].filestores", "is not supported: mtc mounts one "
+                          "Filestore share, orchestratorSpec.slurmSpec.homeDirectoryStorage, "
+                          "at /home")
+        for j, name in enumerate(pool.lustres or []):
+            named.setdefault(name, f"nodePools[{i}].lustres[{j}]")
+        if pool.id != login_id:
+            workers.append((i, sorted(set(pool.lustres or []))))
+    for i, names in workers[1:]:
+        if names != workers[0][1]:
+            raise invalid(f"nodePools[{i}].lustres", "every worker pool must mount the same "
+                          f"Lustre instances here (nodePools[{workers[0][0]}] mounts "
+                          f"{workers[0][1] or 'none'})")
+    extra = message.mtc_storage
+    described = [x.to_json() for x in extra.lustre_instances] if extra else []
+    for i, item in enumerate(described):
+        if item.get("name") not in named:
+            raise invalid(f"mtcStorage.lustreInstances[{i}].name", "names an instance no node "
+                          "pool mounts (list it in nodePools[].lustres)")
+    for name, where in named.items():
+        if name not in [d.get("name") for d in described]:
+            raise invalid(where, f"{name!r} is not described: add it to "
+                          "mtcStorage.lustreInstances with its perUnitStorageThroughput and "
+                          "capacityGib (mtc has no Managed Lustre API to read them from)")
+    for item in described:
+        for key in ("perUnitStorageThroughput", "capacityGib"):
+            if isinstance(item.get(key), str):  # int64 is a decimal string in proto JSON
+                item[key] = int(item[key])
+    out: dict[str, Any] = {}
+    if slurm and slurm.home_directory_storage:
+        out["homeDirectoryStorage"] = slurm.home_directory_storage
+    if described:
+        out["lustres"] = described
+    if extra and extra.gcs_buckets:
+        out["gcsBuckets"] = list(extra.gcs_buckets)
+    return out
+
+
+def _storage_buckets(message: ModelDevelopmentCluster) -> list[buckets.Named]:
+    """The buckets a cluster mounts into its jobs: its project's own, like every bucket a
+    job names (one another project owns is a 403 naming it; services.api.buckets)."""
+    named = message.mtc_storage.gcs_buckets if message.mtc_storage else []
+    return [(f"mtcStorage.gcsBuckets[{i}]", f"gs://{b}") for i, b in enumerate(named)]
 
 
 def _fixed_size(scaling: Any, where: str) -> int:
@@ -277,11 +336,15 @@ def wire_path(path: str, message: ModelDevelopmentCluster) -> str:
     path = re.sub(r"^partitions\[(\d+)\]\.name", r"orchestratorSpec.slurmSpec.partitions[\1].id",
                   path)
     path = re.sub(r"^partitions", "orchestratorSpec.slurmSpec.partitions", path)
+    path = path.replace("storage.homeDirectoryStorage",
+                        "orchestratorSpec.slurmSpec.homeDirectoryStorage")
+    path = re.sub(r"^storage\.lustres", "mtcStorage.lustreInstances", path)
+    path = re.sub(r"^storage\.gcsBuckets", "mtcStorage.gcsBuckets", path)
     return path.replace("clusterId", "modelDevelopmentClusterId")
 
 
 def _stored(message: ModelDevelopmentCluster) -> dict[str, Any]:
-    keep = {"displayName", "network", "nodePools", "orchestratorSpec", "labels"}
+    keep = {"displayName", "network", "nodePools", "orchestratorSpec", "labels", "mtcStorage"}
     return {k: v for k, v in message.to_json().items() if k in keep}
 
 

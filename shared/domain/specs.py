@@ -14,6 +14,7 @@ from typing import Any
 
 from shared.domain import images
 from shared.domain import validation as kit
+from shared.domain.cluster_storage import ClusterStorage
 from shared.domain.errors import ValidationError
 from shared.domain.topology import Topology
 
@@ -150,6 +151,7 @@ class ClusterSpec:
     node_pools: tuple[NodePoolSpec, ...]
     partitions: tuple[PartitionSpec, ...]
     labels: tuple[tuple[str, str], ...] = ()  # e.g. mtc-recovery-mode: the cluster's pin
+    storage: ClusterStorage | None = None  # its /home, Lustre and buckets (cluster_storage)
 
     @classmethod
     def parse(cls, value: Any) -> ClusterSpec:
@@ -184,8 +186,10 @@ class ClusterSpec:
                 raise ValidationError(f"nodePools[{i}].id", f"node pool {pid!r} is in no partition")
         assert cluster_id is not None and login_type is not None
         labels = _labels(kit.field(data, "labels", "", dict, required=False) or {}, "labels")
+        raw = data.get("storage")
+        storage = None if raw is None else ClusterStorage.parse(raw, "storage")
         return cls(cluster_id, display_name or cluster_id, login_type, pools, partitions,
-                   labels)
+                   labels, storage)
 
     def partition_of(self, pool_id: str) -> str:
         return next(p.name for p in self.partitions if pool_id in p.node_pool_ids)
@@ -203,6 +207,8 @@ class ClusterSpec:
         }
         if self.labels:
             out["labels"] = dict(self.labels)
+        if self.storage is not None and self.storage.to_dict():
+            out["storage"] = self.storage.to_dict()
         return out
 
     @classmethod

@@ -12,10 +12,13 @@ data-parallel pool (``elastic_pool``: its largest pool) than its spec asks:
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from mtc_program.protocol import RESTORE_SKIP
 from shared.domain import lifecycle, progress, ranks
+from shared.domain.cluster_storage import STORAGE_MOUNTS
 from shared.domain.events import JobStarted
 from shared.domain.model import Job, JobState
 from shared.domain.specs import CustomJobSpec
@@ -93,7 +96,10 @@ def start_attempt(job: Job, placed: list[str], uow: UnitOfWork, deps: Deps,
         assert node is not None, f"placed on {node_id}, which is gone"
         active_checks.yield_to_job(node, deps)  # a check on it never delays the job
         lifecycle.assign_to_job(node, job.job_id, now)
-    workers = gang(job, deps, plan)
+    cluster = uow.clusters.get(job.cluster_id)
+    storage = cluster.spec.storage if cluster is not None else None
+    mounts = storage.mounts(deps.config.output_root, job.cluster_id) if storage else {}
+    workers = gang(job, deps, plan, mounts)
     deps.compute.start_workers(workers)
     latest = job.latest_checkpoint
     uow.emit(JobStarted(job_id=job.job_id, attempt=job.attempt, node_ids=workers.node_ids,
@@ -121,8 +127,11 @@ def local_output_dir(uri: str | None, root: Path, job_id: str) -> str:
     return uri.removeprefix("file://").rstrip("/")  # the twin's sim:// names, tests' own paths
 
 
-def gang(job: Job, deps: Deps, plan: RecoveryPlan | None = None) -> Gang:
-    """The attempt's one start request: a launch group per pool, ranks pool after pool."""
+def gang(job: Job, deps: Deps, plan: RecoveryPlan | None = None,
+         mounts: Mapping[str, str] | None = None) -> Gang:
+    """The attempt's one start request: a launch group per pool, ranks pool after pool.
+    ``mounts``: the cluster's storage, the path a job sees -> the directory that holds it
+    (``ClusterStorage.mounts``), told to every rank in ``MTC_STORAGE_MOUNTS``."""
     ckpt, model, logs = output_dirs(job, deps)
     node_ids = tuple(job.node_ids)
     groups: list[LaunchGroup] = []
@@ -131,6 +140,10 @@ def gang(job: Job, deps: Deps, plan: RecoveryPlan | None = None) -> Gang:
         command, env = pool_command(pool, deps)
         if job.recovery.restore_skip:  # the escalation ladder's rung (MTC_RESTORE_SKIP)
             env = (*env, (RESTORE_SKIP, ",".join(job.recovery.restore_skip)))
+        # the service's own variable: a spec's is dropped (it must not name mounts)
+        env = tuple(kv for kv in env if kv[0] != STORAGE_MOUNTS)
+        if mounts:
+            env = (*env, (STORAGE_MOUNTS, json.dumps(dict(mounts), sort_keys=True)))
         if n < 1:
             continue  # (an elastic pool is never shrunk below its minimum, at least 1)
         if len(node_ids) < first + n:

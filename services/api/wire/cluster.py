@@ -6,6 +6,14 @@ pools at a fixed size, so ``minNodeCount`` must equal ``maxNodeCount`` (refused 
 not silently pinned). Hot spares are mtc's extension: ``mtcHotSpareCount`` per pool, nodes
 held idle to take over from a failed one. Racks, NVLink domains and switches are mtc's
 extension too: ``mtcTopology`` per pool (``shared.domain.topology``).
+
+Storage, in Vertex's fields: ``orchestratorSpec.slurmSpec.homeDirectoryStorage`` (the Filestore
+instance mounted at ``/home``) and ``nodePools[].lustres`` (Managed Lustre instances, by
+resource name). A Lustre instance's tier and capacity live on the instance, in the Managed
+Lustre API, which mtc does not serve: ``mtcStorage.lustreInstances`` describes each in that
+API's field names (``perUnitStorageThroughput``, ``capacityGib``) and says where it is
+mounted; ``mtcStorage.gcsBuckets`` names the buckets a job sees at ``/gcs/<bucket>``
+(``shared.domain.cluster_storage``).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from services.api.wire.proto_json import (
 
 MAX_POOLS = 32
 MAX_NODES_PER_POOL = 100_000
+MAX_MOUNTS = 16
 CLUSTER_STATES = {"STATE_UNSPECIFIED": 0, "PROVISIONING": 1, "READY": 2, "UPDATING": 3,
                   "DELETING": 4, "FAILED": 5, "DELETED": 6}
 ClusterState = Annotated[str, enum_parser("ModelDevelopmentCluster.State", CLUSTER_STATES),
@@ -76,6 +85,8 @@ class NodePool(Message):
     boot_disk: BootDisk | None = None
     mtc_hot_spare_count: Int64 | None = Field(default=None, ge=0, le=MAX_NODES_PER_POOL)
     mtc_topology: NodeTopology | None = None
+    lustres: list[str] | None = Field(default=None, max_length=MAX_MOUNTS)
+    filestores: list[str] | None = Field(default=None, max_length=MAX_MOUNTS)
 
 
 class SlurmPartition(Message):
@@ -86,6 +97,24 @@ class SlurmPartition(Message):
 class SlurmSpec(Message):
     partitions: list[SlurmPartition] = Field(default_factory=list, max_length=MAX_POOLS)
     login_node_pool_id: str | None = Field(default=None, max_length=63)
+    home_directory_storage: str | None = Field(default=None, max_length=1024)
+
+
+class LustreInstance(Message):
+    """mtc's extension: a Managed Lustre instance a pool names in ``lustres``, in the Managed
+    Lustre API's field names (its tier in MBps per TiB, its capacity), and its mount point."""
+
+    name: str = Field(max_length=1024)
+    per_unit_storage_throughput: Int64 | None = None
+    capacity_gib: Int64 | None = None
+    mount_point: str | None = Field(default=None, max_length=1024)
+
+
+class MtcStorage(Message):
+    """mtc's extension (``mtcStorage``): what Vertex's cluster fields do not carry."""
+
+    lustre_instances: list[LustreInstance] = Field(default_factory=list, max_length=MAX_MOUNTS)
+    gcs_buckets: list[str] = Field(default_factory=list, max_length=MAX_MOUNTS)
 
 
 class OrchestratorSpec(Message):
@@ -114,6 +143,7 @@ class ModelDevelopmentCluster(Message):
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
     mtc_state_message: str | None = None
     mtc_nodes: NodeSummary | None = None
+    mtc_storage: MtcStorage | None = None
 
 
 class ListModelDevelopmentClustersResponse(Message):

@@ -338,7 +338,11 @@ class LocalCompute:
         exit_file.unlink(missing_ok=True)
         control, offer = self.warm.prepare(exit_file)
         full = {**env, **offer}
+        for where in sandbox.storage_mounts(full, self._output_root).values():
+            Path(where).mkdir(parents=True, exist_ok=True)
         plan = self._plan(db, spec, full, exit_file, control, log)
+        if plan is not None:  # in its sandbox each mount is at the path the job sees
+            full.update(sandbox.seen_in_sandbox(full))
         pid = spawn_launcher(self._python, exit_file, spec.command, full, log, plan)
         launched.append(pid)
         self._children.add(pid)
@@ -355,7 +359,8 @@ class LocalCompute:
                                  hidden=self._private, python=self._python,
                                  output_root=self._output_root,
                                  own_dirs=(str(control.parent), str(log.parent)),
-                                 read_only=self.credentials.read_only(spec.job_id))
+                                 read_only=self.credentials.read_only(spec.job_id),
+                                 mounts=sandbox.storage_mounts(env, self._output_root))
 
     def workers(self, job_id: str | None = None) -> list[WorkerStatus]:
         """What was started, with exit codes seen so far (updated by ``poll()``)."""

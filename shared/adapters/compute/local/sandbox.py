@@ -21,6 +21,10 @@ Inside the namespace:
   job's ``AIP_*_DIR`` name them as Vertex does (``gs://B/P/model/``, written at
   ``/gcs/B/P/model/``; ``LocalCompute`` and ``protocol.gcs_uri``), and the plan keeps their
   host paths (``dirs``) for the launcher, which stays outside the namespace;
+* the cluster's storage (``MTC_STORAGE_MOUNTS``, ``shared.domain.cluster_storage``) is at the
+  paths the job sees: its Filestore share at ``/home``, each Lustre instance at its mount
+  point, each bucket at ``/gcs/<bucket>``; each a directory of the output root, shared by the
+  cluster's jobs (mode 1777: every job's uid writes, none removes another's files);
 * ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are the rank's own (a tmpfs each, gone with its
   namespace): nothing one job leaves there is seen by another, or by the launcher;
 * the rank runs as a uid of its own: a configured user (``run_as``), else a uid allocated
@@ -49,6 +53,8 @@ from pathlib import Path
 
 from mtc_program import protocol as p
 from shared.adapters.compute.protocol import progress_path, safe_name
+from shared.domain.cluster_storage import GCS, HOME, STORAGE_MOUNTS, mount_path
+from shared.domain.errors import ValidationError
 from shared.ports import WorkerSpec
 
 GCS_MOUNT = p.GCS_MOUNT  # where Vertex's containers see Cloud Storage (Cloud Storage FUSE)
@@ -89,6 +95,7 @@ class SandboxPlan:
     # the host's paths of the job's AIP_*_DIR (its environment may name them gs://): where
     # the launcher, outside the namespace, reads their disks at a failed exit
     dirs: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ()  # the cluster's storage: made 1777, never chowned
 
     def to_json(self) -> str:
         processes, memory, cgroup = self.limits
@@ -223,10 +230,56 @@ def command_paths(command: Sequence[str], hidden: Sequence[str], runtimes: str |
     return ro, rw
 
 
+def storage_mounts(env: Mapping[str, str], output_root: str | None) -> dict[str, str]:
+    """The cluster's storage from a rank's ``MTC_STORAGE_MOUNTS`` (the service's own
+    variable): each path the job sees -> its directory. Only a directory inside the output
+    root, at ``/home``, ``/gcs/<bucket>`` or a Lustre mount point, is taken: a value the
+    service did not write binds nothing."""
+    raw = env.get(STORAGE_MOUNTS)
+    if not raw or not output_root:
+        return {}
+    try:
+        asked = json.loads(raw)
+    except ValueError:
+        return {}
+    root = os.path.realpath(output_root)
+    out: dict[str, str] = {}
+    for dst, src in (asked.items() if isinstance(asked, dict) else ()):
+        if not isinstance(dst, str) or not isinstance(src, str):
+            continue
+        real = os.path.realpath(src)
+        if _storage_path(dst) and _inside(real, root) and real != root:
+            out[dst] = real
+    return out
+
+
+def _storage_path(dst: str) -> bool:
+    """/home, /gcs/<bucket>, or a path a Lustre instance may be mounted at."""
+    if dst == HOME or (dst.startswith(GCS + "/") and dst.count("/") == 2):
+        return True
+    try:
+        return mount_path(dst, STORAGE_MOUNTS) == dst
+    except ValidationError:
+        return False
+
+
+def seen_in_sandbox(env: Mapping[str, str]) -> dict[str, str]:
+    """A sandboxed rank's ``MTC_STORAGE_MOUNTS``: each mount at the path the job sees."""
+    try:
+        asked = json.loads(env.get(STORAGE_MOUNTS) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(asked, dict) or not asked:
+        return {}
+    seen = {k: k for k in asked if isinstance(k, str) and _storage_path(k)}
+    return {STORAGE_MOUNTS: json.dumps(seen, sort_keys=True)} if seen else {}
+
+
 def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
          job_files: Sequence[str], read_only: Sequence[str], home: str,
          env: Mapping[str, str], command: Sequence[str], python: str,
-         output_root: str | None, buckets: Sequence[str] = ()) -> SandboxPlan:
+         output_root: str | None, buckets: Sequence[str] = (),
+         mounts: Mapping[str, str] | None = None) -> SandboxPlan:
     """The rank's sandbox: ``job_dirs``/``job_files`` read-write (and owned by the job),
     ``read_only`` plus what the interpreter, the server's ``PYTHONPATH`` and the command
     need read-only."""
@@ -262,11 +315,14 @@ def plan(*, uid: int, gid: int, hidden: Sequence[str], job_dirs: Sequence[str],
     if gcs_root:
         binds += [Bind(b.src, GCS_MOUNT + b.src[len(gcs_root):], b.write, b.is_dir)
                   for b in list(binds) if _inside(b.src, gcs_root) and b.src != gcs_root]
+    shared = [Bind(src, dst, True) for dst, src in (mounts or {}).items()]
+    binds += shared
     covers = covers_for(hide, [b.dst for b in binds])
     # a read-only path outside every tmpfs is already there as it is: not bound (a bind
     # would make it read-only for the job where its own permissions allow a write)
     binds = [b for b in binds if b.write or any(_inside(b.dst, c) for c in (*covers, *SCRATCH))]
-    return SandboxPlan(uid, gid, covers, tuple(binds), home, owned=tuple(dict.fromkeys(rw_dirs)))
+    return SandboxPlan(uid, gid, covers, tuple(binds), home, owned=tuple(dict.fromkeys(rw_dirs)),
+                       shared=tuple(b.src for b in shared))
 
 
 def prepare(sandbox: SandboxPlan) -> None:
@@ -285,6 +341,9 @@ def prepare(sandbox: SandboxPlan) -> None:
     for bind in sandbox.binds:
         if bind.write and bind.is_dir and not os.path.exists(bind.src):
             os.makedirs(bind.src, exist_ok=True)
+    for path in sandbox.shared:
+        os.makedirs(path, exist_ok=True)
+        os.chmod(path, 0o1777)  # like /tmp: every job's uid writes, none removes another's
 
 
 def _chown_tree(path: str, uid: int, gid: int) -> None:
@@ -317,7 +376,8 @@ def metric_dir(spec: WorkerSpec, env: Mapping[str, str]) -> list[str]:
 def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], exit_file: Path,
               *, run_as: str | None, hidden: Sequence[str], python: str,
               output_root: str | None, own_dirs: Sequence[str] = (),
-              read_only: Sequence[str] = (), uid_registry: Path = HOST_UIDS) -> Path:
+              read_only: Sequence[str] = (), uid_registry: Path = HOST_UIDS,
+              mounts: Mapping[str, str] | None = None) -> Path:
     """The rank's sandbox planned and prepared, in a file beside its exit file (only root
     reads it): the launcher's ``--sandbox``. ``own_dirs``: more directories of the job's own
     (read-write, its uid's), e.g. its control file's and its logs'; ``read_only``: more
@@ -330,7 +390,8 @@ def plan_file(db: sqlite3.Connection, spec: WorkerSpec, env: Mapping[str, str], 
                            *metric_dir(spec, env), *own_dirs)],
                 job_files=[f"{exit_file}.msg"], read_only=read_only,
                 home=str(exit_file.parent / "home"), env=env, command=spec.command,
-                python=python, output_root=output_root, buckets=spec.buckets)
+                python=python, output_root=output_root, buckets=spec.buckets,
+                mounts=mounts)
     # a cgroup per deployment (its state directory: exit files are in <state>/run/<job>/),
     # job, attempt and node: the last launcher of an attempt removes its cgroup once empty,
     # which raced the next attempt's launch on the same node when they shared one

@@ -27,6 +27,7 @@ from pathlib import Path
 from mtc_program import inprocess
 from mtc_program import protocol as p
 from mtc_program.inprocess import HOLD, RESTART, STANDBY, Order
+from shared.adapters.compute.local import sandbox
 from shared.adapters.compute.local.inprocess import control_path
 from shared.adapters.compute.local.procs import (
     end_group,
@@ -90,6 +91,8 @@ def launcher(python: str, state_dir: Path, children: set[int], plan: Plan | None
                           host_dir(env.get(p.MODEL_DIR, ""), gcs_root),
                           host_dir(env.get(p.TENSORBOARD_LOG_DIR, ""), gcs_root), tuple(buckets))
         sandboxed = plan(spec, full, exit_file, control, log) if plan is not None else None
+        if sandboxed is not None:  # its storage at the paths the job sees, as a rank's
+            full.update(sandbox.seen_in_sandbox(full))
         pid = spawn_launcher(python, exit_file, command, full, log, sandboxed)
         children.add(pid)
         return pid, start_ticks(pid), str(exit_file), str(control)

@@ -43,8 +43,10 @@ def read(ctx: ApiContext, parent: Parent, job_id: str, *, rank: str | None = Non
     name = parent.child(COLLECTION, job_id)
     with ctx.unit() as uow:
         domain_id = job_of(load_record(uow, KIND, job_id, parent, name))
-        if uow.jobs.get(domain_id) is None:
+        job = uow.jobs.get(domain_id)
+        if job is None:
             raise not_found(name)
+    layout = [(p.replica_count, p.processes_per_replica()) for p in job.spec.worker_pool_specs]
     compute = ctx.runtime.deps.compute
     if not isinstance(compute, WorkerLogs):
         raise ApiError("FAILED_PRECONDITION", f"this deployment's compute "
@@ -59,15 +61,31 @@ def read(ctx: ApiContext, parent: Parent, job_id: str, *, rank: str | None = Non
         raise invalid("attempt", f"{name} has {have}, not {want_attempt}")
     if not attempts:
         return _answer([], "", 0, want_rank or 0, 0)
-    log = _pick(files, want_attempt, want_rank, name)
+    log = _pick(files, want_attempt, replica_of(want_rank, layout), name)
     try:
         page = read_lines(log.path, offset, max_lines=limit, ended=log.ended)
     except ValueError as exc:
         raise invalid("pageToken", str(exc)) from None
     done = page.at_end and log.ended
-    rank_out = log.rank
+    rank_out = log.rank if want_rank is None or log.rank is None else want_rank
     nxt = "" if done else _encode(want_attempt, rank_out, page.offset)
     return _answer(page.lines, nxt, want_attempt, rank_out, latest)
+
+
+def replica_of(rank: int | None, layout: Sequence[tuple[int, int]]) -> int | None:
+    """The replica whose log holds program rank ``rank`` (``RANK`` as the program sees it):
+    ``layout`` is each pool's (replicas, processes per replica), ranks counted pool by pool.
+    One process per replica (Vertex's world, the default): the rank is the replica; with
+    ``MTC_PROCESSES_PER_NODE`` a replica's processes share its log. Past the last rank: the
+    rank as given (the error then names what there is)."""
+    if rank is None or all(n == 1 for _, n in layout):
+        return rank
+    left, replicas = rank, 0
+    for count, n in layout:
+        if left < count * n:
+            return replicas + left // n
+        left, replicas = left - count * n, replicas + count
+    return rank
 
 
 def _pick(files: Sequence[LogFile], attempt: int, rank: int | None, name: str) -> LogFile:

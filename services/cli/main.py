@@ -153,7 +153,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     x = leaf(jsub, "logs", "a worker's output: one rank of one attempt (default rank 0 of the "
              "newest); through --api too")
     x.add_argument("job_id")
-    x.add_argument("--rank", type=int, help="the rank (default 0)")
+    x.add_argument("--rank", type=int, help="the program's RANK (default 0); ranks that "
+                   "share a replica (MTC_PROCESSES_PER_NODE) read that replica's log")
     x.add_argument("--attempt", type=int, help="the attempt (default the newest)")
     x.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
     x.add_argument("--follow", action="store_true", help="keep printing new lines (into the "

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from services.api.job_logs import _encode
+from services.api.job_logs import _encode, replica_of
 from shared.adapters.compute.worker_logs import read_lines
 from tests.serving import PARENT, vertex_pools
 from tests.unit.api.conftest import Api
@@ -104,3 +104,14 @@ def test_a_page_holds_whole_lines_until_the_writer_ends(tmp_path: Any) -> None:
 def _field(resp: Any) -> str:
     details = resp.json["error"].get("details") or [{}]
     return str(details[0].get("fieldViolations", [{}])[0].get("field"))
+
+
+def test_a_program_rank_reads_the_log_of_the_replica_that_runs_it() -> None:
+    """``--rank`` is the RANK a program sees: one process per replica (Vertex's world) it is
+    the replica; with MTC_PROCESSES_PER_NODE a replica's processes share its log, counted
+    pool by pool (pool 0: 2 replicas x 4 processes, pool 1: 1 x 2)."""
+    assert [replica_of(r, [(3, 1)]) for r in (0, 1, 2)] == [0, 1, 2]
+    layout = [(2, 4), (1, 2)]
+    assert [replica_of(r, layout) for r in range(10)] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    assert replica_of(10, layout) == 10  # past the last rank: as given, for the error
+    assert replica_of(None, layout) is None

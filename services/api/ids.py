@@ -122,3 +122,12 @@ def domain_node(domain_cluster: str, api_cluster: str, node_id: str) -> str:
     if node_id.startswith(theirs):
         return f"{ours}{node_id[len(theirs):]}"
     return node_id
+
+
+def api_text(domain_cluster: str, api_cluster: str, text: str) -> str:
+    """A line about a cluster (the timeline's) as its project reads it: its nodes and the
+    cluster under the names the API gives them (``api_node``)."""
+    if domain_cluster == api_cluster:
+        return text
+    return text.replace(_named(domain_cluster), _named(api_cluster)).replace(
+        domain_cluster, api_cluster)

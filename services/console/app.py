@@ -163,8 +163,8 @@ class Console:
                                  routine=a.get("routine") in ("1", "true"))
 
     def _timeline(self, cluster_id: str, nodes: list[Any], job_ids: set[str], limit: int,
-                  before: float | None, docs: list[dict[str, Any]] | None = None
-                  ) -> dict[str, Any]:
+                  before: float | None, docs: list[dict[str, Any]] | None = None,
+                  api_id: str | None = None) -> dict[str, Any]:
         now = self.ctx.now
         until = before if before is not None else None
         start = (until if until is not None else now) - WINDOW_S
@@ -172,7 +172,12 @@ class Console:
         node_ids = {n.node_id for n in nodes}
         mine = [d for d in docs if d["time"] >= start and (until is None or d["time"] < until)
                 and views.belongs(d, cluster_id, node_ids, job_ids)]
-        return views.timeline(mine, self._filter(), limit)
+        shown = views.timeline(mine, self._filter(), limit)
+        for row in shown["events"]:  # the names this project's API gives them
+            for key in ("text", "node"):
+                if row[key]:
+                    row[key] = ids.api_text(cluster_id, api_id or cluster_id, row[key])
+        return shown
 
     def poll(self) -> dict[str, Any]:
         now = self.ctx.now
@@ -216,7 +221,7 @@ class Console:
                         "total": len(keys), "offset": offset,
                         "next": offset + JOBS_PAGE if offset + JOBS_PAGE < len(keys) else None}
         body["timeline"] = self._timeline(cluster_id, nodes, {k[0] for k in keys}, limit, None,
-                                          docs)
+                                          docs, api_id=record["id"])
         return body
 
     def nodes(self) -> dict[str, Any]:
@@ -239,7 +244,7 @@ class Console:
             nodes = uow.nodes.list(record["domain"])
             job_ids = {k[0] for k in uow.jobs.project(record["domain"], ("job_id",))}
         return self._timeline(record["domain"], nodes, job_ids, _int("limit", 100, 1, MAX_EVENTS),
-                              _float("before"))
+                              _float("before"), api_id=record["id"])
 
     def job(self) -> dict[str, Any]:
         """One job's page: attempts, incidents with their recovery mode, goodput, log tails."""

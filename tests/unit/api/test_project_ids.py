@@ -199,6 +199,10 @@ def test_defect_8_the_console_shows_each_projects_own_ca(console: Api) -> None:
                                         headers=AUTH).json
         shown = {n["id"] for n in nodes["nodes"]}
         assert len(shown) >= workers and shown <= _nodes(console, parent, "ca"), shown
+        # the cluster's timeline names its nodes as the project's API does, no internal tag
+        lines = [e["text"] for e in poll["timeline"]["events"]]
+        assert any("ca-gpu-000" in line for line in lines), lines
+        assert not any("ca--" in line for line in lines), lines
 
 
 def test_records_from_before_the_mapper_are_found_under_their_own_parent(api: Api) -> None:

@@ -1,15 +1,15 @@
 """In-process restart of a PyTorch program (``mtc_program.torch_inprocess``), with real
 gloo process groups on CPU: ``examples/torch_inprocess.py`` on two ranks, the test playing
-the adapter (it writes the hold and restart orders a local compute writes). A crashed peer
-or a hold ends the call; the same process leaves its group, joins the next attempt's on a
-new port, restores the cut from its own memory (no tier read) and ends with the weights of
-an uninterrupted run. A warm standby takes the crashed rank without joining a group first."""
+the adapter (it writes the hold and restart orders a local compute writes). A hold ends the
+call; the same process leaves its group, joins the next attempt's on a new port, restores
+the cut from its own memory (no tier read) and ends with the weights of an uninterrupted
+run. A crashed peer, and a warm standby taking its rank, are the integration test's
+(``tests/integration/test_torch_inprocess.py``, through the local compute)."""
 
 from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -93,68 +93,45 @@ def order(control: Path, action: str, **kw: object) -> Order:
     return made
 
 
-@pytest.mark.parametrize("how", ["crash", "hold"])
-def test_the_same_process_rejoins_the_next_attempt_and_restores_from_memory(
-        tmp_path: Path, how: str) -> None:
-    """``crash``: rank 1 is SIGKILLed mid-run; rank 0's collective fails, it is held, and
-    the next attempt gives rank 1 to a warm standby. ``hold``: both ranks are held alive (a
-    hot swap elsewhere), stop at one step, save, and both go on in their processes."""
+def test_held_live_ranks_rejoin_the_next_attempt_and_restore_from_memory(tmp_path: Path) -> None:
+    """Both ranks are held alive (a hot swap elsewhere): they stop at one step, save, and
+    both go on in their processes, in a group on the next attempt's port, restoring that
+    step from their own memory. (A crashed peer with a warm standby taking its rank is
+    tests/integration/test_torch_inprocess.py's, through the local compute.)"""
     expected = uninterrupted(tmp_path / "plain")
     tmp = tmp_path / "run"
     tmp.mkdir()
     ports = free_port(), free_port()
     controls = [tmp / f"ctl{r}" / "restart.json" for r in (0, 1)]
-    logs = [tmp / "rank0.log", tmp / "rank1.log", tmp / "standby.log", tmp / "attempt2.log"]
+    logs = [tmp / "rank0.log", tmp / "rank1.log", tmp / "attempt2.log"]
     procs = [start({**rank_env(tmp, r, 1, ports[0]), "MTC_RESTART_FILE": str(controls[r])},
                    logs[r], "--step-time", "0.05") for r in (0, 1)]
-    standby_ctl = tmp / "ctl-standby" / "restart.json"
-    inprocess.atomic_write(standby_ctl, Order(1, HOLD, deadline=time.time() + 120).to_json())
-    standby = start({**rank_env(tmp, 1, 1, ports[0]), "MTC_RESTART_FILE": str(standby_ctl),
-                     "MTC_STANDBY": "1"}, logs[2], "--step-time", "0.05")
-    everyone = [*procs, standby]
     try:
         wait_for(lambda: all(inprocess.read_state(c).get("pid") for c in controls)
                  and newest_entry(tmp / "mem0" / "r") >= 10 and newest_entry(tmp / "mem1" / "r") >= 10,
-                 "ranks training past step 10", everyone, logs)
-        wait_for(lambda: "standby ready" in logs[2].read_text(), "the standby", everyone, logs)
-        pids = [inprocess.read_state(c)["pid"] for c in controls]
-        assert pids == [p.pid for p in procs]
-        survivors = [0] if how == "crash" else [0, 1]
-        if how == "crash":
-            procs[1].send_signal(signal.SIGKILL)
-            procs[1].wait(10)
-        holds = {r: order(controls[r], HOLD, deadline=time.time() + 60) for r in survivors}
+                 "ranks training past step 10", procs, logs)
+        assert [inprocess.read_state(c)["pid"] for c in controls] == [p.pid for p in procs]
+        holds = {r: order(controls[r], HOLD, deadline=time.time() + 60) for r in (0, 1)}
         wait_for(lambda: all(inprocess.read_state(controls[r]).get("held") == h.generation
-                             for r, h in holds.items()), "the holds answered",
-                 [procs[r] for r in survivors] + [standby], logs)
-        # attempt 2: a new rendezvous; rank 1 is the standby (crash) or its own process
-        givens = {r: controls[r] for r in survivors}
-        if how == "crash":
-            givens[1] = standby_ctl
-        for r, control in givens.items():
-            order(control, RESTART, env={**rank_env(tmp, r, 2, ports[1]),
-                                         "MTC_RESTART_FILE": str(control)},
-                  log_path=str(logs[3]))
-        finals = [procs[0], standby if how == "crash" else procs[1]]
-        codes = [p.wait(120) for p in finals]
-        text = logs[3].read_text()
+                             for r, h in holds.items()), "the holds answered", procs, logs)
+        for r in (0, 1):  # attempt 2: a new rendezvous, each rank its own process
+            order(controls[r], RESTART, env={**rank_env(tmp, r, 2, ports[1]),
+                                             "MTC_RESTART_FILE": str(controls[r])},
+                  log_path=str(logs[2]))
+        codes = [p.wait(120) for p in procs]
+        text = logs[2].read_text()
         assert codes == [0, 0], text[-4000:]
     finally:
-        for p in everyone:
+        for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
     assert "held (order" in logs[0].read_text()
-    if how == "crash":  # the survivor's collective failed when its peer died
-        assert "step dropped (" in logs[0].read_text(), logs[0].read_text()[-3000:]
-        assert "standby ready: waiting to be given a rank" in logs[2].read_text()
-    # the same processes, in a group on the new port, restored from their own memory
-    for r in survivors:
+    for r in (0, 1):  # the same processes, in a group on the new port
         assert f"rank {r}/2 pid {procs[r].pid}] call 1:" in text, text[-3000:]
-        assert f"group of 2 on port {ports[1]}" in text
-    assert "from this process's memory (no tier read)" in text, text[-3000:]
-    if how == "hold":  # held alive: the stop step saved, both restore it from memory
-        assert text.count("from this process's memory (no tier read)") == 2, text[-3000:]
+    assert f"group of 2 on port {ports[1]}" in text
+    # held alive: the stop step saved, both restore it from their own memory
+    assert text.count("from this process's memory (no tier read)") == 2, text[-3000:]
     assert digest(text) == expected
 
 

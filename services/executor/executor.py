@@ -36,19 +36,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.executor import placements
 from services.executor.answers import refusal_answer
 from services.executor.dedup import DedupRecord
+from services.executor.placements import Placements
 from services.observability import alerts
 from shared.adapters.compute.remote.bus import Delivery, RequestSource
-from shared.adapters.compute.remote.codec import ComputeRequest, apply, decode
+from shared.adapters.compute.remote.codec import ComputeRequest, apply, decode, start_nodes
 from shared.domain.errors import PermanentError
 from shared.ports import Clock, Compute, Emitter, Polled
 
 log = logging.getLogger("mtc.executor")
 
 EXECUTORS = alerts.EXECUTORS  # the liveness collection: one document per executor
-APPLIED, DUPLICATE, REFUSED, MALFORMED, RETRY, HELD = (
-    "applied", "duplicate", "refused", "malformed", "retry", "held")
+APPLIED, DUPLICATE, REFUSED, MALFORMED, RETRY, HELD, SUPERSEDED = (
+    "applied", "duplicate", "refused", "malformed", "retry", "held", "superseded")
 HOLD_S = 120.0  # at most this long a key waits for its failed request to come back
 
 
@@ -91,6 +93,7 @@ class Executor:
     liveness: Liveness | None = None
     report: Emitter | None = None  # where a refused call's answer goes (the event topics)
     reconciler: Ticking | None = None  # re-announces what the store is missing
+    placements: Placements | None = None  # a start is applied once the store shows it
     executor_id: str = "executor"
     kind: str = ""
     heartbeat_s: float = 5.0
@@ -138,6 +141,16 @@ class Executor:
             self.dedup.record(request.request_id, request.op, REFUSED, request.deadline, now)
             delivery.ack()
             return self._count(REFUSED)
+        if request.op == "start_workers" and self.placements is not None:
+            decided = self._placement(request, now)
+            if decided == placements.WAIT:
+                delivery.nack()  # its transaction may still be committing: it comes back
+                return self._count(RETRY)
+            if decided != placements.APPLY:
+                log.warning("start_workers %s (%s) not applied: %s", request.ordering_key,
+                            request.request_id, decided)
+                delivery.ack()
+                return self._count(SUPERSEDED)
         try:
             apply(request, self.compute)
         except PermanentError as exc:
@@ -156,6 +169,18 @@ class Executor:
         delivery.ack()
         log.info("applied %s %s (%s)", request.op, request.ordering_key, request.request_id)
         return self._count(APPLIED)
+
+    def _placement(self, request: ComputeRequest, now: float) -> str:
+        assert self.placements is not None
+        args = request.args
+        first = args["gang"] if "gang" in args else args["workers"][0]
+        try:
+            placed = self.placements.placed(str(first["job_id"]))
+        except Exception:  # the store is not reachable now: as not yet committed
+            log.exception("reading the store for %s failed", request.ordering_key)
+            placed = None
+        return placements.verdict(int(first["attempt"]), start_nodes(args), placed,
+                                  now - request.issued_at)
 
     def _count(self, outcome: str) -> str:
         self.counts[outcome] += 1

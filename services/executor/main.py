@@ -45,6 +45,7 @@ from typing import Any
 from services.executor.announced import AnnouncedRecord, Recording
 from services.executor.dedup import DedupRecord
 from services.executor.executor import Executor
+from services.executor.placements import StorePlacements
 from services.executor.reconcile import Reconciler, StoreJobViews
 from services.wiring.builder import COMPUTE_SOURCES, make_compute
 from shared import logs
@@ -136,7 +137,8 @@ def build(settings: ExecutorSettings) -> tuple[Executor, Any]:
                              COMPUTE_SOURCES.get(settings.compute, "//mtc/executor")),
         reconciler=Reconciler(recording.record, StoreJobViews(store), publisher.publish, clock,
                               Limits(settle_s=settings.settle_s),
-                              every_s=settings.reconcile_s))
+                              every_s=settings.reconcile_s),
+        placements=StorePlacements(store))
     log.info("executor %s: %s compute over %s, pulling %s", settings.executor_id,
              settings.compute, settings.state_dir, subscription)
     return executor, compute

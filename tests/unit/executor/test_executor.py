@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from services.executor import placements
 from services.executor.dedup import DedupRecord
 from services.executor.executor import (
     APPLIED,
@@ -18,9 +19,11 @@ from services.executor.executor import (
     MALFORMED,
     REFUSED,
     RETRY,
+    SUPERSEDED,
     Executor,
     LoggedRefusals,
 )
+from services.executor.placements import Placed
 from services.observability import alerts
 from shared.adapters.compute.remote.bus import Delivery, MemoryRequestBus
 from shared.adapters.compute.remote.codec import decode, encode, gang_args, make_request
@@ -144,11 +147,16 @@ def test_request_ids_follow_the_ports_idempotency_keys() -> None:
                                                                reason="r")
     assert rid("cordon", 1.0, node_id="n1", reason="r", seq=1) != rid(
         "cordon", 1.0, node_id="n1", reason="r", seq=3)
-    req = make_request("start_workers", {"gang": {"job_id": "j", "attempt": 3}}, 1.0, 60.0)
+    gang = {"job_id": "j", "attempt": 3, "node_ids": ["n2", "n1"]}
+    req = make_request("start_workers", {"gang": gang}, 1.0, 60.0)
     assert req.ordering_key == "j"
     # an earlier control plane's per-rank form of the same attempt is the same request
     assert req.request_id == make_request("start_workers", {"workers": [
-        {"job_id": "j", "attempt": 3}]}, 5.0, 60.0).request_id
+        {"job_id": "j", "attempt": 3, "rank": 1, "node_id": "n1"},
+        {"job_id": "j", "attempt": 3, "rank": 0, "node_id": "n2"}]}, 5.0, 60.0).request_id
+    # the same attempt placed elsewhere (a transaction that did not commit, then its retry)
+    assert req.request_id != make_request("start_workers", {"gang": {
+        **gang, "node_ids": ["n2", "n3"]}}, 1.0, 60.0).request_id
     assert make_request("uncordon", {"node_id": "n7"}, 1.0, 60.0).ordering_key == "n7"
 
 
@@ -332,3 +340,49 @@ def test_the_request_codec_round_trips() -> None:
     back = decode(data, attributes, req.ordering_key)
     assert back == req
     assert back.deadline == 42.5 and not back.expired(42.5) and back.expired(42.6)
+
+
+class StoreSays:
+    """The store's placement of ``job`` as a test sets it (``placements.Placements``)."""
+
+    def __init__(self) -> None:
+        self.shown: Placed | None = None
+
+    def placed(self, job_id: str) -> Placed | None:
+        return self.shown
+
+
+def test_a_start_whose_transaction_did_not_commit_never_runs(rig: Rig) -> None:
+    """The double start seen on the emulator stack: attempt 2 placed on n0,n1 was published,
+    its commit failed, and the retried handler placed attempt 2 on n0,n2 and committed. Only
+    the committed placement is applied; the other waits while the store does not show the
+    attempt, then is dropped, and the start behind it in the job's order goes next."""
+    store = StoreSays()
+    rig.executor.placements = store
+    rig.compute.start_workers(gang(2))  # n0, n1: this transaction will not commit
+    moved = Gang("job", 2, ("n0", "n2"), gang().groups, "/ck", "/model", "/tb")
+    rig.compute.start_workers(moved)  # the retry's, committed
+    first, second = (rig.bus.delivery_of(e) for e in rig.bus.entries())
+    assert rig.executor.handle(first) == RETRY  # the store shows attempt 1 still
+    assert rig.executor.handle(second) == HELD  # behind the first, in the job's order
+    store.shown = Placed(2, frozenset({"n0", "n2"}))  # the retry committed
+    assert rig.executor.handle(first) == SUPERSEDED
+    assert rig.executor.handle(second) == APPLIED
+    assert rig.machines.calls == [("start", moved)]
+    # a start never committed at all is dropped once its wait is over, never applied
+    RemoteCompute(rig.bus, rig.clock, ttl_s=600.0).start_workers(gang(3))  # deadline later
+    (third,) = (rig.bus.delivery_of(e) for e in rig.bus.entries()[-1:])
+    assert rig.executor.handle(third) == RETRY
+    rig.clock.advance(placements.COMMIT_WAIT_S + 1)
+    assert rig.executor.handle(third) == SUPERSEDED
+    assert rig.machines.calls == [("start", moved)]
+
+
+@pytest.mark.parametrize(("placed", "expected"), [
+    (None, placements.WAIT), (Placed(1, frozenset({"a"})), placements.WAIT),
+    (Placed(2, frozenset({"a", "b"})), placements.APPLY),
+    (Placed(2, frozenset({"a", "c"})), "other nodes"), (Placed(3, frozenset({"a"})), "superseded"),
+])
+def test_the_placement_verdict(placed: Placed | None, expected: str) -> None:
+    got = placements.verdict(2, ["b", "a"], placed, waited_s=1.0)
+    assert got == expected or expected in got

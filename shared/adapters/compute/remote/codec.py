@@ -7,9 +7,12 @@ of one node is applied in the order it was asked.
 
 Request ids are deterministic, derived from the call's idempotency key (the port's: provision
 and delete by node, a repair by node and attempt whatever the action, worker calls by job and
-attempt), so a handler that runs again after a crash asks for the same request and the
-executor applies it once. Cordon and uncordon set a state that can legitimately be asked for
-again later (cordon, uncordon, cordon), so their key includes the time they were issued and
+attempt, a start by its placement too), so a handler that runs again after a crash asks for
+the same request and the executor applies it once. A start is published before its
+transaction commits (a failed publish aborts it); the executor applies it only once the store
+shows that attempt placed on those nodes (``services.executor.placements``). Cordon and
+uncordon set a state that can legitimately be asked for again later (cordon, uncordon,
+cordon), so their key includes the time they were issued and
 the caller's call counter: each is its own request, and applying one twice (a handler that
 ran again) changes nothing anyway.
 
@@ -81,8 +84,23 @@ def _key(op: str, args: Mapping[str, Any], issued_at: float) -> tuple[str, str]:
         return f"{args['node_id']}|{args['attempt']}", str(args["node_id"])
     if op == "start_workers":  # the gang, or the first of the per-rank form's workers
         first = args["gang"] if "gang" in args else args["workers"][0]
-        return f"{first['job_id']}|{first['attempt']}", str(first["job_id"])
+        return (f"{first['job_id']}|{first['attempt']}|{placement_tag(start_nodes(args))}",
+                str(first["job_id"]))
     return f"{args['job_id']}|{args['attempt']}", str(args["job_id"])
+
+
+def start_nodes(args: Mapping[str, Any]) -> tuple[str, ...]:
+    """The node of each rank of a ``start_workers``, in either form."""
+    if "gang" in args:
+        return tuple(str(n) for n in args["gang"]["node_ids"])
+    return tuple(str(w["node_id"]) for w in sorted(args["workers"], key=lambda w: w["rank"]))
+
+
+def placement_tag(node_ids: tuple[str, ...]) -> str:
+    """A start's placement in its request id: a placement whose transaction did not commit
+    and the one its retry committed are two requests, so the executor can tell them apart
+    (it applies the one the store shows: ``services.executor.placements``)."""
+    return hashlib.sha256("\n".join(node_ids).encode()).hexdigest()[:12]
 
 
 def make_request(op: str, args: Mapping[str, Any], issued_at: float, ttl_s: float

@@ -80,6 +80,7 @@ def write(gang: Gang, run_dir: Path, tmp_root: str, cleanup: list[str]) -> None:
         "#!/bin/bash",
         f"# mtc job {comment(gang.job_id)} attempt {gang.attempt}: its step in the job's allocation",
         "# (written by shared/adapters/compute/slurm/warm_scripts.py)",
+        f'echo {tag}": a step of Slurm job $SLURM_JOB_ID"',
         f"{hosts} srun --overlap --nodes={k} --ntasks={k} --ntasks-per-node=1"
         f" --kill-on-bad-exit=0 --distribution=arbitrary {q(str(run_dir / 'task.sh'))}",
         "rc=$?",
@@ -87,7 +88,9 @@ def write(gang: Gang, run_dir: Path, tmp_root: str, cleanup: list[str]) -> None:
         f" --distribution=arbitrary /bin/sh -c {q(f'rm -rf {q(tmp_root)}-r*')} || true",
         *cleanup,
         f'echo "$rc" > {d}/.step.exit.tmp && mv -f {d}/.step.exit.tmp {d}/step.exit',
-        f'echo {tag}": step exited $rc"',
+        # not the attempt's mark (``[mtc] job J attempt N: ``): the step of an attempt long
+        # over ends when the processes it started do, among the lines of a later attempt
+        f'echo {q(f"[mtc] the step of job {gang.job_id} attempt {gang.attempt} exited")}" $rc"',
     ]
     write_executable(run_dir / "step.sh", "\n".join(step) + "\n")
     batch = [
@@ -98,7 +101,8 @@ def write(gang: Gang, run_dir: Path, tmp_root: str, cleanup: list[str]) -> None:
         f'    echo {tag}": requeued by Slurm itself; mtc runs a new attempt instead"',
         "    exit 0",
         "fi",
-        f'echo {tag}": Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (kept for the next attempts)"',
+        f'echo {q(f"[mtc] job {gang.job_id}: Slurm job")}" $SLURM_JOB_ID on $SLURM_JOB_NODELIST"'
+        ' "(kept for its next attempts)"',
         f"{q(str(run_dir / 'step.sh'))} &",
         "idle=0",
         f"while [ ! -e {d}/release ]; do",
@@ -111,7 +115,7 @@ def write(gang: Gang, run_dir: Path, tmp_root: str, cleanup: list[str]) -> None:
         f"    [ \"$idle\" -ge {int(IDLE_S / TICK_S)} ] && break",
         f"    sleep {TICK_S}",
         "done",
-        f'echo {tag}": allocation released"',
+        f'echo {q(f"[mtc] job {gang.job_id}: allocation released")}',
         "exit 0",
     ]
     write_executable(run_dir / "batch.sh", "\n".join(batch) + "\n")

@@ -244,7 +244,9 @@ class SlurmAttempts:
                 assert att is not None
                 self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: {exc}")
                 return
-            if self.warm is not None and self._warm_start(db, gang, run_dir, slurm_nodes):
+            cancels: list[str] = []  # the job's allocation, released for this attempt's own
+            if self.warm is not None and self._warm_start(db, gang, run_dir, slurm_nodes,
+                                                          cancels):
                 return
             key = f"submit:{job_id}:{attempt}"
             self._ops.put(
@@ -259,12 +261,15 @@ class SlurmAttempts:
                     "output": str(output),
                 },
             )
+        for cancel in cancels:
+            self._ops.kick(cancel)
         self._ops.kick(key)
 
     def _warm_start(self, db: sqlite3.Connection, gang: Gang, run_dir: Path,
-                    slurm_nodes: Sequence[str]) -> bool:
+                    slurm_nodes: Sequence[str], cancels: list[str]) -> bool:
         """Run the attempt as a step of the job's allocation (True), or release that
-        allocation for the attempt's own ``sbatch`` (False)."""
+        allocation for the attempt's own ``sbatch`` (False; its ``scancel`` in ``cancels``,
+        run once the transaction is over)."""
         assert self.warm is not None
         reuse = self.warm.reusable(db, gang, slurm_nodes)
         if reuse is not None:
@@ -280,7 +285,7 @@ class SlurmAttempts:
         old = self.warm.host(db, gang, run_dir, slurm_nodes)
         host = None if old is None else attempt_row(db, gang.job_id, old)
         if host is not None and host["slurm_job_id"] is not None:
-            self._ops.kick(self._cancel(db, host))  # its steps (held processes) with it
+            cancels.append(self._cancel(db, host))  # its steps (held processes) with it
         return False
 
     def _slurm_name(self, db: sqlite3.Connection, node_id: str) -> str | None:

@@ -48,7 +48,9 @@ def task_lines(run_dir: Path) -> list[str]:
         ' && old_pid=$(cat "$old" 2>/dev/null) \\',
         '        && grep -qa peer_store "/proc/$old_pid/cmdline" 2>/dev/null; then',
         '    kill "$old_pid" 2>/dev/null',
-        '    for _ in $(seq 100); do kill -0 "$old_pid" 2>/dev/null || break; sleep 0.05; done',
+        # its parent (the held rank's launcher) does not reap it: a zombie has no cmdline
+        '    for _ in $(seq 100); do grep -qa peer_store "/proc/$old_pid/cmdline" 2>/dev/null'
+        ' || break; sleep 0.02; done',
         "fi",
     ]
 

@@ -43,7 +43,7 @@ from shared.adapters.compute.slurm.api import (
 from shared.adapters.compute.slurm.cli import SlurmError, SlurmPermanentError
 from shared.adapters.compute.slurm.nodes import node_row
 from shared.adapters.compute.slurm.ops import OpQueue, OpResult, log
-from shared.adapters.compute.slurm.scripts import PeerTier, write_scripts
+from shared.adapters.compute.slurm.scripts import PeerTier, write_executable, write_scripts
 from shared.adapters.compute.slurm.settings import SlurmSettings
 from shared.adapters.compute.slurm.view import SlurmView
 from shared.adapters.compute.slurm.warm import SlurmWarm
@@ -275,6 +275,9 @@ class SlurmAttempts:
         if reuse is not None:
             slurm_id, alloc_dir = reuse
             self.warm.takes(db, gang)
+            token = alloc_dir / "peer.token"  # the held ranks' peer stores check the host's
+            if token.exists():
+                write_executable(run_dir / "peer.token", token.read_text(), mode=0o600)
             db.execute("UPDATE attempts SET slurm_job_id = ? WHERE job_id = ? AND attempt = ?",
                        (slurm_id, gang.job_id, gang.attempt))
             warm_scripts.order(alloc_dir, gang.attempt, run_dir)

@@ -94,6 +94,8 @@ def hand_over(take: str, env_file: str, exit_file: str, interval_s: float = 0.05
     deadline = time.monotonic() + TAKE_S
     while read_json(control + ".state").get("applied", 0) != gen:
         code = read_code(launcher_exit)
+        if read_json(control + ".state").get("applied", 0) == gen:
+            break  # taken, and perhaps over already: its code is the rank's
         if code is not None or time.monotonic() > deadline:
             write_code(exit_file, GONE)
             return GONE

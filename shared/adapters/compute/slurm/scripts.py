@@ -190,6 +190,7 @@ def write_scripts(
         *([f"export {p.RECOVERY_FRESH}"] if plan is not None else []),
         'export MTC_SLURM_NODE="${SLURMD_NODENAME:-}"',
     ]
+    lines.append("kept_peer=")
     if warm:  # before the peer store: a held process's task still runs the node's
         lines += warm_scripts.task_lines(run_dir)
     if peer is not None:
@@ -325,11 +326,15 @@ def tier_lines(gang: Gang, run_dir: Path, peer: PeerTier, ports: Mapping[str, in
         f"export {p.TIER2_TOKEN}",
         f'export {p.PROGRESS_FILE}={q(str(progress))}/rank-"$RANK".json',
         '(umask 077 && mkdir -p "$node_mem") || exit 1',
-        f"{q(python)} -I {q(str(PEER_STORE))} serve --root \"$node_mem\" --token-file {token}"
+        # kept_peer: the node's service of a held process's task goes on (warm_scripts)
+        'if [ -z "${kept_peer:-}" ]; then',
+        f"    {q(python)} -I {q(str(PEER_STORE))} serve --root \"$node_mem\" --token-file {token}"
         f" --host {q(peer.host or '0.0.0.0')} --port \"$(peer_port \"$SLURMD_NODENAME\")\""
         f" --budget-bytes {int(peer.budget_bytes)} --parent-pid $$"
         f' >> {q(str(run_dir))}/peer-store-"$RANK".log 2>&1 < /dev/null &',
-        f'echo "$!" > {q(str(run_dir))}/peer-store-"$RANK".pid',
+        '    kept_peer=$!',
+        "fi",
+        f'echo "$kept_peer" > {q(str(run_dir))}/peer-store-"$RANK".pid',
     ]
 
 

@@ -16,9 +16,10 @@ the shared file system as every run directory is), or signalled where their prog
 not restart in process. ``step.exit`` holds srun's code once the step is over.
 
 In ``task.sh`` (``task_lines``, ``handover_lines``): a rank the adapter gave a held process
-(``rank-<RANK>.take``) first stops the node's peer store service that process's task runs
-(it holds the job's port; ``rank-<RANK>.oldpeer`` names its pid file), starts its own as any
-task does, and then hands itself over (``handover``) instead of starting a launcher.
+(``rank-<RANK>.take``) keeps the node's peer store service that process's task still runs (on
+the job's port, with the allocation's token: every attempt in an allocation has its host's;
+``rank-<RANK>.oldpeer`` names its pid file) instead of starting one, and hands itself over
+(``handover``) instead of starting a launcher.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from shared.ports import Gang
 
 HANDOVER = Path(__file__).with_name("handover.py")
 IDLE_S = 40.0  # no step for this long: the allocation goes (above a hold's deadline)
-TICK_S = 0.2  # how often batch.sh looks for the next attempt
+TICK_S = 0.05  # how often batch.sh looks for the next attempt
 
 
 def task_lines(run_dir: Path) -> list[str]:
@@ -44,13 +45,12 @@ def task_lines(run_dir: Path) -> list[str]:
         f'export {p.RESTART_FILE}={d}/rank-"$RANK".ctl/restart.json',
         f'mkdir -p {d}/rank-"$RANK".ctl || exit 1',
         f'rm -f "${p.RESTART_FILE}" "${p.RESTART_FILE}.state"',
+        # a held process's task still runs its node's peer store, on the job's port and with
+        # the allocation's token: the rank that takes the process keeps it (``kept_peer``)
         f'if [ -f {d}/rank-"$RANK".take ] && old=$(cat {d}/rank-"$RANK".oldpeer 2>/dev/null)'
         ' && old_pid=$(cat "$old" 2>/dev/null) \\',
         '        && grep -qa peer_store "/proc/$old_pid/cmdline" 2>/dev/null; then',
-        '    kill "$old_pid" 2>/dev/null',
-        # its parent (the held rank's launcher) does not reap it: a zombie has no cmdline
-        '    for _ in $(seq 100); do grep -qa peer_store "/proc/$old_pid/cmdline" 2>/dev/null'
-        ' || break; sleep 0.02; done',
+        '    kept_peer=$old_pid',
         "fi",
     ]
 
@@ -62,7 +62,7 @@ def handover_lines(run_dir: Path, python: str) -> list[str]:
     fixed = " ".join(f"{k}={q(v)}" for k, v in LAUNCHER_ENV.items())
     return [
         f'if [ -f {d}/rank-"$RANK".take ]; then',
-        f'    exec /usr/bin/env -i {fixed} RANK="$RANK" {q(python)} -I {q(str(HANDOVER))}'
+        f'    exec /usr/bin/env -i {fixed} RANK="$RANK" {q(python)} -I -S {q(str(HANDOVER))}'
         f' --take {d}/rank-"$RANK".take --env-file "$env_file" --exit-file {d}/rank-"$RANK".exit',
         "fi",
     ]
@@ -106,16 +106,20 @@ def write(gang: Gang, run_dir: Path, tmp_root: str, cleanup: list[str]) -> None:
         f'echo {q(f"[mtc] job {gang.job_id}: Slurm job")}" $SLURM_JOB_ID on $SLURM_JOB_NODELIST"'
         ' "(kept for its next attempts)"',
         f"{q(str(run_dir / 'step.sh'))} &",
-        "idle=0",
+        "exec 3<> <(:)  # a pipe nobody writes: read -t on it waits without a fork per tick",
+        "tick=0 idle=0",
         f"while [ ! -e {d}/release ]; do",
         f"    for order in {d}/next-*; do",
         '        [ -f "$order" ] || continue',
         '        next=$(cat "$order") && rm -f "$order" || continue',
         '        "$next/step.sh" &',
         "    done",
-        '    if [ -n "$(jobs -rp)" ]; then idle=0; else idle=$((idle + 1)); fi',
-        f"    [ \"$idle\" -ge {int(IDLE_S / TICK_S)} ] && break",
-        f"    sleep {TICK_S}",
+        "    tick=$((tick + 1))",
+        f"    if (( tick % {int(1 / TICK_S)} == 0 )); then  # once a second: does a step run?",
+        '        if [ -n "$(jobs -rp)" ]; then idle=0; else idle=$((idle + 1)); fi',
+        f'        [ "$idle" -ge {int(IDLE_S)} ] && break',
+        "    fi",
+        f"    read -r -t {TICK_S} -u 3 _ || true",
         "done",
         f'echo {q(f"[mtc] job {gang.job_id}: allocation released")}',
         "exit 0",

@@ -43,7 +43,8 @@ from shared.adapters.compute.slurm.api import (
 from shared.adapters.compute.slurm.cli import SlurmError, SlurmPermanentError
 from shared.adapters.compute.slurm.nodes import node_row
 from shared.adapters.compute.slurm.ops import OpQueue, OpResult, log
-from shared.adapters.compute.slurm.scripts import PeerTier, write_executable, write_scripts
+from shared.adapters.compute.slurm.script_files import write_executable
+from shared.adapters.compute.slurm.scripts import PeerTier, write_scripts
 from shared.adapters.compute.slurm.settings import SlurmSettings
 from shared.adapters.compute.slurm.view import SlurmView
 from shared.adapters.compute.slurm.warm import SlurmWarm

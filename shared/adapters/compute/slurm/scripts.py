@@ -47,7 +47,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import os
 import re
 import secrets
 import shlex
@@ -61,6 +60,7 @@ from mtc_program import protocol as p
 from shared.adapters.compute.job_env import LAUNCHER_ENV
 from shared.adapters.compute.protocol import LAUNCHER, managed_env, progress_path, safe_name
 from shared.adapters.compute.slurm import warm_scripts
+from shared.adapters.compute.slurm.script_files import comment, write_executable
 from shared.ports import Gang, RecoveryPlan, WorkerSpec
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -119,11 +119,6 @@ def env_name(name: str) -> str:
     if not isinstance(name, str) or ENV_NAME.fullmatch(name) is None:
         raise ValueError(f"invalid environment variable name {name!r}: must match {ENV_NAME.pattern}")
     return name
-
-
-def comment(text: str) -> str:
-    """``text`` made safe for a ``#`` comment line: printable ASCII only, one line."""
-    return "".join(c if " " <= c <= "~" else "?" for c in text)
 
 
 def write_scripts(
@@ -361,13 +356,6 @@ def slurm_node(name: str | None) -> str:
         raise ValueError(f"invalid Slurm node name {name!r} for the hostfile: "
                          f"must match {SLURM_NODE.pattern}")
     return name
-
-
-def write_executable(path: Path, text: str, mode: int = 0o755) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
 
 
 def _fresh_mark(plan: RecoveryPlan | None, node_id: str) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from mtc_program import protocol as p
 from shared.adapters.compute.job_env import LAUNCHER_ENV
+from shared.adapters.compute.slurm.script_files import comment, write_executable
 from shared.ports import Gang
 
 HANDOVER = Path(__file__).with_name("handover.py")
@@ -71,8 +72,6 @@ def handover_lines(run_dir: Path, python: str) -> list[str]:
 def write(gang: Gang, run_dir: Path, tmp_root: str, cleanup: list[str]) -> None:
     """The attempt's ``step.sh``, and the ``batch.sh`` that runs it first in an allocation
     of its own (used only where the attempt asks Slurm for one)."""
-    from shared.adapters.compute.slurm.scripts import comment, write_executable
-
     q = shlex.quote
     k = gang.world_size
     d = q(str(run_dir))

@@ -150,7 +150,7 @@ def slurm_cluster(say: Any) -> Iterator[str]:
 
 
 def run_slurm(trace: Trace, state_dir: Path, *, pin: str | None, timeout_s: float = 120.0,
-              say: Any = None) -> RunScore:
+              say: Any = None, program: str = "train") -> RunScore:
     """Play ``trace`` on a fresh Slurm cluster with the control plane over ``state_dir``."""
     from services.wiring.embedded import embedded
 
@@ -161,7 +161,7 @@ def run_slurm(trace: Trace, state_dir: Path, *, pin: str | None, timeout_s: floa
                        compute_options=dict(COMPUTE_OPTIONS))
         try:
             return LiveRun(app, trace, pin=pin, timeout_s=timeout_s, say=say,
-                           faults=SlurmFaults(app)).run()
+                           faults=SlurmFaults(app), program=program).run()
         finally:
             app.compute.kill_all()
             app.compute.close()

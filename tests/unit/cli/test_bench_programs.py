@@ -27,6 +27,7 @@ def test_the_job_runs_the_program_asked_for(program: str, script: str) -> None:
     ("[r 0/4] resumed from step 20", 20),
     ("[torch_inprocess rank 0/4 pid 9] restore: step 40 from this process's memory"
      " (no tier read)", 40),
+    ("[torch_inprocess rank 0/3 pid 9] resumed from ckpt-00000050 in 0.046s", 50),
 ])
 def test_each_programs_restore_line_names_its_step(line: str, step: int) -> None:
     match = RESTORED.search(line)

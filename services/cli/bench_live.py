@@ -53,7 +53,8 @@ PIN_LABEL = "mtc-recovery-mode"
 ELASTIC_LABEL = "mtc-min-replicas"
 RESTORED = re.compile(r"restoring step (\d+) from the \w+ tier|resumed from step (\d+)"
                       # the torch example's: from its own memory, or from a durable checkpoint
-                      r"|restore: step (\d+) from this process's memory|resumed from ckpt-(\d+)")
+                      r"|restore: step (\d+) from this process's memory"
+                      rf"|resumed from {re.escape(protocol.CHECKPOINT_PREFIX)}(\d+)")
 # the programs a run can train: examples/train.py (numpy) or the torch DDP example (gloo on CPU)
 PROGRAMS = {"train": EXAMPLE, "torch": ROOT / "examples" / "torch_inprocess.py"}
 ATTEMPT_MARK = re.compile(r"^\[mtc\] job \S+ attempt (\d+): ", re.M)  # slurm/scripts.py

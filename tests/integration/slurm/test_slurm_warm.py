@@ -108,3 +108,40 @@ def test_a_crashed_rank_restarts_in_place_and_the_survivors_go_on_in_their_proce
     assert declared_pid(second, 2) not in (None, pids[2])  # rank 2: a new process
     assert "done at step 120" in text, text[-4000:]
     assert [e.attempt for e in rec.of(JobWorkersExited)] == [1, 2]
+
+
+def test_a_signalled_gang_is_held_and_every_rank_goes_on_in_its_process(
+    warm: tuple[SlurmCompute, Recorder], cluster: Cluster, tmp_path: Path
+) -> None:
+    """The control plane stops the gang (an XID on a node: ``signal_workers``): every rank
+    declared, so each is held instead of signalled, the attempt ends 75, and the in-place
+    attempt runs all three ranks in their processes (no new one)."""
+    slurm_compute, rec = warm
+    mapping = in_service(slurm_compute, rec, cluster, "s0", "s1", "s2")
+    program = (sys.executable, str(ROOT / "examples" / "torch_inprocess.py"), "--steps", "60",
+               "--step-time", "0.05", "--memory-every", "5")
+    out = tmp_path / "out"
+    nodes = tuple(sorted(mapping))
+
+    def gang(attempt: int, plan: RecoveryPlan | None) -> Gang:
+        return Gang("warm-held", attempt, nodes,
+                    (LaunchGroup(0, 3, program, (("MTC_PROGRESS_INTERVAL_S", "0.1"),)),),
+                    str(out / "c"), str(out / "m"), str(out / "t"), recovery=plan)
+
+    slurm_compute.start_workers(gang(1, None))
+    first = slurm_compute.run_dir("warm-held", 1)
+    until(slurm_compute, lambda: all(declared_pid(first, r) for r in range(3))
+          and step(out / "c", 0) >= 10, 240, "attempt 1 training, every rank declared")
+    pids = {r: declared_pid(first, r) for r in range(3)}
+    slurm_compute.signal_workers("warm-held", 1, grace_s=30)
+    until(slurm_compute, lambda: bool(rec.of(JobWorkersExited)), 60, "attempt 1 held")
+    [held] = rec.of(JobWorkersExited)
+    assert held.exit_code == 75, held
+    slurm_compute.start_workers(gang(2, RecoveryPlan("in_place")))
+    until(slurm_compute, lambda: len(rec.of(JobWorkersExited)) >= 2, 240, "attempt 2 over")
+    done = rec.of(JobWorkersExited)[-1]
+    text = slurm_compute.job_log("warm-held").read_text()
+    assert done.attempt == 2 and done.exit_code == 0, (done, text[-4000:])
+    for r in range(3):
+        assert f"[mtc] rank {r}: went on in its process (pid {pids[r]})" in text, text[-4000:]
+    assert slurm_compute.slurm_job_id("warm-held", 2) == slurm_compute.slurm_job_id("warm-held", 1)

@@ -384,7 +384,7 @@ class WarmProcesses(Protocol[Tx]):
     control file (``mtc_program.inprocess``). A backend's start loop asks, for each rank of an
     in-place, hot-swap or scale-down attempt, for a warm process before it launches one;
     each call runs in the backend's transaction ``tx``. The local compute has one
-    (``local.warm``)."""
+    (``local.warm``), and Slurm's with warm processes on (``slurm.warm``)."""
 
     def take(self, tx: Tx, spec: WorkerSpec, plan: RecoveryPlan | None,
              env: Mapping[str, str], log: str) -> RankProcess | None:

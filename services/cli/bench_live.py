@@ -51,7 +51,12 @@ MACHINE = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB"
            "acceleratorCount": 8}
 PIN_LABEL = "mtc-recovery-mode"
 ELASTIC_LABEL = "mtc-min-replicas"
-RESTORED = re.compile(r"restoring step (\d+) from the \w+ tier|resumed from step (\d+)")
+RESTORED = re.compile(r"restoring step (\d+) from the \w+ tier|resumed from step (\d+)"
+                      # the torch example's: from its own memory, or from a durable checkpoint
+                      r"|restore: step (\d+) from this process's memory"
+                      rf"|resumed from {re.escape(protocol.CHECKPOINT_PREFIX)}(\d+)")
+# the programs a run can train: examples/train.py (numpy) or the torch DDP example (gloo on CPU)
+PROGRAMS = {"train": EXAMPLE, "torch": ROOT / "examples" / "torch_inprocess.py"}
 ATTEMPT_MARK = re.compile(r"^\[mtc\] job \S+ attempt (\d+): ", re.M)  # slurm/scripts.py
 HEARTBEAT_S = 0.2  # the chief's progress heartbeat, at most this often (the tiers library)
 TICK_S = 1.0
@@ -65,7 +70,7 @@ def cluster_spec(trace: Trace) -> dict[str, Any]:
             "partitions": [{"name": "train", "nodePoolIds": ["h100"]}]}
 
 
-def job_spec(trace: Trace, pin: str | None) -> dict[str, Any]:
+def job_spec(trace: Trace, pin: str | None, program: str = "train") -> dict[str, Any]:
     j = trace.job
     labels = {ELASTIC_LABEL: str(j.min_replicas)} if j.min_replicas is not None else {}
     if pin:
@@ -78,10 +83,12 @@ def job_spec(trace: Trace, pin: str | None) -> dict[str, Any]:
                              "containerSpec": {
                                  "env": env,
                                  "imageUri": "local/examples:latest",
-                                 "command": [sys.executable, str(EXAMPLE)],
+                                 "command": [sys.executable, str(PROGRAMS[program])],
                                  "args": ["--steps", str(j.steps), "--checkpoint-every",
                                           str(j.checkpoint_every), "--step-time",
-                                          f"{j.step_time_s:g}"]}}],
+                                          f"{j.step_time_s:g}",
+                                          *(["--memory-every", str(j.tier1_every)]
+                                            if program == "torch" and j.tier1_every else [])]}}],
         "scheduling": {"partition": "train", "restartJobOnWorkerRestart": True}}}
 
 
@@ -118,8 +125,10 @@ class LiveRun:
     """One play of a trace on one embedded app (a fresh state directory)."""
 
     def __init__(self, app: EmbeddedApp, trace: Trace, *, pin: str | None,
-                 timeout_s: float, say: Any = None, faults: FaultTarget | None = None) -> None:
+                 timeout_s: float, say: Any = None, faults: FaultTarget | None = None,
+                 program: str = "train") -> None:
         self.app, self.trace, self.pin, self.timeout_s = app, trace, pin, timeout_s
+        self.program = program
         self.faults: FaultTarget = faults or LocalFaults(app)
         self.skipped: list[dict[str, Any]] = []
         self._restores: dict[int, int] = {}  # attempt -> the step its rank 0 restored
@@ -218,7 +227,7 @@ class LiveRun:
             job_commands.create_cluster(cluster_spec(self.trace), uow, app.deps)
         self._wait("the cluster", lambda: self._cluster_ready())
         with app.transaction() as uow:
-            job_commands.submit_job(CLUSTER_ID, job_spec(self.trace, self.pin), uow, app.deps,
+            job_commands.submit_job(CLUSTER_ID, job_spec(self.trace, self.pin, self.program), uow, app.deps,
                                     JOB_ID)
         self._wait("the job's first checkpoint", lambda: bool(self.seen.samples))
         t0 = self.seen.starts[0][0]
@@ -260,7 +269,7 @@ class LiveRun:
         for attempt, text in attempt_logs(self.app.compute, JOB_ID, only).items():
             match = RESTORED.search(text)
             if match:
-                out[attempt] = int(match.group(1) or match.group(2))
+                out[attempt] = int(next(g for g in match.groups() if g is not None))
         return out
 
     def _cluster_ready(self) -> bool:
@@ -440,11 +449,12 @@ def _children(pid: int) -> list[int]:
 
 
 def run_embedded(trace: Trace, state_dir: Path, *, pin: str | None, timeout_s: float = 120.0,
-                 say: Any = None) -> RunScore:
+                 say: Any = None, program: str = "train") -> RunScore:
     """Play ``trace`` on a fresh embedded app over ``state_dir`` (wiped by the caller)."""
     app = embedded(state_dir, config=bench_config(), compute_options=compute_options(trace))
     try:
-        return LiveRun(app, trace, pin=pin, timeout_s=timeout_s, say=say).run()
+        return LiveRun(app, trace, pin=pin, timeout_s=timeout_s, say=say,
+                       program=program).run()
     finally:
         app.compute.kill_all()
         app.close()

@@ -49,6 +49,9 @@ def add_parser(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     r.add_argument("--compare", choices=MODES, default=None, metavar="MODE",
                    help="also play the trace with the job pinned to MODE (requeue: today's "
                    "path) and print the ratio of the times to recover")
+    r.add_argument("--program", choices=("train", "torch"), default="train",
+                   help="the job's program on the live targets: examples/train.py (numpy, "
+                   "default) or examples/torch_inprocess.py (torch DDP, gloo on CPU)")
     r.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="write recovery-bench.json and recovery-bench.png there")
     r.add_argument("--timeout", type=float, default=120.0, metavar="S",
@@ -80,7 +83,8 @@ def cmd_bench_recovery(args: argparse.Namespace, named: str | None) -> int:
         console.print(f"[dim]{msg}[/dim]")
 
     runs = play(trace, target=args.target, compare=args.compare,
-                state_root=bench_state_dir(named), timeout_s=args.timeout, say=say)
+                state_root=bench_state_dir(named), timeout_s=args.timeout, say=say,
+                program=args.program)
     command = "mtc " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "mtc bench recovery"
     doc = document(trace, runs, command)
     if args.json:
@@ -94,7 +98,7 @@ def cmd_bench_recovery(args: argparse.Namespace, named: str | None) -> int:
 
 
 def play(trace: Trace, *, target: str, compare: str | None, state_root: Path,
-         timeout_s: float, say: Any) -> list[RunScore]:
+         timeout_s: float, say: Any, program: str = "train") -> list[RunScore]:
     """Every run the options ask for, live first (the twin takes the costs it measured)."""
     from services.cli.demo import fresh_state
 
@@ -108,7 +112,8 @@ def play(trace: Trace, *, target: str, compare: str | None, state_root: Path,
             label = pin or "chosen"
             say(f"slurm/{label}: trace {trace.name}, {len(trace.faults)} faults")
             state = fresh_state(state_root / f"slurm-{label}")
-            runs.append(run_slurm(trace, state, pin=pin, timeout_s=timeout_s, say=say))
+            runs.append(run_slurm(trace, state, pin=pin, timeout_s=timeout_s, say=say,
+                                  program=program))
         return runs
     if target in ("embedded", "both"):
         from services.cli.bench_live import run_embedded
@@ -117,7 +122,8 @@ def play(trace: Trace, *, target: str, compare: str | None, state_root: Path,
             label = pin or "chosen"
             say(f"embedded/{label}: trace {trace.name}, {len(trace.faults)} faults")
             state = fresh_state(state_root / f"run-{label}")
-            runs.append(run_embedded(trace, state, pin=pin, timeout_s=timeout_s, say=say))
+            runs.append(run_embedded(trace, state, pin=pin, timeout_s=timeout_s, say=say,
+                                     program=program))
         costs = measured_costs(runs[0])
     if target in ("twin", "both"):
         from services.cli.bench_twin import run as run_twin

@@ -12,16 +12,18 @@ with :class:`bench_live.LocalFaults`):
 
 - ``app_crash``: SIGKILL of the rank's program. Stand-in, said plainly: every Slurm node is
   a slurmd on this one host, so the program is found in ``/proc`` by its managed
-  environment (``CLOUD_ML_JOB_ID``, ``MTC_NODE_ID``, ``MTC_JOB_ATTEMPT``), not on a machine
-  of its own; its launcher records the exit and ``srun --kill-on-bad-exit`` ends the step;
+  environment (``CLOUD_ML_JOB_ID``, ``MTC_NODE_ID``, ``MTC_JOB_ATTEMPT`` up to the current
+  one), not on a machine of its own; its launcher records the exit and the adapter holds the
+  other ranks (warm processes);
 - ``xid_13`` / ``xid_79``: an XID line appended to the node's kernel log
   (``SlurmCompute.inject_xid``), which the node's agent reads, as the demo does;
 - ``node_lost``: skipped, with the reason in the output (:data:`NODE_LOST_SKIPPED`);
 - ``no_spare_elastic``: an operator drains every idle node (``scontrol`` drain), then XID 79.
 
-Every recovery on Slurm is a new attempt (a new batch job): no process outlives its
-attempt, so the in-process restart and the warm standbys are the local compute's alone
-(docs/recovery.md, "Slurm keeps the process restart").
+The adapter runs with warm processes (``SlurmCompute(warm=True)``): an in-place or
+scale-down attempt is a new step in the job's allocation and its held ranks go on in their
+processes; a requeue, or a hot swap onto a node the allocation lacks, is a new batch job
+(docs/recovery.md, "Warm processes on Slurm"). The warm standbys are the local compute's.
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ WRAPPERS = frozenset({"bash", "sh", "srun", "slurmstepd", "sbatch"})  # not the 
 # The node agents at the local bench's pace, with the probes this host can run: no GPU here
 # (nvidia_smi, dcgm have nothing to read), and the speed probe's matmul on every node every
 # tick would load the machine the benchmark measures. The faults need only the XID probe.
-COMPUTE_OPTIONS: dict[str, Any] = {"agent_interval_s": 0.5, "agent_probes": ("xid", "disk")}
+# Warm processes on: the job's allocation outlives its attempts, and held ranks go on in place.
+COMPUTE_OPTIONS: dict[str, Any] = {"agent_interval_s": 0.5, "agent_probes": ("xid", "disk"),
+                                   "warm": True}
 
 
 def require_root() -> None:
@@ -66,9 +70,10 @@ def require_root() -> None:
 
 def rank_pids(job_id: str, attempt: int, node_id: str, proc: Path = Path("/proc")) -> list[int]:
     """The pids of the programs (not their launchers or shells) of the job's ``attempt`` on
-    mtc node ``node_id``, by their managed environment in ``/proc``."""
-    want = {protocol.JOB_ID.encode(): job_id.encode(), protocol.NODE_ID.encode(): node_id.encode(),
-            protocol.JOB_ATTEMPT.encode(): str(attempt).encode()}
+    mtc node ``node_id``, by their managed environment in ``/proc``. A process that went on
+    in place shows the environment it started with (``/proc/<pid>/environ`` is not what
+    ``os.environ`` became), so a program of an earlier attempt counts: it is the rank's."""
+    want = {protocol.JOB_ID.encode(): job_id.encode(), protocol.NODE_ID.encode(): node_id.encode()}
     out = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
@@ -80,6 +85,9 @@ def rank_pids(job_id: str, attempt: int, node_id: str, proc: Path = Path("/proc"
             continue  # gone, or not ours to read
         env = dict(kv.split(b"=", 1) for kv in environ.split(b"\0") if b"=" in kv)
         if any(env.get(k) != v for k, v in want.items()):
+            continue
+        started = env.get(protocol.JOB_ATTEMPT.encode(), b"")
+        if not started.isdigit() or int(started) > attempt:
             continue
         if _wrapper(argv):
             continue
@@ -142,7 +150,7 @@ def slurm_cluster(say: Any) -> Iterator[str]:
 
 
 def run_slurm(trace: Trace, state_dir: Path, *, pin: str | None, timeout_s: float = 120.0,
-              say: Any = None) -> RunScore:
+              say: Any = None, program: str = "train") -> RunScore:
     """Play ``trace`` on a fresh Slurm cluster with the control plane over ``state_dir``."""
     from services.wiring.embedded import embedded
 
@@ -153,7 +161,7 @@ def run_slurm(trace: Trace, state_dir: Path, *, pin: str | None, timeout_s: floa
                        compute_options=dict(COMPUTE_OPTIONS))
         try:
             return LiveRun(app, trace, pin=pin, timeout_s=timeout_s, say=say,
-                           faults=SlurmFaults(app)).run()
+                           faults=SlurmFaults(app), program=program).run()
         finally:
             app.compute.kill_all()
             app.compute.close()

@@ -27,9 +27,10 @@ defined once, in the in-job SDK (``mtc_program.protocol``); this module builds o
 * **Tiers** (``tier_env``; the program side is ``mtc_program.tiers``): each rank's directory
   in its node's memory, one on its buddy's node for its peer copy, the previous attempt's
   peer copy to read back, and a heartbeat file on the job's storage (``progress_path``).
-* **In-process restart** (``MTC_RESTART_FILE``, the local compute only; the program side is
-  ``mtc_program.inprocess``): a program that declares it is held instead of SIGTERMed and
-  the next in-place, hot-swap or scale-down attempt takes its process (``local.inprocess``).
+* **In-process restart** (``MTC_RESTART_FILE``, the local compute and Slurm's with warm
+  processes; the program side is ``mtc_program.inprocess``): a program that declares it is
+  held instead of SIGTERMed and the next in-place, hot-swap or scale-down attempt takes its
+  process (``local.inprocess``, ``slurm.warm``; the orders: ``warm_orders``).
 * **Termination message** (``MTC_TERMINATION_LOG``): the line a failing rank left; the
   attempt's detail (the job's error) carries it (``with_message``).
 """

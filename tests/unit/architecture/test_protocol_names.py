@@ -32,6 +32,7 @@ ALLOWED = {
     "shared/adapters/compute/worker_launcher.py": "run by path under python -I, imports nothing",
     "shared/launch/pyenv.py": "run by path on the node before the program",
     "shared/launch/torch_node.py": "run by path on the node, around torchrun",
+    "shared/adapters/compute/slurm/handover.py": "run by path under python -I -S in a task",
 }
 
 # the names a program reads that are mtc's or Vertex's (torchrun's RANK, WORLD_SIZE, ... are
@@ -119,6 +120,8 @@ def _by_path(rel: str) -> ModuleType:
       "EXIT_PREEMPTED": protocol.ExitCode.PREEMPTED,
       "JOB_DIRS": protocol.JOB_DIRS, "TERMINATION_LOG": protocol.TERMINATION_LOG}),
     ("shared/launch/torch_node.py", {"PREEMPTED": protocol.ExitCode.PREEMPTED}),
+    ("shared/adapters/compute/slurm/handover.py", {"GONE": protocol.ExitCode.KILLED,
+                                                   "KEEP": (protocol.RESTART_FILE,)}),
     ("shared/launch/pyenv.py", {"TERMINATION_LOG": protocol.TERMINATION_LOG,
                                 "RUNTIME": protocol.RUNTIME}),
 ])

@@ -23,18 +23,17 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from mtc_program import inprocess
-from mtc_program.inprocess import HOLD, RESTART, Order
+from shared.adapters.compute import warm_orders
 from shared.adapters.compute.local.procs import end_group, rank_running, signal_rank
 from shared.adapters.compute.protocol import ExitCode
+from shared.adapters.compute.warm_orders import IN_PROCESS_MODES, PARK_S, RESTART_FILE
 
-RESTART_FILE = inprocess.RESTART_FILE  # the managed environment's name for the control file
-PARK_S = 20.0  # how long a held process waits for the next attempt before it is ended
-IN_PROCESS_MODES = frozenset({"in_place", "hot_swap", "scale_down"})
+__all__ = ["IN_PROCESS_MODES", "PARK_S", "RESTART_FILE", "control_path", "end_parked", "held",
+           "hold", "kill_parked", "migrate", "park", "take"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS parked (
@@ -77,13 +76,6 @@ def _declared_pid(worker: sqlite3.Row) -> int | None:
     return pid if fields[0] not in ("Z", "X") and int(fields[2]) == worker["pid"] else None
 
 
-def _next_generation(control: Path) -> int:
-    order = inprocess.read_order(control)
-    state = inprocess.read_state(control)
-    return max(order.generation if order else 0, state.get("applied", 0),
-               state.get("held", 0)) + 1
-
-
 def hold(db: sqlite3.Connection, worker: sqlite3.Row, park_s: float) -> bool:
     """Ask a rank that declared in-process restart to hold (True), else False: the caller
     SIGTERMs it. A rank asked already is not asked again."""
@@ -91,9 +83,7 @@ def hold(db: sqlite3.Connection, worker: sqlite3.Row, park_s: float) -> bool:
         return True
     if _declared_pid(worker) is None:
         return False
-    control = Path(worker["control_file"])
-    gen = _next_generation(control)
-    inprocess.atomic_write(control, Order(gen, HOLD, deadline=time.time() + park_s).to_json())
+    gen = warm_orders.write_hold(Path(worker["control_file"]), warm_orders.hold_deadline(park_s))
     db.execute("UPDATE workers SET hold_gen = ? WHERE job_id = ? AND attempt = ? AND rank = ?",
                (gen, worker["job_id"], worker["attempt"], worker["rank"]))
     return True
@@ -102,7 +92,7 @@ def hold(db: sqlite3.Connection, worker: sqlite3.Row, park_s: float) -> bool:
 def held(worker: sqlite3.Row) -> bool:
     """The rank answered its hold (its save is complete) and its process still runs."""
     gen = worker["hold_gen"]
-    if gen is None or inprocess.read_state(Path(worker["control_file"])).get("held", 0) < gen:
+    if gen is None or not warm_orders.held_since(Path(worker["control_file"]), gen):
         return False
     return rank_running(worker)
 
@@ -129,10 +119,8 @@ def take(db: sqlite3.Connection, job_id: str, node_id: str, env: Mapping[str, st
                    (row["job_id"], row["attempt"], row["rank"]))
         if not rank_running(row):
             continue
-        control = Path(row["control_file"])
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        order = Order(_next_generation(control), RESTART, dict(env), str(log_path))
-        inprocess.atomic_write(control, order.to_json())
+        warm_orders.write_restart(Path(row["control_file"]), env, str(log_path))
         return row
     return None
 

@@ -37,6 +37,7 @@ from shared.adapters.compute.local.procs import (
     start_ticks,
 )
 from shared.adapters.compute.protocol import host_dir, safe_name
+from shared.adapters.compute.warm_orders import next_generation
 from shared.ports import WorkerSpec
 
 MAX_LAUNCHES = 8  # per job and node: a program that cannot stand by stops being started
@@ -160,14 +161,6 @@ def take(db: sqlite3.Connection, job_id: str, node_id: str, env: Mapping[str, st
     db.execute("UPDATE standbys SET pid = NULL, start_ticks = NULL, launches = 0"
                " WHERE job_id = ? AND node_id = ?", (job_id, node_id))
     return row
-
-
-def next_generation(control: Path, state: dict[str, int]) -> int:
-    """Above every order written (a lease the standby has not answered yet included) and
-    every one it answered."""
-    current = inprocess.read_order(control)
-    return max(state.get("applied", 0), state.get("held", 0),
-               current.generation if current is not None else 0) + 1
 
 
 def renew(db: sqlite3.Connection, now: float) -> None:

@@ -7,6 +7,8 @@ new checkpoint once and the attempt's one ``JobWorkersExited`` (the shared ledge
 every rank left an exit code, or when the Slurm job ended or was requeued by Slurm itself
 without them (missing ranks count 137). ``signal_workers`` = ``scancel --signal=TERM``
 (steps only), then ``scancel`` after the grace period; ``stop_workers`` = ``scancel``.
+With warm processes (``warm``) an attempt may be a step of the job's allocation instead, and
+a rank that restarts in process is held rather than signalled.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from shared.adapters.compute.ledger import (
     workers_exited,
 )
 from shared.adapters.compute.protocol import ExitCode, read_exit_file, safe_name, with_message
+from shared.adapters.compute.slurm import warm_scripts
 from shared.adapters.compute.slurm.api import (
     REQUEUED_JOB_STATES,
     TERMINAL_JOB_STATES,
@@ -40,9 +43,11 @@ from shared.adapters.compute.slurm.api import (
 from shared.adapters.compute.slurm.cli import SlurmError, SlurmPermanentError
 from shared.adapters.compute.slurm.nodes import node_row
 from shared.adapters.compute.slurm.ops import OpQueue, OpResult, log
+from shared.adapters.compute.slurm.script_files import write_executable
 from shared.adapters.compute.slurm.scripts import PeerTier, write_scripts
 from shared.adapters.compute.slurm.settings import SlurmSettings
 from shared.adapters.compute.slurm.view import SlurmView
+from shared.adapters.compute.slurm.warm import SlurmWarm
 from shared.adapters.compute.worker_logs import LogFile, tail_note
 from shared.ports import Gang
 
@@ -64,6 +69,8 @@ class SlurmAttempts:
         self._ops = ops
         self._instance = instance
         self.scan = AttemptScan(self._store, self._node_of)  # checkpoints, heartbeats, ranks
+        self.warm = SlurmWarm(view, self.run_dir, park_s=settings.park_s) \
+            if settings.warm else None
         ops.register("submit", self._op_submit, self._done_submit, self._failed_submit)
         ops.register("signal", self._op_signal)
         ops.register("cancel", self._op_cancel)
@@ -231,12 +238,16 @@ class SlurmAttempts:
                     peer=PeerTier.for_master(self._settings.master_addr,
                                              self._settings.peer_budget_bytes),
                     previous_hosts=previous_hosts(db, job_id, attempt),
-                    port_salt=str(self._settings.state_dir),
+                    port_salt=str(self._settings.state_dir), warm=self.warm is not None,
                 )
             except ValueError as exc:  # job input the scripts cannot carry safely
                 att = attempt_row(db, job_id, attempt)
                 assert att is not None
                 self._finalize(db, att, EXIT_SUBMIT_FAILED, f"cannot submit: {exc}")
+                return
+            cancels: list[str] = []  # the job's allocation, released for this attempt's own
+            if self.warm is not None and self._warm_start(db, gang, run_dir, slurm_nodes,
+                                                          cancels):
                 return
             key = f"submit:{job_id}:{attempt}"
             self._ops.put(
@@ -251,7 +262,35 @@ class SlurmAttempts:
                     "output": str(output),
                 },
             )
+        for cancel in cancels:
+            self._ops.kick(cancel)
         self._ops.kick(key)
+
+    def _warm_start(self, db: sqlite3.Connection, gang: Gang, run_dir: Path,
+                    slurm_nodes: Sequence[str], cancels: list[str]) -> bool:
+        """Run the attempt as a step of the job's allocation (True), or release that
+        allocation for the attempt's own ``sbatch`` (False; its ``scancel`` in ``cancels``,
+        run once the transaction is over)."""
+        assert self.warm is not None
+        reuse = self.warm.reusable(db, gang, slurm_nodes)
+        if reuse is not None:
+            slurm_id, alloc_dir = reuse
+            self.warm.takes(db, gang)
+            token = alloc_dir / "peer.token"  # the held ranks' peer stores check the host's
+            if token.exists():
+                write_executable(run_dir / "peer.token", token.read_text(), mode=0o600)
+            db.execute("UPDATE attempts SET slurm_job_id = ? WHERE job_id = ? AND attempt = ?",
+                       (slurm_id, gang.job_id, gang.attempt))
+            warm_scripts.order(alloc_dir, gang.attempt, run_dir)
+            log.info("job %s attempt %d runs in Slurm job %d (kept)", gang.job_id,
+                     gang.attempt, slurm_id)
+            return True
+        self.warm.end(db, gang.job_id, self._store.clock.now())
+        old = self.warm.host(db, gang, run_dir, slurm_nodes)
+        host = None if old is None else attempt_row(db, gang.job_id, old)
+        if host is not None and host["slurm_job_id"] is not None:
+            cancels.append(self._cancel(db, host))  # its steps (held processes) with it
+        return False
 
     def _slurm_name(self, db: sqlite3.Connection, node_id: str) -> str | None:
         row = node_row(db, node_id)
@@ -266,7 +305,8 @@ class SlurmAttempts:
             att = attempt_row(db, job_id, attempt)
             if att is None or att["finalized"]:
                 return
-            if SqliteLedger(db).signal(att, now, grace_s):
+            if SqliteLedger(db).signal(att, now, grace_s) and not (
+                    self.warm is not None and self.warm.hold(db, job_id, attempt)):
                 self._ops.put(db, key, "signal", {"job_id": job_id, "attempt": attempt})
         self._ops.kick(key)
 
@@ -277,6 +317,8 @@ class SlurmAttempts:
             if att is None or att["finalized"]:
                 return
             key = self._cancel(db, att)
+            if self.warm is not None:
+                self.warm.release(db, job_id)
         self._ops.kick(key)
 
     def _cancel(self, db: sqlite3.Connection, att: sqlite3.Row) -> str:
@@ -297,7 +339,10 @@ class SlurmAttempts:
                 "UPDATE ops SET status = 'done', error = 'kill_all' WHERE kind = 'submit'"
                 " AND status IN ('pending', 'running')"
             )
-        ids = [a["slurm_job_id"] for a in atts if a["slurm_job_id"] is not None]
+            kept = db.execute("SELECT a.slurm_job_id FROM attempts a JOIN warm_allocs w ON"
+                              " a.job_id = w.job_id AND a.attempt = w.host_attempt").fetchall()
+            db.execute("DELETE FROM warm_allocs")
+        ids = list({a["slurm_job_id"] for a in [*atts, *kept] if a["slurm_job_id"] is not None})
         for slurm_id in ids:
             with contextlib.suppress(SlurmError):
                 self._cli.cancel(slurm_id)
@@ -321,6 +366,8 @@ class SlurmAttempts:
         for att in db.execute("SELECT * FROM attempts WHERE finalized = 0 AND origin = ''").fetchall():
             run_dir = Path(att["run_dir"])
             codes = {r: read_exit_file(run_dir / f"rank-{r}.exit") for r in range(att["world_size"])}
+            if self.warm is not None:
+                codes = self._warm_codes(db, att, now, codes, keys)
             self.scan_checkpoints(db, att, now, codes)
             if att["kill_deadline"] is not None and att["kill_deadline"] <= now and not att["cancel_sent"]:
                 keys.append(self._cancel(db, att))
@@ -333,7 +380,8 @@ class SlurmAttempts:
                 continue  # nothing can be inferred from a controller that does not answer
             job = self._view.jobs.get(slurm_id)
             requeued = job is not None and (job.restart_cnt > 0 or job.job_state in REQUEUED_JOB_STATES)
-            over = job is None or job.job_state in TERMINAL_JOB_STATES or requeued
+            over = job is None or job.job_state in TERMINAL_JOB_STATES or requeued \
+                or (self.warm is not None and (run_dir / "step.exit").exists())
             if not over:
                 if att["gone_since"] is not None:
                     db.execute(
@@ -351,18 +399,47 @@ class SlurmAttempts:
                 continue
             self.scan_checkpoints(db, att, now)
             codes = {r: read_exit_file(run_dir / f"rank-{r}.exit") for r in range(att["world_size"])}
+            if self.warm is not None:
+                codes = self._warm_codes(db, att, now, codes, keys)
             state = "gone from squeue" if job is None else job.job_state
             if requeued:
                 state = "requeued by Slurm itself"
                 if not att["cancel_sent"]:
                     keys.append(self._cancel(db, att))
             self._finalize_codes(db, att, codes, f"{where}, {state}; no exit file: killed")
+        if self.warm is not None:
+            self.warm.tick(db, now)
         return keys
+
+    def _warm_codes(self, db: sqlite3.Connection, att: sqlite3.Row, now: float,
+                    codes: Mapping[int, int | None], keys: list[str]) -> dict[int, int | None]:
+        """The ranks' codes with those held and parked counted 75; a rank that failed while
+        the attempt ran ends it: the others are held, or signalled where one cannot be."""
+        assert self.warm is not None
+        job_id, attempt = att["job_id"], att["attempt"]
+        parked = self.warm.park(db, job_id, attempt, now)
+        out = {r: parked.get(r) if c is None else c for r, c in codes.items()}
+        failed = [r for r, c in codes.items() if c not in (None, 0)]
+        if failed and att["signalled_at"] is None and not all_ranks_exited(out):
+            run_dir = Path(att["run_dir"])
+            first = min(failed, key=lambda r: (run_dir / f"rank-{r}.exit").stat().st_mtime_ns)
+            self.warm.fail(db, job_id, attempt, first)
+            if SqliteLedger(db).signal(att, now, self._settings.gang_grace_s) \
+                    and not self.warm.hold(db, job_id, attempt):
+                key = f"signal:{job_id}:{attempt}"
+                self._ops.put(db, key, "signal", {"job_id": job_id, "attempt": attempt})
+                keys.append(key)
+        return out
 
     def _finalize_codes(
         self, db: sqlite3.Connection, att: sqlite3.Row, codes: Mapping[int, int | None], note: str
     ) -> None:
         first = first_failed(att, codes)
+        if self.warm is not None:
+            failed = self.warm.failed_rank(db, att["job_id"], att["attempt"])
+            first = first if failed is None else failed
+            if all(c == 0 for c in codes.values()):
+                self.warm.release(db, att["job_id"])  # the job is done
         run_dir = self.run_dir(att["job_id"], att["attempt"])
         files = {r: run_dir / f"rank-{r}.exit" for r in codes}
         note = with_message(note, files, first)

@@ -58,6 +58,11 @@ replacement cloud node must be able to join static ones. ``signal_workers`` =
 ``scancel --signal=TERM`` (steps only: the training processes get it, the batch shell does
 not), then ``scancel`` after the grace period; ``stop_workers`` = ``scancel``.
 
+Warm processes (``warm=True``; ``warm``, the ``WarmProcesses`` port): the job's allocation
+outlives its attempts, an in-place, hot-swap or scale-down attempt onto nodes it holds runs as
+one more step in it, and a rank whose program restarts in process is held instead of
+signalled and goes on in its process in the next attempt. Every attempt is still recorded.
+
 Failures. Every Slurm command runs under a timeout. Each port call records what it wants as
 an operation keyed by its idempotency key (a repeat is a no-op) and runs it at once; a
 transient error (slurmctld down or slow) leaves it pending: ``poll()`` retries it with
@@ -107,6 +112,7 @@ from shared.adapters.compute.slurm.reservations import DeepCheckSpec
 from shared.adapters.compute.slurm.settings import SlurmSettings
 from shared.adapters.compute.slurm.userjobs import SlurmUserJobs, migrate_user_jobs
 from shared.adapters.compute.slurm.view import SlurmView
+from shared.adapters.compute.slurm.warm import WARM_SCHEMA
 from shared.adapters.compute.worker_logs import LogFile
 from shared.domain.health import RepairAction
 from shared.domain.model import Node
@@ -179,6 +185,9 @@ class SlurmCompute:
         deep_check_runner: ProbeRunner | None = None,
         storage_floor: StorageFloor | None = None,
         peer_budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        warm: bool = False,
+        park_s: float = 20.0,
+        gang_grace_s: float = 30.0,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.slurm_conf = slurm_conf
@@ -208,9 +217,13 @@ class SlurmCompute:
             deep_check_runner=deep_check_runner or agent_runner,
             storage_floor=storage_floor or StorageFloor(),
             peer_budget_bytes=peer_budget_bytes,
+            warm=warm,
+            park_s=park_s,
+            gang_grace_s=gang_grace_s,
         )
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.store = FactStore(self.state_dir / self.DB_FILE, _SCHEMA + DEEP_SCHEMA, emit, clock)
+        self.store = FactStore(self.state_dir / self.DB_FILE, _SCHEMA + DEEP_SCHEMA + WARM_SCHEMA,
+                               emit, clock)
         migrate_drains(self.store)
         migrate_user_jobs(self.store)
         with self.store.tx() as db:

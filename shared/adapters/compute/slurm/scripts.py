@@ -47,7 +47,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import os
 import re
 import secrets
 import shlex
@@ -60,6 +59,8 @@ from mtc_program import peer_store
 from mtc_program import protocol as p
 from shared.adapters.compute.job_env import LAUNCHER_ENV
 from shared.adapters.compute.protocol import LAUNCHER, managed_env, progress_path, safe_name
+from shared.adapters.compute.slurm import warm_scripts
+from shared.adapters.compute.slurm.script_files import comment, write_executable
 from shared.ports import Gang, RecoveryPlan, WorkerSpec
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -120,11 +121,6 @@ def env_name(name: str) -> str:
     return name
 
 
-def comment(text: str) -> str:
-    """``text`` made safe for a ``#`` comment line: printable ASCII only, one line."""
-    return "".join(c if " " <= c <= "~" else "?" for c in text)
-
-
 def write_scripts(
     gang: Gang,
     names: Mapping[str, str | None],
@@ -136,6 +132,7 @@ def write_scripts(
     peer: PeerTier | None = None,
     previous_hosts: Sequence[str] = (),
     port_salt: str = "",
+    warm: bool = False,
 ) -> None:
     """Write the attempt's scripts into ``run_dir`` (``names``: mtc node id -> Slurm node):
     ``hostfile`` (rank r's Slurm node on line r, so srun puts each pool's ranks on the
@@ -143,7 +140,11 @@ def write_scripts(
     environment by ``$RANK``, and ``batch.sh``. ``peer``: how the tiers' peer stores run
     (none: no tiers); ``previous_hosts``: the Slurm nodes
     of the job's previous attempt by rank (where its peer copies are); ``port_salt``: see
-    ``master_port``. Job input the scripts cannot carry safely is refused (``ValueError``)
+    ``master_port``; ``warm``: the attempt runs as a step of an allocation that outlives
+    it (``warm_scripts``: ``batch.sh`` loops over the job's attempts, ``step.sh`` is this
+    one's step), its ranks are offered in-process restart (``MTC_RESTART_FILE``) and a rank
+    the adapter gave a held process (``rank-<RANK>.take``) hands itself to it
+    (``handover``). Job input the scripts cannot carry safely is refused (``ValueError``)
     before anything is written."""
     pools = tuple(g.count for g in gang.groups)
     envs = [managed_env(WorkerSpec(gang.job_id, gang.attempt, g.first_rank, gang.world_size,
@@ -160,7 +161,7 @@ def write_scripts(
         Path(d).mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     output.parent.mkdir(parents=True, exist_ok=True)
-    for stale in run_dir.glob("*.exit"):
+    for stale in [*run_dir.glob("*.exit"), *run_dir.glob("rank-*.take")]:
         stale.unlink()
     q = shlex.quote
     lines = [
@@ -184,6 +185,9 @@ def write_scripts(
         *([f"export {p.RECOVERY_FRESH}"] if plan is not None else []),
         'export MTC_SLURM_NODE="${SLURMD_NODENAME:-}"',
     ]
+    lines.append("kept_peer=")
+    if warm:  # before the peer store: a held process's task still runs the node's
+        lines += warm_scripts.task_lines(run_dir)
     if peer is not None:
         whole = previous_hosts and all(h and SLURM_NODE.fullmatch(h) for h in previous_hosts)
         prev = list(previous_hosts) if whole else hosts  # else: as if placed as now
@@ -220,6 +224,7 @@ def write_scripts(
         # launcher runs isolated with a fixed environment (job_env)
         f'env_file={q(str(run_dir))}/rank-"$RANK".env',
         '(umask 077 && /usr/bin/env -0 > "$env_file") || exit 1',
+        *(warm_scripts.handover_lines(run_dir, python) if warm else []),
         f'exec /usr/bin/env -i {" ".join(f"{k}={q(v)}" for k, v in LAUNCHER_ENV.items())}'
         f' {q(python)} -I {q(str(LAUNCHER))} --zero-after-stop'
         f' --exit-file {q(str(run_dir))}/rank-"$RANK".exit --env-file "$env_file"'
@@ -227,6 +232,11 @@ def write_scripts(
     ]
     write_executable(run_dir / "hostfile", "\n".join(hosts) + "\n", mode=0o644)
     write_executable(run_dir / "task.sh", "\n".join(lines) + "\n")
+    if warm:
+        cleanup = _cleanup_lines(gang, run_dir, gang.world_size, port_salt, overlap=True) \
+            if peer is not None else []
+        warm_scripts.write(gang, run_dir, tmp_root(gang), cleanup)
+        return
     k = gang.world_size
     tag = q(f"[mtc] job {gang.job_id} attempt {gang.attempt}")
     batch = [
@@ -267,7 +277,8 @@ def tmp_root(gang: Gang) -> str:
     return f"/tmp/mtc-{memory_name(gang)}-a{gang.attempt}"
 
 
-def _cleanup_lines(gang: Gang, run_dir: Path, k: int, deployment: str) -> list[str]:
+def _cleanup_lines(gang: Gang, run_dir: Path, k: int, deployment: str,
+                   overlap: bool = False) -> list[str]:
     """batch.sh, after the step: when every rank exited 0 the job is done, and its memory
     entries and the peer copies on each node go with it; /dev/shm would keep them until a
     reboot (a stopped or failed attempt keeps them: the next one restores from them)."""
@@ -276,7 +287,8 @@ def _cleanup_lines(gang: Gang, run_dir: Path, k: int, deployment: str) -> list[s
     return [
         f'if [ "$rc" = 0 ] && ! grep -qvx 0 {q(str(run_dir))}/rank-*.exit 2>/dev/null; then',
         f"    SLURM_HOSTFILE={q(str(run_dir / 'hostfile'))} srun --nodes={k} --ntasks={k}"
-        f" --ntasks-per-node=1 --distribution=arbitrary /bin/sh -c {q(rm)}",
+        f" --ntasks-per-node=1 --distribution=arbitrary{' --overlap' if overlap else ''}"
+        f" /bin/sh -c {q(rm)}",
         "fi",
     ]
 
@@ -309,10 +321,15 @@ def tier_lines(gang: Gang, run_dir: Path, peer: PeerTier, ports: Mapping[str, in
         f"export {p.TIER2_TOKEN}",
         f'export {p.PROGRESS_FILE}={q(str(progress))}/rank-"$RANK".json',
         '(umask 077 && mkdir -p "$node_mem") || exit 1',
-        f"{q(python)} -I {q(str(PEER_STORE))} serve --root \"$node_mem\" --token-file {token}"
+        # kept_peer: the node's service of a held process's task goes on (warm_scripts)
+        'if [ -z "${kept_peer:-}" ]; then',
+        f"    {q(python)} -I {q(str(PEER_STORE))} serve --root \"$node_mem\" --token-file {token}"
         f" --host {q(peer.host or '0.0.0.0')} --port \"$(peer_port \"$SLURMD_NODENAME\")\""
         f" --budget-bytes {int(peer.budget_bytes)} --parent-pid $$"
         f' >> {q(str(run_dir))}/peer-store-"$RANK".log 2>&1 < /dev/null &',
+        '    kept_peer=$!',
+        "fi",
+        f'echo "$kept_peer" > {q(str(run_dir))}/peer-store-"$RANK".pid',
     ]
 
 
@@ -339,13 +356,6 @@ def slurm_node(name: str | None) -> str:
         raise ValueError(f"invalid Slurm node name {name!r} for the hostfile: "
                          f"must match {SLURM_NODE.pattern}")
     return name
-
-
-def write_executable(path: Path, text: str, mode: int = 0o755) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
 
 
 def _fresh_mark(plan: RecoveryPlan | None, node_id: str) -> str:

@@ -38,3 +38,8 @@ class SlurmSettings:
     storage_floor: StorageFloor = field(default_factory=StorageFloor)
     # each node's memory for the peer copies its peer store holds (the oldest go beyond it)
     peer_budget_bytes: int = DEFAULT_BUDGET_BYTES
+    # warm processes (``warm``): the job's allocation outlives its attempts and a rank that
+    # restarts in process goes on in its process; off: one batch job per attempt
+    warm: bool = False
+    park_s: float = 20.0  # how long a held process waits for the next attempt
+    gang_grace_s: float = 30.0  # a rank failed: the others' time to hold before the scancel

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import cast
 
@@ -285,3 +286,52 @@ def test_each_task_has_its_own_tmpdir_and_batch_sh_removes_them(tmp_path: Path) 
     finally:
         for r in range(3):
             shutil.rmtree(f"{tmp_root(mine)}-r{r}", ignore_errors=True)
+
+
+def test_a_warm_allocation_runs_each_attempts_step_until_released(tmp_path: Path) -> None:
+    """Warm processes: batch.sh runs its attempt's step, then each ordered attempt's step in
+    the same allocation (srun a stand-in: every task exits 1), and exits once released;
+    each step runs with --overlap and without --kill-on-bad-exit, and task.sh offers the
+    in-process restart and hands a taken rank over."""
+    from shared.adapters.compute.slurm import warm_scripts
+
+    first, second = tmp_path / "attempt-1", tmp_path / "attempt-2"
+    gang = two_pools(tmp_path)
+    for run_dir, g in ((first, gang), (second, Gang(gang.job_id, 2, gang.node_ids, gang.groups,
+                                                     gang.checkpoint_dir, gang.model_dir,
+                                                     gang.tensorboard_dir))):
+        write_scripts(g, NAMES, run_dir, tmp_path / "slurm.out", python=sys.executable,
+                      master_addr="10.0.0.1", warm=True)
+    step = (second / "step.sh").read_text()
+    assert "--overlap" in step and "--kill-on-bad-exit=0" in step
+    assert "--kill-on-bad-exit=1" not in step
+    task = (second / "task.sh").read_text()
+    assert "export MTC_RESTART_FILE=" in task and "handover.py" in task
+    for name in ("batch.sh", "step.sh", "task.sh"):
+        check = subprocess.run(["bash", "-n", str(second / name)], capture_output=True, text=True)
+        assert check.returncode == 0, (name, check.stderr)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "srun"
+    fake.write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
+                    '[[ "$1" == */task.sh ]] && exit 1\nexec "$@"\n')
+    fake.chmod(0o755)
+    batch = subprocess.Popen(["bash", str(first / "batch.sh")], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    try:
+        until = time.monotonic() + 20
+        while not (first / "step.exit").exists():
+            assert time.monotonic() < until and batch.poll() is None, "attempt 1's step"
+            time.sleep(0.05)
+        warm_scripts.order(first, 2, second)
+        while not (second / "step.exit").exists():
+            assert time.monotonic() < until and batch.poll() is None, "attempt 2's step"
+            time.sleep(0.05)
+        assert (first / "step.exit").read_text().strip() == "1"
+        warm_scripts.release(first)
+        out, err = batch.communicate(timeout=10)
+    finally:
+        batch.kill()
+    assert batch.returncode == 0, err
+    assert "[mtc] job job-2 attempt 2: a step of Slurm job" in out

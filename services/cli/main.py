@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mtc_program.protocol import PROCESSES_PER_NODE
 from services.api.errors import ApiError
 from services.api.names import parent
 from services.api.security import ADMIN_TOKEN_FILE
@@ -154,7 +155,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
              "newest); through --api too")
     x.add_argument("job_id")
     x.add_argument("--rank", type=int, help="the program's RANK (default 0); ranks that "
-                   "share a replica (MTC_PROCESSES_PER_NODE) read that replica's log")
+                   f"share a replica ({PROCESSES_PER_NODE}) read that replica's log")
     x.add_argument("--attempt", type=int, help="the attempt (default the newest)")
     x.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
     x.add_argument("--follow", action="store_true", help="keep printing new lines (into the "

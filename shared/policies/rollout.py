@@ -1,0 +1,166 @@
+"""A cluster's policy rollout as data: the candidate triage table and its stages.
+
+The document (what the API's ``triagePolicy:configure`` takes and the store keeps)::
+
+    {"candidate": {...a triage table, shared/policies/triage_table.py format...},
+     "stages": [{"stage": "recommend", "cause": "nvlink_error", "partition": "train"}, ...],
+     "defaultStage": "shadow", "recommendTimeoutS": 3600, "timeoutDefault": "dismiss"}
+
+``candidate`` is validated as strictly as the packaged table (a typo fails, naming its key),
+so an operator-defined action for an error code is one validated row of it. ``stages`` rows
+name a cause (a failure mode, or ``*``) and a partition (or ``*``); see
+:func:`shared.policies.shadow.stage_for`. Also here: the stored form of a diff report and of
+a recommendation (plain dicts, JSON-safe), and back.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from shared.domain import validation as kit
+from shared.domain.errors import ValidationError
+from shared.domain.health import RepairAction
+from shared.policies.shadow import (
+    ANY,
+    CauseRow,
+    Decision,
+    DiffReport,
+    Divergence,
+    Recommendation,
+    Stage,
+    StageRule,
+    TimeoutDefault,
+    Verdict,
+)
+from shared.policies.triage_table import TriageTable, parse_triage_table
+
+MAX_STAGE_ROWS = 256
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+DEFAULT_TIMEOUT_S = 3600.0
+_E = TypeVar("_E", Stage, TimeoutDefault)
+_KEYS = {"candidate", "stages", "defaultStage", "recommendTimeoutS", "timeoutDefault", "reason"}
+
+
+@dataclass(frozen=True)
+class Rollout:
+    candidate: TriageTable
+    doc: Mapping[str, Any]  # the validated document, as stored
+    rules: tuple[StageRule, ...] = ()
+    default_stage: Stage = Stage.SHADOW
+    recommend_timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_default: TimeoutDefault = TimeoutDefault.DISMISS
+
+
+def parse_rollout(data: Any) -> Rollout:
+    """Validate a rollout document; errors name the key (``candidate.xid.rules[3].action``)."""
+    top = kit.mapping(data, "")
+    kit.only_keys(top, "", _KEYS)
+    candidate_raw = kit.required(top, "candidate", "")
+    try:
+        candidate = parse_triage_table(candidate_raw)
+    except ValidationError as exc:
+        raise exc.nested("candidate") from exc
+    rows = top.get("stages", [])
+    if not isinstance(rows, list):
+        raise ValidationError("stages", "must be a list")
+    if len(rows) > MAX_STAGE_ROWS:
+        raise ValidationError("stages", f"at most {MAX_STAGE_ROWS} rows")
+    rules = tuple(_stage_rule(row, kit.join("stages", i)) for i, row in enumerate(rows))
+    seen: set[tuple[str, str]] = set()
+    for i, rule in enumerate(rules):
+        if (rule.cause, rule.partition) in seen:
+            raise ValidationError(kit.join("stages", i), f"cause {rule.cause!r} on partition "
+                                  f"{rule.partition!r} is already staged")
+        seen.add((rule.cause, rule.partition))
+    timeout = kit.number(top.get("recommendTimeoutS", DEFAULT_TIMEOUT_S), "recommendTimeoutS",
+                         low=1.0, high=MAX_TIMEOUT_S)
+    doc = {"candidate": candidate_raw,
+           "stages": [{"stage": r.stage.value, "cause": r.cause, "partition": r.partition}
+                      for r in rules],
+           "defaultStage": _enum(Stage, top.get("defaultStage", "shadow"), "defaultStage").value,
+           "recommendTimeoutS": timeout,
+           "timeoutDefault": _enum(TimeoutDefault, top.get("timeoutDefault", "dismiss"),
+                                   "timeoutDefault").value}
+    return Rollout(candidate, doc, rules, Stage(doc["defaultStage"]), timeout,
+                   TimeoutDefault(doc["timeoutDefault"]))
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_cached(text: str) -> Rollout:
+    return parse_rollout(json.loads(text))
+
+
+def rollout_of(doc: Mapping[str, Any]) -> Rollout:
+    """A stored (already validated) document as a Rollout; parsed once per distinct document,
+    since triage reads it for every report with a finding."""
+    return _parse_cached(json.dumps({k: doc[k] for k in sorted(doc) if k in _KEYS},
+                                    sort_keys=True))
+
+
+def _enum(cls: type[_E], value: Any, path: str) -> _E:
+    try:
+        return cls(str(value).lower())
+    except ValueError:
+        raise ValidationError(path, f"must be one of {[m.value for m in cls]}, "
+                              f"got {value!r}") from None
+
+
+def _stage_rule(value: Any, path: str) -> StageRule:
+    row = kit.mapping(value, path)
+    kit.only_keys(row, path, {"stage", "cause", "partition"})
+    stage = _enum(Stage, kit.required(row, "stage", path), kit.join(path, "stage"))
+    cause = kit.text(row.get("cause", ANY), kit.join(path, "cause"))
+    partition = kit.text(row.get("partition", ANY), kit.join(path, "partition"))
+    return StageRule(stage, cause, partition)
+
+
+# --- stored forms ----------------------------------------------------------------------------
+
+
+def _decision_doc(d: Decision) -> dict[str, str]:
+    return {"failureMode": d.failure_mode, "action": d.action.value}
+
+
+def _decision(doc: Mapping[str, Any]) -> Decision:
+    return Decision(str(doc["failureMode"]), RepairAction(doc["action"]))
+
+
+def report_doc(report: DiffReport) -> dict[str, Any]:
+    return {"evaluated": report.evaluated, "differing": report.differing,
+            "dropped": report.dropped, "causes": list(report.causes),
+            "rows": [{"cause": r.cause, "active": _decision_doc(r.active),
+                      "candidate": _decision_doc(r.candidate), "count": r.count,
+                      "firstAt": r.first_at, "lastAt": r.last_at, "nodes": list(r.nodes)}
+                     for r in report.rows]}
+
+
+def report_of(doc: Mapping[str, Any] | None) -> DiffReport:
+    if not doc:
+        return DiffReport()
+    rows = tuple(CauseRow(str(r["cause"]), _decision(r["active"]), _decision(r["candidate"]),
+                          int(r["count"]), float(r["firstAt"]), float(r["lastAt"]),
+                          tuple(r.get("nodes", ()))) for r in doc.get("rows", ()))
+    return DiffReport(int(doc.get("evaluated", 0)), int(doc.get("differing", 0)), rows,
+                      int(doc.get("dropped", 0)))
+
+
+def recommendation_doc(rec: Recommendation) -> dict[str, Any]:
+    d = rec.divergence
+    return {"id": rec.rec_id, "nodeId": rec.node_id, "cause": d.cause, "at": d.at,
+            "active": _decision_doc(d.active), "candidate": _decision_doc(d.candidate),
+            "createdAt": rec.created_at, "deadline": rec.deadline, "verdict": rec.verdict.value,
+            "decidedAt": rec.decided_at, "by": rec.by, "reason": rec.reason}
+
+
+def recommendation_of(doc: Mapping[str, Any]) -> Recommendation:
+    divergence = Divergence(str(doc["nodeId"]), float(doc["at"]), _decision(doc["active"]),
+                            _decision(doc["candidate"]))
+    decided = doc.get("decidedAt")
+    return Recommendation(str(doc["id"]), str(doc["nodeId"]), divergence,
+                          float(doc["createdAt"]), float(doc["deadline"]),
+                          Verdict(doc["verdict"]), None if decided is None else float(decided),
+                          str(doc.get("by", "")), str(doc.get("reason", "")))

@@ -43,6 +43,7 @@ from shared.adapters.outbox_bus import DEAD_LETTERS
 from shared.domain.model import JobState, Node, NodeState
 from shared.goodput import job_accounting
 from shared.ports import Clock, DocStore, EventLog
+from shared.service_layer import triage_policy
 
 BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 MAX_JOB_SERIES = 200  # per-job series for this many jobs at most: bounded cardinality
@@ -222,6 +223,7 @@ class StoreCollector:
             self.stats.feed(self._cursor.next())
         yield from self._nodes()
         yield from self._jobs()
+        yield from self._triage_shadow()
         if self.clusters is not None:
             yield from self._liveness(now)
             return
@@ -283,6 +285,30 @@ class StoreCollector:
                 recovery.add_metric(ids, acct.recovery_s)
                 lost.add_metric(ids, acct.lost_steps)
         yield from (restarts, goodput, recovery, lost)
+
+    def _triage_shadow(self) -> Iterator[Metric]:
+        """A candidate triage table's diff report (bounded rows per cluster) and its
+        recommendations waiting for an operator."""
+        diff = GaugeMetricFamily(
+            "mtc_triage_shadow_differences", "Reports a candidate triage table would decide "
+            "differently, by cause and by what each table does",
+            labels=["cluster", "cause", "active_action", "candidate_action"])
+        evaluated = GaugeMetricFamily("mtc_triage_shadow_evaluated", "Reports with a finding "
+                                      "triaged under both tables", labels=["cluster"])
+        for doc in self._mine(self.store.read(triage_policy.SHADOW, {})):
+            cluster = str(doc["cluster_id"])
+            evaluated.add_metric([cluster], float(doc.get("evaluated", 0)))
+            for row in doc.get("rows", ()):
+                diff.add_metric([cluster, str(row["cause"]), str(row["active"]["action"]),
+                                 str(row["candidate"]["action"])], float(row["count"]))
+        pending = GaugeMetricFamily("mtc_triage_recommendations_pending", "A candidate's "
+                                    "recommendations waiting for an operator",
+                                    labels=["cluster"])
+        waiting = Counter(d["cluster_id"] for d in self._mine(self.store.read(
+            triage_policy.RECOMMENDATIONS, {"verdict": "pending"})))
+        for cluster, count in sorted(waiting.items()):
+            pending.add_metric([cluster], count)
+        yield from (diff, evaluated, pending)
 
     def _bus(self, now: float) -> Iterator[Metric]:
         head = self.store.oldest(OUTBOX, 1)

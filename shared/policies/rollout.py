@@ -15,7 +15,7 @@ a recommendation (plain dicts, JSON-safe), and back.
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +43,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 DEFAULT_TIMEOUT_S = 3600.0
 _E = TypeVar("_E", Stage, TimeoutDefault)
 _KEYS = {"candidate", "stages", "defaultStage", "recommendTimeoutS", "timeoutDefault", "reason"}
+ROLLOUT_KEYS = frozenset(_KEYS - {"reason"})  # what a stored document holds of the rollout
 
 
 @dataclass(frozen=True)
@@ -89,16 +90,11 @@ def parse_rollout(data: Any) -> Rollout:
                    TimeoutDefault(doc["timeoutDefault"]))
 
 
-@functools.lru_cache(maxsize=32)
-def _parse_cached(text: str) -> Rollout:
-    return parse_rollout(json.loads(text))
-
-
-def rollout_of(doc: Mapping[str, Any]) -> Rollout:
-    """A stored (already validated) document as a Rollout; parsed once per distinct document,
-    since triage reads it for every report with a finding."""
-    return _parse_cached(json.dumps({k: doc[k] for k in sorted(doc) if k in _KEYS},
-                                    sort_keys=True))
+def digest(doc: Mapping[str, Any]) -> str:
+    """A validated document's fingerprint: stored beside it, so a reader can tell the
+    rollout it already parsed without serialising the candidate table again."""
+    text = json.dumps({k: doc[k] for k in sorted(doc) if k in _KEYS}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _enum(cls: type[_E], value: Any, path: str) -> _E:

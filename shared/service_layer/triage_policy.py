@@ -45,15 +45,29 @@ MAX_PENDING = 200
 MAX_DECIDED = 200
 ACCEPT, DISMISS = "accept", "dismiss"
 _MILD = (RepairAction.NONE, RepairAction.RESTART_JOB)
+_TRUE = ConditionStatus.TRUE
 
 
 def _records(uow: UnitOfWork) -> Any:
     return uow  # the document unit of work keeps plain records beside the entities
 
 
+_PARSED: dict[str, ro.Rollout] = {}  # by digest: triage reads the rollout for every finding
+_MAX_PARSED = 32
+
+
 def rollout(uow: UnitOfWork, cluster_id: str) -> ro.Rollout | None:
     doc = _records(uow).record(POLICIES, cluster_id)
-    return None if doc is None else ro.rollout_of(doc)
+    if doc is None:
+        return None
+    key = doc.get("digest") or ro.digest(doc)
+    found = _PARSED.get(key)
+    if found is None:
+        if len(_PARSED) >= _MAX_PARSED:
+            _PARSED.pop(next(iter(_PARSED)))
+        found = _PARSED[key] = ro.parse_rollout({k: v for k, v in doc.items()
+                                                 if k in ro.ROLLOUT_KEYS})
+    return found
 
 
 def triage(node: Node, report: HealthReport, now: float, table: TriageTable,
@@ -61,7 +75,7 @@ def triage(node: Node, report: HealthReport, now: float, table: TriageTable,
     """The diagnosis to apply to ``report`` and the sightings to record, the candidate's
     where its stage for the cause on the node's partition is active; every difference is
     counted in the cluster's diff report, and under recommend-only becomes a recommendation."""
-    if not any(c.status is ConditionStatus.TRUE for c in report.conditions):
+    if _TRUE not in {c[1] for c in report.conditions}:
         return diagnose(report, node.history, now, table)
     policy = rollout(uow, node.cluster_id)
     if policy is None:
@@ -118,6 +132,7 @@ def configure(uow: UnitOfWork, cluster_id: str, body: Any, by: str, now: float
         records.put_record(SHADOW, cluster_id, {"cluster_id": cluster_id,
                                                 **ro.report_doc(shadow.DiffReport())})
     records.put_record(POLICIES, cluster_id, {"cluster_id": cluster_id, **policy.doc,
+                                              "digest": ro.digest(policy.doc),
                                               "by": by, "at": now})
     return policy
 

@@ -90,7 +90,7 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
     # the active table decides, unless the cluster stages a candidate as active for this
     # cause on this partition (shadow and recommend-only record, never apply)
     diagnosis, sightings = triage_policy.triage(node, report, now, deps.config.triage_table,
-                                                uow)
+                                                uow, new_fault=changed)
     lifecycle.note_fault(node, diagnosis.failure_mode, diagnosis.action, diagnosis.healthy)
     # first sightings of faults that act only when confirmed (slow, hot): remembered so the
     # next report can confirm them; their action is NONE, so the repair ladder ignores them

@@ -71,10 +71,15 @@ def rollout(uow: UnitOfWork, cluster_id: str) -> ro.Rollout | None:
 
 
 def triage(node: Node, report: HealthReport, now: float, table: TriageTable,
-           uow: UnitOfWork) -> tuple[Diagnosis, tuple[FailureRecord, ...]]:
+           uow: UnitOfWork, *, new_fault: bool = True
+           ) -> tuple[Diagnosis, tuple[FailureRecord, ...]]:
     """The diagnosis to apply to ``report`` and the sightings to record, the candidate's
-    where its stage for the cause on the node's partition is active; every difference is
-    counted in the cluster's diff report, and under recommend-only becomes a recommendation."""
+    where its stage for the cause on the node's partition is active.
+
+    A report that changed the node's conditions (``new_fault``) is counted in the cluster's
+    diff report and, where they differ under recommend-only, becomes a recommendation; the
+    same faults reported again are decided the same way and counted once, so a fault that
+    lasts does not write the cluster's report on every report of it."""
     if _TRUE not in {c[1] for c in report.conditions}:
         return diagnose(report, node.history, now, table)
     policy = rollout(uow, node.cluster_id)
@@ -82,16 +87,18 @@ def triage(node: Node, report: HealthReport, now: float, table: TriageTable,
         return diagnose(report, node.history, now, table)
     compared = shadow.compare(report, node.history, now, table, policy.candidate)
     records = _records(uow)
-    found = ro.report_of(records.record(SHADOW, node.cluster_id))
-    records.put_record(SHADOW, node.cluster_id, {
-        "cluster_id": node.cluster_id, **ro.report_doc(shadow.fold(found, compared.divergence))})
+    if new_fault:
+        found = ro.report_of(records.record(SHADOW, node.cluster_id))
+        records.put_record(SHADOW, node.cluster_id, {
+            "cluster_id": node.cluster_id,
+            **ro.report_doc(shadow.fold(found, compared.divergence))})
     d = compared.divergence
     if d is None:
         return compared.active, compared.sightings
     stage = shadow.stage_for(policy.rules, d.cause, node.partition, policy.default_stage)
     if stage is shadow.Stage.ACTIVE:
         return compared.candidate, compared.candidate_sightings
-    if stage is shadow.Stage.RECOMMEND:
+    if stage is shadow.Stage.RECOMMEND and new_fault:
         _recommend(d, node.cluster_id, now, policy, records)
     return compared.active, compared.sightings
 

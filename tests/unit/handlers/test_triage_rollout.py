@@ -132,3 +132,32 @@ def test_active_is_staged_by_partition() -> None:
     assert [(n, a) for n, a, _ in plane.compute.repairs] == [("c1-gpu-001",
                                                               RepairAction.RESET_GPU)]
     assert _view(plane)["diff"]["differing"] == 2  # the same candidate: the report goes on
+
+
+def test_a_lasting_fault_is_counted_once_and_still_decided_by_its_stage() -> None:
+    plane = _plane(rollout({"stage": "recommend", "cause": CAUSE}))
+    plane.clock.advance(5)
+    fault = xid(13, plane.clock.now())
+    for _ in range(3):  # the agent reports the same fault (same since) again and again
+        plane.report("c1-gpu-000", fault)
+        plane.deliver()
+        plane.clock.advance(2)
+    diff = _view(plane)["diff"]
+    assert (diff["evaluated"], diff["differing"]) == (1, 1)
+    assert len(_view(plane)["recommendations"]) == 1
+
+
+def test_an_operators_row_for_an_unknown_error_code_is_shadowed_like_any_row() -> None:
+    """Custom remediation: the packaged table does not know XID 23; the operator's row
+    resets the GPU. Active, the node gets that repair; in shadow, the difference is named."""
+    policy = rollout({"stage": "active", "cause": "unmapped_xid", "partition": "train"})
+    policy["candidate"]["xid"]["rules"].append(
+        {"codes": [23], "failure_mode": "operator_xid_23", "severity": "critical",
+         "action": "reset_gpu"})
+    plane = _plane(policy)
+    _xid(plane, "c1-gpu-000", 23)
+    [row] = _view(plane)["diff"]["rows"]
+    assert row["cause"] == "unmapped_xid"  # what the active table calls it
+    assert row["candidate"] == {"failureMode": "operator_xid_23", "action": "reset_gpu"}
+    assert [(n, a) for n, a, _ in plane.compute.repairs] == [("c1-gpu-000",
+                                                              RepairAction.RESET_GPU)]

@@ -38,7 +38,8 @@ class ConfigureTriagePolicyRequest(Message):
 class DecideRecommendationRequest(Message):
     """An operator's accept or dismiss of one recommendation, and why."""
 
-    recommendation: str = Field(min_length=1, max_length=512)
+    # node:cause:action, as GET lists it (no "/": it is part of a document id)
+    recommendation: str = Field(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9_.:-]+$")
     reason: str = Field(min_length=1, max_length=512)
 
 

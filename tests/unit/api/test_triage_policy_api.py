@@ -99,6 +99,7 @@ def test_bad_commands_are_refused_naming_the_field(served: Api) -> None:
         ("configure", {**broken, "reason": "x"}, 400, "xid"),
         ("accept", {"recommendation": "nope", "reason": "x"}, 404, "nope"),
         ("dismiss", {"recommendation": "nope"}, 400, "reason"),
+        ("dismiss", {"recommendation": "a/b", "reason": "x"}, 400, "recommendation"),
     ]
     for verb, body, status, needle in cases:
         resp = api.call("POST", f"{P}:{verb}", body)

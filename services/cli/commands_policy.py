@@ -38,10 +38,13 @@ def add_parser(sub: Any, leaf: Callable[..., Any], local_leaf: Callable[..., Any
     x = leaf(psub, "show", "the candidate's stages, its diff report by cause on live traffic "
              "and its recommendations")
     x.add_argument("cluster_id")
-    x = leaf(psub, "configure", "set the candidate triage table and its stages; audited")
+    x = leaf(psub, "configure", "set the candidate triage table and its stages, and/or a "
+             "candidate repair configuration (in shadow); audited")
     x.add_argument("cluster_id")
-    x.add_argument("--candidate", required=True, type=Path, metavar="TABLE.yaml",
+    x.add_argument("--candidate", type=Path, metavar="TABLE.yaml",
                    help="the candidate triage table (shared/policies/triage_table.py format)")
+    x.add_argument("--repair", type=Path, metavar="REPAIR.yaml",
+                   help="a candidate repair configuration (RepairConfig fields), in shadow")
     x.add_argument("--stage", action="append", default=[], metavar="STAGE[:CAUSE[:PARTITION]]",
                    help="shadow, recommend or active for a cause (a failure mode) on a "
                         "partition; '*' or absent: any (repeatable; default: all in shadow)")
@@ -79,12 +82,12 @@ def _stage(text: str) -> dict[str, str]:
     return {"stage": parts[0], "cause": parts[1] or ANY, "partition": parts[2] or ANY}
 
 
-def _table_doc(path: Path) -> Any:
+def _table_doc(path: Path, option: str) -> Any:
     try:
         return yaml_text.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ClientError("INVALID_ARGUMENT", f"cannot read {path}: {exc.strerror}",
-                          [("--candidate", str(path))]) from exc
+                          [(option, str(path))]) from exc
 
 
 def cmd_policy(args: argparse.Namespace, client: Client) -> None:
@@ -92,10 +95,13 @@ def cmd_policy(args: argparse.Namespace, client: Client) -> None:
     if args.action == "show":
         view = client.triage_policy(parent, cluster)
     elif args.action == "configure":
-        view = client.triage_command(parent, cluster, "configure", {
-            "candidate": _table_doc(args.candidate),
+        body: dict[str, Any] = {
             "stages": [_stage(s) for s in args.stage], "recommendTimeoutS": args.timeout,
-            "timeoutDefault": args.timeout_default, "reason": args.reason})
+            "timeoutDefault": args.timeout_default, "reason": args.reason}
+        for key, path in (("candidate", args.candidate), ("repair", args.repair)):
+            if path is not None:
+                body[key] = _table_doc(path, f"--{key}")
+        view = client.triage_command(parent, cluster, "configure", body)
     elif args.action == "clear":
         view = client.triage_command(parent, cluster, "clear", {"reason": args.reason})
     else:
@@ -114,22 +120,28 @@ def cmd_policy(args: argparse.Namespace, client: Client) -> None:
               f"{policy.get('defaultStage')}; stages: {stages}; a recommendation waits "
               f"{policy.get('recommendTimeoutS'):g}s, then {policy.get('timeoutDefault')}")
     out().print(diff_table(view.get("diff", {})))
+    repair = view.get("repairDiff", {})
+    if repair.get("evaluated"):
+        out().print(diff_table(repair, "the candidate repair configuration would act "
+                               "differently", "diagnoses"))
     recs = view.get("recommendations", [])
     if recs:
         out().print(recommendations_table(recs))
 
 
-def diff_table(diff: dict[str, Any]) -> Table:
-    t = Table(title=f"would decide differently: {diff.get('differing', 0)} of "
-                    f"{diff.get('evaluated', 0)} reports with a finding")
+def diff_table(diff: dict[str, Any], what: str = "the candidate triage table would decide "
+               "differently", of: str = "reports with a finding") -> Table:
+    t = Table(title=f"{what}: {diff.get('differing', 0)} of {diff.get('evaluated', 0)} {of}")
     for col in ("cause", "count", "active", "candidate", "nodes"):
         t.add_column(col)
     for row in diff.get("rows", ()):
-        t.add_row(row["cause"], str(row["count"]),
-                  f"{row['active']['failureMode']}: {row['active']['action']}",
-                  f"{row['candidate']['failureMode']}: {row['candidate']['action']}",
-                  ", ".join(row.get("nodes", ())))
+        t.add_row(row["cause"], str(row["count"]), _decision(row["active"]),
+                  _decision(row["candidate"]), ", ".join(row.get("nodes", ())))
     return t
+
+
+def _decision(d: dict[str, Any]) -> str:
+    return f"{d.get('failureMode') or d.get('step')}: {d['action']}"
 
 
 def recommendations_table(recs: list[dict[str, Any]]) -> Table:

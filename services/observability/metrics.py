@@ -295,12 +295,20 @@ class StoreCollector:
             labels=["cluster", "cause", "active_action", "candidate_action"])
         evaluated = GaugeMetricFamily("mtc_triage_shadow_evaluated", "Reports with a finding "
                                       "triaged under both tables", labels=["cluster"])
+        repair = GaugeMetricFamily(
+            "mtc_repair_shadow_differences", "Diagnoses a candidate repair configuration "
+            "would act on differently, by cause and by each one's step (kind and action)",
+            labels=["cluster", "cause", "active_step", "candidate_step"])
         for doc in self._mine(self.store.read(triage_policy.SHADOW, {})):
             cluster = str(doc["cluster_id"])
-            evaluated.add_metric([cluster], float(doc.get("evaluated", 0)))
-            for row in doc.get("rows", ()):
+            triage = doc.get(triage_policy.TRIAGE_REPORT) or {}
+            evaluated.add_metric([cluster], float(triage.get("evaluated", 0)))
+            for row in triage.get("rows", ()):
                 diff.add_metric([cluster, str(row["cause"]), str(row["active"]["action"]),
                                  str(row["candidate"]["action"])], float(row["count"]))
+            for row in (doc.get(triage_policy.REPAIR_REPORT) or {}).get("rows", ()):
+                repair.add_metric([cluster, str(row["cause"]), _step(row["active"]),
+                                   _step(row["candidate"])], float(row["count"]))
         pending = GaugeMetricFamily("mtc_triage_recommendations_pending", "A candidate's "
                                     "recommendations waiting for an operator",
                                     labels=["cluster"])
@@ -308,7 +316,7 @@ class StoreCollector:
             triage_policy.RECOMMENDATIONS, {"verdict": "pending"})))
         for cluster, count in sorted(waiting.items()):
             pending.add_metric([cluster], count)
-        yield from (diff, evaluated, pending)
+        yield from (diff, evaluated, repair, pending)
 
     def _bus(self, now: float) -> Iterator[Metric]:
         head = self.store.oldest(OUTBOX, 1)
@@ -383,6 +391,12 @@ class StoreCollector:
             family = HistogramMetricFamily(name, text)
             family.add_metric([], hist.buckets(), sum_value=hist.total)
             yield family
+
+
+def _step(decision: Mapping[str, Any]) -> str:
+    """A repair step's label: its kind, and its action where it has one (``hold reboot``)."""
+    kind, action = str(decision["step"]), str(decision["action"])
+    return kind if action == "none" else f"{kind} {action}"
 
 
 def registry(store: DocStore, clock: Clock, *, event_log: EventLog | None = None,

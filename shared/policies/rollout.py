@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from shared.domain import validation as kit
 from shared.domain.errors import ValidationError
 from shared.domain.health import RepairAction
+from shared.policies.repair import RepairConfig, load_repair_config
 from shared.policies.shadow import (
     ANY,
     CauseRow,
@@ -42,29 +43,38 @@ MAX_STAGE_ROWS = 256
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 DEFAULT_TIMEOUT_S = 3600.0
 _E = TypeVar("_E", Stage, TimeoutDefault)
-_KEYS = {"candidate", "stages", "defaultStage", "recommendTimeoutS", "timeoutDefault", "reason"}
+_KEYS = {"candidate", "repair", "stages", "defaultStage", "recommendTimeoutS", "timeoutDefault",
+         "reason"}
 ROLLOUT_KEYS = frozenset(_KEYS - {"reason"})  # what a stored document holds of the rollout
 
 
 @dataclass(frozen=True)
 class Rollout:
-    candidate: TriageTable
+    candidate: TriageTable | None  # None: triage runs the active table alone
     doc: Mapping[str, Any]  # the validated document, as stored
     rules: tuple[StageRule, ...] = ()
     default_stage: Stage = Stage.SHADOW
     recommend_timeout_s: float = DEFAULT_TIMEOUT_S
     timeout_default: TimeoutDefault = TimeoutDefault.DISMISS
+    repair: RepairConfig | None = None  # a candidate repair configuration, in shadow
 
 
 def parse_rollout(data: Any) -> Rollout:
     """Validate a rollout document; errors name the key (``candidate.xid.rules[3].action``)."""
     top = kit.mapping(data, "")
     kit.only_keys(top, "", _KEYS)
-    candidate_raw = kit.required(top, "candidate", "")
+    candidate_raw, repair_raw = top.get("candidate"), top.get("repair")
+    if candidate_raw is None and repair_raw is None:
+        raise ValidationError("candidate", "is required (a triage table), unless a candidate "
+                              "repair configuration is given")
     try:
-        candidate = parse_triage_table(candidate_raw)
+        candidate = None if candidate_raw is None else parse_triage_table(candidate_raw)
     except ValidationError as exc:
         raise exc.nested("candidate") from exc
+    try:
+        repair = None if repair_raw is None else load_repair_config(repair_raw)
+    except ValidationError as exc:
+        raise exc.nested("repair") from exc
     rows = top.get("stages", [])
     if not isinstance(rows, list):
         raise ValidationError("stages", "must be a list")
@@ -79,15 +89,15 @@ def parse_rollout(data: Any) -> Rollout:
         seen.add((rule.cause, rule.partition))
     timeout = kit.number(top.get("recommendTimeoutS", DEFAULT_TIMEOUT_S), "recommendTimeoutS",
                          low=1.0, high=MAX_TIMEOUT_S)
-    doc = {"candidate": candidate_raw,
+    default_stage = _enum(Stage, top.get("defaultStage", "shadow"), "defaultStage")
+    timeout_default = _enum(TimeoutDefault, top.get("timeoutDefault", "dismiss"),
+                            "timeoutDefault")
+    doc = {"candidate": candidate_raw, "repair": repair_raw,
            "stages": [{"stage": r.stage.value, "cause": r.cause, "partition": r.partition}
                       for r in rules],
-           "defaultStage": _enum(Stage, top.get("defaultStage", "shadow"), "defaultStage").value,
-           "recommendTimeoutS": timeout,
-           "timeoutDefault": _enum(TimeoutDefault, top.get("timeoutDefault", "dismiss"),
-                                   "timeoutDefault").value}
-    return Rollout(candidate, doc, rules, Stage(doc["defaultStage"]), timeout,
-                   TimeoutDefault(doc["timeoutDefault"]))
+           "defaultStage": default_stage.value, "recommendTimeoutS": timeout,
+           "timeoutDefault": timeout_default.value}
+    return Rollout(candidate, doc, rules, default_stage, timeout, timeout_default, repair)
 
 
 def digest(doc: Mapping[str, Any]) -> str:
@@ -117,19 +127,24 @@ def _stage_rule(value: Any, path: str) -> StageRule:
 # --- stored forms ----------------------------------------------------------------------------
 
 
-def _decision_doc(d: Decision) -> dict[str, str]:
-    return {"failureMode": d.failure_mode, "action": d.action.value}
+MODE, STEP = "failureMode", "step"  # a triage decision's first field; a repair step's
+
+
+def _decision_doc(d: Decision, first: str = MODE) -> dict[str, str]:
+    return {first: d.failure_mode, "action": d.action.value}
 
 
 def _decision(doc: Mapping[str, Any]) -> Decision:
-    return Decision(str(doc["failureMode"]), RepairAction(doc["action"]))
+    return Decision(str(doc[MODE] if MODE in doc else doc[STEP]), RepairAction(doc["action"]))
 
 
-def report_doc(report: DiffReport) -> dict[str, Any]:
+def report_doc(report: DiffReport, first: str = MODE) -> dict[str, Any]:
+    """The stored form; ``first``: what a decision's first field is called (``step`` in a
+    repair configuration's report, whose decisions are repair steps)."""
     return {"evaluated": report.evaluated, "differing": report.differing,
             "dropped": report.dropped, "causes": list(report.causes),
-            "rows": [{"cause": r.cause, "active": _decision_doc(r.active),
-                      "candidate": _decision_doc(r.candidate), "count": r.count,
+            "rows": [{"cause": r.cause, "active": _decision_doc(r.active, first),
+                      "candidate": _decision_doc(r.candidate, first), "count": r.count,
                       "firstAt": r.first_at, "lastAt": r.last_at, "nodes": list(r.nodes)}
                      for r in report.rows]}
 

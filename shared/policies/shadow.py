@@ -20,6 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from shared.domain.health import Diagnosis, FailureRecord, HealthReport, RepairAction
+from shared.policies.repair import RepairConfig
+from shared.policies.repair_decision import RepairFacts, RepairStep
+from shared.policies.repair_decision import decide as decide_repair
 from shared.policies.triage import HEALTHY, UNKNOWN, diagnose
 from shared.policies.triage_table import TriageTable
 
@@ -78,9 +81,12 @@ class Divergence:
     at: float
     active: Decision
     candidate: Decision
+    about: str = ""  # the cause, where the decisions are not diagnoses (repair steps)
 
     @property
     def cause(self) -> str:
+        if self.about:
+            return self.about
         if self.active.failure_mode in (HEALTHY, UNKNOWN):
             return self.candidate.failure_mode
         return self.active.failure_mode
@@ -165,6 +171,22 @@ def fold(report: DiffReport, divergence: Divergence | None, *, evaluated: int = 
         dropped += 1
     rows.sort(key=lambda r: (-r.count, r.key))
     return DiffReport(report.evaluated + evaluated, report.differing + 1, tuple(rows), dropped)
+
+
+def step_decision(step: RepairStep) -> Decision:
+    """A repair step as a Decision: its kind in place of a failure mode."""
+    return Decision(step.kind.value, step.action or RepairAction.NONE)
+
+
+def compare_repair(facts: RepairFacts, now: float, active_step: RepairStep,
+                   candidate: RepairConfig) -> Divergence | None:
+    """The repair step a candidate repair configuration would take on the same facts, where
+    it differs (kind or action) from the step taken; the cause is the diagnosis's."""
+    a = step_decision(active_step)
+    c = step_decision(decide_repair(facts, now, candidate))
+    if a == c:
+        return None
+    return Divergence(facts.node.node_id, now, a, c, facts.diagnosis.failure_mode)
 
 
 def diff_history(reports: Iterable[HealthReport], active: TriageTable,

@@ -34,6 +34,7 @@ from shared.domain.model import Node
 from shared.handling import Deps
 from shared.policies import rollout as ro
 from shared.policies import shadow
+from shared.policies.repair_decision import RepairFacts, RepairStep
 from shared.policies.triage import diagnose
 from shared.policies.triage_table import TriageTable
 from shared.ports import UnitOfWork
@@ -41,6 +42,7 @@ from shared.ports import UnitOfWork
 POLICIES = "triage_policies"
 SHADOW = "triage_shadow"
 RECOMMENDATIONS = "triage_recommendations"
+TRIAGE_REPORT, REPAIR_REPORT = "triage", "repair"  # the two diff reports of a cluster
 MAX_PENDING = 200
 MAX_DECIDED = 200
 ACCEPT, DISMISS = "accept", "dismiss"
@@ -83,15 +85,12 @@ def triage(node: Node, report: HealthReport, now: float, table: TriageTable,
     if _TRUE not in {c[1] for c in report.conditions}:
         return diagnose(report, node.history, now, table)
     policy = rollout(uow, node.cluster_id)
-    if policy is None:
+    if policy is None or policy.candidate is None:
         return diagnose(report, node.history, now, table)
     compared = shadow.compare(report, node.history, now, table, policy.candidate)
     records = _records(uow)
     if new_fault:
-        found = ro.report_of(records.record(SHADOW, node.cluster_id))
-        records.put_record(SHADOW, node.cluster_id, {
-            "cluster_id": node.cluster_id,
-            **ro.report_doc(shadow.fold(found, compared.divergence))})
+        _fold(records, node.cluster_id, TRIAGE_REPORT, compared.divergence)
     d = compared.divergence
     if d is None:
         return compared.active, compared.sightings
@@ -101,6 +100,26 @@ def triage(node: Node, report: HealthReport, now: float, table: TriageTable,
     if stage is shadow.Stage.RECOMMEND and new_fault:
         _recommend(d, node.cluster_id, now, policy, records)
     return compared.active, compared.sightings
+
+
+def shadow_repair(node: Node, facts: RepairFacts, step: RepairStep, now: float,
+                  uow: UnitOfWork) -> None:
+    """Where the cluster has a candidate repair configuration, the step it would take on the
+    same facts, counted in the cluster's repair diff report; never applied. (A candidate
+    that drains racks is weighed with the rack view only where the active configuration
+    reads it too.)"""
+    policy = rollout(uow, node.cluster_id)
+    if policy is None or policy.repair is None:
+        return
+    _fold(_records(uow), node.cluster_id, REPAIR_REPORT,
+          shadow.compare_repair(facts, now, step, policy.repair))
+
+
+def _fold(records: Any, cluster_id: str, part: str, d: shadow.Divergence | None) -> None:
+    doc = records.record(SHADOW, cluster_id) or {"cluster_id": cluster_id}
+    folded = shadow.fold(ro.report_of(doc.get(part)), d)
+    first = ro.STEP if part == REPAIR_REPORT else ro.MODE
+    records.put_record(SHADOW, cluster_id, {**doc, part: ro.report_doc(folded, first)})
 
 
 def _recommend(d: shadow.Divergence, cluster_id: str, now: float, policy: ro.Rollout,
@@ -135,9 +154,11 @@ def configure(uow: UnitOfWork, cluster_id: str, body: Any, by: str, now: float
     policy = ro.parse_rollout(body)
     records = _records(uow)
     before = records.record(POLICIES, cluster_id)
-    if before is None or before.get("candidate") != policy.doc["candidate"]:
+    if before is None or before.get("candidate") != policy.doc["candidate"] \
+            or before.get("repair") != policy.doc["repair"]:
+        empty = ro.report_doc(shadow.DiffReport())
         records.put_record(SHADOW, cluster_id, {"cluster_id": cluster_id,
-                                                **ro.report_doc(shadow.DiffReport())})
+                                                TRIAGE_REPORT: empty, REPAIR_REPORT: empty})
     records.put_record(POLICIES, cluster_id, {"cluster_id": cluster_id, **policy.doc,
                                               "digest": ro.digest(policy.doc),
                                               "by": by, "at": now})
@@ -156,8 +177,10 @@ def view(uow: UnitOfWork, cluster_id: str) -> dict[str, Any]:
     """The rollout, its diff report and its recommendations, as the API answers them."""
     records = _records(uow)
     policy = records.record(POLICIES, cluster_id)
-    diff = ro.report_doc(ro.report_of(records.record(SHADOW, cluster_id)))
-    return {"policy": None if policy is None else _public(policy), "diff": diff,
+    reports = records.record(SHADOW, cluster_id) or {}
+    return {"policy": None if policy is None else _public(policy),
+            "diff": ro.report_doc(ro.report_of(reports.get(TRIAGE_REPORT))),
+            "repairDiff": ro.report_doc(ro.report_of(reports.get(REPAIR_REPORT)), ro.STEP),
             "recommendations": recommendations(uow, cluster_id)}
 
 

@@ -24,10 +24,12 @@ class TriageStage(Message):
 
 
 class ConfigureTriagePolicyRequest(Message):
-    """Set (replace) the cluster's candidate and its stages; a new candidate starts a fresh
-    diff report. The reason goes in the audit record."""
+    """Set (replace) the cluster's candidate triage table (and its stages) and/or candidate
+    repair configuration; a new candidate starts fresh diff reports. The reason goes in the
+    audit record."""
 
-    candidate: dict[str, Any]
+    candidate: dict[str, Any] | None = None  # a triage table; or only a repair configuration:
+    repair: dict[str, Any] | None = None  # RepairConfig fields, in shadow
     stages: list[TriageStage] = Field(default_factory=list, max_length=256)
     default_stage: StageName = "shadow"
     recommend_timeout_s: float = Field(default=3600.0, ge=1.0, le=7 * 24 * 3600.0)

@@ -16,6 +16,9 @@ function policyPanel(view) {
     rows: (diff.rows || []).map((r) => [r.cause, String(r.count),
       `${r.active.failureMode}: ${r.active.action}`, `${r.candidate.failureMode}: ${r.candidate.action}`,
       (r.nodes || []).join(", "), when(r.lastAt)]),
+    repairRows: ((view.repairDiff || {}).rows || []).map((r) => [r.cause, String(r.count),
+      `${r.active.step}: ${r.active.action}`, `${r.candidate.step}: ${r.candidate.action}`,
+      (r.nodes || []).join(", "), when(r.lastAt)]),
     recs: (view.recommendations || []).map((r) => ({
       id: r.id, pending: r.verdict === "pending",
       cells: [r.nodeId, r.cause, r.candidate.action, r.verdict, when(r.deadline), r.by || "", r.reason || ""] })),
@@ -33,8 +36,10 @@ async function loadPolicy() {
   if (!p.shown) return;
   $("policy-stages").textContent = p.stages;
   $("policy-summary").textContent = p.summary;
-  $("policy-diff").tBodies[0].replaceChildren(...p.rows.map((cells) =>
-    el("tr", null, ...cells.map((c) => el("td", null, c)))));
+  for (const [id, rows] of [["policy-diff", p.rows], ["policy-repair", p.repairRows]]) {
+    $(id).tBodies[0].replaceChildren(...rows.map((cells) =>
+      el("tr", null, ...cells.map((c) => el("td", null, c)))));
+  }
   $("policy-recs").tBodies[0].replaceChildren(...p.recs.map((r) => el("tr", null,
     ...r.cells.map((c) => el("td", null, c)),
     el("td", null, ...(r.pending ? ["accept", "dismiss"].map((verb) => el("button", {

@@ -54,9 +54,9 @@ def test_shadow_then_recommend_through_the_api(served: Api) -> None:
     api = served
     api.cluster(workers=2)
     first, second = _workers(api)
-    assert api.call("GET", P).json == {
-        "policy": None, "recommendations": [],
-        "diff": {"evaluated": 0, "differing": 0, "dropped": 0, "causes": [], "rows": []}}
+    empty = {"evaluated": 0, "differing": 0, "dropped": 0, "causes": [], "rows": []}
+    assert api.call("GET", P).json == {"policy": None, "recommendations": [], "diff": empty,
+                                       "repairDiff": empty}
     resp = _configure(api, {**rollout(), "reason": "try the stricter XID 13 row"})
     assert resp.status_code == 200, resp.json
     assert resp.json["policy"]["by"] == "token:env-admin"

@@ -32,9 +32,13 @@ def _with_api(state: Path, fn: Callable[[Api], Any]) -> Any:
 
 
 def _xid13_on_a_worker(api: Api) -> str:
-    node = next(n["nodeId"] for n in api.call("GET", f"{C}/nodes").json["nodes"]
-                if n["role"] == "worker")
-    assert api.call("POST", f"{C}/nodes/{node}:reportHealth", {"xids": [13]}).status_code == 200
+    """XID 13 on one worker (the candidate table differs), 79 on another (the candidate
+    repair configuration's guard would hold its reboot)."""
+    node, other = [n["nodeId"] for n in api.call("GET", f"{C}/nodes").json["nodes"]
+                   if n["role"] == "worker"][:2]
+    for target, code in ((node, 13), (other, 79)):
+        assert api.call("POST", f"{C}/nodes/{target}:reportHealth",
+                        {"xids": [code]}).status_code == 200
     api.app.pump()
     return node
 
@@ -52,10 +56,13 @@ def test_policy_configure_show_and_offline_diff(tmp_path: Path,
     state = tmp_path / "state"
     where = ["--state-dir", str(state), "--project", PARENT.split("/")[1],
              "--location", PARENT.split("/")[3]]
-    _with_api(state, lambda api: api.cluster(workers=2))
+    _with_api(state, lambda api: api.cluster(workers=3))
     candidate = _write(tmp_path / "candidate.yaml", stricter_xid13())
+    repair = _write(tmp_path / "repair.yaml", {"max_out_of_service_fraction": 0.0,
+                                               "min_out_of_service_allowed": 0})
     assert main([*where, "policy", "configure", "c1", "--candidate", str(candidate),
-                 "--stage", "shadow", "--reason", "try the stricter row"]) == 0
+                 "--repair", str(repair), "--stage", "shadow",
+                 "--reason", "try the stricter row"]) == 0
     capsys.readouterr()
     node = _with_api(state, _xid13_on_a_worker)
 
@@ -65,7 +72,8 @@ def test_policy_configure_show_and_offline_diff(tmp_path: Path,
     assert shown["policy"]["stages"] == [{"stage": "shadow", "cause": "*", "partition": "*"}]
     assert main([*where, "policy", "show", "c1"]) == 0
     table = capsys.readouterr().out
-    assert CAUSE in table and "reset_gpu" in table and "1 of 1" in table
+    assert CAUSE in table and "reset_gpu" in table and "1 of 2 reports" in table
+    assert "gpu_fell_off_bus" in table and "hold: reboot" in table
 
     # the same history, recorded, offline: the same cause; the packaged table itself: none
     assert main(["--json", "policy", "diff", str(state), "--candidate", str(candidate)]) == 0

@@ -37,12 +37,15 @@ def console(tmp_path: Path) -> Iterator[Api]:
 
 
 def _shadowed(api: Api) -> dict[str, Any]:
-    api.cluster(workers=2)
+    api.cluster(workers=3)
+    guard = {"max_out_of_service_fraction": 0.0, "min_out_of_service_allowed": 0}
     assert api.call("POST", f"{C}/triagePolicy:configure",
-                    {**rollout(), "reason": "shadow it"}).status_code == 200
-    node = next(n["nodeId"] for n in api.call("GET", f"{C}/nodes").json["nodes"]
-                if n["role"] == "worker")
-    assert api.call("POST", f"{C}/nodes/{node}:reportHealth", {"xids": [13]}).status_code == 200
+                    {**rollout(), "repair": guard, "reason": "shadow it"}).status_code == 200
+    first, second = [n["nodeId"] for n in api.call("GET", f"{C}/nodes").json["nodes"]
+                     if n["role"] == "worker"][:2]
+    for node, code in ((first, 13), (second, 79)):
+        assert api.call("POST", f"{C}/nodes/{node}:reportHealth",
+                        {"xids": [code]}).status_code == 200
     api.app.pump()
     got = api.client.get("/console/api/policy", query_string={"cluster": NAME}, headers=AUTH)
     assert got.status_code == 200, got.json
@@ -69,11 +72,13 @@ def test_the_rendered_panel_names_the_cause(console: Api, tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     panel = json.loads(done.stdout)
     assert panel["shown"] is True and panel["summary"].startswith(
-        "would decide differently: 1 of 1")
+        "would decide differently: 1 of 2")
     assert CAUSE in panel["summary"]
     [row] = panel["rows"]
     assert row[:4] == [CAUSE, "1", f"{CAUSE}: restart_job", f"{CAUSE}: reset_gpu"]
+    [repair] = panel["repairRows"]
+    assert repair[:4] == ["gpu_fell_off_bus", "1", "repair: reboot", "hold: reboot"]
     none = json.loads(subprocess.run(
         ["node", "-e", script.replace(json.dumps(view), json.dumps({"policy": None}))],
         capture_output=True, text=True, timeout=30, check=True).stdout)
-    assert none["shown"] is False and none["rows"] == []
+    assert none["shown"] is False and none["rows"] == [] and none["repairRows"] == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.observability import metrics
 from shared.domain.errors import Conflict
 from shared.domain.events import FleetTicked, NodeOperatorActed
 from shared.domain.health import RepairAction
@@ -51,8 +52,11 @@ def test_shadow_records_the_difference_by_cause_and_applies_nothing() -> None:
 def test_without_a_candidate_nothing_is_recorded() -> None:
     plane = Plane().up()
     _xid(plane, "c1-gpu-000", 13)
-    assert _view(plane) == {"policy": None, "diff": _view(plane)["diff"], "recommendations": []}
-    assert _view(plane)["diff"]["evaluated"] == 0
+    view = _view(plane)
+    assert view["policy"] is None and view["recommendations"] == []
+    assert view["diff"]["evaluated"] == 0 and view["repairDiff"]["evaluated"] == 0
+    with plane.uow() as uow:
+        assert uow.records(triage_policy.SHADOW, {}) == []  # nothing written either
 
 
 def test_recommend_waits_for_the_operator_and_accept_repairs_through_the_guard() -> None:
@@ -161,3 +165,22 @@ def test_an_operators_row_for_an_unknown_error_code_is_shadowed_like_any_row() -
     assert row["candidate"] == {"failureMode": "operator_xid_23", "action": "reset_gpu"}
     assert [(n, a) for n, a, _ in plane.compute.repairs] == [("c1-gpu-000",
                                                               RepairAction.RESET_GPU)]
+
+
+def test_a_candidate_repair_configuration_is_shadowed_and_never_applied() -> None:
+    """A stricter guard (nothing may leave service) would hold the reboot the active one
+    runs: the difference is named by cause and step; the reboot still runs."""
+    plane = _plane({"repair": {"max_out_of_service_fraction": 0.0,
+                               "min_out_of_service_allowed": 0}})
+    _xid(plane, "c1-gpu-000", 79)
+    assert [(n, a) for n, a, _ in plane.compute.repairs] == [("c1-gpu-000",
+                                                              RepairAction.REBOOT)]
+    view = _view(plane)
+    [row] = view["repairDiff"]["rows"]
+    assert (row["cause"], row["active"], row["candidate"]) == (
+        "gpu_fell_off_bus", {"step": "repair", "action": "reboot"},
+        {"step": "hold", "action": "reboot"})
+    assert view["diff"]["evaluated"] == 0  # no candidate table: triage ran the active alone
+    text = metrics.render(metrics.registry(plane.store, plane.clock)).decode()
+    assert ('mtc_repair_shadow_differences{active_step="repair reboot",candidate_step='
+            '"hold reboot",cause="gpu_fell_off_bus",cluster="c1"} 1.0') in text

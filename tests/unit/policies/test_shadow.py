@@ -117,6 +117,8 @@ def test_the_rollout_document_is_validated_naming_the_key() -> None:
         ({"candidate": packaged(), "recommendTimeoutS": 0}, "recommendTimeoutS"),
         ({"candidate": packaged(), "timeoutDefault": "maybe"}, "timeoutDefault"),
         ({"candidate": packaged(), "extra": 1}, "extra"),
+        ({"repair": {"ladder": ["explode"]}}, "repair.ladder"),
+        ({"repair": {"lemon_failure_count": 0}}, "repair.lemon_failure_count"),
     ]
     for doc, path in cases:
         with pytest.raises(ValidationError) as err:
@@ -127,6 +129,10 @@ def test_the_rollout_document_is_validated_naming_the_key() -> None:
 def test_stored_forms_round_trip() -> None:
     report = fold(fold(DiffReport(), _d("n", "a", 1.0)), None)
     assert ro.report_of(ro.report_doc(report)) == report
+    assert ro.report_of(ro.report_doc(report, ro.STEP)) == report
+    only_repair = ro.parse_rollout({"repair": {"lemon_failure_count": 2}})
+    assert only_repair.candidate is None and only_repair.repair is not None
+    assert only_repair.repair.lemon_failure_count == 2
     rec = Recommendation("r", "n", _d("n", "a", 1.0), 1.0, 5.0, Verdict.DISMISSED, 2.0, "me", "no")
     assert ro.recommendation_of(ro.recommendation_doc(rec)) == rec
     doc = ro.parse_rollout(rollout()).doc

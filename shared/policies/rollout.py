@@ -1,12 +1,15 @@
-"""A cluster's policy rollout as data: the candidate triage table and its stages.
+"""A cluster's policy rollout as data: the candidate triage table and its stages, and a
+candidate repair configuration (in shadow only).
 
 The document (what the API's ``triagePolicy:configure`` takes and the store keeps)::
 
     {"candidate": {...a triage table, shared/policies/triage_table.py format...},
+     "repair": {...RepairConfig fields, as shared.policies.repair.load_repair_config reads...},
      "stages": [{"stage": "recommend", "cause": "nvlink_error", "partition": "train"}, ...],
      "defaultStage": "shadow", "recommendTimeoutS": 3600, "timeoutDefault": "dismiss"}
 
-``candidate`` is validated as strictly as the packaged table (a typo fails, naming its key),
+One of ``candidate`` and ``repair`` may be absent. ``candidate`` is validated as strictly
+as the packaged table (a typo fails, naming its key),
 so an operator-defined action for an error code is one validated row of it. ``stages`` rows
 name a cause (a failure mode, or ``*``) and a partition (or ``*``); see
 :func:`shared.policies.shadow.stage_for`. Also here: the stored form of a diff report and of

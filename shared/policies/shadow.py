@@ -6,6 +6,8 @@ diagnose`) with both tables on the same report, history and time and returns wha
 one row per (cause, what the active table does, what the candidate would do), counted, at
 most ``MAX_ROWS`` rows (the oldest-seen row makes room), so the report stays bounded however
 long the shadow runs. :func:`diff_history` folds a recorded history the same way.
+:func:`compare_repair` does for a candidate repair configuration what :func:`compare` does
+for a table: the repair step it would take on the same facts (``repair_decision.decide``).
 
 The stage of a cause on a partition is :func:`stage_for` over :class:`StageRule` rows: the
 most specific row wins (cause and partition named, then cause, then partition, then the

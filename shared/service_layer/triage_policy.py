@@ -1,10 +1,12 @@
-"""A cluster's candidate triage table on live traffic: shadow, recommend-only, active.
+"""A cluster's candidate triage table on live traffic: shadow, recommend-only, active; and
+a candidate repair configuration, in shadow.
 
 State in the store, beside the entities (plain records, in the caller's unit of work):
 
 - ``triage_policies``: one document per cluster, the rollout (``shared.policies.rollout``)
   with who set it and when; absent: no candidate, triage runs the active table alone;
-- ``triage_shadow``: one document per cluster, the diff report by cause (bounded rows);
+- ``triage_shadow``: one document per cluster, the diff reports by cause (bounded rows):
+  the triage table's (``triage``) and the repair configuration's (``repair``);
 - ``triage_recommendations``: one document per recommendation (node, cause, candidate
   action), pending until an operator accepts or dismisses it or its deadline passes.
   At most ``MAX_PENDING`` pending and ``MAX_DECIDED`` decided ones per cluster.
@@ -13,7 +15,8 @@ State in the store, beside the entities (plain records, in the caller's unit of 
 check passed or none could run is decided the same by any table, so only a report with a
 finding reads the rollout. Accepting a recommendation emits ``NodeDiagnosed`` with the
 candidate's decision, so it goes through the repair service as any diagnosis does (the
-blast-radius guard included); a dismissal only records its reason.
+blast-radius guard included); a dismissal only records its reason. :func:`shadow_repair`
+is what the repair service calls beside its own decision.
 """
 
 from __future__ import annotations

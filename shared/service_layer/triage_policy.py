@@ -22,8 +22,10 @@ is what the repair service calls beside its own decision.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from shared.domain import lifecycle
 from shared.domain.errors import Conflict, NotFound, ValidationError
 from shared.domain.events import NodeDiagnosed, NodeOperatorActed
 from shared.domain.health import (
@@ -212,6 +214,13 @@ def decide(uow: UnitOfWork, deps: Deps, cluster_id: str, rec_id: str, verb: str,
 
 def _apply(rec: shadow.Recommendation, cluster_id: str, uow: UnitOfWork) -> dict[str, Any]:
     d = rec.divergence
+    node = uow.nodes.get(rec.node_id)
+    act = rec.verdict is shadow.Verdict.ACCEPTED and d.candidate.action is not RepairAction.NONE
+    if act and (node is None or lifecycle.stale_report(node, d.at)):
+        # repaired (or gone) since the fault: the decision is recorded, and acting on the
+        # old fault would take the repaired node out again
+        act = False
+        rec = replace(rec, reason=f"{rec.reason} (not applied: the node was repaired since)")
     doc = {"cluster_id": cluster_id, **ro.recommendation_doc(rec)}
     _records(uow).put_record(RECOMMENDATIONS, f"{cluster_id}:{rec.rec_id}", doc)
     at = rec.decided_at if rec.decided_at is not None else d.at
@@ -219,7 +228,7 @@ def _apply(rec: shadow.Recommendation, cluster_id: str, uow: UnitOfWork) -> dict
                                action=f"recommendation:{rec.verdict.value}",
                                reason=f"{d.cause} -> {d.candidate.action.value}: {rec.reason}",
                                by=rec.by, at=at))
-    if rec.verdict is shadow.Verdict.ACCEPTED and d.candidate.action is not RepairAction.NONE:
+    if act:
         severity = "warning" if d.candidate.action in _MILD else "critical"
         uow.emit(NodeDiagnosed(
             node_id=rec.node_id, observed_at=d.at, failure_mode=d.candidate.failure_mode,

@@ -184,3 +184,18 @@ def test_a_candidate_repair_configuration_is_shadowed_and_never_applied() -> Non
     text = metrics.render(metrics.registry(plane.store, plane.clock)).decode()
     assert ('mtc_repair_shadow_differences{active_step="repair reboot",candidate_step='
             '"hold reboot",cause="gpu_fell_off_bus",cluster="c1"} 1.0') in text
+
+
+def test_accepting_after_the_node_was_repaired_applies_nothing() -> None:
+    plane = _plane(rollout({"stage": "recommend", "cause": CAUSE}))
+    _xid(plane, "c1-gpu-000", 13)
+    [rec] = _view(plane)["recommendations"]
+    _xid(plane, "c1-gpu-000", 79)  # the active table reboots it meanwhile
+    plane.finish_repairs()
+    assert [(n, a) for n, a, _ in plane.compute.repairs] == []
+    plane.api(lambda u, d: triage_policy.decide(u, d, "c1", rec["id"], "accept", "late",
+                                                "token:ops"))
+    plane.deliver()
+    assert plane.compute.repairs == []  # the repaired node is not taken out for the old fault
+    [done] = _view(plane)["recommendations"]
+    assert done["verdict"] == "accepted" and "repaired since" in done["reason"]

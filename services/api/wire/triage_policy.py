@@ -50,8 +50,10 @@ class ClearTriagePolicyRequest(Message):
 
 
 class TriagePolicy(Message):
-    """The rollout (None: no candidate), its diff report by cause, its recommendations."""
+    """The rollout (None: no candidate), its diff reports by cause (the triage table's, the
+    repair configuration's), its recommendations."""
 
     policy: dict[str, Any] | None = None
     diff: dict[str, Any] = Field(default_factory=dict)
+    repair_diff: dict[str, Any] = Field(default_factory=dict)
     recommendations: list[dict[str, Any]] = Field(default_factory=list)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.job_submission import commands as job_commands
 from services.observability import metrics
 from shared.domain.errors import Conflict
 from shared.domain.events import FleetTicked, NodeOperatorActed
@@ -199,3 +200,14 @@ def test_accepting_after_the_node_was_repaired_applies_nothing() -> None:
     assert plane.compute.repairs == []  # the repaired node is not taken out for the old fault
     [done] = _view(plane)["recommendations"]
     assert done["verdict"] == "accepted" and "repaired since" in done["reason"]
+
+
+def test_a_deleted_cluster_takes_its_candidate_with_it() -> None:
+    """Created again under the same id, a cluster must not inherit a candidate (an active
+    stage would decide for it unseen)."""
+    plane = _plane(rollout({"stage": "active"}))
+    _xid(plane, "c1-gpu-000", 13)
+    plane.api(lambda u, d: job_commands.delete_cluster("c1", u, d))
+    plane.deliver()
+    view = _view(plane)
+    assert view["policy"] is None and view["diff"]["evaluated"] == 0

@@ -106,10 +106,12 @@ class Compared:
 
 
 def compare(report: HealthReport, history: Sequence[FailureRecord], now: float,
-            active: TriageTable, candidate: TriageTable) -> Compared:
+            active: TriageTable, candidate: TriageTable,
+            decided: tuple[Diagnosis, tuple[FailureRecord, ...]] | None = None) -> Compared:
     """Triage ``report`` under both tables; a divergence when failure mode or action differ
-    (the reasons' wording may differ freely)."""
-    mine, sightings = diagnose(report, history, now, active)
+    (the reasons' wording may differ freely). ``decided``: the active table's ``diagnose``
+    of the same input, where the caller has it already."""
+    mine, sightings = decided or diagnose(report, history, now, active)
     theirs, their_sightings = diagnose(report, history, now, candidate)
     a, c = Decision.of(mine), Decision.of(theirs)
     divergence = None if a == c else Divergence(report.node_id, now, a, c)

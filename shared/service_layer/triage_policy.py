@@ -40,7 +40,7 @@ from shared.handling import Deps
 from shared.policies import rollout as ro
 from shared.policies import shadow
 from shared.policies.repair_decision import RepairFacts, RepairStep
-from shared.policies.triage import diagnose
+from shared.policies.triage import ALL_PASSED, diagnose
 from shared.policies.triage_table import TriageTable
 from shared.ports import UnitOfWork
 
@@ -87,12 +87,13 @@ def triage(node: Node, report: HealthReport, now: float, table: TriageTable,
     diff report and, where they differ under recommend-only, becomes a recommendation; the
     same faults reported again are decided the same way and counted once, so a fault that
     lasts does not write the cluster's report on every report of it."""
-    if _TRUE not in {c[1] for c in report.conditions}:
-        return diagnose(report, node.history, now, table)
+    decided = diagnose(report, node.history, now, table)
+    if decided[0] is ALL_PASSED or _TRUE not in {c[1] for c in report.conditions}:
+        return decided  # nothing found: any table decides the same, no rollout is read
     policy = rollout(uow, node.cluster_id)
     if policy is None or policy.candidate is None:
-        return diagnose(report, node.history, now, table)
-    compared = shadow.compare(report, node.history, now, table, policy.candidate)
+        return decided
+    compared = shadow.compare(report, node.history, now, table, policy.candidate, decided)
     records = _records(uow)
     if new_fault:
         _fold(records, node.cluster_id, TRIAGE_REPORT, compared.divergence)

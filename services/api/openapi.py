@@ -41,6 +41,12 @@ from services.api.wire.models import (
 from services.api.wire.operation import ListOperationsResponse, Operation, WaitOperationRequest
 from services.api.wire.proto_json import Message
 from services.api.wire.slurm_rest import CallSlurmRestApiRequest, CallSlurmRestApiResponse
+from services.api.wire.triage_policy import (
+    ClearTriagePolicyRequest,
+    ConfigureTriagePolicyRequest,
+    DecideRecommendationRequest,
+    TriagePolicy,
+)
 from services.api.wire.tuning import HyperparameterTuningJob, ListHyperparameterTuningJobsResponse
 
 REF = "#/components/schemas/{model}"
@@ -133,6 +139,23 @@ SPECS.update({
     ("POST", f"modelDevelopmentClusters/{{modelDevelopmentCluster}}/nodes/{{node}}:{verb}"):
     Spec(verb, ClusterNode, NodeOperatorRequest, summary=f"mtc extension: {what}")
     for verb, what in NODE_OPS.items()})
+TRIAGE = "modelDevelopmentClusters/{modelDevelopmentCluster}/triagePolicy"
+# mtc extension: a candidate triage table's rollout (each body with a "reason")
+TRIAGE_OPS: dict[str, tuple[type[Message], str]] = {
+    "configure": (ConfigureTriagePolicyRequest, "set the candidate triage table and its "
+                  "stages (shadow, recommend, active) by cause and partition"),
+    "accept": (DecideRecommendationRequest, "accept a recommendation: the candidate's "
+               "decision goes through the repair service (the guard included)"),
+    "dismiss": (DecideRecommendationRequest, "dismiss a recommendation, saying why"),
+    "clear": (ClearTriagePolicyRequest, "remove the candidate, its report and its "
+              "recommendations"),
+}
+SPECS[("GET", TRIAGE)] = Spec("triagePolicy", TriagePolicy, summary="mtc extension: the "
+                              "candidate triage table's rollout, diff report by cause and "
+                              "recommendations")
+SPECS.update({("POST", f"{TRIAGE}:{verb}"): Spec(verb, TriagePolicy, body,
+                                                 summary=f"mtc extension: {what}")
+              for verb, (body, what) in TRIAGE_OPS.items()})
 HPT = "hyperparameterTuningJobs"
 SPECS.update({
     ("POST", HPT): Spec("create", HyperparameterTuningJob, HyperparameterTuningJob,

@@ -24,6 +24,7 @@ from services.api import (
     operations_api,
     slurm_rest,
     training_pipelines,
+    triage_policy,
     tuning_jobs,
 )
 from services.api import job_logs as logs_api
@@ -87,6 +88,16 @@ def _report_faulty(c: Call) -> Any:
     return faulty_nodes.report(c.ctx, c.parent, c.rid, c.body(), c.principal)
 
 
+def _triage_policy(c: Call) -> Any:
+    return triage_policy.get(c.ctx, c.parent, c.rid)
+
+
+def _triage_command(verb: str) -> Handler:
+    def act(c: Call) -> Any:
+        return triage_policy.act(c.ctx, c.parent, c.rid, verb, c.body(), c.principal)
+    return act
+
+
 def _slurm_rest(c: Call) -> Any:
     return slurm_rest.call(c.ctx, c.parent, c.rid, c.body())
 
@@ -145,6 +156,9 @@ ROUTES: tuple[Route, ...] = (
     *(_row("POST", f"{CLUSTERS}{_ID}{_NODE}:{verb}", f"{C}.update", _node_command(verb),
            reasoned=True) for verb in node_ops.VERBS),
     _row("POST", f"{CLUSTERS}{_ID}:reportFaultyNodes", REPORT_FAULTY, _report_faulty),
+    _row("GET", f"{CLUSTERS}{_ID}/triagePolicy", f"{C}.get", _triage_policy),
+    *(_row("POST", f"{CLUSTERS}{_ID}/triagePolicy:{verb}", f"{C}.update",
+           _triage_command(verb), reasoned=True) for verb in triage_policy.VERBS),
     _row("POST", f"{CLUSTERS}{_ID}:callSlurmRestApi", f"{C}.run", _slurm_rest),
     _row("GET", OPS, f"{OP}.list", OPC.serve_list),
     _row("GET", f"{OPS}{_ID}", f"{OP}.get", OPC.serve_get),

@@ -17,7 +17,14 @@ from typing import Any, Protocol
 
 import requests
 
-from services.api import clusters, custom_jobs, faulty_nodes, node_ops, operations_api
+from services.api import (
+    clusters,
+    custom_jobs,
+    faulty_nodes,
+    node_ops,
+    operations_api,
+    triage_policy,
+)
 from services.api import job_logs as logs_api
 from services.api import models as models_api
 from services.api.context import ApiContext
@@ -84,6 +91,9 @@ class Client(Protocol):
                      reason: str) -> dict[str, Any]: ...
     def report_faulty_nodes(self, parent: Parent, cluster_id: str, body: Any
                             ) -> dict[str, Any]: ...
+    def triage_policy(self, parent: Parent, cluster_id: str) -> dict[str, Any]: ...
+    def triage_command(self, parent: Parent, cluster_id: str, verb: str, body: Any
+                       ) -> dict[str, Any]: ...
 
 
 def operation_parent(name: str) -> tuple[Parent, str]:
@@ -216,6 +226,17 @@ class LocalClient:
                                                       self.principal),
                           **_audit("modelDevelopmentClusters.reportFaultyNodes", parent, "POST",
                                    f"modelDevelopmentClusters/{cluster_id}:reportFaultyNodes"))
+
+    def triage_policy(self, parent: Parent, cluster_id: str) -> dict[str, Any]:
+        return self._call(lambda: triage_policy.get(self.ctx, parent, cluster_id))
+
+    def triage_command(self, parent: Parent, cluster_id: str, verb: str, body: Any
+                       ) -> dict[str, Any]:
+        return self._call(lambda: triage_policy.act(self.ctx, parent, cluster_id, verb, body,
+                                                    self.principal),
+                          **_audit("modelDevelopmentClusters.update", parent, "POST",
+                                   f"modelDevelopmentClusters/{cluster_id}/triagePolicy:"
+                                   f"{verb}"), reason=str(body.get("reason", "")))
 
     def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
                       rank: int | None = None, token: str | None = None) -> dict[str, Any]:
@@ -375,6 +396,14 @@ class HttpClient:
                             ) -> dict[str, Any]:
         return self._request("POST", f"{self._clusters(parent)}/{cluster_id}:reportFaultyNodes",
                              body=body)
+
+    def triage_policy(self, parent: Parent, cluster_id: str) -> dict[str, Any]:
+        return self._request("GET", f"{self._clusters(parent)}/{cluster_id}/triagePolicy")
+
+    def triage_command(self, parent: Parent, cluster_id: str, verb: str, body: Any
+                       ) -> dict[str, Any]:
+        return self._request("POST", f"{self._clusters(parent)}/{cluster_id}/triagePolicy:"
+                             f"{verb}", body=body)
 
     def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
                       rank: int | None = None, token: str | None = None) -> dict[str, Any]:

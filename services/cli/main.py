@@ -21,6 +21,7 @@ from mtc_program.protocol import PROCESSES_PER_NODE
 from services.api.errors import ApiError
 from services.api.names import parent
 from services.api.security import ADMIN_TOKEN_FILE
+from services.cli import commands_policy as policy_commands
 from services.cli.bench_recovery import add_parser as add_bench
 from services.cli.bench_recovery import cmd_bench_recovery
 from services.cli.client import Client, ClientError, HttpClient, LocalClient, checked_url
@@ -40,8 +41,11 @@ from services.wiring.embedded import embedded
 from shared.domain.errors import MtcError, NotFound, ValidationError
 
 DEFAULT_PROJECT = DEFAULT_LOCATION = "local"
-API_COMMANDS = {"cluster", "job", "recipe", "node list", *(f"node {v}" for v in NODE_VERBS)}
-OFFLINE_COMMANDS = {"recipe list", "recipe show"}  # packaged data: no state, no server
+API_COMMANDS = {"cluster", "job", "recipe", "node list", *(f"node {v}" for v in NODE_VERBS),
+                *(f"policy {v}" for v in policy_commands.COMMANDS)}
+# packaged data, or files named on the command line: no state, no server
+OFFLINE_COMMANDS = {"recipe list", "recipe show",
+                    *(f"policy {v}" for v in policy_commands.OFFLINE)}
 DEFAULT_STATE_DIR = "var/mtc"
 
 
@@ -195,6 +199,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     e.add_argument("--follow", type=float, metavar="S", help="keep printing for S seconds")
     e.add_argument("--all", action="store_true", help="include routine heartbeats")
     e.set_defaults(fn=cmd_events)
+
+    policy_commands.add_parser(sub, leaf, local_leaf)
 
     t = sub.add_parser("token", help="API tokens for `mtc serve` (local state only)")
     tsub = t.add_subparsers(dest="action", required=True)

@@ -30,10 +30,11 @@ from services.observability.alerts import held
 from services.presentation.views import iso, out_of_service, service_message
 from shared.adapters.compute.worker_logs import WorkerLogs
 from shared.domain.model import ClusterState
+from shared.service_layer import triage_policy
 
 STATIC = Path(__file__).parent / "static"
 PAGE_FILES = {"console.js": "text/javascript", "console-more.js": "text/javascript",
-              "console.css": "text/css"}
+              "console-policy.js": "text/javascript", "console.css": "text/css"}
 VIEW_CLUSTERS = "aiplatform.modelDevelopmentClusters.get"
 LIST_CLUSTERS = "aiplatform.modelDevelopmentClusters.list"
 LIST_JOBS = "aiplatform.customJobs.list"
@@ -237,6 +238,13 @@ class Console:
             row["id"] = ids.api_node(record["domain"], record["id"], row["id"])
         return page
 
+    def policy(self) -> dict[str, Any]:
+        """The cluster's candidate triage table: its stages, diff report by cause and
+        recommendations (``GET .../triagePolicy``'s answer)."""
+        with self.read() as uow:
+            record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
+            return triage_policy.view(uow, record["domain"])
+
     def timeline(self) -> dict[str, Any]:
         with self.read() as uow:
             record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
@@ -323,6 +331,7 @@ def register(app: flask.Flask, ctx: ApiContext, sim_dir: Path | None = None,
     app.add_url_rule("/console/api/poll", view_func=data(console.poll))
     app.add_url_rule("/console/api/nodes", view_func=data(console.nodes))
     app.add_url_rule("/console/api/timeline", view_func=data(console.timeline))
+    app.add_url_rule("/console/api/policy", view_func=data(console.policy))
     app.add_url_rule("/console/api/job", view_func=data(console.job))
     app.add_url_rule("/console/api/history", view_func=data(console.charts))
     app.add_url_rule("/console/api/sim", view_func=data(console.sim_list))

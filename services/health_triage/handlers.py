@@ -45,9 +45,8 @@ from shared.domain.lifecycle import ACTIONABLE
 from shared.domain.model import Node, NodeRole, NodeState
 from shared.handling import Deps, Outcome
 from shared.policies.repair import DEEP_CHECK_SOURCE, ready_to_return
-from shared.policies.triage import diagnose
 from shared.ports import UnitOfWork
-from shared.service_layer import active_checks, deep_checks, returns
+from shared.service_layer import active_checks, deep_checks, returns, triage_policy
 
 SERVICE = "health_triage"
 SYNTHETIC_SOURCES = REMOTE_SOURCES  # reports from outside the node are no heartbeat
@@ -88,8 +87,10 @@ def assess(node: Node, report: HealthReport, uow: UnitOfWork, deps: Deps) -> boo
         changed |= active_checks.record(node, report, now)
     if drained and not lifecycle.operator_drained(node):  # they lifted their own drain
         returns.resume(node, uow, deps, node.conditions[lifecycle.OPERATOR_DRAIN].reason)
-    table = deps.config.triage_table
-    diagnosis, sightings = diagnose(report, node.history, now, table)
+    # the active table decides, unless the cluster stages a candidate as active for this
+    # cause on this partition (shadow and recommend-only record, never apply)
+    diagnosis, sightings = triage_policy.triage(node, report, now, deps.config.triage_table,
+                                                uow, new_fault=changed)
     lifecycle.note_fault(node, diagnosis.failure_mode, diagnosis.action, diagnosis.healthy)
     # first sightings of faults that act only when confirmed (slow, hot): remembered so the
     # next report can confirm them; their action is NONE, so the repair ladder ignores them
@@ -169,6 +170,8 @@ def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome 
             uow.emit(NodeRepairHeld(node_id=node.node_id, action=RepairAction.MANUAL.value,
                                     reason=f"still needs a person: {node.reason}"))
             acted = True
+    # recommendations nobody decided by their deadline take the configured default
+    acted |= triage_policy.expire(uow, event.cluster_id, now)
     return None if acted else Outcome.UNCHANGED
 
 

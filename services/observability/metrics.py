@@ -43,6 +43,7 @@ from shared.adapters.outbox_bus import DEAD_LETTERS
 from shared.domain.model import JobState, Node, NodeState
 from shared.goodput import job_accounting
 from shared.ports import Clock, DocStore, EventLog
+from shared.service_layer import triage_policy
 
 BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 MAX_JOB_SERIES = 200  # per-job series for this many jobs at most: bounded cardinality
@@ -222,6 +223,7 @@ class StoreCollector:
             self.stats.feed(self._cursor.next())
         yield from self._nodes()
         yield from self._jobs()
+        yield from self._triage_shadow()
         if self.clusters is not None:
             yield from self._liveness(now)
             return
@@ -283,6 +285,38 @@ class StoreCollector:
                 recovery.add_metric(ids, acct.recovery_s)
                 lost.add_metric(ids, acct.lost_steps)
         yield from (restarts, goodput, recovery, lost)
+
+    def _triage_shadow(self) -> Iterator[Metric]:
+        """A candidate triage table's diff report (bounded rows per cluster) and its
+        recommendations waiting for an operator."""
+        diff = GaugeMetricFamily(
+            "mtc_triage_shadow_differences", "Reports a candidate triage table would decide "
+            "differently, by cause and by what each table does",
+            labels=["cluster", "cause", "active_action", "candidate_action"])
+        evaluated = GaugeMetricFamily("mtc_triage_shadow_evaluated", "Reports with a finding "
+                                      "triaged under both tables", labels=["cluster"])
+        repair = GaugeMetricFamily(
+            "mtc_repair_shadow_differences", "Diagnoses a candidate repair configuration "
+            "would act on differently, by cause and by each one's step (kind and action)",
+            labels=["cluster", "cause", "active_step", "candidate_step"])
+        for doc in self._mine(self.store.read(triage_policy.SHADOW, {})):
+            cluster = str(doc["cluster_id"])
+            triage = doc.get(triage_policy.TRIAGE_REPORT) or {}
+            evaluated.add_metric([cluster], float(triage.get("evaluated", 0)))
+            for row in triage.get("rows", ()):
+                diff.add_metric([cluster, str(row["cause"]), str(row["active"]["action"]),
+                                 str(row["candidate"]["action"])], float(row["count"]))
+            for row in (doc.get(triage_policy.REPAIR_REPORT) or {}).get("rows", ()):
+                repair.add_metric([cluster, str(row["cause"]), _step(row["active"]),
+                                   _step(row["candidate"])], float(row["count"]))
+        pending = GaugeMetricFamily("mtc_triage_recommendations_pending", "A candidate's "
+                                    "recommendations waiting for an operator",
+                                    labels=["cluster"])
+        waiting = Counter(d["cluster_id"] for d in self._mine(self.store.read(
+            triage_policy.RECOMMENDATIONS, {"verdict": "pending"})))
+        for cluster, count in sorted(waiting.items()):
+            pending.add_metric([cluster], count)
+        yield from (diff, evaluated, repair, pending)
 
     def _bus(self, now: float) -> Iterator[Metric]:
         head = self.store.oldest(OUTBOX, 1)
@@ -357,6 +391,12 @@ class StoreCollector:
             family = HistogramMetricFamily(name, text)
             family.add_metric([], hist.buckets(), sum_value=hist.total)
             yield family
+
+
+def _step(decision: Mapping[str, Any]) -> str:
+    """A repair step's label: its kind, and its action where it has one (``hold reboot``)."""
+    kind, action = str(decision["step"]), str(decision["action"])
+    return kind if action == "none" else f"{kind} {action}"
 
 
 def registry(store: DocStore, clock: Clock, *, event_log: EventLog | None = None,

@@ -37,7 +37,7 @@ from shared.domain.model import (
 )
 from shared.handling import Deps
 from shared.ports import UnitOfWork, provision_nodes
-from shared.service_layer import deep_checks
+from shared.service_layer import deep_checks, triage_policy
 
 SERVICE = "provisioning"
 log = logging.getLogger("mtc.provisioning")
@@ -389,6 +389,8 @@ def _delete(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
         return
     for node in uow.nodes.list(cluster_id):
         _retire(node, uow, deps, "cluster deleted")
+    # a cluster created again under this id starts without the old one's candidate policy
+    triage_policy.clear(uow, cluster_id)
     cluster.transition(ClusterState.DELETED, now, "deleted")
     uow.emit(ClusterDeleted(cluster_id=cluster_id))
 

@@ -46,7 +46,7 @@ from shared.policies.repair_decision import (
     StepKind,
 )
 from shared.ports import UnitOfWork
-from shared.service_layer import deep_checks
+from shared.service_layer import deep_checks, triage_policy
 
 SERVICE = "repair"
 DEEP_CHECK_TRIGGER = {RepairAction.REIMAGE: "reimage", RepairAction.REPLACE: "replace"}
@@ -59,7 +59,10 @@ def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
         raise NotFound("node", event.node_id)
     now = deps.clock.now()
     facts = _facts(node, event, uow, deps)
-    _apply(repair_decision.decide(facts, now, deps.config.repair), facts, node, now, uow, deps)
+    step = repair_decision.decide(facts, now, deps.config.repair)
+    # a candidate repair configuration's step on the same facts, recorded, never applied
+    triage_policy.shadow_repair(node, facts, step, now, uow)
+    _apply(step, facts, node, now, uow, deps)
 
 
 def _facts(node: Node, event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> RepairFacts:

@@ -46,6 +46,7 @@ from shared.policies.triage_table import (
 )
 
 __all__ = [
+    "ALL_PASSED",
     "HEALTHY",
     "UNKNOWN",
     "TriageTable",
@@ -205,6 +206,7 @@ def _combine(
 # the two diagnoses of a report without findings that need no work per report (frozen values)
 _TRUE, _UNKNOWN = ConditionStatus.TRUE, ConditionStatus.UNKNOWN
 _ALL_PASSED = _combine((), (), ())
+ALL_PASSED = _ALL_PASSED  # what ``diagnose`` answers, this very object, when every check passed
 _NOTHING_CHECKED = _nothing_checked(())
 
 

@@ -51,7 +51,7 @@ async function act(ev) {
   if (!reason) { out.textContent = "say why: the reason goes in the audit record"; out.className = "error"; return; }
   const resp = await fetch(pending.path, { method: "POST", credentials: "omit", cache: "no-store",
     headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY)}`, "Content-Type": "application/json" },
-    body: JSON.stringify({ reason }) });
+    body: JSON.stringify({ ...(pending.body || {}), reason }) });
   let body = {};
   try { body = await resp.json(); } catch (_) { /* not JSON */ }
   if (resp.ok) {

@@ -139,7 +139,7 @@ def test_a_collection_without_get_or_cancel_says_so() -> None:
 
 
 def test_the_route_table_is_one_style_and_has_no_shadowed_row() -> None:
-    assert len(ROUTES) == 40  # reportFaultyNodes the last
+    assert len(ROUTES) == 45  # with the triage policy's five
     seen = set()
     for route in ROUTES:
         assert route.method in ("GET", "POST", "PATCH", "DELETE")
@@ -149,8 +149,9 @@ def test_the_route_table_is_one_style_and_has_no_shadowed_row() -> None:
         assert key not in seen
         seen.add(key)
         assert route.mutates == (route.method != "GET" and not route.permission.endswith(".wait"))
-    # the node operator's commands, and a job's or study's cancel (the console asks why)
-    assert [r.reasoned for r in ROUTES].count(True) == 6
+    # the node operator's commands, a job's or study's cancel (the console asks why), and
+    # the triage policy's commands
+    assert [r.reasoned for r in ROUTES].count(True) == 10
 
 
 def test_a_call_reads_flags_strictly() -> None:

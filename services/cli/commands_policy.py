@@ -22,7 +22,7 @@ from services.cli.commands_api import out, show
 from shared import yaml_text
 from shared.domain.errors import ValidationError
 from shared.domain.health import Condition, HealthReport
-from shared.policies import rollout as ro
+from shared.policies import triage_rollout as ro
 from shared.policies.shadow import ANY, diff_history
 from shared.policies.triage_table import load_triage_table
 

@@ -3,7 +3,7 @@ a candidate repair configuration, in shadow.
 
 State in the store, beside the entities (plain records, in the caller's unit of work):
 
-- ``triage_policies``: one document per cluster, the rollout (``shared.policies.rollout``)
+- ``triage_policies``: one document per cluster, the rollout (``shared.policies.triage_rollout``)
   with who set it and when; absent: no candidate, triage runs the active table alone;
 - ``triage_shadow``: one document per cluster, the diff reports by cause (bounded rows):
   the triage table's (``triage``) and the repair configuration's (``repair``);
@@ -37,8 +37,8 @@ from shared.domain.health import (
 )
 from shared.domain.model import Node
 from shared.handling import Deps
-from shared.policies import rollout as ro
 from shared.policies import shadow
+from shared.policies import triage_rollout as ro
 from shared.policies.repair_decision import RepairFacts, RepairStep
 from shared.policies.triage import ALL_PASSED, diagnose
 from shared.policies.triage_table import TriageTable

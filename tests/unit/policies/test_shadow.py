@@ -7,7 +7,7 @@ import pytest
 
 from shared.domain.errors import ValidationError
 from shared.domain.health import Condition, HealthReport, RepairAction
-from shared.policies import rollout as ro
+from shared.policies import triage_rollout as ro
 from shared.policies.shadow import (
     Decision,
     DiffReport,

@@ -139,7 +139,7 @@ def test_a_collection_without_get_or_cancel_says_so() -> None:
 
 
 def test_the_route_table_is_one_style_and_has_no_shadowed_row() -> None:
-    assert len(ROUTES) == 40  # reportFaultyNodes the last
+    assert len(ROUTES) == 51  # the endpoints the last
     seen = set()
     for route in ROUTES:
         assert route.method in ("GET", "POST", "PATCH", "DELETE")

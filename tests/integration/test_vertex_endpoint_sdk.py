@@ -1,0 +1,107 @@
+"""The official SDK (google-cloud-aiplatform, REST transport), unchanged, against a live
+`mtc serve`: Model.upload with a prebuilt PyTorch prediction image, model.deploy with two
+replicas on the cluster's nodes, endpoint.predict answering with the model's predictions,
+undeploy_all and delete; the replicas' processes are gone after."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from google.api_core import exceptions
+from google.cloud import aiplatform
+from google.oauth2.credentials import Credentials
+
+from shared.service_layer.serving import RUNTIME
+from tests.serving import create_cluster, mtc_serve, wait_until
+
+torch = pytest.importorskip("torch")
+
+TOKEN = "endpoint-sdk-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PARENT = "projects/p/locations/us-central1"
+IMAGE = "us-docker.pkg.dev/vertex-ai/prediction/pytorch-cpu.2-4:latest"
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    state = tmp_path_factory.mktemp("endpoints") / "state"
+    state.mkdir()
+    with mtc_serve(state, TOKEN) as url:
+        op = create_cluster(url, TOKEN, "c1", parent=PARENT, workers=3)
+        assert "error" not in op, op
+        yield url, state
+
+
+def save_model(directory: Path) -> None:
+    """y = 2x + 1, as TorchScript: what the prebuilt PyTorch runtime serves."""
+    layer = torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        layer.weight.fill_(2.0)
+        layer.bias.fill_(1.0)
+    directory.mkdir(parents=True)
+    torch.jit.script(layer).save(str(directory / "model.pt"))
+
+
+def runtime_processes() -> list[int]:
+    """The serving runtime's processes of this checkout (its path is in their command)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(RUNTIME).encode() in cmdline and b"worker_launcher" not in cmdline:
+                out.append(int(entry.name))
+    return out
+
+
+def test_upload_deploy_predict_undeploy_delete_through_the_official_sdk(
+        server: tuple[str, Path]) -> None:
+    url, state = server
+    started = time.monotonic()
+    save_model(state / "jobs" / "gcs" / "serve-bkt" / "scorer")
+    creds: Any = Credentials(token=TOKEN)
+    aiplatform.init(project="p", location="us-central1", api_endpoint=url, api_transport="rest",
+                    credentials=creds)
+    model = aiplatform.Model.upload(display_name="scorer", artifact_uri="gs://serve-bkt/scorer",
+                                    serving_container_image_uri=IMAGE)
+    endpoint = model.deploy(machine_type="a3-highgpu-8g", min_replica_count=2,
+                            max_replica_count=4)
+    [deployed] = endpoint.list_models()
+    assert deployed.dedicated_resources.min_replica_count == 2
+    assert deployed.dedicated_resources.max_replica_count == 4
+    assert dict(endpoint.traffic_split) == {deployed.id: 100}
+
+    raw = requests.get(f"{url}/v1/{endpoint.resource_name}", headers=AUTH, timeout=10).json()
+    replicas = raw["deployedModels"][0]["mtcReplicas"]
+    assert [r["state"] for r in replicas] == ["READY", "READY"], replicas
+    assert len({r["node"] for r in replicas}) == 2  # a node serves one replica
+
+    for _ in range(4):  # both replicas take turns
+        prediction = endpoint.predict(instances=[[1.0], [2.5]])
+        assert prediction.predictions == [[3.0], [6.0]]
+        assert prediction.deployed_model_id == deployed.id
+        assert prediction.model_version_id == "1"
+        assert prediction.model_resource_name == model.resource_name
+    with pytest.raises(exceptions.BadRequest):
+        endpoint.predict(instances=[["not a number"]])
+    assert len(runtime_processes()) == 2
+
+    endpoint.undeploy_all()
+    assert endpoint.list_models() == []
+    answer = requests.post(f"{url}/v1/{endpoint.resource_name}:predict", headers=AUTH,
+                           json={"instances": [[1.0]]}, timeout=10)
+    assert answer.status_code == 400 and "no deployed model" in answer.text
+    wait_until("the replicas' processes to end", lambda: not runtime_processes(), 20)
+    endpoint.delete()
+    gone = requests.get(f"{url}/v1/{endpoint.resource_name}", headers=AUTH, timeout=10)
+    assert gone.status_code == 404, gone.text
+    assert aiplatform.Endpoint.list() == []
+    assert time.monotonic() - started < 40

@@ -4,7 +4,7 @@ undeployModel, mutateDeployedModel, in Vertex AI's shapes; predict is
 
 An endpoint is an API record; each of its deployed models holds its replicas, each a
 one-rank job on a cluster (``shared.service_layer.serving``) with the port its program
-listens on. A deployModel's Operation is done when every replica answers its health route
+listens on. A deployModel's Operation ends once every replica answers its health route
 (``deploy_progress``); the others are done in the call.
 """
 
@@ -43,7 +43,7 @@ from services.job_submission import commands as job_commands
 from services.pipelines import registry
 from shared.domain.errors import NotFound, ValidationError
 from shared.domain.model import ClusterState
-from shared.policies.serving import CLUSTER_LABEL, PARTITION_LABEL, Wanted
+from shared.policies.serving import CLUSTER_LABEL, PARTITION_LABEL, PoolOffer, Wanted
 from shared.service_layer import serving
 
 KIND = "endpoint"
@@ -150,7 +150,7 @@ def deploy_model(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any
             resource_id(dm_id, "deployedModel.id")
         if any(d["id"] == dm_id for d in deployed):
             raise ApiError("ALREADY_EXISTS", f"deployed model {dm_id} is on {_name(record)}")
-        version, top = _model_version(uow, parent, wanted)
+        version = _model_version(uow, parent, wanted)
         container = dict(version["model"].get("containerSpec") or {})
         artifact = version["model"].get("artifactUri")
         storage = serving.storage_path(artifact, ctx.runtime.deps.config.output_root)
@@ -290,7 +290,7 @@ def _scale(ctx: ApiContext, uow: Any, record: dict[str, Any], entry: dict[str, A
                "AIP_STORAGE_URI": entry["storage"], "AIP_MODE": "PREDICTION",
                "AIP_ENDPOINT_ID": record["id"], "AIP_DEPLOYED_MODEL_ID": entry["id"],
                "AIP_MACHINE_TYPE": entry["machine"]["machineType"]}
-        pool = serving.PoolOffer(entry["cluster"], 0.0, entry["partition"],
+        pool = PoolOffer(entry["cluster"], 0.0, entry["partition"],
                                  entry["machine"]["machineType"],
                                  entry["machine"]["acceleratorType"],
                                  int(entry["machine"]["acceleratorCount"] or 0), 0)
@@ -384,8 +384,7 @@ def _check_split(split: dict[str, int], resource: dict[str, Any], field: str
     return split
 
 
-def _model_version(uow: Any, parent: Parent, wanted: DeployedModel
-                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+def _model_version(uow: Any, parent: Parent, wanted: DeployedModel) -> dict[str, Any]:
     prefix = f"{parent.name}/models/"
     if not wanted.model.startswith(prefix):
         raise invalid("deployedModel.model", f"must be a model of this project and location, "
@@ -396,10 +395,10 @@ def _model_version(uow: Any, parent: Parent, wanted: DeployedModel
     if top is None:
         raise invalid("deployedModel.model", f"names no model in {parent.name}")
     try:
-        version = registry.version(uow, parent.name, top["id"], ref)
+        version: dict[str, Any] = registry.version(uow, parent.name, top["id"], ref)
     except NotFound:
         raise invalid("deployedModel.model", f"model {model_id} has no version {ref}") from None
-    return version, top
+    return version
 
 
 def _clusters(uow: Any, parent: Parent) -> list[str]:

@@ -259,7 +259,7 @@ SPECS.update({  # endpoints: deployed models served by replicas on a cluster
                          "model"),
     ("POST", f"{EP}:deployModel"): Spec(
         "deployModel", Operation, DeployModelRequest,
-        summary="Deploy a model version: replicas on a cluster's nodes; done when they answer"),
+        summary="Deploy a model version: replicas on a cluster's nodes; finished once they answer"),
     ("POST", f"{EP}:undeployModel"): Spec("undeployModel", Operation, UndeployModelRequest,
                                           summary="Undeploy a model: its replicas stop"),
     ("POST", f"{EP}:mutateDeployedModel"): Spec(

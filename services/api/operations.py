@@ -41,7 +41,7 @@ IN_TRANSIT = frozenset({NodeState.PROVISIONING, NodeState.DRAINING, NodeState.DR
                         NodeState.REPAIRING, NodeState.VERIFYING})
 DONE_AT_ONCE = ("customJob", "model", "trainingPipeline",  # their records change in the call
                 "hyperparameterTuningJob", "endpoint")
-DEPLOY = ("endpoint", "deployModel")  # done when its replicas answer (``serving_router``)
+DEPLOY = ("endpoint", "deployModel")  # finished once its replicas answer (``serving_router``)
 CLUSTER_TYPE = f"{TYPE}.v1beta1.ModelDevelopmentCluster"
 
 

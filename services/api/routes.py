@@ -23,8 +23,8 @@ from services.api import (
     node_health,
     node_ops,
     operations_api,
-    slurm_rest,
     serving_router,
+    slurm_rest,
     training_pipelines,
     tuning_jobs,
 )

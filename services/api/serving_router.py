@@ -113,10 +113,10 @@ def deploy_progress(uow: Any, record: dict[str, Any]
         return True, {"code": 10, "message": f"deployed model {dm_id} was undeployed before "
                       "it was ready"}, {}
     replicas = placed(uow, entry)
-    for r, running, _, _, _ in replicas:
+    for r, *_ in replicas:
         job = uow.jobs.get(r["job"])
         if job is None or job.terminal:
-            detail = job.error if job is not None and getattr(job, "error", "") else "ended"
+            detail = (job.error if job is not None else "") or "ended"
             return True, {"code": 13, "message": f"replica {r['job']} {detail}"}, {}
     if all(v.healthy for v in views(entry, replicas)):
         return True, None, response

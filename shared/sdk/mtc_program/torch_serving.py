@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -58,7 +57,7 @@ def load(directory: Path) -> Predict:
 def _torchscript(path: Path) -> Predict:
     import torch
 
-    module = torch.jit.load(str(path), map_location="cpu")
+    module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
     module.eval()
 
     def predict(instances: list[Any], parameters: Any) -> list[Any]:
@@ -143,4 +142,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

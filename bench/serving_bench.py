@@ -4,6 +4,8 @@ hits a node serving one of its replicas (docs/inference.md records runs).
 
     PYTHONPATH=. .venv/bin/python bench/serving_bench.py [--replicas 2] [--rate 20]
         [--seconds 60] [--fault-at 15] [--out result.json]
+    PYTHONPATH=. .venv/bin/python bench/serving_bench.py --replicas 1 --max-replicas 4 \
+        --rate 5 --step-rate 35 --step 10:30 --fault-at -1 --seconds 60
 
 One `mtc serve` (a 4-node cluster), a TorchScript model served by the prebuilt PyTorch
 runtime with ``--replicas`` replicas. Requests are sent open-loop (each at its scheduled
@@ -11,7 +13,10 @@ time, whatever the earlier ones do) for ``--seconds``; at ``--fault-at`` the nod
 first replica gets an XID 79 through the API (``:reportHealth``). Each answer is recorded
 (when, status, latency, ``Retry-After``); the endpoint's replicas are polled every 0.25 s
 for where they run. Prints the counts by status, p50/p99 latency, the 503s (all with
-``Retry-After``?) and when the last one came, and the replicas' moves.
+``Retry-After``?) and when the last one came, and the replicas' moves. With
+``--max-replicas`` above ``--replicas`` the model autoscales (target ``--target`` requests
+per minute per replica); ``--step A:B`` sends ``--step-rate`` from A to B s: the scale
+events come back with the figures. A negative ``--fault-at`` injects no fault.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from tests.stalled_clients import inject_xid
 
 TOKEN = "serving-bench-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+REQUEST_COUNT = "aiplatform.googleapis.com/prediction/online/request_count"
 IMAGE = "us-docker.pkg.dev/vertex-ai/prediction/pytorch-cpu.2-4:latest"
 
 
@@ -59,7 +65,7 @@ def wait_op(url: str, op: dict[str, Any], timeout_s: float = 120.0) -> dict[str,
     return op
 
 
-def deploy(url: str, replicas: int) -> str:
+def deploy(url: str, replicas: int, high: int, target: int) -> str:
     up = requests.post(f"{url}/v1/{PARENT}/models:upload", headers=AUTH, timeout=30, json={
         "model": {"displayName": "bench", "artifactUri": "gs://serve-bench/model",
                   "containerSpec": {"imageUri": IMAGE}}}).json()
@@ -70,7 +76,9 @@ def deploy(url: str, replicas: int) -> str:
     op = requests.post(f"{url}/v1/{endpoint}:deployModel", headers=AUTH, timeout=30, json={
         "deployedModel": {"model": model, "dedicatedResources": {
             "machineSpec": {"machineType": "a3-highgpu-8g"},
-            "minReplicaCount": replicas, "maxReplicaCount": replicas}}}).json()
+            "minReplicaCount": replicas, "maxReplicaCount": high,
+            "autoscalingMetricSpecs": [{"metricName": REQUEST_COUNT, "target": target}]}}}
+    ).json()
     wait_op(url, op)
     return endpoint
 
@@ -106,7 +114,18 @@ def one(url: str, endpoint: str, t0: float) -> dict[str, Any]:
             "latency_s": time.monotonic() - sent}
 
 
-def run(replicas: int, rate: float, seconds: float, fault_at: float) -> dict[str, Any]:
+def schedule(rate: float, seconds: float, step: tuple[float, float] | None,
+             step_rate: float) -> list[float]:
+    """When each request is due (s from the start): ``rate``, ``step_rate`` inside ``step``."""
+    out, t = [], 0.0
+    while t < seconds:
+        out.append(t)
+        t += 1.0 / (step_rate if step and step[0] <= t < step[1] else rate)
+    return out
+
+
+def run(replicas: int, rate: float, seconds: float, fault_at: float, *, high: int,
+        target: int, step: tuple[float, float] | None, step_rate: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
         state.mkdir()
@@ -115,7 +134,7 @@ def run(replicas: int, rate: float, seconds: float, fault_at: float) -> dict[str
             # directory holding outputs but no database is refused at the start)
             op = create_cluster(url, TOKEN, "c1", workers=4)
             assert "error" not in op, op
-            endpoint = deploy(url, replicas)
+            endpoint = deploy(url, replicas, max(high, replicas), target)
             watch = Watch(url, endpoint)
             t0 = time.monotonic()
             threading.Thread(target=watch.run, args=(t0,), daemon=True).start()
@@ -123,9 +142,9 @@ def run(replicas: int, rate: float, seconds: float, fault_at: float) -> dict[str
             victim = watch.seen[-1][1][0][0]
             futures, fault_sent = [], None
             with ThreadPoolExecutor(max_workers=64) as pool:
-                for i in range(int(rate * seconds)):
-                    due = t0 + i / rate
-                    if fault_sent is None and due - t0 >= fault_at:
+                for at in schedule(rate, seconds, step, step_rate):
+                    due = t0 + at
+                    if fault_sent is None and 0 <= fault_at <= at:
                         inject_xid(url, TOKEN, "c1", victim)
                         fault_sent = round(time.monotonic() - t0, 3)
                     time.sleep(max(0.0, due - time.monotonic()))
@@ -133,7 +152,37 @@ def run(replicas: int, rate: float, seconds: float, fault_at: float) -> dict[str
                 rows = [f.result() for f in futures]
             time.sleep(1.0)
             watch.stop.set()
-    return summary(rows, replicas, rate, seconds, fault_sent, victim, watch.seen)
+            got = requests.get(f"{url}/v1/{endpoint}", headers=AUTH, timeout=10).json()
+            events = [{**e, "at_s": round(_since(e["time"], t0), 1)}
+                      for d in got["deployedModels"] for e in d.get("mtcScaleEvents", [])]
+    out = summary(rows, replicas, rate, seconds, fault_sent, victim, watch.seen)
+    out["scale_events"] = events
+    out["per_phase"] = phases(rows, step)
+    return out
+
+
+def _since(stamp: str, t0: float) -> float:
+    """An RFC 3339 time as seconds since ``t0`` (time.monotonic's)."""
+    import datetime as dt
+
+    wall = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return wall - (time.time() - (time.monotonic() - t0))
+
+
+def phases(rows: list[dict[str, Any]], step: tuple[float, float] | None
+           ) -> dict[str, dict[str, float]]:
+    """p50/p99 latency (ms) of the answers before, during and after the step."""
+    if step is None:
+        return {}
+    out = {}
+    for name, keep in (("before", lambda a: a < step[0]),
+                       ("step", lambda a: step[0] <= a < step[1]),
+                       ("after", lambda a: a >= step[1])):
+        ok = [r["latency_s"] for r in rows if r["status"] == 200 and keep(r["at"])]
+        qs = statistics.quantiles(ok, n=100) if len(ok) > 1 else [0.0] * 99
+        out[name] = {"requests": len(ok), "p50_ms": round(qs[49] * 1000, 1),
+                     "p99_ms": round(qs[98] * 1000, 1)}
+    return out
 
 
 def summary(rows: list[dict[str, Any]], replicas: int, rate: float, seconds: float,
@@ -165,9 +214,17 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--fault-at", type=float, default=15.0)
+    parser.add_argument("--max-replicas", type=int, default=0)
+    parser.add_argument("--target", type=int, default=600,
+                        help="requests per minute per replica the autoscaler aims at")
+    parser.add_argument("--step", help="A:B, the step's start and end (s)")
+    parser.add_argument("--step-rate", type=float, default=0.0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    result = run(args.replicas, args.rate, args.seconds, args.fault_at)
+    step = tuple(float(x) for x in args.step.split(":")) if args.step else None
+    result = run(args.replicas, args.rate, args.seconds, args.fault_at, high=args.max_replicas,
+                 target=args.target, step=step,  # type: ignore[arg-type]
+                 step_rate=args.step_rate)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

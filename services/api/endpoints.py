@@ -105,7 +105,7 @@ def patch(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any,
                 resource[path] = given[path]
             else:
                 resource.pop(path, None)
-        fresh = _save(uow, record, resource, ctx.now)
+        fresh = save(uow, record, resource, ctx.now)
         return render_record(uow, fresh)
 
 
@@ -184,14 +184,14 @@ def deploy_model(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any
             "storage": storage, "artifact": artifact,
             "replicas": [],
         }
-        _scale(ctx, uow, record, entry, low)
+        scale(ctx, uow, record, entry, low)
         split = dict(request.traffic_split) or ({} if deployed else {"0": 100})
         split = {(dm_id if k == "0" else k): v for k, v in split.items()}
         deployed.append(entry)
         resource["deployedModels"] = deployed
         resource["trafficSplit"] = _check_split(split, resource, "trafficSplit")
         resource["generation"] = int(resource.get("generation", 0)) + 1
-        fresh = _save(uow, record, resource, ctx.now)
+        fresh = save(uow, record, resource, ctx.now)
         response = {"@type": f"{V1}.DeployModelResponse",
                     "deployedModel": render_deployed(uow, entry, extended=False)}
         op = Scope(ctx, uow, parent).operation(target=KIND, target_id=ids.domain_of(fresh),
@@ -212,13 +212,13 @@ def undeploy_model(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any
         if entry is None:
             raise ApiError("NOT_FOUND", f"deployed model {request.deployed_model_id} is not "
                            f"on {_name(record)}")
-        _scale(ctx, uow, record, entry, 0)
+        scale(ctx, uow, record, entry, 0)
         resource["deployedModels"] = [d for d in deployed if d is not entry]
         split = dict(request.traffic_split) or {
             k: v for k, v in (resource.get("trafficSplit") or {}).items() if k != entry["id"]}
         resource["trafficSplit"] = _check_split(split, resource, "trafficSplit")
         resource["generation"] = int(resource.get("generation", 0)) + 1
-        fresh = _save(uow, record, resource, ctx.now)
+        fresh = save(uow, record, resource, ctx.now)
         op = Scope(ctx, uow, parent).operation(
             target=KIND, target_id=ids.domain_of(fresh), verb="undeployModel",
             generation=resource["generation"],
@@ -228,8 +228,8 @@ def undeploy_model(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any
 
 def mutate_deployed_model(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any
                           ) -> dict[str, Any]:
-    """Replica counts (and the recorded autoscaling specs) of a deployed model; the replicas
-    are started or stopped at once to the new minimum."""
+    """Replica counts and autoscaling specs of a deployed model; replicas are started or
+    stopped at once to be within the new bounds."""
     request = parse_message(MutateDeployedModelRequest, body)
     paths = [p.strip() for p in request.update_mask.split(",") if p.strip()]
     for path in paths:
@@ -256,11 +256,13 @@ def mutate_deployed_model(ctx: ApiContext, parent: Parent, endpoint_id: str, bod
         if high and high < low:
             raise invalid("deployedModel.dedicatedResources.maxReplicaCount",
                           f"{high} is below minReplicaCount {low}")
-        entry["dedicatedResources"] = {**current, "maxReplicaCount": max(high, low)}
-        _scale(ctx, uow, record, entry, low)
+        high = max(high, low)
+        entry["dedicatedResources"] = {**current, "maxReplicaCount": high}
+        # within the new bounds; the autoscaler goes on from there
+        scale(ctx, uow, record, entry, min(max(len(entry.get("replicas") or []), low), high))
         resource["deployedModels"] = deployed
         resource["generation"] = int(resource.get("generation", 0)) + 1
-        fresh = _save(uow, record, resource, ctx.now)
+        fresh = save(uow, record, resource, ctx.now)
         op = Scope(ctx, uow, parent).operation(
             target=KIND, target_id=ids.domain_of(fresh), verb="mutateDeployedModel",
             generation=resource["generation"],
@@ -269,7 +271,7 @@ def mutate_deployed_model(ctx: ApiContext, parent: Parent, endpoint_id: str, bod
         return ops.render(uow, op, ctx.now)
 
 
-def _scale(ctx: ApiContext, uow: Any, record: dict[str, Any], entry: dict[str, Any],
+def scale(ctx: ApiContext, uow: Any, record: dict[str, Any], entry: dict[str, Any],
            count: int) -> None:
     """Start replicas up to ``count`` (each a job with a port of its own), or cancel the
     newest ones down to it."""
@@ -335,7 +337,9 @@ def render_deployed(uow: Any, entry: dict[str, Any], *, extended: bool = True
         "dedicatedResources": entry["dedicatedResources"],
     }
     if extended:
-        out.update(mtcReplicas=replica_states(uow, entry), mtcCluster=entry["cluster"])
+        out.update(mtcReplicas=replica_states(uow, entry), mtcCluster=entry["cluster"],
+                   mtcScaleEvents=[{**e, "time": timestamp(e["time"])}
+                                   for e in entry.get("scaleEvents") or []])
     return DeployedModel.model_validate(out).to_json()
 
 
@@ -351,7 +355,7 @@ def _load(uow: Any, parent: Parent, endpoint_id: str) -> dict[str, Any]:
     return load_record(uow, KIND, endpoint_id, parent, parent.child(COLLECTION, endpoint_id))
 
 
-def _save(uow: Any, record: dict[str, Any], resource: dict[str, Any], now: float
+def save(uow: Any, record: dict[str, Any], resource: dict[str, Any], now: float
           ) -> dict[str, Any]:
     fresh = {**record, "resource": resource, "time": now}
     uow.put_record(RESOURCES, resource_key(KIND, ids.domain_of(record)), fresh)

@@ -12,6 +12,7 @@ asked at most every ``HEALTH_FRESH_S`` per replica and attempt: a replica starte
 
 from __future__ import annotations
 
+import collections
 import itertools
 import random
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 
 import requests
 
+from services.api import ids
 from services.api.context import RESOURCES, ApiContext, load_record, resource_key
 from services.api.errors import ApiError, invalid
 from services.api.names import Parent
@@ -42,6 +44,30 @@ RETRY_AFTER_S = 2  # a replica moving to a new node is back in seconds on the lo
 _turn = itertools.count()
 _healthy_at: dict[tuple[str, int], float] = {}  # (replica job, attempt) -> last 200
 _local = threading.local()
+LOAD_WINDOW_S = 10.0  # the autoscaler's load: requests per second over this window
+
+
+class Arrivals:
+    """When requests came, per deployed model (``(endpoint key, deployed id)``): the load
+    the autoscaler reads. In this process's memory: the server that routes counts."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], collections.deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def note(self, key: tuple[str, str], at: float) -> None:
+        with self._lock:
+            self._seen.setdefault(key, collections.deque()).append(at)
+
+    def rate(self, key: tuple[str, str], now: float) -> float:
+        with self._lock:
+            seen = self._seen.get(key)
+            while seen and seen[0] < now - LOAD_WINDOW_S:
+                seen.popleft()
+            return len(seen) / LOAD_WINDOW_S if seen else 0.0
+
+
+ARRIVALS = Arrivals()
 Placed = tuple[dict[str, Any], bool, str | None, str | None, int]  # replica, running, node,
 # the node's state, attempt
 
@@ -143,6 +169,7 @@ def predict(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any, *, raw
                            "has no deployed model that takes traffic: deploy a model first")
         entry = next(d for d in resource["deployedModels"] if d["id"] == target)
         replicas = placed(uow, entry)
+    ARRIVALS.note((ids.domain_of(record), entry["id"]), time.monotonic())
     by_job = {r["job"]: r for r, *_ in replicas}
     last, broken = "no replica is ready", 0
     for job_id in route_order(views(entry, replicas), next(_turn)):

@@ -43,6 +43,15 @@ class ReplicaStatus(Message):
     attempt: Int32 | None = None
 
 
+class ScaleEvent(Message):
+    """mtc's extension: one change of a deployed model's replica count by the autoscaler."""
+
+    time: Timestamp
+    from_: Int32 = Field(alias="from")
+    to: Int32
+    load_per_s: float
+
+
 class DeployedModel(Message):
     id: str | None = Field(default=None, max_length=128)
     model: str = Field(default="", max_length=1024)
@@ -54,6 +63,7 @@ class DeployedModel(Message):
     disable_container_logging: bool | None = None
     mtc_replicas: list[ReplicaStatus] | None = None
     mtc_cluster: str | None = None  # where its replicas run (output only)
+    mtc_scale_events: list[ScaleEvent] | None = None
 
     automatic_resources: Unsupported = None
     shared_resources: Unsupported = None

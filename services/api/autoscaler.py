@@ -1,0 +1,95 @@
+"""The endpoints' autoscaler: once a second, each deployed model whose maxReplicaCount is
+above its minimum gets the replica count its load asks for (``shared.policies.autoscaling``),
+replicas started or stopped as a deploy does (``endpoints.scale``), the change kept as a
+scale event on the deployed model.
+
+It runs in the process that routes the requests (it reads their arrivals,
+``serving_router.ARRIVALS``), started by the first deploy or prediction the process serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from services.api import endpoints, ids
+from services.api.context import RESOURCES, ApiContext
+from services.api.serving_router import ARRIVALS
+from shared.policies.autoscaling import ScaleState, desired, policy_of
+
+log = logging.getLogger("mtc.serving")
+TICK_S = 1.0
+MAX_EVENTS = 50  # a deployed model keeps its newest scale events
+_started: list[threading.Thread] = []
+_lock = threading.Lock()
+
+
+def ensure(ctx: ApiContext) -> None:
+    """Start the autoscaler of this process, once."""
+    with _lock:
+        if _started and _started[0].is_alive():
+            return
+        thread = threading.Thread(target=_loop, args=(ctx,), name="mtc-autoscaler",
+                                  daemon=True)
+        _started[:] = [thread]
+        thread.start()
+
+
+def _loop(ctx: ApiContext) -> None:
+    while True:
+        time.sleep(TICK_S)
+        try:
+            tick(ctx, time.monotonic())
+        except Exception:  # the next tick tries again; routing goes on meanwhile
+            log.exception("autoscaler tick failed")
+
+
+def tick(ctx: ApiContext, now: float) -> list[dict[str, Any]]:
+    """One pass over every endpoint; the scale events it made."""
+    with ctx.unit() as uow:
+        keys = [(r["parent"], ids.domain_of(r)) for r in uow.records(RESOURCES,
+                                                                      {"kind": endpoints.KIND})]
+    made = []
+    for _, key in keys:
+        with ctx.unit() as uow:
+            record = uow.record(RESOURCES, f"{endpoints.KIND}:{key}")
+            if record is None:
+                continue
+            resource = dict(record["resource"])
+            deployed = [dict(d) for d in resource.get("deployedModels") or []]
+            changed = False
+            for entry in deployed:
+                event = _decide(ctx, uow, record, entry, key, now)
+                if event is not None:
+                    made.append(event)
+                    changed = True
+            if changed:
+                resource["deployedModels"] = deployed
+                endpoints.save(uow, record, resource, ctx.now)
+    return made
+
+
+def _decide(ctx: ApiContext, uow: Any, record: dict[str, Any], entry: dict[str, Any],
+            key: str, now: float) -> dict[str, Any] | None:
+    res = entry["dedicatedResources"]
+    low, high = int(res.get("minReplicaCount", 1)), int(res.get("maxReplicaCount") or 0)
+    if high <= low:
+        return None
+    load = ARRIVALS.rate((key, entry["id"]), now)
+    replicas = len(entry.get("replicas") or [])
+    events = list(entry.get("scaleEvents") or [])
+    last = entry.get("scaledAt")
+    want = desired(policy_of(res.get("autoscalingMetricSpecs") or []), ScaleState(
+        replicas, load, now, last if isinstance(last, float) and last <= now else None,
+        low, high))
+    if want == replicas:
+        return None
+    endpoints.scale(ctx, uow, record, entry, want)
+    event = {"time": ctx.now, "from": replicas, "to": want, "loadPerS": round(load, 2)}
+    entry["scaleEvents"] = [*events, event][-MAX_EVENTS:]
+    entry["scaledAt"] = now
+    log.info("endpoint %s deployed model %s: %d -> %d replicas (%.1f requests/s)",
+             record["id"], entry["id"], replicas, want, load)
+    return event

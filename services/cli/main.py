@@ -20,6 +20,7 @@ from typing import Any
 from services.api.errors import ApiError
 from services.api.names import parent
 from services.api.security import ADMIN_TOKEN_FILE
+from services.cli import commands_endpoint
 from services.cli.bench_recovery import add_parser as add_bench
 from services.cli.bench_recovery import cmd_bench_recovery
 from services.cli.client import Client, ClientError, HttpClient, LocalClient, checked_url
@@ -39,7 +40,7 @@ from services.wiring.embedded import embedded
 from shared.domain.errors import MtcError, NotFound, ValidationError
 
 DEFAULT_PROJECT = DEFAULT_LOCATION = "local"
-API_COMMANDS = {"cluster", "job", "recipe", "node list", *(f"node {v}" for v in NODE_VERBS)}
+API_COMMANDS = {"cluster", "job", "endpoint", "recipe", "node list", *(f"node {v}" for v in NODE_VERBS)}
 OFFLINE_COMMANDS = {"recipe list", "recipe show"}  # packaged data: no state, no server
 DEFAULT_STATE_DIR = "var/mtc"
 
@@ -136,6 +137,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     x.add_argument("cluster_id")
     x.add_argument("--all", action="store_true", help="include retired nodes")
     c.set_defaults(fn=cmd_cluster)
+
+    commands_endpoint.add_parser(sub, leaf)
 
     j = sub.add_parser("job", help="submit, get, list, cancel, delete customJobs")
     jsub = j.add_subparsers(dest="action", required=True)

@@ -5,6 +5,7 @@ undeploy_all and delete; the replicas' processes are gone after."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from google.cloud import aiplatform
 from google.oauth2.credentials import Credentials
 
 from shared.service_layer.serving import RUNTIME
+from tests.cli_support import clean_env, mtc, mtc_json
 from tests.serving import create_cluster, mtc_serve, wait_until
 
 torch = pytest.importorskip("torch")
@@ -105,3 +107,29 @@ def test_upload_deploy_predict_undeploy_delete_through_the_official_sdk(
     assert gone.status_code == 404, gone.text
     assert aiplatform.Endpoint.list() == []
     assert time.monotonic() - started < 40
+
+
+def test_the_cli_deploys_predicts_and_undeploys(server: tuple[str, Path], tmp_path: Path) -> None:
+    url, state = server
+    save_model(state / "jobs" / "gcs" / "serve-bkt" / "cli")
+    up = requests.post(f"{url}/v1/{PARENT}/models:upload", headers=AUTH, timeout=10, json={
+        "modelId": "cli-model", "model": {"displayName": "cli", "artifactUri":
+                                          "gs://serve-bkt/cli", "containerSpec": {
+                                              "imageUri": IMAGE}}})
+    assert up.status_code == 200, up.text
+    env = clean_env(MTC_API=url, MTC_API_TOKEN=TOKEN, MTC_PROJECT="p",
+                    MTC_LOCATION="us-central1")
+    cli_state = tmp_path / "unused"
+    mtc(cli_state, "endpoint", "create", "--display-name", "cli", "--endpoint-id", "cli-ep",
+        env=env)
+    mtc(cli_state, "endpoint", "deploy", "cli-ep", "--model", "cli-model", "--machine-type",
+        "a3-highgpu-8g", "--wait", "60", env=env)
+    shown = mtc(cli_state, "endpoint", "get", "cli-ep", env=env).stdout
+    assert "READY" in shown and "cli-model@1" in shown, shown
+    out = mtc(cli_state, "endpoint", "predict", "cli-ep", "--instances", "[[1.0], [0.0]]",
+              env=env).stdout
+    assert json.loads(out) == [[3.0], [1.0]]
+    [deployed] = mtc_json(cli_state, "endpoint", "get", "cli-ep", env=env)["deployedModels"]
+    mtc(cli_state, "endpoint", "undeploy", "cli-ep", deployed["id"], env=env)
+    mtc(cli_state, "endpoint", "delete", "cli-ep", env=env)
+    assert mtc_json(cli_state, "endpoint", "list", env=env) == []

@@ -16,7 +16,7 @@ from typing import Any
 
 from services.api import endpoints, ids
 from services.api.context import RESOURCES, ApiContext
-from services.api.serving_router import ARRIVALS
+from services.api.serving_router import ARRIVALS, STATS
 from shared.policies.autoscaling import ScaleState, desired, policy_of
 
 log = logging.getLogger("mtc.serving")
@@ -90,6 +90,8 @@ def _decide(ctx: ApiContext, uow: Any, record: dict[str, Any], entry: dict[str, 
     event = {"time": ctx.now, "from": replicas, "to": want, "loadPerS": round(load, 2)}
     entry["scaleEvents"] = [*events, event][-MAX_EVENTS:]
     entry["scaledAt"] = now
+    STATS.scaled(f"{record['parent']}/{endpoints.COLLECTION}/{record['id']}", entry["id"],
+                 "up" if want > replicas else "down")
     log.info("endpoint %s deployed model %s: %d -> %d replicas (%.1f requests/s)",
              record["id"], entry["id"], replicas, want, load)
     return event

@@ -68,6 +68,41 @@ class Arrivals:
 
 
 ARRIVALS = Arrivals()
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServingStats:
+    """Predictions by endpoint, deployed model and HTTP status, their latency (cumulative
+    bucket counts and sum) and the scale events: what ``serving_metrics`` exports."""
+
+    def __init__(self) -> None:
+        self.requests: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self.latency: dict[tuple[str, str], list[float]] = {}  # counts per bucket, +Inf, sum
+        self.scales: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def answered(self, endpoint: str, deployed: str, status: int, seconds: float) -> None:
+        with self._lock:
+            self.requests[(endpoint, deployed, str(status))] += 1
+            row = self.latency.setdefault((endpoint, deployed),
+                                          [0.0] * (len(LATENCY_BUCKETS) + 2))
+            for i, bound in enumerate(LATENCY_BUCKETS):
+                if seconds <= bound:
+                    row[i] += 1
+            row[-2] += 1
+            row[-1] += seconds
+
+    def scaled(self, endpoint: str, deployed: str, direction: str) -> None:
+        with self._lock:
+            self.scales[(endpoint, deployed, direction)] += 1
+
+    def snapshot(self) -> tuple[dict[Any, int], dict[Any, list[float]], dict[Any, int]]:
+        with self._lock:
+            return (dict(self.requests), {k: list(v) for k, v in self.latency.items()},
+                    dict(self.scales))
+
+
+STATS = ServingStats()
 Placed = tuple[dict[str, Any], bool, str | None, str | None, int]  # replica, running, node,
 # the node's state, attempt
 
@@ -152,7 +187,24 @@ def deploy_progress(uow: Any, record: dict[str, Any]
 def predict(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any, *, raw: bool = False
             ) -> dict[str, Any]:
     """The deployed model's predictions, as Vertex's PredictResponse; ``raw``: the body goes
-    to the replica as given and its answer comes back as it is (rawPredict)."""
+    to the replica as given and its answer comes back as it is (rawPredict). Counted in
+    ``STATS`` by the answer's status, once a deployed model was chosen."""
+    started = time.monotonic()
+    chosen: list[str] = []
+    try:
+        out = _predict(ctx, parent, endpoint_id, body, raw, chosen)
+    except ApiError as exc:
+        if chosen:
+            STATS.answered(parent.child("endpoints", endpoint_id), chosen[0], exc.http_status,
+                           time.monotonic() - started)
+        raise
+    STATS.answered(parent.child("endpoints", endpoint_id), chosen[0], 200,
+                   time.monotonic() - started)
+    return out
+
+
+def _predict(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any, raw: bool,
+             chosen: list[str]) -> dict[str, Any]:
     if not raw:
         request = parse_message(PredictRequest, body)
         if not request.instances:
@@ -170,6 +222,7 @@ def predict(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any, *, raw
         entry = next(d for d in resource["deployedModels"] if d["id"] == target)
         replicas = placed(uow, entry)
     ARRIVALS.note((ids.domain_of(record), entry["id"]), time.monotonic())
+    chosen.append(entry["id"])
     by_job = {r["job"]: r for r, *_ in replicas}
     last, broken = "no replica is ready", 0
     for job_id in route_order(views(entry, replicas), next(_turn)):

@@ -64,6 +64,15 @@ def runtime_processes() -> list[int]:
     return out
 
 
+def sample(text: str, name: str, labels: set[str]) -> float | None:
+    """The value of the series ``name`` with (at least) ``labels`` in a /metrics text."""
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head.startswith(name + "{") and labels <= set(head[len(name) + 1:-1].split(",")):
+            return float(value)
+    return None
+
+
 def test_upload_deploy_predict_undeploy_delete_through_the_official_sdk(
         server: tuple[str, Path]) -> None:
     url, state = server
@@ -95,6 +104,12 @@ def test_upload_deploy_predict_undeploy_delete_through_the_official_sdk(
     with pytest.raises(exceptions.BadRequest):
         endpoint.predict(instances=[["not a number"]])
     assert len(runtime_processes()) == 2
+    scraped = requests.get(f"{url}/metrics", headers=AUTH, timeout=10).text
+    ours = {f'endpoint="{endpoint.resource_name}"', f'deployed_model="{deployed.id}"'}
+    assert sample(scraped, "mtc_endpoint_requests_total", ours | {'code="200"'}) == 4
+    assert sample(scraped, "mtc_endpoint_requests_total", ours | {'code="400"'}) == 1
+    assert sample(scraped, "mtc_endpoint_replicas", ours | {'state="READY"'}) == 2
+    assert sample(scraped, "mtc_endpoint_request_seconds_count", ours) == 5
 
     endpoint.undeploy_all()
     assert endpoint.list_models() == []

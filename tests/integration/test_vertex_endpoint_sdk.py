@@ -110,6 +110,11 @@ def test_upload_deploy_predict_undeploy_delete_through_the_official_sdk(
     assert sample(scraped, "mtc_endpoint_requests_total", ours | {'code="400"'}) == 1
     assert sample(scraped, "mtc_endpoint_replicas", ours | {'state="READY"'}) == 2
     assert sample(scraped, "mtc_endpoint_request_seconds_count", ours) == 5
+    shown = requests.get(f"{url}/console/api/endpoints", headers=AUTH, timeout=10).json()
+    [row] = [d for e in shown["endpoints"] for d in e["deployedModels"]]
+    assert (row["traffic"], row["requests"]) == (100, {"200": 4, "400": 1})
+    assert [r["state"] for r in row["replicas"]] == ["READY", "READY"]
+    assert row["p50S"] is not None and row["p99S"] >= row["p50S"]
 
     endpoint.undeploy_all()
     assert endpoint.list_models() == []

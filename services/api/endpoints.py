@@ -155,7 +155,8 @@ def deploy_model(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any
         artifact = version["model"].get("artifactUri")
         storage = serving.storage_path(artifact, ctx.runtime.deps.config.output_root)
         try:
-            command = serving.program(container, storage)
+            command = serving.program(container, storage if serving.in_bucket(artifact)
+                                      else "")  # (elsewhere: the replica's own copy)
         except ValidationError as exc:
             raise invalid("deployedModel.model", exc.reason) from None
         labels = dict(resource.get("labels") or {})
@@ -286,10 +287,13 @@ def scale(ctx: ApiContext, uow: Any, record: dict[str, Any], entry: dict[str, An
     while len(replicas) < count:
         port = _free_port()
         job_id = f"serve-{secrets.token_hex(6)}-r{index}"
+        output, storage = serving.replica_dirs(
+            entry.get("artifact"), entry["storage"], ctx.runtime.deps.config.output_root,
+            endpoint_id=record["id"], deployed_id=entry["id"], index=index, job_id=job_id)
         env = {**entry["env"], "AIP_HTTP_PORT": str(port),
                "AIP_HEALTH_ROUTE": entry["healthRoute"],
                "AIP_PREDICT_ROUTE": entry["predictRoute"],
-               "AIP_STORAGE_URI": entry["storage"], "AIP_MODE": "PREDICTION",
+               "AIP_STORAGE_URI": storage, "AIP_MODE": "PREDICTION",
                "AIP_ENDPOINT_ID": record["id"], "AIP_DEPLOYED_MODEL_ID": entry["id"],
                "AIP_MACHINE_TYPE": entry["machine"]["machineType"]}
         pool = PoolOffer(entry["cluster"], 0.0, entry["partition"],
@@ -300,8 +304,7 @@ def scale(ctx: ApiContext, uow: Any, record: dict[str, Any], entry: dict[str, An
             display_name=f"serve {record['id']}/{entry['id']} replica {index}",
             command=entry["command"], env=env, pool=pool,
             labels={"mtc-endpoint": _label(record["id"]), "mtc-deployed-model": entry["id"]},
-            output=serving.replica_output(entry.get("artifact"), record["id"], entry["id"],
-                                          index))
+            output=output)
         job_commands.submit_job(entry["cluster"], body, uow, deps, job_id)
         replicas.append({"index": index, "job": job_id, "port": port})
         index += 1

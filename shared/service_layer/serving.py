@@ -16,6 +16,7 @@ prediction image (``PREBUILT``) maps to mtc's local serving runtime
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -73,14 +74,29 @@ def model_files(storage: str) -> list[str]:
     return sorted(str(p) for p in root.rglob("*") if p.is_file())[:MAX_MODEL_FILES]
 
 
-def replica_output(artifact_uri: str | None, endpoint_id: str, deployed_id: str,
-                   index: int) -> str | None:
-    """A replica's output directory: beside the model in its bucket (``gs://B/...``), else
-    the default one (None)."""
-    if not artifact_uri or not artifact_uri.startswith("gs://"):
-        return None
-    bucket = artifact_uri.removeprefix("gs://").split("/", 1)[0]
-    return f"gs://{bucket}/mtc-serving/{endpoint_id}/{deployed_id}/replica-{index}"
+def in_bucket(artifact_uri: str | None) -> bool:
+    return bool(artifact_uri and artifact_uri.startswith("gs://"))
+
+
+def replica_dirs(artifact_uri: str | None, storage: str, output_root: Path, *,
+                 endpoint_id: str, deployed_id: str, index: int, job_id: str
+                 ) -> tuple[str | None, str]:
+    """A replica's output directory (None: the default one) and its ``AIP_STORAGE_URI``.
+
+    A model in a bucket (``gs://B/...``) is read where it is: the replica's output goes
+    beside it in the same bucket, so the model's files its command names are its job's own.
+    A model anywhere else (a job's local model directory) is copied into the replica's own
+    model directory first, as Vertex copies a model for its container: a sandboxed replica
+    reads nothing of another job's outputs, and owns its copy."""
+    if in_bucket(artifact_uri):
+        assert artifact_uri is not None
+        bucket = artifact_uri.removeprefix("gs://").split("/", 1)[0]
+        return f"gs://{bucket}/mtc-serving/{endpoint_id}/{deployed_id}/replica-{index}", storage
+    if not storage or not Path(storage).is_dir():
+        return None, storage
+    base = output_root.absolute() / "serving" / job_id
+    shutil.copytree(storage, base / "model", dirs_exist_ok=True, symlinks=False)
+    return str(base), str(base / "model")
 
 
 def storage_path(artifact_uri: str | None, output_root: Path) -> str:

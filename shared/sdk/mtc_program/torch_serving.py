@@ -10,7 +10,12 @@ directory on the node):
 * ``handler.py`` with ``predict(instances, parameters) -> list``: the model's own code (what
   a TorchServe handler is to the prebuilt image), loaded once;
 * else ``model.pt`` (or ``model.pth``, ``model.pts``): a TorchScript module, called on the
-  instances as one tensor; its output's rows are the predictions.
+  instances as one tensor; its output's rows are the predictions;
+* else ``config.json`` with safetensors weights: a causal LM (``transformers``, as the
+  recipes save theirs); an instance is a prompt (a string, or ``{"prompt": ...}``) and its
+  prediction the greedy completion, up to ``parameters.maxOutputTokens`` (default 16). Its
+  tokenizer is the directory's own, else the recipes' byte-level one (ids 0-255 bytes, then
+  PAD, BOS, EOS) when the vocabulary is that size.
 
 HTTP is waitress (a production WSGI server, pure Python, already mtc's; docs/inference.md
 says why), the request handling a small WSGI app. Run as a script
@@ -50,8 +55,11 @@ def load(directory: Path) -> Predict:
         path = directory / name
         if path.is_file():
             return _torchscript(path)
-    raise SystemExit(f"AIP_STORAGE_URI {directory}: no handler.py and none of "
-                     f"{', '.join(MODEL_FILES)}: nothing to serve")
+    if (directory / "config.json").is_file() and any(directory.glob("*.safetensors")):
+        return _causal_lm(directory)
+    raise SystemExit(f"AIP_STORAGE_URI {directory}: no handler.py, none of "
+                     f"{', '.join(MODEL_FILES)}, no config.json with safetensors: nothing "
+                     "to serve")
 
 
 def _torchscript(path: Path) -> Predict:
@@ -65,6 +73,71 @@ def _torchscript(path: Path) -> Predict:
             out = module(torch.tensor(instances, dtype=torch.float32))
         rows: list[Any] = out.tolist()
         return rows
+
+    return predict
+
+
+BYTE_VOCAB, BYTE_BOS, BYTE_EOS = 259, 257, 258  # the recipes' tokenizer (lm_data.ByteTokenizer)
+MAX_OUTPUT_TOKENS = 256
+
+
+def _causal_lm(directory: Path) -> Predict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(directory))
+    model.eval()  # type: ignore[no-untyped-call]
+    if (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file():
+        own = AutoTokenizer.from_pretrained(str(directory))
+
+        def encode(text: str) -> list[int]:
+            return list(own.encode(text))
+
+        def decode(ids: list[int]) -> str:
+            return str(own.decode(ids, skip_special_tokens=True))
+
+        eos = own.eos_token_id
+    elif model.config.vocab_size == BYTE_VOCAB:
+
+        def encode(text: str) -> list[int]:
+            return [BYTE_BOS, *text.encode("utf-8")]
+
+        def decode(ids: list[int]) -> str:
+            return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+        eos = BYTE_EOS
+    else:
+        raise SystemExit(f"{directory}: a causal LM with no tokenizer files and a "
+                         f"vocabulary of {model.config.vocab_size}: cannot read prompts")
+    limit = getattr(model.config, "max_position_embeddings", 0) or 1 << 30
+
+    def complete(prompt: str, max_tokens: int) -> str:
+        ids = encode(prompt)
+        out: list[int] = []
+        with torch.inference_mode():
+            for _ in range(max_tokens):
+                if len(ids) >= limit:
+                    break
+                logits = model(torch.tensor([ids])).logits[0, -1]
+                token = int(logits.argmax())
+                if token == eos:
+                    break
+                ids.append(token)
+                out.append(token)
+        return decode(out)
+
+    def predict(instances: list[Any], parameters: Any) -> list[Any]:
+        wanted = (parameters or {}).get("maxOutputTokens", 16) if isinstance(
+            parameters, dict) else 16
+        if not isinstance(wanted, int) or not 0 < wanted <= MAX_OUTPUT_TOKENS:
+            raise ValueError(f"parameters.maxOutputTokens: 1 to {MAX_OUTPUT_TOKENS}")
+        prompts: list[str] = []
+        for i in instances:
+            prompt = i.get("prompt") if isinstance(i, dict) else i
+            if not isinstance(prompt, str):
+                raise ValueError('an instance is a prompt: a string or {"prompt": "..."}')
+            prompts.append(prompt)
+        return [complete(p, wanted) for p in prompts]
 
     return predict
 

@@ -65,3 +65,18 @@ def test_torchscript_rows_are_the_predictions(tmp_path: Path) -> None:
         layer.bias.fill_(0.5)
     torch.jit.script(layer).save(str(tmp_path / "model.pt"))
     assert load(tmp_path)([[1.0, 2.0], [0.0, 1.0]], None) == [[21.5], [10.5]]
+
+
+def test_a_recipes_causal_lm_completes_prompts_with_its_byte_tokenizer(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=259, hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, max_position_embeddings=32)
+    transformers.LlamaForCausalLM(config).save_pretrained(str(tmp_path))
+    predict = load(tmp_path)
+    [a, b] = predict(["12+30=", {"prompt": "upper abc:"}], {"maxOutputTokens": 4})
+    assert isinstance(a, str) and isinstance(b, str)  # (untrained: what it says is noise)
+    with pytest.raises(ValueError, match="maxOutputTokens"):
+        predict(["x"], {"maxOutputTokens": 0})
+    with pytest.raises(ValueError, match="a prompt"):
+        predict([[1, 2]], None)

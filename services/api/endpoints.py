@@ -14,6 +14,8 @@ import secrets
 import socket
 from typing import Any
 
+from pydantic.alias_generators import to_camel
+
 from services.api import ids, models
 from services.api import operations as ops
 from services.api.collection import Collection, Scope, new_id, prior_create
@@ -88,7 +90,8 @@ def patch(ctx: ApiContext, parent: Parent, endpoint_id: str, body: Any,
           update_mask: str | None) -> dict[str, Any]:
     message = parse_message(Endpoint, body)
     given = message.to_json()
-    paths = [p.strip() for p in (update_mask or "").split(",") if p.strip()] or [
+    # the SDK names the mask's fields as the proto does (display_name): either is taken
+    paths = [to_camel(p.strip()) for p in (update_mask or "").split(",") if p.strip()] or [
         k for k in _PATCHABLE if k in given]
     for path in paths:
         if path not in _PATCHABLE:

@@ -103,6 +103,9 @@ def test_upload_deploy_predict_undeploy_delete_through_the_official_sdk(
         assert prediction.model_resource_name == model.resource_name
     with pytest.raises(exceptions.BadRequest):
         endpoint.predict(instances=[["not a number"]])
+    endpoint.update(display_name="renamed", labels={"team": "serving"})
+    assert (endpoint.display_name, dict(endpoint.labels)) == ("renamed", {"team": "serving"})
+    assert dict(endpoint.traffic_split) == {deployed.id: 100}
     assert len(runtime_processes()) == 2
     scraped = requests.get(f"{url}/metrics", headers=AUTH, timeout=10).text
     ours = {f'endpoint="{endpoint.resource_name}"', f'deployed_model="{deployed.id}"'}
@@ -150,6 +153,20 @@ def test_the_cli_deploys_predicts_and_undeploys(server: tuple[str, Path], tmp_pa
               env=env).stdout
     assert json.loads(out) == [[3.0], [1.0]]
     [deployed] = mtc_json(cli_state, "endpoint", "get", "cli-ep", env=env)["deployedModels"]
+    name = f"{url}/v1/{PARENT}/endpoints/cli-ep"
+    mutated = requests.post(f"{name}:mutateDeployedModel", headers=AUTH, timeout=10, json={
+        "deployedModel": {"id": deployed["id"], "dedicatedResources": {
+            "machineSpec": {"machineType": "a3-highgpu-8g"}, "minReplicaCount": 2,
+            "maxReplicaCount": 2}},
+        "updateMask": "dedicatedResources.minReplicaCount,dedicatedResources.maxReplicaCount"})
+    assert mutated.status_code == 200 and mutated.json()["done"], mutated.text
+
+    def ready() -> list[str]:
+        got = requests.get(name, headers=AUTH, timeout=10).json()["deployedModels"][0]
+        states = [r["state"] for r in got["mtcReplicas"]]
+        return states if states == ["READY", "READY"] else []
+
+    wait_until("the second replica to be ready", ready, 30)
     mtc(cli_state, "endpoint", "undeploy", "cli-ep", deployed["id"], env=env)
     mtc(cli_state, "endpoint", "delete", "cli-ep", env=env)
     assert mtc_json(cli_state, "endpoint", "list", env=env) == []

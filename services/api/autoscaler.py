@@ -4,7 +4,7 @@ replicas started or stopped as a deploy does (``endpoints.scale``), the change k
 scale event on the deployed model.
 
 It runs in the process that routes the requests (it reads their arrivals,
-``serving_router.ARRIVALS``), started by the first deploy or prediction the process serves.
+``serving_router.ARRIVALS``): `mtc serve` starts it with its API.
 """
 
 from __future__ import annotations
@@ -26,20 +26,26 @@ _started: list[threading.Thread] = []
 _lock = threading.Lock()
 
 
+_context: list[ApiContext] = []  # the context of the newest call: what the ticks read
+
+
 def ensure(ctx: ApiContext) -> None:
-    """Start the autoscaler of this process, once."""
+    """Start the autoscaler of this process, once; it goes on with the newest call's
+    context (a process that serves one API has one; tests make several in turn)."""
     with _lock:
+        _context[:] = [ctx]
         if _started and _started[0].is_alive():
             return
-        thread = threading.Thread(target=_loop, args=(ctx,), name="mtc-autoscaler",
-                                  daemon=True)
+        thread = threading.Thread(target=_loop, name="mtc-autoscaler", daemon=True)
         _started[:] = [thread]
         thread.start()
 
 
-def _loop(ctx: ApiContext) -> None:
+def _loop() -> None:
     while True:
         time.sleep(TICK_S)
+        with _lock:
+            ctx = _context[0]
         try:
             tick(ctx, time.monotonic())
         except Exception:  # the next tick tries again; routing goes on meanwhile

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.api import (
-    autoscaler,
     clusters,
     custom_jobs,
     endpoints,
@@ -117,18 +116,15 @@ def _endpoint_patch(c: Call) -> Any:
 
 def _endpoint_verb(handler: Callable[..., Any]) -> Handler:
     def act(c: Call) -> Any:
-        autoscaler.ensure(c.ctx)
         return handler(c.ctx, c.parent, c.rid, c.body())
     return act
 
 
 def _predict(c: Call) -> Any:
-    autoscaler.ensure(c.ctx)
     return serving_router.predict(c.ctx, c.parent, c.rid, c.body())
 
 
 def _raw_predict(c: Call) -> Any:
-    autoscaler.ensure(c.ctx)
     return serving_router.predict(c.ctx, c.parent, c.rid, c.body(), raw=True)
 
 

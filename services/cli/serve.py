@@ -27,6 +27,7 @@ from typing import Any
 from waitress import wasyncore
 from waitress.server import create_server
 
+from services.api import autoscaler
 from services.api.context import ApiContext
 from services.api.health import HealthEndpoints
 from services.api.http import create_app
@@ -147,6 +148,7 @@ def application(app: EmbeddedApp, ctx: ApiContext, loop: ControlLoop, history: H
     register_console(flask_app, ctx, sim_dir, history)
     obs = Observability(app.store, app.deps.clock, ctx.guard, event_log=app.deps.event_log)
     obs.registry().register(ServingCollector(ctx))  # the endpoints' (this process routes)
+    autoscaler.ensure(ctx)
     add_observability(flask_app, obs)
     return HealthEndpoints(flask_app, readiness(app, loop))
 

@@ -1,7 +1,14 @@
-"""The endpoints' autoscaler: once a second, each deployed model whose maxReplicaCount is
-above its minimum gets the replica count its load asks for (``shared.policies.autoscaling``),
-replicas started or stopped as a deploy does (``endpoints.scale``), the change kept as a
-scale event on the deployed model.
+"""The endpoints' autoscaler and health watch: once a second, each deployed model whose
+maxReplicaCount is above its minimum gets the replica count its load asks for
+(``shared.policies.autoscaling``), replicas started or stopped as a deploy does
+(``endpoints.scale``), the change kept as a scale event on the deployed model.
+
+A replica whose health route stopped answering (it answered before, in this attempt) for
+``UNHEALTHY_S`` while its process runs on a node in service is a hang of its job: it is
+reported as the training ranks' hangs are (``HangInJob`` on its node, the replica its
+culprit), so the same triage, blast-radius guard and repair ladder act on it (restart the
+job; the node replaced when it happens there again within a day). A later attempt that
+answers lifts the condition.
 
 It runs in the process that routes the requests (it reads their arrivals,
 ``serving_router.ARRIVALS``): `mtc serve` starts it with its API.
@@ -16,8 +23,11 @@ from typing import Any
 
 from services.api import endpoints, ids
 from services.api.context import RESOURCES, ApiContext
-from services.api.serving_router import ARRIVALS, STATS
+from services.api.serving_router import ARRIVALS, STATS, healthy, placed, unhealthy_for
+from shared.domain.events import NodeHealthReported
+from shared.domain.health import JOB_PROGRESS_SOURCE, ConditionType
 from shared.policies.autoscaling import ScaleState, desired, policy_of
+from shared.policies.serving import ROUTABLE_NODE_STATES
 
 log = logging.getLogger("mtc.serving")
 TICK_S = 1.0
@@ -57,6 +67,7 @@ def tick(ctx: ApiContext, now: float) -> list[dict[str, Any]]:
     with ctx.unit() as uow:
         keys = [(r["parent"], ids.domain_of(r)) for r in uow.records(RESOURCES,
                                                                       {"kind": endpoints.KIND})]
+        watch_health(uow, now, ctx.now)
     made = []
     for _, key in keys:
         with ctx.unit() as uow:
@@ -75,6 +86,49 @@ def tick(ctx: ApiContext, now: float) -> list[dict[str, Any]]:
                 resource["deployedModels"] = deployed
                 endpoints.save(uow, record, resource, ctx.now)
     return made
+
+
+UNHEALTHY_S = 10.0
+_reported: dict[str, int] = {}  # replica job -> the attempt reported hung
+
+
+def watch_health(uow: Any, now: float, wall: float) -> None:
+    """``HangInJob`` for each replica whose health route went silent, once per attempt; its
+    lifting once a later attempt answers. ``now``: time.monotonic's; ``wall``: the clock's,
+    when the reports are observed."""
+    for record in uow.records(RESOURCES, {"kind": endpoints.KIND}):
+        for entry in record["resource"].get("deployedModels") or []:
+            for replica, running, node, state, attempt in placed(uow, entry):
+                job_id = replica["job"]
+                hung = _reported.get(job_id)
+                if hung is not None and attempt > hung and node and healthy(
+                        entry, replica, attempt):
+                    del _reported[job_id]
+                    uow.emit(_report(node, False, f"serving replica {job_id} answers again "
+                                     f"(attempt {attempt})", {}, wall))
+                if not running or not node or state not in ROUTABLE_NODE_STATES or \
+                        hung == attempt:
+                    continue
+                healthy(entry, replica, attempt)  # asked afresh (cached for 2 s)
+                silent = unhealthy_for(replica, attempt, now)
+                if silent is None or silent < UNHEALTHY_S:
+                    continue
+                _reported[job_id] = attempt
+                log.warning("serving replica %s (attempt %d) on %s: health route silent "
+                            "for %.0f s", job_id, attempt, node, silent)
+                uow.emit(_report(node, True, f"serving replica {job_id} attempt {attempt}: "
+                                 f"its health route has not answered for {silent:.0f} s",
+                                 {"job_id": job_id, "attempt": attempt, "culprit": 0,
+                                  "silent_s": round(silent, 3), "threshold_s": UNHEALTHY_S},
+                                 wall))
+
+
+def _report(node: str, true: bool, reason: str, details: dict[str, Any], now: float
+            ) -> NodeHealthReported:
+    cond = {"type": ConditionType.HANG_IN_JOB.value, "status": "true" if true else "false",
+            "reason": reason, "since": now, "details": details}
+    return NodeHealthReported(node_id=node, observed_at=now, conditions=(cond,),
+                              source=JOB_PROGRESS_SOURCE)
 
 
 def _decide(ctx: ApiContext, uow: Any, record: dict[str, Any], entry: dict[str, Any],

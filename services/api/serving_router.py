@@ -127,6 +127,9 @@ def placed(uow: Any, entry: dict[str, Any]) -> list[Placed]:
     return out
 
 
+_ever_healthy: dict[tuple[str, int], float] = {}  # (replica job, attempt) -> last 200, kept
+
+
 def healthy(entry: dict[str, Any], replica: dict[str, Any], attempt: int) -> bool:
     key = (replica["job"], attempt)
     seen = _healthy_at.get(key)
@@ -141,8 +144,19 @@ def healthy(entry: dict[str, Any], replica: dict[str, Any], attempt: int) -> boo
     if answer.status_code != 200:
         _healthy_at.pop(key, None)
         return False
-    _healthy_at[key] = time.monotonic()
+    _healthy_at[key] = _ever_healthy[key] = time.monotonic()
     return True
+
+
+def unhealthy_for(replica: dict[str, Any], attempt: int, now: float) -> float | None:
+    """Seconds since a replica's attempt last answered its health route, once it has
+    answered it at all (a replica still loading its model is starting, not unhealthy);
+    None: it never answered, or answers now."""
+    key = (replica["job"], attempt)
+    last = _ever_healthy.get(key)
+    if last is None or key in _healthy_at:
+        return None
+    return now - last
 
 
 def views(entry: dict[str, Any], replicas: list[Placed]) -> list[ReplicaView]:

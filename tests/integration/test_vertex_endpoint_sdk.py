@@ -6,6 +6,7 @@ undeploy_all and delete; the replicas' processes are gone after."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,3 +171,63 @@ def test_the_cli_deploys_predicts_and_undeploys(server: tuple[str, Path], tmp_pa
     mtc(cli_state, "endpoint", "undeploy", "cli-ep", deployed["id"], env=env)
     mtc(cli_state, "endpoint", "delete", "cli-ep", env=env)
     assert mtc_json(cli_state, "endpoint", "list", env=env) == []
+
+
+SILENT_AFTER_4S = """
+import http.server, json, os, time
+start, first = time.monotonic(), os.environ["MTC_JOB_ATTEMPT"] == "1"
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.path == os.environ["AIP_HEALTH_ROUTE"]
+        self.send_response(200 if ok and not (first and time.monotonic() - start > 4) else 503)
+        self.end_headers()
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        out = json.dumps({"predictions": [len(str(i)) for i in body["instances"]]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["AIP_HTTP_PORT"])), Handler)
+server.serve_forever()
+"""
+
+
+def test_a_replica_whose_health_route_goes_silent_is_restarted_through_triage(
+        server: tuple[str, Path], tmp_path: Path) -> None:
+    """A custom container's own command (it reads the contract's variables); its first
+    attempt stops answering its health route after 4 s: reported as a hang of its job on
+    its node, the job restarts, the next attempt serves."""
+    url, _ = server
+    program = tmp_path / "silent_server.py"
+    program.write_text(SILENT_AFTER_4S)
+    up = requests.post(f"{url}/v1/{PARENT}/models:upload", headers=AUTH, timeout=10, json={
+        "modelId": "silent", "model": {"displayName": "silent", "containerSpec": {
+            "imageUri": "local", "command": [sys.executable, str(program)]}}})
+    assert up.status_code == 200, up.text
+    made = requests.post(f"{url}/v1/{PARENT}/endpoints", params={"endpointId": "heal"},
+                         headers=AUTH, timeout=10, json={"displayName": "heal"})
+    assert made.status_code == 200, made.text
+    name = f"{url}/v1/{PARENT}/endpoints/heal"
+    deployed = requests.post(f"{name}:deployModel", headers=AUTH, timeout=10, json={
+        "deployedModel": {"model": f"{PARENT}/models/silent", "dedicatedResources": {
+            "machineSpec": {"machineType": "a3-highgpu-8g"}, "minReplicaCount": 1}}})
+    assert deployed.status_code == 200, deployed.text
+
+    def replica() -> dict[str, Any]:
+        got = requests.get(name, headers=AUTH, timeout=10).json()
+        return got["deployedModels"][0]["mtcReplicas"][0]  # type: ignore[no-any-return]
+
+    wait_until("the first attempt to answer", lambda: replica()["state"] == "READY", 20)
+    wait_until("the replica's second attempt to serve",
+               lambda: replica()["attempt"] >= 2 and replica()["state"] == "READY", 40)
+    answer = requests.post(f"{name}:predict", headers=AUTH, timeout=10,
+                           json={"instances": ["abc", [1, 2]]})
+    assert answer.status_code == 200 and answer.json()["predictions"] == [3, 6], answer.text
+    dm = requests.get(name, headers=AUTH, timeout=10).json()["deployedModels"][0]["id"]
+    requests.post(f"{name}:undeployModel", headers=AUTH, timeout=10,
+                  json={"deployedModelId": dm}).raise_for_status()
+    requests.delete(name, headers=AUTH, timeout=10).raise_for_status()

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from services.api import endpoints, ids
-from services.api.context import RESOURCES, ApiContext
+from services.api.context import READING, RESOURCES, ApiContext
 from services.api.serving_router import ARRIVALS, STATS, healthy, placed, unhealthy_for
 from shared.domain.events import NodeHealthReported
 from shared.domain.health import JOB_PROGRESS_SOURCE, ConditionType
@@ -63,13 +63,25 @@ def _loop() -> None:
 
 
 def tick(ctx: ApiContext, now: float) -> list[dict[str, Any]]:
-    """One pass over every endpoint; the scale events it made."""
-    with ctx.unit() as uow:
-        keys = [(r["parent"], ids.domain_of(r)) for r in uow.records(RESOURCES,
-                                                                      {"kind": endpoints.KIND})]
-        watch_health(uow, now, ctx.now)
+    """One pass over every endpoint; the scale events it made. It reads in read-only units
+    (they take no locks and do not nudge the control loop) and writes only what changes:
+    a health report, a deployed model whose replica count is to change."""
+    reading = READING.set(True)
+    try:
+        with ctx.unit() as uow:
+            records = uow.records(RESOURCES, {"kind": endpoints.KIND})
+            reports = watch_health(uow, now, ctx.now)
+            due = [ids.domain_of(r) for r in records
+                   if any(_wanted(r, e, now) is not None
+                          for e in r["resource"].get("deployedModels") or [])]
+    finally:
+        READING.reset(reading)
+    if reports:
+        with ctx.unit() as uow:
+            for report in reports:
+                uow.emit(report)
     made = []
-    for _, key in keys:
+    for key in due:
         with ctx.unit() as uow:
             record = uow.record(RESOURCES, f"{endpoints.KIND}:{key}")
             if record is None:
@@ -92,10 +104,11 @@ UNHEALTHY_S = 10.0
 _reported: dict[str, int] = {}  # replica job -> the attempt reported hung
 
 
-def watch_health(uow: Any, now: float, wall: float) -> None:
+def watch_health(uow: Any, now: float, wall: float) -> list[NodeHealthReported]:
     """``HangInJob`` for each replica whose health route went silent, once per attempt; its
     lifting once a later attempt answers. ``now``: time.monotonic's; ``wall``: the clock's,
     when the reports are observed."""
+    out = []
     for record in uow.records(RESOURCES, {"kind": endpoints.KIND}):
         for entry in record["resource"].get("deployedModels") or []:
             for replica, running, node, state, attempt in placed(uow, entry):
@@ -104,8 +117,8 @@ def watch_health(uow: Any, now: float, wall: float) -> None:
                 if hung is not None and attempt > hung and node and healthy(
                         entry, replica, attempt):
                     del _reported[job_id]
-                    uow.emit(_report(node, False, f"serving replica {job_id} answers again "
-                                     f"(attempt {attempt})", {}, wall))
+                    out.append(_report(node, False, f"serving replica {job_id} answers "
+                                       f"again (attempt {attempt})", {}, wall))
                 if not running or not node or state not in ROUTABLE_NODE_STATES or \
                         hung == attempt:
                     continue
@@ -116,11 +129,12 @@ def watch_health(uow: Any, now: float, wall: float) -> None:
                 _reported[job_id] = attempt
                 log.warning("serving replica %s (attempt %d) on %s: health route silent "
                             "for %.0f s", job_id, attempt, node, silent)
-                uow.emit(_report(node, True, f"serving replica {job_id} attempt {attempt}: "
+                out.append(_report(node, True, f"serving replica {job_id} attempt {attempt}: "
                                  f"its health route has not answered for {silent:.0f} s",
                                  {"job_id": job_id, "attempt": attempt, "culprit": 0,
                                   "silent_s": round(silent, 3), "threshold_s": UNHEALTHY_S},
                                  wall))
+    return out
 
 
 def _report(node: str, true: bool, reason: str, details: dict[str, Any], now: float
@@ -131,24 +145,30 @@ def _report(node: str, true: bool, reason: str, details: dict[str, Any], now: fl
                               source=JOB_PROGRESS_SOURCE)
 
 
-def _decide(ctx: ApiContext, uow: Any, record: dict[str, Any], entry: dict[str, Any],
-            key: str, now: float) -> dict[str, Any] | None:
+def _wanted(record: dict[str, Any], entry: dict[str, Any], now: float) -> int | None:
+    """The replica count a deployed model wants now, when it differs from what it has."""
     res = entry["dedicatedResources"]
     low, high = int(res.get("minReplicaCount", 1)), int(res.get("maxReplicaCount") or 0)
     if high <= low:
         return None
-    load = ARRIVALS.rate((key, entry["id"]), now)
     replicas = len(entry.get("replicas") or [])
-    events = list(entry.get("scaleEvents") or [])
     last = entry.get("scaledAt")
     want = desired(policy_of(res.get("autoscalingMetricSpecs") or []), ScaleState(
-        replicas, load, now, last if isinstance(last, float) and last <= now else None,
-        low, high))
-    if want == replicas:
+        replicas, ARRIVALS.rate((ids.domain_of(record), entry["id"]), now), now,
+        last if isinstance(last, float) and last <= now else None, low, high))
+    return None if want == replicas else want
+
+
+def _decide(ctx: ApiContext, uow: Any, record: dict[str, Any], entry: dict[str, Any],
+            key: str, now: float) -> dict[str, Any] | None:
+    want = _wanted(record, entry, now)
+    if want is None:
         return None
+    replicas = len(entry.get("replicas") or [])
+    load = ARRIVALS.rate((key, entry["id"]), now)
     endpoints.scale(ctx, uow, record, entry, want)
     event = {"time": ctx.now, "from": replicas, "to": want, "loadPerS": round(load, 2)}
-    entry["scaleEvents"] = [*events, event][-MAX_EVENTS:]
+    entry["scaleEvents"] = [*(entry.get("scaleEvents") or []), event][-MAX_EVENTS:]
     entry["scaledAt"] = now
     STATS.scaled(f"{record['parent']}/{endpoints.COLLECTION}/{record['id']}", entry["id"],
                  "up" if want > replicas else "down")

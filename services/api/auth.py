@@ -19,7 +19,8 @@ from shared.ports import DocStore
 log = logging.getLogger(__name__)
 
 COLLECTIONS: tuple[str, ...] = ("customJobs", "modelDevelopmentClusters", "operations",
-                                "hyperparameterTuningJobs", "trainingPipelines", "models")
+                                "hyperparameterTuningJobs", "trainingPipelines", "models",
+                                "endpoints")
 _READ_VERBS = ("get", "list")
 _WRITE_VERBS = ("create", "update", "cancel", "delete")
 SLURM_RUN = "aiplatform.modelDevelopmentClusters.run"  # the Slurm Job API: runs arbitrary code
@@ -29,6 +30,9 @@ TOKENS_MANAGE = "mtc.tokens.manage"  # minting/revoking tokens and editing the p
 NODE_REPORT = "mtc.nodes.reportHealth"
 # ``{cluster}:reportFaultyNodes``: deletes nodes and hands hosts to the provider (editors)
 REPORT_FAULTY = "aiplatform.modelDevelopmentClusters.reportFaultyNodes"
+# an endpoint's own verbs, by Vertex's names (the editors': predict runs the model's code)
+ENDPOINT_VERBS = frozenset({"aiplatform.endpoints.deploy", "aiplatform.endpoints.undeploy",
+                            "aiplatform.endpoints.predict"})
 
 
 def _perms(verbs: Iterable[str], *, operations: Iterable[str]) -> frozenset[str]:
@@ -47,7 +51,7 @@ STORAGE_WRITE = frozenset({"storage.buckets.create", "storage.objects.create",
 _VIEWER = _perms(_READ_VERBS, operations=("get", "list", "wait")) | STORAGE_READ
 # the Slurm Job API runs arbitrary code, as creating a CustomJob does: editors may
 _EDITOR = _VIEWER | _perms(_WRITE_VERBS, operations=("cancel", "delete")) \
-    | {SLURM_RUN, NODE_REPORT, REPORT_FAULTY} | STORAGE_WRITE
+    | {SLURM_RUN, NODE_REPORT, REPORT_FAULTY} | STORAGE_WRITE | ENDPOINT_VERBS
 _ADMIN = _EDITOR | {TOKENS_MANAGE}
 
 # a running job's own credential (``job_tokens``): its own job, read and cancel, only

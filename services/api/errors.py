@@ -45,6 +45,7 @@ class ApiError(Exception):
     violations: list[FieldViolation] = field(default_factory=list)
     reason: str = ""  # google.rpc.ErrorInfo reason, e.g. the missing permission's name
     http: int = 0  # an HTTP status other than the canonical one (413, 405)
+    retry_after: int = 0  # seconds, as the answer's Retry-After header (0: none)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)

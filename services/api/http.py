@@ -77,6 +77,8 @@ def _run(route: Route, groups: dict[str, str], request: flask.Request, ctx: ApiC
     except ApiError as exc:
         status = exc.http_status
         response = _json(exc.body(), status)
+        if exc.retry_after:
+            response.headers["Retry-After"] = str(exc.retry_after)
     except StorageFull as exc:  # nothing was kept; the same call succeeds once space returns
         log.error("%s %s: %s", request.method, path, exc)
         status = 503

@@ -170,6 +170,8 @@ def render(record: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     }
     if record.get("lineage"):
         out["mtcLineage"] = record["lineage"]
+    if model.get("containerSpec"):
+        out["supportedDeploymentResourcesTypes"] = ["DEDICATED_RESOURCES"]
     return Model.model_validate(out).to_json()
 
 

@@ -27,6 +27,15 @@ from services.api.wire.cluster import (
     ReportFaultyNodesRequest,
 )
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
+from services.api.wire.endpoints import (
+    DeployModelRequest,
+    Endpoint,
+    ListEndpointsResponse,
+    MutateDeployedModelRequest,
+    PredictRequest,
+    PredictResponse,
+    UndeployModelRequest,
+)
 from services.api.wire.health_report import ReportNodeHealthRequest, ReportNodeHealthResponse
 from services.api.wire.job_logs import ReadCustomJobLogsResponse
 from services.api.wire.models import (
@@ -231,6 +240,10 @@ QUERY.update({
     "attempt": {"description": "readLogs: the attempt (1, 2, ...; default the newest)",
                 "schema": {"type": "integer", "format": "int32", "minimum": 1,
                            "maximum": 2**31 - 1}},
+    "endpointId": {"description": "the new endpoint's id; generated (a number) when absent",
+                   "schema": _ID_SCHEMA},
+    "updateMask": {"description": "the fields to change, comma-separated (all given: absent)",
+                   "schema": {"type": "string"}},
     "rank": {"description": "readLogs: the rank (default 0)",
              "schema": {"type": "integer", "format": "int32", "minimum": 0,
                         "maximum": 2**31 - 1}},
@@ -253,7 +266,35 @@ EXTRA_SCHEMAS: dict[str, dict[str, Any]] = {
     "Empty": {"type": "object", "additionalProperties": False,
               "description": "google.protobuf.Empty: {}"},
     "CancelRequest": {"type": "object", "description": "{} (the name is in the path)"},
+    "HttpBody": {"type": "object", "description": "rawPredict: the model's own JSON, as is"},
 }
+EP = "endpoints/{endpoint}"
+SPECS.update({  # endpoints: deployed models served by replicas on a cluster
+    ("POST", "endpoints"): Spec("create", Operation, Endpoint, query=("endpointId", "requestId"),
+                                summary="Create an Endpoint (a long-running Operation)"),
+    ("GET", "endpoints"): Spec("list", ListEndpointsResponse, query=(*PAGING, "filter"),
+                               summary="List Endpoints"),
+    ("GET", EP): Spec("get", Endpoint, summary="Get an Endpoint, its deployed models and "
+                      "where their replicas run (mtcReplicas)"),
+    ("PATCH", EP): Spec("patch", Endpoint, Endpoint, query=("updateMask",),
+                        summary="Update displayName, description, labels, trafficSplit"),
+    ("DELETE", EP): Spec("delete", Operation, summary="Delete an Endpoint with no deployed "
+                         "model"),
+    ("POST", f"{EP}:deployModel"): Spec(
+        "deployModel", Operation, DeployModelRequest,
+        summary="Deploy a model version: replicas on a cluster's nodes; finished once they answer"),
+    ("POST", f"{EP}:undeployModel"): Spec("undeployModel", Operation, UndeployModelRequest,
+                                          summary="Undeploy a model: its replicas stop"),
+    ("POST", f"{EP}:mutateDeployedModel"): Spec(
+        "mutateDeployedModel", Operation, MutateDeployedModelRequest,
+        summary="Change a deployed model's replica counts (updateMask)"),
+    ("POST", f"{EP}:predict"): Spec("predict", PredictResponse, PredictRequest,
+                                    summary="Predictions from a ready replica (503 with "
+                                    "Retry-After while none is)"),
+    ("POST", f"{EP}:rawPredict"): Spec("rawPredict", "HttpBody", "HttpBody",
+                                       summary="The body to a ready replica, its answer back "
+                                       "as is"),
+})
 
 
 def templates(pattern: str) -> list[tuple[str, str]]:

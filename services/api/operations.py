@@ -25,6 +25,11 @@ METADATA = {
     ("customJob", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
     ("model", "upload"): f"{TYPE}.v1.UploadModelOperationMetadata",
     ("model", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
+    ("endpoint", "create"): f"{TYPE}.v1.CreateEndpointOperationMetadata",
+    ("endpoint", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
+    ("endpoint", "deployModel"): f"{TYPE}.v1.DeployModelOperationMetadata",
+    ("endpoint", "undeployModel"): f"{TYPE}.v1.UndeployModelOperationMetadata",
+    ("endpoint", "mutateDeployedModel"): f"{TYPE}.v1.MutateDeployedModelOperationMetadata",
     ("trainingPipeline", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
     ("hyperparameterTuningJob", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
     ("clusterNodes", "reportFaultyNodes"):
@@ -35,7 +40,8 @@ NODES_TARGET = "clusterNodes"
 IN_TRANSIT = frozenset({NodeState.PROVISIONING, NodeState.DRAINING, NodeState.DRAINED,
                         NodeState.REPAIRING, NodeState.VERIFYING})
 DONE_AT_ONCE = ("customJob", "model", "trainingPipeline",  # their records change in the call
-                "hyperparameterTuningJob")
+                "hyperparameterTuningJob", "endpoint")
+DEPLOY = ("endpoint", "deployModel")  # finished once its replicas answer (``serving_router``)
 CLUSTER_TYPE = f"{TYPE}.v1beta1.ModelDevelopmentCluster"
 
 
@@ -96,6 +102,11 @@ def _progress(uow: Any, record: dict[str, Any], now: float, cluster_json: Any
               ) -> tuple[bool, dict[str, Any] | None, dict[str, Any], float]:
     if record.get("cancelled"):
         return True, {"code": 1, "message": "the operation was cancelled"}, EMPTY, record["time"]
+    if (record["target"], record["verb"]) == DEPLOY:
+        from services.api.serving_router import deploy_progress  # it reads jobs and replicas
+
+        done, error, response = deploy_progress(uow, record)
+        return done, error, response or EMPTY, record["created"] if done else now
     if record["target"] in DONE_AT_ONCE:  # the job record is gone at once, a model uploaded
         return True, None, record.get("response") or EMPTY, record["created"]
     if record["target"] == NODES_TARGET:

@@ -17,11 +17,13 @@ from typing import Any
 from services.api import (
     clusters,
     custom_jobs,
+    endpoints,
     faulty_nodes,
     models,
     node_health,
     node_ops,
     operations_api,
+    serving_router,
     slurm_rest,
     training_pipelines,
     triage_policy,
@@ -44,7 +46,8 @@ class Route:
 
     @property
     def mutates(self) -> bool:
-        return self.method != "GET" and not self.permission.endswith(".wait")
+        """Audited: a change (a wait or a prediction changes nothing)."""
+        return self.method != "GET" and not self.permission.endswith((".wait", ".predict"))
 
 
 def _row(method: str, path: str, permission: str, handler: Handler,
@@ -118,6 +121,24 @@ def _model_aliases(c: Call) -> Any:
     return models.merge_version_aliases(c.ctx, c.parent, c.rid, c.body())
 
 
+def _endpoint_patch(c: Call) -> Any:
+    return endpoints.patch(c.ctx, c.parent, c.rid, c.body(), c.arg("updateMask"))
+
+
+def _endpoint_verb(handler: Callable[..., Any]) -> Handler:
+    def act(c: Call) -> Any:
+        return handler(c.ctx, c.parent, c.rid, c.body())
+    return act
+
+
+def _predict(c: Call) -> Any:
+    return serving_router.predict(c.ctx, c.parent, c.rid, c.body())
+
+
+def _raw_predict(c: Call) -> Any:
+    return serving_router.predict(c.ctx, c.parent, c.rid, c.body(), raw=True)
+
+
 # ---------------------------------------------------------------- the table
 
 _P = r"projects/(?P<project>[^/:]+)/locations/(?P<location>[^/:]+)"
@@ -129,10 +150,14 @@ HPT, HT = f"/{_V}/{_P}/hyperparameterTuningJobs", "aiplatform.hyperparameterTuni
 CLUSTERS = f"/(?P<version>v1beta1)/{_P}/modelDevelopmentClusters"
 C = "aiplatform.modelDevelopmentClusters"
 OPS, OP = f"/{_V}/{_P}/operations", "aiplatform.operations"
+# the SDK's REST operations client polls an Operation at its first http rule, /ui/{name}
+UI_OPS = f"/(?P<version>ui)/{_P}/operations"
 MODELS, MO = f"/{_V}/{_P}/models", "aiplatform.models"
 PIPELINES, TP = f"/{_V}/{_P}/trainingPipelines", "aiplatform.trainingPipelines"
+ENDPOINTS, EP = f"/{_V}/{_P}/endpoints", "aiplatform.endpoints"
 CJ, ST, CL = custom_jobs.JOBS, tuning_jobs.STUDIES, clusters.CLUSTERS
 OPC, MC, PC = operations_api.OPERATIONS, models.MODELS, training_pipelines.PIPELINES
+EC = endpoints.ENDPOINTS
 
 ROUTES: tuple[Route, ...] = (
     _row("POST", JOBS, f"{J}.create", CJ.serve_create),
@@ -162,6 +187,7 @@ ROUTES: tuple[Route, ...] = (
     _row("POST", f"{CLUSTERS}{_ID}:callSlurmRestApi", f"{C}.run", _slurm_rest),
     _row("GET", OPS, f"{OP}.list", OPC.serve_list),
     _row("GET", f"{OPS}{_ID}", f"{OP}.get", OPC.serve_get),
+    _row("GET", f"{UI_OPS}{_ID}", f"{OP}.get", OPC.serve_get),
     _row("DELETE", f"{OPS}{_ID}", f"{OP}.delete", OPC.serve_delete),
     _row("POST", f"{OPS}{_ID}:wait", f"{OP}.wait", _op_wait),
     _row("POST", f"{OPS}{_ID}:cancel", f"{OP}.cancel", OPC.serve_cancel),
@@ -176,4 +202,17 @@ ROUTES: tuple[Route, ...] = (
     _row("GET", f"{PIPELINES}{_ID}", f"{TP}.get", PC.serve_get),
     _row("DELETE", f"{PIPELINES}{_ID}", f"{TP}.delete", PC.serve_delete),
     _row("POST", f"{PIPELINES}{_ID}:cancel", f"{TP}.cancel", PC.serve_cancel),
+    _row("POST", ENDPOINTS, f"{EP}.create", EC.serve_create),
+    _row("GET", ENDPOINTS, f"{EP}.list", EC.serve_list),
+    _row("GET", f"{ENDPOINTS}{_ID}", f"{EP}.get", EC.serve_get),
+    _row("PATCH", f"{ENDPOINTS}{_ID}", f"{EP}.update", _endpoint_patch),
+    _row("DELETE", f"{ENDPOINTS}{_ID}", f"{EP}.delete", EC.serve_delete),
+    _row("POST", f"{ENDPOINTS}{_ID}:deployModel", f"{EP}.deploy",
+         _endpoint_verb(endpoints.deploy_model)),
+    _row("POST", f"{ENDPOINTS}{_ID}:undeployModel", f"{EP}.undeploy",
+         _endpoint_verb(endpoints.undeploy_model)),
+    _row("POST", f"{ENDPOINTS}{_ID}:mutateDeployedModel", f"{EP}.update",
+         _endpoint_verb(endpoints.mutate_deployed_model)),
+    _row("POST", f"{ENDPOINTS}{_ID}:predict", f"{EP}.predict", _predict),
+    _row("POST", f"{ENDPOINTS}{_ID}:rawPredict", f"{EP}.predict", _raw_predict),
 )

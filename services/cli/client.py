@@ -20,9 +20,11 @@ import requests
 from services.api import (
     clusters,
     custom_jobs,
+    endpoints,
     faulty_nodes,
     node_ops,
     operations_api,
+    serving_router,
     triage_policy,
 )
 from services.api import job_logs as logs_api
@@ -94,6 +96,8 @@ class Client(Protocol):
     def triage_policy(self, parent: Parent, cluster_id: str) -> dict[str, Any]: ...
     def triage_command(self, parent: Parent, cluster_id: str, verb: str, body: Any
                        ) -> dict[str, Any]: ...
+    def endpoint_call(self, parent: Parent, method: str, tail: str, body: Any,
+                      params: dict[str, str] | None) -> dict[str, Any]: ...
 
 
 def operation_parent(name: str) -> tuple[Parent, str]:
@@ -272,6 +276,29 @@ class LocalClient:
         return self._call(lambda: models_api.upload(self.ctx, parent, body),
                           **_audit("models.upload", parent, "POST", "models:upload"))
 
+    def endpoint_call(self, parent: Parent, method: str, tail: str, body: Any,
+                      params: dict[str, str] | None) -> dict[str, Any]:
+        rid, _, verb = tail.partition(":")
+        ctx, chosen = self.ctx, (params or {}).get("endpointId")
+        calls: dict[tuple[str, str], tuple[str, Callable[[], dict[str, Any]]]] = {
+            ("POST", ""): ("create", lambda: endpoints.create(ctx, parent, body, chosen)),
+            ("GET", ""): ("", lambda: endpoints.ENDPOINTS.list_page(ctx, parent)),
+            ("GET", "get"): ("", lambda: endpoints.ENDPOINTS.get(ctx, parent, rid)),
+            ("DELETE", "get"): ("delete", lambda: endpoints.delete(ctx, parent, rid)),
+            ("POST", "deployModel"): ("deploy", lambda: endpoints.deploy_model(
+                ctx, parent, rid, body)),
+            ("POST", "undeployModel"): ("undeploy", lambda: endpoints.undeploy_model(
+                ctx, parent, rid, body)),
+            ("POST", "predict"): ("", lambda: serving_router.predict(ctx, parent, rid, body)),
+        }
+        key = (method, verb or ("get" if rid else ""))
+        if key not in calls:
+            raise ClientError("UNIMPLEMENTED", f"{method} endpoints/{tail}")
+        permission, fn = calls[key]
+        audit = _audit(f"endpoints.{permission}", parent, method,
+                       f"endpoints/{tail}" if tail else "") if permission else {}
+        return self._call(fn, **audit)
+
     def get_model(self, parent: Parent, model_id: str) -> dict[str, Any]:
         return self._call(lambda: models_api.get(self.ctx, parent, model_id))
 
@@ -433,6 +460,12 @@ class HttpClient:
 
     def upload_model(self, parent: Parent, body: Any) -> dict[str, Any]:
         return self._request("POST", f"v1/{parent.name}/models:upload", body=body)
+
+    def endpoint_call(self, parent: Parent, method: str, tail: str, body: Any,
+                      params: dict[str, str] | None) -> dict[str, Any]:
+        """``endpoints`` and ``endpoints/{tail}`` (an id, an id with its ``:verb``)."""
+        path = f"v1/{parent.name}/endpoints" + (f"/{tail}" if tail else "")
+        return self._request(method, path, body=body, params=dict(params or {}))
 
     def get_model(self, parent: Parent, model_id: str) -> dict[str, Any]:
         return self._request("GET", f"v1/{parent.name}/models/{model_id}")

@@ -20,6 +20,7 @@ from typing import Any
 
 from rich.table import Table
 
+from services.cli import recipe_deploy
 from services.cli.client import Client, ClientError
 from services.cli.commands_api import console, last_segment, show
 from services.recipes.catalog import Recipe, custom_job, names, program_pythonpath, raw, resolve
@@ -51,6 +52,8 @@ def add_parser(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     x.add_argument("--timeout", type=float, default=3600.0, metavar="S",
                    help="wait at most S seconds for the job (default 3600)")
     x.add_argument("--no-wait", action="store_true", help="submit and print the job only")
+    x.add_argument("--deploy", action="store_true", help="then deploy the model on an "
+                   "endpoint (one replica) and print its completion of a prompt")
     r.set_defaults(fn=cmd_recipe)
 
 
@@ -129,12 +132,15 @@ def run(args: argparse.Namespace, client: Client) -> None:
               "expectedLoss": [low, high], "withinExpected": within,
               "model": response.get("model"), "modelVersionId": response.get("modelVersionId"),
               "artifactUri": model_dir}
+    if within:
+        result.update(_deploy(args, client, recipe, job, response))
     if args.json:
         show(result, True)
     else:
         console.print(f"job {job_id} {state}; loss {loss} (expected {low}..{high}: "
                       f"{'in range' if within else 'OUT OF RANGE'}); model {result['model']} "
                       f"version {result['modelVersionId']}")
+        _say_deployed(result)
     if not within:
         raise ClientError("FAILED_PRECONDITION", f"final loss {loss} is outside the recipe's "
                           f"range {low}..{high}")
@@ -157,6 +163,8 @@ def _finish_rl(args: argparse.Namespace, client: Client, recipe: Recipe, job: di
               "rewardEnd": end, "expectedReward": {"min": floor, "minGain": gain},
               "withinExpected": within, "model": response.get("model"),
               "modelVersionId": response.get("modelVersionId"), "artifactUri": model_dir}
+    if within:
+        result.update(_deploy(args, client, recipe, job, response))
     if args.json:
         show(result, True)
     else:
@@ -164,9 +172,28 @@ def _finish_rl(args: argparse.Namespace, client: Client, recipe: Recipe, job: di
                       f"-> {end} (expected >= {floor}, gain >= {gain}: "
                       f"{'in range' if within else 'OUT OF RANGE'}); model {result['model']} "
                       f"version {result['modelVersionId']}")
+        _say_deployed(result)
     if not within:
         raise ClientError("FAILED_PRECONDITION", f"reward {start} -> {end} misses the recipe's "
                           f"expectation (end >= {floor}, gain >= {gain})")
+
+
+def _deploy(args: argparse.Namespace, client: Client, recipe: Recipe, job: dict[str, Any],
+            response: dict[str, Any]) -> dict[str, Any]:
+    """``--deploy`` (a model within the recipe's expectation): where it is served and its
+    completion of a prompt; {} without it."""
+    if not getattr(args, "deploy", False):
+        return {}
+    return {"deployed": recipe_deploy.deploy(args, client, str(recipe.body.get("task")), job,
+                                             str(response.get("model")),
+                                             str(response.get("modelVersionId")))}
+
+
+def _say_deployed(result: dict[str, Any]) -> None:
+    served = result.get("deployed")
+    if served:
+        console.print(f"deployed on {served['endpoint']}: {served['prompt']!r} -> "
+                      f"{served['completion']!r}")
 
 
 def _register(args: argparse.Namespace, client: Client, recipe: Recipe, job: dict[str, Any],
@@ -185,6 +212,7 @@ def _register(args: argparse.Namespace, client: Client, recipe: Recipe, job: dic
                         "description": f"recipe {recipe.name} v{recipe.version}"
                         + (f" from {lineage_parent}" if lineage_parent else ""),
                         "artifactUri": model_dir, "labels": labels, "metadata": metadata,
+                        "containerSpec": recipe_deploy.container(),
                         "mtcLineage": {"job": job.get("name")}}}
     op = client.upload_model(args.parent, upload)
     if not op.get("done"):

@@ -21,6 +21,7 @@ from mtc_program.protocol import PROCESSES_PER_NODE
 from services.api.errors import ApiError
 from services.api.names import parent
 from services.api.security import ADMIN_TOKEN_FILE
+from services.cli import commands_endpoint
 from services.cli import commands_policy as policy_commands
 from services.cli.bench_recovery import add_parser as add_bench
 from services.cli.bench_recovery import cmd_bench_recovery
@@ -41,8 +42,8 @@ from services.wiring.embedded import embedded
 from shared.domain.errors import MtcError, NotFound, ValidationError
 
 DEFAULT_PROJECT = DEFAULT_LOCATION = "local"
-API_COMMANDS = {"cluster", "job", "recipe", "node list", *(f"node {v}" for v in NODE_VERBS),
-                *(f"policy {v}" for v in policy_commands.COMMANDS)}
+API_COMMANDS = {"cluster", "job", "endpoint", "recipe", "node list",
+                *(f"node {v}" for v in NODE_VERBS), *(f"policy {v}" for v in policy_commands.COMMANDS)}
 # packaged data, or files named on the command line: no state, no server
 OFFLINE_COMMANDS = {"recipe list", "recipe show",
                     *(f"policy {v}" for v in policy_commands.OFFLINE)}
@@ -141,6 +142,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     x.add_argument("cluster_id")
     x.add_argument("--all", action="store_true", help="include retired nodes")
     c.set_defaults(fn=cmd_cluster)
+
+    commands_endpoint.add_parser(sub, leaf)
 
     j = sub.add_parser("job", help="submit, get, list, cancel, delete customJobs")
     jsub = j.add_subparsers(dest="action", required=True)

@@ -27,9 +27,11 @@ from typing import Any
 from waitress import wasyncore
 from waitress.server import create_server
 
+from services.api import autoscaler
 from services.api.context import ApiContext
 from services.api.health import HealthEndpoints
 from services.api.http import create_app
+from services.api.serving_metrics import ServingCollector
 from services.cli.connections import PER_CLIENT, ConnectionGuard, Limits
 from services.console.app import register as register_console
 from services.console.history import History, Sampler
@@ -144,8 +146,10 @@ def application(app: EmbeddedApp, ctx: ApiContext, loop: ControlLoop, history: H
     share its network, so the address a call comes from says nothing about who makes it."""
     flask_app = create_app(ctx)
     register_console(flask_app, ctx, sim_dir, history)
-    add_observability(flask_app, Observability(app.store, app.deps.clock, ctx.guard,
-                                               event_log=app.deps.event_log))
+    obs = Observability(app.store, app.deps.clock, ctx.guard, event_log=app.deps.event_log)
+    obs.registry().register(ServingCollector(ctx))  # the endpoints' (this process routes)
+    autoscaler.ensure(ctx)
+    add_observability(flask_app, obs)
     return HealthEndpoints(flask_app, readiness(app, loop))
 
 

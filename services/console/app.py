@@ -23,7 +23,7 @@ from services.api.context import RESOURCES, ApiContext, find_record
 from services.api.errors import ApiError, invalid
 from services.api.job_listing import domain_job_id
 from services.api.names import Parent
-from services.console import jobpage, sim, views
+from services.console import endpoints_view, jobpage, sim, views
 from services.console.accounting import accounting
 from services.console.history import MAX_POINTS, History, series
 from services.observability.alerts import held
@@ -225,6 +225,10 @@ class Console:
                                           docs, api_id=record["id"])
         return body
 
+    def endpoints(self) -> dict[str, Any]:
+        with self.read() as uow:
+            return endpoints_view.endpoints(uow, self.check)
+
     def nodes(self) -> dict[str, Any]:
         with self.read() as uow:
             record = self._cluster(uow, flask.request.args.get("cluster", ""), VIEW_CLUSTERS)
@@ -330,6 +334,7 @@ def register(app: flask.Flask, ctx: ApiContext, sim_dir: Path | None = None,
     app.add_url_rule("/console/api/whoami", view_func=data(console.whoami))
     app.add_url_rule("/console/api/poll", view_func=data(console.poll))
     app.add_url_rule("/console/api/nodes", view_func=data(console.nodes))
+    app.add_url_rule("/console/api/endpoints", view_func=data(console.endpoints))
     app.add_url_rule("/console/api/timeline", view_func=data(console.timeline))
     app.add_url_rule("/console/api/policy", view_func=data(console.policy))
     app.add_url_rule("/console/api/job", view_func=data(console.job))

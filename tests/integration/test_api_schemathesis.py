@@ -48,6 +48,7 @@ CHECKS = [not_a_server_error, response_schema_conformance, status_code_conforman
 CLUSTER, JOB = "st-cluster", "st-job"
 MODEL, PIPELINE = "st-model", "st-pipeline"
 TUNING = "st-hpt"
+ENDPOINT = "st-endpoint"
 CUSTOM_TASK = "gs://google-cloud-aiplatform/schema/trainingjob/definition/custom_task_1.0.0.yaml"
 
 
@@ -104,11 +105,14 @@ def live(tmp_path_factory: pytest.TempPathFactory
                 {"parameterId": "x", "discreteValueSpec": {"values": [1]}}]},
             "trialJobSpec": job["jobSpec"]}, headers=AUTH, timeout=30)
         assert tuning.status_code == 200, tuning.text
+        endpoint = requests.post(f"{url}/v1/{PARENT}/endpoints", params={
+            "endpointId": ENDPOINT}, json={"displayName": "st"}, headers=AUTH, timeout=30)
+        assert endpoint.status_code == 200, endpoint.text
         project, location = PARENT.split("/")[1::2]
         known = {"project": project, "location": location, "customJob": JOB,
                  "modelDevelopmentCluster": CLUSTER, "operation": op["name"].rsplit("/", 1)[1],
                  "model": MODEL, "trainingPipeline": PIPELINE,
-                 "hyperparameterTuningJob": TUNING,
+                 "hyperparameterTuningJob": TUNING, "endpoint": ENDPOINT,
                  "node": f"{CLUSTER}-gpu-000"}  # a worker of CLUSTER (tests/serving.py's pool)
         yield url, schemathesis.openapi.from_url(f"{url}/openapi.json", headers=AUTH), known
 

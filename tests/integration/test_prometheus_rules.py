@@ -4,13 +4,17 @@ the rules record."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from services.api.serving_metrics import ServingCollector
 from services.observability import metrics
 from tests.serving import ROOT
 
@@ -53,4 +57,17 @@ def _served_text() -> str:
     from shared.adapters.memory_store import MemoryDocStore
 
     reg = metrics.registry(MemoryDocStore(), SystemClock())
+    reg.register(ServingCollector(_NoEndpoints()))  # type: ignore[arg-type]
     return metrics.render(reg).decode()
+
+
+class _NoEndpoints:
+    """The API context of a server with no endpoint: the serving families, empty."""
+
+    @contextlib.contextmanager
+    def unit(self) -> Iterator[Any]:
+        class Uow:
+            def records(self, *_: Any) -> list[Any]:
+                return []
+
+        yield Uow()

@@ -117,3 +117,22 @@ def test_run_rl_checks_its_reward_and_registers_the_model(cluster: Path) -> None
     assert pools[0]["containerSpec"]["command"][1:] == ["-m", "services.recipes.programs.rl"]
     assert job["labels"]["mtc-recipe"] == "rl"
 
+
+
+def test_run_sft_with_deploy_ends_in_an_endpoint_that_completes_a_prompt(cluster: Path
+                                                                         ) -> None:
+    """The one end-to-end proof that a recipe ends in an endpoint: a short SFT run (its loss
+    range widened: 40 steps do not reach the recipe's), registered, deployed on one replica
+    of the prebuilt PyTorch runtime, and asked the recipe's kind of prompt."""
+    result = mtc_json(cluster, "recipe", "run", "sft", "--size", "tiny", "--cluster", "demo",
+                      "--job-id", "sft-d", "--set", "hyperparameters.steps=40", "--set",
+                      "expected_loss.max=100", "--timeout", "240", "--deploy")
+    served = result["deployed"]
+    assert served["endpoint"] == "projects/local/locations/local/endpoints/sft-sft-d"
+    assert served["prompt"] == "12+30=" and isinstance(served["completion"], str)
+    endpoint = mtc_json(cluster, "endpoint", "get", "sft-sft-d")
+    [deployed] = endpoint["deployedModels"]
+    assert deployed["model"] == result["model"] and deployed["modelVersionId"] == "1"
+    assert [r["state"] for r in deployed["mtcReplicas"]] == ["READY"]
+    again = mtc(cluster, "endpoint", "predict", "sft-sft-d", "--instances", '["12+30="]').stdout
+    assert json.loads(again) == [served["completion"]]  # greedy: the same completion

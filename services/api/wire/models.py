@@ -1,7 +1,8 @@
 """Model (the Model Registry) and TrainingPipeline (aiplatform v1) as proto3 JSON.
 
-The Model fields the registry keeps are recorded and returned; serving-side fields
-(explanations, encryption, deployed models) are refused by name. mtc's extension
+The Model fields the registry keeps are recorded and returned; a model with a container is
+served by endpoints (``services.api.endpoints``); explanations, encryption and the list of
+deployed models are refused by name. mtc's extension
 ``mtcLineage`` says which job, attempt, checkpoint and inputs a version came from.
 """
 
@@ -37,7 +38,8 @@ class Port(Message):
 
 
 class ModelContainerSpec(Message):
-    """Recorded and returned: mtc does not serve models."""
+    """How the model is served (``shared.service_layer.serving``): its command, or a
+    prebuilt PyTorch prediction image; the routes and env its replicas get."""
 
     image_uri: str = Field(default="", max_length=1024)
     command: list[str] = Field(default_factory=list, max_length=MAX_ARGS)
@@ -98,6 +100,8 @@ class Model(Message):
     etag: str | None = Field(default=None, max_length=256)
     labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
     mtc_lineage: ModelLineage | None = None
+    # output only: a model with a container is served on dedicated replicas (endpoints)
+    supported_deployment_resources_types: list[str] = Field(default_factory=list, max_length=3)
 
     explanation_spec: Unsupported = None
     encryption_spec: Unsupported = None

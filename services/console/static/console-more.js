@@ -261,8 +261,32 @@ function sortable(id) {
 }
 
 // called by console.js after each poll's render
+function ms(s) { return s === null || s === undefined ? "–" : `≤${Math.round(s * 1000)} ms`; }
+
+async function loadEndpoints() {
+  let body;
+  try { body = await api("endpoints"); } catch (e) { return; }
+  const rows = [];
+  for (const e of body.endpoints) {
+    for (const d of e.deployedModels.length ? e.deployedModels : [null]) {
+      const reps = d ? d.replicas.map((r) => `${r.node || "–"} ${r.state}`).join(", ") : "–";
+      const reqs = d ? Object.entries(d.requests).map(([c, n]) => `${c}: ${n}`).join(", ") : "";
+      rows.push(el("tr", { "data-endpoint": e.id, "data-deployed": d ? d.id : "" },
+        el("td", {}, e.id, el("span", { class: "detail muted" }, ` ${e.displayName}`)),
+        el("td", {}, d ? d.id : "–"), el("td", {}, d ? d.model : "–"),
+        el("td", {}, d ? `${d.traffic}%` : "–"),
+        el("td", { class: "replicas", "data-ready": d ? d.replicas.filter((r) => r.state === "READY").length : 0 }, reps),
+        el("td", {}, reqs || "–"), el("td", {}, d ? ms(d.p50S) : "–"),
+        el("td", {}, d ? ms(d.p99S) : "–")));
+    }
+  }
+  $("endpoints").tBodies[0].replaceChildren(...rows);
+  $("endpoints-section").hidden = rows.length === 0;
+}
+
 async function afterRender(body) {
   renderHeld(body.held);
+  await loadEndpoints();
   for (const id of ["clusters", "jobs", "drill-table"]) applyTable(id);
   await loadCharts(false);
   if (jobOpen) await loadJob();

@@ -139,7 +139,7 @@ def test_a_collection_without_get_or_cancel_says_so() -> None:
 
 
 def test_the_route_table_is_one_style_and_has_no_shadowed_row() -> None:
-    assert len(ROUTES) == 45  # with the triage policy's five
+    assert len(ROUTES) == 56  # with the triage policy's five and the endpoints' eleven
     seen = set()
     for route in ROUTES:
         assert route.method in ("GET", "POST", "PATCH", "DELETE")
@@ -148,7 +148,9 @@ def test_the_route_table_is_one_style_and_has_no_shadowed_row() -> None:
         key = (route.method, route.pattern.pattern)
         assert key not in seen
         seen.add(key)
-        assert route.mutates == (route.method != "GET" and not route.permission.endswith(".wait"))
+        # a wait and a prediction change nothing: not audited
+        assert route.mutates == (route.method != "GET"
+                                 and not route.permission.endswith((".wait", ".predict")))
     # the node operator's commands, a job's or study's cancel (the console asks why), and
     # the triage policy's commands
     assert [r.reasoned for r in ROUTES].count(True) == 10

@@ -69,7 +69,7 @@ def test_borrowing_limit_and_reasons() -> None:
 
 def test_reclaiming_job_reserves_the_nodes_it_freed() -> None:
     d = decide(QUOTAS, CAP, (run("a1", "a", 4),),
-               (wait("b1", "b", 2), wait("x", DEFAULT_TEAM, 2, priority=9)), 0.0)
+               (wait("b1", "b", 2), wait("x", DEFAULT_TEAM, 3, priority=9)), 0.0)
     assert [j for j, _ in d.preempt] == ["a1"]
     assert d.waits["b1"].reason.startswith("reclaiming quota")
     assert d.waits["x"].reason.startswith("waiting to borrow")  # b's nodes are not lent

@@ -30,10 +30,19 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_TEAM", "PREEMPTION", "Decision", "Quota", "QueuedJob", "RunningJob",
-           "Wait", "decide"]
+from shared.domain.queues import DEFAULT_TEAM
 
-DEFAULT_TEAM = "default"
+__all__ = [
+    "DEFAULT_TEAM",
+    "PREEMPTION",
+    "Decision",
+    "QueuedJob",
+    "Quota",
+    "RunningJob",
+    "Wait",
+    "decide",
+]
+
 PREEMPTION = "preemption"  # an interrupt reason's prefix: the goodput cause of the lost time
 RECLAIMING = "reclaiming quota"
 
@@ -158,8 +167,8 @@ def decide(quotas: Sequence[Quota], capacity: dict[str, int], running: Sequence[
             used[key] += w.nodes
             total[part] += w.nodes
         waits[w.job_id] = Wait(positions[w.job_id], reason)
-    chosen = set(admitted)
-    return Decision(tuple(j for j in _rank(queued) if j in chosen), tuple(preempt), waits)
+    passed = set(admitted)
+    return Decision(tuple(j for j in _rank(queued) if j in passed), tuple(preempt), waits)
 
 
 def _reclaim(w: QueuedJob, free: int, victims: Sequence[RunningJob], taken: set[str],

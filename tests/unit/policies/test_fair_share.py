@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from shared.policies.fair_share import (
     DEFAULT_TEAM,
     PREEMPTION,
-    Quota,
     QueuedJob,
+    Quota,
     RunningJob,
     decide,
 )

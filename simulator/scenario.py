@@ -205,7 +205,7 @@ def parse_job(value: Any, path: str, cluster: ClusterCfg, index: int) -> JobCfg:
         max_restarts=integer(get(data, "max_restarts", DEFAULT_MAX_RESTARTS),
                              join(path, "max_restarts"), low=0),
         rank_progress=boolean(get(data, "rank_progress", False), join(path, "rank_progress")),
-        team=text(get(data, "team", ""), join(path, "team")),
+        team="" if data.get("team") is None else text(data["team"], join(path, "team")),
     )
 
 

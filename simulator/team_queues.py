@@ -46,7 +46,8 @@ def parse_queues(value: Any, path: str, partitions: Mapping[str, int]) -> tuple[
                                                      q.borrowing_limit) for q in out],
                             path, partitions)
     except ValidationError as exc:
-        raise ScenarioError(exc.path, exc.reason) from exc
+        where = exc.path.replace("nominalNodes", "nominal")
+        raise ScenarioError(where, exc.reason) from exc
     return tuple(out)
 
 

@@ -222,6 +222,10 @@ def cmd_job(args: argparse.Namespace, client: Client) -> None:
         case "get":
             job = client.get_job(parent, args.job_id)
             show(job, args.json, lambda: job_table([job]))
+            queue = (job.get("mtcProgress") or {}).get("queue")
+            if queue and not args.json:  # a waiting job on a cluster with team queues
+                print(f"queue: team {queue['team']} on {queue['partition']}, position "
+                      f"{queue['position']}: {queue['reason']}")
         case "list":
             jobs = client.list_jobs(parent, args.filter)
             if args.cluster:
@@ -232,6 +236,10 @@ def cmd_job(args: argparse.Namespace, client: Client) -> None:
             client.cancel_job(parent, args.job_id)
             job = client.get_job(parent, args.job_id)
             show(job, args.json, lambda: job_table([job]))
+            queue = (job.get("mtcProgress") or {}).get("queue")
+            if queue and not args.json:  # a waiting job on a cluster with team queues
+                print(f"queue: team {queue['team']} on {queue['partition']}, position "
+                      f"{queue['position']}: {queue['reason']}")
         case "delete":
             op = client.delete_job(parent, args.job_id)
             if args.json:

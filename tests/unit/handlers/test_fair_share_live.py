@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.console import views as console_views
 from services.job_submission import commands as job_commands
 from shared.domain.events import FleetTicked
 from shared.domain.model import JobState
+from shared.goodput import JobAccounting
 from shared.goodput.live import job_accounting
 from tests.harness import Plane, healthy, job_body
 
@@ -52,6 +54,8 @@ def test_a_borrows_b_idle_quota_and_gives_it_back_by_preemption() -> None:
     jb = plane.job("jb")
     assert jb.state is JobState.PENDING
     assert jb.queue["position"] == 1 and jb.queue["reason"].startswith("reclaiming quota")
+    shown = console_views.job_row(jb, JobAccounting(0.0, 0.0, 0, 0), None)["queue"]
+    assert shown == jb.queue  # the console's job page shows the same
 
     plane.clock.advance(10)
     plane.exit_workers("ja", 1, 75)  # checkpointed on SIGTERM

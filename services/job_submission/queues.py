@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from shared.domain import queues
 from shared.domain.events import JobInterruptRequested
-from shared.domain.model import Job, JobState
+from shared.domain.model import Job, JobState, NodeRole, NodeState
 from shared.domain.specs import ClusterSpec
 from shared.handling import Deps
 from shared.policies import fair_share
@@ -26,6 +26,8 @@ from shared.ports import UnitOfWork
 from shared.service_layer.capacity import request
 
 __all__ = ["admit"]
+
+_WORKER, _IDLE = NodeRole.WORKER.value, NodeState.IDLE.value
 
 
 def admit(cluster_id: str, waiting: list[Job], uow: UnitOfWork, deps: Deps) -> list[Job]:
@@ -37,8 +39,7 @@ def admit(cluster_id: str, waiting: list[Job], uow: UnitOfWork, deps: Deps) -> l
     spec = cluster.spec
     quotas = [fair_share.Quota(q.team, q.partition, q.nominal_nodes, q.borrowing_limit_nodes)
               for q in spec.queues]
-    capacity = {p.name: sum(pool.node_count - pool.spare_count for pool in spec.node_pools
-                            if pool.pool_id in p.node_pool_ids) for p in spec.partitions}
+    capacity = _capacity(cluster_id, uow)
     running: list[fair_share.RunningJob] = []
     by_id: dict[str, Job] = {}
     for state in (JobState.RUNNING, JobState.CANCELLING):
@@ -83,3 +84,16 @@ def partition_of(job: Job, spec: ClusterSpec) -> str | None:
     if named is not None:
         return named
     return spec.partitions[0].name if len(spec.partitions) == 1 else None
+
+
+def _capacity(cluster_id: str, uow: UnitOfWork) -> dict[str, int]:
+    """Worker nodes per partition that jobs have or may take now: those allocated to a job
+    (a spare that took over a rank included) and the idle non-spares. A node out for repair
+    is no capacity: counting it, a team within its quota would wait for it instead of
+    reclaiming what a borrower holds."""
+    out: dict[str, int] = {}
+    rows = uow.nodes.project(cluster_id, ("partition", "role", "is_spare", "state", "job_id"))
+    for partition, role, spare, state, job_id in rows:
+        if role == _WORKER and (job_id or (state == _IDLE and not spare)):
+            out[partition] = out.get(partition, 0) + 1
+    return out

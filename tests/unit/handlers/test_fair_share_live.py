@@ -10,10 +10,10 @@ from typing import Any
 from services.console import views as console_views
 from services.job_submission import commands as job_commands
 from shared.domain.events import FleetTicked
-from shared.domain.model import JobState
+from shared.domain.model import JobState, NodeState
 from shared.goodput import JobAccounting
 from shared.goodput.live import job_accounting
-from tests.harness import Plane, healthy, job_body
+from tests.harness import Plane, healthy, job_body, xid
 
 QUEUED_CLUSTER: dict[str, Any] = {
     "clusterId": "c1",
@@ -102,3 +102,16 @@ def test_without_queues_nothing_is_preempted_and_no_queue_is_shown() -> None:
     submit(plane, "jb", "b", 2)
     assert plane.compute.signalled == []
     assert plane.job("jb").state is JobState.PENDING and plane.job("jb").queue is None
+
+
+def test_a_node_in_repair_is_no_capacity_so_a_team_reclaims_instead_of_waiting() -> None:
+    plane = Plane().up(QUEUED_CLUSTER)
+    submit(plane, "ja", "a", 3)  # a borrows one of b's nodes
+    (idle,) = [n.node_id for n in plane.nodes("c1") if n.role.value == "worker" and not n.job_id]
+    plane.clock.advance(5)
+    plane.report(idle, xid(79, plane.clock.now()))  # the last idle node goes for repair
+    plane.deliver()
+    assert plane.node(idle).state is not NodeState.IDLE
+    submit(plane, "jb", "b", 1)  # within b's quota, and nothing idle: a gives back
+    assert plane.compute.signalled == [("ja", 1)]
+    assert plane.job("jb").queue["reason"].startswith("reclaiming quota")

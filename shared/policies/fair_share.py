@@ -16,7 +16,7 @@ cohort.
   first, then the newest first, each only while its team still borrows, until the job fits.
   A team at or under its nominal quota is never preempted; a job that no set of borrowers'
   jobs would make room for preempts nothing (a preemption that cannot help is only lost
-  work). The reclaiming job waits until the preempted jobs have given their nodes back.
+  work), and a victim the others make room without is spared (Kueue's minimal preemptions). The reclaiming job waits until the preempted jobs have given their nodes back.
 - A job in no configured queue is in the default queue (``DEFAULT_TEAM``), whose quota is
   zero unless configured: it only borrows.
 
@@ -190,7 +190,15 @@ def _reclaim(w: QueuedJob, free: int, victims: Sequence[RunningJob], taken: set[
         left[r.team] = over - r.nodes
         chosen.append(r)
         need -= r.nodes
-    return chosen if need <= 0 else []
+    if need > 0:
+        return []
+    # as Kueue does: give back every victim the others make room without, newest choice
+    # first but the last (the one that made it fit), so no job is stopped for nothing
+    for i in range(len(chosen) - 2, -1, -1):
+        if need + chosen[i].nodes <= 0:
+            need += chosen[i].nodes
+            del chosen[i]
+    return chosen
 
 
 def _positions(queued: Iterable[QueuedJob]) -> dict[str, int]:

@@ -16,8 +16,9 @@ from simulator.team_queues import team_figures
 def test_b_reclaims_its_quota_from_a_by_preemption() -> None:
     result = twin.run(load_scenario("teams"), seed=11)
     jobs = result.accounting.jobs
-    for name in ("a-train", "a-eval"):
-        assert jobs[name].interruptions().get("preemption", 0) >= 1, name
+    assert jobs["a-train"].interruptions().get("preemption", 0) >= 1
+    # a-eval (8 nodes, lower priority) is tried first, but a-train alone gives b its 16
+    assert "preemption" not in jobs["a-eval"].interruptions()
     assert "preemption" not in jobs["b-train"].interruptions()
     assert result.job_states["b-train"] == "JOB_STATE_SUCCEEDED"
     assert jobs["b-train"].scheduling_goodput > 0.99  # b waited for no one

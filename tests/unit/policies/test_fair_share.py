@@ -41,6 +41,9 @@ def wait(job_id: str, team: str, nodes: int, priority: int = 0, at: float = 0.0)
      (wait("b1", "b", 1),), (), ("a3",)),
     # preempting only as long as the victim team borrows: a2's team stops borrowing
     ((run("a1", "a", 2, 5), run("a2", "a", 2, 0, 1.0)), (wait("b1", "b", 2),), (), ("a2",)),
+    # the fewest victims: a-small was taken first, but a-big alone makes room
+    ((run("a-small", "a", 1, 0, 2.0), run("a-big", "a", 3, 1, 1.0)), (wait("b1", "b", 2),),
+     (), ("a-big",)),
     # a job over its team's quota does not preempt: it waits to borrow
     ((run("a1", "a", 4),), (wait("b1", "b", 3),), (), ()),
     # the default queue has no quota: what it runs is borrowed

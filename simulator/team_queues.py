@@ -5,7 +5,7 @@ run and a sweep report: goodput, hours waiting for capacity, and hours lost to p
 
 A scenario's queue: ``{team, partition, nominal, borrowing_limit}`` (nodes; no
 ``borrowing_limit``: no limit). A sweep varies a quota by its path, e.g.
-``--vary cluster.queues.0.nominal=8,16,24`` (``docs/simulator.md``).
+``--vary cluster.queues.0.nominal=8,16`` (``docs/simulator.md``).
 """
 
 from __future__ import annotations

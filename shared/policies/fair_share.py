@@ -10,13 +10,16 @@ cohort.
   limit). A job that would take its team past nominal + borrowing limit waits.
 - Jobs are considered in rank order: first every job that stays within its team's nominal
   quota, then the borrowing ones; inside each, priority (higher first), then submission
-  (older first), then job id. A team's queue is that order restricted to the team.
+  (older first), then job id. A job's position is its place among its team's waiting jobs
+  on its partition in priority, submission and id order.
 - A job within its team's nominal quota that finds the partition full reclaims: running jobs
   of teams that borrow (use more than their nominal quota) are preempted, lowest priority
   first, then the newest first, each only while its team still borrows, until the job fits.
   A team at or under its nominal quota is never preempted; a job that no set of borrowers'
   jobs would make room for preempts nothing (a preemption that cannot help is only lost
-  work), and a victim the others make room without is spared (Kueue's minimal preemptions). The reclaiming job waits until the preempted jobs have given their nodes back.
+  work), and a victim the others make room without is spared (Kueue's minimal
+  preemptions). The reclaiming job waits until the preempted jobs have given their nodes
+  back.
 - A job in no configured queue is in the default queue (``DEFAULT_TEAM``), whose quota is
   zero unless configured: it only borrows.
 

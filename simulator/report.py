@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from shared.goodput.totals import ETTR_MEANS
+from simulator import team_queues
 from simulator.clock import EPOCH_S
 from simulator.failures import LLAMA3_DAYS, LLAMA3_NODES, LLAMA3_UNEXPECTED
 from simulator.goodput import PROGRAM, Badput, JobGoodput
@@ -57,6 +58,13 @@ def run_grids(result: RunResult) -> list[Grid]:
     grids = [table]
 
     grids.append(parts_grid(result))
+    if sc.cluster.queues:  # fair share: how each team fared
+        teams = Grid("Per team (fair share)", ("team", "goodput", "waiting h",
+                                                "preemption h"))
+        for team, fig in team_queues.team_figures(sc.jobs, result.accounting.jobs).items():
+            teams.add(team, _pct(fig["goodput"]), f"{fig['waiting_h']:.1f}",
+                      f"{fig['preemption_h']:.1f}")
+        grids.append(teams)
 
     bad = Grid("Badput by category (job hours, share of job time)",
                ("category", "hours", "share"))

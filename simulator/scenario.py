@@ -79,6 +79,7 @@ from simulator.scenario_types import (
     RepairCfg,
     Scenario,
 )
+from simulator.team_queues import parse_queues
 
 __all__ = [
     "DEFAULT_SCENARIO",
@@ -110,7 +111,7 @@ DETECTION_KEYS = ("xid", "ecc", "dcgm", "disk", "thermal", "heartbeat", "speed")
 def parse_cluster(value: Any, path: str) -> ClusterCfg:
     data = mapping(value, path)
     only_keys(data, path, ("cluster_id", "gpus_per_node", "machine_type", "accelerator",
-                           "partitions", "provision", "preflight"))
+                           "partitions", "provision", "preflight", "queues"))
     raw_parts = get(data, "partitions", [{"name": "train", "nodes": 64, "spares": 4}])
     if not isinstance(raw_parts, list) or not raw_parts:
         raise ScenarioError(join(path, "partitions"), "must be a non-empty list")
@@ -142,12 +143,15 @@ def parse_cluster(value: Any, path: str) -> ClusterCfg:
         provision=dist(get(data, "provision", {"median": DEFAULT_PROVISION_MEDIAN_S,
                                                "sigma": 0.3}), join(path, "provision")),
         preflight=parse_preflight(get(data, "preflight", "off"), join(path, "preflight")),
+        queues=parse_queues(data.get("queues"), join(path, "queues"),
+                            {p.name: p.nodes - p.spares for p in parts}),
     )
 
 
 JOB_KEYS = ("name", "partition", "nodes", "step_time", "checkpoint_interval", "checkpoint_save",
             "checkpoint_restore", "startup", "warmup", "mfu", "work", "submit_at", "priority",
-            "crash_exit", "hang_exit", "launch_fail", "max_restarts", "rank_progress")
+            "crash_exit", "hang_exit", "launch_fail", "max_restarts", "rank_progress",
+            "team")
 
 
 def parse_job(value: Any, path: str, cluster: ClusterCfg, index: int) -> JobCfg:
@@ -201,6 +205,7 @@ def parse_job(value: Any, path: str, cluster: ClusterCfg, index: int) -> JobCfg:
         max_restarts=integer(get(data, "max_restarts", DEFAULT_MAX_RESTARTS),
                              join(path, "max_restarts"), low=0),
         rank_progress=boolean(get(data, "rank_progress", False), join(path, "rank_progress")),
+        team="" if data.get("team") is None else text(data["team"], join(path, "team")),
     )
 
 

@@ -71,6 +71,17 @@ class PreflightCfg:
 
 
 @dataclass(frozen=True)
+class QueueCfg:
+    """A team's queue on a partition (``shared.domain.queues``): nominal quota in nodes and
+    how many more it may borrow (None: no limit)."""
+
+    team: str
+    partition: str
+    nominal: int
+    borrowing_limit: int | None = None
+
+
+@dataclass(frozen=True)
 class ClusterCfg:
     cluster_id: str
     gpus_per_node: int
@@ -79,6 +90,7 @@ class ClusterCfg:
     partitions: tuple[PartitionCfg, ...]
     provision: Dist
     preflight: PreflightCfg = PreflightCfg()
+    queues: tuple[QueueCfg, ...] = ()  # team quotas (fair share); none: no quotas
 
     @property
     def nodes(self) -> int:
@@ -112,6 +124,7 @@ class JobCfg:
     # the policy's threshold (shared.policies.hangs) and named on its culprit's node instead
     # of waiting hang_exit_s for the NCCL watchdog
     rank_progress: bool = False
+    team: str = ""  # its mtc-team label on a cluster with queues ("": the default queue)
 
     @property
     def steps_per_checkpoint(self) -> int:

@@ -26,12 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simulator import team_queues
 from simulator.goodput import Badput
 from simulator.launches import WedgedClock
 from simulator.overrides import parse_value
 from simulator.scenario import ScenarioError, duration, load_scenario
 from simulator.stats import error_bars, mean_ci
 
+# a scenario with team queues adds these per team (``simulator.team_queues``): <name>_<team>
+TEAM_METRICS = ("goodput_", "waiting_h_", "preemption_h_")
 METRICS = ("goodput", "ettr", "scheduling_goodput", "runtime_goodput", "program_goodput",
            "interruptions", "restarts", "waiting_h", "recovery_h", "wasted_h", "save_h",
            "startup_restore_h", "replacements", "events", "node_h", "useful_gpu_h", "cost",
@@ -152,6 +155,9 @@ def run_task(task: Task) -> dict[str, Any]:
                                       Badput.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME),
                replacements=result.repairs.get("replace", 0), events=result.events,
                **_cost_columns(result.cost), wall_s=wall)
+    for team, fig in team_queues.team_figures(scenario.jobs, result.accounting.jobs).items():
+        if scenario.cluster.queues:  # per team columns: goodput_<team>, waiting_h_<team>
+            row.update({f"{k}_{team}": v for k, v in fig.items()})
     return row
 
 
@@ -230,9 +236,10 @@ def aggregate(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
         agg: dict[str, Any] = dict(zip(keys, key, strict=True))
         agg["n"] = len(group)
         agg["failed"] = len(groups[key]) - len(group)  # timed out or wedged
-        for metric in METRICS:
+        teams = sorted({k for r in group for k in r if k.startswith(TEAM_METRICS)})
+        for metric in (*METRICS, *teams):
             # unknown (None) values are left out; none known: NaN
-            mean, half, sd = mean_ci((r[metric] for r in group if r[metric] is not None),
+            mean, half, sd = mean_ci((r[metric] for r in group if r.get(metric) is not None),
                                      confidence)
             agg[metric] = mean
             agg[f"{metric}_ci"] = half

@@ -46,7 +46,7 @@ from shared.handling import Deps, run_command
 from shared.policies.recovery import MIN_REPLICAS_LABEL, MODE_LABEL, Tier
 from shared.policies.repair import load_repair_config
 from shared.policies.triage import load_triage_table
-from simulator import goodput, preflight_model
+from simulator import goodput, preflight_model, team_queues
 from simulator.bus import SimBus
 from simulator.capacity import Capacity
 from simulator.capacity import rng_for as availability_rng
@@ -94,6 +94,7 @@ def cluster_body(scenario: Scenario) -> dict[str, Any]:
                        "spareCount": p.spares, **_topology(p)} for p in c.partitions],
         "partitions": [{"name": p.name, "nodePoolIds": [p.name]} for p in c.partitions],
         **({"labels": preflight_model.labels(c.preflight)} if c.preflight.mode != "off" else {}),
+        **({"queues": team_queues.cluster_queues(c.queues)} if c.queues else {}),
     }
 
 
@@ -121,15 +122,15 @@ def job_body(scenario: Scenario, index: int) -> dict[str, Any]:
             "baseOutputDirectory": {"outputUriPrefix": f"sim://{j.name}"},
         },
     }
+    labels = team_queues.job_labels(j)  # its team's queue (absent: the default queue)
     rec = scenario.recovery
     if rec is not None:  # the job's recovery knobs, as the SDK sets them (labels)
-        labels = {}
         if rec.pinned is not None:
             labels[MODE_LABEL] = rec.pinned
         if rec.min_replicas is not None:
             labels[MIN_REPLICAS_LABEL] = str(rec.min_replicas)
-        if labels:
-            body["labels"] = labels
+    if labels:
+        body["labels"] = labels
     return body
 
 

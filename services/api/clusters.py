@@ -242,6 +242,8 @@ def domain_body(cluster_id: str, message: ModelDevelopmentCluster) -> dict[str, 
     storage = storage_body(message, login_id)
     if storage:
         body["storage"] = storage
+    if message.mtc_queues:  # team quotas (shared.domain.queues): validated with the spec
+        body["queues"] = [q.to_json() for q in message.mtc_queues]
     return body
 
 
@@ -340,11 +342,13 @@ def wire_path(path: str, message: ModelDevelopmentCluster) -> str:
                         "orchestratorSpec.slurmSpec.homeDirectoryStorage")
     path = re.sub(r"^storage\.lustres", "mtcStorage.lustreInstances", path)
     path = re.sub(r"^storage\.gcsBuckets", "mtcStorage.gcsBuckets", path)
+    path = re.sub(r"^queues", "mtcQueues", path)
     return path.replace("clusterId", "modelDevelopmentClusterId")
 
 
 def _stored(message: ModelDevelopmentCluster) -> dict[str, Any]:
-    keep = {"displayName", "network", "nodePools", "orchestratorSpec", "labels", "mtcStorage"}
+    keep = {"displayName", "network", "nodePools", "orchestratorSpec", "labels", "mtcStorage",
+            "mtcQueues"}
     return {k: v for k, v in message.to_json().items() if k in keep}
 
 

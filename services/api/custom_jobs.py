@@ -192,6 +192,8 @@ def render(job: Job, parent: Parent, job_id: str, record: dict[str, Any]) -> dic
              "why": d["why"], "expectedLostSeconds": d["expected_lost_s"],
              "measuredSeconds": d.get("measured_s"), "time": timestamp(d["at"])}
             for d in job.recovery.decisions]
+    if job.queue and job.state in (JobState.QUEUED, JobState.PENDING):  # team queues
+        out["mtcProgress"]["queue"] = dict(job.queue)
     if record.get("models"):  # the registry's versions uploaded from it (services/pipelines)
         out["mtcModels"] = list(record["models"])
     return CustomJob.model_validate(out).to_json()

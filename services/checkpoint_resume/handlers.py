@@ -55,7 +55,7 @@ from shared.domain.events import (
 )
 from shared.domain.model import Checkpoint, Job, JobState, NodeState
 from shared.handling import Deps, Outcome
-from shared.policies import checkpointing, hangs
+from shared.policies import checkpointing, fair_share, hangs
 from shared.policies.recovery import Tier
 from shared.ports import UnitOfWork
 from shared.service_layer import gangs, job_nodes
@@ -237,6 +237,8 @@ def on_workers_exited(event: JobWorkersExited, uow: UnitOfWork, deps: Deps) -> N
             job.recovery.storage_full_since = now
             job.recovery.storage_full_times += 1
             _requeue(job, storage.wait_reason(disk_full, reason), uow, deps, unsound)
+        elif preempted(job):  # its nodes go to the team that reclaims them: all given back
+            _requeue(job, reason, uow, deps, unsound, give_back=True)
         elif not modes.recover(job, unsound, reason, uow, deps, ladder):  # in place, hot swap...
             _requeue(job, reason, uow, deps, unsound)
 
@@ -258,14 +260,22 @@ def _finish(job: Job, state: JobState, detail: str, uow: UnitOfWork, deps: Deps)
     _finished(job, uow, detail)
 
 
+def preempted(job: Job) -> bool:
+    """Stopped by fair share to give borrowed nodes back (``shared.policies.fair_share``)."""
+    return job.interrupt_requested_at is not None \
+        and job.interrupt_reason.startswith(f"{fair_share.PREEMPTION}:")
+
+
 def _requeue(job: Job, reason: str, uow: UnitOfWork, deps: Deps,
-             unsound: list[str] | None = None) -> None:
+             unsound: list[str] | None = None, *, give_back: bool = False) -> None:
     """Replace only what failed: nodes taken out of service leave the allocation, the healthy
     rest stay allocated to the job, and scheduling fills the holes (spares first).
     ``unsound``: the job's nodes that are not sound, when known (out of service ones are
-    among them: the few to look at, not 2,048 ranks)."""
+    among them: the few to look at, not 2,048 ranks). ``give_back``: every node leaves
+    (a preempted job is placed again through its team's queue)."""
     out = job_nodes.out_of_service(job, uow)
-    gone = out.intersection(job.node_ids if unsound is None else unsound)
+    gone = set(job.node_ids) if give_back \
+        else out.intersection(job.node_ids if unsound is None else unsound)
     gone.discard("")
     _release(ranks.in_rank_order(gone, job.node_ids), job.job_id, uow, deps)
     gangs.regrow(job)  # a scaled-down job is requeued at its full size

@@ -190,6 +190,15 @@ def job_row(j: dict[str, Any]) -> list[str]:
             ",".join(progress.get("nodes", [])), str(ckpt["step"]) if ckpt else "-"]
 
 
+def queue_line(job: dict[str, Any]) -> str | None:
+    """Where a waiting job stands in its team's queue and why (``mtcProgress.queue``)."""
+    queue = (job.get("mtcProgress") or {}).get("queue")
+    if not queue:
+        return None
+    return (f"queue: team {queue['team']} on {queue['partition']}, position "
+            f"{queue['position']}: {queue['reason']}")
+
+
 def job_table(jobs: list[dict[str, Any]]) -> Table:
     t = Table("JOB", "CLUSTER", "STATE", "ATTEMPT", "RESTARTS", "NODES", "CHECKPOINT")
     for j in jobs:
@@ -222,6 +231,9 @@ def cmd_job(args: argparse.Namespace, client: Client) -> None:
         case "get":
             job = client.get_job(parent, args.job_id)
             show(job, args.json, lambda: job_table([job]))
+            line = queue_line(job)
+            if line and not args.json:  # a waiting job on a cluster with team queues
+                print(line)
         case "list":
             jobs = client.list_jobs(parent, args.filter)
             if args.cluster:
@@ -232,6 +244,9 @@ def cmd_job(args: argparse.Namespace, client: Client) -> None:
             client.cancel_job(parent, args.job_id)
             job = client.get_job(parent, args.job_id)
             show(job, args.json, lambda: job_table([job]))
+            line = queue_line(job)
+            if line and not args.json:  # a waiting job on a cluster with team queues
+                print(line)
         case "delete":
             op = client.delete_job(parent, args.job_id)
             if args.json:

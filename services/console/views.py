@@ -123,6 +123,9 @@ def _seconds(by: Mapping[str, float]) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(by.items()) if round(v, 1) > 0}
 
 
+_WAITING = ("JOB_STATE_QUEUED", "JOB_STATE_PENDING")
+
+
 def job_row(job: Job, acct: JobAccounting, goodput: Any | None, name: str | None = None
             ) -> dict[str, Any]:
     """A job with its attempts, checkpoints, lost work and (when accounted) the three goodputs
@@ -138,6 +141,8 @@ def job_row(job: Job, acct: JobAccounting, goodput: Any | None, name: str | None
         "lostSteps": acct.lost_steps, "recoveryS": round(acct.recovery_s, 1),
         "wallS": round(acct.wall_s, 1), "created": iso(job.created_at), "error": job.error or None,
         "name": name,
+        # where it waits on a cluster with team queues (shared.policies.fair_share)
+        "queue": job.queue if job.queue and job.state.value in _WAITING else None,
     }
     if goodput is not None:
         row["goodput"] = {

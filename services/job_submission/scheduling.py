@@ -11,6 +11,7 @@ twice.
 
 from __future__ import annotations
 
+from services.job_submission import queues
 from shared.domain import lifecycle, progress, ranks, storage, timeouts
 from shared.domain.adopted import adopted
 from shared.domain.events import JobFinished, JobInterruptRequested, NodeDrained
@@ -98,6 +99,9 @@ def schedule(cluster_id: str, uow: UnitOfWork, deps: Deps) -> None:
     for job in ready:  # nothing was lost (e.g. a preempted program): start again at once
         _start(job, [], uow, deps)
     waiting = [j for j in pending if not j.node_ids or ranks.holes(j.node_ids)]
+    # team queues (a cluster with quotas): only what the policy admits, borrowers preempted
+    # for a reclaim even when nothing is idle
+    waiting = queues.admit(cluster_id, waiting, uow, deps) if waiting else waiting
     if not waiting:
         return
     partitions = {j.spec.scheduling.partition for j in waiting}
@@ -180,4 +184,5 @@ def _clear_cleared_suspects(job: Job, uow: UnitOfWork) -> None:
 
 
 def _start(job: Job, placed: list[str], uow: UnitOfWork, deps: Deps) -> None:
+    job.queue = None  # it no longer waits
     start_attempt(job, placed, uow, deps)  # (shared with the recoveries that skip the queue)

@@ -356,6 +356,8 @@ class Job:
     recovery: JobRecovery = field(default_factory=JobRecovery)  # backoff, suspects, progress
     # the checkpoint interval its history calls for (checkpoint_resume; CheckpointAdvice)
     checkpoint_advice: dict[str, Any] | None = None
+    # while it waits on a cluster with team queues: team, partition, position, reason
+    queue: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.node_ids = as_ranks(self.node_ids)  # (a tuple or list from a caller)
@@ -399,6 +401,7 @@ class Job:
             "error": self.error,
             "recovery": self.recovery.to_dict(),
             "checkpoint_advice": self.checkpoint_advice,
+            **({"queue": self.queue} if self.queue else {}),
         }
 
     @classmethod
@@ -427,4 +430,5 @@ class Job:
             error=d.get("error", ""),
             recovery=JobRecovery.from_dict(d.get("recovery")),
             checkpoint_advice=d.get("checkpoint_advice"),
+            queue=d.get("queue"),
         )

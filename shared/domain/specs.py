@@ -16,6 +16,8 @@ from shared.domain import images
 from shared.domain import validation as kit
 from shared.domain.cluster_storage import ClusterStorage
 from shared.domain.errors import ValidationError
+from shared.domain.queues import QueueSpec
+from shared.domain.queues import parse as parse_queues
 from shared.domain.topology import Topology
 
 ID_PATTERN = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -152,6 +154,7 @@ class ClusterSpec:
     partitions: tuple[PartitionSpec, ...]
     labels: tuple[tuple[str, str], ...] = ()  # e.g. mtc-recovery-mode: the cluster's pin
     storage: ClusterStorage | None = None  # its /home, Lustre and buckets (cluster_storage)
+    queues: tuple[QueueSpec, ...] = ()  # team quotas (fair share); none: no quotas
 
     @classmethod
     def parse(cls, value: Any) -> ClusterSpec:
@@ -188,8 +191,11 @@ class ClusterSpec:
         labels = _labels(kit.field(data, "labels", "", dict, required=False) or {}, "labels")
         raw = data.get("storage")
         storage = None if raw is None else ClusterStorage.parse(raw, "storage")
+        sizes = {part.name: sum(p.node_count - p.spare_count for p in pools
+                                if p.pool_id in part.node_pool_ids) for part in partitions}
+        queued = parse_queues(data.get("queues"), "queues", sizes)
         return cls(cluster_id, display_name or cluster_id, login_type, pools, partitions,
-                   labels, storage)
+                   labels, storage, queued)
 
     def partition_of(self, pool_id: str) -> str:
         return next(p.name for p in self.partitions if pool_id in p.node_pool_ids)
@@ -209,6 +215,8 @@ class ClusterSpec:
             out["labels"] = dict(self.labels)
         if self.storage is not None and self.storage.to_dict():
             out["storage"] = self.storage.to_dict()
+        if self.queues:
+            out["queues"] = [q.to_dict() for q in self.queues]
         return out
 
     @classmethod

@@ -117,6 +117,17 @@ class MtcStorage(Message):
     gcs_buckets: list[str] = Field(default_factory=list, max_length=MAX_MOUNTS)
 
 
+class MtcQueue(Message):
+    """mtc's extension (``mtcQueues``): one team's queue on one partition, a nominal quota in
+    nodes and how many more it may borrow (absent: no limit); jobs name their team with the
+    ``mtc-team`` label (``shared.domain.queues``, ``shared.policies.fair_share``)."""
+
+    team: str = Field(max_length=63)
+    partition: str = Field(max_length=63)
+    nominal_nodes: Int32 = 0
+    borrowing_limit_nodes: Int32 | None = None
+
+
 class OrchestratorSpec(Message):
     slurm_spec: SlurmSpec | None = None
 
@@ -144,6 +155,7 @@ class ModelDevelopmentCluster(Message):
     mtc_state_message: str | None = None
     mtc_nodes: NodeSummary | None = None
     mtc_storage: MtcStorage | None = None
+    mtc_queues: list[MtcQueue] = Field(default_factory=list, max_length=256)
 
 
 class ListModelDevelopmentClustersResponse(Message):

@@ -178,6 +178,16 @@ class RecoveryDecision(Message):
     time: Timestamp | None = None
 
 
+class JobQueue(Message):
+    """mtc's extension: where a waiting job stands in its team's queue on a cluster with
+    ``mtcQueues`` and why it waits (output only; ``shared.policies.fair_share``)."""
+
+    team: str
+    partition: str
+    position: Int32  # 1-based, in its team's queue on its partition
+    reason: str
+
+
 class JobProgress(Message):
     """mtc's extension on a CustomJob: how self-healing went for it (output only)."""
 
@@ -188,6 +198,7 @@ class JobProgress(Message):
     latest_checkpoint: LatestCheckpoint | None = None
     checkpoint_advice: CheckpointAdvice | None = None
     recovery: list[RecoveryDecision] | None = None  # newest last; absent: none chosen
+    queue: JobQueue | None = None  # absent: not waiting, or no team queues
 
 
 class CustomJob(Message):

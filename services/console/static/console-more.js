@@ -105,6 +105,8 @@ async function loadJob() {
     ...(j.name && !j.state.match(/SUCCEEDED|FAILED|CANCELLED/) ? [el("button", { type: "button",
       class: "act", id: "job-cancel", "data-action": "cancel", onclick: () => askCancel(j) }, "cancel job")] : []));
   $("job-error").textContent = j.error ? `why it failed: ${j.error}` : "";
+  $("job-queue").textContent = j.queue ? `team ${j.queue.team}'s queue on ${j.queue.partition}, `
+    + `position ${j.queue.position}: ${j.queue.reason}` : "";
   fill("job-attempts", page.attempts.map((a) => [a.attempt, a.started, a.nodes.join(" "),
     a.resume,
     a.exitCode === null ? "" : `exit ${a.exitCode}${a.detail ? `: ${a.detail}` : ""}`]));

@@ -49,6 +49,9 @@ def add_parser(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     r.add_argument("--compare", choices=MODES, default=None, metavar="MODE",
                    help="also play the trace with the job pinned to MODE (requeue: today's "
                    "path) and print the ratio of the times to recover")
+    r.add_argument("--live", choices=("embedded", "slurm"), default="embedded",
+                   help="with --target both: the live run the twin is set against and fitted "
+                   "to (slurm: a private Slurm cluster, root only; default embedded)")
     r.add_argument("--program", choices=("train", "torch"), default="train",
                    help="the job's program on the live targets: examples/train.py (numpy, "
                    "default) or examples/torch_inprocess.py (torch DDP, gloo on CPU)")
@@ -84,7 +87,7 @@ def cmd_bench_recovery(args: argparse.Namespace, named: str | None) -> int:
 
     runs = play(trace, target=args.target, compare=args.compare,
                 state_root=bench_state_dir(named), timeout_s=args.timeout, say=say,
-                program=args.program)
+                program=args.program, live=args.live)
     command = "mtc " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "mtc bench recovery"
     doc = document(trace, runs, command)
     if args.json:
@@ -98,13 +101,15 @@ def cmd_bench_recovery(args: argparse.Namespace, named: str | None) -> int:
 
 
 def play(trace: Trace, *, target: str, compare: str | None, state_root: Path,
-         timeout_s: float, say: Any, program: str = "train") -> list[RunScore]:
-    """Every run the options ask for, live first (the twin takes the costs it measured)."""
+         timeout_s: float, say: Any, program: str = "train", live: str = "embedded"
+         ) -> list[RunScore]:
+    """Every run the options ask for, live first (the twin takes the costs it measured;
+    ``live``: which live run ``both`` plays, embedded or slurm)."""
     from services.cli.demo import fresh_state
 
     runs: list[RunScore] = []
     costs: RecoveryCosts | None = None
-    if target == "slurm":
+    if target == "slurm" or (target == "both" and live == "slurm"):
         from services.cli.bench_slurm import require_root, run_slurm
 
         require_root()  # before anything is started or wiped
@@ -114,8 +119,10 @@ def play(trace: Trace, *, target: str, compare: str | None, state_root: Path,
             state = fresh_state(state_root / f"slurm-{label}")
             runs.append(run_slurm(trace, state, pin=pin, timeout_s=timeout_s, say=say,
                                   program=program))
-        return runs
-    if target in ("embedded", "both"):
+        if target == "slurm":
+            return runs
+        costs = measured_costs(runs[0])
+    elif target in ("embedded", "both"):
         from services.cli.bench_live import run_embedded
 
         for pin in (None, compare) if compare else (None,):

@@ -33,3 +33,31 @@ def test_each_programs_restore_line_names_its_step(line: str, step: int) -> None
     match = RESTORED.search(line)
     assert match is not None
     assert int(next(g for g in match.groups() if g is not None)) == step
+
+
+def test_both_against_slurm_fits_the_twin_to_the_slurm_run(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """``--target both --live slurm``: the live run is the Slurm one (started as root), and
+    the twin plays the same trace with the costs fitted to it. The Slurm run is stood in by a
+    twin run here (it needs root and a Slurm install; tests/integration/slurm runs it)."""
+    from dataclasses import replace
+
+    from services.cli import bench_slurm
+    from services.cli.bench_recovery import play
+    from services.cli.bench_twin import run as run_twin
+
+    trace = load_trace(None)
+    played: list[str | None] = []
+
+    def fake_slurm(trace_: object, state: Path, *, pin: str | None, **_: object) -> object:
+        played.append(pin)
+        return replace(run_twin(trace), target="slurm", label=pin or "chosen")
+
+    monkeypatch.setattr(bench_slurm, "require_root", lambda: None)
+    monkeypatch.setattr(bench_slurm, "run_slurm", fake_slurm)
+    runs = play(trace, target="both", compare=None, state_root=tmp_path, timeout_s=10,
+                say=lambda _: None, live="slurm")
+    assert played == [None]
+    assert [r.target for r in runs] == ["slurm", "twin"]
+    assert runs[1].costs and "startup_s" in runs[1].costs  # fitted to the Slurm run

@@ -138,9 +138,10 @@ PRY = textwrap.dedent(
             seen[path] = open(path).read()
         except OSError as exc:
             seen[path] = type(exc).__name__
-    with open(os.path.join(os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/"), "seen.json"),
-              "w") as f:
+    out = os.path.join(os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/"), "seen.json")
+    with open(out + ".tmp", "w") as f:  # whole or not at all: the test reads it once it exists
         json.dump(seen, f)
+    os.replace(out + ".tmp", out)
     """
 )
 

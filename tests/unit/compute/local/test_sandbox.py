@@ -56,8 +56,9 @@ PRY = textwrap.dedent(
     with open(os.environ["MTC_TERMINATION_LOG"], "w") as f:
         f.write("a message")
     logs = os.environ["AIP_TENSORBOARD_LOG_DIR"].replace("gs://", "/gcs/", 1)
-    with open(os.path.join(logs, "pry.json"), "w") as f:
+    with open(os.path.join(logs, "pry.json.tmp"), "w") as f:  # whole once it exists
         json.dump(out, f)
+    os.replace(os.path.join(logs, "pry.json.tmp"), os.path.join(logs, "pry.json"))
     """
 )
 

@@ -45,9 +45,10 @@ FORK = textwrap.dedent(
         cmdline = type(exc).__name__
     for k in kids:
         k.kill()
-    with open(os.path.join(os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/", 1),
-                           "forks.json"), "w") as f:
+    out = os.path.join(os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/", 1), "forks.json")
+    with open(out + ".tmp", "w") as f:  # whole once it exists
         json.dump({"started": len(kids), "pids_seen": len(seen), "other": cmdline}, f)
+    os.replace(out + ".tmp", out)
     """
 )
 

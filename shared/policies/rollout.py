@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from shared.domain.errors import ValidationError
 
 VERSION_KEYS = ("nodeImage", "driver", "agent")
+ROLLOUTS = "rollouts"  # the collection of rollout records (services.repair.rollout)
 
 
 class RolloutState(enum.StrEnum):

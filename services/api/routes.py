@@ -22,6 +22,7 @@ from services.api import (
     node_health,
     node_ops,
     operations_api,
+    rollouts,
     slurm_rest,
     training_pipelines,
     tuning_jobs,
@@ -87,6 +88,10 @@ def _report_faulty(c: Call) -> Any:
     return faulty_nodes.report(c.ctx, c.parent, c.rid, c.body(), c.principal)
 
 
+def _rollout(c: Call) -> Any:
+    return rollouts.start(c.ctx, c.parent, c.rid, c.body(), c.principal)
+
+
 def _slurm_rest(c: Call) -> Any:
     return slurm_rest.call(c.ctx, c.parent, c.rid, c.body())
 
@@ -145,6 +150,7 @@ ROUTES: tuple[Route, ...] = (
     *(_row("POST", f"{CLUSTERS}{_ID}{_NODE}:{verb}", f"{C}.update", _node_command(verb),
            reasoned=True) for verb in node_ops.VERBS),
     _row("POST", f"{CLUSTERS}{_ID}:reportFaultyNodes", REPORT_FAULTY, _report_faulty),
+    _row("POST", f"{CLUSTERS}{_ID}:{rollouts.VERB}", f"{C}.update", _rollout),
     _row("POST", f"{CLUSTERS}{_ID}:callSlurmRestApi", f"{C}.run", _slurm_rest),
     _row("GET", OPS, f"{OP}.list", OPC.serve_list),
     _row("GET", f"{OPS}{_ID}", f"{OP}.get", OPC.serve_get),

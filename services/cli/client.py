@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import requests
 
-from services.api import clusters, custom_jobs, faulty_nodes, node_ops, operations_api
+from services.api import clusters, custom_jobs, faulty_nodes, node_ops, operations_api, rollouts
 from services.api import job_logs as logs_api
 from services.api import models as models_api
 from services.api.context import ApiContext
@@ -84,6 +84,8 @@ class Client(Protocol):
                      reason: str) -> dict[str, Any]: ...
     def report_faulty_nodes(self, parent: Parent, cluster_id: str, body: Any
                             ) -> dict[str, Any]: ...
+    def rollout_software(self, parent: Parent, cluster_id: str, body: Any
+                         ) -> dict[str, Any]: ...
 
 
 def operation_parent(name: str) -> tuple[Parent, str]:
@@ -216,6 +218,12 @@ class LocalClient:
                                                       self.principal),
                           **_audit("modelDevelopmentClusters.reportFaultyNodes", parent, "POST",
                                    f"modelDevelopmentClusters/{cluster_id}:reportFaultyNodes"))
+
+    def rollout_software(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
+        return self._call(lambda: rollouts.start(self.ctx, parent, cluster_id, body,
+                                                 self.principal),
+                          **_audit("modelDevelopmentClusters.update", parent, "POST",
+                                   f"modelDevelopmentClusters/{cluster_id}:rolloutSoftware"))
 
     def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
                       rank: int | None = None, token: str | None = None) -> dict[str, Any]:
@@ -374,6 +382,10 @@ class HttpClient:
     def report_faulty_nodes(self, parent: Parent, cluster_id: str, body: Any
                             ) -> dict[str, Any]:
         return self._request("POST", f"{self._clusters(parent)}/{cluster_id}:reportFaultyNodes",
+                             body=body)
+
+    def rollout_software(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
+        return self._request("POST", f"{self._clusters(parent)}/{cluster_id}:rolloutSoftware",
                              body=body)
 
     def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,

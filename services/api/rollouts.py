@@ -5,7 +5,7 @@
 ``aiplatform.modelDevelopmentClusters.update``) plans and starts the rollout
 (``services.repair.rollout``) and answers an Operation whose ``metadata.mtcRollout`` shows
 the waves, the wave under way and the state; ``GET`` of the operation shows its progress. It
-is done when every node runs the new version (its response: the cluster), or when a
+finishes when every node runs the new version (its response: the cluster), or when a
 regression rolled it back (its error: ABORTED, naming the regression). The same request again
 while it runs answers the same Operation; another version while one runs is
 FAILED_PRECONDITION.

@@ -10,7 +10,7 @@ the node taken out of service with a REIMAGE (a busy node drains: its job checkp
 moves by the recovery mode checkpoint_resume chooses), and when the reimage completes the
 node carries the version (``on_reimaged``) and passes the deep-check gate before it returns.
 
-A wave is done when each of its nodes is back in service on the new version; the next starts
+A wave is finished once each of its nodes is back in service on the new version; the next starts
 then, each node as the blast-radius guard's budget allows. Before any move the updated nodes'
 health is judged (``shared.policies.rollout.judge``); a regression pauses the rollout
 (ROLLING_BACK) and every node that has, or is getting, the new version is reimaged with the

@@ -1,5 +1,5 @@
 """POST v1beta1/{cluster}:rolloutSoftware, curl-shaped: an Operation whose metadata shows the
-waves, done when every node runs the new version; bad bodies a 400 naming the field; a second
+waves, finished once every node runs the new version; bad bodies a 400 naming the field; a second
 version while one runs refused; audited."""
 
 from __future__ import annotations

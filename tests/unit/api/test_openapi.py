@@ -29,8 +29,8 @@ def test_every_route_and_version_is_one_operation() -> None:
     assert {(m, p) for m, p, _ in _operations()} == expected
     # customJobs, clusters, operations; nodes/{node}:reportHealth; models and trainingPipelines;
     # hyperparameterTuningJobs; customJobs/{id}/logs; the four node operator verbs;
-    # the Slurm Job API and reportFaultyNodes (v1beta1 only)
-    assert len(expected) == 26 + 1 + 22 + 10 + 2 + 4 + 1 + 1
+    # the Slurm Job API, reportFaultyNodes and rolloutSoftware (v1beta1 only)
+    assert len(expected) == 26 + 1 + 22 + 10 + 2 + 4 + 1 + 1 + 1
     ids = [op["operationId"] for _, _, op in _operations()]
     assert len(ids) == len(set(ids))
     assert "v1beta1.customJobs.create" in ids and "v1.customJobs.create" in ids

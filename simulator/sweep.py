@@ -152,6 +152,8 @@ def run_task(task: Task) -> dict[str, Any]:
                                       Badput.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME),
                replacements=result.repairs.get("replace", 0), events=result.events,
                **_cost_columns(result.cost), wall_s=wall)
+    if result.rollout is not None:  # (a scenario with a rollout: how it went, how long)
+        row.update(rollout_state=result.rollout["state"], rollout_h=result.rollout["hours"])
     return row
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from services.repair import handlers as repair
 from shared.domain.errors import Conflict, NotFound, ValidationError
-from shared.domain.events import Event, FleetTicked, NodeReturnedToService
+from shared.domain.events import Event, FleetTicked, NodeDiagnosed, NodeReturnedToService
 from shared.domain.health import RepairAction
 from shared.domain.model import ClusterState, Job, Node, NodeRole, NodeState, Partition
 from shared.handling import Deps, Outcome
@@ -260,7 +260,18 @@ def on_returned(event: NodeReturnedToService, uow: UnitOfWork, deps: Deps) -> No
     advance(event.cluster_id, uow, deps)
 
 
-SUBSCRIPTIONS: dict[type[Event], Any] = {
+def on_diagnosed(event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> None:
+    """Repair's handling of a diagnosis, then the rollout's look at it: a failed deep check
+    is diagnosed in the transaction that records the verdict, so the gate reads failed here
+    (a tick may come only after the repair that follows has reset it to pending)."""
+    repair.on_diagnosed(event, uow, deps)
+    node = uow.nodes.get(event.node_id)
+    if node is not None:
+        advance(node.cluster_id, uow, deps)
+
+
+SUBSCRIPTIONS: dict[type[Event], Any] = {  # (merged over repair's own: NodeDiagnosed wraps it)
+    NodeDiagnosed: on_diagnosed,
     FleetTicked: on_tick,
     NodeReturnedToService: on_returned,
 }

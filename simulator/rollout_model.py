@@ -17,6 +17,7 @@ rollout:
   wave_size: 4
   canary: 1
   bad: false          # true: the new version fails the deep-check gate
+  gate_tolerance: 0   # the share of updated nodes that may fail the gate (0: any one regresses)
 ```
 """
 
@@ -26,9 +27,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.readers import ScenarioError, boolean, duration, integer, mapping, only_keys
+from simulator.readers import (
+    ScenarioError,
+    boolean,
+    duration,
+    integer,
+    mapping,
+    number,
+    only_keys,
+)
 
-KEYS = ("at", "version", "wave_size", "canary", "bad")
+KEYS = ("at", "version", "wave_size", "canary", "bad", "gate_tolerance")
 
 
 @dataclass(frozen=True)
@@ -38,11 +47,12 @@ class RolloutCfg:
     wave_size: int = 1
     canary: int = 1
     bad: bool = False
+    gate_tolerance: float = 0.0  # the share of updated nodes that may fail the gate
 
     def body(self) -> dict[str, Any]:
         """The ``:rolloutSoftware`` body that starts it."""
         return {"version": dict(self.version), "waveSize": self.wave_size,
-                "canary": self.canary}
+                "canary": self.canary, "gateTolerance": self.gate_tolerance}
 
 
 def parse_rollout(value: Any, path: str) -> RolloutCfg | None:
@@ -57,7 +67,9 @@ def parse_rollout(value: Any, path: str) -> RolloutCfg | None:
                       version={str(k): str(v) for k, v in version.items()},
                       wave_size=integer(data.get("wave_size", 1), f"{path}.wave_size", low=1),
                       canary=integer(data.get("canary", 1), f"{path}.canary", low=0),
-                      bad=boolean(data.get("bad", False), f"{path}.bad"))
+                      bad=boolean(data.get("bad", False), f"{path}.bad"),
+                      gate_tolerance=number(data.get("gate_tolerance", 0.0),
+                                            f"{path}.gate_tolerance", low=0.0, high=0.5))
 
 
 def outcome(rollouts: list[dict[str, Any]], horizon_at: float) -> dict[str, Any]:

@@ -35,9 +35,11 @@ from shared.policies.rollout import (
     ROLLOUTS,
     Candidate,
     FleetHealth,
+    RegressionConfig,
     RolloutState,
     judge,
     merged,
+    parse_tolerance,
     parse_version,
     plan_waves,
 )
@@ -63,6 +65,7 @@ def start(cluster_id: str, body: Mapping[str, Any], by: str, uow: UnitOfWork,
     answers the running rollout (a retry). Another while one runs is a Conflict."""
     version = parse_version(body.get("version"))
     wave_size, canary = _int(body, "waveSize", 1), _int(body, "canary", 1)
+    tolerance = parse_tolerance(body.get("gateTolerance", 0.0))
     cluster = uow.clusters.get(cluster_id)
     if cluster is None or cluster.state is ClusterState.DELETED:
         raise NotFound("cluster", cluster_id)
@@ -86,6 +89,7 @@ def start(cluster_id: str, body: Mapping[str, Any], by: str, uow: UnitOfWork,
     seq = len(rollouts) + 1
     record = {"id": f"{cluster_id}.{seq}", "seq": seq, "cluster_id": cluster_id,
               "version": version, "wave_size": wave_size, "canary": canary, "by": by,
+              "gate_tolerance": tolerance,
               "waves": [list(w) for w in plan.waves], "wave": 0,
               "previous": {n.node_id: n.software for n in nodes},
               "state": RolloutState.RUNNING.value, "reason": "", "started": now,
@@ -130,7 +134,8 @@ def advance(cluster_id: str, uow: UnitOfWork, deps: Deps) -> bool:
     rec = dict(record)
     now = deps.clock.now()
     if rec["state"] == RolloutState.RUNNING:
-        verdict = judge(_health(rec, uow, now))
+        verdict = judge(_health(rec, uow, now),
+                        RegressionConfig(gate_tolerance=rec.get("gate_tolerance", 0.0)))
         if verdict.regressed:
             rec.update(state=RolloutState.ROLLING_BACK.value, reason=verdict.reason,
                        paused_wave=rec["wave"] + 1, time=now)
@@ -154,28 +159,29 @@ def _started(rec: Mapping[str, Any]) -> list[str]:
 
 
 def _health(rec: Mapping[str, Any], uow: UnitOfWork, now: float) -> FleetHealth:
-    """The nodes of the waves started so far against the rest, since the rollout began
-    (time on the new version is counted from the rollout's start: an upper bound, so a
-    rate regression is never called early)."""
-    started = set(_started(rec))
-    failed, updated_faults, updated, other_faults, others = [], 0, 0, 0, 0
+    """The nodes of the waves started so far against the rest: an updated node's faults and
+    time count from when it was back in service on the new version (``updated_at``), the
+    rest's from the rollout's start (a fault before a node's update is the old version's)."""
+    started, since = set(_started(rec)), rec.get("updated_at", {})
+    failed: list[str] = []
+    updated, updated_faults, updated_s, other_faults, other_s = 0, 0, 0.0, 0, 0.0
     for node in uow.nodes.list(rec["cluster_id"]):
         if node.role is not NodeRole.WORKER or node.state is NodeState.RETIRED:
             continue
         new = _new(rec, node.node_id)
-        faults = sum(1 for f in node.history if f.at >= rec["started"])
         if node.node_id in started and (node.software == new or node.software_target == new):
             gate = node.conditions.get(DEEP_CHECK)
             if gate is not None and gate.status == _TRUE:
                 failed.append(node.node_id)
             updated += 1
-            updated_faults += faults
+            done_at = since.get(node.node_id)
+            if done_at is not None:
+                updated_faults += sum(1 for f in node.history if f.at >= done_at)
+                updated_s += max(0.0, now - done_at)
         else:
-            others += 1
-            other_faults += faults
-    span = max(0.0, now - rec["started"])
-    return FleetHealth(tuple(failed), updated_faults, updated * span, other_faults,
-                       others * span)
+            other_faults += sum(1 for f in node.history if f.at >= rec["started"])
+            other_s += max(0.0, now - rec["started"])
+    return FleetHealth(tuple(failed), updated, updated_faults, updated_s, other_faults, other_s)
 
 
 def _run_waves(rec: dict[str, Any], uow: UnitOfWork, deps: Deps) -> None:
@@ -187,7 +193,7 @@ def _run_waves(rec: dict[str, Any], uow: UnitOfWork, deps: Deps) -> None:
                wave=len(rec["waves"]) - 1)
 
 
-def _update_wave(rec: Mapping[str, Any], wave: list[str], uow: UnitOfWork,
+def _update_wave(rec: dict[str, Any], wave: list[str], uow: UnitOfWork,
                  deps: Deps) -> bool:
     """Start what of the wave the guard allows; True once every node of it is done."""
     done = True
@@ -197,6 +203,8 @@ def _update_wave(rec: Mapping[str, Any], wave: list[str], uow: UnitOfWork,
             continue  # replaced meanwhile: its replacement is no part of this plan
         new = _new(rec, node_id)
         if node.software == new and node.software_target is None and node.in_service:
+            if node_id not in rec.get("updated_at", {}):  # (a new dict: rec is compared)
+                rec["updated_at"] = {**rec.get("updated_at", {}), node_id: deps.clock.now()}
             continue
         done = False
         if node.software_target != new and node.software != new and node.in_service:

@@ -14,6 +14,7 @@ the rollout and rolls every updated node back to the version it had.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,14 @@ class RolloutState(enum.StrEnum):
 
 
 ACTIVE = frozenset({RolloutState.RUNNING, RolloutState.ROLLING_BACK})
+
+
+def parse_tolerance(raw: object) -> float:
+    """``gateTolerance``: a share of the updated nodes, from 0 (any failed gate regresses)
+    to 0.5."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 <= raw <= 0.5:
+        raise ValidationError("gateTolerance", "must be a number from 0 to 0.5")
+    return float(raw)
 
 
 def parse_version(raw: object) -> dict[str, str]:
@@ -117,6 +126,12 @@ class RegressionConfig:
     min_node_s: float = 3600.0
     # an updated node's faults count only with at least this many of them in all
     min_faults: int = 2
+    # and only when so many faults at the fleet's rate would be this unlikely (one-sided
+    # Poisson): a few faults over a few hundred node-hours are chance, not a version
+    p_value: float = 0.01
+    # the share of the updated nodes that may fail the gate before it is a regression (0:
+    # any one is): a fleet whose hardware fails often fails some gates whatever the version
+    gate_tolerance: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,7 @@ class FleetHealth:
     """The updated nodes against the rest of the fleet over the rollout's time so far."""
 
     gate_failed: tuple[str, ...] = ()  # updated nodes whose deep checks failed
+    updated_nodes: int = 0  # nodes that have, or are getting, the new version
     updated_faults: int = 0
     updated_node_s: float = 0.0
     other_faults: int = 0
@@ -137,9 +153,10 @@ class Verdict:
 
 
 def judge(health: FleetHealth, config: RegressionConfig = RegressionConfig()) -> Verdict:
-    """Whether the new version regressed: a failed gate is one at once; a fault rate above
-    the fleet's counts once enough time and faults back it."""
-    if health.gate_failed:
+    """Whether the new version regressed: a failed gate is one at once (more than
+    ``gate_tolerance`` of the updated nodes, when tolerated); a fault rate above the fleet's
+    counts once enough time and faults back it."""
+    if len(health.gate_failed) > config.gate_tolerance * health.updated_nodes:
         return Verdict(True, f"updated node(s) failed the deep-check gate: "
                        f"{', '.join(sorted(health.gate_failed))}")
     if health.updated_node_s < config.min_node_s or health.updated_faults < config.min_faults:
@@ -147,11 +164,23 @@ def judge(health: FleetHealth, config: RegressionConfig = RegressionConfig()) ->
     updated_rate = health.updated_faults / health.updated_node_s
     # the rest's rate, with one fault's worth of floor: a fleet with none is not a rate of 0
     other_rate = max(health.other_faults, 1) / max(health.other_node_s, config.min_node_s)
-    if updated_rate > config.fault_rate_factor * other_rate:
-        return Verdict(True, f"updated nodes fault {updated_rate * 3600:.2f}/node-hour, the "
-                       f"fleet {other_rate * 3600:.2f}/node-hour (limit x"
-                       f"{config.fault_rate_factor:g})")
+    chance = poisson_at_least(health.updated_faults, other_rate * health.updated_node_s)
+    if updated_rate > config.fault_rate_factor * other_rate and chance < config.p_value:
+        return Verdict(True, f"updated nodes fault {updated_rate * 3600:.3f}/node-hour, the "
+                       f"fleet {other_rate * 3600:.3f}/node-hour (limit x"
+                       f"{config.fault_rate_factor:g}; p={chance:.2g} at the fleet's rate)")
     return Verdict(False)
+
+
+def poisson_at_least(k: int, mean: float) -> float:
+    """P(X >= k) for X ~ Poisson(mean)."""
+    if k <= 0:
+        return 1.0
+    term = total = math.exp(-mean)
+    for i in range(1, k):
+        term *= mean / i
+        total += term
+    return max(0.0, 1.0 - total)
 
 
 def wave_cost_s(plan: WavePlan, candidates: Sequence[Candidate]) -> float:

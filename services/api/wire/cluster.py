@@ -186,6 +186,7 @@ class RolloutSoftwareRequest(Message):
     version: dict[str, str] = Field(default_factory=dict)
     wave_size: int = 1
     canary: int = 1
+    gate_tolerance: float = 0.0
 
 
 class ListClusterNodesResponse(Message):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from shared.domain.errors import ValidationError
@@ -13,6 +15,7 @@ from shared.policies.rollout import (
     merged,
     parse_version,
     plan_waves,
+    poisson_at_least,
     wave_cost_s,
 )
 
@@ -58,13 +61,16 @@ H = 3600.0
 
 @pytest.mark.parametrize(("health", "regressed"), [
     (FleetHealth(), False),
-    (FleetHealth(gate_failed=("n2", "n1")), True),
+    (FleetHealth(gate_failed=("n2", "n1"), updated_nodes=5), True),
     # twice the fleet's rate and more, with enough time and faults behind it
     (FleetHealth(updated_faults=4, updated_node_s=4 * H, other_faults=1, other_node_s=10 * H),
      True),
     # the same rate as the fleet
     (FleetHealth(updated_faults=2, updated_node_s=10 * H, other_faults=2, other_node_s=10 * H),
      False),
+    # twice the rate, but two faults where the fleet's rate expects 0.45: chance
+    (FleetHealth(updated_faults=2, updated_node_s=330 * H, other_faults=1,
+                 other_node_s=730 * H), False),
     # one fault is noise however short the time
     (FleetHealth(updated_faults=1, updated_node_s=2 * H, other_node_s=10 * H), False),
     # too little time on the new version to judge a rate
@@ -76,8 +82,27 @@ def test_judge(health: FleetHealth, regressed: bool) -> None:
     assert bool(verdict.reason) is regressed
 
 
+@pytest.mark.parametrize(("failed", "updated", "tolerance", "regressed"), [
+    (1, 1, 0.0, True), (1, 20, 0.0, True),  # strict: any one
+    (1, 20, 0.1, False), (2, 20, 0.1, False), (3, 20, 0.1, True),
+    (1, 1, 0.5, True),  # a canary of one that fails is more than half
+])
+def test_a_gate_tolerance_is_a_share_of_the_updated_nodes(failed: int, updated: int,
+                                                          tolerance: float,
+                                                          regressed: bool) -> None:
+    health = FleetHealth(gate_failed=tuple(f"n{i}" for i in range(failed)),
+                         updated_nodes=updated)
+    assert judge(health, RegressionConfig(gate_tolerance=tolerance)).regressed is regressed
+
+
+def test_poisson_tail() -> None:
+    assert poisson_at_least(0, 3.0) == 1.0
+    assert abs(poisson_at_least(2, 0.45) - (1 - math.exp(-0.45) * 1.45)) < 1e-12
+    assert poisson_at_least(10, 2.0) < 1e-4
+
+
 def test_a_failed_gate_names_the_nodes() -> None:
-    assert "n1, n2" in judge(FleetHealth(gate_failed=("n2", "n1"))).reason
+    assert "n1, n2" in judge(FleetHealth(gate_failed=("n2", "n1"), updated_nodes=2)).reason
 
 
 def test_versions_parse_and_merge() -> None:

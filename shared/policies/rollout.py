@@ -127,8 +127,9 @@ class RegressionConfig:
     # an updated node's faults count only with at least this many of them in all
     min_faults: int = 2
     # and only when so many faults at the fleet's rate would be this unlikely (one-sided
-    # Poisson): a few faults over a few hundred node-hours are chance, not a version
-    p_value: float = 0.01
+    # Poisson): a few faults over a few hundred node-hours are chance, not a version; low,
+    # because the test is made again on every tick of a rollout that lasts days
+    p_value: float = 0.001
     # the share of the updated nodes that may fail the gate before it is a regression (0:
     # any one is): a fleet whose hardware fails often fails some gates whatever the version
     gate_tolerance: float = 0.0

@@ -8,7 +8,7 @@ from typing import Any
 
 from services.job_submission import commands as job_commands
 from services.repair import rollout
-from shared.domain.events import AlertRaised, FleetTicked
+from shared.domain.events import AlertRaised, FleetTicked, NodeReturnedToService
 from shared.domain.health import RepairAction
 from shared.domain.model import JobState, NodeState
 from shared.policies.rollout import ROLLOUTS
@@ -113,3 +113,20 @@ def test_a_third_wave_failing_its_gate_rolls_everything_back_and_alerts() -> Non
     untouched = {n for w in rec["waves"][3:] for n in w}
     assert not untouched & {n for n, _ in plane.compute.deep_checks}
     assert all(a is RepairAction.REIMAGE for n, a, _ in plane.compute.repairs)
+
+
+def test_redelivered_events_change_nothing_mid_rollout() -> None:
+    plane = Plane().up(CLUSTER8)
+    start(plane, waveSize=2, canary=1)
+    play(plane, rounds=2)
+    before = (record(plane), plane.store.snapshot()["nodes"], list(plane.compute.repairs),
+              dict(plane.compute.staged))
+    # the same facts again under new ids (an at-least-once producer): the returns and a tick
+    returned = [e.event for e in plane.delivered if isinstance(e.event, NodeReturnedToService)]
+    for event in returned[-3:]:
+        plane.inject(event, source="//redelivered")
+    plane.inject(FleetTicked(cluster_id="c1", at=plane.clock.now()), source="//redelivered")
+    plane.deliver()
+    after = (record(plane), plane.store.snapshot()["nodes"], list(plane.compute.repairs),
+             dict(plane.compute.staged))
+    assert after == before

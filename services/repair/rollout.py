@@ -79,6 +79,9 @@ def start(cluster_id: str, body: Mapping[str, Any], by: str, uow: UnitOfWork,
                        f"({running[0]['state']})")
     if cluster.state is not ClusterState.READY:
         raise Conflict(f"cluster {cluster_id} is {cluster.state.value}, not READY")
+    if not isinstance(deps.compute, SoftwareImages):
+        raise Conflict("this compute backend cannot choose the software a reimage writes "
+                       "(no SoftwareImages): a rollout would change nothing on the nodes")
     now = deps.clock.now()
     nodes = [n for n in uow.nodes.list(cluster_id)
              if n.role is NodeRole.WORKER and n.state is not NodeState.RETIRED]
@@ -242,8 +245,8 @@ def _roll_back(rec: dict[str, Any], uow: UnitOfWork, deps: Deps) -> None:
 
 def _stage(node: Node, version: dict[str, str], deps: Deps) -> None:
     node.software_target = dict(version)
-    if isinstance(deps.compute, SoftwareImages):
-        deps.compute.stage_software(node.node_id, version)
+    assert isinstance(deps.compute, SoftwareImages)  # (checked when the rollout started)
+    deps.compute.stage_software(node.node_id, version)
 
 
 def _reimage(node: Node, version: dict[str, str], partition: Partition, reason: str,

@@ -4,10 +4,15 @@ everywhere, automatically, with an alert, and the job keeps running."""
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from services.job_submission import commands as job_commands
 from services.repair import rollout
+from shared.domain.errors import Conflict
 from shared.domain.events import AlertRaised, FleetTicked, NodeReturnedToService
 from shared.domain.health import RepairAction
 from shared.domain.model import JobState, NodeState
@@ -130,3 +135,13 @@ def test_redelivered_events_change_nothing_mid_rollout() -> None:
     after = (record(plane), plane.store.snapshot()["nodes"], list(plane.compute.repairs),
              dict(plane.compute.staged))
     assert after == before
+
+
+def test_a_compute_that_cannot_choose_the_image_refuses_a_rollout() -> None:
+    plane = Plane().up(CLUSTER8)
+    blind = dataclasses.replace(plane.deps, compute=SimpleNamespace())  # no stage_software
+    with plane.uow() as uow, pytest.raises(Conflict) as err:
+        rollout.start("c1", {"version": NEW}, "ops", uow, blind)
+    assert "SoftwareImages" in str(err.value)
+    with plane.uow() as uow:
+        assert uow.records(ROLLOUTS, {"cluster_id": "c1"}) == []

@@ -164,17 +164,26 @@ def _started(rec: Mapping[str, Any]) -> list[str]:
 def _health(rec: Mapping[str, Any], uow: UnitOfWork, now: float) -> FleetHealth:
     """The nodes of the waves started so far against the rest: an updated node's faults and
     time count from when it was back in service on the new version (``updated_at``), the
-    rest's from the rollout's start (a fault before a node's update is the old version's)."""
+    rest's from the rollout's start (a fault before a node's update is the old version's).
+    A node that failed on the new version before it returned (its gate, or any fault
+    diagnosed meanwhile, even one that had it replaced) failed its update."""
     started, since = set(_started(rec)), rec.get("updated_at", {})
+    taken = rec.get("taken_at", {})
     failed: list[str] = []
     updated, updated_faults, updated_s, other_faults, other_s = 0, 0, 0.0, 0, 0.0
     for node in uow.nodes.list(rec["cluster_id"]):
-        if node.role is not NodeRole.WORKER or node.state is NodeState.RETIRED:
+        if node.role is not NodeRole.WORKER:
             continue
         new = _new(rec, node.node_id)
-        if node.node_id in started and (node.software == new or node.software_target == new):
+        ours = node.node_id in started and (node.software == new or node.software_target == new)
+        if ours and node.node_id not in since and node.software == new and any(
+                f.at >= taken.get(node.node_id, now) for f in node.history):
+            failed.append(node.node_id)
+        if node.state is NodeState.RETIRED:
+            continue
+        if ours:
             gate = node.conditions.get(DEEP_CHECK)
-            if gate is not None and gate.status == _TRUE:
+            if gate is not None and gate.status == _TRUE and node.node_id not in failed:
                 failed.append(node.node_id)
             updated += 1
             done_at = since.get(node.node_id)
@@ -184,7 +193,8 @@ def _health(rec: Mapping[str, Any], uow: UnitOfWork, now: float) -> FleetHealth:
         else:
             other_faults += sum(1 for f in node.history if f.at >= rec["started"])
             other_s += max(0.0, now - rec["started"])
-    return FleetHealth(tuple(failed), updated, updated_faults, updated_s, other_faults, other_s)
+    return FleetHealth(tuple(failed), max(updated, len(failed)), updated_faults, updated_s,
+                       other_faults, other_s)
 
 
 def _run_waves(rec: dict[str, Any], uow: UnitOfWork, deps: Deps) -> None:
@@ -213,6 +223,7 @@ def _update_wave(rec: dict[str, Any], wave: list[str], uow: UnitOfWork,
         if node.software_target != new and node.software != new and node.in_service:
             partition = _partition(uow, node)
             if _budget(partition, deps) > 0:
+                rec["taken_at"] = {**rec.get("taken_at", {}), node_id: deps.clock.now()}
                 _reimage(node, new, partition, f"rollout {rec['id']}: to {_label(new)}", uow,
                          deps)
     return done

@@ -302,6 +302,15 @@ class DeepChecks(Protocol):
 
 
 @runtime_checkable
+class SoftwareImages(Protocol):
+    """A Compute that reimages a node with a chosen software version (a rollout,
+    ``services.repair.rollout``): ``stage_software`` names the version (nodeImage, driver,
+    agent) the node's next reimage (``start_repair`` with REIMAGE) writes."""
+
+    def stage_software(self, node_id: str, version: Mapping[str, str]) -> None: ...
+
+
+@runtime_checkable
 class Preflight(Protocol):
     """A Compute that checks a gang's nodes together before they run it
     (``shared.service_layer.preflight``): bounded by ``plan.timeout_s`` and answered at once

@@ -31,6 +31,10 @@ class Agent:
         self.return_after_passes = return_after_passes
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._deep_checks: set[tuple[str, int]] = set()
+        # a rollout's staged version per node, and the version that fails the gate (a bad
+        # rollout: simulator.rollout_model), None when no version does
+        self.staged: dict[str, dict[str, str]] = {}
+        self.bad_version: dict[str, str] | None = None
         fleet.bus.listen(self._observe, NodeReturnedToService, NodeRetired)
 
     def _observe(self, envelope: Envelope) -> None:
@@ -152,6 +156,9 @@ class Agent:
         failed = fault is not None and not fault.signal.empty
         dcgm = ("true", f"simulated fault: {fault.cause.name}") if failed and fault else (
             "false", "simulated node: passed")
+        staged = self.staged.get(node.node_id, {})
+        if self.bad_version and all(staged.get(k) == v for k, v in self.bad_version.items()):
+            dcgm = ("true", "simulated: the rolled-out version fails level 3")
         details = {"deep_check_attempt": attempt}
         conditions = (
             {"type": ConditionType.DCGM_DIAG_FAILED.value, "status": dcgm[0], "reason": dcgm[1],

@@ -14,7 +14,7 @@ ends in one ``JobWorkersExited``, each checkpoint step is reported once, a repai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import simpy
@@ -52,6 +52,8 @@ class SimCompute:
         self.capacity = capacity or Capacity(env, scenario.availability, rng_for(0))
         self.agent = Agent(fleet, return_after_passes=return_after_passes,
                            heartbeat_timeout_s=heartbeat_timeout_s)
+        if scenario.rollout is not None and scenario.rollout.bad:
+            self.agent.bad_version = dict(scenario.rollout.version)
         self.slow = SlowInJob(fleet)
         self.job_model = JobModel(fleet, Tiers(fleet), self.agent)
         self.stragglers = Stragglers(fleet, self.job_model, self.slow)
@@ -104,6 +106,11 @@ class SimCompute:
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> None:
         self.calls += 1
         self.machines.start_repair(node_id, action, attempt)
+
+    def stage_software(self, node_id: str, version: Mapping[str, str]) -> None:
+        """``SoftwareImages``: the version the node's next reimage writes."""
+        self.calls += 1
+        self.agent.staged[node_id] = dict(version)
 
     def start_deep_check(self, node_id: str, attempt: int) -> None:
         self.calls += 1

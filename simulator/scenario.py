@@ -46,6 +46,7 @@ from simulator.readers import (
     text,
 )
 from simulator.recovery_config import check_recovery, durable_only, parse_recovery
+from simulator.rollout_model import parse_rollout
 from simulator.scenario_types import (
     DEFAULT_ACCELERATOR,
     DEFAULT_BUS_LATENCY_S,
@@ -103,6 +104,8 @@ TOP_KEYS = ("name", "description", "seed", "duration", "cluster", "jobs", "failu
             "availability",
             # checkpoint tiers and recovery modes (simulator.recovery_config)
             "recovery",
+            # a software rollout during the run (simulator.rollout_model)
+            "rollout",
             # another scenario file this one starts from (its keys, deep-merged under these)
             "base")
 DETECTION_KEYS = ("xid", "ecc", "dcgm", "disk", "thermal", "heartbeat", "speed")
@@ -340,6 +343,7 @@ def parse_scenario(data: Any, *, source: str = "") -> Scenario:
         availability=parse_availability(top.get("availability"), "availability",
                                         cluster.nodes),
         recovery=recovery,
+        rollout=parse_rollout(top.get("rollout"), "rollout"),
     )
 
 

@@ -12,6 +12,7 @@ from simulator.availability import AvailabilityCfg
 from simulator.durable_storage import DurableStorageCfg
 from simulator.failures import FailureCfg
 from simulator.readers import Dist
+from simulator.rollout_model import RolloutCfg
 
 # ---------------------------------------------------------------- constants (defaults)
 # Units are in the names: _S seconds, _PER_NODE_DAY events per node per day, _FRACTION 0..1.
@@ -225,3 +226,5 @@ class Scenario:
     availability: AvailabilityCfg = field(default_factory=AvailabilityCfg)
     # checkpoint tiers and recovery modes (simulator.recovery_config); None: durable alone
     recovery: RecoveryCfg | None = None
+    # a software rollout during the run (simulator.rollout_model); None: none
+    rollout: RolloutCfg | None = None

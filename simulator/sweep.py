@@ -158,6 +158,8 @@ def run_task(task: Task) -> dict[str, Any]:
     for team, fig in team_queues.team_figures(scenario.jobs, result.accounting.jobs).items():
         if scenario.cluster.queues:  # per team columns: goodput_<team>, waiting_h_<team>
             row.update({f"{k}_{team}": v for k, v in fig.items()})
+    if result.rollout is not None:  # (a scenario with a rollout: how it went, how long)
+        row.update(rollout_state=result.rollout["state"], rollout_h=result.rollout["hours"])
     return row
 
 

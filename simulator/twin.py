@@ -45,8 +45,9 @@ from shared.domain.events import ClusterReady, Envelope, JobFinished
 from shared.handling import Deps, run_command
 from shared.policies.recovery import MIN_REPLICAS_LABEL, MODE_LABEL, Tier
 from shared.policies.repair import load_repair_config
+from shared.policies.rollout import ROLLOUTS
 from shared.policies.triage import load_triage_table
-from simulator import goodput, preflight_model, team_queues
+from simulator import goodput, preflight_model, rollout_model, team_queues
 from simulator.bus import SimBus
 from simulator.capacity import Capacity
 from simulator.capacity import rng_for as availability_rng
@@ -168,6 +169,8 @@ class RunResult:
     rows: list[dict[str, Any]] = field(repr=False)
     # the availability mode's counts and the cost per useful GPU-hour (simulator.cost)
     cost: dict[str, Any] = field(default_factory=dict)
+    # the scenario's software rollout, as it ended (simulator.rollout_model); None: none
+    rollout: dict[str, Any] | None = None
 
     @property
     def events(self) -> int:
@@ -196,6 +199,8 @@ class RunResult:
             out[f"job:{name}"] = _rounded(jg.as_dict())
         if self.scenario.availability.explicit:  # (left out otherwise: goldens unchanged)
             out["cost"] = _rounded(self.cost)
+        if self.rollout is not None:
+            out["rollout"] = self.rollout
         return out
 
 
@@ -286,6 +291,22 @@ class Twin:
         self.api(lambda uow, deps: job_commands.submit_job(self.scenario.cluster.cluster_id, body, uow,
                                                   deps, name))
 
+    def _start_rollout(self) -> None:
+        from services.repair import rollout
+
+        assert self.scenario.rollout is not None
+        body = self.scenario.rollout.body()
+        self.api(lambda uow, deps: rollout.start(self.scenario.cluster.cluster_id, body,
+                                                 "twin", uow, deps))
+
+    def rollout_outcome(self, horizon: float) -> dict[str, Any] | None:
+        if self.scenario.rollout is None:
+            return None
+        with self.deps.uow(read_only=True) as uow:
+            records: Any = uow
+            found = records.records(ROLLOUTS, {"cluster_id": self.scenario.cluster.cluster_id})
+        return rollout_model.outcome(found, EPOCH_S + horizon)
+
     # -- running
     def run(self) -> RunResult:
         with _gc_tuned():
@@ -312,6 +333,8 @@ class Twin:
         horizon = self.ready_at + self.scenario.duration_s
         for i, job in enumerate(self.scenario.jobs):
             call_later(self.env, job.submit_at_s, self._submit, i)
+        if self.scenario.rollout is not None:
+            call_later(self.env, self.scenario.rollout.at_s, self._start_rollout)
         self.compute.start_processes(horizon)
         self.env.run(until=horizon)
         self.compute.finish()
@@ -390,7 +413,8 @@ class Twin:
                  "outcomes": dict(stats.outcomes), "by_type": dict(stats.by_type),
                  "errors": dict(self.bus.errors)},
             dead_letters=dead, timings=timings, timeline=list(self.fleet.timeline),
-            rows=self.bus.rows, cost=self._cost(acc, horizon))
+            rows=self.bus.rows, cost=self._cost(acc, horizon),
+            rollout=self.rollout_outcome(horizon))
 
     def _cost(self, acc: goodput.Accounting, horizon: float) -> dict[str, Any]:
         capacity = self.compute.capacity

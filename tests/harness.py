@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,6 +77,7 @@ class FakeCompute:
     stopped: list[tuple[str, int]] = field(default_factory=list)
     cordoned: set[str] = field(default_factory=set)
     deep_checks: list[tuple[str, int]] = field(default_factory=list)
+    staged: dict[str, dict[str, str]] = field(default_factory=dict)  # (SoftwareImages)
     emit: Callable[[Event], None] | None = None
     clock: ManualClock = field(default_factory=ManualClock)
     ledger: MemoryLedger = field(default_factory=MemoryLedger)
@@ -103,6 +104,9 @@ class FakeCompute:
             self.repairs.append((node_id, action, attempt))
             self.ledger.start_repair(node_id, attempt, RepairAction(action).value,
                                      self.clock.now())
+
+    def stage_software(self, node_id: str, version: Mapping[str, str]) -> None:
+        self.staged[node_id] = dict(version)
 
     def start_deep_check(self, node_id: str, attempt: int) -> None:
         """Once per (node, attempt); ``complete_deep_checks`` (or a test) answers."""

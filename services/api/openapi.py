@@ -25,6 +25,7 @@ from services.api.wire.cluster import (
     ModelDevelopmentCluster,
     NodeOperatorRequest,
     ReportFaultyNodesRequest,
+    RolloutSoftwareRequest,
 )
 from services.api.wire.custom_job import CustomJob, ListCustomJobsResponse
 from services.api.wire.endpoints import (
@@ -123,6 +124,10 @@ SPECS: dict[tuple[str, str], Spec] = {
         "reportFaultyNodes", Operation, ReportFaultyNodesRequest,
         summary="Delete faulty nodes (recreated, same name) or report their hosts (mtc: "
                 "several nodes a call)"),
+    ("POST", "modelDevelopmentClusters/{modelDevelopmentCluster}:rolloutSoftware"): Spec(
+        "rolloutSoftware", Operation, RolloutSoftwareRequest,
+        summary="mtc extension: roll a software version out in waves, rolled back on a "
+                "regression"),
     ("POST", "modelDevelopmentClusters/{modelDevelopmentCluster}:callSlurmRestApi"): Spec(
         "callSlurmRestApi", CallSlurmRestApiResponse, CallSlurmRestApiRequest,
         summary="The Slurm Job API: one call to the cluster's slurmrestd (/slurm/v0.0.38/...)"),

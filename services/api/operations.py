@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from services.api import ids
 from services.api.errors import ApiError, not_found
 from services.api.names import Parent
 from services.api.wire.proto_json import timestamp
 from shared.domain.model import ClusterState, NodeState
+from shared.policies.rollout import ROLLOUTS, RolloutState
 
 OPERATIONS = "operations"
 TYPE = "type.googleapis.com/google.cloud.aiplatform"
@@ -34,7 +36,11 @@ METADATA = {
     ("hyperparameterTuningJob", "delete"): f"{TYPE}.v1.DeleteOperationMetadata",
     ("clusterNodes", "reportFaultyNodes"):
         f"{TYPE}.v1beta1.ReportFaultyNodesOperationMetadata",
+    # mtc's extension (services.api.rollouts): a metadata type of its own
+    ("clusterRollout", "rolloutSoftware"):
+        "type.googleapis.com/mtc.v1beta1.RolloutSoftwareOperationMetadata",
 }
+ROLLOUT_TARGET, ROLLOUT_VERB = "clusterRollout", "rolloutSoftware"
 NODES_TARGET = "clusterNodes"
 # a reported node is on its way while in one of these; held by the guard, it waits for a person
 IN_TRANSIT = frozenset({NodeState.PROVISIONING, NodeState.DRAINING, NodeState.DRAINED,
@@ -53,10 +59,11 @@ def operation_id(*parts: object) -> str:
 
 def start(uow: Any, parent: Parent, *, target: str, target_id: str, verb: str,
           generation: int, now: float, retention_s: float,
-          response: dict[str, Any] | None = None, nodes: list[str] | None = None
-          ) -> dict[str, Any]:
+          response: dict[str, Any] | None = None, nodes: list[str] | None = None,
+          rollout: tuple[str, str] | None = None) -> dict[str, Any]:
     """``response``: the answer of an operation done in the call (an upload's); ``nodes``:
-    the nodes an operation on a cluster's nodes waits for."""
+    the nodes an operation on a cluster's nodes waits for; ``rollout``: (the rollout's id,
+    the cluster's API id) a rollout's operation follows."""
     op_id = operation_id(target, target_id, verb, generation)
     existing = uow.record(OPERATIONS, op_id)
     if existing is not None:
@@ -69,6 +76,8 @@ def start(uow: Any, parent: Parent, *, target: str, target_id: str, verb: str,
         record["response"] = response
     if nodes is not None:
         record["nodes"] = nodes
+    if rollout is not None:
+        record["rollout"], record["api_cluster"] = rollout
     uow.put_record(OPERATIONS, op_id, record)
     return record
 
@@ -91,6 +100,8 @@ def render(uow: Any, record: dict[str, Any], now: float,
                                          "updateTime": timestamp(updated)}},
         "done": done,
     }
+    if record["target"] == ROLLOUT_TARGET:
+        out["metadata"]["mtcRollout"] = rollout_view(_rollout(uow, record), record)
     if done and error is not None:
         out["error"] = error
     elif done:
@@ -111,6 +122,8 @@ def _progress(uow: Any, record: dict[str, Any], now: float, cluster_json: Any
         return True, None, record.get("response") or EMPTY, record["created"]
     if record["target"] == NODES_TARGET:
         return _nodes_progress(uow, record, now)
+    if record["target"] == ROLLOUT_TARGET:
+        return _rollout_progress(uow, record, now, cluster_json)
     cluster = uow.clusters.get(record["target_id"])
     gone = cluster is None or cluster.state is ClusterState.DELETED
     if record["verb"] == "delete":
@@ -143,6 +156,50 @@ def _nodes_progress(uow: Any, record: dict[str, Any], now: float
         return True, {"code": 9, "message": f"node(s) {', '.join(failed)} need a person "
                       "(repair failed)"}, EMPTY, updated
     return True, None, EMPTY, updated
+
+
+def _rollout(uow: Any, record: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = uow.record(ROLLOUTS, record["rollout"]) or {}
+    return found
+
+
+def _rollout_progress(uow: Any, record: dict[str, Any], now: float, cluster_json: Any
+                      ) -> tuple[bool, dict[str, Any] | None, dict[str, Any], float]:
+    """Done once every node runs the new version, or once a regression rolled it back."""
+    rollout = _rollout(uow, record)
+    state, updated = rollout.get("state"), rollout.get("time", now)
+    if state == RolloutState.ROLLED_BACK:
+        return True, {"code": 10, "message": f"rolled back: {rollout['reason']}"}, EMPTY, \
+            updated
+    if state == RolloutState.SUCCEEDED:
+        cluster = uow.clusters.get(record["target_id"])
+        body = {"@type": CLUSTER_TYPE, **(cluster_json(cluster) if cluster_json and cluster
+                                          else {})}
+        return True, None, body, updated
+    return False, None, EMPTY, updated
+
+
+def rollout_view(rollout: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """``metadata.mtcRollout``: the version, the waves (nodes under the cluster's API id) and
+    where the rollout stands; ``wave`` counts from 1."""
+    if not rollout:
+        return {}
+    state, current = rollout["state"], rollout["wave"]
+
+    def wave_state(i: int) -> str:
+        if state == RolloutState.SUCCEEDED or (i < current and state == RolloutState.RUNNING):
+            return "DONE"
+        if state in (RolloutState.ROLLING_BACK, RolloutState.ROLLED_BACK):
+            return state if i <= current else "SKIPPED"
+        return "RUNNING" if i == current else "PENDING"
+
+    cluster, api = rollout["cluster_id"], record.get("api_cluster", rollout["cluster_id"])
+    return {"rollout": rollout["id"], "state": state, "version": rollout["version"],
+            "waveSize": rollout["wave_size"], "canary": rollout["canary"],
+            "wave": current + 1, "reason": rollout["reason"],
+            "pausedWave": rollout.get("paused_wave"),
+            "waves": [{"nodes": [ids.api_node(cluster, api, n) for n in wave],
+                       "state": wave_state(i)} for i, wave in enumerate(rollout["waves"])]}
 
 
 def cancel(uow: Any, record: dict[str, Any], now: float, cancel_target: Any) -> None:

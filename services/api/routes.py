@@ -23,6 +23,7 @@ from services.api import (
     node_health,
     node_ops,
     operations_api,
+    rollouts,
     serving_router,
     slurm_rest,
     training_pipelines,
@@ -99,6 +100,10 @@ def _triage_command(verb: str) -> Handler:
     def act(c: Call) -> Any:
         return triage_policy.act(c.ctx, c.parent, c.rid, verb, c.body(), c.principal)
     return act
+
+
+def _rollout(c: Call) -> Any:
+    return rollouts.start(c.ctx, c.parent, c.rid, c.body(), c.principal)
 
 
 def _slurm_rest(c: Call) -> Any:
@@ -184,6 +189,7 @@ ROUTES: tuple[Route, ...] = (
     _row("GET", f"{CLUSTERS}{_ID}/triagePolicy", f"{C}.get", _triage_policy),
     *(_row("POST", f"{CLUSTERS}{_ID}/triagePolicy:{verb}", f"{C}.update",
            _triage_command(verb), reasoned=True) for verb in triage_policy.VERBS),
+    _row("POST", f"{CLUSTERS}{_ID}:{rollouts.VERB}", f"{C}.update", _rollout),
     _row("POST", f"{CLUSTERS}{_ID}:callSlurmRestApi", f"{C}.run", _slurm_rest),
     _row("GET", OPS, f"{OP}.list", OPC.serve_list),
     _row("GET", f"{OPS}{_ID}", f"{OP}.get", OPC.serve_get),

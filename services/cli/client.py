@@ -24,6 +24,7 @@ from services.api import (
     faulty_nodes,
     node_ops,
     operations_api,
+    rollouts,
     serving_router,
     triage_policy,
 )
@@ -98,6 +99,8 @@ class Client(Protocol):
                        ) -> dict[str, Any]: ...
     def endpoint_call(self, parent: Parent, method: str, tail: str, body: Any,
                       params: dict[str, str] | None) -> dict[str, Any]: ...
+    def rollout_software(self, parent: Parent, cluster_id: str, body: Any
+                         ) -> dict[str, Any]: ...
 
 
 def operation_parent(name: str) -> tuple[Parent, str]:
@@ -241,6 +244,12 @@ class LocalClient:
                           **_audit("modelDevelopmentClusters.update", parent, "POST",
                                    f"modelDevelopmentClusters/{cluster_id}/triagePolicy:"
                                    f"{verb}"), reason=str(body.get("reason", "")))
+
+    def rollout_software(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
+        return self._call(lambda: rollouts.start(self.ctx, parent, cluster_id, body,
+                                                 self.principal),
+                          **_audit("modelDevelopmentClusters.update", parent, "POST",
+                                   f"modelDevelopmentClusters/{cluster_id}:rolloutSoftware"))
 
     def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
                       rank: int | None = None, token: str | None = None) -> dict[str, Any]:
@@ -431,6 +440,10 @@ class HttpClient:
                        ) -> dict[str, Any]:
         return self._request("POST", f"{self._clusters(parent)}/{cluster_id}/triagePolicy:"
                              f"{verb}", body=body)
+
+    def rollout_software(self, parent: Parent, cluster_id: str, body: Any) -> dict[str, Any]:
+        return self._request("POST", f"{self._clusters(parent)}/{cluster_id}:rolloutSoftware",
+                             body=body)
 
     def read_job_logs(self, parent: Parent, job_id: str, *, attempt: int | None = None,
                       rank: int | None = None, token: str | None = None) -> dict[str, Any]:

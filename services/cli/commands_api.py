@@ -140,6 +140,38 @@ def _report_faulty(args: argparse.Namespace, client: Client) -> None:
     print(f"{', '.join(args.node_ids)}: {what}; operation {op['name']}: {state}")
 
 
+def rollout_body(args: argparse.Namespace) -> dict[str, Any]:
+    version = {k: v for k, v in (("nodeImage", args.node_image), ("driver", args.driver),
+                                 ("agent", args.agent)) if v}
+    return {"version": version, "waveSize": args.wave_size, "canary": args.canary}
+
+
+def rollout_lines(op: dict[str, Any]) -> list[str]:
+    """The rollout as ``mtc cluster rollout`` prints it: its state, then a line per wave."""
+    r = op.get("metadata", {}).get("mtcRollout", {})
+    version = ", ".join(f"{k} {v}" for k, v in sorted(r.get("version", {}).items()))
+    lines = [f"rollout {r.get('rollout')} ({version}): {r.get('state')}, wave "
+             f"{r.get('wave')} of {len(r.get('waves', []))}; operation {op['name']}"]
+    if r.get("reason"):
+        lines.append(f"  {r['reason']}")
+    lines += [f"  wave {i}: {w['state']:<12} {', '.join(w['nodes'])}"
+              for i, w in enumerate(r.get("waves", []), 1)]
+    return lines
+
+
+def _rollout(args: argparse.Namespace, client: Client) -> None:
+    op = client.rollout_software(args.parent, args.cluster_id, rollout_body(args))
+    if args.wait:
+        op = client.wait_operation(op["name"], args.wait)
+    if args.json:
+        show(op, True)
+    else:
+        print("\n".join(rollout_lines(op)))
+    error = operation_error(op)
+    if error is not None:
+        raise error
+
+
 def cmd_cluster(args: argparse.Namespace, client: Client) -> None:
     parent = args.parent
     match args.action:
@@ -158,6 +190,8 @@ def cmd_cluster(args: argparse.Namespace, client: Client) -> None:
                       file=sys.stderr)
         case "report-faulty":
             _report_faulty(args, client)
+        case "rollout":
+            _rollout(args, client)
         case "get":
             cluster = client.get_cluster(parent, args.cluster_id)
             show(cluster, args.json, lambda: cluster_table([cluster]))

@@ -138,6 +138,18 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     x.add_argument("--description", default="", help="with --host: what was seen")
     x.add_argument("--wait", type=float, default=0.0, metavar="S",
                    help="wait up to S seconds on the Operation (nodes back or held)")
+    x = leaf(csub, "rollout", "roll a software version (node image, driver, agent) out in "
+             "waves, each node reimaged and deep-checked; a regression rolls it back")
+    x.add_argument("cluster_id")
+    x.add_argument("--node-image", help="the node image")
+    x.add_argument("--driver", help="the GPU driver version")
+    x.add_argument("--agent", help="the node agent version")
+    x.add_argument("--wave-size", type=int, default=1, metavar="N",
+                   help="nodes per wave (capped by the blast-radius guard)")
+    x.add_argument("--canary", type=int, default=1, metavar="N",
+                   help="nodes in the first wave, alone")
+    x.add_argument("--wait", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds on the Operation (all updated, or rolled back)")
     x = leaf(csub, "nodes", "the cluster's nodes, sinfo-like")
     x.add_argument("cluster_id")
     x.add_argument("--all", action="store_true", help="include retired nodes")

@@ -30,6 +30,7 @@ from services.observability.alerts import held
 from services.presentation.views import iso, out_of_service, service_message
 from shared.adapters.compute.worker_logs import WorkerLogs
 from shared.domain.model import ClusterState
+from shared.policies.rollout import ROLLOUTS
 from shared.service_layer import triage_policy
 
 STATIC = Path(__file__).parent / "static"
@@ -206,6 +207,7 @@ class Console:
             page = [j for j in (uow.jobs.get(k[0]) for k in keys[offset:offset + JOBS_PAGE])
                     if j is not None]
             names = {j.job_id: _job_name(uow, j.job_id) for j in page}
+            body["rollout"] = views.rollout_box(uow.records(ROLLOUTS, {"cluster_id": cluster_id}))
         since = min([now - POLL_WINDOW_S, *(j.created_at for j in page)])
         docs = self._events(since)
         accts = accounting(docs, page, now)

@@ -226,3 +226,15 @@ def timeline(docs: Sequence[Mapping[str, Any]], flt: EventFilter, limit: int
                     "mode": data.get("mode") if doc["type"].endswith("recovery_chosen.v1")
                     else None})
     return {"events": out, "more": False}
+
+
+def rollout_box(rollouts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The cluster page's rollout: the one under way, else the newest (None: never one). A
+    wave's nodes are counted, not listed: a wave may be hundreds of nodes."""
+    if not rollouts:
+        return None
+    r = max(rollouts, key=lambda x: (x["state"] in ("RUNNING", "ROLLING_BACK"), x["seq"]))
+    return {"id": r["id"], "state": r["state"], "version": dict(r["version"]),
+            "wave": r["wave"] + 1, "waves": len(r["waves"]),
+            "waveSizes": [len(w) for w in r["waves"]], "reason": r["reason"] or None,
+            "pausedWave": r.get("paused_wave")}

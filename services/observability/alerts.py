@@ -23,6 +23,10 @@ Kinds (``KINDS``):
   (``shared.domain.progress``), or is stopping it for that;
 - ``job_storage_full``: a full disk ended a job's attempt and the job waits for room on the
   file system of its files (``shared.domain.storage``); resolves when it has room again;
+- ``rollout_rolled_back``: a software rollout regressed (its updated nodes failed the
+  deep-check gate or faulted above the fleet's rate) and was paused and rolled back
+  (``services.repair.rollout``); sent when it pauses and again when the rollback is done,
+  resolved a day later;
 - ``dead_letters``: events the control plane gave up on are waiting in the dead-letter
   collection;
 - ``controller_unreachable``: no fleet tick for ``controller_stale_s``. A stopped controller
@@ -78,6 +82,8 @@ KINDS: dict[str, Kind] = {
                             "a running job made no progress past its watchdog limit"),
     "job_storage_full": Kind("WARNING", True, "cluster",
                              "a job waits for room on the full disk that holds its files"),
+    "rollout_rolled_back": Kind("ERROR", False, "cluster",
+                                "a software rollout regressed and was rolled back"),
     "dead_letters": Kind("ERROR", True, "global",
                          "events the control plane gave up on wait in the dead letters"),
     "controller_unreachable": Kind("CRITICAL", True, "reader",
@@ -179,6 +185,22 @@ def job_alerts(jobs: Iterable[Job], now: float, timeout_s: float, factor: float
                              job_id=job.job_id,
                              details={"path": job.recovery.storage_full,
                                       "since": job.recovery.storage_full_since}))
+    return out
+
+
+def rollout_alerts(rollouts: Iterable[dict[str, Any]], now: float) -> list[Alert]:
+    """A rollout paused by a regression: while it rolls back and for a day after."""
+    out = []
+    for r in rollouts:
+        if r.get("state") not in ("ROLLING_BACK", "ROLLED_BACK") or (
+                r.get("ended") is not None and now - r["ended"] >= LEMON_ALERT_S):
+            continue
+        what = "rolled back" if r["state"] == "ROLLED_BACK" else "rolling back"
+        version = ", ".join(f"{k} {v}" for k, v in sorted(r["version"].items()))
+        out.append(Alert("rollout_rolled_back", r["id"],
+                         f"cluster {r['cluster_id']}: rollout {r['id']} ({version}) regressed "
+                         f"in wave {r.get('paused_wave')}, {what}: {r['reason']}",
+                         cluster_id=r["cluster_id"], details={"rollout": r["id"]}))
     return out
 
 

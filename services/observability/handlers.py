@@ -21,6 +21,7 @@ from services.observability import alerts
 from shared.domain.events import AlertRaised, Event, FleetTicked
 from shared.domain.model import JobState, NodeState
 from shared.handling import Deps, Outcome
+from shared.policies.rollout import ROLLOUTS
 from shared.ports import UnitOfWork
 
 SERVICE = "observability"
@@ -40,7 +41,8 @@ def on_fleet_ticked(event: FleetTicked, uow: UnitOfWork, deps: Deps) -> Outcome 
     jobs = [j for state in _JOB_STATES for j in uow.jobs.list(event.cluster_id, state=state)]
     active = alerts.node_alerts(nodes, now) + alerts.domain_alerts(
         uow.partitions.list(event.cluster_id)) + alerts.job_alerts(
-        jobs, now, config.progress_timeout_s, config.progress_interval_factor)
+        jobs, now, config.progress_timeout_s, config.progress_interval_factor) + \
+        alerts.rollout_alerts(records.records(ROLLOUTS, {"cluster_id": event.cluster_id}), now)
     stored = records.records(alerts.ALERTS, {"cluster_id": event.cluster_id})
     plans = [alerts.reconcile(active, stored, now, reminder_s=config.alert_reminder_s,
                               retention_s=config.retention_s, kinds=alerts.cluster_kinds())]

@@ -37,7 +37,7 @@ from shared.domain.health import Diagnosis, FailureRecord, RepairAction, Severit
 from shared.domain.model import Node, NodeState, Partition
 from shared.handling import Deps
 from shared.policies import repair_decision
-from shared.policies.repair import PartitionView, next_rung_after_failure
+from shared.policies.repair import ROLLOUT_TRIGGER, PartitionView, next_rung_after_failure
 from shared.policies.repair_decision import (
     FleetFacts,
     NodeFacts,
@@ -77,7 +77,7 @@ def _facts(node: Node, event: NodeDiagnosed, uow: UnitOfWork, deps: Deps) -> Rep
                   event.reasons, event.unmapped_xids))
     if repair_decision.decided_by_node(facts):
         return facts
-    partition = _partition(uow, node)
+    partition = partition_of(uow, node)
     rack = domains.view(node, partition, uow) \
         if repair_decision.rack_matters(facts, deps.config.repair) else None
     # a rack drained as one counts once, against the guard per domain, not node by node
@@ -91,7 +91,7 @@ def _apply(step: RepairStep, facts: RepairFacts, node: Node, now: float, uow: Un
            deps: Deps) -> None:
     """Carry out the decision's step on ``node``."""
     if step.rack_held is not None and facts.fleet is not None and facts.fleet.rack is not None:
-        domains.hold(node, _partition(uow, node), facts.fleet.rack, step.rack_held, uow)
+        domains.hold(node, partition_of(uow, node), facts.fleet.rack, step.rack_held, uow)
     if step.failure is not None:
         lifecycle.record_failure(node, step.failure)
     kind = step.kind
@@ -102,7 +102,7 @@ def _apply(step: RepairStep, facts: RepairFacts, node: Node, now: float, uow: Un
     elif kind is StepKind.KEEP:
         node.reason = step.reason  # kept in service: the slowdown costs less than moving it
     elif kind is StepKind.DRAIN_RACK:
-        domains.drain(node, step, _partition(uow, node), uow, deps, _take_out)
+        domains.drain(node, step, partition_of(uow, node), uow, deps, take_out)
     elif kind is StepKind.HOLD:
         assert step.action is not None
         lifecycle.hold(node, now, step.reason, step.action)
@@ -117,11 +117,13 @@ def _apply(step: RepairStep, facts: RepairFacts, node: Node, now: float, uow: Un
                                            node_id=node.node_id, reason=step.reason))
     elif kind is StepKind.REPAIR:
         assert step.action is not None
-        _take_out(node, _partition(uow, node), step.action, step.reason, uow, deps)
+        take_out(node, partition_of(uow, node), step.action, step.reason, uow, deps)
 
 
-def _take_out(node: Node, partition: Partition, action: RepairAction, reason: str,
-              uow: UnitOfWork, deps: Deps) -> None:
+def take_out(node: Node, partition: Partition, action: RepairAction, reason: str,
+             uow: UnitOfWork, deps: Deps) -> None:
+    """Cordon the node and take it out of service for ``action``: drained first when it
+    runs a job (NodeDraining), else the repair starts at once."""
     deps.compute.cordon(node.node_id, reason)
     if lifecycle.take_out_of_service(node, partition, action, deps.clock.now(), reason,
                                      deps.config.repair.blast_window_s):
@@ -136,13 +138,13 @@ def release_held(node: Node, uow: UnitOfWork, deps: Deps, text: str) -> None:
     action = node.repair_action or RepairAction.REBOOT
     reason = f"{text}: {action} ({node.fault or node.reason})"
     lifecycle.record_failure(node, FailureRecord(deps.clock.now(), node.fault or "held", action))
-    _take_out(node, _partition(uow, node), action, reason, uow, deps)
+    take_out(node, partition_of(uow, node), action, reason, uow, deps)
 
 
 def operator_drain(node: Node, uow: UnitOfWork, deps: Deps, text: str) -> None:
     """An operator drains the node: its job checkpoints and moves, nothing repairs it."""
     deps.compute.cordon(node.node_id, text)
-    if lifecycle.operator_drain(node, _partition(uow, node), deps.clock.now(), text,
+    if lifecycle.operator_drain(node, partition_of(uow, node), deps.clock.now(), text,
                                 deps.config.repair.blast_window_s):
         assert node.job_id is not None
         uow.emit(NodeDraining(node_id=node.node_id, job_id=node.job_id, reason=text))
@@ -173,9 +175,14 @@ def on_repair_completed(event: NodeRepairCompleted, uow: UnitOfWork, deps: Deps)
     if event.ok:
         node.transition(NodeState.VERIFYING, now, f"{event.action} done; verifying")
         node.repair_action = RepairAction(event.action)
+        trigger = DEEP_CHECK_TRIGGER.get(node.repair_action, "repair")
+        if node.repair_action is RepairAction.REIMAGE and node.software_target is not None:
+            # the reimage wrote the staged version (a rollout's): the node carries it now
+            node.software, node.software_target = node.software_target, None
+            trigger = ROLLOUT_TRIGGER
         # a reimaged (or replaced) node, or one that failed its deep checks before this
         # repair, passes them before it returns
-        deep_checks.request(node, DEEP_CHECK_TRIGGER.get(node.repair_action, "repair"), deps)
+        deep_checks.request(node, trigger, deps)
         return
     escalated = next_rung_after_failure(RepairAction(event.action), deps.config.repair)
     node.transition(NodeState.REPAIRING, now, f"{event.action} failed: {event.detail}")
@@ -242,7 +249,7 @@ def _replace(node: Node, uow: UnitOfWork, deps: Deps, reason: str) -> None:
     now = deps.clock.now()
     replacement_id = replacement_name(node.node_id)
     lifecycle.retire(node, now, f"replaced: {reason}")
-    partition = _partition(uow, node)
+    partition = partition_of(uow, node)
     partition.put_back(node.node_id)  # retired: it no longer counts against the partition
     if uow.nodes.get(replacement_id) is None:
         fresh = Node(
@@ -269,7 +276,7 @@ def replacement_name(node_id: str) -> str:
     return f"{node_id}-r1"
 
 
-def _partition(uow: UnitOfWork, node: Node) -> Partition:
+def partition_of(uow: UnitOfWork, node: Node) -> Partition:
     partition = uow.partitions.get(node.cluster_id, node.partition)
     if partition is None:  # tolerate records created before partitions were tracked
         partition = Partition(node.cluster_id, node.partition,

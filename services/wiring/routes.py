@@ -28,6 +28,7 @@ from services.observability import handlers as observability
 from services.pipelines import handlers as pipelines
 from services.provisioning import handlers as provisioning
 from services.repair import handlers as repair
+from services.repair import rollout
 from services.tuning import handlers as tuning
 from shared.domain.events import Event
 from shared.handling import Handler, Routes
@@ -35,7 +36,8 @@ from shared.handling import Handler, Routes
 _MODULES: dict[str, Mapping[Any, Any]] = {  # event class -> handler, per service
     "provisioning": provisioning.SUBSCRIPTIONS,
     "health_triage": health_triage.SUBSCRIPTIONS,
-    "repair": repair.SUBSCRIPTIONS,
+    # (software rollouts take nodes out of service as repairs do: the repair service's)
+    "repair": {**repair.SUBSCRIPTIONS, **rollout.SUBSCRIPTIONS},
     "checkpoint_resume": checkpoint_resume.SUBSCRIPTIONS,
     "job_submission": job_submission.SUBSCRIPTIONS,
     "pipelines": pipelines.SUBSCRIPTIONS,  # the model upload when a pipeline's job ends

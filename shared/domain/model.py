@@ -211,6 +211,12 @@ class Node:
     rack: str = ""
     nvlink_domain: str = ""
     switch: str = ""
+    # its software (nodeImage, driver, agent: shared.policies.rollout), as its last reimage
+    # wrote it ({}: as first provisioned); ``software_target`` is what its next reimage
+    # writes (a rollout's staged version). Replaced, never changed in place: the document
+    # shares the value.
+    software: dict[str, str] = field(default_factory=dict)
+    software_target: dict[str, str] | None = None
 
     def transition(self, target: NodeState, now: float, reason: str = "") -> None:
         if target is self.state and target is not NodeState.REPAIRING:

@@ -399,11 +399,16 @@ class DeepCheckVerdict:
     unknown: tuple[str, ...] = ()
 
 
+ROLLOUT_TRIGGER = "rollout"  # a reimage with a rollout's new (or rolled-back) version
+
+
 def deep_check_wanted(trigger: str, gate_status: str | None, config: RepairConfig) -> bool:
     """Whether the node must pass deep checks before it (re)enters service: on a configured
-    occasion, and always after a repair of a node that failed them (it must pass them again,
-    or the failed verdict would keep it out for ever)."""
-    return trigger in config.deep_checks_on or gate_status == _TRUE
+    occasion, always after a software rollout's reimage (the gate is how a rollout sees a
+    regression), and always after a repair of a node that failed them (it must pass them
+    again, or the failed verdict would keep it out for ever)."""
+    return trigger in config.deep_checks_on or trigger == ROLLOUT_TRIGGER \
+        or gate_status == _TRUE
 
 
 def deep_check_verdict(conditions: Sequence[Condition], level: int | None = None

@@ -191,6 +191,16 @@ class NodeOperatorRequest(Message):
     reason: str = Field(default="", max_length=512)
 
 
+class RolloutSoftwareRequest(Message):
+    """mtc's extension (``:rolloutSoftware``): the version to roll out (some of nodeImage,
+    driver, agent) and the waves' sizes, in nodes."""
+
+    version: dict[str, str] = Field(default_factory=dict)
+    wave_size: int = 1
+    canary: int = 1
+    gate_tolerance: float = 0.0
+
+
 class ListClusterNodesResponse(Message):
     nodes: list[ClusterNode] = Field(default_factory=list)
     next_page_token: str = ""

@@ -79,6 +79,16 @@ function renderHeld(held) {
       "data-node": id, onclick: () => askNode("releaseHold", id) }, `release ${id}`)));
 }
 
+function renderRollout(r) {
+  const box = $("rollout");
+  if (!r) { box.hidden = true; box.replaceChildren(); return; }
+  box.hidden = false;
+  const version = Object.entries(r.version).map(([k, v]) => `${k} ${v}`).join(", ");
+  box.replaceChildren(el("strong", {}, `rollout ${r.id} (${version}): ${r.state}`),
+    ` · wave ${r.wave} of ${r.waves} (sizes ${r.waveSizes.join(", ")})`,
+    r.reason ? ` · ${r.reason}` : "");
+}
+
 // ------------------------------------------------------------------ the job page
 
 function openJob(id) { jobOpen = id; location.hash = `job=${encodeURIComponent(id)}`; loadJob(); }
@@ -289,6 +299,7 @@ async function loadEndpoints() {
 async function afterRender(body) {
   renderHeld(body.held);
   await loadEndpoints();
+  renderRollout(body.rollout);
   for (const id of ["clusters", "jobs", "drill-table"]) applyTable(id);
   await loadCharts(false);
   if (jobOpen) await loadJob();

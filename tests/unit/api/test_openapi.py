@@ -31,8 +31,9 @@ def test_every_route_and_version_is_one_operation() -> None:
     # hyperparameterTuningJobs; customJobs/{id}/logs; the four node operator verbs;
     # the Slurm Job API and reportFaultyNodes (v1beta1 only); the cluster's triagePolicy
     # and its four commands (v1beta1 only); endpoints (ten routes, both versions) and the
-    # operation's get at /ui/ (the SDK's operations client polls it there)
-    assert len(expected) == 26 + 1 + 22 + 10 + 2 + 4 + 1 + 1 + 5 + 20 + 1
+    # operation's get at /ui/ (the SDK's operations client polls it there); rolloutSoftware
+    # (v1beta1 only)
+    assert len(expected) == 26 + 1 + 22 + 10 + 2 + 4 + 1 + 1 + 5 + 20 + 1 + 1
     ids = [op["operationId"] for _, _, op in _operations()]
     assert len(ids) == len(set(ids))
     assert "v1beta1.customJobs.create" in ids and "v1.customJobs.create" in ids

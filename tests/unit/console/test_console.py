@@ -206,3 +206,17 @@ def test_no_null_is_handed_to_replace_children() -> None:
             args = text[m.end():i - 1]
             top = re.sub(r"el\((?:[^()]|\([^()]*\))*\)", "el()", args)  # el() skips nulls
             assert not re.search(r":\s*null\s*[),]|:\s*null\s*$", top), (path.name, args)
+
+
+def test_the_cluster_page_shows_its_rollout(api: Api) -> None:
+    api.cluster(workers=2)
+    cluster = "/v1beta1/projects/p/locations/l/modelDevelopmentClusters/c1"
+    body: Any = api.client.get("/console/api/poll", headers=AUTH).json
+    assert body["rollout"] is None  # never one
+    started = api.client.post(f"{cluster}:rolloutSoftware", headers=AUTH, json={
+        "version": {"driver": "560.35"}, "waveSize": 1, "canary": 1})
+    assert started.status_code == 200, started.json
+    body = api.client.get("/console/api/poll", headers=AUTH).json
+    assert body["rollout"] == {"id": "c1.1", "state": "RUNNING",
+                               "version": {"driver": "560.35"}, "wave": 1, "waves": 2,
+                               "waveSizes": [1, 1], "reason": None, "pausedWave": None}

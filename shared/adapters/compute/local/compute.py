@@ -1,11 +1,10 @@
 """Compute for the embedded default: simulated nodes, real worker processes.
 
-Nodes are records on this machine (``nodes.LocalNodes``, held by ``LocalCompute``):
-provisioning and repairs complete after set durations, faults are injected by hand (``mtc
-node fault``) and stay until a repair that truly fixes them (``faults``: the triage table's
-action). Job workers are real subprocesses (``procs``), started in their own session
-through ``worker_launcher`` so they outlive the CLI process that started them; their exit
-is read back later from exit files.
+Nodes are records on this machine (``nodes.LocalNodes``): provisioning and repairs complete
+after set durations, faults are injected by hand (``mtc node fault``) and stay until a repair
+that truly fixes them (``faults``: the triage table's action). Job workers are real
+subprocesses (``procs``), started in their own session through ``worker_launcher`` so they
+outlive the CLI process that started them; their exit is read back later from exit files.
 
 All state lives in a sqlite file under ``state_dir`` (never only in memory), because several
 short-lived CLI processes take turns driving the same workers and repairs. Results come back
@@ -230,6 +229,9 @@ class LocalCompute:
     def start_deep_check(self, node_id: str, attempt: int) -> None:
         """The ``DeepChecks`` capability, simulated: see ``LocalNodes.start_deep_check``."""
         self.nodes.start_deep_check(node_id, attempt)
+
+    def stage_software(self, node_id: str, version: Mapping[str, str]) -> None:
+        self.nodes.stage_software(node_id, version)  # ``SoftwareImages``, simulated
 
     def inject_fault(self, node_id: str, conditions: Sequence[Condition]) -> None:
         self.nodes.inject_fault(node_id, conditions)

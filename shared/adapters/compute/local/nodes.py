@@ -154,6 +154,13 @@ class LocalNodes:
 
     # ------------------------------------------------------------ repairs
 
+    def stage_software(self, node_id: str, version: Mapping[str, str]) -> None:
+        """``SoftwareImages``, simulated: the version the next reimage writes is recorded in
+        the node's record (``staged_software``); no image exists to write."""
+        with self._store.tx() as db:
+            db.execute("UPDATE nodes SET data = json_set(data, '$.staged_software', json(?))"
+                       " WHERE node_id = ?", (json.dumps(dict(version)), node_id))
+
     def start_repair(self, node_id: str, action: RepairAction, attempt: int) -> bool:
         """Start a repair once per (node, attempt); a repeat, even with another action, is a
         no-op (False). MANUAL never completes by itself."""

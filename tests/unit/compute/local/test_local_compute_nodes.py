@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from shared.adapters.compute.local.nodes import HEALTHY_REASON
 from shared.domain.events import NodeHealthReported, NodeProvisioned, NodeRepairCompleted
 from shared.domain.health import Condition, ConditionStatus, ConditionType, RepairAction
 from shared.domain.model import Node, NodeRole, NodeState
+from shared.ports import SoftwareImages
 from tests.harness import Recorder
 
 RA = RepairAction
@@ -334,3 +336,13 @@ def test_ladder() -> None:
     assert clears(RA.REBOOT, RA.RESET_GPU) and clears(RA.REPLACE, RA.REIMAGE)
     assert not clears(RA.RESET_GPU, RA.REBOOT)
     assert not clears(RA.MANUAL, RA.RESET_GPU) and not clears(RA.REPLACE, RA.MANUAL)
+
+
+def test_a_staged_software_version_is_recorded_on_the_node(up: LocalCompute) -> None:
+    """``SoftwareImages``: the local stand-in records what the next reimage writes."""
+    assert isinstance(up, SoftwareImages)
+    up.stage_software("n1", {"driver": "560.35"})
+    up.stage_software("n1", {"driver": "560.36", "agent": "2"})  # a newer staging replaces it
+    with up.store.tx() as db:
+        row = db.execute("SELECT data FROM nodes WHERE node_id = 'n1'").fetchone()
+    assert json.loads(row["data"])["staged_software"] == {"driver": "560.36", "agent": "2"}

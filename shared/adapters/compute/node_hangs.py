@@ -84,7 +84,7 @@ def node_attempts(procs: Mapping[int, tuple[int, RankEnv]], node_id: str
             continue
         key = (env.job_id, env.attempt)
         out.setdefault(key, {}).setdefault(env.rank, pid)
-        ckpt, files = info.setdefault(key, (env.checkpoint_dir, set()))
+        files = info.setdefault(key, (env.checkpoint_dir, set()))[1]
         if env.progress_file:
             files.add(env.progress_file)
     return {k: NodeAttempt(info[k][0], roots, tuple(sorted(info[k][1])))

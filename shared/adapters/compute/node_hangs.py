@@ -18,14 +18,21 @@ A program that reports per-rank progress (its ``MTC_PROGRESS_FILE`` exists) is l
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from mtc_program import protocol as p
-from shared.adapters.compute.proc_watch import CHILDREN_FRESH_S, ProcWatch, RankProc, read_stat
+from shared.adapters.compute.proc_watch import (
+    CHILDREN_FRESH_S,
+    ProcWatch,
+    RankProc,
+    config_from_env,
+    read_stat,
+)
 
 # the output a rank writes, by job (None: the node cannot tell; its size then never moves)
 LogOf = Callable[[str], str | None]
@@ -104,6 +111,13 @@ def managed_processes(proc: Path = Path("/proc")) -> Iterator[tuple[int, int, Ra
         stat = read_stat(int(entry.name)) if env is not None else None
         if env is not None and stat is not None:
             yield int(entry.name), stat[1], env
+
+
+def stuck_only(env: Mapping[str, str]) -> ProcWatch:
+    """A watch by the stuck-state rules alone (the node's thresholds from ``env``): for an
+    agent that cannot read the ranks' output, whose size then never moves, so "no rank wrote
+    for ``quiet_s``" would hold of every healthy program."""
+    return ProcWatch(replace(config_from_env(env), quiet_s=math.inf))
 
 
 class NodeHangWatch:

@@ -73,7 +73,8 @@ def hangs(app: EmbeddedApp) -> list[tuple[dict[str, Any], dict[str, Any]]]:
 
 
 def test_a_stopped_rank_of_a_plain_program_on_slurm_is_named_and_the_job_restarts(
-        cluster: Cluster, make_app: Callable[..., EmbeddedApp], tmp_path: Path) -> None:
+        cluster: Cluster, make_app: Callable[..., EmbeddedApp],  # noqa: F811
+        tmp_path: Path) -> None:
     pytest.importorskip("torch")
     program = tmp_path / "plain.py"
     program.write_text(GLOO)

@@ -76,26 +76,32 @@ def rank_env(environ: bytes) -> RankEnv | None:
 
 def node_attempts(procs: Mapping[int, tuple[int, RankEnv]], node_id: str
                   ) -> dict[tuple[str, int], NodeAttempt]:
-    """Each (job, attempt) running on ``node_id`` with its ranks' root processes, from every
-    managed process's (parent pid, environment). A rank's root is its process whose parent
-    is not of the same rank (a shell or launcher above it carries no rank, or another's);
-    where a rank has several, the oldest (lowest pid) stands for it."""
-    out: dict[tuple[str, int], dict[int, int]] = {}
-    info: dict[tuple[str, int], tuple[str, set[str]]] = {}
+    """Each job running on ``node_id``, keyed by its newest attempt here, with its ranks'
+    root processes, from every managed process's (parent pid, environment). A rank's root
+    is its process whose parent is not of the same rank (a shell or launcher above it
+    carries no rank, or another's). A rank held warm into a later attempt goes on in its
+    process, whose environment still names the attempt it started in: it counts for the
+    job's newest attempt. Where a rank has several roots, the newest attempt's oldest
+    (lowest pid) stands for it."""
+    best: dict[str, dict[int, tuple[int, int]]] = {}  # job -> rank -> (-attempt, pid)
+    newest: dict[str, RankEnv] = {}
+    files: dict[str, set[str]] = {}
     for pid, (ppid, env) in sorted(procs.items()):
         if env.node_id != node_id:
             continue
         parent = procs.get(ppid)
-        same = (env.job_id, env.attempt, env.rank)
-        if parent is not None and (parent[1].job_id, parent[1].attempt, parent[1].rank) == same:
+        if parent is not None and (parent[1].job_id, parent[1].rank) == (env.job_id, env.rank):
             continue
-        key = (env.job_id, env.attempt)
-        out.setdefault(key, {}).setdefault(env.rank, pid)
-        files = info.setdefault(key, (env.checkpoint_dir, set()))[1]
+        ranks = best.setdefault(env.job_id, {})
+        ranks[env.rank] = min(ranks.get(env.rank, (-env.attempt, pid)), (-env.attempt, pid))
+        if env.job_id not in newest or env.attempt > newest[env.job_id].attempt:
+            newest[env.job_id] = env
         if env.progress_file:
-            files.add(env.progress_file)
-    return {k: NodeAttempt(info[k][0], roots, tuple(sorted(info[k][1])))
-            for k, roots in out.items()}
+            files.setdefault(env.job_id, set()).add(env.progress_file)
+    return {(job, newest[job].attempt): NodeAttempt(
+                newest[job].checkpoint_dir, {r: pid for r, (_, pid) in sorted(ranks.items())},
+                tuple(sorted(files.get(job, ()))))
+            for job, ranks in best.items()}
 
 
 def managed_processes(proc: Path = Path("/proc")) -> Iterator[tuple[int, int, RankEnv]]:

@@ -59,6 +59,16 @@ def test_node_attempts_takes_each_ranks_topmost_process_on_this_node_only() -> N
     assert node_attempts(procs, "n9") == {}
 
 
+def test_a_rank_held_warm_from_an_earlier_attempt_counts_for_the_newest() -> None:
+    procs = {
+        10: (1, env(attempt=1, rank=0)),  # held warm: its environment names attempt 1
+        20: (1, env(attempt=1, rank=1)),  # rank 1's old process, still exiting
+        21: (1, env(attempt=2, rank=1)),  # rank 1 started afresh for attempt 2
+    }
+    (key, found), = node_attempts(procs, "n1").items()
+    assert key == ("j", 2) and dict(found.roots) == {0: 10, 1: 21}
+
+
 def wait_for(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():

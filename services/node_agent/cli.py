@@ -12,6 +12,11 @@
         control plane is compared against). Always exits 0: a non-zero exit would only make
         slurmd log noise, and an unknown check must not drain a node.
 
+With ``--interval`` the agent also watches the ranks of managed jobs running on its node
+(``shared.adapters.compute.node_hangs``, the stuck-state rules: it cannot read their output):
+a rank stopped or in uninterruptible sleep past its limit goes out in the report as
+``HangInJob`` on this node, naming the rank (``MTC_HANG_STOPPED_S``, ``MTC_HANG_D_STATE_S``).
+
 Console script entry point: ``services.node_agent.cli:main``.
 """
 
@@ -30,9 +35,10 @@ from typing import Any, Protocol, TextIO
 from services.node_agent.publish import Publish, http_publisher, report_data, report_to_cloudevent
 from services.node_agent.spool import Send, Spool, SpooledReport
 from services.node_agent.transports import DeliveryConfig, cloudevent_attributes, sender
+from shared.adapters.compute.node_hangs import NodeHangWatch, stuck_only
 from shared.adapters.compute.slurm.cli import SlurmCli
 from shared.domain.errors import ValidationError
-from shared.domain.health import ConditionStatus, HealthReport
+from shared.domain.health import Condition, ConditionStatus, HealthReport
 from shared.probes.agent import AgentState, collect
 from shared.probes.commands import Runner, run_command
 from shared.probes.config import ALL_PROBES, AgentConfig
@@ -159,6 +165,8 @@ def main(
         log.error("bad configuration: %s", exc)
         return 0 if args.slurm_healthcheck else 2
     state = AgentState()
+    # only a running agent sees how long a rank stays stuck (one check sees an instant)
+    hangs = NodeHangWatch(new_watch=lambda: stuck_only(env)) if args.interval else None
     if args.spool_status:
         if spool is None:
             log.error("no spool configured (delivery.spool_path or --spool)")
@@ -177,6 +185,10 @@ def main(
 
     def once(acknowledge: bool = True) -> HealthReport:
         report = collect(config, clock(), runner=runner, state=state)
+        if hangs is not None:
+            found = Condition.parse_all(hangs.conditions(report.node_id, report.observed_at))
+            report = HealthReport(report.node_id, report.observed_at,
+                                  report.conditions + found, report.source)
         out.write(json.dumps(report_data(report), sort_keys=True) + "\n")
         out.flush()
         if spool is not None:  # durable from here on: the XIDs it holds are delivered later

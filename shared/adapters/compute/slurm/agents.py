@@ -6,6 +6,10 @@ every "node" is this host, so running them in the controller saves a process per
 XID source is the node's own kernel log, ``<state_dir>/nodes/<slurm node>/kern.log``. An agent
 is silent while its node is down, powered down or rebooting (its heartbeat then lapses, as a
 dead node's would) and while a repair of the node is under way.
+
+Each agent also watches the ranks its node runs (``node_hangs``: their processes in
+``/proc``, found by their managed environment): a plain program's rank stopped or stuck past
+its limit goes out as ``HangInJob`` on this node in the agent's report, naming the rank.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.adapters.compute.fact_store import FactStore
+from shared.adapters.compute.node_hangs import NodeHangWatch
 from shared.adapters.compute.protocol import safe_name
 from shared.adapters.compute.slurm.api import operator_condition
 from shared.adapters.compute.slurm.scripts import node_memory
@@ -37,6 +42,9 @@ class SlurmAgents:
         self._store = store
         self._view = view
         self._agents: dict[str, AgentState] = {}
+        # every attempt's ranks write to the job's one Slurm output (``attempts.job_log``)
+        self.hangs = NodeHangWatch(log_of=lambda job_id: str(
+            settings.state_dir / "logs" / safe_name(job_id) / "slurm.out"))
 
     def node_dir(self, slurm_node: str) -> Path:
         return self._settings.state_dir / "nodes" / safe_name(slurm_node)
@@ -111,7 +119,7 @@ class SlurmAgents:
             if record is not None and not record.up:
                 continue  # the node is down: its agent cannot report (the heartbeat lapses)
             report = self.collect(row, now)
-            conditions = report_conditions(report)
+            conditions = report_conditions(report) + self.hangs.conditions(row["node_id"], now)
             if row["foreign_reason"] is not None:  # still drained by an operator: say so each time
                 conditions += (operator_condition(row["slurm_node"], row["foreign_reason"],
                                                   row["foreign_since"] or now),)

@@ -31,6 +31,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -94,6 +95,7 @@ class Executor:
     report: Emitter | None = None  # where a refused call's answer goes (the event topics)
     reconciler: Ticking | None = None  # re-announces what the store is missing
     placements: Placements | None = None  # a start is applied once the store shows it
+    commit_poll_s: float = 5.0  # how long a start waits in hand for its commit before a nack
     executor_id: str = "executor"
     kind: str = ""
     heartbeat_s: float = 5.0
@@ -144,6 +146,8 @@ class Executor:
         if request.op == "start_workers" and self.placements is not None:
             decided = self._placement(request, now)
             if decided == placements.WAIT:
+                log.info("start_workers %s (%s) waits for its attempt's commit",
+                         request.ordering_key, request.request_id)
                 delivery.nack()  # its transaction may still be committing: it comes back
                 return self._count(RETRY)
             if decided != placements.APPLY:
@@ -171,16 +175,25 @@ class Executor:
         return self._count(APPLIED)
 
     def _placement(self, request: ComputeRequest, now: float) -> str:
+        """``placements.verdict`` on the store, asked again for up to ``commit_poll_s`` while
+        the attempt is not there yet: the publish comes just before its commit, and a nack
+        at once would spend the subscription's delivery attempts in a second."""
         assert self.placements is not None
         args = request.args
         first = args["gang"] if "gang" in args else args["workers"][0]
-        try:
-            placed = self.placements.placed(str(first["job_id"]))
-        except Exception:  # the store is not reachable now: as not yet committed
-            log.exception("reading the store for %s failed", request.ordering_key)
-            placed = None
-        return placements.verdict(int(first["attempt"]), start_nodes(args), placed,
-                                  now - request.issued_at)
+        deadline, pause = time.monotonic() + self.commit_poll_s, 0.05
+        while True:
+            try:
+                placed = self.placements.placed(str(first["job_id"]))
+            except Exception:  # the store is not reachable now: as not yet committed
+                log.exception("reading the store for %s failed", request.ordering_key)
+                placed = None
+            decided = placements.verdict(int(first["attempt"]), start_nodes(args), placed,
+                                         now - request.issued_at)
+            if decided != placements.WAIT or time.monotonic() + pause > deadline:
+                return decided
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def _count(self, outcome: str) -> str:
         self.counts[outcome] += 1

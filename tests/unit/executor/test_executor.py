@@ -359,6 +359,7 @@ def test_a_start_whose_transaction_did_not_commit_never_runs(rig: Rig) -> None:
     attempt, then is dropped, and the start behind it in the job's order goes next."""
     store = StoreSays()
     rig.executor.placements = store
+    rig.executor.commit_poll_s = 0.0  # nack at once: the store here changes only between calls
     rig.compute.start_workers(gang(2))  # n0, n1: this transaction will not commit
     moved = Gang("job", 2, ("n0", "n2"), gang().groups, "/ck", "/model", "/tb")
     rig.compute.start_workers(moved)  # the retry's, committed
@@ -386,3 +387,21 @@ def test_a_start_whose_transaction_did_not_commit_never_runs(rig: Rig) -> None:
 def test_the_placement_verdict(placed: Placed | None, expected: str) -> None:
     got = placements.verdict(2, ["b", "a"], placed, waited_s=1.0)
     assert got == expected or expected in got
+
+
+def test_a_start_published_just_before_its_commit_is_applied_without_a_nack(rig: Rig) -> None:
+    """The usual case: the executor has the start before the store has its attempt; it asks
+    the store again for a moment rather than nack at once (a nack loop spent the emulator's
+    10 delivery attempts in half a second, and the start was dead-lettered)."""
+    store = StoreSays()
+    asked = [0]
+
+    def placed(job_id: str) -> Placed | None:
+        asked[0] += 1
+        return Placed(1, frozenset({"n0", "n1"})) if asked[0] >= 3 else Placed(0, frozenset())
+
+    store.placed = placed  # type: ignore[method-assign]
+    rig.executor.placements = store
+    rig.compute.start_workers(gang(1))
+    assert rig.drain() == [APPLIED]
+    assert asked[0] == 3 and rig.machines.calls == [("start", gang(1))]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,38 +23,13 @@ from services.job_submission import commands as job_commands
 from services.wiring.embedded import EmbeddedApp
 from shared.adapters.compute.node_hangs import managed_processes
 from shared.domain.events import JobSignalled, NodeHealthReported
+from tests.integration.test_plain_hang import GLOO, spec
 
 from .conftest import Cluster, timing
 from .test_e2e_selfheal import create, get_job, make_app, run_until  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 JOB = "plain-hang"
-GLOO = """\
-import os, time
-import torch
-import torch.distributed as dist
-dist.init_process_group("gloo")
-rank, t = dist.get_rank(), torch.ones(1024)
-step = 0
-while True:
-    step += 1
-    dist.all_reduce(t)
-    print(f"rank {rank} step {step}", flush=True)
-    time.sleep(0.05)
-"""
-
-
-def spec(program: Path) -> dict[str, Any]:
-    return {"displayName": "plain", "jobSpec": {
-        "workerPoolSpecs": [{
-            "machineSpec": {"machineType": "a3-highgpu-8g",
-                            "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
-            "replicaCount": 2,
-            "containerSpec": {"imageUri": "local/examples:latest",
-                              "command": [sys.executable, str(program)]}}],
-        "scheduling": {"partition": "train", "restartJobOnWorkerRestart": False}}}
-
-
 def rank_procs(rank: int) -> dict[int, str]:
     """pid -> mtc node of every process of the job's ``rank`` on this host."""
     return {pid: env.node_id for pid, _, env in managed_processes()

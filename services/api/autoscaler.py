@@ -17,6 +17,7 @@ It runs in the process that routes the requests (it reads their arrivals,
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from typing import Any
@@ -52,14 +53,24 @@ def ensure(ctx: ApiContext) -> None:
 
 
 def _loop() -> None:
+    failed: ApiContext | None = None  # the context whose tick last failed: logged once
     while True:
         time.sleep(TICK_S)
         with _lock:
-            ctx = _context[0]
+            ctx = _context[0] if _context else None
+        if ctx is None:
+            continue
         try:
             tick(ctx, time.monotonic())
+            failed = None
+        except sqlite3.ProgrammingError:  # its server closed its store: wait for the next
+            with _lock:
+                if _context and _context[0] is ctx:
+                    _context.clear()
         except Exception:  # the next tick tries again; routing goes on meanwhile
-            log.exception("autoscaler tick failed")
+            if failed is not ctx:
+                log.exception("autoscaler tick failed")
+            failed = ctx
 
 
 def tick(ctx: ApiContext, now: float) -> list[dict[str, Any]]:

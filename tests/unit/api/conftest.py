@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,20 @@ class Api:
                 return op
             op = self.call("POST", f"/v1beta1/{op['name']}:wait", {"timeout": "5s"}).json
         raise AssertionError(op)
+
+    def until(self, predicate: Callable[[], Any], timeout: float = 30.0,
+              about: str = f"/v1/{PARENT}/customJobs") -> Any:
+        """``predicate()``'s first truthy value, the bus pumped between tries; past
+        ``timeout`` the test fails with the GET of ``about`` (a path: the jobs) as its
+        message."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.app.pump(budget_s=0.3)
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError("timed out: " + str(self.call("GET", about).json))
 
 
 def one_pass_config() -> ControlPlaneConfig:

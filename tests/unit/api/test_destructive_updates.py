@@ -32,20 +32,9 @@ def train_job(replicas: int) -> dict[str, Any]:
         replicas)}}
 
 
-def until(api: Api, predicate: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        api.app.pump(budget_s=0.3)
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out: " + str(api.call("GET", f"{JOBS}/j1").json))
-
-
 def running_job(api: Api, replicas: int) -> dict[str, Any]:
     assert api.call("POST", f"{JOBS}?customJobId=j1", train_job(replicas)).status_code == 200
-    return until(api, lambda: (j := api.call("GET", f"{JOBS}/j1").json)["state"]  # type: ignore[no-any-return]
+    return api.until(lambda: (j := api.call("GET", f"{JOBS}/j1").json)["state"]  # type: ignore[no-any-return]
                  == "JOB_STATE_RUNNING" and j.get("mtcProgress", {}).get("latestCheckpoint")
                  and j)
 
@@ -66,7 +55,7 @@ def test_destructive_updates_are_refused_unless_forced(api: Api) -> None:
 
     forced = api.call("PATCH", f"{CLUSTER}?force=true", resized(1))
     assert forced.status_code == 200, forced.json
-    job = until(api, lambda: (j := api.call("GET", f"{JOBS}/j1").json)["state"]
+    job = api.until(lambda: (j := api.call("GET", f"{JOBS}/j1").json)["state"]
                 == "JOB_STATE_CANCELLED" and j)
     assert "resized" in job["error"]["message"] or job["error"]["code"] == 1
     done = api.call("POST", f"/v1beta1/{forced.json['name']}:wait", {"timeout": "20s"}).json
@@ -76,7 +65,7 @@ def test_destructive_updates_are_refused_unless_forced(api: Api) -> None:
     small["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"] = ["--steps", "5",
                                                                       "--step-time", "0.01"]
     assert api.call("POST", f"{JOBS}?customJobId=j2", small).status_code == 200
-    until(api, lambda: api.call("GET", f"{JOBS}/j2").json["state"] == "JOB_STATE_SUCCEEDED")
+    api.until(lambda: api.call("GET", f"{JOBS}/j2").json["state"] == "JOB_STATE_SUCCEEDED")
 
 
 def test_delete_under_a_running_job_is_refused_unless_forced(api: Api) -> None:
@@ -89,7 +78,7 @@ def test_delete_under_a_running_job_is_refused_unless_forced(api: Api) -> None:
     time.sleep(0.3)  # some 15 steps past the last periodic checkpoint
     forced = api.call("DELETE", f"{CLUSTER}?force=true")
     assert forced.status_code == 200, forced.json
-    until(api, lambda: api.call("POST", f"/v1beta1/{forced.json['name']}:wait",
+    api.until(lambda: api.call("POST", f"/v1beta1/{forced.json['name']}:wait",
                                 {"timeout": "5s"}).json["done"])
     job = api.call("GET", f"{JOBS}/j1").json
     assert job["state"] == "JOB_STATE_CANCELLED"

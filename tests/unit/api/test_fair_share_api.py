@@ -7,7 +7,6 @@ stands and why."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +39,6 @@ def team_job(team: str, replicas: int) -> dict[str, Any]:
                              "--step-time", "0.02"]}}, replicas)}}
 
 
-def until(api: Api, predicate: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        api.app.pump(budget_s=0.3)
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out: " + str(api.call("GET", JOBS).json))
-
-
 @pytest.mark.parametrize(("queues", "field"), [
     ([{"team": "a", "partition": "nope", "nominalNodes": 1}], "mtcQueues[0].partition"),
     ([{"team": "a", "partition": "gpu", "nominalNodes": 2},
@@ -78,14 +66,14 @@ def test_a_borrows_and_gives_back_by_preemption_through_the_api(api: Api) -> Non
                                      "borrowingLimitNodes": 0}
 
     assert api.call("POST", f"{JOBS}?customJobId=ja", team_job("a", 2)).status_code == 200
-    until(api, lambda: (j := api.call("GET", f"{JOBS}/ja").json)["state"]
+    api.until(lambda: (j := api.call("GET", f"{JOBS}/ja").json)["state"]
           == "JOB_STATE_RUNNING" and j.get("mtcProgress", {}).get("latestCheckpoint"))
     assert api.call("POST", f"{JOBS}?customJobId=jb", team_job("b", 1)).status_code == 200
-    waiting = until(api, lambda: (j := api.call("GET", f"{JOBS}/ja").json)
+    waiting = api.until(lambda: (j := api.call("GET", f"{JOBS}/ja").json)
                     ["mtcProgress"].get("queue") and j)
     assert waiting["state"] == "JOB_STATE_PENDING" and waiting["mtcProgress"]["restartCount"] == 1
     assert waiting["mtcProgress"]["queue"]["team"] == "a"
     assert waiting["mtcProgress"]["queue"]["position"] == 1
     assert "borrow" in waiting["mtcProgress"]["queue"]["reason"]
-    until(api, lambda: api.call("GET", f"{JOBS}/jb").json["state"] == "JOB_STATE_RUNNING")
+    api.until(lambda: api.call("GET", f"{JOBS}/jb").json["state"] == "JOB_STATE_RUNNING")
     assert api.call("GET", f"{JOBS}/ja").json["state"] == "JOB_STATE_PENDING"
